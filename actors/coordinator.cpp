@@ -1,0 +1,220 @@
+#include "actors/coordinator.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "actors/messages.hpp"
+
+namespace ringmaster {
+
+using clock_type = std::chrono::steady_clock;
+
+uint64_t fnv1a(const float* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* b = reinterpret_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+std::string format_progress(const progress& p) {
+  const int width = 30;
+  const int filled = p.steps ? int(width * p.step / p.steps) : width;
+  std::string bar(size_t(filled), '=');
+  if (filled < width) bar += '>' + std::string(size_t(width - filled - 1), '.');
+  char head[64], tail[256];
+  const int digits = int(std::to_string(p.steps).size());
+  std::snprintf(head, sizeof head, "%*lld/%lld ", digits, (long long)p.step, (long long)p.steps);
+  if (p.epoch_end) {
+    const double per_step = p.steps ? p.seconds / double(p.steps) : 0;
+    std::snprintf(tail, sizeof tail, " - %.1fs %.1fms/step - loss: %.4f - accuracy: %.4f - %.0f samples/s",
+                  p.seconds, per_step * 1e3, p.loss, p.accuracy, p.samples_per_sec);
+  } else {
+    const double eta = p.step ? p.seconds / double(p.step) * double(p.steps - p.step) : 0;
+    std::snprintf(tail, sizeof tail, " - ETA: %.0fs - loss: %.4f - accuracy: %.4f - %.0f samples/s", eta,
+                  p.loss, p.accuracy, p.samples_per_sec);
+  }
+  std::string line = std::string(head) + "[" + bar + "]" + tail;
+  if (p.epoch_end && !std::isnan(p.val_loss)) {
+    char val[96];
+    std::snprintf(val, sizeof val, " - val_loss: %.4f - val_accuracy: %.4f", p.val_loss, p.val_accuracy);
+    line += val;
+  }
+  return line;
+}
+
+namespace {
+
+struct epoch_acc {
+  double loss = 0;
+  int64_t correct = 0, count = 0;
+  int64_t steps_done = 0;
+  std::map<int64_t, int> step_reports;  // step -> reports received (complete at N)
+  double val_loss = 0;
+  int64_t val_correct = 0, val_count = 0;
+  int evals = 0;
+  double eval_seconds = 0;
+  clock_type::time_point start, last_step;
+  bool closed = false;
+};
+
+struct coordinator_state {
+  coordinator_config cfg;
+  std::vector<caf::actor> replicas, loaders, reducers;
+  caf::response_promise reply;
+  std::shared_ptr<train_result> result = std::make_shared<train_result>();
+  std::map<int64_t, epoch_acc> epochs;
+  int64_t current_epoch = 0;
+  int done = 0, weights_in = 0;
+  bool finished = false;
+  clock_type::time_point start, last_print;
+};
+
+double secs(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+void stop_all(caf::event_based_actor* self, coordinator_state& st) {
+  for (auto* group : {&st.replicas, &st.loaders, &st.reducers})
+    for (auto& a : *group) self->send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+void finish(caf::event_based_actor* self, coordinator_state& st, std::string error) {
+  if (st.finished) return;
+  st.finished = true;
+  st.result->ok = error.empty();
+  st.result->error = std::move(error);
+  st.result->wall_seconds = secs(st.start, clock_type::now());
+  stop_all(self, st);
+  st.reply.deliver(st.result);
+  self->quit();
+}
+
+void report_progress(coordinator_state& st, int64_t e, bool end) {
+  if (!st.cfg.on_progress) return;
+  epoch_acc& a = st.epochs[e];
+  const auto now = clock_type::now();
+  if (!end && secs(st.last_print, now) < 0.1) return;  // at most 10 updates a second
+  st.last_print = now;
+  progress p;
+  p.epoch = e;
+  p.epochs = st.cfg.epochs;
+  p.step = a.steps_done;
+  p.steps = st.cfg.steps_per_epoch;
+  p.seconds = secs(a.start, end ? a.last_step : now);
+  p.loss = a.count ? a.loss / double(a.count) : 0;
+  p.accuracy = a.count ? double(a.correct) / double(a.count) : 0;
+  p.samples_per_sec = p.seconds > 0 ? double(a.count) / p.seconds : 0;
+  p.epoch_end = end;
+  p.val_loss = a.val_count ? a.val_loss / double(a.val_count) : NAN;
+  p.val_accuracy = a.val_count ? double(a.val_correct) / double(a.val_count) : NAN;
+  st.cfg.on_progress(p);
+}
+
+// An epoch is complete when every step has N reports and (if evaluating) N evaluations arrived.
+void maybe_close_epoch(coordinator_state& st, int64_t e) {
+  epoch_acc& a = st.epochs[e];
+  const int n = st.cfg.replicas;
+  if (a.closed || a.steps_done < st.cfg.steps_per_epoch || (st.cfg.evaluate && a.evals < n)) return;
+  a.closed = true;
+  epoch_stats s;
+  s.epoch = e;
+  s.loss = a.count ? a.loss / double(a.count) : 0;
+  s.accuracy = a.count ? double(a.correct) / double(a.count) : 0;
+  s.val_loss = a.val_count ? a.val_loss / double(a.val_count) : NAN;
+  s.val_accuracy = a.val_count ? double(a.val_correct) / double(a.val_count) : NAN;
+  s.samples = a.count;
+  s.seconds = secs(a.start, a.last_step);
+  s.eval_seconds = a.eval_seconds;
+  st.result->history.push_back(s);
+  st.result->train_seconds += s.seconds;
+  st.result->train_samples += s.samples;
+  report_progress(st, e, true);
+  st.epochs[e + 1].start = clock_type::now();
+}
+
+}  // namespace
+
+caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) {
+  auto st = std::make_shared<coordinator_state>();
+  st->cfg = std::move(cfg);
+
+  self->set_down_handler([self, st](caf::down_msg& dm) {
+    if (st->finished) return;
+    std::string who = "an actor";
+    for (size_t r = 0; r < st->replicas.size(); ++r) {
+      if (dm.source == st->replicas[r].address()) who = "replica " + std::to_string(r);
+      if (dm.source == st->reducers[r].address()) who = "reducer " + std::to_string(r);
+      if (dm.source == st->loaders[r].address()) who = "data loader " + std::to_string(r);
+    }
+    finish(self, *st, who + " stopped: " + self->system().render(dm.reason));
+  });
+
+  return {
+      [self, st](run_atom, std::vector<caf::actor> replicas, std::vector<caf::actor> loaders,
+                 std::vector<caf::actor> reducers) {
+        st->reply = self->make_response_promise();
+        st->replicas = std::move(replicas);
+        st->loaders = std::move(loaders);
+        st->reducers = std::move(reducers);
+        const int n = int(st->replicas.size());
+        for (auto* group : {&st->replicas, &st->loaders, &st->reducers})
+          for (auto& a : *group) self->monitor(a);
+        st->start = st->last_print = clock_type::now();
+        st->epochs[0].start = st->start;
+        // Ring order: rank r sends to rank r + 1.
+        for (int r = 0; r < n; ++r) self->send(st->reducers[r], ring_atom::value, st->reducers[(r + 1) % n]);
+        for (int r = 0; r < n; ++r)
+          self->send(st->replicas[r], run_atom::value, st->loaders[r], st->reducers[r],
+                     caf::actor_cast<caf::actor>(self));
+        return st->reply;
+      },
+      [st](const step_report& r) {
+        epoch_acc& a = st->epochs[r.epoch];
+        a.loss += r.loss_sum;
+        a.correct += r.correct;
+        a.count += r.count;
+        if (++a.step_reports[r.step] == st->cfg.replicas) {
+          a.step_reports.erase(r.step);
+          ++a.steps_done;
+          a.last_step = clock_type::now();
+          report_progress(*st, r.epoch, false);
+          maybe_close_epoch(*st, r.epoch);
+        }
+      },
+      [st](const eval_report& r) {
+        epoch_acc& a = st->epochs[r.epoch];
+        a.val_loss += r.loss_sum;
+        a.val_correct += r.correct;
+        a.val_count += r.count;
+        a.eval_seconds = std::max(a.eval_seconds, r.seconds);
+        ++a.evals;
+        maybe_close_epoch(*st, r.epoch);
+      },
+      [self, st](done_atom, int) {
+        if (++st->done < st->cfg.replicas) return;
+        const size_t n = st->replicas.size();
+        st->result->checksums.assign(n, 0);
+        for (size_t r = 0; r < n; ++r) {
+          self->request(st->replicas[r], std::chrono::seconds(60), weights_atom::value)
+              .then(
+                  [self, st, r](chunk_ptr w) {
+                    st->result->checksums[r] = fnv1a(w->data(), w->size());
+                    if (r == 0) st->result->weights = *w;
+                    if (++st->weights_in < int(st->replicas.size())) return;
+                    bool same = true;
+                    for (uint64_t c : st->result->checksums) same = same && c == st->result->checksums[0];
+                    st->result->identical = same;
+                    finish(self, *st, "");
+                  },
+                  [self, st, r](caf::error& e) {
+                    finish(self, *st, "replica " + std::to_string(r) + " did not send its weights: " +
+                                          self->system().render(e));
+                  });
+        }
+      },
+  };
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,57 @@
+// The coordinator: ring order, steps and epochs, exact metrics, end of job and failure handling.
+#pragma once
+#include <caf/all.hpp>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ringmaster {
+
+struct progress {
+  int64_t epoch = 0, epochs = 0;  // 0-based epoch
+  int64_t step = 0, steps = 0;    // steps done in this epoch
+  double seconds = 0;             // since the epoch began
+  double loss = 0, accuracy = 0;  // exact running means over the samples seen this epoch
+  double samples_per_sec = 0;
+  bool epoch_end = false;         // final line of the epoch: val_* are set
+  double val_loss = 0, val_accuracy = 0;
+};
+
+// Keras-like: " 120/468 [=======>......] - ETA: 2s - loss: 0.70 - accuracy: 0.75 - 20000 samples/s".
+std::string format_progress(const progress& p);
+
+struct epoch_stats {
+  int64_t epoch = 0;
+  double loss = 0, accuracy = 0, val_loss = 0, val_accuracy = 0;
+  int64_t samples = 0;
+  double seconds = 0, eval_seconds = 0;
+};
+
+struct train_result {
+  bool ok = false;
+  std::string error;                   // set when !ok: which actor failed and why
+  std::vector<epoch_stats> history;
+  std::vector<float> weights;          // rank 0's final parameters
+  std::vector<uint64_t> checksums;     // every replica's final parameters, FNV-1a over the bytes
+  bool identical = false;              // all replicas ended with bit-identical weights
+  double wall_seconds = 0, train_seconds = 0;
+  int64_t train_samples = 0;
+};
+
+uint64_t fnv1a(const float* p, size_t n);
+
+struct coordinator_config {
+  int replicas = 1;
+  int global_batch = 0;
+  int64_t steps_per_epoch = 0, epochs = 1;
+  bool evaluate = true;
+  std::function<void(const progress&)> on_progress;  // runs on the coordinator's thread
+};
+
+// Request {run_atom, replicas, loaders, reducers} (vector<actor> each, index = rank); the reply is a
+// std::shared_ptr<train_result> when the job ends, successfully or not.
+caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg);
+
+}  // namespace ringmaster
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<ringmaster::train_result>)

@@ -1,0 +1,72 @@
+#include "actors/data_loader.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "actors/messages.hpp"
+
+namespace ringmaster {
+namespace {
+
+struct loader_state {
+  loader_config cfg;
+  caf::actor sink;
+  int credits = 0;
+  int64_t epoch = 0, step = 0, steps = 0;
+  std::vector<uint32_t> order;  // this epoch's permutation
+};
+
+// This replica's shard of global batch `step`: samples order[step*B + rank*b, + b).
+batch_ptr cut(const loader_state& st) {
+  const dataset& d = *st.cfg.data;
+  const int b = st.cfg.global_batch / st.cfg.replicas;
+  auto out = std::make_shared<batch>();
+  out->epoch = st.epoch;
+  out->step = st.step;
+  out->size = b;
+  out->x.resize(size_t(b) * d.features());
+  out->y.resize(b);
+  const size_t first = size_t(st.step) * st.cfg.global_batch + size_t(st.cfg.rank) * b;
+  for (int i = 0; i < b; ++i) {
+    const uint32_t s = st.order[first + i];
+    std::memcpy(out->x.data() + size_t(i) * d.features(), d.pixels.data() + size_t(s) * d.features(),
+                d.features() * sizeof(float));
+    out->y[i] = d.labels[s];
+  }
+  return out;
+}
+
+void push(caf::event_based_actor* self, loader_state& st) {
+  while (st.credits > 0 && st.epoch < st.cfg.epochs) {
+    if (st.step == 0 && st.order.empty())
+      st.order = epoch_permutation(st.cfg.data->count, st.cfg.seed, st.epoch);
+    self->send(st.sink, batch_atom::value, cut(st));
+    --st.credits;
+    if (++st.step == st.steps) {
+      st.step = 0;
+      ++st.epoch;
+      st.order.clear();
+    }
+  }
+}
+
+}  // namespace
+
+caf::behavior data_loader(caf::event_based_actor* self, loader_config cfg) {
+  auto st = std::make_shared<loader_state>();
+  st->steps = int64_t(steps_per_epoch(cfg.data->count, size_t(cfg.global_batch)));
+  st->credits = std::max(1, cfg.prefetch);
+  st->cfg = std::move(cfg);
+  return {
+      [self, st](run_atom, caf::actor sink) {
+        st->sink = std::move(sink);
+        push(self, *st);
+      },
+      [self, st](credit_atom) {
+        ++st->credits;
+        push(self, *st);
+      },
+  };
+}
+
+}  // namespace ringmaster

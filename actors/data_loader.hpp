@@ -1,0 +1,24 @@
+// The data loader: one per replica. Walks the epochs' shuffled orders, cuts this replica's shard of each
+// global batch and pushes it to the replica, at most `prefetch` batches ahead (credit-based back-pressure:
+// the replica returns a credit for every batch it has consumed, so memory stays bounded).
+#pragma once
+#include <caf/all.hpp>
+#include <memory>
+
+#include "kernels/dataset.hpp"
+
+namespace ringmaster {
+
+struct loader_config {
+  std::shared_ptr<const dataset> data;
+  int rank = 0, replicas = 1;
+  int global_batch = 0;
+  uint64_t seed = 0;
+  int64_t epochs = 1;
+  int prefetch = 2;
+};
+
+// Receives {run_atom, replica}: starts pushing {batch_atom, batch_ptr} there; {credit_atom} for more.
+caf::behavior data_loader(caf::event_based_actor* self, loader_config cfg);
+
+}  // namespace ringmaster

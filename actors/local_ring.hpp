@@ -1,0 +1,32 @@
+// Ring all-reduce on its own: N reducer actors in one process, usable without replicas (the benchmark
+// and the topology API use it).
+//
+//   caf::actor_system sys{cfg};
+//   local_ring ring(sys, 4);
+//   std::string err = ring.allreduce({a, b, c, d}, len);  // every buffer ends with the elementwise sum
+#pragma once
+#include <caf/all.hpp>
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ringmaster {
+
+class local_ring {
+ public:
+  local_ring(caf::actor_system& sys, int ranks);
+  ~local_ring();
+  local_ring(const local_ring&) = delete;
+  local_ring& operator=(const local_ring&) = delete;
+  int size() const { return int(reducers_.size()); }
+  // Sums buffers[r][0..len) over r into every buffer. Returns "" or what failed.
+  std::string allreduce(const std::vector<float*>& buffers, size_t len,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+ private:
+  caf::actor_system& sys_;
+  std::vector<caf::actor> reducers_;
+  int64_t step_ = 0;
+};
+
+}  // namespace ringmaster

@@ -1,0 +1,71 @@
+// The message protocol between ringmaster's actors, in one place.
+//
+//   coordinator ──(run)──▶ every replica and loader
+//   data_loader ──batch──▶ replica ──credit──▶ data_loader          (prefetch with back-pressure)
+//   replica ──reduce(step, grads)──▶ reducer ──chunk──▶ right reducer (ring), reply: step done
+//   replica ──metrics / eval / done──▶ coordinator
+#pragma once
+#include <caf/all.hpp>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace ringmaster {
+
+// Atoms (CAF 0.17: at most 10 characters).
+using run_atom = caf::atom_constant<caf::atom("run")>;
+using batch_atom = caf::atom_constant<caf::atom("batch")>;
+using credit_atom = caf::atom_constant<caf::atom("credit")>;
+using reduce_atom = caf::atom_constant<caf::atom("reduce")>;
+using chunk_atom = caf::atom_constant<caf::atom("chunk")>;
+using ring_atom = caf::atom_constant<caf::atom("ring")>;
+using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
+using eval_atom = caf::atom_constant<caf::atom("eval")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using weights_atom = caf::atom_constant<caf::atom("weights")>;
+
+// One replica's shard of one global batch. Shared, immutable once sent: no copy on the way.
+struct batch {
+  int64_t epoch = 0;
+  int64_t step = 0;  // step within the epoch
+  int size = 0;      // samples in this shard
+  std::vector<float> x;     // (size, features)
+  std::vector<int32_t> y;   // (size)
+};
+using batch_ptr = std::shared_ptr<const batch>;
+
+// A buffer a reducer reduces in place. In-process only: the owner does not touch it until the reply.
+struct tensor_view {
+  float* data = nullptr;
+  size_t len = 0;
+};
+
+// A chunk on its way round the ring. Shared so forwarding between local actors never copies.
+using chunk_ptr = std::shared_ptr<const std::vector<float>>;
+
+// What a replica reports after each step (sums, so the coordinator aggregates exactly).
+struct step_report {
+  int rank = 0;
+  int64_t epoch = 0, step = 0;
+  double loss_sum = 0;
+  int64_t correct = 0, count = 0;
+};
+
+// Test-set evaluation of one replica's shard of the test set at the end of an epoch.
+struct eval_report {
+  int rank = 0;
+  int64_t epoch = 0;
+  double loss_sum = 0;
+  int64_t correct = 0, count = 0;
+  double seconds = 0;
+};
+
+using weights_ptr = std::shared_ptr<const std::vector<float>>;
+
+}  // namespace ringmaster
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::batch_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::tensor_view)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::chunk_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::step_report)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::eval_report)

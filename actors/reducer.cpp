@@ -1,0 +1,101 @@
+#include "actors/reducer.hpp"
+
+#include <deque>
+#include <optional>
+
+#include "actors/messages.hpp"
+#include "kernels/cpu_kernels.hpp"
+#include "net/ring.hpp"
+
+namespace ringmaster {
+namespace {
+
+struct cpu_ring_ops {
+  void add(float* d, const float* s, size_t n) const { cpu::add_inplace(d, s, n); }
+  void copy(float* d, const float* s, size_t n) const { std::copy(s, s + n, d); }
+};
+
+struct pending_chunk {
+  int64_t step;
+  int round;
+  chunk_ptr data;
+};
+
+struct reducer_state {
+  int rank = 0, size = 1;
+  caf::actor right;
+  int64_t step = -1;  // step being reduced, -1 when idle
+  tensor_view buf;
+  std::optional<ring::allreduce_state<cpu_ring_ops>> ring;
+  caf::response_promise reply;
+  std::deque<pending_chunk> early;  // chunks for a step this rank has not started yet
+};
+
+}  // namespace
+
+caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
+  auto st = std::make_shared<reducer_state>();
+  st->rank = rank;
+  st->size = size;
+
+  auto send_out = [self, st](const ring::outgoing& out) {
+    if (!out.send) return;
+    const float* p = st->buf.data + out.range.offset;
+    auto data = std::make_shared<const std::vector<float>>(p, p + out.range.count);
+    self->send(st->right, chunk_atom::value, st->step, out.round, chunk_ptr(std::move(data)));
+  };
+  auto finish_if_done = [st] {
+    if (st->ring && st->ring->done()) {
+      const int64_t step = st->step;
+      st->ring.reset();
+      st->step = -1;
+      st->reply.deliver(step);
+    }
+  };
+  auto apply = [self, st, send_out](int64_t step, int round, const chunk_ptr& data) {
+    ring::outgoing next;
+    if (!data || !st->ring->receive(round, data->data(), data->size(), &next)) {
+      CAF_LOG_ERROR("reducer" << st->rank << ": unexpected chunk");
+      st->reply.deliver(caf::make_error(caf::sec::unexpected_message));
+      self->quit(caf::sec::unexpected_message);
+      return;
+    }
+    (void)step;
+    send_out(next);
+  };
+
+  return {
+      [st](ring_atom, caf::actor right) { st->right = std::move(right); },
+      [self, st, send_out, apply, finish_if_done](reduce_atom, int64_t step, tensor_view buf) {
+        st->reply = self->make_response_promise();
+        if (st->step >= 0 || (st->size > 1 && !st->right)) {
+          st->reply.deliver(caf::make_error(caf::sec::invalid_argument));
+          return st->reply;
+        }
+        st->step = step;
+        st->buf = buf;
+        st->ring.emplace(st->rank, st->size, buf.data, buf.len);
+        send_out(st->ring->start());
+        // Chunks that arrived before our replica was ready (the left neighbour may run ahead).
+        while (st->ring && !st->early.empty() && st->early.front().step == step) {
+          pending_chunk c = std::move(st->early.front());
+          st->early.pop_front();
+          apply(c.step, c.round, c.data);
+          if (!st->ring) break;
+          finish_if_done();
+        }
+        finish_if_done();
+        return st->reply;
+      },
+      [st, apply, finish_if_done](chunk_atom, int64_t step, int round, chunk_ptr data) {
+        if (!st->ring || step != st->step) {
+          st->early.push_back({step, round, std::move(data)});
+          return;
+        }
+        apply(step, round, data);
+        finish_if_done();
+      },
+  };
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,119 @@
+#include "actors/replica.hpp"
+
+#include <chrono>
+#include <deque>
+
+#include "actors/messages.hpp"
+
+namespace ringmaster {
+namespace {
+
+struct replica_state {
+  replica_config cfg;
+  std::unique_ptr<backend> be;
+  std::unique_ptr<mlp> model;
+  device_buffer<float> x;      // staging for non-host devices
+  device_buffer<int32_t> y;
+  caf::actor loader, reducer, coordinator;
+  std::deque<batch_ptr> ready;
+  bool busy = false;
+  int64_t done_steps = 0;
+};
+
+// Copies a batch to the device when it is not host memory; returns device pointers.
+std::pair<const float*, const int32_t*> stage(replica_state& st, const float* x, const int32_t* y, int n) {
+  if (st.be->is_host()) return {x, y};
+  const size_t f = size_t(st.cfg.spec.dims[0]);
+  st.be->copy_in(st.x.data(), x, size_t(n) * f * sizeof(float));
+  st.be->copy_in(st.y.data(), y, size_t(n) * sizeof(int32_t));
+  return {st.x.data(), st.y.data()};
+}
+
+eval_report evaluate(replica_state& st, int64_t epoch) {
+  auto t0 = std::chrono::steady_clock::now();
+  eval_report r;
+  r.rank = st.cfg.rank;
+  r.epoch = epoch;
+  const dataset& d = *st.cfg.test;
+  const int chunk = std::max(1, st.cfg.global_batch / st.cfg.replicas);
+  for (size_t i = st.cfg.test_begin; i < st.cfg.test_end; i += chunk) {
+    const int n = int(std::min<size_t>(chunk, st.cfg.test_end - i));
+    auto [x, y] = stage(st, d.pixels.data() + i * d.features(), d.labels.data() + i, n);
+    batch_metrics m = st.model->evaluate(x, y, n);
+    r.loss_sum += m.loss_sum;
+    r.correct += m.correct;
+    r.count += m.count;
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace
+
+caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
+  auto st = std::make_shared<replica_state>();
+  std::string error;
+  st->be = make_backend(cfg.device, &error);
+  if (!st->be) {
+    self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(cfg.rank) + ": " + error));
+    return {};
+  }
+  const int b = cfg.global_batch / cfg.replicas;
+  st->model = std::make_unique<mlp>(*st->be, cfg.spec, b, cfg.opt);
+  st->model->set_params(cfg.init_params->data());
+  if (!st->be->is_host()) {
+    st->x = device_buffer<float>(*st->be, size_t(b) * cfg.spec.dims[0]);
+    st->y = device_buffer<int32_t>(*st->be, size_t(b));
+  }
+  st->cfg = std::move(cfg);
+
+  // Runs the next step if a batch is here and the previous update has been applied.
+  auto try_step = std::make_shared<std::function<void()>>();
+  *try_step = [self, st, try_step] {
+    if (st->busy || st->ready.empty()) return;
+    batch_ptr bt = std::move(st->ready.front());
+    st->ready.pop_front();
+    st->busy = true;
+    self->send(st->loader, credit_atom::value);
+    auto [x, y] = stage(*st, bt->x.data(), bt->y.data(), bt->size);
+    batch_metrics m = st->model->forward_backward(x, y, bt->size, 1.0f / float(st->cfg.global_batch));
+    step_report rep{st->cfg.rank, bt->epoch, bt->step, m.loss_sum, m.correct, m.count};
+    const int64_t global_step = bt->epoch * st->cfg.steps_per_epoch + bt->step;
+    tensor_view grads{st->model->grads(), st->model->size()};
+    self->request(st->reducer, caf::infinite, reduce_atom::value, global_step, grads)
+        .then([self, st, try_step, rep](int64_t) {
+          st->model->apply(st->model->grads());
+          self->send(st->coordinator, rep);
+          ++st->done_steps;
+          if (rep.step + 1 == st->cfg.steps_per_epoch && st->cfg.test)
+            self->send(st->coordinator, evaluate(*st, rep.epoch));
+          st->busy = false;
+          if (st->done_steps == st->cfg.steps_per_epoch * st->cfg.epochs)
+            self->send(st->coordinator, done_atom::value, st->cfg.rank);
+          (*try_step)();
+        });
+  };
+
+  // try_step holds itself; break that cycle when the actor ends so its state (and device memory) is freed.
+  self->attach_functor([try_step] { *try_step = nullptr; });
+
+  return {
+      [self, st](run_atom, caf::actor loader, caf::actor reducer, caf::actor coordinator) {
+        st->loader = std::move(loader);
+        st->reducer = std::move(reducer);
+        st->coordinator = std::move(coordinator);
+        self->send(st->loader, run_atom::value, caf::actor_cast<caf::actor>(self));
+      },
+      [st, try_step](batch_atom, batch_ptr b) {
+        st->ready.push_back(std::move(b));
+        (*try_step)();
+      },
+      [st](weights_atom) {
+        auto w = std::make_shared<std::vector<float>>(st->model->size());
+        st->model->get_params(w->data());
+        return chunk_ptr(std::move(w));
+      },
+  };
+}
+
+}  // namespace ringmaster

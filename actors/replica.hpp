@@ -1,0 +1,32 @@
+// The replica: one copy of the model on one device. Per step: forward/backward on its batch shard, hand
+// the flat gradient buffer to its reducer, and when the ring has summed it apply the optimizer, so every
+// replica applies the same update to the same weights.
+#pragma once
+#include <caf/all.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/dataset.hpp"
+#include "kernels/model.hpp"
+
+namespace ringmaster {
+
+struct replica_config {
+  int rank = 0, replicas = 1;
+  std::string device = "cpu";
+  model_spec spec;
+  optimizer_config opt;
+  int global_batch = 0;
+  int64_t steps_per_epoch = 0, epochs = 1;
+  std::shared_ptr<const std::vector<float>> init_params;  // identical on every replica
+  std::shared_ptr<const dataset> test;                    // may be null: no evaluation
+  size_t test_begin = 0, test_end = 0;                     // this replica's shard of the test set
+};
+
+// Spawn detached (it computes on its own thread). Receives {run_atom, loader, reducer, coordinator}; sends
+// the coordinator step_report after every step, eval_report after every epoch, {done_atom, rank} at the
+// end. Answers {weights_atom} with its parameters (chunk_ptr).
+caf::behavior replica(caf::event_based_actor* self, replica_config cfg);
+
+}  // namespace ringmaster

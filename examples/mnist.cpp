@@ -1,0 +1,190 @@
+// ringmaster-mnist: data-parallel training of an MLP on MNIST-format data (Fashion-MNIST by default).
+//
+//   ringmaster-mnist --replicas 2 --epochs 5           # 2 replicas in this process, ring all-reduce
+//   ringmaster-mnist --help
+//
+// Exit status: 0 done, 1 the job failed, 2 bad command line or input data.
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "actors/training.hpp"
+#include "kernels/safetensors.hpp"
+
+namespace po = boost::program_options;
+using namespace ringmaster;
+
+namespace {
+
+struct options {
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string optimizer = "adam";
+  std::string save, report_json, device = "cpu";
+  double lr = -1;
+  int64_t limit_train = 0, limit_test = 0;
+  bool quiet = false, no_eval = false;
+  train_config cfg;
+};
+
+int usage_error(const std::string& msg) {
+  std::fprintf(stderr, "ringmaster-mnist: %s\nTry 'ringmaster-mnist --help'.\n", msg.c_str());
+  return 2;
+}
+
+std::string hex(uint64_t v) {
+  char b[20];
+  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+  return b;
+}
+
+bool write_report(const std::string& path, const options& o, const train_result& r, std::string* error) {
+  const epoch_stats last = r.history.empty() ? epoch_stats{} : r.history.back();
+  auto num = [](double v) {
+    if (!std::isfinite(v)) return std::string("null");
+    std::ostringstream s;
+    s.precision(9);
+    s << v;
+    return s.str();
+  };
+  std::ostringstream j;
+  j << "{\n  \"test_accuracy\": " << num(last.val_accuracy) << ",\n  \"test_loss\": " << num(last.val_loss)
+    << ",\n  \"train_accuracy\": " << num(last.accuracy) << ",\n  \"train_loss\": " << num(last.loss)
+    << ",\n  \"train_samples_per_sec\": " << num(r.train_seconds > 0 ? r.train_samples / r.train_seconds : 0)
+    << ",\n  \"train_seconds\": " << num(r.train_seconds) << ",\n  \"wall_seconds\": " << num(r.wall_seconds)
+    << ",\n  \"replicas\": " << o.cfg.replicas << ",\n  \"global_batch\": " << o.cfg.global_batch
+    << ",\n  \"epochs\": " << o.cfg.epochs << ",\n  \"model\": \"" << o.cfg.model << "\",\n  \"optimizer\": \""
+    << o.optimizer << "\",\n  \"seed\": " << o.cfg.seed << ",\n  \"weights_checksum\": \"fnv1a64:"
+    << hex(r.checksums.empty() ? 0 : r.checksums[0]) << "\",\n  \"replicas_identical\": "
+    << (r.identical ? "true" : "false") << ",\n  \"history\": [";
+  for (size_t i = 0; i < r.history.size(); ++i) {
+    const epoch_stats& e = r.history[i];
+    j << (i ? "," : "") << "\n    {\"epoch\": " << e.epoch + 1 << ", \"loss\": " << num(e.loss)
+      << ", \"accuracy\": " << num(e.accuracy) << ", \"val_loss\": " << num(e.val_loss)
+      << ", \"val_accuracy\": " << num(e.val_accuracy) << ", \"seconds\": " << num(e.seconds) << "}";
+  }
+  j << "\n  ]\n}\n";
+  std::ofstream f(path, std::ios::trunc);
+  if (!(f << j.str()) || !f.flush()) {
+    *error = path + ": cannot write the report";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  train_config& c = o.cfg;
+  po::options_description desc(
+      "ringmaster-mnist: data-parallel training on MNIST-format data\n\n"
+      "Usage: ringmaster-mnist [options]\n\nOptions");
+  desc.add_options()
+      ("help,h", "show this help and exit")
+      ("data", po::value(&o.data)->default_value(o.data), "folder with the IDX files (raw or .gz)")
+      ("replicas", po::value(&c.replicas)->default_value(c.replicas), "replicas in this process")
+      ("device", po::value(&o.device)->default_value(o.device), "cpu (more devices come with CUDA support)")
+      ("epochs", po::value(&c.epochs)->default_value(c.epochs), "passes over the training set")
+      ("batch", po::value(&c.global_batch)->default_value(c.global_batch),
+       "global batch size (each replica takes batch/replicas)")
+      ("optimizer", po::value(&o.optimizer)->default_value(o.optimizer), "adam or sgd (momentum 0.9)")
+      ("lr", po::value(&o.lr), "learning rate (default: 0.001 for adam, 0.01 for sgd)")
+      ("model", po::value(&c.model)->default_value(c.model), "layer widths, ReLU between Dense layers")
+      ("seed", po::value(&c.seed)->default_value(c.seed), "seed for the initial weights and the shuffles")
+      ("save", po::value(&o.save), "write the final weights to this file (safetensors)")
+      ("report-json", po::value(&o.report_json), "write a JSON report of the run to this file")
+      ("limit-train", po::value(&o.limit_train), "use only the first N training samples")
+      ("limit-test", po::value(&o.limit_test), "use only the first N test samples")
+      ("no-eval", po::bool_switch(&o.no_eval), "skip the test-set evaluation after each epoch")
+      ("quiet,q", po::bool_switch(&o.quiet), "print only the summary");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return usage_error(e.what());
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\nExample: ringmaster-mnist --replicas 2 --epochs 5 --report-json run.json\n";
+    return 0;
+  }
+  if (o.optimizer == "adam") c.opt.kind = optimizer_config::adam;
+  else if (o.optimizer == "sgd") c.opt.kind = optimizer_config::sgd;
+  else return usage_error("--optimizer must be adam or sgd, not '" + o.optimizer + "'");
+  c.opt.lr = o.lr > 0 ? float(o.lr) : (c.opt.kind == optimizer_config::adam ? 1e-3f : 1e-2f);
+  if (vm.count("lr") && !(o.lr > 0 && std::isfinite(o.lr))) return usage_error("--lr must be a positive number");
+  if (c.replicas < 1 || c.replicas > 1024) return usage_error("--replicas must be in 1..1024");
+  if (c.epochs < 1) return usage_error("--epochs must be at least 1");
+  if (c.global_batch < 1) return usage_error("--batch must be positive");
+  if (c.global_batch % c.replicas)
+    return usage_error("--batch " + std::to_string(c.global_batch) + " is not divisible by --replicas " +
+                       std::to_string(c.replicas));
+  if (o.limit_train < 0 || o.limit_test < 0) return usage_error("--limit-train/--limit-test must be >= 0");
+  model_spec spec;
+  std::string error;
+  if (!parse_model_spec(c.model, &spec, &error)) return usage_error(error);
+  if (o.device != "cpu") {
+    for (int r = 0; r < c.replicas; ++r) c.devices.push_back(o.device);
+  }
+
+  auto train = std::make_shared<dataset>(), test = std::make_shared<dataset>();
+  if (!load_mnist(o.data, "train", spec.dims.back(), train.get(), &error)) return usage_error(error);
+  if (!o.no_eval && !load_mnist(o.data, "t10k", spec.dims.back(), test.get(), &error)) return usage_error(error);
+  if (o.limit_train) truncate(*train, size_t(o.limit_train));
+  if (o.limit_test) truncate(*test, size_t(o.limit_test));
+  c.train = train;
+  if (!o.no_eval) c.test = test;
+  c.evaluate = !o.no_eval;
+  if (std::string e = check_config(c, spec); !e.empty()) return usage_error(e);
+
+  const bool tty = isatty(STDOUT_FILENO);
+  std::printf("ringmaster-mnist: model %s, %d replica%s (%s), global batch %d (%d per replica), %s lr %g, "
+              "%zu training / %zu test samples\n",
+              spec.str().c_str(), c.replicas, c.replicas > 1 ? "s" : "", o.device.c_str(), c.global_batch,
+              c.global_batch / c.replicas, o.optimizer.c_str(), double(c.opt.lr), train->count,
+              c.test ? test->count : size_t(0));
+  int64_t shown_epoch = -1;
+  if (!o.quiet) {
+    c.on_progress = [&](const progress& p) {
+      if (p.epoch != shown_epoch) {
+        std::printf("%sEpoch %lld/%lld\n", tty && shown_epoch >= 0 ? "\n" : "", (long long)p.epoch + 1,
+                    (long long)p.epochs);
+        shown_epoch = p.epoch;
+      }
+      if (p.epoch_end) std::printf("%s%s\n", tty ? "\r\033[K" : "", format_progress(p).c_str());
+      else if (tty) std::printf("\r\033[K%s", format_progress(p).c_str());
+      std::fflush(stdout);
+    };
+  }
+
+  train_result r = ringmaster::train(c);
+  if (!r.ok) {
+    std::fprintf(stderr, "ringmaster-mnist: training failed: %s\n", r.error.c_str());
+    return 1;
+  }
+  const epoch_stats& last = r.history.back();
+  std::printf("Done: %lld epochs in %.1fs (training %.1fs, %.0f samples/s)", (long long)c.epochs,
+              r.wall_seconds, r.train_seconds, r.train_samples / r.train_seconds);
+  if (c.test) std::printf(", test accuracy %.4f, test loss %.4f", last.val_accuracy, last.val_loss);
+  std::printf("; replicas %s (fnv1a64 %s)\n", r.identical ? "bit-identical" : "DIFFER",
+              hex(r.checksums[0]).c_str());
+  if (!o.save.empty()) {
+    std::map<std::string, std::string> meta{{"model", spec.str()}, {"format", "ringmaster"},
+                                            {"epochs", std::to_string(c.epochs)}};
+    if (!write_safetensors(o.save, spec, r.weights, meta, &error)) {
+      std::fprintf(stderr, "ringmaster-mnist: %s\n", error.c_str());
+      return 1;
+    }
+    std::printf("Saved weights to %s\n", o.save.c_str());
+  }
+  if (!o.report_json.empty() && !write_report(o.report_json, o, r, &error)) {
+    std::fprintf(stderr, "ringmaster-mnist: %s\n", error.c_str());
+    return 1;
+  }
+  return r.identical ? 0 : 1;
+}

@@ -1,0 +1,69 @@
+// One interface over the CPU and CUDA kernels, so model code is written once.
+// Pointers passed to kernels are device pointers of this backend (host pointers for the CPU).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ringmaster {
+
+class backend {
+ public:
+  virtual ~backend() = default;
+  virtual std::string name() const = 0;
+  // True when device memory is ordinary host memory (no copies needed).
+  virtual bool is_host() const = 0;
+  virtual void* alloc(size_t bytes) = 0;  // zero-filled
+  virtual void release(void* p) = 0;
+  virtual void copy_in(void* dst_dev, const void* src_host, size_t bytes) = 0;
+  virtual void copy_out(void* dst_host, const void* src_dev, size_t bytes) = 0;
+  virtual void copy(void* dst_dev, const void* src_dev, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // Kernels: semantics as in kernels/cpu_kernels.hpp.
+  virtual void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN,
+                             int OUT, bool relu) = 0;
+  virtual void dense_backward(float* din, float* dw, float* db, const float* dout, const float* in,
+                              const float* w, int B, int IN, int OUT) = 0;
+  virtual void relu_backward(float* din, const float* dout, const float* out, size_t n) = 0;
+  // loss_sum / correct are host pointers; the backend accumulates into them.
+  virtual void softmax_xent(float* dlogits, double* loss_sum, int64_t* correct, const float* logits,
+                            const int32_t* labels, int B, int C, float grad_scale) = 0;
+  virtual void adam_update(float* w, float* m, float* v, const float* g, size_t n, float lr, float b1,
+                           float b2, float eps, int64_t t) = 0;
+  virtual void sgd_update(float* w, float* vel, const float* g, size_t n, float lr, float momentum) = 0;
+  virtual void add_inplace(float* dst, const float* src, size_t n) = 0;
+};
+
+std::unique_ptr<backend> make_cpu_backend();
+// A CUDA backend on GPU `device`, or null with *error saying why (no GPU, built without CUDA, ...).
+// Defined in kernels/cuda_backend.cu, or kernels/cuda_stub.cpp when built without CUDA.
+std::unique_ptr<backend> make_cuda_backend(int device, std::string* error);
+// Number of usable CUDA devices; 0 without a GPU or driver, or when built without CUDA.
+int cuda_device_count();
+// "cpu" or "cuda:N". Null with *error naming the problem.
+std::unique_ptr<backend> make_backend(const std::string& device, std::string* error);
+
+// Device memory owned by a backend, released on destruction.
+template <class T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  device_buffer(backend& be, size_t n) : be_(&be), n_(n), p_(static_cast<T*>(be.alloc(n * sizeof(T)))) {}
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  device_buffer(device_buffer&& o) noexcept { swap(o); }
+  device_buffer& operator=(device_buffer&& o) noexcept { swap(o); return *this; }
+  ~device_buffer() { if (p_) be_->release(p_); }
+  T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void swap(device_buffer& o) noexcept { std::swap(be_, o.be_); std::swap(n_, o.n_); std::swap(p_, o.p_); }
+  backend* be_ = nullptr;
+  size_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+}  // namespace ringmaster

@@ -1,0 +1,74 @@
+// The CPU backend: host memory and the Eigen kernels.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kernels/backend.hpp"
+#include "kernels/cpu_kernels.hpp"
+
+namespace ringmaster {
+namespace {
+
+class cpu_backend final : public backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool is_host() const override { return true; }
+  void* alloc(size_t bytes) override {
+    // 64-byte alignment: full AVX-512 lines for Eigen's loads.
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void release(void* p) override { std::free(p); }
+  void copy_in(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
+  void copy_out(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
+  void copy(void* d, const void* s, size_t n) override { std::memmove(d, s, n); }
+  void synchronize() override {}
+
+  void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT,
+                     bool relu) override {
+    if (relu) cpu::dense_relu_forward(out, in, w, b, B, IN, OUT);
+    else cpu::dense_forward(out, in, w, b, B, IN, OUT);
+  }
+  void dense_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w,
+                      int B, int IN, int OUT) override {
+    cpu::dense_backward(din, dw, db, dout, in, w, B, IN, OUT);
+  }
+  void relu_backward(float* din, const float* dout, const float* out, size_t n) override {
+    cpu::relu_backward(din, dout, out, n);
+  }
+  void softmax_xent(float* dl, double* loss, int64_t* correct, const float* logits, const int32_t* labels,
+                    int B, int C, float scale) override {
+    cpu::softmax_xent(dl, loss, correct, logits, labels, B, C, scale);
+  }
+  void adam_update(float* w, float* m, float* v, const float* g, size_t n, float lr, float b1, float b2,
+                   float eps, int64_t t) override {
+    cpu::adam_update(w, m, v, g, n, lr, b1, b2, eps, t);
+  }
+  void sgd_update(float* w, float* vel, const float* g, size_t n, float lr, float mom) override {
+    cpu::sgd_update(w, vel, g, n, lr, mom);
+  }
+  void add_inplace(float* dst, const float* src, size_t n) override { cpu::add_inplace(dst, src, n); }
+};
+
+}  // namespace
+
+std::unique_ptr<backend> make_cpu_backend() { return std::make_unique<cpu_backend>(); }
+
+std::unique_ptr<backend> make_backend(const std::string& device, std::string* error) {
+  if (device == "cpu") return make_cpu_backend();
+  if (device.rfind("cuda:", 0) == 0) {
+    const std::string n = device.substr(5);
+    if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos) {
+      *error = "bad device '" + device + "': expected cuda:N";
+      return nullptr;
+    }
+    return make_cuda_backend(std::stoi(n), error);
+  }
+  *error = "unknown device '" + device + "': expected cpu or cuda:N";
+  return nullptr;
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,38 @@
+// MNIST-format data: IDX files (raw or .gz) with validation, and the per-epoch shuffle shared by
+// every replica so that N replicas at global batch B see exactly the samples one replica would.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ringmaster {
+
+struct dataset {
+  size_t count = 0;
+  int rows = 0, cols = 0;
+  std::vector<float> pixels;     // (count, rows*cols), scaled to [0, 1]
+  std::vector<int32_t> labels;   // (count)
+  size_t features() const { return size_t(rows) * cols; }
+};
+
+// Reads one IDX file (gzip or raw). expect_dims is 3 for images, 1 for labels. On failure returns
+// false and *error names the file and what is wrong with it.
+bool read_idx(const std::string& path, int expect_dims, std::vector<uint32_t>* dims,
+              std::vector<uint8_t>* data, std::string* error);
+
+// Loads images + labels ("train" or "t10k" prefix) from dir, trying NAME then NAME.gz.
+// Checks that the counts agree and that every label is below `classes`.
+bool load_mnist(const std::string& dir, const std::string& prefix, int classes, dataset* out,
+                std::string* error);
+
+// Keeps the first n samples (for quick runs and tests).
+void truncate(dataset& d, size_t n);
+
+// The permutation of [0, n) used in epoch `epoch`: a pure function of (seed, epoch, n).
+std::vector<uint32_t> epoch_permutation(size_t n, uint64_t seed, int64_t epoch);
+
+// Steps per epoch: every replica runs this many, so no replica waits for a batch that never comes.
+// The last partial global batch of an epoch is dropped (a different remainder every epoch).
+inline size_t steps_per_epoch(size_t samples, size_t global_batch) { return samples / global_batch; }
+
+}  // namespace ringmaster

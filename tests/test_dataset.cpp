@@ -1,0 +1,216 @@
+// IDX reading and validation, epoch permutations, and the data loader's shards and back-pressure.
+#include <zlib.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "actors/data_loader.hpp"
+#include "actors/messages.hpp"
+#include "kernels/dataset.hpp"
+
+using namespace ringmaster;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<uint8_t> idx_bytes(uint8_t type, std::vector<uint32_t> dims, const std::vector<uint8_t>& data) {
+  std::vector<uint8_t> b = {0, 0, type, uint8_t(dims.size())};
+  for (uint32_t d : dims)
+    for (int s = 24; s >= 0; s -= 8) b.push_back(uint8_t(d >> s));
+  b.insert(b.end(), data.begin(), data.end());
+  return b;
+}
+
+struct tmpdir {
+  fs::path p;
+  tmpdir() {
+    char tmpl[] = "/tmp/ringmaster-test-XXXXXX";
+    p = mkdtemp(tmpl);
+  }
+  ~tmpdir() { fs::remove_all(p); }
+  std::string write(const std::string& name, const std::vector<uint8_t>& b, bool gz = false) {
+    std::string path = (p / name).string();
+    if (gz) {
+      gzFile f = gzopen(path.c_str(), "wb");
+      gzwrite(f, b.data(), unsigned(b.size()));
+      gzclose(f);
+    } else {
+      std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    }
+    return path;
+  }
+};
+
+// n images of 2x3 pixels whose first pixel encodes the sample index; labels i % 10.
+void write_set(tmpdir& d, const std::string& prefix, uint32_t n, bool gz) {
+  std::vector<uint8_t> px(size_t(n) * 6, 0), lb(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    px[size_t(i) * 6] = uint8_t(i);
+    lb[i] = uint8_t(i % 10);
+  }
+  d.write(prefix + "-images-idx3-ubyte" + (gz ? ".gz" : ""), idx_bytes(8, {n, 2, 3}, px), gz);
+  d.write(prefix + "-labels-idx1-ubyte" + (gz ? ".gz" : ""), idx_bytes(8, {n}, lb), gz);
+}
+
+std::string load_error(tmpdir& d) {
+  dataset ds;
+  std::string err;
+  CHECK_FALSE(load_mnist(d.p.string(), "train", 10, &ds, &err));
+  return err;
+}
+
+}  // namespace
+
+TEST_CASE("IDX files load raw and gzipped, scaled to [0,1]", "[data]") {
+  for (bool gz : {false, true}) {
+    tmpdir d;
+    write_set(d, "train", 20, gz);
+    dataset ds;
+    std::string err;
+    REQUIRE(load_mnist(d.p.string(), "train", 10, &ds, &err));
+    CHECK(ds.count == 20);
+    CHECK(ds.rows == 2);
+    CHECK(ds.cols == 3);
+    CHECK(ds.pixels[6 * 5] == Approx(5.0 / 255));
+    CHECK(ds.labels[13] == 3);
+  }
+}
+
+TEST_CASE("bad IDX files are rejected with a message naming the file and the problem", "[data]") {
+  std::vector<uint8_t> px(12, 1), lb = {1, 2};
+  SECTION("truncated data") {
+    tmpdir d;
+    auto img = idx_bytes(8, {2, 2, 3}, px);
+    img.resize(img.size() - 5);
+    d.write("train-images-idx3-ubyte", img);
+    d.write("train-labels-idx1-ubyte", idx_bytes(8, {2}, lb));
+    std::string e = load_error(d);
+    CHECK(e.find("train-images-idx3-ubyte") != std::string::npos);
+    CHECK(e.find("truncated") != std::string::npos);
+  }
+  SECTION("truncated header") {
+    tmpdir d;
+    d.write("train-images-idx3-ubyte", {0, 0, 8, 3, 0, 0});
+    d.write("train-labels-idx1-ubyte", idx_bytes(8, {2}, lb));
+    CHECK(load_error(d).find("truncated header") != std::string::npos);
+  }
+  SECTION("wrong magic") {
+    tmpdir d;
+    d.write("train-images-idx3-ubyte", idx_bytes(8, {2, 2, 3}, px));
+    d.write("train-labels-idx1-ubyte", idx_bytes(0x0d, {2}, lb));  // float labels
+    std::string e = load_error(d);
+    CHECK(e.find("train-labels-idx1-ubyte") != std::string::npos);
+    CHECK(e.find("wrong magic 0x00000d01") != std::string::npos);
+  }
+  SECTION("image file given as labels (wrong dimensions)") {
+    tmpdir d;
+    d.write("train-images-idx3-ubyte", idx_bytes(8, {2, 2, 3}, px));
+    d.write("train-labels-idx1-ubyte", idx_bytes(8, {2, 2, 3}, px));
+    CHECK(load_error(d).find("wrong magic") != std::string::npos);
+  }
+  SECTION("counts disagree") {
+    tmpdir d;
+    d.write("train-images-idx3-ubyte", idx_bytes(8, {2, 2, 3}, px));
+    d.write("train-labels-idx1-ubyte", idx_bytes(8, {3}, {1, 2, 3}));
+    std::string e = load_error(d);
+    CHECK(e.find("2 images") != std::string::npos);
+    CHECK(e.find("3 labels") != std::string::npos);
+  }
+  SECTION("extra bytes") {
+    tmpdir d;
+    auto img = idx_bytes(8, {2, 2, 3}, px);
+    img.push_back(7);
+    d.write("train-images-idx3-ubyte", img);
+    d.write("train-labels-idx1-ubyte", idx_bytes(8, {2}, lb));
+    CHECK(load_error(d).find("inconsistent: 1 bytes beyond") != std::string::npos);
+  }
+  SECTION("zero dimension") {
+    tmpdir d;
+    d.write("train-images-idx3-ubyte", idx_bytes(8, {2, 0, 3}, {}));
+    d.write("train-labels-idx1-ubyte", idx_bytes(8, {2}, lb));
+    CHECK(load_error(d).find("dimension 1 is zero") != std::string::npos);
+  }
+  SECTION("label out of range") {
+    tmpdir d;
+    d.write("train-images-idx3-ubyte", idx_bytes(8, {2, 2, 3}, px));
+    d.write("train-labels-idx1-ubyte", idx_bytes(8, {2}, {1, 12}));
+    CHECK(load_error(d).find("label 12 at index 1 is out of range for 10 classes") != std::string::npos);
+  }
+  SECTION("corrupt gzip") {
+    tmpdir d;
+    d.write("train-images-idx3-ubyte", idx_bytes(8, {2, 2, 3}, px));
+    d.write("train-labels-idx1-ubyte.gz", {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3});
+    std::string e = load_error(d);
+    CHECK(e.find("train-labels-idx1-ubyte.gz") != std::string::npos);
+  }
+  SECTION("missing file") {
+    tmpdir d;
+    d.write("train-images-idx3-ubyte", idx_bytes(8, {2, 2, 3}, px));
+    CHECK(load_error(d).find("no train-labels-idx1-ubyte[.gz]") != std::string::npos);
+  }
+}
+
+TEST_CASE("epoch permutations are permutations, reproducible, and differ per epoch", "[data]") {
+  auto a = epoch_permutation(1000, 42, 0), b = epoch_permutation(1000, 42, 0);
+  auto c = epoch_permutation(1000, 42, 1), d = epoch_permutation(1000, 43, 0);
+  CHECK(a == b);
+  CHECK(a != c);
+  CHECK(a != d);
+  std::set<uint32_t> s(a.begin(), a.end());
+  CHECK(s.size() == 1000);
+  CHECK(*s.rbegin() == 999);
+}
+
+TEST_CASE("loaders cut disjoint equal shards of each global batch, with bounded prefetch", "[data][actors]") {
+  auto ds = std::make_shared<dataset>();
+  ds->count = 103;  // 103 / 24 = 4 steps per epoch, 7 samples dropped
+  ds->rows = 1;
+  ds->cols = 1;
+  for (size_t i = 0; i < ds->count; ++i) {
+    ds->pixels.push_back(float(i));
+    ds->labels.push_back(int32_t(i % 10));
+  }
+  caf::actor_system_config cfg;
+  cfg.set("logger.console", caf::atom("none"));
+  caf::actor_system sys{cfg};
+  const int n = 3, B = 24, epochs = 2, prefetch = 2;
+  caf::scoped_actor self{sys};
+  std::vector<caf::actor> loaders;
+  for (int r = 0; r < n; ++r) {
+    loaders.push_back(sys.spawn(data_loader, loader_config{ds, r, n, B, 5, epochs, prefetch}));
+    self->send(loaders[r], run_atom::value, caf::actor_cast<caf::actor>(self));
+  }
+  // Without credits, exactly `prefetch` batches per loader arrive.
+  std::vector<batch_ptr> got;
+  for (int i = 0; i < n * prefetch; ++i)
+    self->receive([&](batch_atom, batch_ptr b) { got.push_back(b); });
+  bool extra = false;
+  self->receive([&](batch_atom, batch_ptr) { extra = true; },
+                caf::after(std::chrono::milliseconds(200)) >> [] {});
+  CHECK_FALSE(extra);
+  // Then drain with credits.
+  const size_t total = size_t(n) * 4 * epochs;
+  while (got.size() < total) {
+    for (auto& l : loaders) self->send(l, credit_atom::value);
+    self->receive([&](batch_atom, batch_ptr b) { got.push_back(b); },
+                  caf::after(std::chrono::seconds(5)) >> [] { FAIL("loader stalled"); });
+  }
+  for (int e = 0; e < epochs; ++e) {
+    const auto perm = epoch_permutation(ds->count, 5, e);
+    for (int s = 0; s < 4; ++s) {
+      std::vector<float> seen;
+      for (auto& b : got)
+        if (b->epoch == e && b->step == s) {
+          CHECK(b->size == B / n);
+          seen.insert(seen.end(), b->x.begin(), b->x.end());
+        }
+      REQUIRE(seen.size() == size_t(B));
+      std::multiset<float> want, have(seen.begin(), seen.end());
+      for (int i = 0; i < B; ++i) want.insert(float(perm[size_t(s) * B + i]));
+      CHECK(have == want);  // the shards of one step are disjoint and make up the global batch
+    }
+  }
+}

@@ -1,0 +1,125 @@
+// Ring all-reduce: the pure schedule (no transport), then N reducer actors in one process.
+#include <catch2/catch.hpp>
+#include <deque>
+#include <random>
+
+#include "actors/local_ring.hpp"
+#include "net/ring.hpp"
+
+using namespace ringmaster;
+
+namespace {
+
+std::vector<size_t> lengths_for(int n) {
+  return {0, 1, size_t(n > 1 ? n - 1 : 0), size_t(n + 1), 1000003, 4097};
+}
+
+// Inputs with integer values so the sum is exact and comparable with ==.
+std::vector<std::vector<float>> make_inputs(int n, size_t len, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<float>> in(n, std::vector<float>(len));
+  for (auto& v : in)
+    for (auto& x : v) x = float(int(rng() % 2001) - 1000);
+  return in;
+}
+
+std::vector<float> serial_sum(const std::vector<std::vector<float>>& in, size_t len) {
+  std::vector<float> s(len, 0.0f);
+  for (auto& v : in)
+    for (size_t i = 0; i < len; ++i) s[i] += v[i];
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("chunks cover the buffer exactly once", "[ring]") {
+  for (int n = 1; n <= 8; ++n)
+    for (size_t len : lengths_for(n)) {
+      size_t next = 0;
+      for (int c = 0; c < n; ++c) {
+        ring::chunk_range r = ring::chunk(len, n, c);
+        CHECK(r.offset == next);
+        next += r.count;
+      }
+      CHECK(next == len);
+    }
+}
+
+TEST_CASE("ring schedule sums correctly with messages delivered in any interleaving", "[ring]") {
+  for (int n = 1; n <= 8; ++n)
+    for (size_t len : lengths_for(n)) {
+      INFO("ranks " << n << " length " << len);
+      auto bufs = make_inputs(n, len, unsigned(n * 1000 + len));
+      const auto want = serial_sum(bufs, len);
+      std::vector<ring::allreduce_state<>> st;
+      for (int r = 0; r < n; ++r) st.emplace_back(r, n, bufs[r].data(), len);
+      // In-flight messages per link (rank r -> r+1), delivered in a pseudo-random order of links.
+      struct msg { int round; std::vector<float> data; };
+      std::vector<std::deque<msg>> link(n);
+      auto post = [&](int r, const ring::outgoing& o) {
+        if (!o.send) return;
+        const float* p = bufs[r].data() + o.range.offset;
+        link[r].push_back({o.round, std::vector<float>(p, p + o.range.count)});
+      };
+      for (int r = 0; r < n; ++r) post(r, st[r].start());
+      std::mt19937 rng(7);
+      for (int guard = 0; guard < 100000; ++guard) {
+        std::vector<int> busy;
+        for (int r = 0; r < n; ++r)
+          if (!link[r].empty()) busy.push_back(r);
+        if (busy.empty()) break;
+        const int from = busy[rng() % busy.size()], to = ring::right(from, n);
+        msg m = std::move(link[from].front());
+        link[from].pop_front();
+        ring::outgoing next;
+        REQUIRE(st[to].receive(m.round, m.data.data(), m.data.size(), &next));
+        post(to, next);
+      }
+      for (int r = 0; r < n; ++r) {
+        CHECK(st[r].done());
+        CHECK(bufs[r] == want);
+      }
+    }
+}
+
+TEST_CASE("ring state rejects wrong rounds and sizes", "[ring]") {
+  std::vector<float> buf(10, 1.0f);
+  ring::allreduce_state<> st(0, 3, buf.data(), buf.size());
+  st.start();
+  std::vector<float> data(4, 1.0f);
+  ring::outgoing next;
+  CHECK_FALSE(st.receive(1, data.data(), 3, &next));  // round 1 before round 0
+  CHECK_FALSE(st.receive(0, data.data(), 4, &next));  // chunk 2 has 3 elements
+  CHECK(st.receive(0, data.data(), 3, &next));
+  CHECK(next.send);
+  CHECK(next.round == 1);
+}
+
+TEST_CASE("ring all-reduce between N reducer actors equals the serial sum", "[ring][actors]") {
+  caf::actor_system_config cfg;
+  cfg.set("logger.console", caf::atom("none"));
+  caf::actor_system sys{cfg};
+  for (int n = 1; n <= 8; ++n) {
+    local_ring ring(sys, n);
+    for (size_t len : lengths_for(n)) {
+      INFO("ranks " << n << " length " << len);
+      auto bufs = make_inputs(n, len, unsigned(n * 7 + len));
+      const auto want = serial_sum(bufs, len);
+      std::vector<float*> ptrs;
+      for (auto& b : bufs) ptrs.push_back(b.data());
+      REQUIRE(ring.allreduce(ptrs, len) == "");
+      for (int r = 0; r < n; ++r) CHECK(bufs[r] == want);
+    }
+    // Float data: every rank ends with the same bits (each chunk is summed at one rank only).
+    std::mt19937 rng(n);
+    std::normal_distribution<float> d;
+    std::vector<std::vector<float>> f(n, std::vector<float>(12345));
+    std::vector<float*> ptrs;
+    for (auto& v : f) {
+      for (auto& x : v) x = d(rng);
+      ptrs.push_back(v.data());
+    }
+    REQUIRE(ring.allreduce(ptrs, 12345) == "");
+    for (int r = 1; r < n; ++r) CHECK(f[r] == f[0]);
+  }
+}

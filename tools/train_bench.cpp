@@ -1,0 +1,2 @@
+// placeholder, filled in below
+int main() { return 0; }
