@@ -29,6 +29,7 @@ class cpu_backend final : public backend {
 
   void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT,
                      bool relu) override {
+    cpu::flush_denormals_on_this_thread();  // every step starts with a forward; MXCSR is per thread
     if (relu) cpu::dense_relu_forward(out, in, w, b, B, IN, OUT);
     else cpu::dense_forward(out, in, w, b, B, IN, OUT);
   }
@@ -45,6 +46,7 @@ class cpu_backend final : public backend {
   }
   void adam_update(float* w, float* m, float* v, const float* g, size_t n, float lr, float b1, float b2,
                    float eps, int64_t t) override {
+    cpu::flush_denormals_on_this_thread();
     cpu::adam_update(w, m, v, g, n, lr, b1, b2, eps, t);
   }
   void sgd_update(float* w, float* vel, const float* g, size_t n, float lr, float mom) override {
@@ -55,7 +57,11 @@ class cpu_backend final : public backend {
 
 }  // namespace
 
-std::unique_ptr<backend> make_cpu_backend() { return std::make_unique<cpu_backend>(); }
+std::unique_ptr<backend> make_cpu_backend() {
+  // Replicas are the parallelism: one BLAS thread each, so BLAS does not fight them for the cores.
+  cpu::use_one_blas_thread();
+  return std::make_unique<cpu_backend>();
+}
 
 std::unique_ptr<backend> make_backend(const std::string& device, std::string* error) {
   if (device == "cpu") return make_cpu_backend();

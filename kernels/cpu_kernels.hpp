@@ -6,6 +6,12 @@
 
 namespace ringmaster::cpu {
 
+// Denormal floats are ~100x slower on x86; Adam's second moments drift into that range as training
+// goes on. Flush them to zero on the calling thread (as TensorFlow's CPU executor does). Cheap: call often.
+void flush_denormals_on_this_thread();
+// Keeps OpenBLAS (when built with it) from starting its own threads.
+void use_one_blas_thread();
+
 // out (B, OUT) = in (B, IN) * w (IN, OUT) + b (OUT)
 void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT);
 // Same, followed by ReLU, in one pass over out.

@@ -50,7 +50,7 @@ TEST_CASE("N replicas at the same global batch train like one replica", "[traini
       c.opt.kind = kind;
       c.opt.lr = kind == optimizer_config::adam ? 1e-3f : 1e-2f;
       c.replicas = n;
-      c.global_batch = 24;
+      c.global_batch = 24;  // 24, 12, 8, 6 per replica
       c.epochs = 1;
       c.train = train_set;
       c.evaluate = false;
