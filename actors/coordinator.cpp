@@ -172,6 +172,10 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       },
       [st](const step_report& r) {
         epoch_acc& a = st->epochs[r.epoch];
+        st->result->wait_batch += r.wait_batch;
+        st->result->compute += r.compute;
+        st->result->wait_ring += r.wait_ring;
+        st->result->update += r.update;
         a.loss += r.loss_sum;
         a.correct += r.correct;
         a.count += r.count;

@@ -36,6 +36,8 @@ struct train_result {
   bool identical = false;              // all replicas ended with bit-identical weights
   double wall_seconds = 0, train_seconds = 0;
   int64_t train_samples = 0;
+  // Replica time summed over all replicas and steps (seconds): where the time went.
+  double wait_batch = 0, compute = 0, wait_ring = 0, update = 0;
 };
 
 uint64_t fnv1a(const float* p, size_t n);

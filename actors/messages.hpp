@@ -49,6 +49,9 @@ struct step_report {
   int64_t epoch = 0, step = 0;
   double loss_sum = 0;
   int64_t correct = 0, count = 0;
+  // Where the replica's time went since its previous report (seconds): waiting for a batch,
+  // forward/backward, waiting for the ring, optimizer update.
+  double wait_batch = 0, compute = 0, wait_ring = 0, update = 0;
 };
 
 // Test-set evaluation of one replica's shard of the test set at the end of an epoch.

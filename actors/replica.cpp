@@ -18,7 +18,12 @@ struct replica_state {
   std::deque<batch_ptr> ready;
   bool busy = false;
   int64_t done_steps = 0;
+  std::chrono::steady_clock::time_point idle_since = std::chrono::steady_clock::now();
 };
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
 // Copies a batch to the device when it is not host memory; returns device pointers.
 std::pair<const float*, const int32_t*> stage(replica_state& st, const float* x, const int32_t* y, int n) {
@@ -75,14 +80,22 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     st->ready.pop_front();
     st->busy = true;
     self->send(st->loader, credit_atom::value);
+    const auto t0 = std::chrono::steady_clock::now();
     auto [x, y] = stage(*st, bt->x.data(), bt->y.data(), bt->size);
     batch_metrics m = st->model->forward_backward(x, y, bt->size, 1.0f / float(st->cfg.global_batch));
     step_report rep{st->cfg.rank, bt->epoch, bt->step, m.loss_sum, m.correct, m.count};
+    rep.wait_batch = std::chrono::duration<double>(t0 - st->idle_since).count();
+    rep.compute = since(t0);
     const int64_t global_step = bt->epoch * st->cfg.steps_per_epoch + bt->step;
     tensor_view grads{st->model->grads(), st->model->size()};
+    const auto t1 = std::chrono::steady_clock::now();
     self->request(st->reducer, caf::infinite, reduce_atom::value, global_step, grads)
-        .then([self, st, try_step, rep](int64_t) {
+        .then([self, st, try_step, rep, t1](int64_t) mutable {
+          const auto t2 = std::chrono::steady_clock::now();
+          rep.wait_ring = std::chrono::duration<double>(t2 - t1).count();
           st->model->apply(st->model->grads());
+          rep.update = since(t2);
+          st->idle_since = std::chrono::steady_clock::now();
           self->send(st->coordinator, rep);
           ++st->done_steps;
           if (rep.step + 1 == st->cfg.steps_per_epoch && st->cfg.test)

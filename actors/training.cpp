@@ -73,7 +73,7 @@ train_result train(const train_config& cfg) {
       rc.test_begin = cfg.test->count * r / n;  // contiguous test shards; sums are exact
       rc.test_end = cfg.test->count * (r + 1) / n;
     }
-    replicas.push_back(sys.spawn<caf::detached>(replica, rc));
+    replicas.push_back(sys.spawn(replica, rc));
   }
   coordinator_config cc{n, cfg.global_batch, steps, cfg.epochs, cfg.evaluate && cfg.test != nullptr,
                         cfg.on_progress};

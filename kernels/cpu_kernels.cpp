@@ -79,7 +79,7 @@ void relu_forward(float* out, const float* in, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
 
-void relu_backward(float* din, const float* dout, const float* out, size_t n) {
+void relu_backward(float* din, const float* dout, const float* __restrict out, size_t n) {
   for (size_t i = 0; i < n; ++i) din[i] = out[i] > 0.0f ? dout[i] : 0.0f;
 }
 
@@ -114,8 +114,11 @@ void softmax_xent(float* dlogits, double* loss_sum, int64_t* correct, const floa
   *correct += hits;
 }
 
-void adam_update(float* w, float* m, float* v, const float* g, size_t n, float lr, float b1, float b2,
-                 float eps, int64_t t) {
+// The element-wise loops below are written for the compiler's vectorizer: restrict pointers, and the
+// project builds with -fno-math-errno so std::sqrt becomes one vector instruction (with errno it blocks
+// vectorization, which made the Adam step half as slow as the whole forward/backward).
+void adam_update(float* __restrict w, float* __restrict m, float* __restrict v, const float* __restrict g,
+                 size_t n, float lr, float b1, float b2, float eps, int64_t t) {
   const double b1t = std::pow(double(b1), double(t)), b2t = std::pow(double(b2), double(t));
   const float alpha = float(lr * std::sqrt(1.0 - b2t) / (1.0 - b1t));
   const float c1 = 1.0f - b1, c2 = 1.0f - b2;
@@ -129,14 +132,15 @@ void adam_update(float* w, float* m, float* v, const float* g, size_t n, float l
   }
 }
 
-void sgd_update(float* w, float* vel, const float* g, size_t n, float lr, float momentum) {
+void sgd_update(float* __restrict w, float* __restrict vel, const float* __restrict g, size_t n, float lr,
+                float momentum) {
   for (size_t i = 0; i < n; ++i) {
     vel[i] = momentum * vel[i] - lr * g[i];
     w[i] += vel[i];
   }
 }
 
-void add_inplace(float* dst, const float* src, size_t n) {
+void add_inplace(float* __restrict dst, const float* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 

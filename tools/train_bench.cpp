@@ -42,7 +42,7 @@ double kernel_one_thread(const model_spec& spec, int batch, int steps, const dat
   m.set_params(p.data());
   auto run = [&](int n) {
     for (int s = 0; s < n; ++s) {
-      const size_t at = size_t(s * batch) % (d.count - batch);
+      const size_t at = size_t(s) * batch % (d.count - batch + 1);
       m.forward_backward(d.pixels.data() + at * d.features(), d.labels.data() + at, batch, 1.0f / batch);
       m.apply(m.grads());
     }
@@ -53,22 +53,27 @@ double kernel_one_thread(const model_spec& spec, int batch, int steps, const dat
   return double(steps) * batch / std::chrono::duration<double>(clk::now() - t0).count();
 }
 
+// `steps` steps over a data set of kSteps global batches (several epochs when steps > kSteps).
+constexpr int kSteps = 100;
+
 double ringmaster_run(const model_spec& spec, int replicas, int per_replica, int steps,
                       std::shared_ptr<dataset> d) {
   train_config c;
   c.model = spec.str();
   c.replicas = replicas;
   c.global_batch = per_replica * replicas;
-  c.epochs = 1;
+  c.epochs = std::max(1, steps / kSteps);
   c.evaluate = false;
-  auto sub = std::make_shared<dataset>(*d);
-  truncate(*sub, size_t(steps) * c.global_batch);
-  c.train = sub;
+  c.train = d;
   train_result r = train(c);
   if (!r.ok) {
     std::fprintf(stderr, "train_bench: %s\n", r.error.c_str());
     return 0;
   }
+  const double total = r.wait_batch + r.compute + r.wait_ring + r.update;
+  std::printf("#   %s replica time: compute %.0f%%, update %.0f%%, waiting for the ring %.0f%%, for batches %.0f%%\n",
+              spec.str().c_str(), 100 * r.compute / total, 100 * r.update / total, 100 * r.wait_ring / total,
+              100 * r.wait_batch / total);
   return double(r.train_samples) / r.train_seconds;
 }
 
@@ -137,7 +142,7 @@ int main(int argc, char** argv) {
     }
     const size_t flops_per_sample = 6 * (spec.param_count());
     const int n = steps ? steps : int(std::max<size_t>(200, size_t(4e11 / (flops_per_sample * per_replica * replicas))));
-    auto d = synthetic(size_t(n) * per_replica * replicas, spec.dims[0], spec.dims.back());
+    auto d = synthetic(size_t(std::min(n, kSteps)) * per_replica * replicas, spec.dims[0], spec.dims.back());
     const double base = kernel_one_thread(spec, per_replica, std::max(50, n / 2), *d);
     const double rm = ringmaster_run(spec, replicas, per_replica, n, d);
     const double ideal = base * std::min(replicas, cores);
