@@ -14,6 +14,7 @@ struct replica_state {
   std::unique_ptr<mlp> model;
   device_buffer<float> x;      // staging for non-host devices
   device_buffer<int32_t> y;
+  std::vector<float> host_grads;  // non-host devices: the reducer sums a host copy of the gradients
   caf::actor loader, reducer, coordinator;
   std::deque<batch_ptr> ready;
   bool busy = false;
@@ -64,6 +65,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   if (!st->be->is_host()) {
     st->x = device_buffer<float>(*st->be, size_t(b) * cfg.spec.dims[0]);
     st->y = device_buffer<int32_t>(*st->be, size_t(b));
+    st->host_grads.resize(st->model->size());
   }
   st->cfg = std::move(cfg);
 
@@ -79,9 +81,17 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     batch_metrics m = st->model->forward_backward(x, y, bt->size, 1.0f / float(st->cfg.global_batch));
     step_report rep{st->cfg.rank, bt->epoch, bt->step, m.loss_sum, m.correct, m.count};
     const int64_t global_step = bt->epoch * st->cfg.steps_per_epoch + bt->step;
-    tensor_view grads{st->model->grads(), st->model->size()};
+    // The reducer adds with CPU kernels, so a GPU replica hands it a host copy and takes the sum back.
+    float* g = st->model->grads();
+    if (!st->be->is_host()) {
+      st->be->copy_out(st->host_grads.data(), g, st->host_grads.size() * sizeof(float));
+      g = st->host_grads.data();
+    }
+    tensor_view grads{g, st->model->size()};
     self->request(st->reducer, caf::infinite, reduce_atom::value, global_step, grads)
         .then([self, st, try_step, rep](int64_t) {
+          if (!st->be->is_host())
+            st->be->copy_in(st->model->grads(), st->host_grads.data(), st->host_grads.size() * sizeof(float));
           st->model->apply(st->model->grads());
           self->send(st->coordinator, rep);
           ++st->done_steps;
