@@ -132,14 +132,15 @@ class cuda_backend final : public backend {
     int64_t* dev_correct = reinterpret_cast<int64_t*>(dev_loss + 1);
     RM_CUDA_CHECK(cudaMemsetAsync(metrics_, 0, 2 * sizeof(double), ctx_.stream));
     cuda::softmax_xent(ctx_, dl, dev_loss, dev_correct, logits, labels, B, C, scale);
-    double host_loss = 0;
-    int64_t host_correct = 0;
-    RM_CUDA_CHECK(cudaMemcpyAsync(&host_loss, dev_loss, sizeof host_loss, cudaMemcpyDeviceToHost, ctx_.stream));
-    RM_CUDA_CHECK(
-        cudaMemcpyAsync(&host_correct, dev_correct, sizeof host_correct, cudaMemcpyDeviceToHost, ctx_.stream));
+    struct {
+      double loss;
+      int64_t correct;
+    } host{};  // the same 16-byte layout as metrics_: one copy brings both back
+    static_assert(sizeof host == 2 * sizeof(double));
+    RM_CUDA_CHECK(cudaMemcpyAsync(&host, metrics_, sizeof host, cudaMemcpyDeviceToHost, ctx_.stream));
     RM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
-    *loss_sum += host_loss;
-    *correct += host_correct;
+    *loss_sum += host.loss;
+    *correct += host.correct;
   }
   void adam_update(float* w, float* m, float* v, const float* g, size_t n, float lr, float b1, float b2,
                    float eps, int64_t t) override {
