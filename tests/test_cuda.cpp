@@ -310,14 +310,23 @@ struct train_case {
   const char* model;
   optimizer_config::kind_t opt;
   int batch;
+  double tol;  // on max |gpu - cpu| / max |cpu| after 20 steps
 };
 
 }  // namespace
 
 TEST_CASE("20 training steps on the GPU equal 20 on the CPU", "[train]") {
-  const train_case cases[] = {{"784-64-10", optimizer_config::adam, 64},
-                              {"784-512-512-10", optimizer_config::adam, 128},
-                              {"100-48-33-10", optimizer_config::sgd, 37}};
+  // How close two correct float implementations stay depends on the case, so each has its bound. Measured on
+  // the CPU with a backend that sums the dense layers in another order (same data and steps as here):
+  //   784-64-10 adam        1.1e-6 (elementwise 1.3e-5)    784-512-512-10 sgd   2.4e-7 (1.1e-6)
+  //   100-48-33-10 sgd      8.0e-8 (7.5e-7)                784-512-512-10 adam  6.3e-4 (3.6e-3)
+  // Adam on the wide model amplifies rounding: m / sqrt(v) of a gradient that nearly cancels (or of a hidden
+  // unit on the ReLU edge) is O(1) whatever its size, so a last-bit difference becomes a visible step.
+  // That case is held to 1e-2 only (a wrong kernel is off by far more) and its figure is reported.
+  const train_case cases[] = {{"784-64-10", optimizer_config::adam, 64, 1e-4},
+                              {"784-512-512-10", optimizer_config::sgd, 128, 1e-4},
+                              {"100-48-33-10", optimizer_config::sgd, 37, 1e-4},
+                              {"784-512-512-10", optimizer_config::adam, 128, 1e-2}};
   for (const train_case& tc : cases) {
     INFO(tc.model << (tc.opt == optimizer_config::adam ? " adam" : " sgd") << " batch " << tc.batch);
     model_spec spec;
@@ -365,10 +374,10 @@ TEST_CASE("20 training steps on the GPU equal 20 on the CPU", "[train]") {
       elem = std::max(elem, std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-2}));
       if (!std::isfinite(a)) elem = INFINITY;
     }
-    WARN(tc.model << ": GPU vs CPU after 20 steps: max |a-b| / max |b| = " << d / m << ", max elementwise "
-                  << elem);
-    CHECK(d / m <= 1e-4);
-    CHECK(elem <= 1e-4);
+    WARN(tc.model << (tc.opt == optimizer_config::adam ? " adam" : " sgd") << " batch " << tc.batch
+                  << ": GPU vs CPU after 20 steps: max |a-b| / max |b| = " << d / m << ", max elementwise " << elem);
+    CHECK(d / m <= tc.tol);
+    CHECK(elem <= 10 * tc.tol);  // single small weights drift ~10x further (figures above)
   }
 }
 
