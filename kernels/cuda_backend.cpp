@@ -34,32 +34,6 @@ class cuda_backend final : public backend {
   std::string name() const override { return name_; }
   bool is_host() const override { return false; }
 
- private:
-  void init() {
-    RM_CUDA_CHECK(cudaSetDevice(device_));
-    // Non-blocking: the legacy default stream (used by other libraries) never serializes with ours.
-    RM_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
-    RM_CUBLAS_CHECK(cublasCreate(&ctx_.blas));
-    RM_CUBLAS_CHECK(cublasSetStream(ctx_.blas, ctx_.stream));
-    RM_CUBLAS_CHECK(cublasSetPointerMode(ctx_.blas, CUBLAS_POINTER_MODE_HOST));  // alpha/beta on the host
-    // Plain FP32 GEMMs (no TF32 tensor cores): the CPU and CUDA backends must agree within 1e-4.
-    RM_CUBLAS_CHECK(cublasSetMathMode(ctx_.blas, CUBLAS_DEFAULT_MATH));
-    RM_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.sm_count, cudaDevAttrMultiProcessorCount, device_));
-    // The device scalars softmax_xent adds into: loss (double) then correct (int64).
-    RM_CUDA_CHECK(cudaMalloc(&metrics_, 2 * sizeof(double)));
-  }
-
-  // Never throws: releases what exists and ignores errors (the device may be gone).
-  void destroy() noexcept {
-    cudaSetDevice(device_);
-    if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
-    if (metrics_) cudaFree(metrics_);
-    if (ctx_.blas) cublasDestroy(ctx_.blas);
-    if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
-    metrics_ = nullptr, ctx_.blas = nullptr, ctx_.stream = nullptr;
-  }
-
- public:
   void* alloc(size_t bytes) override {
     use_device();
     void* p = nullptr;
@@ -157,6 +131,30 @@ class cuda_backend final : public backend {
   }
 
  private:
+  void init() {
+    RM_CUDA_CHECK(cudaSetDevice(device_));
+    // Non-blocking: the legacy default stream (used by other libraries) never serializes with ours.
+    RM_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+    RM_CUBLAS_CHECK(cublasCreate(&ctx_.blas));
+    RM_CUBLAS_CHECK(cublasSetStream(ctx_.blas, ctx_.stream));
+    RM_CUBLAS_CHECK(cublasSetPointerMode(ctx_.blas, CUBLAS_POINTER_MODE_HOST));  // alpha/beta on the host
+    // Plain FP32 GEMMs (no TF32 tensor cores): the CPU and CUDA backends must agree within 1e-4.
+    RM_CUBLAS_CHECK(cublasSetMathMode(ctx_.blas, CUBLAS_DEFAULT_MATH));
+    RM_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.sm_count, cudaDevAttrMultiProcessorCount, device_));
+    // The device scalars softmax_xent adds into: loss (double) then correct (int64).
+    RM_CUDA_CHECK(cudaMalloc(&metrics_, 2 * sizeof(double)));
+  }
+
+  // Never throws: releases what exists and ignores errors (the device may be gone).
+  void destroy() noexcept {
+    cudaSetDevice(device_);
+    if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
+    if (metrics_) cudaFree(metrics_);
+    if (ctx_.blas) cublasDestroy(ctx_.blas);
+    if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
+    metrics_ = nullptr, ctx_.blas = nullptr, ctx_.stream = nullptr;
+  }
+
   void use_device() { RM_CUDA_CHECK(cudaSetDevice(device_)); }
 
   int device_;
