@@ -14,6 +14,7 @@ struct replica_state {
   std::unique_ptr<mlp> model;
   device_buffer<float> x;      // staging for non-host devices
   device_buffer<int32_t> y;
+  std::vector<float> host_grads;  // non-host devices: the reducer sums a host copy of the gradients
   caf::actor loader, reducer, coordinator;
   std::deque<batch_ptr> ready;
   bool busy = false;
@@ -69,6 +70,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   if (!st->be->is_host()) {
     st->x = device_buffer<float>(*st->be, size_t(b) * cfg.spec.dims[0]);
     st->y = device_buffer<int32_t>(*st->be, size_t(b));
+    st->host_grads.resize(st->model->size());
   }
   st->cfg = std::move(cfg);
 
@@ -87,12 +89,20 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     rep.wait_batch = std::chrono::duration<double>(t0 - st->idle_since).count();
     rep.compute = since(t0);
     const int64_t global_step = bt->epoch * st->cfg.steps_per_epoch + bt->step;
-    tensor_view grads{st->model->grads(), st->model->size()};
+    // The reducer adds with CPU kernels, so a GPU replica hands it a host copy and takes the sum back.
+    float* g = st->model->grads();
+    if (!st->be->is_host()) {
+      st->be->copy_out(st->host_grads.data(), g, st->host_grads.size() * sizeof(float));
+      g = st->host_grads.data();
+    }
+    tensor_view grads{g, st->model->size()};
     const auto t1 = std::chrono::steady_clock::now();
     self->request(st->reducer, caf::infinite, reduce_atom::value, global_step, grads)
         .then([self, st, try_step, rep, t1](int64_t) mutable {
           const auto t2 = std::chrono::steady_clock::now();
           rep.wait_ring = std::chrono::duration<double>(t2 - t1).count();
+          if (!st->be->is_host())
+            st->be->copy_in(st->model->grads(), st->host_grads.data(), st->host_grads.size() * sizeof(float));
           st->model->apply(st->model->grads());
           rep.update = since(t2);
           st->idle_since = std::chrono::steady_clock::now();

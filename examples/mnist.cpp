@@ -36,6 +36,49 @@ int usage_error(const std::string& msg) {
   return 2;
 }
 
+// --device: "cpu", "cuda" or "cuda:N[,N...]". Sets cfg->devices (one per replica) and, for the CUDA
+// forms, cfg->replicas. Returns "" or what is wrong (also when there is no GPU: a clear error, not a crash).
+std::string parse_device(const std::string& device, bool replicas_given, train_config* cfg) {
+  if (device == "cpu") return "";
+  if (device != "cuda" && device.rfind("cuda:", 0) != 0)
+    return "--device must be cpu, cuda or cuda:N[,N...], not '" + device + "' (one job runs on CPUs or on GPUs)";
+  std::vector<int> ids;  // cuda:N[,N...]: checked before looking for GPUs, so the message is the same anywhere
+  if (device != "cuda") {
+    const std::string list = device.substr(5);
+    std::stringstream ss(list);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (item.rfind("cuda:", 0) == 0) item = item.substr(5);  // also accept cuda:0,cuda:1
+      if (item.empty() || item.size() > 3 || item.find_first_not_of("0123456789") != std::string::npos)
+        return "bad --device '" + device + "': expected cuda:N[,N...]";
+      ids.push_back(std::stoi(item));
+    }
+    if (ids.empty() || list.back() == ',') return "bad --device '" + device + "': expected cuda:N[,N...]";
+    if (replicas_given && cfg->replicas != int(ids.size()))
+      return "--device " + device + " lists " + std::to_string(ids.size()) + " GPU(s) but --replicas is " +
+             std::to_string(cfg->replicas);
+  }
+  const int gpus = cuda_device_count();
+  if (gpus == 0) {
+    std::string why;
+    make_cuda_backend(0, &why);  // for its explanation: no driver, no device, or a build without CUDA
+    if (why.rfind("no CUDA device: ", 0) == 0) why = why.substr(16);
+    return "no CUDA device found (" + why + ")";
+  }
+  if (device == "cuda") {  // every GPU once, or --replicas of them round-robin
+    const int n = replicas_given ? cfg->replicas : gpus;
+    for (int r = 0; r < n; ++r) ids.push_back(r % gpus);
+  }
+  for (int id : ids)
+    if (id >= gpus)
+      return "--device " + device + ": cuda:" + std::to_string(id) + " requested but only " + std::to_string(gpus) +
+             " CUDA device(s)";
+  cfg->replicas = int(ids.size());
+  cfg->devices.clear();
+  for (int id : ids) cfg->devices.push_back("cuda:" + std::to_string(id));
+  return "";
+}
+
 std::string hex(uint64_t v) {
   char b[20];
   std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
@@ -88,7 +131,10 @@ int main(int argc, char** argv) {
       ("help,h", "show this help and exit")
       ("data", po::value(&o.data)->default_value(o.data), "folder with the IDX files (raw or .gz)")
       ("replicas", po::value(&c.replicas)->default_value(c.replicas), "replicas in this process")
-      ("device", po::value(&o.device)->default_value(o.device), "cpu (more devices come with CUDA support)")
+      ("device", po::value(&o.device)->default_value(o.device),
+       "cpu; cuda (every GPU, one replica each; with --replicas, replicas go round-robin over the GPUs); "
+       "or cuda:0,1,... (one replica per listed GPU, an index may repeat). A job runs on CPUs or on GPUs: "
+       "mixing them is not possible with this flag")
       ("epochs", po::value(&c.epochs)->default_value(c.epochs), "passes over the training set")
       ("batch", po::value(&c.global_batch)->default_value(c.global_batch),
        "global batch size (each replica takes batch/replicas)")
@@ -118,6 +164,7 @@ int main(int argc, char** argv) {
   else return usage_error("--optimizer must be adam or sgd, not '" + o.optimizer + "'");
   c.opt.lr = o.lr > 0 ? float(o.lr) : (c.opt.kind == optimizer_config::adam ? 1e-3f : 1e-2f);
   if (vm.count("lr") && !(o.lr > 0 && std::isfinite(o.lr))) return usage_error("--lr must be a positive number");
+  if (std::string e = parse_device(o.device, !vm["replicas"].defaulted(), &c); !e.empty()) return usage_error(e);
   if (c.replicas < 1 || c.replicas > 1024) return usage_error("--replicas must be in 1..1024");
   if (c.epochs < 1) return usage_error("--epochs must be at least 1");
   if (c.global_batch < 1) return usage_error("--batch must be positive");
@@ -128,9 +175,6 @@ int main(int argc, char** argv) {
   model_spec spec;
   std::string error;
   if (!parse_model_spec(c.model, &spec, &error)) return usage_error(error);
-  if (o.device != "cpu") {
-    for (int r = 0; r < c.replicas; ++r) c.devices.push_back(o.device);
-  }
 
   auto train = std::make_shared<dataset>(), test = std::make_shared<dataset>();
   if (!load_mnist(o.data, "train", spec.dims.back(), train.get(), &error)) return usage_error(error);

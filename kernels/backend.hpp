@@ -38,7 +38,7 @@ class backend {
 
 std::unique_ptr<backend> make_cpu_backend();
 // A CUDA backend on GPU `device`, or null with *error saying why (no GPU, built without CUDA, ...).
-// Defined in kernels/cuda_backend.cu, or kernels/cuda_stub.cpp when built without CUDA.
+// Defined in kernels/cuda_backend.cpp, or kernels/cuda_stub.cpp when built without CUDA.
 std::unique_ptr<backend> make_cuda_backend(int device, std::string* error);
 // Number of usable CUDA devices; 0 without a GPU or driver, or when built without CUDA.
 int cuda_device_count();

@@ -1,4 +1,4 @@
-// Built instead of kernels/cuda_backend.cu when ringmaster is configured without CUDA.
+// Built instead of kernels/cuda_backend.cpp when ringmaster is configured without CUDA.
 #include "kernels/backend.hpp"
 
 namespace ringmaster {

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <string>
 
+#include "kernels/backend.hpp"
+
 namespace {
 
 struct run_result {
@@ -88,4 +90,28 @@ TEST_CASE("launcher: bad flags and values exit 2 with a clear message", "[launch
   r = run("--help");
   CHECK(r.status == 0);
   CHECK(r.out.find("--replicas") != std::string::npos);
+}
+
+TEST_CASE("launcher: --device is checked before anything runs, and no GPU is a clear error", "[launcher]") {
+  auto r = run("--device gpu");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("cpu, cuda or cuda:N") != std::string::npos);
+  r = run("--device cpu,cuda:0");  // a mixed job is not possible through this flag
+  CHECK(r.status == 2);
+  r = run("--device cuda:0,x");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("expected cuda:N") != std::string::npos);
+  r = run("--device cuda:0, --epochs 1");
+  CHECK(r.status == 2);
+  r = run("--device cuda:0,0 --replicas 3");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("lists 2 GPU(s) but --replicas is 3") != std::string::npos);
+  r = run("--device cuda:999");
+  CHECK(r.status == 2);
+  if (ringmaster::cuda_device_count() == 0) {
+    r = run("--device cuda");
+    INFO(r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find("no CUDA device found (") != std::string::npos);
+  }
 }

@@ -1,0 +1,203 @@
+// The CUDA backend: device memory from cudaMalloc, one stream and one cuBLAS handle per backend, and the
+// kernels of kernels/cuda_kernels.cu. Compiled by the host compiler; only the .cu file needs nvcc.
+//
+// Threads: the current CUDA device is per host thread, and a replica may run on any thread, so every
+// entry point first makes this backend's device current (cheap when it already is).
+// Ordering: all work goes on this backend's stream. copy_in and copy_out return when the copy is done,
+// so host buffers may be reused at once; kernels and copy() only enqueue.
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/backend.hpp"
+#include "kernels/cuda_kernels.hpp"
+
+namespace ringmaster {
+namespace {
+
+class cuda_backend final : public backend {
+ public:
+  explicit cuda_backend(int device) : device_(device), name_("cuda:" + std::to_string(device)) {
+    try {
+      init();
+    } catch (...) {
+      destroy();  // the destructor does not run when a constructor throws
+      throw;
+    }
+  }
+  ~cuda_backend() override { destroy(); }
+
+  cuda_backend(const cuda_backend&) = delete;
+  cuda_backend& operator=(const cuda_backend&) = delete;
+
+  std::string name() const override { return name_; }
+  bool is_host() const override { return false; }
+
+  void* alloc(size_t bytes) override {
+    use_device();
+    void* p = nullptr;
+    const size_t n = bytes ? bytes : 1;  // a valid, distinct pointer even for an empty buffer
+    RM_CUDA_CHECK(cudaMalloc(&p, n));
+    // Zero on our stream and wait: cudaMemset would go on the legacy stream, which a non-blocking stream
+    // does not wait for.
+    try {
+      RM_CUDA_CHECK(cudaMemsetAsync(p, 0, n, ctx_.stream));
+      RM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    } catch (...) {
+      cudaFree(p);
+      throw;
+    }
+    return p;
+  }
+
+  // Called from destructors (device_buffer): never throws. Waits for queued work that may still use p.
+  void release(void* p) override {
+    if (!p) return;
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(ctx_.stream);
+    const cudaError_t err = cudaFree(p);
+    if (err != cudaSuccess)
+      std::fprintf(stderr, "ringmaster: %s: cudaFree failed: %s\n", name_.c_str(), cudaGetErrorString(err));
+  }
+
+  void copy_in(void* dst, const void* src, size_t bytes) override {
+    use_device();
+    if (!bytes) return;
+    RM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx_.stream));
+    RM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+  void copy_out(void* dst, const void* src, size_t bytes) override {
+    use_device();
+    if (!bytes) return;
+    RM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream));
+    RM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    use_device();
+    if (!bytes) return;
+    RM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
+  }
+  void synchronize() override {
+    use_device();
+    RM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+
+  void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT,
+                     bool relu) override {
+    use_device();
+    if (relu) cuda::dense_relu_forward(ctx_, out, in, w, b, B, IN, OUT);
+    else cuda::dense_forward(ctx_, out, in, w, b, B, IN, OUT);
+  }
+  void dense_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w,
+                      int B, int IN, int OUT) override {
+    use_device();
+    cuda::dense_backward(ctx_, din, dw, db, dout, in, w, B, IN, OUT);
+  }
+  void relu_backward(float* din, const float* dout, const float* out, size_t n) override {
+    use_device();
+    cuda::relu_backward(ctx_, din, dout, out, n);
+  }
+  // The one host round trip of a training step: two scalars, after the kernel has run.
+  void softmax_xent(float* dl, double* loss_sum, int64_t* correct, const float* logits, const int32_t* labels,
+                    int B, int C, float scale) override {
+    use_device();
+    double* dev_loss = static_cast<double*>(metrics_);
+    int64_t* dev_correct = reinterpret_cast<int64_t*>(dev_loss + 1);
+    RM_CUDA_CHECK(cudaMemsetAsync(metrics_, 0, 2 * sizeof(double), ctx_.stream));
+    cuda::softmax_xent(ctx_, dl, dev_loss, dev_correct, logits, labels, B, C, scale);
+    struct {
+      double loss;
+      int64_t correct;
+    } host{};  // the same 16-byte layout as metrics_: one copy brings both back
+    static_assert(sizeof host == 2 * sizeof(double));
+    RM_CUDA_CHECK(cudaMemcpyAsync(&host, metrics_, sizeof host, cudaMemcpyDeviceToHost, ctx_.stream));
+    RM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    *loss_sum += host.loss;
+    *correct += host.correct;
+  }
+  void adam_update(float* w, float* m, float* v, const float* g, size_t n, float lr, float b1, float b2,
+                   float eps, int64_t t) override {
+    use_device();
+    cuda::adam_update(ctx_, w, m, v, g, n, lr, b1, b2, eps, t);
+  }
+  void sgd_update(float* w, float* vel, const float* g, size_t n, float lr, float mom) override {
+    use_device();
+    cuda::sgd_update(ctx_, w, vel, g, n, lr, mom);
+  }
+  void add_inplace(float* dst, const float* src, size_t n) override {
+    use_device();
+    cuda::add_inplace(ctx_, dst, src, n);
+  }
+
+ private:
+  void init() {
+    RM_CUDA_CHECK(cudaSetDevice(device_));
+    // Non-blocking: the legacy default stream (used by other libraries) never serializes with ours.
+    RM_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+    RM_CUBLAS_CHECK(cublasCreate(&ctx_.blas));
+    RM_CUBLAS_CHECK(cublasSetStream(ctx_.blas, ctx_.stream));
+    RM_CUBLAS_CHECK(cublasSetPointerMode(ctx_.blas, CUBLAS_POINTER_MODE_HOST));  // alpha/beta on the host
+    // Plain FP32 GEMMs (no TF32 tensor cores): the CPU and CUDA backends must agree within 1e-4.
+    RM_CUBLAS_CHECK(cublasSetMathMode(ctx_.blas, CUBLAS_DEFAULT_MATH));
+    RM_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.sm_count, cudaDevAttrMultiProcessorCount, device_));
+    // The device scalars softmax_xent adds into: loss (double) then correct (int64).
+    RM_CUDA_CHECK(cudaMalloc(&metrics_, 2 * sizeof(double)));
+  }
+
+  // Never throws: releases what exists and ignores errors (the device may be gone).
+  void destroy() noexcept {
+    cudaSetDevice(device_);
+    if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
+    if (metrics_) cudaFree(metrics_);
+    if (ctx_.blas) cublasDestroy(ctx_.blas);
+    if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
+    metrics_ = nullptr, ctx_.blas = nullptr, ctx_.stream = nullptr;
+  }
+
+  void use_device() { RM_CUDA_CHECK(cudaSetDevice(device_)); }
+
+  int device_;
+  std::string name_;
+  cuda::cuda_context ctx_;
+  void* metrics_ = nullptr;
+};
+
+// cudaGetDeviceCount, with any error (no driver: 35, no device: 100, ...) turned into a message.
+// Without a GPU it may leave the count unset, so it starts at 0.
+int device_count(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it, so it does not surface in a later, unrelated check
+    if (why) *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err);
+    return 0;
+  }
+  if (n <= 0 && why) *why = "cudaGetDeviceCount found 0 devices";
+  return n > 0 ? n : 0;
+}
+
+}  // namespace
+
+int cuda_device_count() { return device_count(nullptr); }
+
+std::unique_ptr<backend> make_cuda_backend(int device, std::string* error) {
+  std::string why;
+  const int n = device_count(&why);
+  if (n == 0) {
+    *error = "no CUDA device: " + why;
+    return nullptr;
+  }
+  if (device < 0 || device >= n) {
+    *error = "cuda:" + std::to_string(device) + " requested but only " + std::to_string(n) + " CUDA device(s)";
+    return nullptr;
+  }
+  try {
+    return std::make_unique<cuda_backend>(device);
+  } catch (const std::exception& e) {
+    *error = "cuda:" + std::to_string(device) + ": " + e.what();
+    return nullptr;
+  }
+}
+
+}  // namespace ringmaster

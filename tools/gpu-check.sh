@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# tools/gpu-check.sh OUTDIR: everything a GPU machine should check, in one go, within 5 minutes:
+#   configure (Release, RINGMASTER_CUDA=ON) -> build -j16 -> ctest (the GPU tests must run, not skip)
+#   -> gpu_bench -> tools/torch_bench.py (where torch sees the GPU) -> a short table, printed last.
+# Full logs go to OUTDIR (summary.txt lists every step with its exit status and time).
+# Environment: BUILD_DIR (default <repo>/build-gpu), JOBS (16), BUDGET_S (290, for all steps together).
+# Exit status: 0 when the build, every test (GPU tests included) and the benchmark passed.
+set -u
+out=${1:?usage: tools/gpu-check.sh OUTDIR}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+src=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$src/build-gpu}
+jobs=${JOBS:-16}
+budget=${BUDGET_S:-290}
+start=$SECONDS
+status=0
+: > "$out/summary.txt"
+# nvcc is often installed but not on PATH; CMake honours CUDACXX.
+if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc && -z ${CUDACXX:-} ]]; then
+  export CUDACXX=/usr/local/cuda/bin/nvcc
+fi
+
+# step NAME LIMIT LOG COMMAND...: runs COMMAND under timeout, never past the overall budget.
+step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local left=$((budget - (SECONDS - start)))
+  ((limit > left)) && limit=$left
+  if ((limit < 5)); then
+    echo "$name: not run (out of time)" >> "$out/summary.txt"
+    return 124
+  fi
+  local t0=$SECONDS
+  timeout --kill-after=5 "$limit" "$@" > "$log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc in $((SECONDS - t0)) s (limit $limit s), log $(basename "$log")" >> "$out/summary.txt"
+  return $rc
+}
+
+{
+  echo "== nvidia-smi"; nvidia-smi 2>&1 || true
+  echo "== nvcc"; (nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>&1 || true
+  echo "== cmake"; cmake --version 2>&1 | head -1
+  echo "== git"; git -C "$src" log --oneline -1 2>&1; git -C "$src" status --short 2>&1 | head -20
+} > "$out/env.txt" 2>&1
+
+built=no
+if step configure 60 "$out/configure.log" \
+    cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DRINGMASTER_CUDA=ON; then
+  if step build 170 "$out/build.log" cmake --build "$build" -j "$jobs"; then
+    built=yes
+  else
+    status=1
+  fi
+else
+  status=1
+fi
+
+ctest_line="not run"
+gpu_tests="not run"
+if [[ $built == yes ]]; then
+  step ctest 120 "$out/ctest.log" ctest --test-dir "$build" -j 8 --output-on-failure || status=1
+  # LastTest.log holds every test's full output, passing ones too (the GPU tests' WARN lines with the
+  # measured GPU-vs-CPU differences are there).
+  cp "$build/Testing/Temporary/LastTest.log" "$out/ctest-LastTest.log" 2>/dev/null || true
+  ctest_line=$(grep -E "tests passed|tests failed" "$out/ctest.log" | tail -1)
+  if grep -qE "ringmaster_cuda_tests \.+ *Passed" "$out/ctest.log"; then
+    gpu_tests="passed"
+  elif grep -qE "ringmaster_cuda_tests \.+\*+Skipped" "$out/ctest.log"; then
+    gpu_tests="SKIPPED: the tests saw no GPU (see ctest-LastTest.log)"
+    status=1
+  else
+    gpu_tests="FAILED or did not finish (see ctest.log)"
+    status=1
+  fi
+  step gpu_bench 60 "$out/gpu_bench.log" "$build/gpu_bench" 1.5 || status=1
+fi
+
+torch_note=""
+if timeout 60 python3 -c "import torch" > "$out/torch_import.log" 2>&1; then
+  step torch_bench 80 "$out/torch_bench.log" python3 "$src/tools/torch_bench.py" 1.5
+  rc=$?
+  ((rc == 77)) && torch_note="torch: $(head -1 "$out/torch_bench.log")"
+  ((rc != 0 && rc != 77)) && torch_note="torch_bench failed (exit $rc), see torch_bench.log"
+else
+  torch_note="torch: not importable here (python3 -c 'import torch' failed), no PyTorch figures"
+fi
+
+# ---- the short table, last -----------------------------------------------------------------------
+{
+  echo
+  echo "== ringmaster GPU check ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))," \
+       "$((SECONDS - start)) s"
+  echo "build: $built; ctest: ${ctest_line:-no summary}; GPU tests: $gpu_tests"
+  grep -hE "GPU vs CPU after 20 steps|GPU replicas vs 2 CPU" "$out/ctest-LastTest.log" 2>/dev/null |
+    sed 's/^[[:space:]]*/  /' | sort -u
+  echo
+  logs=()
+  for f in "$out/gpu_bench.log" "$out/torch_bench.log"; do [[ -f $f ]] && logs+=("$f"); done
+  ((${#logs[@]})) || logs=(/dev/null)
+  awk '
+    $1 == "RESULT" && $2 == "train" { key = $3 " " $4; keys[++n] = key; dev[key] = $5; staged[key] = $6 }
+    $1 == "RESULT" && $2 == "torch" { key = $3 " " $4; tasync[key] = $5; titem[key] = $6 }
+    $1 == "RESULT" && $2 == "add" { add = sprintf("add_inplace 64 MB: %s GB/s = %s of cudaMemcpy D2D (%s GB/s), wrong results %s", $3, $5, $4, $6) }
+    END {
+      if (n == 0) { print "no benchmark results (see gpu_bench.log)"; exit }
+      printf "%-16s %6s %13s %13s %13s %13s\n", "samples/s", "batch", "rm device", "rm staged", "torch async", "torch item"
+      for (i = 1; i <= n; i++) {
+        k = keys[i]; split(k, p, " ")
+        printf "%-16s %6s %13s %13s %13s %13s\n", p[1], p[2], dev[k], staged[k], \
+          (k in tasync) ? tasync[k] : "-", (k in titem) ? titem[k] : "-"
+      }
+      if (add != "") print add
+    }' "${logs[@]}"
+  [[ -n $torch_note ]] && echo "$torch_note"
+  echo "rm device: batches already on the GPU; rm staged: plus the replica's per-step host copies" \
+       "(batch in, gradients out and back)."
+  echo "overall: $([[ $status == 0 ]] && echo OK || echo FAILED) (logs in $out)"
+} | tee "$out/table.txt"
+exit $status

@@ -1,0 +1,192 @@
+// gpu_bench: throughput of one replica on the cuda backend, and the bandwidth of the ring's reduction.
+//
+//   ./build/gpu_bench [seconds per measurement, default 1.5]     # needs a GPU; exits 77 without one
+//
+// Training: Adam, random data (8 batches cycled), warm-up, then timed steps with cudaDeviceSynchronize
+// before the clock stops. Two numbers per model and batch:
+//   device  the batches already on the GPU: forward, backward and update only;
+//   staged  what actors/replica.cpp adds per step: the batch copied in from the host, and the gradients
+//           copied out to the host (for the reducer) and back.
+// Reduction: add_inplace on 64 MB buffers against cudaMemcpy device-to-device on the same buffers, with
+// bytes counted as moved (add: read dst + read src + write dst; memcpy: read + write), and a count of
+// wrong results. Lines starting with RESULT are read by tools/gpu-check.sh.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/cuda_kernels.hpp"
+#include "kernels/model.hpp"
+
+using namespace ringmaster;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct train_numbers {
+  double device_sps = 0, staged_sps = 0, loss = 0;
+};
+
+// Runs step(i) for at least `seconds` after 10 warm-up steps; returns steps per second.
+template <class Step>
+double steps_per_second(Step&& step, double seconds) {
+  int i = 0;
+  for (; i < 10; ++i) step(i);
+  RM_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto t0 = clock_type::now();
+  int steps = 0;
+  double elapsed = 0;
+  do {
+    for (int k = 0; k < 10; ++k, ++steps) step(i++);
+    elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
+  } while (elapsed < seconds);
+  RM_CUDA_CHECK(cudaDeviceSynchronize());
+  elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
+  return steps / elapsed;
+}
+
+train_numbers bench_training(const std::string& model, int batch, double seconds) {
+  model_spec spec;
+  std::string err;
+  if (!parse_model_spec(model, &spec, &err)) throw std::runtime_error(err);
+  auto be = make_backend("cuda:0", &err);
+  if (!be) throw std::runtime_error(err);
+  mlp net(*be, spec, batch, optimizer_config{});
+  net.set_params(init_params(spec, 42).data());
+
+  const int nb = 8;  // distinct batches, cycled
+  const size_t in = size_t(spec.dims[0]), bx = size_t(batch) * in;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> pixel(0, 1);
+  std::vector<float> hx(nb * bx);
+  std::vector<int32_t> hy(size_t(nb) * batch);
+  for (auto& v : hx) v = pixel(rng);
+  for (auto& v : hy) v = int32_t(rng() % uint32_t(spec.dims.back()));
+  device_buffer<float> dx(*be, hx.size()), sx(*be, bx);
+  device_buffer<int32_t> dy(*be, hy.size()), sy(*be, size_t(batch));
+  be->copy_in(dx.data(), hx.data(), hx.size() * sizeof(float));
+  be->copy_in(dy.data(), hy.data(), hy.size() * sizeof(int32_t));
+  std::vector<float> host_grads(net.size());
+  const float scale = 1.0f / float(batch);
+
+  train_numbers r;
+  double loss = 0;
+  int64_t count = 0;
+  auto device_step = [&](int i) {
+    const int k = i % nb;
+    batch_metrics m = net.forward_backward(dx.data() + k * bx, dy.data() + size_t(k) * batch, batch, scale);
+    net.apply(net.grads());
+    loss += m.loss_sum, count += m.count;
+  };
+  auto staged_step = [&](int i) {
+    const int k = i % nb;
+    be->copy_in(sx.data(), hx.data() + k * bx, bx * sizeof(float));
+    be->copy_in(sy.data(), hy.data() + size_t(k) * batch, size_t(batch) * sizeof(int32_t));
+    net.forward_backward(sx.data(), sy.data(), batch, scale);
+    be->copy_out(host_grads.data(), net.grads(), host_grads.size() * sizeof(float));
+    be->copy_in(net.grads(), host_grads.data(), host_grads.size() * sizeof(float));
+    net.apply(net.grads());
+  };
+  r.device_sps = batch * steps_per_second(device_step, seconds);
+  r.loss = loss / double(count);  // mean training loss over the device run: finite, and below ln(classes)
+  r.staged_sps = batch * steps_per_second(staged_step, seconds);
+  return r;
+}
+
+struct bandwidth_numbers {
+  double add_gbps = 0, memcpy_gbps = 0;
+  size_t wrong = 0;
+};
+
+bandwidth_numbers bench_add(size_t bytes, int iters) {
+  cuda::cuda_context ctx;
+  RM_CUDA_CHECK(cudaSetDevice(0));
+  RM_CUDA_CHECK(cudaStreamCreate(&ctx.stream));
+  RM_CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sm_count, cudaDevAttrMultiProcessorCount, 0));
+  const size_t n = bytes / sizeof(float);
+  float *dst = nullptr, *src = nullptr, *copy = nullptr;
+  RM_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  RM_CUDA_CHECK(cudaMalloc(&src, bytes));
+  RM_CUDA_CHECK(cudaMalloc(&copy, bytes));
+  RM_CUDA_CHECK(cudaMemset(dst, 0, bytes));
+  std::vector<float> h(n, 2.0f);
+  RM_CUDA_CHECK(cudaMemcpy(src, h.data(), bytes, cudaMemcpyHostToDevice));
+  cudaEvent_t e0, e1;
+  RM_CUDA_CHECK(cudaEventCreate(&e0));
+  RM_CUDA_CHECK(cudaEventCreate(&e1));
+  float ms = 0;
+  bandwidth_numbers r;
+
+  for (int i = 0; i < 3; ++i) cuda::add_inplace(ctx, dst, src, n);  // warm-up
+  RM_CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
+  for (int i = 0; i < iters; ++i) cuda::add_inplace(ctx, dst, src, n);
+  RM_CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
+  RM_CUDA_CHECK(cudaEventSynchronize(e1));
+  RM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  r.add_gbps = 3.0 * double(bytes) * iters / (ms * 1e-3) / 1e9;
+
+  for (int i = 0; i < 3; ++i) RM_CUDA_CHECK(cudaMemcpyAsync(copy, src, bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+  RM_CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
+  for (int i = 0; i < iters; ++i)
+    RM_CUDA_CHECK(cudaMemcpyAsync(copy, src, bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+  RM_CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
+  RM_CUDA_CHECK(cudaEventSynchronize(e1));
+  RM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  r.memcpy_gbps = 2.0 * double(bytes) * iters / (ms * 1e-3) / 1e9;
+
+  // Every element was 0 + 2 added (3 + iters) times: exact in float.
+  RM_CUDA_CHECK(cudaMemcpy(h.data(), dst, bytes, cudaMemcpyDeviceToHost));
+  const float want = 2.0f * float(3 + iters);
+  for (float v : h) r.wrong += (v != want);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(dst);
+  cudaFree(src);
+  cudaFree(copy);
+  cudaStreamDestroy(ctx.stream);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double seconds = argc > 1 ? std::atof(argv[1]) : 1.5;
+  if (cuda_device_count() == 0) {
+    std::string why;
+    make_cuda_backend(0, &why);
+    std::printf("gpu_bench: SKIPPED: %s\n", why.c_str());
+    return 77;
+  }
+  try {
+    cudaDeviceProp prop{};
+    RM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    int runtime = 0, driver = 0;
+    RM_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    RM_CUDA_CHECK(cudaDriverGetVersion(&driver));
+    std::printf("gpu_bench: %s, %d SMs, CUDA runtime %d, driver %d; Adam, random data, %.1f s per figure\n",
+                prop.name, prop.multiProcessorCount, runtime, driver, seconds);
+    std::printf("%-16s %6s %14s %14s %10s\n", "model", "batch", "device s/s", "staged s/s", "mean loss");
+    for (const char* model : {"784-512-512-10", "784-64-10"}) {
+      for (int batch : {128, 1024}) {
+        train_numbers t = bench_training(model, batch, seconds);
+        std::printf("%-16s %6d %14.0f %14.0f %10.4f\n", model, batch, t.device_sps, t.staged_sps, t.loss);
+        std::printf("RESULT train %s %d %.0f %.0f %.4f\n", model, batch, t.device_sps, t.staged_sps, t.loss);
+        std::fflush(stdout);
+      }
+    }
+    const size_t bytes = size_t(64) << 20;
+    bandwidth_numbers b = bench_add(bytes, 20);
+    std::printf("add_inplace 64 MB: %.0f GB/s; cudaMemcpy D2D 64 MB: %.0f GB/s; ratio %.3f; wrong results %zu\n",
+                b.add_gbps, b.memcpy_gbps, b.add_gbps / b.memcpy_gbps, b.wrong);
+    std::printf("RESULT add %.1f %.1f %.3f %zu\n", b.add_gbps, b.memcpy_gbps, b.add_gbps / b.memcpy_gbps, b.wrong);
+    return b.wrong ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_bench: %s\n", e.what());
+    return 1;
+  }
+}
