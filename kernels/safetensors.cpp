@@ -48,7 +48,8 @@ bool write_safetensors(const std::string& path, const model_spec& spec, const st
   std::string h = "{\"__metadata__\":{";
   bool first = true;
   for (auto& [k, v] : metadata) {
-    h += (first ? "\"" : ",\"") + json_escape(k) + "\":\"" + json_escape(v) + "\"";
+    if (!first) h += ',';
+    h += '"' + json_escape(k) + "\":\"" + json_escape(v) + '"';
     first = false;
   }
   h += "}";
