@@ -56,7 +56,10 @@ bool write_safetensors(const std::string& path, const model_spec& spec, const st
   size_t byte = 0;
   for (const entry& e : entries(spec)) {
     h += ",\"" + e.name + "\":{\"dtype\":\"F32\",\"shape\":[";
-    for (size_t i = 0; i < e.shape.size(); ++i) h += (i ? "," : "") + std::to_string(e.shape[i]);
+    for (size_t i = 0; i < e.shape.size(); ++i) {
+      if (i) h += ',';
+      h += std::to_string(e.shape[i]);
+    }
     h += "],\"data_offsets\":[" + std::to_string(byte) + "," + std::to_string(byte + e.count * 4) + "]}";
     byte += e.count * 4;
   }
