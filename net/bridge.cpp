@@ -1,0 +1,536 @@
+#include "net/bridge.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <zmq.hpp>
+
+namespace ringmaster::net {
+namespace {
+
+// A message built and waiting for its socket to accept it (high-water mark reached).
+struct pending {
+  zmq::message_t identity;  // ROUTER only
+  zmq::message_t header;
+  zmq::message_t body;
+  bool has_body = false;
+};
+
+struct connection {
+  std::unique_ptr<zmq::socket_t> socket;  // null once disconnected
+  std::string endpoint;
+  std::deque<pending> backlog;
+};
+
+std::string default_name() {
+  char host[256] = "host";
+  gethostname(host, sizeof host - 1);
+  std::random_device rd;
+  char b[320];
+  std::snprintf(b, sizeof b, "%s:%d:%08x%08x", host, int(getpid()), rd(), rd());
+  return b;
+}
+
+void release_owner(void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }
+
+bool fail(std::string* error, std::string what) {
+  if (error) *error = std::move(what);
+  return false;
+}
+
+}  // namespace
+
+payload payload::copy_of(std::string_view bytes) {
+  auto s = std::make_shared<std::string>(bytes);
+  return {s->data(), s->size(), s};
+}
+
+payload payload::of(std::shared_ptr<const std::vector<float>> v) {
+  if (!v) return {};
+  const void* p = v->data();
+  const size_t n = v->size() * sizeof(float);
+  return {p, n, std::move(v)};
+}
+
+const char* fault_name(fault f) {
+  switch (f) {
+    case fault::malformed: return "malformed message";
+    case fault::version_mismatch: return "protocol version mismatch";
+    case fault::send_failed: return "send failed";
+    case fault::handler_failed: return "handler failed";
+  }
+  return "fault";
+}
+
+struct bridge::impl {
+  bridge_options opt;
+  message_handler on_message;
+  error_handler on_error;
+
+  // Shared with other threads, under mu.
+  mutable std::mutex mu;
+  bool running = false;
+  bool wake_pending = false;
+  std::deque<std::function<void()>> queue;
+  std::string endpoint;
+
+  std::atomic<std::thread::id> tid{};
+  std::atomic<uint64_t> dropped{0};
+  std::atomic<bool> quit{false};
+  int wake_fd = -1;
+  std::thread thread;
+
+  // Bridge thread only (created in start() before the thread exists).
+  std::unique_ptr<zmq::context_t> ctx;
+  std::unique_ptr<zmq::socket_t> router;
+  std::deque<pending> router_backlog;
+  std::vector<connection> peers;
+
+  void report(fault kind, peer_info from, std::string message) {
+    if (kind != fault::send_failed) dropped.fetch_add(1, std::memory_order_relaxed);
+    bridge_error e{kind, std::move(from), std::move(message)};
+    if (!on_error) {
+      std::fprintf(stderr, "ringmaster bridge: %s: %s\n", fault_name(e.kind), e.message.c_str());
+      return;
+    }
+    try {
+      on_error(e);
+    } catch (...) {
+      // An error handler that throws must not take the bridge thread down with it.
+    }
+  }
+
+  void set_common_options(zmq::socket_t& s) {
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::sndhwm, opt.hwm);
+    s.set(zmq::sockopt::rcvhwm, opt.hwm);
+    // A forged size must not make ZeroMQ allocate more than the wire format allows.
+    s.set(zmq::sockopt::maxmsgsize, int64_t(wire::kMaxPayloadBytes + wire::kHeaderSize));
+    if (opt.kernel_buffer_bytes > 0) {
+      s.set(zmq::sockopt::sndbuf, opt.kernel_buffer_bytes);
+      s.set(zmq::sockopt::rcvbuf, opt.kernel_buffer_bytes);
+    }
+    // ZMTP heartbeats notice a dead peer even on an idle connection.
+    s.set(zmq::sockopt::heartbeat_ivl, 1000);
+    s.set(zmq::sockopt::heartbeat_timeout, 3000);
+  }
+
+  pending build(const wire::header& h, payload& p) {
+    pending m;
+    const wire::header_bytes hb = wire::encode(h);
+    m.header = zmq::message_t(hb.data(), hb.size());
+    if (p.size) {
+      m.has_body = true;
+      if (p.size < opt.copy_below || !p.owner) {
+        m.body = zmq::message_t(p.data, p.size);
+      } else {
+        auto* hint = new std::shared_ptr<const void>(std::move(p.owner));
+        m.body = zmq::message_t(const_cast<void*>(p.data), p.size, release_owner, hint);
+      }
+    }
+    return m;
+  }
+
+  // One non-blocking attempt. ZeroMQ takes a multipart message whole or not at all (the high-water mark
+  // is checked on the first frame), so EAGAIN on the first frame leaves nothing half-sent.
+  // Returns 1 sent, 0 would block, -1 failed (errno).
+  static int try_send(zmq::socket_t& s, pending& m, bool routed) {
+    const auto more = zmq::send_flags::dontwait | zmq::send_flags::sndmore;
+    const auto last = zmq::send_flags::dontwait;
+    try {
+      if (routed) {
+        if (!s.send(m.identity, more)) return 0;
+        // Past the identity frame the message is committed; the rest cannot block.
+        s.send(m.header, m.has_body ? more : last);
+      } else if (!s.send(m.header, m.has_body ? more : last)) {
+        return 0;
+      }
+      if (m.has_body) s.send(m.body, last);
+      return 1;
+    } catch (const zmq::error_t& e) {
+      errno = e.num();
+      return -1;
+    }
+  }
+
+  void send_now(std::unique_ptr<zmq::socket_t>& s, std::deque<pending>& backlog, pending m, bool routed,
+                const peer_info& to) {
+    if (!backlog.empty()) {  // keep the order: behind what is already waiting
+      backlog.push_back(std::move(m));
+      return;
+    }
+    const int rc = try_send(*s, m, routed);
+    if (rc == 0) backlog.push_back(std::move(m));
+    if (rc < 0) {
+      const int err = errno;
+      report(fault::send_failed, to,
+             (routed ? "reply to '" + to.identity + "'" : "send to peer " + std::to_string(to.peer)) + ": " +
+                 (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)));
+    }
+  }
+
+  void flush(zmq::socket_t& s, std::deque<pending>& backlog, bool routed) {
+    while (!backlog.empty()) {
+      const int rc = try_send(s, backlog.front(), routed);
+      if (rc == 0) return;
+      if (rc < 0) report(fault::send_failed, {}, std::string("queued send: ") + zmq_strerror(errno));
+      backlog.pop_front();
+    }
+  }
+
+  void do_send(int peer, const wire::header& h, payload p) {
+    peer_info to;
+    to.peer = peer;
+    if (peer < 0 || size_t(peer) >= peers.size() || !peers[peer].socket) {
+      report(fault::send_failed, to, "send to unknown or closed peer " + std::to_string(peer));
+      return;
+    }
+    connection& c = peers[peer];
+    send_now(c.socket, c.backlog, build(h, p), false, to);
+  }
+
+  void do_reply(const peer_info& to, const wire::header& h, payload p) {
+    if (to.peer >= 0) return do_send(to.peer, h, std::move(p));
+    if (!router) return report(fault::send_failed, to, "reply by identity without a listening socket");
+    pending m = build(h, p);
+    m.identity = zmq::message_t(to.identity.data(), to.identity.size());
+    send_now(router, router_backlog, std::move(m), true, to);
+  }
+
+  int do_connect(const std::string& ep, std::string* error) {
+    try {
+      auto s = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
+      set_common_options(*s);
+      s->set(zmq::sockopt::routing_id, opt.name);
+      // No ZMQ_IMMEDIATE: a hello sent before the peer has bound waits in the queue and goes out when the
+      // (automatic, repeated) connection succeeds, so start-up order does not matter.
+      s->connect(ep);
+      peers.push_back({std::move(s), ep, {}});
+      return int(peers.size() - 1);
+    } catch (const zmq::error_t& e) {
+      fail(error, ep + ": " + e.what());
+      return -1;
+    }
+  }
+
+  // Reads one whole multipart message. Returns false when nothing is waiting.
+  bool receive_one(zmq::socket_t& s, bool routed, int peer) {
+    std::vector<zmq::message_t> parts;
+    size_t count = 0;
+    for (;;) {
+      zmq::message_t m;
+      try {
+        if (!s.recv(m, count == 0 ? zmq::recv_flags::dontwait : zmq::recv_flags::none)) return false;
+      } catch (const zmq::error_t&) {
+        return false;
+      }
+      const bool more = m.more();
+      if (++count <= 4) parts.push_back(std::move(m));  // anything longer is dropped anyway
+      if (!more) break;
+    }
+    peer_info from;
+    from.peer = routed ? -1 : peer;
+    size_t first = 0;
+    if (routed) {
+      from.identity.assign(parts[0].data<char>(), parts[0].size());
+      first = 1;
+    }
+    const size_t frames = count - first;
+    if (frames < 1 || frames > 2) {
+      report(fault::malformed, from, std::to_string(frames) + " frames, expected a header and at most one payload");
+      return true;
+    }
+    wire::header h;
+    std::string err;
+    zmq::message_t& hf = parts[first];
+    if (!wire::decode(hf.data(), hf.size(), &h, &err)) {
+      uint16_t version = 0, type = 0;
+      if (wire::peek_version(hf.data(), hf.size(), &version, &type) && version != wire::kProtocolVersion) {
+        // Tell the peer why it gets no answer; never answer an error (two builds would ping-pong).
+        if (type == uint16_t(wire::msg_type::hello)) {
+          wire::header e;
+          e.type = wire::msg_type::error;
+          do_reply(from, e, payload::copy_of(err));
+        }
+        report(fault::version_mismatch, from, err);
+      } else {
+        report(fault::malformed, from, err);
+      }
+      return true;
+    }
+    payload p;
+    if (frames == 2) {
+      auto body = std::make_shared<zmq::message_t>(std::move(parts[first + 1]));
+      p.data = body->data();
+      p.size = body->size();
+      p.owner = std::move(body);
+    }
+    if (!wire::check_payload(h, p.size, &err)) {
+      report(fault::malformed, from, err);
+      return true;
+    }
+    if (!on_message) return true;
+    try {
+      on_message(from, h, std::move(p));
+    } catch (const std::exception& e) {
+      report(fault::handler_failed, from, e.what());
+    } catch (...) {
+      report(fault::handler_failed, from, "unknown exception");
+    }
+    return true;
+  }
+
+  void run_queue() {
+    std::deque<std::function<void()>> work;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      work.swap(queue);
+      wake_pending = false;
+    }
+    for (auto& f : work) f();
+  }
+
+  void loop() {
+    tid.store(std::this_thread::get_id());
+    std::vector<zmq_pollitem_t> items;
+    std::vector<int> item_peer;  // peer id of items[i], -1 for the router, -2 for the wake fd
+    while (!quit.load(std::memory_order_acquire)) {
+      items.clear();
+      item_peer.clear();
+      items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
+      item_peer.push_back(-2);
+      if (router) {
+        items.push_back({router->handle(), 0, short(ZMQ_POLLIN | (router_backlog.empty() ? 0 : ZMQ_POLLOUT)), 0});
+        item_peer.push_back(-1);
+      }
+      for (size_t i = 0; i < peers.size(); ++i) {
+        if (!peers[i].socket) continue;
+        const short ev = short(ZMQ_POLLIN | (peers[i].backlog.empty() ? 0 : ZMQ_POLLOUT));
+        items.push_back({peers[i].socket->handle(), 0, ev, 0});
+        item_peer.push_back(int(i));
+      }
+      int rc = 0;
+      if (opt.spin.count() > 0) {
+        const auto until = std::chrono::steady_clock::now() + opt.spin;
+        do rc = zmq_poll(items.data(), int(items.size()), 0);
+        while (rc == 0 && std::chrono::steady_clock::now() < until);
+      }
+      if (rc == 0) rc = zmq_poll(items.data(), int(items.size()), -1);
+      if (rc < 0) {
+        if (zmq_errno() == EINTR) continue;
+        break;  // ETERM or a closed socket: nothing sensible left to do
+      }
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (!items[i].revents) continue;
+        const int id = item_peer[i];
+        if (id == -2) {
+          uint64_t n;
+          (void)!read(wake_fd, &n, sizeof n);
+          run_queue();
+          continue;
+        }
+        // A handler above may have disconnected this peer: look it up again.
+        zmq::socket_t* s = id < 0 ? router.get() : peers[id].socket.get();
+        if (!s) continue;
+        auto& backlog = id < 0 ? router_backlog : peers[id].backlog;
+        if (items[i].revents & ZMQ_POLLOUT) flush(*s, backlog, id < 0);
+        if (items[i].revents & ZMQ_POLLIN) {
+          // A bounded batch per socket so one busy peer cannot starve the others.
+          for (int n = 0; n < 64; ++n) {
+            s = id < 0 ? router.get() : peers[id].socket.get();
+            if (!s || !receive_one(*s, id < 0, id)) break;
+          }
+        }
+      }
+    }
+    // Close every socket here, on their own thread; linger 0 drops what is unsent.
+    router_backlog.clear();
+    router.reset();
+    peers.clear();
+  }
+};
+
+bridge::bridge(bridge_options options) : d_(std::make_unique<impl>()) {
+  d_->opt = std::move(options);
+  if (d_->opt.name.empty()) d_->opt.name = default_name();
+}
+
+bridge::~bridge() { stop(); }
+
+bool bridge::set_handler(message_handler h) {
+  std::lock_guard<std::mutex> lock(d_->mu);
+  if (d_->running || d_->thread.joinable()) return false;
+  d_->on_message = std::move(h);
+  return true;
+}
+
+bool bridge::set_error_handler(error_handler h) {
+  std::lock_guard<std::mutex> lock(d_->mu);
+  if (d_->running || d_->thread.joinable()) return false;
+  d_->on_error = std::move(h);
+  return true;
+}
+
+bool bridge::start(const std::string& listen_endpoint, std::string* error) {
+  {
+    std::lock_guard<std::mutex> lock(d_->mu);
+    if (d_->running || d_->thread.joinable()) return fail(error, "bridge already started");
+  }
+  try {
+    d_->ctx = std::make_unique<zmq::context_t>(d_->opt.io_threads);
+    if (!listen_endpoint.empty()) {
+      d_->router = std::make_unique<zmq::socket_t>(*d_->ctx, zmq::socket_type::router);
+      d_->set_common_options(*d_->router);
+      d_->router->set(zmq::sockopt::router_mandatory, 1);  // unroutable replies are errors, not silence
+      d_->router->set(zmq::sockopt::router_handover, 1);   // a peer that reconnects keeps its identity
+      try {
+        d_->router->bind(listen_endpoint);
+      } catch (const zmq::error_t& e) {
+        std::string why = e.num() == EADDRINUSE ? "address already in use" : e.what();
+        d_->router.reset();
+        d_->ctx.reset();
+        return fail(error, listen_endpoint + ": " + why);
+      }
+      std::lock_guard<std::mutex> lock(d_->mu);
+      d_->endpoint = d_->router->get(zmq::sockopt::last_endpoint);
+    }
+  } catch (const zmq::error_t& e) {
+    d_->router.reset();
+    d_->ctx.reset();
+    return fail(error, listen_endpoint + ": " + e.what());
+  }
+  d_->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (d_->wake_fd < 0) {
+    d_->router.reset();
+    d_->ctx.reset();
+    return fail(error, std::string("eventfd: ") + std::strerror(errno));
+  }
+  d_->quit = false;
+  {
+    std::lock_guard<std::mutex> lock(d_->mu);
+    d_->running = true;
+  }
+  // The sockets move to the new thread; creating the thread is the memory barrier ZeroMQ asks for.
+  d_->thread = std::thread([this] { d_->loop(); });
+  return true;
+}
+
+void bridge::stop() {
+  {
+    std::lock_guard<std::mutex> lock(d_->mu);
+    if (!d_->running && !d_->thread.joinable()) return;
+    d_->running = false;
+  }
+  d_->quit.store(true, std::memory_order_release);
+  // stop() from a handler: the loop ends when the handler returns; a later stop() (or the destructor,
+  // from another thread) joins.
+  if (on_bridge_thread()) return;
+  if (d_->thread.joinable()) {
+    uint64_t one = 1;
+    (void)!write(d_->wake_fd, &one, sizeof one);
+    d_->thread.join();
+  }
+  d_->queue.clear();  // closures holding payloads that never went out
+  d_->ctx.reset();    // after every socket closed: returns at once with linger 0
+  if (d_->wake_fd >= 0) close(d_->wake_fd);
+  d_->wake_fd = -1;
+  d_->tid.store(std::thread::id());
+}
+
+bool bridge::running() const {
+  std::lock_guard<std::mutex> lock(d_->mu);
+  return d_->running;
+}
+
+std::string bridge::endpoint() const {
+  std::lock_guard<std::mutex> lock(d_->mu);
+  return d_->endpoint;
+}
+
+const std::string& bridge::name() const { return d_->opt.name; }
+
+bool bridge::on_bridge_thread() const { return d_->tid.load() == std::this_thread::get_id(); }
+
+uint64_t bridge::dropped() const { return d_->dropped.load(); }
+
+bool bridge::post(std::function<void()> f) {
+  if (on_bridge_thread()) {
+    f();
+    return true;
+  }
+  std::lock_guard<std::mutex> lock(d_->mu);
+  if (!d_->running) return false;
+  d_->queue.push_back(std::move(f));
+  if (!d_->wake_pending) {  // one wake-up per batch of posts
+    d_->wake_pending = true;
+    uint64_t one = 1;
+    (void)!write(d_->wake_fd, &one, sizeof one);
+  }
+  return true;
+}
+
+int bridge::connect(const std::string& endpoint, std::string* error) {
+  if (on_bridge_thread()) return d_->do_connect(endpoint, error);
+  auto done = std::make_shared<std::promise<std::pair<int, std::string>>>();
+  auto result = done->get_future();
+  if (!post([this, endpoint, done] {
+        std::string err;
+        const int id = d_->do_connect(endpoint, &err);
+        done->set_value({id, err});
+      })) {
+    fail(error, "bridge not running");
+    return -1;
+  }
+  // The bridge thread runs queued work between polls; it never blocks, so this wait is short.
+  if (result.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    fail(error, endpoint + ": bridge thread did not answer");
+    return -1;
+  }
+  auto [id, err] = result.get();
+  if (id < 0) fail(error, err);
+  return id;
+}
+
+void bridge::disconnect(int peer) {
+  post([this, peer] {
+    if (peer >= 0 && size_t(peer) < d_->peers.size()) {
+      d_->peers[peer].backlog.clear();
+      d_->peers[peer].socket.reset();
+    }
+  });
+}
+
+bool bridge::send(int peer, wire::header h, payload p, std::string* error) {
+  h.payload_bytes = p.size;
+  if (!wire::validate(h, error)) return false;
+  if (on_bridge_thread()) {
+    d_->do_send(peer, h, std::move(p));
+    return true;
+  }
+  if (!post([this, peer, h, p = std::move(p)]() mutable { d_->do_send(peer, h, std::move(p)); }))
+    return fail(error, "bridge not running");
+  return true;
+}
+
+bool bridge::reply(const peer_info& to, wire::header h, payload p, std::string* error) {
+  h.payload_bytes = p.size;
+  if (!wire::validate(h, error)) return false;
+  if (on_bridge_thread()) {
+    d_->do_reply(to, h, std::move(p));
+    return true;
+  }
+  if (!post([this, to, h, p = std::move(p)]() mutable { d_->do_reply(to, h, std::move(p)); }))
+    return fail(error, "bridge not running");
+  return true;
+}
+
+}  // namespace ringmaster::net

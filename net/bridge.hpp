@@ -1,0 +1,126 @@
+// The bridge: the one object per process that owns every ZeroMQ socket.
+//
+// ZeroMQ sockets are not thread-safe, so all of them live on the bridge's own thread: one ROUTER bound at
+// the listen endpoint (peers' DEALERs connect to it) and one DEALER per peer this process connects to.
+// Any thread may call the public functions: what must touch a socket is queued and the bridge thread is
+// woken (an eventfd polled with zmq_poll next to the sockets). Calls made on the bridge thread itself
+// (from a handler) act at once, with no queue and no wake-up: protocols that answer messages from their
+// handler (the ring) pay no thread hop per message.
+//
+// Incoming messages are validated (net/wire.hpp) and handed to the message handler ON THE BRIDGE THREAD,
+// payload without a copy. Invalid ones (bad header, wrong number of frames, size mismatch) go to the
+// error handler and are dropped; the bridge keeps serving. A hello in another protocol version is
+// answered with an `error` message naming both versions.
+//
+//   bridge b;
+//   b.set_handler([](const peer_info& from, const wire::header& h, payload p) { ... });
+//   std::string err;
+//   if (!b.start("tcp://127.0.0.1:0", &err)) ...;       // b.endpoint(): "tcp://127.0.0.1:41234"
+//   int peer = b.connect(other_endpoint, &err);
+//   b.send(peer, header, payload::of(shared_floats));    // zero-copy, from any thread
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "net/wire.hpp"
+
+namespace ringmaster::net {
+
+// Bytes plus whatever keeps them alive. Outgoing: large payloads go to ZeroMQ without a copy and `owner`
+// is held until ZeroMQ's free function runs (so the bytes must not change until then). Incoming: `owner`
+// is the received ZeroMQ message itself.
+struct payload {
+  const void* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const void> owner;
+
+  bool empty() const { return size == 0; }
+  std::string_view text() const { return {static_cast<const char*>(data), size}; }
+  // Valid when the message is a tensor type (the header's element count was checked against the size).
+  const float* floats() const { return static_cast<const float*>(data); }
+
+  static payload copy_of(std::string_view bytes);
+  static payload of(std::shared_ptr<const std::vector<float>> v);
+};
+
+// Who sent a message, enough to answer it with bridge::reply.
+struct peer_info {
+  int peer = -1;         // our connection's id (from connect()) when it came back on that connection
+  std::string identity;  // the sender's routing id when it came in on our listening socket
+};
+
+enum class fault { malformed, version_mismatch, send_failed, handler_failed };
+const char* fault_name(fault f);
+
+struct bridge_error {
+  fault kind = fault::malformed;
+  peer_info from;
+  std::string message;
+};
+
+struct bridge_options {
+  std::string name;  // routing id on our connections; empty: "<host>:<pid>:<random>"
+  int io_threads = 1;
+  int hwm = 100000;                        // messages queued per connection before sends back up
+  int kernel_buffer_bytes = 0;             // SO_SNDBUF / SO_RCVBUF; 0 keeps the OS default
+  std::chrono::microseconds spin{0};       // poll without sleeping this long before blocking
+  size_t copy_below = 16 * 1024;           // smaller payloads are copied: cheaper than a free callback
+};
+
+class bridge {
+ public:
+  using message_handler = std::function<void(const peer_info&, const wire::header&, payload)>;
+  using error_handler = std::function<void(const bridge_error&)>;
+
+  explicit bridge(bridge_options options = {});
+  ~bridge();  // stop()
+  bridge(const bridge&) = delete;
+  bridge& operator=(const bridge&) = delete;
+
+  // Handlers run on the bridge thread; set them before start() (afterwards these return false). Without
+  // an error handler, errors are printed to stderr.
+  bool set_handler(message_handler h);
+  bool set_error_handler(error_handler h);
+
+  // Binds the listening ROUTER (tcp://HOST:PORT, port 0 for an ephemeral one, or ipc://PATH; empty: no
+  // listening socket) and starts the bridge thread. False, with e.g. "tcp://127.0.0.1:5601: address
+  // already in use" in *error, if it cannot.
+  bool start(const std::string& listen_endpoint, std::string* error);
+  // Joins the bridge thread; queued and unsent messages are dropped (linger 0). Idempotent.
+  void stop();
+  bool running() const;
+  // The endpoint actually bound (the real port when asked for port 0); empty before start().
+  std::string endpoint() const;
+  const std::string& name() const;
+
+  // Connects a DEALER to a peer's listening endpoint. Returns the peer id (>= 0) or -1 with *error. The
+  // connection completes in the background; messages sent meanwhile wait in its queue.
+  int connect(const std::string& endpoint, std::string* error = nullptr);
+  // Closes a connection, dropping what is still queued on it (their payload owners are released).
+  void disconnect(int peer);
+
+  // Sends on a connection from connect(). The header's payload_bytes is set from the payload. Returns
+  // false with *error if the header is invalid or the bridge is not running; failures later on the
+  // bridge thread (unknown peer, unroutable) go to the error handler.
+  bool send(int peer, wire::header h, payload p = {}, std::string* error = nullptr);
+  // Answers a message: back on our connection if it came on one, else through the ROUTER by identity.
+  bool reply(const peer_info& to, wire::header h, payload p = {}, std::string* error = nullptr);
+
+  // Runs f on the bridge thread (at once when called there). False if the bridge is not running.
+  bool post(std::function<void()> f);
+  bool on_bridge_thread() const;
+
+  // Incoming messages dropped as invalid so far.
+  uint64_t dropped() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> d_;
+};
+
+}  // namespace ringmaster::net

@@ -1,0 +1,94 @@
+// The versioned wire format between ringmaster processes.
+//
+// A message is a multipart ZeroMQ message: one fixed-size header frame (little-endian, packed byte by byte
+// so the layout never depends on the compiler) and, optionally, one raw payload frame. For float tensors
+// (chunk, weights) the payload is `elements` IEEE floats in the host's byte order, sent without copying.
+//
+// Header layout (kHeaderSize = 56 bytes):
+//   0  u32 magic         kMagic ("RMG1")            the first 8 bytes are the stable part: every future
+//   4  u16 version       kProtocolVersion           version keeps magic, version and type where they are,
+//   6  u16 type          msg_type                   so a peer can always say "you speak version N".
+//   8  u64 job_id
+//  16  i64 step          training step / all-reduce number, >= 0
+//  24  i32 sender_rank   >= -1 (-1: not a ring member, e.g. a coordinator)
+//  28  i32 round         ring round or chunk index, >= 0
+//  32  i32 segment       which piece of a segmented buffer, >= 0
+//  36  u32 flags         reserved, must be 0
+//  40  u64 elements      floats in the payload (tensor messages)
+//  48  u64 payload_bytes size of the payload frame (0: no payload frame)
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+
+namespace ringmaster::wire {
+
+constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
+constexpr uint16_t kProtocolVersion = 1;
+constexpr size_t kHeaderSize = 56;
+constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
+constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads (job specs) are small
+
+enum class msg_type : uint16_t {
+  hello = 1,   // handshake: "I am rank r of n in job j" (kv payload)
+  hello_ack,   // handshake accepted
+  job,         // a job spec (kv payload)
+  job_ack,
+  chunk,       // a piece of a ring all-reduce (float payload)
+  report,      // metrics (kv payload)
+  done,
+  weights,     // model weights (float payload)
+  heartbeat,
+  abort,       // the sender gave up on the job (kv payload: origin, reason)
+  error,       // a refusal, e.g. a protocol version mismatch (text payload)
+  bye,
+};
+constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::bye);
+
+const char* type_name(msg_type t);
+bool is_known_type(uint16_t t);
+// Types whose payload is `elements` floats.
+bool is_tensor_type(msg_type t);
+
+struct header {
+  uint16_t version = kProtocolVersion;  // written as is by encode (tests forge other versions)
+  msg_type type = msg_type::heartbeat;
+  uint64_t job_id = 0;
+  int64_t step = 0;
+  int32_t sender_rank = -1;
+  int32_t round = 0;
+  int32_t segment = 0;
+  uint32_t flags = 0;
+  uint64_t elements = 0;
+  uint64_t payload_bytes = 0;
+};
+
+using header_bytes = std::array<unsigned char, kHeaderSize>;
+
+header_bytes encode(const header& h);
+
+// Checks every field of a header as if it had been received (the bridge also checks what it sends).
+bool validate(const header& h, std::string* error);
+
+// Decodes and validates one header frame. On failure returns false, leaves *out unspecified and says
+// what is wrong in *error: "header frame is 12 bytes, expected 56", "bad magic 0x...", "protocol version
+// 2, this build speaks 1", "unknown message type 99", ...
+bool decode(const void* data, size_t size, header* out, std::string* error);
+
+// The stable 8-byte prefix alone, for answering a peer that speaks another version. False if the frame
+// is too short or the magic is wrong.
+bool peek_version(const void* data, size_t size, uint16_t* version, uint16_t* type);
+
+// The payload frame that came with a header must be exactly payload_bytes long.
+bool check_payload(const header& h, size_t actual_bytes, std::string* error);
+
+// Control payloads: "key=value\n" lines. Keys are non-empty and hold no '=' or newline; values hold no
+// newline; the whole text is at most kMaxKvBytes; a key appears once.
+using kv_map = std::map<std::string, std::string>;
+bool encode_kv(const kv_map& kv, std::string* out, std::string* error);
+bool decode_kv(std::string_view text, kv_map* out, std::string* error);
+
+}  // namespace ringmaster::wire

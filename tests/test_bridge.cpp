@@ -1,0 +1,301 @@
+// The bridge: real sockets on 127.0.0.1 (ports chosen at run time) and ipc. Every wait has a deadline.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <condition_variable>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <zmq.hpp>
+
+#include "net/bridge.hpp"
+
+using namespace ringmaster;
+using namespace std::chrono_literals;
+using net::bridge;
+using net::payload;
+using net::peer_info;
+using wire::msg_type;
+
+namespace {
+
+struct received {
+  peer_info from;
+  wire::header h;
+  std::vector<unsigned char> bytes;
+};
+
+// Collects what a bridge's handlers see, for the test thread to wait on.
+struct inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<received> messages;
+  std::vector<net::bridge_error> errors;
+
+  void attach(bridge& b) {
+    b.set_handler([this](const peer_info& f, const wire::header& h, payload p) {
+      const auto* c = static_cast<const unsigned char*>(p.data);
+      std::lock_guard<std::mutex> lock(mu);
+      messages.push_back({f, h, std::vector<unsigned char>(c, c + p.size)});
+      cv.notify_all();
+    });
+    b.set_error_handler([this](const net::bridge_error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e);
+      cv.notify_all();
+    });
+  }
+  bool wait_messages(size_t n, std::chrono::milliseconds t = 5s) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, t, [&] { return messages.size() >= n; });
+  }
+  bool wait_errors(size_t n, std::chrono::milliseconds t = 5s) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, t, [&] { return errors.size() >= n; });
+  }
+};
+
+wire::header chunk_header(size_t floats, int rank = 0) {
+  wire::header h;
+  h.type = msg_type::chunk;
+  h.sender_rank = rank;
+  h.elements = floats;
+  return h;
+}
+
+std::shared_ptr<const std::vector<float>> pattern(size_t n, float base) {
+  auto v = std::make_shared<std::vector<float>>(n);
+  for (size_t i = 0; i < n; ++i) (*v)[i] = base + float(i % 1000);
+  return v;
+}
+
+bool same_floats(const std::vector<unsigned char>& bytes, const std::vector<float>& want) {
+  return bytes.size() == want.size() * sizeof(float) &&
+         std::memcmp(bytes.data(), want.data(), bytes.size()) == 0;
+}
+
+zmq::message_t frame(const void* p, size_t n) { return zmq::message_t(p, n); }
+
+}  // namespace
+
+TEST_CASE("bridge: two bridges exchange payloads both ways over tcp", "[bridge]") {
+  bridge a, b;
+  inbox ia, ib;
+  ia.attach(a);
+  ib.attach(b);
+  std::string err;
+  REQUIRE(a.start("tcp://127.0.0.1:0", &err));
+  REQUIRE(b.start("tcp://127.0.0.1:0", &err));
+  CHECK(a.endpoint().rfind("tcp://127.0.0.1:", 0) == 0);
+  CHECK(a.endpoint() != "tcp://127.0.0.1:0");
+
+  // a -> b: a large zero-copy payload, a small copied one, and one without payload.
+  const int to_b = a.connect(b.endpoint(), &err);
+  REQUIRE(to_b >= 0);
+  auto big = pattern(1 << 20, 1.0f);  // 4 MiB
+  std::weak_ptr<const std::vector<float>> big_alive = big;
+  REQUIRE(a.send(to_b, chunk_header(big->size(), 7), payload::of(big), &err));
+  big.reset();  // the bridge keeps it alive until ZeroMQ is done with it
+  wire::header job;
+  job.type = msg_type::job;
+  REQUIRE(a.send(to_b, job, payload::copy_of("model=mlp\n"), &err));
+  wire::header hb;
+  hb.type = msg_type::heartbeat;
+  REQUIRE(a.send(to_b, hb));
+  REQUIRE(ib.wait_messages(3));
+
+  std::vector<received> at_b;
+  {
+    std::lock_guard<std::mutex> lock(ib.mu);
+    at_b = ib.messages;
+  }
+  CHECK(at_b[0].h.type == msg_type::chunk);
+  CHECK(at_b[0].h.sender_rank == 7);
+  CHECK(at_b[0].from.peer == -1);
+  CHECK(at_b[0].from.identity == a.name());
+  CHECK(same_floats(at_b[0].bytes, *pattern(1 << 20, 1.0f)));
+  CHECK(std::string(at_b[1].bytes.begin(), at_b[1].bytes.end()) == "model=mlp\n");
+  CHECK(at_b[2].h.type == msg_type::heartbeat);
+  CHECK(at_b[2].bytes.empty());
+  // ZeroMQ has released the zero-copy buffer.
+  for (int i = 0; i < 500 && !big_alive.expired(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(big_alive.expired());
+
+  // b -> a: a reply by identity through b's ROUTER comes back on a's DEALER.
+  auto back = pattern(300000, 5.0f);
+  REQUIRE(b.reply(at_b[0].from, chunk_header(back->size(), 1), payload::of(back), &err));
+  REQUIRE(ia.wait_messages(1));
+  {
+    std::lock_guard<std::mutex> lock(ia.mu);
+    CHECK(ia.messages[0].from.peer == to_b);
+    CHECK(same_floats(ia.messages[0].bytes, *back));
+  }
+  // b -> a on b's own connection.
+  const int to_a = b.connect(a.endpoint(), &err);
+  REQUIRE(to_a >= 0);
+  REQUIRE(b.send(to_a, chunk_header(back->size(), 1), payload::of(back), &err));
+  REQUIRE(ia.wait_messages(2));
+  {
+    std::lock_guard<std::mutex> lock(ia.mu);
+    CHECK(ia.messages[1].from.identity == b.name());
+    CHECK(same_floats(ia.messages[1].bytes, *back));
+  }
+  CHECK(ia.errors.empty());
+  CHECK(ib.errors.empty());
+  CHECK(a.dropped() == 0);
+}
+
+TEST_CASE("bridge: ipc endpoints and many sending threads", "[bridge]") {
+  const std::string path = "ipc:///tmp/ringmaster-test-" + std::to_string(getpid()) + ".ipc";
+  bridge a, b;
+  inbox ib;
+  ib.attach(b);
+  std::string err;
+  REQUIRE(b.start(path, &err));
+  CHECK(b.endpoint() == path);
+  REQUIRE(a.start("", &err));  // a only dials out
+  const int peer = a.connect(path, &err);
+  REQUIRE(peer >= 0);
+  constexpr int threads = 4, each = 500;
+  std::vector<std::thread> senders;
+  for (int t = 0; t < threads; ++t)
+    senders.emplace_back([&, t] {
+      for (int i = 0; i < each; ++i) {
+        wire::header h;
+        h.type = msg_type::report;
+        h.sender_rank = t;
+        h.step = i;
+        a.send(peer, h);
+      }
+    });
+  for (auto& s : senders) s.join();
+  REQUIRE(ib.wait_messages(threads * each, 10s));
+  // Per sending thread, order is kept.
+  std::lock_guard<std::mutex> lock(ib.mu);
+  std::vector<int64_t> next(threads, 0);
+  for (const auto& m : ib.messages) {
+    REQUIRE(m.h.sender_rank >= 0);
+    REQUIRE(m.h.sender_rank < threads);
+    CHECK(m.h.step == next[m.h.sender_rank]++);
+  }
+}
+
+TEST_CASE("bridge: garbage from a raw socket is dropped and the bridge keeps serving", "[bridge]") {
+  bridge b;
+  inbox ib;
+  ib.attach(b);
+  std::string err;
+  REQUIRE(b.start("tcp://127.0.0.1:0", &err));
+
+  zmq::context_t ctx;
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.set(zmq::sockopt::rcvtimeo, 5000);
+  raw.connect(b.endpoint());
+
+  wire::header good_h = chunk_header(2);
+  good_h.payload_bytes = 8;
+  const auto good = wire::encode(good_h);
+  const float two[2] = {1.5f, 2.5f};
+  std::mt19937 rng(99);
+  std::vector<unsigned char> noise(300);
+  for (auto& c : noise) c = static_cast<unsigned char>(rng());
+
+  // 1. one frame of random bytes
+  raw.send(frame(noise.data(), noise.size()), zmq::send_flags::none);
+  // 2. five frames
+  for (int i = 0; i < 4; ++i) raw.send(frame(good.data(), good.size()), zmq::send_flags::sndmore);
+  raw.send(frame(good.data(), good.size()), zmq::send_flags::none);
+  // 3. bad magic
+  auto bad = good;
+  bad[0] ^= 0xff;
+  raw.send(frame(bad.data(), bad.size()), zmq::send_flags::sndmore);
+  raw.send(frame(two, sizeof two), zmq::send_flags::none);
+  // 4. header says 2 floats, payload frame has 3 bytes
+  raw.send(frame(good.data(), good.size()), zmq::send_flags::sndmore);
+  raw.send(frame(two, 3), zmq::send_flags::none);
+  // 5. header says a payload, none comes
+  raw.send(frame(good.data(), good.size()), zmq::send_flags::none);
+  // 6. an empty frame
+  raw.send(frame(nullptr, 0), zmq::send_flags::none);
+  // 7. a hello in protocol version 2: refused with a message naming both versions
+  wire::header v2;
+  v2.type = msg_type::hello;
+  v2.version = 2;
+  const auto v2b = wire::encode(v2);
+  raw.send(frame(v2b.data(), v2b.size()), zmq::send_flags::none);
+  // 8. then a valid message
+  raw.send(frame(good.data(), good.size()), zmq::send_flags::sndmore);
+  raw.send(frame(two, sizeof two), zmq::send_flags::none);
+
+  REQUIRE(ib.wait_messages(1));
+  REQUIRE(ib.wait_errors(7));
+  {
+    std::lock_guard<std::mutex> lock(ib.mu);
+    REQUIRE(ib.messages.size() == 1);
+    CHECK(ib.messages[0].bytes.size() == sizeof two);
+    CHECK(std::memcmp(ib.messages[0].bytes.data(), two, sizeof two) == 0);
+    REQUIRE(ib.errors.size() == 7);
+    CHECK(ib.errors[0].message == "header frame is 300 bytes, expected 56");
+    CHECK(ib.errors[1].message == "5 frames, expected a header and at most one payload");
+    CHECK(ib.errors[2].message.rfind("bad magic", 0) == 0);
+    CHECK(ib.errors[3].message == "chunk payload frame is 3 bytes, header says 8");
+    CHECK(ib.errors[4].message == "chunk payload frame is 0 bytes, header says 8");
+    CHECK(ib.errors[5].message == "header frame is 0 bytes, expected 56");
+    CHECK(ib.errors[6].kind == net::fault::version_mismatch);
+    CHECK(ib.errors[6].message == "protocol version 2, this build speaks 1");
+    for (int i = 0; i < 6; ++i) CHECK(ib.errors[i].kind == net::fault::malformed);
+  }
+  CHECK(b.dropped() == 7);
+
+  // The refusal of the version-2 hello came back to the raw socket.
+  zmq::message_t hdr, body;
+  REQUIRE(raw.recv(hdr));
+  REQUIRE(hdr.more());
+  REQUIRE(raw.recv(body));
+  wire::header h;
+  REQUIRE(wire::decode(hdr.data(), hdr.size(), &h, &err));
+  CHECK(h.type == msg_type::error);
+  CHECK(body.to_string() == "protocol version 2, this build speaks 1");
+}
+
+TEST_CASE("bridge: binding a port twice is a clear error, not a crash", "[bridge]") {
+  bridge a, b;
+  std::string err;
+  REQUIRE(a.start("tcp://127.0.0.1:0", &err));
+  const std::string ep = a.endpoint();
+  CHECK_FALSE(b.start(ep, &err));
+  CHECK(err == ep + ": address already in use");
+  CHECK_FALSE(b.running());
+  // A malformed endpoint is an error too, and the same bridge can then start elsewhere.
+  CHECK_FALSE(b.start("tcp://nonsense", &err));
+  CHECK(err.rfind("tcp://nonsense: ", 0) == 0);
+  CHECK(b.start("tcp://127.0.0.1:0", &err));
+}
+
+TEST_CASE("bridge: invalid sends, sends after stop and unknown peers fail cleanly", "[bridge]") {
+  bridge a;
+  inbox ia;
+  ia.attach(a);
+  std::string err;
+  wire::header h = chunk_header(3);  // 3 floats, but the payload below is 8 bytes
+  CHECK_FALSE(a.send(0, h, payload::copy_of("12345678"), &err));
+  CHECK(err == "chunk message says 3 floats but 8 payload bytes");
+  wire::header ok;
+  ok.type = msg_type::heartbeat;
+  CHECK_FALSE(a.send(0, ok, {}, &err));
+  CHECK(err == "bridge not running");
+  CHECK(a.connect("tcp://127.0.0.1:1", &err) == -1);
+  REQUIRE(a.start("", &err));
+  CHECK_FALSE(a.set_handler(nullptr));  // handlers are fixed once running
+  CHECK(a.connect("bogus://x", &err) == -1);
+  CHECK(err.rfind("bogus://x: ", 0) == 0);
+  CHECK(a.send(42, ok));  // accepted, then reported on the bridge thread
+  REQUIRE(ia.wait_errors(1));
+  CHECK(ia.errors[0].kind == net::fault::send_failed);
+  a.stop();
+  a.stop();
+  CHECK_FALSE(a.running());
+  CHECK_FALSE(a.send(0, ok, {}, &err));
+}

@@ -1,0 +1,193 @@
+// The ring all-reduce over bridges: N ranks as threads in one process (each with its own bridge and
+// ZeroMQ context, talking over tcp loopback or ipc exactly as separate processes would), then failures.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <future>
+#include <random>
+#include <thread>
+#include <zmq.hpp>
+
+#include "net/zmq_ring.hpp"
+
+using namespace ringmaster;
+using namespace std::chrono_literals;
+using net::zmq_ring;
+using net::zmq_ring_options;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+void quiet(const net::bridge_error&) {}
+
+zmq_ring_options small_segments() {
+  zmq_ring_options o;
+  o.segment_bytes = 4096;  // many pieces even for small buffers: exercises the pipelining
+  o.timeout = 5s;
+  o.handshake_timeout = 10s;
+  return o;
+}
+
+// Builds N connected rings: each binds `listen` (port 0 or an ipc path), then all connect.
+std::vector<std::unique_ptr<zmq_ring>> make_rings(int n, const std::string& transport, zmq_ring_options o) {
+  std::vector<std::unique_ptr<zmq_ring>> rings;
+  std::vector<std::string> eps;
+  std::string err;
+  for (int r = 0; r < n; ++r) {
+    rings.push_back(std::make_unique<zmq_ring>(r, n, o));
+    const std::string ep = transport == "ipc" ? "ipc:///tmp/ringmaster-ring-" + std::to_string(getpid()) +
+                                                    "-" + std::to_string(r) + ".ipc"
+                                              : "tcp://127.0.0.1:0";
+    REQUIRE(rings[r]->listen(ep, &err));
+    eps.push_back(rings[r]->endpoint());
+  }
+  std::vector<std::future<std::string>> done;
+  for (int r = 0; r < n; ++r)
+    done.push_back(std::async(std::launch::async, [&, r] {
+      std::string e;
+      return rings[r]->connect(eps, &e) ? std::string() : e;
+    }));
+  for (auto& f : done) REQUIRE(f.get() == "");
+  return rings;
+}
+
+// Runs one all-reduce on every rank at once; returns each rank's error ("" on success).
+std::vector<std::string> allreduce_all(std::vector<std::unique_ptr<zmq_ring>>& rings,
+                                       std::vector<std::vector<float>>& bufs) {
+  std::vector<std::future<std::string>> done;
+  for (size_t r = 0; r < rings.size(); ++r)
+    done.push_back(std::async(std::launch::async, [&, r] { return rings[r]->allreduce(bufs[r].data(), bufs[r].size()); }));
+  std::vector<std::string> out;
+  for (auto& f : done) out.push_back(f.get());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("zmq_ring: sums exactly for 1-4 ranks, many lengths, repeated steps", "[zmq_ring]") {
+  for (const std::string transport : {"tcp", "ipc"})
+    for (int n = 1; n <= 4; ++n) {
+      if (transport == "ipc" && n != 3) continue;  // ipc once is enough
+      auto rings = make_rings(n, transport, small_segments());
+      // 0 and 1 (empty chunks), fewer than n, one piece, many pieces with a ragged end.
+      for (size_t len : {size_t(0), size_t(1), size_t(n + 1), size_t(1000), size_t(100003)}) {
+        INFO(transport << ": " << n << " ranks, " << len << " floats");
+        for (int step = 0; step < 2; ++step) {
+          std::mt19937 rng(unsigned(len * 31 + n * 7 + step));
+          std::vector<std::vector<float>> bufs(n, std::vector<float>(len));
+          std::vector<float> want(len, 0.0f);
+          for (auto& b : bufs)
+            for (size_t i = 0; i < len; ++i) {
+              b[i] = float(int(rng() % 2001) - 1000);  // integers: the sum is exact in any order
+              want[i] += b[i];
+            }
+          for (const auto& e : allreduce_all(rings, bufs)) REQUIRE(e == "");
+          for (int r = 0; r < n; ++r) CHECK(bufs[r] == want);
+        }
+      }
+    }
+}
+
+TEST_CASE("zmq_ring: a dead peer makes allreduce fail within the timeout", "[zmq_ring]") {
+  zmq_ring_options o = small_segments();
+  o.timeout = 1s;
+  o.on_error = quiet;
+  auto rings = make_rings(3, "tcp", o);
+  std::vector<float> buf(50000, 1.0f);
+  rings[2].reset();  // rank 2 dies after the handshake
+  const auto t0 = clock_type::now();
+  auto f0 = std::async(std::launch::async, [&] { return rings[0]->allreduce(buf.data(), buf.size()); });
+  std::vector<float> buf1(50000, 1.0f);
+  const std::string e1 = rings[1]->allreduce(buf1.data(), buf1.size());
+  const std::string e0 = f0.get();
+  const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+  CHECK(secs < 8.0);
+  CHECK_FALSE(e0.empty());
+  CHECK_FALSE(e1.empty());
+  // Rank 0 (left of the dead rank... receives from it) times out; rank 1 may time out or hear rank 0's abort.
+  CHECK(e0.find("made no progress") != std::string::npos);
+  CHECK(rings[0]->allreduce(buf.data(), buf.size()).rfind("ring failed earlier: ", 0) == 0);
+}
+
+TEST_CASE("zmq_ring: a neighbour that never joins the all-reduce is a timeout", "[zmq_ring]") {
+  zmq_ring_options o;
+  o.timeout = 500ms;
+  o.on_error = quiet;
+  auto rings = make_rings(2, "tcp", o);
+  std::vector<float> buf(1000, 1.0f);
+  const auto t0 = clock_type::now();
+  const std::string e = rings[0]->allreduce(buf.data(), buf.size());
+  CHECK(std::chrono::duration<double>(clock_type::now() - t0).count() < 4.0);
+  CHECK(e.find("made no progress for 500 ms") != std::string::npos);
+}
+
+TEST_CASE("zmq_ring: handshake errors are clear and bounded", "[zmq_ring]") {
+  zmq_ring_options o;
+  o.handshake_timeout = 700ms;
+  o.on_error = quiet;
+  std::string err;
+
+  SECTION("nobody there") {
+    zmq_ring r0(0, 2, o);
+    REQUIRE(r0.listen("tcp://127.0.0.1:0", &err));
+    // Port 1 on loopback: nobody listens, the dealer keeps retrying in the background.
+    CHECK_FALSE(r0.connect({r0.endpoint(), "tcp://127.0.0.1:1"}, &err));
+    CHECK(err.find("handshake timed out after 700 ms") != std::string::npos);
+    CHECK(err.find("rank 1 at tcp://127.0.0.1:1") != std::string::npos);
+  }
+
+  SECTION("a neighbour in protocol version 2 is refused, naming both versions") {
+    o.handshake_timeout = 10s;
+    zmq_ring r0(0, 2, o);
+    REQUIRE(r0.listen("tcp://127.0.0.1:0", &err));
+    zmq::context_t ctx;
+    // The fake rank 1: a ROUTER for r0 to dial, and a DEALER that says hello in version 2.
+    zmq::socket_t router(ctx, zmq::socket_type::router), dealer(ctx, zmq::socket_type::dealer);
+    router.set(zmq::sockopt::linger, 0);
+    dealer.set(zmq::sockopt::linger, 0);
+    dealer.set(zmq::sockopt::rcvtimeo, 5000);
+    router.bind("tcp://127.0.0.1:0");
+    const std::string fake_ep = router.get(zmq::sockopt::last_endpoint);
+    dealer.connect(r0.endpoint());
+    wire::header h;
+    h.type = wire::msg_type::hello;
+    h.version = 2;
+    h.job_id = 1;
+    h.sender_rank = 1;
+    const auto hb = wire::encode(h);
+    dealer.send(zmq::message_t(hb.data(), hb.size()), zmq::send_flags::none);
+    const auto t0 = clock_type::now();
+    CHECK_FALSE(r0.connect({r0.endpoint(), fake_ep}, &err));
+    CHECK(err == "protocol version 2, this build speaks 1");
+    CHECK(std::chrono::duration<double>(clock_type::now() - t0).count() < 5.0);
+    zmq::message_t reply;
+    REQUIRE(dealer.recv(reply));
+    std::vector<zmq::message_t> parts;
+    while (reply.more()) {
+      parts.emplace_back();
+      REQUIRE(dealer.recv(parts.back()));
+      if (!parts.back().more()) break;
+    }
+    REQUIRE(parts.size() == 1);
+    CHECK(parts[0].to_string() == "protocol version 2, this build speaks 1");
+  }
+
+  SECTION("a hello from another job is refused by both sides") {
+    zmq_ring r0(0, 2, o);
+    REQUIRE(r0.listen("tcp://127.0.0.1:0", &err));
+    zmq_ring_options other = o;
+    other.job_id = 99;
+    zmq_ring r1(1, 2, other);
+    REQUIRE(r1.listen("tcp://127.0.0.1:0", &err));
+    const std::vector<std::string> eps{r0.endpoint(), r1.endpoint()};
+    auto f1 = std::async(std::launch::async, [&] {
+      std::string e;
+      r1.connect(eps, &e);
+      return e;
+    });
+    CHECK_FALSE(r0.connect(eps, &err));
+    const std::string e1 = f1.get();
+    CHECK(e1.find("refused us: hello for job 99, this ring runs job 1") != std::string::npos);
+  }
+}

@@ -1,0 +1,365 @@
+// All-reduce benchmark, nccl-tests style: time, algbw, busbw = algbw * 2(N-1)/N, and wrong elements.
+//
+//   allreduce_bench --ranks 2 --transport tcp --sizes 4K,1M,64M --iters 20 --warmup 5
+//
+// inproc: N reducer actors in this process (ringmaster::local_ring). ipc / tcp: this program starts
+// itself N times as workers (--worker-rank r --endpoints e0,e1,...) running net::zmq_ring, on free
+// ports of 127.0.0.1 or ipc sockets in /tmp; rank 0 prints the rows. Rank r's element i is
+// (r + 1) + (i % 64), so every sum is an exactly known integer and wrong elements are counted.
+// The time is rank 0's median over --iters all-reduces; ranks meet at a one-float all-reduce before
+// each timed one so that refilling the buffers is not timed.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <caf/all.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/local_ring.hpp"
+#include "net/zmq_ring.hpp"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+struct options {
+  int ranks = 2;
+  std::string transport = "tcp";
+  std::vector<size_t> sizes{4096, size_t(1) << 20, size_t(64) << 20};
+  int iters = 20, warmup = 5;
+  size_t segment = size_t(1) << 20;
+  int io_threads = 1;
+  int spin_us = 0;
+  int timeout_ms = 10000;
+  int worker_rank = -1;  // >= 0: this process is a worker
+  std::vector<std::string> endpoints;
+};
+
+const char* kUsage =
+    "usage: allreduce_bench [--ranks N] [--transport inproc|ipc|tcp] [--sizes 4K,1M,64M]\n"
+    "                       [--iters N] [--warmup N] [--segment BYTES] [--io-threads N] [--spin-us N]\n"
+    "                       [--timeout-ms N]\n"
+    "Ring all-reduce of float buffers; prints: size_bytes median_us algbw_GBps busbw_GBps wrong\n"
+    "  --ranks N         ranks in the ring (default 2)\n"
+    "  --transport T     inproc: actors in one process; ipc, tcp: one process per rank (default tcp)\n"
+    "  --sizes LIST      buffer sizes in bytes, suffixes K M G (x1024), multiples of 4\n"
+    "  --iters N         timed all-reduces per size (default 20); --warmup N untimed first (default 5)\n"
+    "  --segment BYTES   bytes per chunk message, ipc/tcp (default 1M)\n"
+    "  --io-threads N    ZeroMQ I/O threads per process (default 1)\n"
+    "  --spin-us N       bridge thread polls N us before sleeping (default 0)\n"
+    "  --timeout-ms N    a rank that sees no progress this long gives up (default 10000)\n";
+
+bool parse_size(const std::string& s, size_t* out) {
+  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(s, &pos);
+  } catch (...) {
+    return false;
+  }
+  const std::string suffix = s.substr(pos);
+  unsigned long long mul = 1;
+  if (suffix == "K" || suffix == "k") mul = 1ull << 10;
+  else if (suffix == "M" || suffix == "m") mul = 1ull << 20;
+  else if (suffix == "G" || suffix == "g") mul = 1ull << 30;
+  else if (!suffix.empty()) return false;
+  if (v > (1ull << 40) / mul) return false;
+  *out = size_t(v * mul);
+  return true;
+}
+
+bool parse_int(const std::string& s, int lo, int hi, int* out) {
+  try {
+    size_t pos = 0;
+    const long v = std::stol(s, &pos);
+    if (pos != s.size() || v < lo || v > hi) return false;
+    *out = int(v);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = s.find(',', start);
+    out.push_back(s.substr(start, comma - start));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+// "" or what is wrong with the command line.
+std::string parse(int argc, char** argv, options* o, bool* help) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      *help = true;
+      return "";
+    }
+    if (i + 1 >= argc) return flag.rfind("--", 0) == 0 ? flag + " needs a value" : "unexpected argument " + flag;
+    const std::string v = argv[++i];
+    const std::string bad = "bad value for " + flag + ": '" + v + "'";
+    if (flag == "--ranks") {
+      if (!parse_int(v, 1, 64, &o->ranks)) return bad + " (1-64)";
+    } else if (flag == "--transport") {
+      if (v != "inproc" && v != "ipc" && v != "tcp") return bad + " (inproc, ipc or tcp)";
+      o->transport = v;
+    } else if (flag == "--sizes") {
+      o->sizes.clear();
+      for (const auto& s : split(v)) {
+        size_t n = 0;
+        if (!parse_size(s, &n) || n % sizeof(float)) return bad + " ('" + s + "' is not a byte count divisible by 4)";
+        o->sizes.push_back(n);
+      }
+    } else if (flag == "--iters") {
+      if (!parse_int(v, 1, 1000000, &o->iters)) return bad;
+    } else if (flag == "--warmup") {
+      if (!parse_int(v, 0, 1000000, &o->warmup)) return bad;
+    } else if (flag == "--segment") {
+      if (!parse_size(v, &o->segment) || o->segment < 4 || o->segment > (size_t(1) << 30)) return bad;
+    } else if (flag == "--io-threads") {
+      if (!parse_int(v, 1, 16, &o->io_threads)) return bad;
+    } else if (flag == "--spin-us") {
+      if (!parse_int(v, 0, 1000000, &o->spin_us)) return bad;
+    } else if (flag == "--timeout-ms") {
+      if (!parse_int(v, 100, 3600000, &o->timeout_ms)) return bad;
+    } else if (flag == "--worker-rank") {
+      if (!parse_int(v, 0, 63, &o->worker_rank)) return bad;
+    } else if (flag == "--endpoints") {
+      o->endpoints = split(v);
+    } else {
+      return "unknown flag " + flag;
+    }
+  }
+  if (o->worker_rank >= 0 && (o->endpoints.size() != size_t(o->ranks) || o->worker_rank >= o->ranks))
+    return "a worker needs --endpoints with one endpoint per rank";
+  return "";
+}
+
+void fill(float* p, size_t n, int rank) {
+  for (size_t i = 0; i < n; ++i) p[i] = float(rank + 1) + float(i % 64);
+}
+
+size_t count_wrong(const float* p, size_t n, int ranks) {
+  const float base = float(ranks * (ranks + 1) / 2);
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) wrong += p[i] != base + float(ranks) * float(i % 64);
+  return wrong;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void print_row(size_t bytes, double median_s, int ranks, size_t wrong) {
+  const double algbw = double(bytes) / median_s / 1e9;
+  const double busbw = algbw * 2.0 * (ranks - 1) / ranks;
+  std::printf("%12zu %12.1f %10.3f %10.3f %8zu\n", bytes, median_s * 1e6, algbw, busbw, wrong);
+  std::fflush(stdout);
+}
+
+// The machine's own copy bandwidth, so the results can be read as ratios.
+double memcpy_gbps() {
+  const size_t n = size_t(64) << 20;
+  std::vector<char> a(n, 1), b(n, 2);
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = clock_type::now();
+    std::memcpy(b.data(), a.data(), n);
+    t.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+    a[i] = b[n - 1 - i];  // keep the copies observable
+  }
+  return double(n) / median(t) / 1e9;
+}
+
+int run_inproc(const options& o) {
+  caf::actor_system_config cfg;
+  cfg.set("scheduler.policy", caf::atom("sharing"));  // idle workers wake at once
+  cfg.set("scheduler.max-threads", std::max(2, int(std::thread::hardware_concurrency())));
+  cfg.set("logger.console", caf::atom("none"));
+  caf::actor_system sys{cfg};
+  ringmaster::local_ring ring(sys, o.ranks);
+  for (size_t bytes : o.sizes) {
+    const size_t len = bytes / sizeof(float);
+    std::vector<std::vector<float>> bufs(o.ranks, std::vector<float>(len));
+    std::vector<float*> ptrs;
+    for (auto& b : bufs) ptrs.push_back(b.data());
+    std::vector<double> times;
+    size_t wrong = 0;
+    for (int it = 0; it < o.warmup + o.iters; ++it) {
+      for (int r = 0; r < o.ranks; ++r) fill(ptrs[r], len, r);
+      const auto t0 = clock_type::now();
+      const std::string err = ring.allreduce(ptrs, len, std::chrono::milliseconds(o.timeout_ms));
+      const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+      if (!err.empty()) {
+        std::fprintf(stderr, "allreduce_bench: %zu bytes: %s\n", bytes, err.c_str());
+        return 1;
+      }
+      if (it < o.warmup) continue;
+      times.push_back(s);
+      for (int r = 0; r < o.ranks; ++r) wrong += count_wrong(ptrs[r], len, o.ranks);
+    }
+    print_row(bytes, median(times), o.ranks, wrong);
+  }
+  return 0;
+}
+
+int run_worker(const options& o) {
+  const int rank = o.worker_rank;
+  ringmaster::net::zmq_ring_options ro;
+  ro.segment_bytes = o.segment;
+  ro.timeout = std::chrono::milliseconds(o.timeout_ms);
+  ro.bridge.io_threads = o.io_threads;
+  ro.bridge.spin = std::chrono::microseconds(o.spin_us);
+  ringmaster::net::zmq_ring ring(rank, o.ranks, ro);
+  std::string err;
+  if (!ring.start(o.endpoints, &err)) {
+    std::fprintf(stderr, "allreduce_bench rank %d: %s\n", rank, err.c_str());
+    return 1;
+  }
+  float token = 0;
+  for (size_t bytes : o.sizes) {
+    const size_t len = bytes / sizeof(float);
+    std::vector<float> buf(len);
+    std::vector<double> times;
+    size_t wrong = 0;
+    for (int it = 0; it < o.warmup + o.iters; ++it) {
+      fill(buf.data(), len, rank);
+      err = ring.allreduce(&token, 1);  // barrier: every rank has filled its buffer
+      if (err.empty()) {
+        const auto t0 = clock_type::now();
+        err = ring.allreduce(buf.data(), len);
+        times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+      }
+      if (!err.empty()) {
+        std::fprintf(stderr, "allreduce_bench rank %d: %zu bytes: %s\n", rank, bytes, err.c_str());
+        return 1;
+      }
+      if (it < o.warmup) times.pop_back();
+      else wrong += count_wrong(buf.data(), len, o.ranks);
+    }
+    // Every rank's wrong count, summed exactly (two floats, 2^20 apart, each well below 2^24).
+    float counts[2] = {float(wrong % (1u << 20)), float(wrong >> 20)};
+    if (!(err = ring.allreduce(counts, 2)).empty()) {
+      std::fprintf(stderr, "allreduce_bench rank %d: %s\n", rank, err.c_str());
+      return 1;
+    }
+    const size_t total_wrong = size_t(counts[0]) + (size_t(counts[1]) << 20);
+    if (rank == 0) print_row(bytes, median(times), o.ranks, total_wrong);
+  }
+  return 0;
+}
+
+// N free ports on 127.0.0.1, held open together so they are distinct, then released for the workers.
+bool free_ports(int n, std::vector<int>* ports, std::string* error) {
+  std::vector<int> fds;
+  bool ok = true;
+  for (int i = 0; i < n && ok; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+         getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+    if (fd >= 0) fds.push_back(fd);
+    if (ok) ports->push_back(ntohs(a.sin_port));
+  }
+  if (!ok) *error = std::string("finding a free port: ") + std::strerror(errno);
+  for (int fd : fds) close(fd);
+  return ok;
+}
+
+int run_parent(const options& o, int argc, char** argv) {
+  std::vector<std::string> eps;
+  if (o.transport == "tcp") {
+    std::vector<int> ports;
+    std::string err;
+    if (!free_ports(o.ranks, &ports, &err)) {
+      std::fprintf(stderr, "allreduce_bench: %s\n", err.c_str());
+      return 1;
+    }
+    for (int p : ports) eps.push_back("tcp://127.0.0.1:" + std::to_string(p));
+  } else {
+    for (int r = 0; r < o.ranks; ++r)
+      eps.push_back("ipc:///tmp/ringmaster-bench-" + std::to_string(getpid()) + "-" + std::to_string(r) + ".ipc");
+  }
+  std::string joined;
+  for (const auto& e : eps) joined += (joined.empty() ? "" : ",") + e;
+  std::vector<pid_t> kids;
+  std::fflush(stdout);
+  for (int r = 0; r < o.ranks; ++r) {
+    std::vector<std::string> args(argv, argv + argc);
+    args.insert(args.end(), {"--worker-rank", std::to_string(r), "--endpoints", joined});
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("allreduce_bench: fork");
+      for (pid_t k : kids) kill(k, SIGKILL);
+      return 1;
+    }
+    if (pid == 0) {
+      std::vector<char*> cargs;
+      for (auto& a : args) cargs.push_back(a.data());
+      cargs.push_back(nullptr);
+      execv("/proc/self/exe", cargs.data());
+      std::perror("allreduce_bench: exec");
+      _exit(127);
+    }
+    kids.push_back(pid);
+  }
+  // Workers give up on their own (ring timeouts); if one fails, the others are stopped at once.
+  int status_all = 0;
+  size_t running = kids.size();
+  while (running) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) break;
+    --running;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      status_all = 1;
+      for (pid_t k : kids)
+        if (k != pid) kill(k, SIGTERM);
+    }
+  }
+  return status_all;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  bool help = false;
+  const std::string err = parse(argc, argv, &o, &help);
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!err.empty()) {
+    std::fprintf(stderr, "allreduce_bench: %s\n%s", err.c_str(), kUsage);
+    return 2;
+  }
+  if (o.worker_rank >= 0) return run_worker(o);
+  std::printf("# allreduce_bench: %d ranks, transport %s, %d iters, %d warmup", o.ranks, o.transport.c_str(),
+              o.iters, o.warmup);
+  if (o.transport != "inproc") std::printf(", segment %zu B, io threads %d", o.segment, o.io_threads);
+  std::printf("\n# memcpy 64 MiB one thread: %.2f GB/s (this machine, this run)\n", memcpy_gbps());
+  std::printf("# %10s %12s %10s %10s %8s\n", "size_bytes", "median_us", "algbw_GBps", "busbw_GBps", "wrong");
+  std::fflush(stdout);
+  return o.transport == "inproc" ? run_inproc(o) : run_parent(o, argc, argv);
+}
