@@ -40,7 +40,15 @@ struct tensor_view {
   size_t len = 0;
 };
 
-// A chunk on its way round the ring. Shared so forwarding between local actors never copies.
+// A chunk on its way round the ring: floats plus whatever keeps them alive (a vector made by the
+// sending reducer, or the ZeroMQ message it arrived in). Forwarding it never copies the floats.
+struct chunk_data {
+  const float* data = nullptr;
+  size_t count = 0;
+  std::shared_ptr<const void> owner;
+};
+
+// A replica's parameters (weights request/reply).
 using chunk_ptr = std::shared_ptr<const std::vector<float>>;
 
 // What a replica reports after each step (sums, so the coordinator aggregates exactly).
@@ -70,5 +78,6 @@ using weights_ptr = std::shared_ptr<const std::vector<float>>;
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::batch_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::tensor_view)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::chunk_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::chunk_data)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::step_report)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::eval_report)

@@ -18,7 +18,7 @@ struct cpu_ring_ops {
 struct pending_chunk {
   int64_t step;
   int round;
-  chunk_ptr data;
+  chunk_data data;
 };
 
 struct reducer_state {
@@ -41,8 +41,9 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
   auto send_out = [self, st](const ring::outgoing& out) {
     if (!out.send) return;
     const float* p = st->buf.data + out.range.offset;
-    auto data = std::make_shared<const std::vector<float>>(p, p + out.range.count);
-    self->send(st->right, chunk_atom::value, st->step, out.round, chunk_ptr(std::move(data)));
+    auto copy = std::make_shared<const std::vector<float>>(p, p + out.range.count);
+    chunk_data c{copy->data(), copy->size(), copy};
+    self->send(st->right, chunk_atom::value, st->step, out.round, std::move(c));
   };
   auto finish_if_done = [st] {
     if (st->ring && st->ring->done()) {
@@ -52,15 +53,17 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
       st->reply.deliver(step);
     }
   };
-  auto apply = [self, st, send_out](int64_t step, int round, const chunk_ptr& data) {
+  auto apply = [self, st, send_out](int64_t step, int round, const chunk_data& data) {
     ring::outgoing next;
-    if (!data || !st->ring->receive(round, data->data(), data->size(), &next)) {
-      CAF_LOG_ERROR("reducer" << st->rank << ": unexpected chunk");
-      st->reply.deliver(caf::make_error(caf::sec::unexpected_message));
-      self->quit(caf::sec::unexpected_message);
+    if (!st->ring->receive(round, data.data, data.count, &next)) {
+      auto err = caf::make_error(caf::sec::unexpected_message,
+                                 "reducer " + std::to_string(st->rank) + ": chunk of " +
+                                     std::to_string(data.count) + " floats for round " + std::to_string(round) +
+                                     " of step " + std::to_string(step) + " does not fit the ring");
+      st->reply.deliver(err);
+      self->quit(err);
       return;
     }
-    (void)step;
     send_out(next);
   };
 
@@ -87,7 +90,7 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
         finish_if_done();
         return st->reply;
       },
-      [st, apply, finish_if_done](chunk_atom, int64_t step, int round, chunk_ptr data) {
+      [st, apply, finish_if_done](chunk_atom, int64_t step, int round, chunk_data data) {
         if (!st->ring || step != st->step) {
           st->early.push_back({step, round, std::move(data)});
           return;

@@ -31,33 +31,26 @@ std::string check_config(const train_config& cfg, const model_spec& spec) {
   return "";
 }
 
-train_result train(const train_config& cfg) {
-  train_result failed;
-  model_spec spec;
-  if (!parse_model_spec(cfg.model, &spec, &failed.error)) return failed;
-  if (failed.error = check_config(cfg, spec); !failed.error.empty()) return failed;
-  const int n = cfg.replicas;
-
-  caf::actor_system_config sys_cfg;
+void configure(caf::actor_system_config& c, int threads) {
   // A shared queue wakes idle workers at once; work stealing would let them sleep up to 10 ms.
-  sys_cfg.set("scheduler.policy", caf::atom("sharing"));
-  const int threads = cfg.threads > 0 ? cfg.threads : int(std::max(2u, std::thread::hardware_concurrency()));
-  sys_cfg.set("scheduler.max-threads", threads);
-  sys_cfg.set("logger.console", caf::atom("none"));
-  caf::actor_system sys{sys_cfg};
+  // Replicas compute inside their handlers, so one worker per core and no other threads: then the
+  // cores are never oversubscribed and a reducer runs as soon as a replica hands over its gradients.
+  c.set("scheduler.policy", caf::atom("sharing"));
+  c.set("scheduler.max-threads", threads > 0 ? threads : int(std::max(2u, std::thread::hardware_concurrency())));
+  c.set("logger.console", caf::atom("none"));
+}
 
+rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, const model_spec& spec,
+                        const std::vector<int>& ranks) {
+  const int n = cfg.replicas;
+  const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch));
   auto init = cfg.init_params ? cfg.init_params
                               : std::make_shared<const std::vector<float>>(init_params(spec, cfg.seed));
-  if (init->size() != spec.param_count()) {
-    failed.error = "initial parameters have the wrong size for model " + spec.str();
-    return failed;
-  }
-  const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch));
-  std::vector<caf::actor> replicas, loaders, reducers;
-  for (int r = 0; r < n; ++r) {
+  rank_actors out;
+  for (int r : ranks) {
     loader_config lc{cfg.train, r, n, cfg.global_batch, cfg.seed, cfg.epochs, cfg.prefetch};
-    loaders.push_back(sys.spawn(data_loader, lc));
-    reducers.push_back(sys.spawn(reducer, r, n));
+    out.loaders.push_back(sys.spawn(data_loader, lc));
+    out.reducers.push_back(sys.spawn(reducer, r, n));
     replica_config rc;
     rc.rank = r;
     rc.replicas = n;
@@ -73,23 +66,44 @@ train_result train(const train_config& cfg) {
       rc.test_begin = cfg.test->count * r / n;  // contiguous test shards; sums are exact
       rc.test_end = cfg.test->count * (r + 1) / n;
     }
-    replicas.push_back(sys.spawn(replica, rc));
+    out.replicas.push_back(sys.spawn(replica, rc));
   }
-  coordinator_config cc{n, cfg.global_batch, steps, cfg.epochs, cfg.evaluate && cfg.test != nullptr,
-                        cfg.on_progress};
-  auto coord = sys.spawn(coordinator, cc);
+  return out;
+}
 
+std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, const coordinator_config& cc,
+                                              const rank_actors& all) {
+  auto coord = sys.spawn(coordinator, cc);
   std::shared_ptr<train_result> result;
-  {
-    caf::scoped_actor self{sys};
-    self->request(coord, caf::infinite, run_atom::value, replicas, loaders, reducers)
-        .receive([&](std::shared_ptr<train_result> r) { result = std::move(r); },
-                 [&](caf::error& e) {
-                   result = std::make_shared<train_result>();
-                   result->error = "coordinator failed: " + sys.render(e);
-                 });
+  caf::scoped_actor self{sys};
+  self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers)
+      .receive([&](std::shared_ptr<train_result> r) { result = std::move(r); },
+               [&](caf::error& e) {
+                 result = std::make_shared<train_result>();
+                 result->error = "coordinator failed: " + sys.render(e);
+               });
+  return result;
+}
+
+train_result train(const train_config& cfg) {
+  train_result failed;
+  model_spec spec;
+  if (!parse_model_spec(cfg.model, &spec, &failed.error)) return failed;
+  if (failed.error = check_config(cfg, spec); !failed.error.empty()) return failed;
+  if (cfg.init_params && cfg.init_params->size() != spec.param_count()) {
+    failed.error = "initial parameters have the wrong size for model " + spec.str();
+    return failed;
   }
-  return std::move(*result);
+  caf::actor_system_config sys_cfg;
+  configure(sys_cfg, cfg.threads);
+  caf::actor_system sys{sys_cfg};
+  std::vector<int> ranks;
+  for (int r = 0; r < cfg.replicas; ++r) ranks.push_back(r);
+  rank_actors all = spawn_ranks(sys, cfg, spec, ranks);
+  coordinator_config cc{cfg.replicas, cfg.global_batch,
+                        int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch)), cfg.epochs,
+                        cfg.evaluate && cfg.test != nullptr, cfg.on_progress};
+  return std::move(*run_coordinator(sys, cc, all));
 }
 
 }  // namespace ringmaster

@@ -1,6 +1,7 @@
 // Local data-parallel training (the MirroredStrategy case): N replicas in one process, each with its
 // data loader and reducer, and a coordinator. One call runs a whole job.
 #pragma once
+#include <caf/all.hpp>
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,6 +31,21 @@ struct train_config {
 
 // Checks the configuration; returns an empty string or what is wrong.
 std::string check_config(const train_config& cfg, const model_spec& spec);
+
+// Building blocks shared by local jobs, node daemons and remote jobs.
+// Scheduler settings for training processes (threads 0: one per core).
+void configure(caf::actor_system_config& c, int threads);
+
+// The actors of some ranks of a job, index i belonging to ranks[i] (the reducers not yet in a ring).
+struct rank_actors {
+  std::vector<caf::actor> loaders, reducers, replicas;
+};
+rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, const model_spec& spec,
+                        const std::vector<int>& ranks);
+
+// Runs a coordinator over all ranks' actors (index = rank) until the job ends.
+std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, const coordinator_config& cc,
+                                              const rank_actors& all);
 
 // Runs the job to completion (or failure: result.ok false, result.error says why). Never throws for
 // bad input; never hangs on a failed actor.
