@@ -71,6 +71,13 @@ struct coordinator_state {
   clock_type::time_point start, last_print;
 };
 
+// The text an error was made with (make_error(code, "why")), else CAF's rendering of it.
+std::string describe(caf::actor_system& sys, const caf::error& e) {
+  const caf::message& ctx = e.context();
+  if (ctx.match_elements<std::string>()) return ctx.get_as<std::string>(0);
+  return sys.render(e);
+}
+
 double secs(clock_type::time_point a, clock_type::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -143,12 +150,12 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
   self->set_down_handler([self, st](caf::down_msg& dm) {
     if (st->finished) return;
     std::string who = "an actor";
-    for (size_t r = 0; r < st->replicas.size(); ++r) {
+    for (size_t r = 0; r < st->replicas.size() && who == "an actor"; ++r) {
       if (dm.source == st->replicas[r].address()) who = "replica " + std::to_string(r);
-      if (dm.source == st->reducers[r].address()) who = "reducer " + std::to_string(r);
-      if (dm.source == st->loaders[r].address()) who = "data loader " + std::to_string(r);
+      else if (dm.source == st->reducers[r].address()) who = "reducer " + std::to_string(r);
+      else if (dm.source == st->loaders[r].address()) who = "data loader " + std::to_string(r);
     }
-    finish(self, *st, who + " stopped: " + self->system().render(dm.reason));
+    finish(self, *st, who + " stopped: " + describe(self->system(), dm.reason));
   });
 
   return {

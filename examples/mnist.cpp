@@ -13,6 +13,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "actors/remote_job.hpp"
 #include "actors/training.hpp"
 #include "kernels/safetensors.hpp"
 
@@ -27,6 +28,8 @@ struct options {
   std::string save, report_json, device = "cpu";
   double lr = -1;
   int64_t limit_train = 0, limit_test = 0;
+  std::string nodes;
+  int replicas_per_node = 1;
   bool quiet = false, no_eval = false;
   train_config cfg;
 };
@@ -121,6 +124,8 @@ bool write_report(const std::string& path, const options& o, const train_result&
 
 }  // namespace
 
+int finish(const options& o, const model_spec& spec, const train_result& r);
+
 int main(int argc, char** argv) {
   options o;
   train_config& c = o.cfg;
@@ -144,6 +149,9 @@ int main(int argc, char** argv) {
       ("seed", po::value(&c.seed)->default_value(c.seed), "seed for the initial weights and the shuffles")
       ("save", po::value(&o.save), "write the final weights to this file (safetensors)")
       ("report-json", po::value(&o.report_json), "write a JSON report of the run to this file")
+      ("nodes", po::value(&o.nodes), "train across ringmaster-node daemons: tcp://H:P,tcp://H:P,... "
+       "(each node reads its own copy of the data)")
+      ("replicas-per-node", po::value(&o.replicas_per_node)->default_value(1), "replicas on each node, with --nodes")
       ("limit-train", po::value(&o.limit_train), "use only the first N training samples")
       ("limit-test", po::value(&o.limit_test), "use only the first N test samples")
       ("no-eval", po::bool_switch(&o.no_eval), "skip the test-set evaluation after each epoch")
@@ -164,6 +172,25 @@ int main(int argc, char** argv) {
   else return usage_error("--optimizer must be adam or sgd, not '" + o.optimizer + "'");
   c.opt.lr = o.lr > 0 ? float(o.lr) : (c.opt.kind == optimizer_config::adam ? 1e-3f : 1e-2f);
   if (vm.count("lr") && !(o.lr > 0 && std::isfinite(o.lr))) return usage_error("--lr must be a positive number");
+  std::vector<std::string> nodes;
+  for (size_t at = 0; !o.nodes.empty() && at <= o.nodes.size();) {
+    size_t comma = o.nodes.find(',', at);
+    nodes.push_back(o.nodes.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (nodes.back().rfind("tcp://", 0) != 0 && nodes.back().rfind("ipc://", 0) != 0)
+      return usage_error("--nodes: '" + nodes.back() + "' is not a tcp:// or ipc:// endpoint");
+    at = comma == std::string::npos ? o.nodes.size() + 1 : comma + 1;
+  }
+  if (o.replicas_per_node < 1 || o.replicas_per_node > 256) return usage_error("--replicas-per-node must be in 1..256");
+  if (!nodes.empty()) {
+    const int n = int(nodes.size()) * o.replicas_per_node;
+    if (!vm["replicas"].defaulted() && c.replicas != n)
+      return usage_error("--replicas " + std::to_string(c.replicas) + " disagrees with " + std::to_string(nodes.size()) +
+                         " nodes x " + std::to_string(o.replicas_per_node) + " replicas per node");
+    if (o.device != "cpu") return usage_error("--device applies to local runs; nodes offer their own devices");
+    c.replicas = n;
+  } else if (!vm["replicas-per-node"].defaulted()) {
+    return usage_error("--replicas-per-node needs --nodes");
+  }
   if (std::string e = parse_device(o.device, !vm["replicas"].defaulted(), &c); !e.empty()) return usage_error(e);
   if (c.replicas < 1 || c.replicas > 1024) return usage_error("--replicas must be in 1..1024");
   if (c.epochs < 1) return usage_error("--epochs must be at least 1");
@@ -176,22 +203,7 @@ int main(int argc, char** argv) {
   std::string error;
   if (!parse_model_spec(c.model, &spec, &error)) return usage_error(error);
 
-  auto train = std::make_shared<dataset>(), test = std::make_shared<dataset>();
-  if (!load_mnist(o.data, "train", spec.dims.back(), train.get(), &error)) return usage_error(error);
-  if (!o.no_eval && !load_mnist(o.data, "t10k", spec.dims.back(), test.get(), &error)) return usage_error(error);
-  if (o.limit_train) truncate(*train, size_t(o.limit_train));
-  if (o.limit_test) truncate(*test, size_t(o.limit_test));
-  c.train = train;
-  if (!o.no_eval) c.test = test;
-  c.evaluate = !o.no_eval;
-  if (std::string e = check_config(c, spec); !e.empty()) return usage_error(e);
-
   const bool tty = isatty(STDOUT_FILENO);
-  std::printf("ringmaster-mnist: model %s, %d replica%s (%s), global batch %d (%d per replica), %s lr %g, "
-              "%zu training / %zu test samples\n",
-              spec.str().c_str(), c.replicas, c.replicas > 1 ? "s" : "", o.device.c_str(), c.global_batch,
-              c.global_batch / c.replicas, o.optimizer.c_str(), double(c.opt.lr), train->count,
-              c.test ? test->count : size_t(0));
   int64_t shown_epoch = -1;
   if (!o.quiet) {
     c.on_progress = [&](const progress& p) {
@@ -206,7 +218,44 @@ int main(int argc, char** argv) {
     };
   }
 
-  train_result r = ringmaster::train(c);
+  train_result r;
+  if (!nodes.empty()) {
+    std::printf("ringmaster-mnist: model %s, %d replicas on %zu nodes, global batch %d (%d per replica), %s lr %g\n",
+                spec.str().c_str(), c.replicas, nodes.size(), c.global_batch, c.global_batch / c.replicas,
+                o.optimizer.c_str(), double(c.opt.lr));
+    c.evaluate = !o.no_eval;
+    remote_options ro;
+    ro.nodes = nodes;
+    ro.replicas_per_node = o.replicas_per_node;
+    ro.limit_train = o.limit_train;
+    ro.limit_test = o.limit_test;
+    r = train_remote(c, ro);
+    return finish(o, spec, r);
+  }
+
+  auto train = std::make_shared<dataset>(), test = std::make_shared<dataset>();
+  if (!load_mnist(o.data, "train", spec.dims.back(), train.get(), &error)) return usage_error(error);
+  if (!o.no_eval && !load_mnist(o.data, "t10k", spec.dims.back(), test.get(), &error)) return usage_error(error);
+  if (o.limit_train) truncate(*train, size_t(o.limit_train));
+  if (o.limit_test) truncate(*test, size_t(o.limit_test));
+  c.train = train;
+  if (!o.no_eval) c.test = test;
+  c.evaluate = !o.no_eval;
+  if (std::string e = check_config(c, spec); !e.empty()) return usage_error(e);
+
+  std::printf("ringmaster-mnist: model %s, %d replica%s (%s), global batch %d (%d per replica), %s lr %g, "
+              "%zu training / %zu test samples\n",
+              spec.str().c_str(), c.replicas, c.replicas > 1 ? "s" : "", o.device.c_str(), c.global_batch,
+              c.global_batch / c.replicas, o.optimizer.c_str(), double(c.opt.lr), train->count,
+              c.test ? test->count : size_t(0));
+  r = ringmaster::train(c);
+  return finish(o, spec, r);
+}
+
+// Prints the summary, writes --save and --report-json; the exit status.
+int finish(const options& o, const model_spec& spec, const train_result& r) {
+  const train_config& c = o.cfg;
+  std::string error;
   if (!r.ok) {
     std::fprintf(stderr, "ringmaster-mnist: training failed: %s\n", r.error.c_str());
     return 1;
@@ -214,7 +263,7 @@ int main(int argc, char** argv) {
   const epoch_stats& last = r.history.back();
   std::printf("Done: %lld epochs in %.1fs (training %.1fs, %.0f samples/s)", (long long)c.epochs,
               r.wall_seconds, r.train_seconds, r.train_samples / r.train_seconds);
-  if (c.test) std::printf(", test accuracy %.4f, test loss %.4f", last.val_accuracy, last.val_loss);
+  if (c.evaluate) std::printf(", test accuracy %.4f, test loss %.4f", last.val_accuracy, last.val_loss);
   std::printf("; replicas %s (fnv1a64 %s)\n", r.identical ? "bit-identical" : "DIFFER",
               hex(r.checksums[0]).c_str());
   if (!o.save.empty()) {

@@ -1,0 +1,90 @@
+#include "actors/node_links.hpp"
+
+#include "actors/job_spec.hpp"
+#include "actors/messages.hpp"
+
+namespace ringmaster {
+
+caf::behavior ring_link(caf::event_based_actor*, net::bridge* br, int peer, uint64_t job, int sender_rank) {
+  return {
+      [br, peer, job, sender_rank](chunk_atom, int64_t step, int round, chunk_data c) {
+        wire::header h;
+        h.type = wire::msg_type::chunk;
+        h.job_id = job;
+        h.step = step;
+        h.sender_rank = sender_rank;
+        h.round = round;
+        h.elements = c.count;
+        net::payload p{c.data, c.count * sizeof(float), std::move(c.owner)};
+        br->send(peer, h, std::move(p));
+      },
+      [](ring_atom, caf::actor) {},  // the node wires the ring itself
+  };
+}
+
+namespace {
+
+void send_kv(net::bridge* br, const net::peer_info& to, wire::header h, const wire::kv_map& kv) {
+  std::string text, err;
+  if (!wire::encode_kv(kv, &text, &err)) return;
+  br->reply(to, h, net::payload::copy_of(text));
+}
+
+}  // namespace
+
+caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::peer_info launcher,
+                            uint64_t job, std::map<int, caf::actor> replicas, std::vector<caf::actor> watched,
+                            std::string node_name) {
+  for (auto& a : watched) self->monitor(a);
+  self->set_down_handler([self, br, launcher, job, node_name, replicas](caf::down_msg& dm) {
+    if (dm.reason == caf::exit_reason::user_shutdown || !dm.reason) return;  // torn down on purpose
+    std::string who = "an actor";
+    for (auto& [rank, a] : replicas)
+      if (a.address() == dm.source) who = "replica " + std::to_string(rank);
+    wire::header h;
+    h.type = wire::msg_type::abort;
+    h.job_id = job;
+    send_kv(br, launcher, h, {{"reason", who + " on node " + node_name + " failed: " + self->system().render(dm.reason)}});
+  });
+  return {
+      [br, launcher, job](const step_report& r) {
+        wire::header h;
+        h.type = wire::msg_type::report;
+        h.job_id = job;
+        h.step = r.step;
+        h.sender_rank = r.rank;
+        h.round = 0;  // a step report
+        send_kv(br, launcher, h, to_kv(r));
+      },
+      [br, launcher, job](const eval_report& r) {
+        wire::header h;
+        h.type = wire::msg_type::report;
+        h.job_id = job;
+        h.sender_rank = r.rank;
+        h.round = 1;  // an evaluation
+        send_kv(br, launcher, h, to_kv(r));
+      },
+      [br, launcher, job](done_atom, int rank) {
+        wire::header h;
+        h.type = wire::msg_type::done;
+        h.job_id = job;
+        h.sender_rank = rank;
+        br->reply(launcher, h);
+      },
+      [self, br, launcher, job, replicas](weights_atom, int rank) {
+        auto it = replicas.find(rank);
+        if (it == replicas.end()) return;
+        self->request(it->second, std::chrono::seconds(60), weights_atom::value).then([br, launcher, job, rank](chunk_ptr w) {
+          wire::header h;
+          h.type = wire::msg_type::weights;
+          h.job_id = job;
+          h.sender_rank = rank;
+          h.round = rank;
+          h.elements = w->size();
+          br->reply(launcher, h, net::payload::of(w));
+        });
+      },
+  };
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,22 @@
+// Actors that stand for something on the other side of a bridge (net/bridge.hpp), so that replicas,
+// reducers and the coordinator never know whether their peer is local or remote.
+#pragma once
+#include <caf/all.hpp>
+#include <map>
+
+#include "net/bridge.hpp"
+
+namespace ringmaster {
+
+// On a node: the right neighbour of a local reducer when that neighbour runs on another node. Turns
+// {chunk_atom, step, round, chunk_data} into a chunk message to `peer` (zero-copy).
+caf::behavior ring_link(caf::event_based_actor* self, net::bridge* br, int peer, uint64_t job, int sender_rank);
+
+// On a node: the coordinator as the node's replicas see it. Ships step and eval reports and done to the
+// launcher; answers {weights_atom, rank} by fetching that replica's weights and sending them; watches
+// the job's local actors and tells the launcher (abort message) when one fails.
+caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::peer_info launcher,
+                            uint64_t job, std::map<int, caf::actor> replicas, std::vector<caf::actor> watched,
+                            std::string node_name);
+
+}  // namespace ringmaster

@@ -1,0 +1,305 @@
+#include "actors/node_service.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "actors/job_spec.hpp"
+#include "actors/messages.hpp"
+#include "actors/node_links.hpp"
+#include "actors/training.hpp"
+#include "net/bridge.hpp"
+#include "net/ring.hpp"
+
+namespace ringmaster {
+
+using clock_type = std::chrono::steady_clock;
+
+bool parse_devices(const std::string& text, int* cpu_replicas, std::string* error) {
+  if (text.rfind("cpu:", 0) == 0) {
+    const std::string n = text.substr(4);
+    if (!n.empty() && n.size() <= 4 && n.find_first_not_of("0123456789") == std::string::npos && std::stoi(n) > 0) {
+      *cpu_replicas = std::stoi(n);
+      return true;
+    }
+  }
+  *error = "bad --devices '" + text + "': expected cpu:N, e.g. cpu:2";
+  return false;
+}
+
+struct node_service::impl {
+  node_options opt;
+  int cpu_replicas = 2;
+  caf::actor_system_config sys_cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  net::bridge br;
+  std::thread ticker;
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stopping = false;
+  std::atomic<int> jobs_done{0};
+  std::atomic<bool> busy{false};
+
+  // The job, touched only on the bridge thread.
+  struct job_state {
+    uint64_t id = 0;
+    net::peer_info launcher;
+    job_spec spec;
+    std::map<int, caf::actor> reducers, replicas, loaders;
+    std::vector<caf::actor> links;  // launcher_link first, then ring links
+    clock_type::time_point last_heard;
+  };
+  std::unique_ptr<job_state> job;
+  std::map<std::string, int> peers;  // node endpoint -> our connection
+  std::map<std::string, std::shared_ptr<const dataset>> data_cache;
+
+  explicit impl(node_options o) : opt(std::move(o)), br(net::bridge_options{opt.name}) {}
+
+  void log(const std::string& line) {
+    char ts[32];
+    std::time_t t = std::time(nullptr);
+    std::strftime(ts, sizeof ts, "%H:%M:%S", std::localtime(&t));
+    std::string msg = std::string(ts) + " ringmaster-node " + (opt.name.empty() ? br.endpoint() : opt.name) + ": " + line;
+    if (opt.log) opt.log(msg);
+    else std::fprintf(stderr, "%s\n", msg.c_str());
+  }
+
+  void send_kv(const net::peer_info& to, wire::msg_type type, uint64_t job_id, const wire::kv_map& kv) {
+    std::string text, err;
+    if (!wire::encode_kv(kv, &text, &err)) return;
+    wire::header h;
+    h.type = type;
+    h.job_id = job_id;
+    br.reply(to, h, net::payload::copy_of(text));
+  }
+
+  std::shared_ptr<const dataset> load(const std::string& prefix, int classes, int64_t limit, std::string* error) {
+    const std::string key = prefix + "/" + std::to_string(classes) + "/" + std::to_string(limit);
+    if (auto it = data_cache.find(key); it != data_cache.end()) return it->second;
+    auto d = std::make_shared<dataset>();
+    if (!load_mnist(opt.data_dir, prefix, classes, d.get(), error)) return nullptr;
+    if (limit > 0) truncate(*d, size_t(limit));
+    data_cache[key] = d;
+    return d;
+  }
+
+  void teardown(const std::string& why) {
+    if (!job) return;
+    for (auto* group : {&job->replicas, &job->loaders, &job->reducers})
+      for (auto& [r, a] : *group) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    for (auto& a : job->links) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    log("job " + std::to_string(job->id) + " ended: " + why);
+    job.reset();
+    busy = false;
+    ++jobs_done;
+  }
+
+  int peer_for(const std::string& endpoint, std::string* error) {
+    if (auto it = peers.find(endpoint); it != peers.end()) return it->second;
+    int p = br.connect(endpoint, error);
+    if (p >= 0) peers[endpoint] = p;
+    return p;
+  }
+
+  void setup(const net::peer_info& from, const wire::kv_map& kv) {
+    job_spec spec;
+    std::string error;
+    auto refuse = [&](const std::string& why) {
+      log("refused job " + std::to_string(spec.job_id) + ": " + why);
+      send_kv(from, wire::msg_type::error, spec.job_id, {{"error", "node " + name() + ": " + why}});
+    };
+    if (!from_kv(kv, &spec, &error)) return refuse("bad job spec: " + error);
+    if (job) return refuse("busy with job " + std::to_string(job->id));
+    if (int(spec.ranks.size()) > cpu_replicas)
+      return refuse("job asks for " + std::to_string(spec.ranks.size()) + " replicas, this node offers " + opt.devices);
+    model_spec ms;
+    if (!parse_model_spec(spec.model, &ms, &error)) return refuse(error);
+    train_config cfg;
+    cfg.model = spec.model;
+    cfg.opt = spec.opt;
+    cfg.replicas = spec.replicas;
+    cfg.global_batch = spec.global_batch;
+    cfg.epochs = spec.epochs;
+    cfg.seed = spec.seed;
+    cfg.prefetch = spec.prefetch;
+    cfg.evaluate = spec.evaluate;
+    cfg.train = load("train", ms.dims.back(), spec.limit_train, &error);
+    if (!cfg.train) return refuse(error);
+    if (spec.evaluate) {
+      cfg.test = load("t10k", ms.dims.back(), spec.limit_test, &error);
+      if (!cfg.test) return refuse(error);
+    }
+    if (std::string e = check_config(cfg, ms); !e.empty()) return refuse(e);
+
+    auto js = std::make_unique<job_state>();
+    js->id = spec.job_id;
+    js->launcher = from;
+    js->last_heard = clock_type::now();
+    rank_actors local = spawn_ranks(*sys, cfg, ms, spec.ranks);
+    for (size_t i = 0; i < spec.ranks.size(); ++i) {
+      js->reducers[spec.ranks[i]] = local.reducers[i];
+      js->replicas[spec.ranks[i]] = local.replicas[i];
+      js->loaders[spec.ranks[i]] = local.loaders[i];
+    }
+    std::vector<caf::actor> watched;
+    for (auto* group : {&local.replicas, &local.loaders, &local.reducers})
+      watched.insert(watched.end(), group->begin(), group->end());
+    js->links.push_back(sys->spawn(launcher_link, &br, from, spec.job_id, js->replicas, watched, name()));
+    // The ring: rank r sends to rank r + 1, through the bridge when that rank lives elsewhere.
+    for (int r : spec.ranks) {
+      const int right = ring::right(r, spec.replicas);
+      caf::actor next;
+      if (js->reducers.count(right)) {
+        next = js->reducers[right];
+      } else {
+        int peer = peer_for(spec.rank_nodes[right], &error);
+        if (peer < 0) {
+          js->links.push_back(caf::actor{});
+          job = std::move(js);
+          teardown("cannot reach " + spec.rank_nodes[right]);
+          return refuse("cannot reach node " + spec.rank_nodes[right] + ": " + error);
+        }
+        next = sys->spawn(ring_link, &br, peer, spec.job_id, r);
+        js->links.push_back(next);
+      }
+      caf::anon_send(js->reducers[r], ring_atom::value, next);
+    }
+    js->spec = spec;
+    job = std::move(js);
+    busy = true;
+    std::string ranks;
+    for (int r : spec.ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+    log("job " + std::to_string(spec.job_id) + " started: model " + spec.model + ", ranks " + ranks + " of " +
+        std::to_string(spec.replicas) + ", " + std::to_string(cfg.train->count) + " training samples");
+    send_kv(from, wire::msg_type::job_ack, spec.job_id,
+            {{"train", std::to_string(cfg.train->count)}, {"test", std::to_string(cfg.test ? cfg.test->count : 0)}});
+  }
+
+  std::string name() const { return opt.name.empty() ? br.endpoint() : opt.name; }
+
+  void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
+    using wire::msg_type;
+    const bool ours = job && h.job_id == job->id;
+    if (ours && h.type != msg_type::chunk) job->last_heard = clock_type::now();
+    wire::kv_map kv;
+    std::string error;
+    switch (h.type) {
+      case msg_type::hello:
+        send_kv(from, msg_type::hello_ack, h.job_id,
+                {{"name", name()}, {"devices", opt.devices}, {"version", std::to_string(wire::kProtocolVersion)}});
+        return;
+      case msg_type::job:
+        if (!wire::decode_kv(p.text(), &kv, &error)) {
+          log("dropped a job message with a bad payload: " + error);
+          return;
+        }
+        if (kv.count("action") && kv["action"] == "start") {
+          if (!ours) return;
+          const int rank = std::atoi(kv["rank"].c_str());
+          auto it = job->replicas.find(rank);
+          if (it != job->replicas.end())
+            caf::anon_send(it->second, run_atom::value, job->loaders[rank], job->reducers[rank], job->links[0]);
+          return;
+        }
+        setup(from, kv);
+        return;
+      case msg_type::abort:
+        if (ours) {
+          wire::decode_kv(p.text(), &kv, &error);
+          teardown(kv.count("reason") ? kv["reason"] : "aborted by the launcher");
+        }
+        return;
+      case msg_type::weights:
+        if (ours) caf::anon_send(job->links[0], weights_atom::value, int(h.round));
+        return;
+      case msg_type::chunk: {
+        if (!ours) return;  // a late chunk of a job that ended
+        const int dest = ring::right(h.sender_rank, job->spec.replicas);
+        auto it = job->reducers.find(dest);
+        if (it == job->reducers.end()) {
+          log("dropped a chunk for rank " + std::to_string(dest) + ", which does not run here");
+          return;
+        }
+        chunk_data c{p.floats(), size_t(h.elements), std::move(p.owner)};
+        caf::anon_send(it->second, chunk_atom::value, h.step, int(h.round), std::move(c));
+        return;
+      }
+      case msg_type::heartbeat:
+        return;
+      default:
+        log(std::string("ignored a ") + wire::type_name(h.type) + " message");
+    }
+  }
+
+  void tick() {
+    if (!job) return;
+    if (clock_type::now() - job->last_heard > opt.launcher_timeout) {
+      teardown("the launcher stopped answering");
+      return;
+    }
+    wire::header h;
+    h.type = wire::msg_type::heartbeat;
+    h.job_id = job->id;
+    br.reply(job->launcher, h);
+  }
+};
+
+node_service::node_service(node_options options) : d_(std::make_unique<impl>(std::move(options))) {}
+
+node_service::~node_service() { stop(); }
+
+bool node_service::start(std::string* error) {
+  if (!parse_devices(d_->opt.devices, &d_->cpu_replicas, error)) return false;
+  configure(d_->sys_cfg, d_->opt.threads);
+  d_->sys = std::make_unique<caf::actor_system>(d_->sys_cfg);
+  impl* d = d_.get();
+  d->br.set_handler([d](const net::peer_info& from, const wire::header& h, net::payload p) {
+    d->on_message(from, h, std::move(p));
+  });
+  d->br.set_error_handler([d](const net::bridge_error& e) {
+    d->log(std::string("dropped a message (") + net::fault_name(e.kind) + "): " + e.message);
+  });
+  if (!d->br.start(d->opt.listen, error)) {
+    d->sys.reset();
+    return false;
+  }
+  d->ticker = std::thread([d] {
+    std::unique_lock<std::mutex> lock(d->stop_mu);
+    while (!d->stop_cv.wait_for(lock, d->opt.heartbeat, [d] { return d->stopping; }))
+      d->br.post([d] { d->tick(); });
+  });
+  d->log("listening on " + d->br.endpoint() + ", offering " + d->opt.devices + ", data from " + d->opt.data_dir);
+  return true;
+}
+
+void node_service::stop() {
+  if (!d_ || !d_->sys) return;
+  {
+    std::lock_guard<std::mutex> lock(d_->stop_mu);
+    if (d_->stopping) return;
+    d_->stopping = true;
+  }
+  d_->stop_cv.notify_all();
+  if (d_->ticker.joinable()) d_->ticker.join();
+  impl* d = d_.get();
+  std::promise<void> done;
+  if (d->br.post([d, &done] {
+        d->teardown("the node is shutting down");
+        done.set_value();
+      }))
+    done.get_future().wait();
+  d->br.stop();
+  d->log("stopped");
+  d->sys.reset();  // waits for the job's actors to finish
+}
+
+std::string node_service::endpoint() const { return d_->br.endpoint(); }
+int node_service::jobs_done() const { return d_->jobs_done; }
+bool node_service::busy() const { return d_->busy; }
+
+}  // namespace ringmaster

@@ -1,0 +1,48 @@
+// The node daemon's logic (tools/node.cpp is the program): one bridge listening for launchers and peer
+// nodes, one actor system, and at most one job at a time. For a job it loads its own copy of the data,
+// spawns loaders, replicas and reducers for the ranks it was given, joins the ring (chunks to a rank on
+// another node go through the bridge), ships reports and weights back to the launcher, and returns to
+// idle when the job ends, is aborted, or the launcher falls silent.
+#pragma once
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace ringmaster {
+
+struct node_options {
+  std::string listen;           // tcp://HOST:PORT or ipc://PATH
+  std::string name;             // shown in logs and to launchers; empty: the endpoint
+  std::string devices = "cpu:2";  // what this node offers: cpu:N (N replicas at most)
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::function<void(const std::string&)> log;  // one line per event; null: stderr
+  std::chrono::milliseconds heartbeat{250};
+  std::chrono::milliseconds launcher_timeout{5000};  // abort a job whose launcher is silent this long
+  int threads = 0;
+};
+
+class node_service {
+ public:
+  explicit node_service(node_options options);
+  ~node_service();  // stop()
+  node_service(const node_service&) = delete;
+  node_service& operator=(const node_service&) = delete;
+  // Binds and starts serving. False with *error (e.g. "tcp://127.0.0.1:5601: address already in use").
+  bool start(std::string* error);
+  // Aborts a running job and stops serving.
+  void stop();
+  std::string endpoint() const;
+  // Jobs finished or aborted so far, and whether one runs now (for tests and logs).
+  int jobs_done() const;
+  bool busy() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> d_;
+};
+
+// Parses "cpu:N"; false with *error otherwise.
+bool parse_devices(const std::string& text, int* cpu_replicas, std::string* error);
+
+}  // namespace ringmaster

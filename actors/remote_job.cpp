@@ -1,0 +1,318 @@
+#include "actors/remote_job.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "actors/job_spec.hpp"
+#include "actors/messages.hpp"
+#include "net/bridge.hpp"
+
+namespace ringmaster {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+struct control_msg {
+  int node;
+  wire::header h;
+  wire::kv_map kv;
+};
+
+// A remote rank as the coordinator sees it: run starts the rank on its node, weights are fetched from
+// it, reports arrive from the bridge. It quits with an error when its node fails or falls silent.
+struct rank_proxy_state {
+  caf::response_promise weights;
+  bool waiting = false;
+};
+
+caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer, uint64_t job, int rank) {
+  auto st = std::make_shared<rank_proxy_state>();
+  return {
+      [br, peer, job, rank](run_atom, caf::actor, caf::actor, caf::actor) {
+        std::string text, err;
+        wire::encode_kv({{"action", "start"}, {"rank", std::to_string(rank)}}, &text, &err);
+        wire::header h;
+        h.type = wire::msg_type::job;
+        h.job_id = job;
+        br->send(peer, h, net::payload::copy_of(text));
+      },
+      [](ring_atom, caf::actor) {},  // the nodes wire the ring
+      [self, st, br, peer, job, rank](weights_atom) {
+        st->weights = self->make_response_promise();
+        wire::header h;
+        h.type = wire::msg_type::weights;
+        h.job_id = job;
+        h.round = rank;
+        br->send(peer, h);
+        return st->weights;
+      },
+      [st](weights_atom, chunk_ptr w) { st->weights.deliver(std::move(w)); },
+      [self](fail_atom, const std::string& why) { self->quit(caf::make_error(caf::sec::runtime_error, why)); },
+  };
+}
+
+struct launcher {
+  remote_options ro;
+  net::bridge br;
+  std::vector<int> peer;  // node index -> connection
+  uint64_t job_id = 0;
+  int rpn = 1;
+  // Control replies during setup, for the main thread.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<control_msg> inbox;
+  // After setup: where reports go (set before the nodes start, read on the bridge thread).
+  std::vector<caf::actor> proxies;
+  caf::actor coordinator;
+  std::unique_ptr<std::atomic<int64_t>[]> last_heard;  // per node, steady-clock ticks
+
+  int node_of(const net::peer_info& from) const {
+    for (size_t i = 0; i < peer.size(); ++i)
+      if (peer[i] == from.peer) return int(i);
+    return -1;
+  }
+
+  void kill_node(int node, const std::string& why) {
+    for (int r = node * rpn; r < (node + 1) * rpn && r < int(proxies.size()); ++r)
+      caf::anon_send(proxies[r], fail_atom::value, why);
+  }
+
+  void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
+    const int node = node_of(from);
+    if (node < 0 || (h.job_id != job_id && h.type != wire::msg_type::hello_ack)) return;
+    last_heard[node] = clock_type::now().time_since_epoch().count();
+    using wire::msg_type;
+    wire::kv_map kv;
+    std::string error;
+    switch (h.type) {
+      case msg_type::hello_ack:
+      case msg_type::job_ack:
+      case msg_type::error: {
+        wire::decode_kv(p.text(), &kv, &error);
+        std::lock_guard<std::mutex> lock(mu);
+        inbox.push_back({node, h, std::move(kv)});
+        cv.notify_all();
+        if (h.type == msg_type::error && !proxies.empty())
+          kill_node(node, kv.count("error") ? kv["error"] : "node " + ro.nodes[node] + " reported an error");
+        return;
+      }
+      case msg_type::report: {
+        if (!wire::decode_kv(p.text(), &kv, &error)) return;
+        if (h.round == 0) {
+          step_report r;
+          r.rank = h.sender_rank;
+          if (from_kv(kv, &r, &error)) caf::anon_send(coordinator, r);
+        } else {
+          eval_report r;
+          r.rank = h.sender_rank;
+          if (from_kv(kv, &r, &error)) caf::anon_send(coordinator, r);
+        }
+        return;
+      }
+      case msg_type::done:
+        caf::anon_send(coordinator, done_atom::value, int(h.sender_rank));
+        return;
+      case msg_type::weights:
+        if (h.round >= 0 && h.round < int(proxies.size())) {
+          auto w = std::make_shared<std::vector<float>>(p.floats(), p.floats() + h.elements);
+          caf::anon_send(proxies[h.round], weights_atom::value, chunk_ptr(std::move(w)));
+        }
+        return;
+      case msg_type::abort:
+        wire::decode_kv(p.text(), &kv, &error);
+        kill_node(node, kv.count("reason") ? kv["reason"] : "node " + ro.nodes[node] + " aborted the job");
+        return;
+      default:
+        return;
+    }
+  }
+
+  // Waits for one reply of `type` from every node; "" or what went wrong.
+  std::string await_all(wire::msg_type type, std::vector<wire::kv_map>* replies) {
+    replies->assign(ro.nodes.size(), {});
+    std::vector<bool> got(ro.nodes.size(), false);
+    size_t n = 0;
+    const auto deadline = clock_type::now() + ro.connect_timeout;
+    std::unique_lock<std::mutex> lock(mu);
+    while (n < ro.nodes.size()) {
+      if (!cv.wait_until(lock, deadline, [this] { return !inbox.empty(); })) {
+        for (size_t i = 0; i < got.size(); ++i)
+          if (!got[i])
+            return "node " + ro.nodes[i] + " did not answer within " +
+                   std::to_string(ro.connect_timeout.count() / 1000.0).substr(0, 4) +
+                   " s (is ringmaster-node running there?)";
+      }
+      control_msg m = std::move(inbox.front());
+      inbox.pop_front();
+      if (m.h.type == wire::msg_type::error)
+        return m.kv.count("error") ? m.kv["error"] : "node " + ro.nodes[m.node] + " refused the job";
+      if (m.h.type != type || got[m.node]) continue;
+      got[m.node] = true;
+      (*replies)[m.node] = std::move(m.kv);
+      ++n;
+    }
+    return "";
+  }
+
+  void broadcast(wire::msg_type type, const wire::kv_map& kv) {
+    std::string text, err;
+    wire::encode_kv(kv, &text, &err);
+    for (size_t i = 0; i < peer.size(); ++i) {
+      wire::header h;
+      h.type = type;
+      h.job_id = job_id;
+      br.send(peer[i], h, kv.empty() ? net::payload{} : net::payload::copy_of(text));
+    }
+  }
+};
+
+}  // namespace
+
+train_result train_remote(train_config cfg, const remote_options& ro) {
+  train_result failed;
+  model_spec spec;
+  if (ro.nodes.empty()) {
+    failed.error = "no nodes given";
+    return failed;
+  }
+  if (ro.replicas_per_node < 1) {
+    failed.error = "replicas per node must be at least 1";
+    return failed;
+  }
+  if (!parse_model_spec(cfg.model, &spec, &failed.error)) return failed;
+  const int n = int(ro.nodes.size()) * ro.replicas_per_node;
+  cfg.replicas = n;
+  if (cfg.global_batch % n != 0) {
+    failed.error = "global batch " + std::to_string(cfg.global_batch) + " is not divisible by " +
+                   std::to_string(n) + " replicas";
+    return failed;
+  }
+
+  launcher L{ro, net::bridge{}};
+  L.rpn = ro.replicas_per_node;
+  // Random, so a late message of an earlier job is never taken for this one; below 2^63 for the kv codec.
+  L.job_id = (std::random_device{}() | (uint64_t(std::random_device{}()) << 32)) & uint64_t(INT64_MAX);
+  L.last_heard.reset(new std::atomic<int64_t>[ro.nodes.size()]);
+  for (size_t i = 0; i < ro.nodes.size(); ++i) L.last_heard[i] = clock_type::now().time_since_epoch().count();
+  L.br.set_handler([&L](const net::peer_info& from, const wire::header& h, net::payload p) {
+    L.on_message(from, h, std::move(p));
+  });
+  L.br.set_error_handler([](const net::bridge_error&) {});
+  std::string error;
+  if (!L.br.start("", &error)) {
+    failed.error = error;
+    return failed;
+  }
+  for (const std::string& node : ro.nodes) {
+    int p = L.br.connect(node, &error);
+    if (p < 0) {
+      failed.error = "cannot connect to node " + node + ": " + error;
+      return failed;
+    }
+    L.peer.push_back(p);
+  }
+  std::vector<wire::kv_map> replies;
+  L.broadcast(wire::msg_type::hello, {{"role", "launcher"}});
+  if (failed.error = L.await_all(wire::msg_type::hello_ack, &replies); !failed.error.empty()) return failed;
+
+  // Every node gets the same spec with its own ranks.
+  job_spec js;
+  js.job_id = L.job_id;
+  js.model = spec.str();
+  js.opt = cfg.opt;
+  js.replicas = n;
+  js.global_batch = cfg.global_batch;
+  js.epochs = cfg.epochs;
+  js.seed = cfg.seed;
+  js.prefetch = cfg.prefetch;
+  js.evaluate = cfg.evaluate;
+  js.limit_train = ro.limit_train;
+  js.limit_test = ro.limit_test;
+  for (int r = 0; r < n; ++r) js.rank_nodes.push_back(ro.nodes[size_t(r / L.rpn)]);
+  for (size_t i = 0; i < ro.nodes.size(); ++i) {
+    js.ranks.clear();
+    for (int k = 0; k < L.rpn; ++k) js.ranks.push_back(int(i) * L.rpn + k);
+    std::string text;
+    wire::encode_kv(to_kv(js), &text, &error);
+    wire::header h;
+    h.type = wire::msg_type::job;
+    h.job_id = L.job_id;
+    L.br.send(L.peer[i], h, net::payload::copy_of(text));
+  }
+  if (failed.error = L.await_all(wire::msg_type::job_ack, &replies); !failed.error.empty()) {
+    L.broadcast(wire::msg_type::abort, {{"reason", "another node refused the job"}});
+    return failed;
+  }
+  const std::string train_count = replies[0]["train"];
+  for (size_t i = 1; i < replies.size(); ++i)
+    if (replies[i]["train"] != train_count) {
+      failed.error = "nodes disagree on the data: " + ro.nodes[0] + " has " + train_count + " training samples, " +
+                     ro.nodes[i] + " has " + replies[i]["train"];
+      L.broadcast(wire::msg_type::abort, {{"reason", "nodes disagree on the data"}});
+      return failed;
+    }
+  const size_t samples = std::stoull(train_count);
+  const int64_t steps = int64_t(steps_per_epoch(samples, cfg.global_batch));
+  if (steps == 0) {
+    failed.error = "global batch is larger than the nodes' " + train_count + " training samples";
+    L.broadcast(wire::msg_type::abort, {{"reason", "batch too large"}});
+    return failed;
+  }
+
+  caf::actor_system_config sys_cfg;
+  configure(sys_cfg, 2);
+  caf::actor_system sys{sys_cfg};
+  rank_actors all;
+  for (int r = 0; r < n; ++r) L.proxies.push_back(sys.spawn(rank_proxy, &L.br, L.peer[size_t(r / L.rpn)], L.job_id, r));
+  all.replicas = all.loaders = all.reducers = L.proxies;
+  coordinator_config cc{n, cfg.global_batch, steps, cfg.epochs, cfg.evaluate, cfg.on_progress};
+  auto coord = sys.spawn(coordinator, cc);
+  L.coordinator = coord;
+
+  // Heartbeats out, silence detection in.
+  std::atomic<bool> running{true};
+  std::thread watchdog([&] {
+    std::vector<bool> dead(ro.nodes.size(), false);
+    while (running) {
+      std::this_thread::sleep_for(ro.heartbeat);
+      L.broadcast(wire::msg_type::heartbeat, {});
+      const int64_t now = clock_type::now().time_since_epoch().count();
+      for (size_t i = 0; i < ro.nodes.size(); ++i) {
+        const auto silent = clock_type::duration(now - L.last_heard[i]);
+        if (!dead[i] && silent > ro.node_timeout) {
+          dead[i] = true;
+          char secs[32];
+          std::snprintf(secs, sizeof secs, "%.1f", std::chrono::duration<double>(silent).count());
+          L.kill_node(int(i), "node " + ro.nodes[i] + " (ranks " + std::to_string(i * L.rpn) + "-" +
+                                  std::to_string((i + 1) * L.rpn - 1) + ") stopped answering: no heartbeat for " +
+                                  secs + " s");
+        }
+      }
+    }
+  });
+
+  std::shared_ptr<train_result> result;
+  {
+    caf::scoped_actor self{sys};
+    self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers)
+        .receive([&](std::shared_ptr<train_result> r) { result = std::move(r); },
+                 [&](caf::error& e) {
+                   result = std::make_shared<train_result>();
+                   result->error = "coordinator failed: " + sys.render(e);
+                 });
+  }
+  running = false;
+  watchdog.join();
+  // Every node goes back to idle, whether the job succeeded or not.
+  L.broadcast(wire::msg_type::abort, {{"reason", result->ok ? "finished" : "the job failed: " + result->error}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let the bridge flush the aborts
+  L.br.stop();
+  for (auto& p : L.proxies) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
+  return std::move(*result);
+}
+
+}  // namespace ringmaster

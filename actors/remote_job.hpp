@@ -1,0 +1,27 @@
+// Training across node daemons (the MultiWorkerMirroredStrategy case): the coordinator runs here, the
+// replicas on the nodes. Each remote rank is represented here by a proxy actor, so the coordinator is the
+// same one local jobs use. Heartbeats both ways: a node that dies or falls silent ends the job within
+// node_timeout with an error naming the node and its ranks, and the other nodes are told to go idle.
+#pragma once
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "actors/training.hpp"
+
+namespace ringmaster {
+
+struct remote_options {
+  std::vector<std::string> nodes;  // endpoints of ringmaster-node daemons
+  int replicas_per_node = 1;
+  int64_t limit_train = 0, limit_test = 0;  // use only the first N samples (0: all) of each node's data
+  std::chrono::milliseconds heartbeat{250};
+  std::chrono::milliseconds node_timeout{3000};
+  std::chrono::milliseconds connect_timeout{5000};
+};
+
+// cfg.train / cfg.test / cfg.devices are ignored: the nodes read their own data. cfg.replicas is set from
+// nodes x replicas_per_node. Rank r runs on node r / replicas_per_node.
+train_result train_remote(train_config cfg, const remote_options& ro);
+
+}  // namespace ringmaster
