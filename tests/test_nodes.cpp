@@ -1,0 +1,224 @@
+// Node daemons as real processes on 127.0.0.1 (free ports found at run time), driven by train_remote.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
+#include <zmq.hpp>
+
+#include "actors/remote_job.hpp"
+#include "actors/training.hpp"
+#include "net/wire.hpp"
+
+using namespace ringmaster;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A port that was free a moment ago (bind to port 0, read it, close).
+int free_port() {
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::rep);
+  s.set(zmq::sockopt::linger, 0);
+  s.bind("tcp://127.0.0.1:0");
+  std::string ep = s.get(zmq::sockopt::last_endpoint);
+  return std::stoi(ep.substr(ep.rfind(':') + 1));
+}
+
+struct node_process {
+  pid_t pid = -1;
+  std::string endpoint;
+  explicit node_process(const std::string& ep, const std::string& devices = "cpu:2") : endpoint(ep) {
+    pid = fork();
+    if (pid == 0) {
+      execl(RINGMASTER_NODE_BIN, RINGMASTER_NODE_BIN, "--listen", ep.c_str(), "--devices", devices.c_str(),
+            "--data", RINGMASTER_DATA_DIR, (char*)nullptr);
+      _exit(127);
+    }
+  }
+  ~node_process() { stop(SIGKILL); }
+  int stop(int sig) {
+    if (pid <= 0) return -1;
+    kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return status;
+  }
+};
+
+std::vector<std::unique_ptr<node_process>> start_nodes(int n) {
+  std::vector<std::unique_ptr<node_process>> nodes;
+  for (int i = 0; i < n; ++i)
+    nodes.push_back(std::make_unique<node_process>("tcp://127.0.0.1:" + std::to_string(free_port())));
+  std::this_thread::sleep_for(300ms);  // let them bind; the launcher's hello would wait anyway
+  return nodes;
+}
+
+std::vector<std::string> endpoints(const std::vector<std::unique_ptr<node_process>>& nodes) {
+  std::vector<std::string> e;
+  for (auto& n : nodes) e.push_back(n->endpoint);
+  return e;
+}
+
+train_config small_job() {
+  train_config c;
+  c.model = "784-64-10";
+  c.global_batch = 60;
+  c.epochs = 1;
+  return c;
+}
+
+std::shared_ptr<const dataset> load(const char* prefix, size_t n) {
+  auto d = std::make_shared<dataset>();
+  std::string err;
+  REQUIRE(load_mnist(RINGMASTER_DATA_DIR, prefix, 10, d.get(), &err));
+  truncate(*d, n);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("3 nodes x 2 replicas train exactly like 6 local replicas", "[nodes]") {
+  auto nodes = start_nodes(3);
+  remote_options ro;
+  ro.nodes = endpoints(nodes);
+  ro.replicas_per_node = 2;
+  ro.limit_train = 3000;
+  ro.limit_test = 500;
+  train_result remote = train_remote(small_job(), ro);
+  INFO(remote.error);
+  REQUIRE(remote.ok);
+  CHECK(remote.identical);
+  REQUIRE(remote.checksums.size() == 6);
+  CHECK(remote.history.size() == 1);
+  CHECK(remote.history[0].samples == 3000);
+  CHECK(remote.history[0].val_accuracy > 0.5);
+
+  train_config local = small_job();
+  local.replicas = 6;
+  local.train = load("train", 3000);
+  local.test = load("t10k", 500);
+  train_result l = train(local);
+  REQUIRE(l.ok);
+  // The same ring order and the same shards: the same bits, and so also within 1e-5 of one replica.
+  CHECK(l.checksums[0] == remote.checksums[0]);
+  CHECK(l.weights == remote.weights);
+  CHECK(l.history[0].val_accuracy == remote.history[0].val_accuracy);
+
+  // The daemons stay up for the next job.
+  train_result again = train_remote(small_job(), ro);
+  REQUIRE(again.ok);
+  CHECK(again.checksums[0] == remote.checksums[0]);
+}
+
+TEST_CASE("a node fed malformed frames keeps serving and refuses other protocol versions", "[nodes]") {
+  auto nodes = start_nodes(1);
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, 3000);
+  s.connect(nodes[0]->endpoint);
+  // Garbage: one short frame, five frames, bad magic, random bytes, a valid header with a bad payload size.
+  s.send(zmq::buffer(std::string("hi")), zmq::send_flags::none);
+  for (int i = 0; i < 4; ++i) s.send(zmq::buffer(std::string("x")), zmq::send_flags::sndmore);
+  s.send(zmq::buffer(std::string("x")), zmq::send_flags::none);
+  std::string junk(56, '\x7f');
+  s.send(zmq::buffer(junk), zmq::send_flags::none);
+  std::mt19937 rng(3);
+  for (int i = 0; i < 50; ++i) {
+    std::string r(rng() % 100, '\0');
+    for (auto& c : r) c = char(rng());
+    s.send(zmq::buffer(r), zmq::send_flags::none);
+  }
+  wire::header h;
+  h.type = wire::msg_type::chunk;
+  h.elements = 10;
+  h.payload_bytes = 40;
+  auto hb = wire::encode(h);
+  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
+  s.send(zmq::buffer(std::string(12, '\0')), zmq::send_flags::none);  // 12 bytes, not 40
+  // A hello from a future protocol version is answered with an error naming both versions.
+  wire::header hello;
+  hello.type = wire::msg_type::hello;
+  hello.version = wire::kProtocolVersion + 1;
+  auto hello_bytes = wire::encode(hello);
+  s.send(zmq::buffer(hello_bytes.data(), hello_bytes.size()), zmq::send_flags::none);
+  zmq::message_t reply;
+  std::string text;
+  for (int i = 0; i < 5 && text.find("version") == std::string::npos; ++i) {
+    REQUIRE(s.recv(reply, zmq::recv_flags::none));
+    text = reply.to_string();
+  }
+  INFO(text);
+  CHECK(text.find(std::to_string(wire::kProtocolVersion + 1)) != std::string::npos);
+  CHECK(text.find(std::to_string(wire::kProtocolVersion)) != std::string::npos);
+
+  remote_options ro;
+  ro.nodes = endpoints(nodes);
+  ro.limit_train = 600;
+  ro.limit_test = 100;
+  train_result r = train_remote(small_job(), ro);
+  INFO(r.error);
+  CHECK(r.ok);
+}
+
+TEST_CASE("kill -9 of a node mid-job: the job fails fast naming it, the others take the next job", "[nodes]") {
+  auto nodes = start_nodes(3);
+  remote_options ro;
+  ro.nodes = endpoints(nodes);
+  ro.replicas_per_node = 2;
+  train_config big;
+  big.model = "784-256-10";
+  big.global_batch = 60;
+  big.epochs = 20;  // far longer than the test waits
+  big.evaluate = false;
+  std::chrono::steady_clock::time_point killed;
+  std::thread killer([&] {
+    std::this_thread::sleep_for(2s);
+    killed = std::chrono::steady_clock::now();
+    nodes[1]->stop(SIGKILL);
+  });
+  train_result r = train_remote(big, ro);
+  const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  killer.join();
+  INFO(r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(after < 5.0);
+  CHECK(r.error.find(nodes[1]->endpoint) != std::string::npos);
+  CHECK(r.error.find("ranks 2-3") != std::string::npos);
+
+  remote_options survivors;
+  survivors.nodes = {nodes[0]->endpoint, nodes[2]->endpoint};
+  survivors.limit_train = 600;
+  survivors.limit_test = 100;
+  train_result next = train_remote(small_job(), survivors);
+  INFO(next.error);
+  CHECK(next.ok);
+}
+
+TEST_CASE("node daemon: a taken port is a clear error, SIGTERM a clean stop, bad nodes a clear error", "[nodes]") {
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  node_process first(ep);
+  std::this_thread::sleep_for(300ms);
+  std::string cmd = std::string(RINGMASTER_NODE_BIN) + " --listen " + ep + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[512];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  CHECK(WEXITSTATUS(st) == 1);
+  CHECK(out.find("address already in use") != std::string::npos);
+  const int status = first.stop(SIGTERM);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+
+  remote_options ro;
+  ro.nodes = {"tcp://127.0.0.1:" + std::to_string(free_port())};  // nobody there
+  ro.connect_timeout = 1000ms;
+  train_result r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("did not answer") != std::string::npos);
+}
