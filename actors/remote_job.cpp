@@ -60,7 +60,7 @@ struct launcher {
   net::bridge br;
   std::vector<int> peer;  // node index -> connection
   uint64_t job_id = 0;
-  int rpn = 1;
+  std::vector<int> rank_node;  // rank -> node index
   // Control replies during setup, for the main thread.
   std::mutex mu;
   std::condition_variable cv;
@@ -77,8 +77,20 @@ struct launcher {
   }
 
   void kill_node(int node, const std::string& why) {
-    for (int r = node * rpn; r < (node + 1) * rpn && r < int(proxies.size()); ++r)
-      caf::anon_send(proxies[r], fail_atom::value, why);
+    for (size_t r = 0; r < proxies.size(); ++r)
+      if (rank_node[r] == node) caf::anon_send(proxies[r], fail_atom::value, why);
+  }
+
+  // "2-3" or "1,4" : the ranks a node runs, for messages.
+  std::string ranks_of(int node) const {
+    std::vector<int> rs;
+    for (size_t r = 0; r < rank_node.size(); ++r)
+      if (rank_node[r] == node) rs.push_back(int(r));
+    bool contiguous = !rs.empty() && rs.back() - rs.front() == int(rs.size()) - 1;
+    if (contiguous && rs.size() > 1) return std::to_string(rs.front()) + "-" + std::to_string(rs.back());
+    std::string s;
+    for (int r : rs) s += (s.empty() ? "" : ",") + std::to_string(r);
+    return s;
   }
 
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
@@ -184,7 +196,23 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     return failed;
   }
   if (!parse_model_spec(cfg.model, &spec, &failed.error)) return failed;
-  const int n = int(ro.nodes.size()) * ro.replicas_per_node;
+  std::vector<int> rank_node = ro.rank_node;
+  if (rank_node.empty())
+    for (int r = 0; r < int(ro.nodes.size()) * ro.replicas_per_node; ++r) rank_node.push_back(r / ro.replicas_per_node);
+  std::vector<int> per_node(ro.nodes.size(), 0);
+  for (int node : rank_node) {
+    if (node < 0 || node >= int(ro.nodes.size())) {
+      failed.error = "placement names node " + std::to_string(node) + " of " + std::to_string(ro.nodes.size());
+      return failed;
+    }
+    ++per_node[size_t(node)];
+  }
+  for (size_t i = 0; i < per_node.size(); ++i)
+    if (per_node[i] == 0) {
+      failed.error = "node " + ro.nodes[i] + " has no ranks placed on it";
+      return failed;
+    }
+  const int n = int(rank_node.size());
   cfg.replicas = n;
   if (cfg.global_batch % n != 0) {
     failed.error = "global batch " + std::to_string(cfg.global_batch) + " is not divisible by " +
@@ -193,7 +221,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   }
 
   launcher L{ro, net::bridge{}};
-  L.rpn = ro.replicas_per_node;
+  L.rank_node = rank_node;
   // Random, so a late message of an earlier job is never taken for this one; below 2^63 for the kv codec.
   L.job_id = (std::random_device{}() | (uint64_t(std::random_device{}()) << 32)) & uint64_t(INT64_MAX);
   L.last_heard.reset(new std::atomic<int64_t>[ro.nodes.size()]);
@@ -232,10 +260,11 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   js.evaluate = cfg.evaluate;
   js.limit_train = ro.limit_train;
   js.limit_test = ro.limit_test;
-  for (int r = 0; r < n; ++r) js.rank_nodes.push_back(ro.nodes[size_t(r / L.rpn)]);
+  for (int r = 0; r < n; ++r) js.rank_nodes.push_back(ro.nodes[size_t(rank_node[r])]);
   for (size_t i = 0; i < ro.nodes.size(); ++i) {
     js.ranks.clear();
-    for (int k = 0; k < L.rpn; ++k) js.ranks.push_back(int(i) * L.rpn + k);
+    for (int r = 0; r < n; ++r)
+      if (rank_node[r] == int(i)) js.ranks.push_back(r);
     std::string text;
     wire::encode_kv(to_kv(js), &text, &error);
     wire::header h;
@@ -267,7 +296,8 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   configure(sys_cfg, 2);
   caf::actor_system sys{sys_cfg};
   rank_actors all;
-  for (int r = 0; r < n; ++r) L.proxies.push_back(sys.spawn(rank_proxy, &L.br, L.peer[size_t(r / L.rpn)], L.job_id, r));
+  for (int r = 0; r < n; ++r)
+    L.proxies.push_back(sys.spawn(rank_proxy, &L.br, L.peer[size_t(rank_node[r])], L.job_id, r));
   all.replicas = all.loaders = all.reducers = L.proxies;
   coordinator_config cc{n, cfg.global_batch, steps, cfg.epochs, cfg.evaluate, cfg.on_progress};
   auto coord = sys.spawn(coordinator, cc);
@@ -287,9 +317,8 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
           dead[i] = true;
           char secs[32];
           std::snprintf(secs, sizeof secs, "%.1f", std::chrono::duration<double>(silent).count());
-          L.kill_node(int(i), "node " + ro.nodes[i] + " (ranks " + std::to_string(i * L.rpn) + "-" +
-                                  std::to_string((i + 1) * L.rpn - 1) + ") stopped answering: no heartbeat for " +
-                                  secs + " s");
+          L.kill_node(int(i), "node " + ro.nodes[i] + " (ranks " + L.ranks_of(int(i)) +
+                                  ") stopped answering: no heartbeat for " + secs + " s");
         }
       }
     }

@@ -14,6 +14,10 @@ namespace ringmaster {
 struct remote_options {
   std::vector<std::string> nodes;  // endpoints of ringmaster-node daemons
   int replicas_per_node = 1;
+  // Optional explicit placement: rank r runs on node rank_node[r] (an index into nodes). Empty: rank r
+  // runs on node r / replicas_per_node. The ring visits ranks in order, so ranks on one node should be
+  // neighbours: their hops then stay inside that node's process.
+  std::vector<int> rank_node;
   int64_t limit_train = 0, limit_test = 0;  // use only the first N samples (0: all) of each node's data
   std::chrono::milliseconds heartbeat{250};
   std::chrono::milliseconds node_timeout{3000};
@@ -21,7 +25,7 @@ struct remote_options {
 };
 
 // cfg.train / cfg.test / cfg.devices are ignored: the nodes read their own data. cfg.replicas is set from
-// nodes x replicas_per_node. Rank r runs on node r / replicas_per_node.
+// the placement.
 train_result train_remote(train_config cfg, const remote_options& ro);
 
 }  // namespace ringmaster

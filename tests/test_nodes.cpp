@@ -9,6 +9,7 @@
 #include <zmq.hpp>
 
 #include "actors/remote_job.hpp"
+#include "actors/topology.hpp"
 #include "actors/training.hpp"
 #include "net/wire.hpp"
 
@@ -221,4 +222,32 @@ TEST_CASE("node daemon: a taken port is a clear error, SIGTERM a clean stop, bad
   train_result r = train_remote(small_job(), ro);
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("did not answer") != std::string::npos);
+}
+
+TEST_CASE("topology API: ranks here and on a node, one ring, equal to all ranks here", "[nodes][topology]") {
+  auto nodes = start_nodes(1);
+  topology t;
+  t.connect(nodes[0]->endpoint);
+  t.place(2, {"", "cpu"});                 // ranks 0-1 in this process
+  t.place(2, {nodes[0]->endpoint, "cpu"}); // ranks 2-3 on the node
+  t.data_dir(RINGMASTER_DATA_DIR).limit(2400, 300);
+  train_config c = small_job();
+  train_result mixed = t.train(c);
+  INFO(mixed.error);
+  REQUIRE(mixed.ok);
+  CHECK(mixed.identical);
+  REQUIRE(mixed.checksums.size() == 4);
+
+  topology here;
+  here.place(4, {"", "cpu"});
+  train_config lc = small_job();
+  lc.train = load("train", 2400);
+  lc.test = load("t10k", 300);
+  train_result local = here.train(lc);
+  REQUIRE(local.ok);
+  CHECK(local.weights == mixed.weights);
+
+  topology bad;
+  bad.place(1, {"tcp://127.0.0.1:1", "cpu"});
+  CHECK(bad.train(small_job()).error.find("not connect()ed") != std::string::npos);
 }

@@ -1,0 +1,108 @@
+#include "actors/topology.hpp"
+
+#include <algorithm>
+
+#include "actors/node_service.hpp"
+
+namespace ringmaster {
+
+topology::topology() = default;
+
+topology::~topology() = default;
+
+topology& topology::connect(const std::string& endpoint) {
+  if (std::find(nodes_.begin(), nodes_.end(), endpoint) == nodes_.end()) nodes_.push_back(endpoint);
+  return *this;
+}
+
+int topology::place(const placement& where) {
+  places_.push_back(where);
+  return int(places_.size()) - 1;
+}
+
+topology& topology::place(int count, const placement& where) {
+  for (int i = 0; i < count; ++i) place(where);
+  return *this;
+}
+
+topology& topology::data_dir(const std::string& dir) {
+  data_dir_ = dir;
+  return *this;
+}
+
+topology& topology::limit(int64_t train_samples, int64_t test_samples) {
+  limit_train_ = train_samples;
+  limit_test_ = test_samples;
+  return *this;
+}
+
+train_result topology::train(train_config cfg) {
+  train_result failed;
+  if (places_.empty()) {
+    failed.error = "no ranks placed";
+    return failed;
+  }
+  const bool all_here =
+      std::all_of(places_.begin(), places_.end(), [](const placement& p) { return p.node.empty(); });
+  if (all_here) {
+    cfg.replicas = ranks();
+    cfg.devices.clear();
+    for (const placement& p : places_) cfg.devices.push_back(p.device);
+    return ringmaster::train(cfg);
+  }
+  for (const placement& p : places_) {
+    if (!p.node.empty() && std::find(nodes_.begin(), nodes_.end(), p.node) == nodes_.end()) {
+      failed.error = "rank placed on " + p.node + ", which was not connect()ed";
+      return failed;
+    }
+    if (p.device != "cpu") {
+      failed.error = "ranks on nodes run on the nodes' CPUs for now; device '" + p.device + "' is not offered";
+      return failed;
+    }
+  }
+  // Ranks of this process: served by a node service of our own on a loopback port.
+  std::unique_ptr<node_service> here;
+  remote_options ro;
+  ro.nodes = nodes_;
+  ro.limit_train = limit_train_;
+  ro.limit_test = limit_test_;
+  const int local = int(std::count_if(places_.begin(), places_.end(), [](auto& p) { return p.node.empty(); }));
+  if (local > 0) {
+    node_options no;
+    no.listen = "tcp://127.0.0.1:0";
+    no.name = "this process";
+    no.devices = "cpu:" + std::to_string(local);
+    no.data_dir = data_dir_;
+    no.log = [](const std::string&) {};
+    here = std::make_unique<node_service>(no);
+    if (!here->start(&failed.error)) return failed;
+    ro.nodes.push_back(here->endpoint());
+  }
+  for (const placement& p : places_) {
+    const std::string& ep = p.node.empty() ? here->endpoint() : p.node;
+    ro.rank_node.push_back(int(std::find(ro.nodes.begin(), ro.nodes.end(), ep) - ro.nodes.begin()));
+  }
+  // Nodes with no ranks take no part.
+  std::vector<std::string> used;
+  std::vector<int> index(ro.nodes.size(), -1);
+  for (int& n : ro.rank_node) {
+    if (index[size_t(n)] < 0) {
+      index[size_t(n)] = int(used.size());
+      used.push_back(ro.nodes[size_t(n)]);
+    }
+    n = index[size_t(n)];
+  }
+  ro.nodes = used;
+  return train_remote(cfg, ro);
+}
+
+std::unique_ptr<local_ring> topology::ring(int size) {
+  if (!sys_) {
+    sys_cfg_ = std::make_unique<caf::actor_system_config>();
+    configure(*sys_cfg_, 0);
+    sys_ = std::make_unique<caf::actor_system>(*sys_cfg_);
+  }
+  return std::make_unique<local_ring>(*sys_, size);
+}
+
+}  // namespace ringmaster
