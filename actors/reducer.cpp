@@ -29,6 +29,19 @@ struct reducer_state {
   std::optional<ring::allreduce_state<cpu_ring_ops>> ring;
   caf::response_promise reply;
   std::deque<pending_chunk> early;  // chunks for a step this rank has not started yet
+  // Send buffers, reused once nobody else holds them (the receiver or ZeroMQ let go): no allocation
+  // per chunk in the steady state.
+  std::vector<std::shared_ptr<std::vector<float>>> pool;
+
+  std::shared_ptr<std::vector<float>> buffer(size_t n) {
+    for (auto& b : pool)
+      if (b.use_count() == 1) {
+        b->resize(n);
+        return b;
+      }
+    pool.push_back(std::make_shared<std::vector<float>>(n));
+    return pool.back();
+  }
 };
 
 }  // namespace
@@ -41,8 +54,9 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
   auto send_out = [self, st](const ring::outgoing& out) {
     if (!out.send) return;
     const float* p = st->buf.data + out.range.offset;
-    auto copy = std::make_shared<const std::vector<float>>(p, p + out.range.count);
-    chunk_data c{copy->data(), copy->size(), copy};
+    auto copy = st->buffer(out.range.count);
+    std::copy(p, p + out.range.count, copy->data());
+    chunk_data c{copy->data(), copy->size(), std::move(copy)};
     self->send(st->right, chunk_atom::value, st->step, out.round, std::move(c));
   };
   auto finish_if_done = [st] {
