@@ -1,7 +1,8 @@
 // train_bench: training throughput (samples/s) of local data-parallel training, per model, printed as a
 // ratio against a baseline measured in the same run (these machines are shared and noisy):
 //   kernel_1t  the bare training step (forward, backward, optimizer) on one thread, no actors, no ring;
-//   ideal      kernel_1t x min(replicas, cores): what perfect scaling of the bare step would give;
+//   ideal      the bare step on min(replicas, cores) threads at once, summed: what the cores deliver
+//              when nothing but compute runs (shared caches and clocks included);
 //   efficiency ringmaster / ideal.
 // With --torch, PyTorch DDP (gloo, one process per replica, python3-torch) runs the same model alongside.
 //
@@ -55,6 +56,18 @@ double kernel_one_thread(const model_spec& spec, int batch, int steps, const dat
 
 // `steps` steps over a data set of kSteps global batches (several epochs when steps > kSteps).
 constexpr int kSteps = 100;
+
+// The bare step on `threads` threads at once; total samples/s.
+double kernel_threads(const model_spec& spec, int batch, int steps, const dataset& d, int threads) {
+  std::vector<double> rate(static_cast<size_t>(threads), 0.0);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] { rate[size_t(t)] = kernel_one_thread(spec, batch, steps, d); });
+  for (auto& th : pool) th.join();
+  double sum = 0;
+  for (double r : rate) sum += r;
+  return sum;
+}
 
 double ringmaster_run(const model_spec& spec, int replicas, int per_replica, int steps,
                       std::shared_ptr<dataset> d) {
@@ -145,7 +158,7 @@ int main(int argc, char** argv) {
     auto d = synthetic(size_t(std::min(n, kSteps)) * per_replica * replicas, spec.dims[0], spec.dims.back());
     const double base = kernel_one_thread(spec, per_replica, std::max(50, n / 2), *d);
     const double rm = ringmaster_run(spec, replicas, per_replica, n, d);
-    const double ideal = base * std::min(replicas, cores);
+    const double ideal = kernel_threads(spec, per_replica, std::max(50, n / 2), *d, std::min(replicas, cores));
     const double th = torch ? torch_run(spec, replicas, per_replica, std::min(n, 400)) : 0;
     std::printf("  %-16s %12.0f %12.0f %12.0f %10.2f %12.0f %10.2f\n", m.c_str(), rm, base, ideal, rm / ideal, th,
                 th > 0 ? rm / th : 0.0);
