@@ -30,11 +30,16 @@ namespace ringmaster::net {
 struct zmq_ring_options {
   uint64_t job_id = 1;                 // ranks of another job are refused at hello
   size_t segment_bytes = size_t(1) << 20;
+  // Buffers up to this size skip the ring: each rank's whole buffer is passed round (size-1 hops, half
+  // the ring's latency) and every rank sums them in rank order. 0: always the ring.
+  size_t small_bytes = 64 * 1024;
   // No progress for this long during an all-reduce (a dead or stuck peer): the call returns an error.
   // A peer that merely starts its all-reduce later than us counts as no progress too: size it to the
   // longest expected skew between ranks.
   std::chrono::milliseconds timeout{5000};
   std::chrono::milliseconds handshake_timeout{30000};
+  // allreduce() yields in a loop this long before it sleeps on a condition variable (latency vs CPU).
+  std::chrono::microseconds wait_spin{0};
   bridge_options bridge;
   // Messages the ring does not use go here (on the bridge thread): the bridge is the process's only one.
   bridge::message_handler fallback;

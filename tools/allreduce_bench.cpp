@@ -40,6 +40,8 @@ struct options {
   size_t segment = size_t(1) << 20;
   int io_threads = 1;
   int spin_us = 0;
+  int wait_spin_us = 0;
+  size_t small = 64 * 1024;
   int timeout_ms = 10000;
   int worker_rank = -1;  // >= 0: this process is a worker
   std::vector<std::string> endpoints;
@@ -47,16 +49,18 @@ struct options {
 
 const char* kUsage =
     "usage: allreduce_bench [--ranks N] [--transport inproc|ipc|tcp] [--sizes 4K,1M,64M]\n"
-    "                       [--iters N] [--warmup N] [--segment BYTES] [--io-threads N] [--spin-us N]\n"
-    "                       [--timeout-ms N]\n"
+    "                       [--iters N] [--warmup N] [--segment BYTES] [--small BYTES] [--io-threads N]\n"
+    "                       [--spin-us N] [--wait-spin-us N] [--timeout-ms N]\n"
     "Ring all-reduce of float buffers; prints: size_bytes median_us algbw_GBps busbw_GBps wrong\n"
     "  --ranks N         ranks in the ring (default 2)\n"
     "  --transport T     inproc: actors in one process; ipc, tcp: one process per rank (default tcp)\n"
     "  --sizes LIST      buffer sizes in bytes, suffixes K M G (x1024), multiples of 4\n"
     "  --iters N         timed all-reduces per size (default 20); --warmup N untimed first (default 5)\n"
     "  --segment BYTES   bytes per chunk message, ipc/tcp (default 1M)\n"
+    "  --small BYTES     ipc/tcp: buffers up to this size go whole round the ring (default 64K; 0: never)\n"
     "  --io-threads N    ZeroMQ I/O threads per process (default 1)\n"
     "  --spin-us N       bridge thread polls N us before sleeping (default 0)\n"
+    "  --wait-spin-us N  the calling thread yields N us before sleeping (default 0)\n"
     "  --timeout-ms N    a rank that sees no progress this long gives up (default 10000)\n";
 
 bool parse_size(const std::string& s, size_t* out) {
@@ -131,6 +135,10 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
       if (!parse_int(v, 0, 1000000, &o->warmup)) return bad;
     } else if (flag == "--segment") {
       if (!parse_size(v, &o->segment) || o->segment < 4 || o->segment > (size_t(1) << 30)) return bad;
+    } else if (flag == "--small") {
+      if (!parse_size(v, &o->small)) return bad;
+    } else if (flag == "--wait-spin-us") {
+      if (!parse_int(v, 0, 1000000, &o->wait_spin_us)) return bad;
     } else if (flag == "--io-threads") {
       if (!parse_int(v, 1, 16, &o->io_threads)) return bad;
     } else if (flag == "--spin-us") {
@@ -227,6 +235,8 @@ int run_worker(const options& o) {
   ro.timeout = std::chrono::milliseconds(o.timeout_ms);
   ro.bridge.io_threads = o.io_threads;
   ro.bridge.spin = std::chrono::microseconds(o.spin_us);
+  ro.wait_spin = std::chrono::microseconds(o.wait_spin_us);
+  ro.small_bytes = o.small;
   ringmaster::net::zmq_ring ring(rank, o.ranks, ro);
   std::string err;
   if (!ring.start(o.endpoints, &err)) {
@@ -357,7 +367,9 @@ int main(int argc, char** argv) {
   if (o.worker_rank >= 0) return run_worker(o);
   std::printf("# allreduce_bench: %d ranks, transport %s, %d iters, %d warmup", o.ranks, o.transport.c_str(),
               o.iters, o.warmup);
-  if (o.transport != "inproc") std::printf(", segment %zu B, io threads %d", o.segment, o.io_threads);
+  if (o.transport != "inproc")
+    std::printf(", segment %zu B, whole below %zu B, io threads %d, spin %d us, wait spin %d us", o.segment,
+                o.small, o.io_threads, o.spin_us, o.wait_spin_us);
   std::printf("\n# memcpy 64 MiB one thread: %.2f GB/s (this machine, this run)\n", memcpy_gbps());
   std::printf("# %10s %12s %10s %10s %8s\n", "size_bytes", "median_us", "algbw_GBps", "busbw_GBps", "wrong");
   std::fflush(stdout);
