@@ -9,6 +9,7 @@
 // The time is rank 0's median over --iters all-reduces; ranks meet at a one-float all-reduce before
 // each timed one so that refilling the buffers is not timed.
 #include <arpa/inet.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -41,6 +42,7 @@ struct options {
   int io_threads = 1;
   int spin_us = 0;
   int wait_spin_us = 0;
+  bool pin = true;  // as mpirun binds ranks to cores by default
   size_t small = 64 * 1024;
   int timeout_ms = 10000;
   int worker_rank = -1;  // >= 0: this process is a worker
@@ -50,7 +52,7 @@ struct options {
 const char* kUsage =
     "usage: allreduce_bench [--ranks N] [--transport inproc|ipc|tcp] [--sizes 4K,1M,64M]\n"
     "                       [--iters N] [--warmup N] [--segment BYTES] [--small BYTES] [--io-threads N]\n"
-    "                       [--spin-us N] [--wait-spin-us N] [--timeout-ms N]\n"
+    "                       [--spin-us N] [--wait-spin-us N] [--pin on|off] [--timeout-ms N]\n"
     "Ring all-reduce of float buffers; prints: size_bytes median_us algbw_GBps busbw_GBps wrong\n"
     "  --ranks N         ranks in the ring (default 2)\n"
     "  --transport T     inproc: actors in one process; ipc, tcp: one process per rank (default tcp)\n"
@@ -61,6 +63,7 @@ const char* kUsage =
     "  --io-threads N    ZeroMQ I/O threads per process (default 1)\n"
     "  --spin-us N       bridge thread polls N us before sleeping (default 0)\n"
     "  --wait-spin-us N  the calling thread yields N us before sleeping (default 0)\n"
+    "  --pin on|off      ipc/tcp: all threads of worker r on CPU r mod CPUs (default on)\n"
     "  --timeout-ms N    a rank that sees no progress this long gives up (default 10000)\n";
 
 bool parse_size(const std::string& s, size_t* out) {
@@ -135,6 +138,9 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
       if (!parse_int(v, 0, 1000000, &o->warmup)) return bad;
     } else if (flag == "--segment") {
       if (!parse_size(v, &o->segment) || o->segment < 4 || o->segment > (size_t(1) << 30)) return bad;
+    } else if (flag == "--pin") {
+      if (v != "on" && v != "off") return bad + " (on or off)";
+      o->pin = v == "on";
     } else if (flag == "--small") {
       if (!parse_size(v, &o->small)) return bad;
     } else if (flag == "--wait-spin-us") {
@@ -230,6 +236,14 @@ int run_inproc(const options& o) {
 
 int run_worker(const options& o) {
   const int rank = o.worker_rank;
+  if (o.pin) {
+    // Before any thread exists: the bridge's and ZeroMQ's threads inherit the mask. Hand-offs between
+    // a rank's own threads then stay on one CPU instead of waking another (costly in a VM).
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(rank % std::max(1, int(std::thread::hardware_concurrency())), &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) std::perror("allreduce_bench: sched_setaffinity");
+  }
   ringmaster::net::zmq_ring_options ro;
   ro.segment_bytes = o.segment;
   ro.timeout = std::chrono::milliseconds(o.timeout_ms);
@@ -368,8 +382,8 @@ int main(int argc, char** argv) {
   std::printf("# allreduce_bench: %d ranks, transport %s, %d iters, %d warmup", o.ranks, o.transport.c_str(),
               o.iters, o.warmup);
   if (o.transport != "inproc")
-    std::printf(", segment %zu B, whole below %zu B, io threads %d, spin %d us, wait spin %d us", o.segment,
-                o.small, o.io_threads, o.spin_us, o.wait_spin_us);
+    std::printf(", segment %zu B, whole up to %zu B, io threads %d, spin %d us, wait spin %d us, pin %s",
+                o.segment, o.small, o.io_threads, o.spin_us, o.wait_spin_us, o.pin ? "on" : "off");
   std::printf("\n# memcpy 64 MiB one thread: %.2f GB/s (this machine, this run)\n", memcpy_gbps());
   std::printf("# %10s %12s %10s %10s %8s\n", "size_bytes", "median_us", "algbw_GBps", "busbw_GBps", "wrong");
   std::fflush(stdout);
