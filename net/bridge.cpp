@@ -376,6 +376,11 @@ struct bridge::impl {
         }
       }
     }
+    {
+      // Also when poll() failed for good: later calls must fail rather than queue work for nobody.
+      std::lock_guard<std::mutex> lock(mu);
+      running = false;
+    }
     // Close every socket here, on their own thread; linger 0 drops what is unsent.
     listener.backlog.clear();
     listener.socket.reset();

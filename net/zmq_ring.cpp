@@ -63,7 +63,6 @@ struct zmq_ring::impl {
   std::atomic<int64_t> outstanding{0};  // sent messages still pointing into the caller's buffer
   std::atomic<int64_t> last_progress{0};
   std::atomic<int> right_peer{-1};
-  std::string endpoints_note;  // "rank 1 (tcp://...)" for messages
 
   // Bridge thread only.
   std::optional<step_state> cur;
@@ -160,8 +159,9 @@ struct zmq_ring::impl {
                   " round " + std::to_string(h.round) + " with " + std::to_string(h.elements) +
                   " floats (the ranks' buffer lengths differ?)");
     touch();
-    send_piece(k, next);
-    if (piece.done()) ++cur->done;
+    const bool piece_done = piece.done();
+    send_piece(k, next);  // may fail and end the step
+    if (cur && piece_done) ++cur->done;
   }
 
   // Rank `origin`'s buffer, `round` hops from home: keep it, pass it on unless the next rank is its
@@ -216,7 +216,8 @@ struct zmq_ring::impl {
       replay_early(step);
       return finish_if_done();
     }
-    s.piece_len = size * std::max<size_t>(1, opt.segment_bytes / sizeof(float));
+    const size_t segment = std::min<size_t>(opt.segment_bytes, wire::kMaxPayloadBytes) / sizeof(float);
+    s.piece_len = size * std::max<size_t>(1, segment);
     const size_t pieces = len == 0 ? 1 : (len + s.piece_len - 1) / s.piece_len;
     if (pieces > size_t(INT32_MAX)) return fail("buffer too long for this segment size");
     s.pieces.reserve(pieces);
@@ -329,13 +330,13 @@ struct zmq_ring::impl {
   std::string clean_up(const std::string& why) {
     const int peer = right_peer.load();
     // The bridge thread must have let go of the step before the caller gets its buffer back.
-    bool released = false;
-    const bool posted = br.post([this, why, &released] {
+    auto released = std::make_shared<bool>(false);  // shared: outlives this frame if the wait gives up
+    const bool posted = br.post([this, why, released] {
       if (cur) fail(why);
-      update([&released] { released = true; });
+      update([&released] { *released = true; });
     });
     std::unique_lock<std::mutex> lock(mu);
-    if (posted) cv.wait_for(lock, std::chrono::seconds(10), [&released] { return released; });
+    if (posted) cv.wait_for(lock, std::chrono::seconds(10), [&released] { return *released; });
     // Let what is queued drain for a moment (the abort goes out behind it), then cut the connection,
     // which makes ZeroMQ free every message still queued.
     if (!cv.wait_for(lock, std::chrono::seconds(1), [this] { return outstanding.load() == 0; })) {
