@@ -431,6 +431,7 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
       }
       std::lock_guard<std::mutex> lock(d_->mu);
       d_->endpoint = d_->listener.socket->get(zmq::sockopt::last_endpoint);
+      d_->listener.endpoint = d_->endpoint;
     }
   } catch (const zmq::error_t& e) {
     d_->listener.socket.reset();
@@ -470,6 +471,11 @@ void bridge::stop() {
   }
   d_->queue.clear();  // closures holding payloads that never went out
   d_->ctx.reset();    // after every socket closed: returns at once with linger 0
+  // libzmq 4.3 leaves a bound ipc:// socket file behind (it unlinks a stale one at bind time instead).
+  const std::string ipc = "ipc://";
+  const std::string& ep = d_->listener.endpoint;
+  if (ep.rfind(ipc, 0) == 0 && ep.size() > ipc.size() && ep[ipc.size()] != '@') unlink(ep.c_str() + ipc.size());
+  d_->listener.endpoint.clear();
   if (d_->wake_fd >= 0) close(d_->wake_fd);
   d_->wake_fd = -1;
   d_->tid.store(std::thread::id());
