@@ -280,6 +280,13 @@ struct bridge::impl {
       report(fault::malformed, from, err);
       return true;
     }
+    // ZeroMQ packs small received messages into a shared buffer at any offset; floats must be aligned
+    // (on x86 a misaligned load happens to work, but it is undefined behaviour and breaks elsewhere).
+    if (wire::is_tensor_type(h.type) && reinterpret_cast<uintptr_t>(p.data) % alignof(float) != 0) {
+      auto copy = std::make_shared<std::vector<float>>(p.size / sizeof(float));
+      std::memcpy(copy->data(), p.data, p.size);
+      p = payload::of(std::move(copy));
+    }
     if (!on_message) return true;
     try {
       on_message(from, h, std::move(p));

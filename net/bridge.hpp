@@ -41,7 +41,8 @@ struct payload {
 
   bool empty() const { return size == 0; }
   std::string_view text() const { return {static_cast<const char*>(data), size}; }
-  // Valid when the message is a tensor type (the header's element count was checked against the size).
+  // Valid when the message is a tensor type: the header's element count was checked against the size,
+  // and the bridge hands tensor payloads over aligned for float.
   const float* floats() const { return static_cast<const float*>(data); }
 
   static payload copy_of(std::string_view bytes);

@@ -78,6 +78,8 @@ TEST_CASE("allreduce_bench: bad flags exit 2 with a clear message", "[bench]") {
       {"--ranks 0", "bad value for --ranks: '0' (1-64)"},
       {"--iters", "--iters needs a value"},
       {"--frobnicate 1", "unknown flag --frobnicate"},
+      {"--frobnicate", "unknown flag --frobnicate"},
+      {"stray", "unexpected argument stray"},
       {"--worker-rank 0", "a worker needs --endpoints with one endpoint per rank"},
   };
   for (const auto& [args, want] : cases) {

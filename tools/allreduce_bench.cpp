@@ -117,7 +117,13 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
       *help = true;
       return "";
     }
-    if (i + 1 >= argc) return flag.rfind("--", 0) == 0 ? flag + " needs a value" : "unexpected argument " + flag;
+    static const char* const known[] = {"--ranks",   "--transport", "--sizes",        "--iters",
+                                        "--warmup",  "--segment",   "--small",        "--io-threads",
+                                        "--spin-us", "--wait-spin-us", "--pin",       "--timeout-ms",
+                                        "--worker-rank", "--endpoints"};
+    if (std::find(std::begin(known), std::end(known), flag) == std::end(known))
+      return flag.rfind("--", 0) == 0 ? "unknown flag " + flag : "unexpected argument " + flag;
+    if (i + 1 >= argc) return flag + " needs a value";
     const std::string v = argv[++i];
     const std::string bad = "bad value for " + flag + ": '" + v + "'";
     if (flag == "--ranks") {
@@ -155,8 +161,6 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
       if (!parse_int(v, 0, 63, &o->worker_rank)) return bad;
     } else if (flag == "--endpoints") {
       o->endpoints = split(v);
-    } else {
-      return "unknown flag " + flag;
     }
   }
   if (o->worker_rank >= 0 && (o->endpoints.size() != size_t(o->ranks) || o->worker_rank >= o->ranks))
