@@ -5,8 +5,20 @@
 // message holds one segment (1 MiB by default): while the bridge thread adds one segment, ZeroMQ's I/O
 // thread is already receiving the next, and the link never waits for a whole chunk to be summed.
 //
+// Buffers up to small_bytes (64 KiB) take a latency path instead: each rank's whole buffer is passed
+// round the ring (size-1 hops rather than 2(size-1)) and every rank sums the buffers in rank order.
+// Either way every rank ends with the same bits.
+//
 // All ring state lives on the bridge thread (the handler receives a chunk, adds it and sends the next at
-// once, no thread hop); the calling thread only starts a step and waits for it.
+// once, no thread hop); the calling thread only starts a step and waits for it. Segments are sent from
+// the caller's buffer without a copy (safe: a range is overwritten only after the right neighbour has
+// received it, and allreduce returns only once ZeroMQ has let go of every segment).
+//
+// One allreduce at a time per ring, never from a bridge handler. A dead or stuck neighbour makes the
+// call fail after `timeout` without progress, and tells the other ranks (abort) so they fail as well.
+// Large all-reduces allocate ZeroMQ receive buffers per segment; glibc's default of returning such
+// memory to the OS makes every one of them page-fault afresh. A program may prefer to keep it
+// (mallopt M_TRIM_THRESHOLD / M_MMAP_THRESHOLD); a library does not change that for its host.
 //
 //   zmq_ring ring(rank, size);
 //   std::string err;
