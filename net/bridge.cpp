@@ -1,5 +1,6 @@
 #include "net/bridge.hpp"
 
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -29,6 +30,8 @@ struct connection {
   std::unique_ptr<zmq::socket_t> socket;  // null once disconnected
   std::string endpoint;
   std::deque<pending> backlog;
+  int fd = -1;         // ZMQ_FD: readable when the socket has news for us
+  bool dirty = true;   // used since last drained: may hold messages ZMQ_FD will not announce again
 };
 
 std::string default_name() {
@@ -91,8 +94,7 @@ struct bridge::impl {
 
   // Bridge thread only (created in start() before the thread exists).
   std::unique_ptr<zmq::context_t> ctx;
-  std::unique_ptr<zmq::socket_t> router;
-  std::deque<pending> router_backlog;
+  connection listener;  // the ROUTER; socket null without a listen endpoint
   std::vector<connection> peers;
 
   void report(fault kind, peer_info from, std::string message) {
@@ -162,14 +164,14 @@ struct bridge::impl {
     }
   }
 
-  void send_now(std::unique_ptr<zmq::socket_t>& s, std::deque<pending>& backlog, pending m, bool routed,
-                const peer_info& to) {
-    if (!backlog.empty()) {  // keep the order: behind what is already waiting
-      backlog.push_back(std::move(m));
+  void send_now(connection& c, pending m, bool routed, const peer_info& to) {
+    c.dirty = true;  // a send may consume the socket's notifications: look at it before sleeping
+    if (!c.backlog.empty()) {  // keep the order: behind what is already waiting
+      c.backlog.push_back(std::move(m));
       return;
     }
-    const int rc = try_send(*s, m, routed);
-    if (rc == 0) backlog.push_back(std::move(m));
+    const int rc = try_send(*c.socket, m, routed);
+    if (rc == 0) c.backlog.push_back(std::move(m));
     if (rc < 0) {
       const int err = errno;
       report(fault::send_failed, to,
@@ -194,16 +196,15 @@ struct bridge::impl {
       report(fault::send_failed, to, "send to unknown or closed peer " + std::to_string(peer));
       return;
     }
-    connection& c = peers[peer];
-    send_now(c.socket, c.backlog, build(h, p), false, to);
+    send_now(peers[peer], build(h, p), false, to);
   }
 
   void do_reply(const peer_info& to, const wire::header& h, payload p) {
     if (to.peer >= 0) return do_send(to.peer, h, std::move(p));
-    if (!router) return report(fault::send_failed, to, "reply by identity without a listening socket");
+    if (!listener.socket) return report(fault::send_failed, to, "reply by identity without a listening socket");
     pending m = build(h, p);
     m.identity = zmq::message_t(to.identity.data(), to.identity.size());
-    send_now(router, router_backlog, std::move(m), true, to);
+    send_now(listener, std::move(m), true, to);
   }
 
   int do_connect(const std::string& ep, std::string* error) {
@@ -214,7 +215,8 @@ struct bridge::impl {
       // No ZMQ_IMMEDIATE: a hello sent before the peer has bound waits in the queue and goes out when the
       // (automatic, repeated) connection succeeds, so start-up order does not matter.
       s->connect(ep);
-      peers.push_back({std::move(s), ep, {}});
+      const int fd = s->get(zmq::sockopt::fd);
+      peers.push_back({std::move(s), ep, {}, fd, true});
       return int(peers.size() - 1);
     } catch (const zmq::error_t& e) {
       fail(error, ep + ": " + e.what());
@@ -278,6 +280,13 @@ struct bridge::impl {
       report(fault::malformed, from, err);
       return true;
     }
+    // ZeroMQ packs small received messages into a shared buffer at any offset; floats must be aligned
+    // (on x86 a misaligned load happens to work, but it is undefined behaviour and breaks elsewhere).
+    if (wire::is_tensor_type(h.type) && reinterpret_cast<uintptr_t>(p.data) % alignof(float) != 0) {
+      auto copy = std::make_shared<std::vector<float>>(p.size / sizeof(float));
+      std::memcpy(copy->data(), p.data, p.size);
+      p = payload::of(std::move(copy));
+    }
     if (!on_message) return true;
     try {
       on_message(from, h, std::move(p));
@@ -299,62 +308,89 @@ struct bridge::impl {
     for (auto& f : work) f();
   }
 
+  connection* conn(int id) {
+    connection* c = id < 0 ? &listener : &peers[size_t(id)];
+    return c->socket ? c : nullptr;
+  }
+
+  // Sends what waits and reads what has come, a bounded batch so one busy peer cannot starve the
+  // others. Leaves the connection dirty if it stopped early, so the loop comes back without sleeping.
+  void serve(int id) {
+    connection* c = conn(id);
+    if (!c) return;
+    c->dirty = false;
+    if (!c->backlog.empty()) flush(*c->socket, c->backlog, id < 0);
+    for (int n = 0; n < 64; ++n) {
+      c = conn(id);  // a handler may have disconnected it
+      if (!c || !receive_one(*c->socket, id < 0, id)) return;
+    }
+    c->dirty = true;
+  }
+
+  // poll() on the sockets' ZMQ_FDs and the wake-up eventfd. ZMQ_FD only announces changes, so a
+  // socket is served until it reports "nothing more" (a recv that would block, which also re-arms its
+  // ZMQ_FD) before the thread may sleep. This costs a few system calls per message where zmq_poll
+  // spends about ten (two passes, each asking every socket for ZMQ_EVENTS); small all-reduces are
+  // dominated by such costs.
   void loop() {
     tid.store(std::this_thread::get_id());
-    std::vector<zmq_pollitem_t> items;
-    std::vector<int> item_peer;  // peer id of items[i], -1 for the router, -2 for the wake fd
+    std::vector<pollfd> fds;
+    std::vector<int> ids;  // connection of fds[i]: -1 the listener, >= 0 a peer, -2 the wake-up fd
+    if (listener.socket) listener.fd = listener.socket->get(zmq::sockopt::fd);
     while (!quit.load(std::memory_order_acquire)) {
-      items.clear();
-      item_peer.clear();
-      items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
-      item_peer.push_back(-2);
-      if (router) {
-        items.push_back({router->handle(), 0, short(ZMQ_POLLIN | (router_backlog.empty() ? 0 : ZMQ_POLLOUT)), 0});
-        item_peer.push_back(-1);
+      bool busy = false;
+      for (int id = -1; id < int(peers.size()); ++id) {
+        connection* c = conn(id);
+        if (c && (c->dirty || !c->backlog.empty())) serve(id);
+        c = conn(id);
+        busy |= c && (c->dirty || !c->backlog.empty());
       }
-      for (size_t i = 0; i < peers.size(); ++i) {
-        if (!peers[i].socket) continue;
-        const short ev = short(ZMQ_POLLIN | (peers[i].backlog.empty() ? 0 : ZMQ_POLLOUT));
-        items.push_back({peers[i].socket->handle(), 0, ev, 0});
-        item_peer.push_back(int(i));
-      }
+      fds.clear();
+      ids.clear();
+      fds.push_back({wake_fd, POLLIN, 0});
+      ids.push_back(-2);
+      for (int id = -1; id < int(peers.size()); ++id)
+        if (connection* c = conn(id)) {
+          fds.push_back({c->fd, POLLIN, 0});
+          ids.push_back(id);
+        }
+      // A backlog waits for ZeroMQ to make room: check back soon rather than trust a notification.
+      const bool backlog_only = busy && [&] {
+        for (int id = -1; id < int(peers.size()); ++id)
+          if (connection* c = conn(id); c && c->dirty) return false;
+        return true;
+      }();
+      int timeout = busy ? (backlog_only ? 1 : 0) : -1;
       int rc = 0;
-      if (opt.spin.count() > 0) {
+      if (timeout != 0 && opt.spin.count() > 0) {
         const auto until = std::chrono::steady_clock::now() + opt.spin;
-        do rc = zmq_poll(items.data(), int(items.size()), 0);
+        do rc = ::poll(fds.data(), fds.size(), 0);
         while (rc == 0 && std::chrono::steady_clock::now() < until);
       }
-      if (rc == 0) rc = zmq_poll(items.data(), int(items.size()), -1);
+      if (rc == 0) rc = ::poll(fds.data(), fds.size(), timeout);
       if (rc < 0) {
-        if (zmq_errno() == EINTR) continue;
-        break;  // ETERM or a closed socket: nothing sensible left to do
+        if (errno == EINTR) continue;
+        break;
       }
-      for (size_t i = 0; i < items.size(); ++i) {
-        if (!items[i].revents) continue;
-        const int id = item_peer[i];
-        if (id == -2) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (!fds[i].revents) continue;
+        if (ids[i] == -2) {
           uint64_t n;
           (void)!read(wake_fd, &n, sizeof n);
           run_queue();
-          continue;
-        }
-        // A handler above may have disconnected this peer: look it up again.
-        zmq::socket_t* s = id < 0 ? router.get() : peers[id].socket.get();
-        if (!s) continue;
-        auto& backlog = id < 0 ? router_backlog : peers[id].backlog;
-        if (items[i].revents & ZMQ_POLLOUT) flush(*s, backlog, id < 0);
-        if (items[i].revents & ZMQ_POLLIN) {
-          // A bounded batch per socket so one busy peer cannot starve the others.
-          for (int n = 0; n < 64; ++n) {
-            s = id < 0 ? router.get() : peers[id].socket.get();
-            if (!s || !receive_one(*s, id < 0, id)) break;
-          }
+        } else if (connection* c = conn(ids[i])) {
+          c->dirty = true;
         }
       }
     }
+    {
+      // Also when poll() failed for good: later calls must fail rather than queue work for nobody.
+      std::lock_guard<std::mutex> lock(mu);
+      running = false;
+    }
     // Close every socket here, on their own thread; linger 0 drops what is unsent.
-    router_backlog.clear();
-    router.reset();
+    listener.backlog.clear();
+    listener.socket.reset();
     peers.clear();
   }
 };
@@ -388,29 +424,30 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
   try {
     d_->ctx = std::make_unique<zmq::context_t>(d_->opt.io_threads);
     if (!listen_endpoint.empty()) {
-      d_->router = std::make_unique<zmq::socket_t>(*d_->ctx, zmq::socket_type::router);
-      d_->set_common_options(*d_->router);
-      d_->router->set(zmq::sockopt::router_mandatory, 1);  // unroutable replies are errors, not silence
-      d_->router->set(zmq::sockopt::router_handover, 1);   // a peer that reconnects keeps its identity
+      d_->listener.socket = std::make_unique<zmq::socket_t>(*d_->ctx, zmq::socket_type::router);
+      d_->set_common_options(*d_->listener.socket);
+      d_->listener.socket->set(zmq::sockopt::router_mandatory, 1);  // unroutable replies are errors, not silence
+      d_->listener.socket->set(zmq::sockopt::router_handover, 1);   // a peer that reconnects keeps its identity
       try {
-        d_->router->bind(listen_endpoint);
+        d_->listener.socket->bind(listen_endpoint);
       } catch (const zmq::error_t& e) {
         std::string why = e.num() == EADDRINUSE ? "address already in use" : e.what();
-        d_->router.reset();
+        d_->listener.socket.reset();
         d_->ctx.reset();
         return fail(error, listen_endpoint + ": " + why);
       }
       std::lock_guard<std::mutex> lock(d_->mu);
-      d_->endpoint = d_->router->get(zmq::sockopt::last_endpoint);
+      d_->endpoint = d_->listener.socket->get(zmq::sockopt::last_endpoint);
+      d_->listener.endpoint = d_->endpoint;
     }
   } catch (const zmq::error_t& e) {
-    d_->router.reset();
+    d_->listener.socket.reset();
     d_->ctx.reset();
     return fail(error, listen_endpoint + ": " + e.what());
   }
   d_->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (d_->wake_fd < 0) {
-    d_->router.reset();
+    d_->listener.socket.reset();
     d_->ctx.reset();
     return fail(error, std::string("eventfd: ") + std::strerror(errno));
   }
@@ -441,6 +478,11 @@ void bridge::stop() {
   }
   d_->queue.clear();  // closures holding payloads that never went out
   d_->ctx.reset();    // after every socket closed: returns at once with linger 0
+  // libzmq 4.3 leaves a bound ipc:// socket file behind (it unlinks a stale one at bind time instead).
+  const std::string ipc = "ipc://";
+  const std::string& ep = d_->listener.endpoint;
+  if (ep.rfind(ipc, 0) == 0 && ep.size() > ipc.size() && ep[ipc.size()] != '@') unlink(ep.c_str() + ipc.size());
+  d_->listener.endpoint.clear();
   if (d_->wake_fd >= 0) close(d_->wake_fd);
   d_->wake_fd = -1;
   d_->tid.store(std::thread::id());

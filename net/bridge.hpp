@@ -3,7 +3,7 @@
 // ZeroMQ sockets are not thread-safe, so all of them live on the bridge's own thread: one ROUTER bound at
 // the listen endpoint (peers' DEALERs connect to it) and one DEALER per peer this process connects to.
 // Any thread may call the public functions: what must touch a socket is queued and the bridge thread is
-// woken (an eventfd polled with zmq_poll next to the sockets). Calls made on the bridge thread itself
+// woken (an eventfd polled next to the sockets' ZMQ_FDs). Calls made on the bridge thread itself
 // (from a handler) act at once, with no queue and no wake-up: protocols that answer messages from their
 // handler (the ring) pay no thread hop per message.
 //
@@ -41,7 +41,8 @@ struct payload {
 
   bool empty() const { return size == 0; }
   std::string_view text() const { return {static_cast<const char*>(data), size}; }
-  // Valid when the message is a tensor type (the header's element count was checked against the size).
+  // Valid when the message is a tensor type: the header's element count was checked against the size,
+  // and the bridge hands tensor payloads over aligned for float.
   const float* floats() const { return static_cast<const float*>(data); }
 
   static payload copy_of(std::string_view bytes);

@@ -84,7 +84,7 @@ bool validate(const header& h, std::string* error) {
   if (h.sender_rank < -1) return fail(error, "bad sender rank " + std::to_string(h.sender_rank));
   if (h.round < 0) return fail(error, "negative round " + std::to_string(h.round));
   if (h.segment < 0) return fail(error, "negative segment " + std::to_string(h.segment));
-  if (h.flags != 0) return fail(error, "unknown flags " + hex32(h.flags));
+  if (h.flags & ~kKnownFlags) return fail(error, "unknown flags " + hex32(h.flags));
   if (h.payload_bytes > kMaxPayloadBytes)
     return fail(error, "payload of " + std::to_string(h.payload_bytes) + " bytes exceeds the limit of " +
                            std::to_string(kMaxPayloadBytes));

@@ -13,7 +13,7 @@
 //  24  i32 sender_rank   >= -1 (-1: not a ring member, e.g. a coordinator)
 //  28  i32 round         ring round or chunk index, >= 0
 //  32  i32 segment       which piece of a segmented buffer, >= 0
-//  36  u32 flags         reserved, must be 0
+//  36  u32 flags         kFlagWhole or 0; other bits must be 0
 //  40  u64 elements      floats in the payload (tensor messages)
 //  48  u64 payload_bytes size of the payload frame (0: no payload frame)
 #pragma once
@@ -31,6 +31,11 @@ constexpr uint16_t kProtocolVersion = 1;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads (job specs) are small
+
+// chunk flag: the payload is rank `segment`'s whole buffer, `round` hops from its origin (the
+// small-buffer all-reduce); without it a chunk is one ring round of one piece.
+constexpr uint32_t kFlagWhole = 1;
+constexpr uint32_t kKnownFlags = kFlagWhole;
 
 enum class msg_type : uint16_t {
   hello = 1,   // handshake: "I am rank r of n in job j" (kv payload)

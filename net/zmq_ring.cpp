@@ -7,6 +7,7 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "net/ring.hpp"
 
@@ -38,6 +39,11 @@ struct step_state {
   size_t len = 0, piece_len = 0;
   std::vector<ring::allreduce_state<fast_ops>> pieces;
   size_t done = 0;
+  // Small buffers: every rank's whole buffer travels round the ring (size-1 hops instead of the ring's
+  // 2(size-1)); whole[r] is rank r's buffer once it has arrived.
+  bool small = false;
+  std::vector<payload> whole;
+  int arrived = 0;
 };
 
 }  // namespace
@@ -50,12 +56,13 @@ struct zmq_ring::impl {
   std::mutex mu;
   std::condition_variable cv;
   bool left_hello = false, right_ack = false, connected = false;
-  bool step_finished = false;
+  // Set by the bridge thread when every piece is done; the caller then still waits for `outstanding`.
+  std::atomic<bool> step_finished{false};
+  std::atomic<bool> failed{false};  // mirrors !failure.empty() for ZeroMQ's thread
   std::string failure;  // non-empty: the ring is broken
   std::atomic<int64_t> outstanding{0};  // sent messages still pointing into the caller's buffer
   std::atomic<int64_t> last_progress{0};
   std::atomic<int> right_peer{-1};
-  std::string endpoints_note;  // "rank 1 (tcp://...)" for messages
 
   // Bridge thread only.
   std::optional<step_state> cur;
@@ -72,11 +79,23 @@ struct zmq_ring::impl {
 
   void touch() { last_progress.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
 
+  // Changes shared state and wakes the caller. Notifying after unlocking spares the woken thread
+  // from blocking on the mutex at once (an extra context switch on every wake-up).
+  template <class F>
+  void update(F f) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      f();
+    }
+    cv.notify_all();
+  }
+
   void fail(const std::string& why) {
     cur.reset();  // on the bridge thread: from now on nobody writes into the caller's buffer
-    std::lock_guard<std::mutex> lock(mu);
-    if (failure.empty()) failure = why;
-    cv.notify_all();
+    update([&] {
+      if (failure.empty()) failure = why;
+      failed = true;
+    });
   }
 
   void log(const std::string& why) {
@@ -97,10 +116,10 @@ struct zmq_ring::impl {
     outstanding.fetch_add(1, std::memory_order_relaxed);
     std::shared_ptr<const void> token(static_cast<const void*>(this), [this](const void*) {
       touch();
-      if (outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lock(mu);
-        cv.notify_all();
-      }
+      // Wake the caller only when it waits for this (step done, or a failure being cleaned up): a
+      // wake-up per message would double the context switches of a small all-reduce. Both sides use
+      // seq_cst, so either this sees step_finished or the caller sees outstanding == 0.
+      if (outstanding.fetch_sub(1) == 1 && (step_finished.load() || failed.load())) update([] {});
     });
     return {p, n * sizeof(float), std::move(token)};
   }
@@ -118,15 +137,18 @@ struct zmq_ring::impl {
   }
 
   void finish_if_done() {
-    if (!cur || cur->done < cur->pieces.size()) return;
+    if (!cur || cur->done < cur->pieces.size() || (cur->small && cur->arrived < size - 1)) return;
     finished_step = cur->step;
     cur.reset();
-    std::lock_guard<std::mutex> lock(mu);
-    step_finished = true;
-    cv.notify_all();
+    update([this] { step_finished = true; });
   }
 
   void apply(const wire::header& h, const payload& p) {
+    if (bool(h.flags & wire::kFlagWhole) != cur->small)
+      return fail("chunk of the " + std::string(cur->small ? "ring" : "small-buffer") +
+                  " kind during a " + std::string(cur->small ? "small-buffer" : "ring") +
+                  " all-reduce (the ranks' buffer lengths differ?)");
+    if (cur->small) return apply_whole(h, p);
     const size_t k = size_t(h.segment);
     if (k >= cur->pieces.size())
       return fail("chunk for segment " + std::to_string(k) + " of " + std::to_string(cur->pieces.size()));
@@ -137,8 +159,51 @@ struct zmq_ring::impl {
                   " round " + std::to_string(h.round) + " with " + std::to_string(h.elements) +
                   " floats (the ranks' buffer lengths differ?)");
     touch();
-    send_piece(k, next);
-    if (piece.done()) ++cur->done;
+    const bool piece_done = piece.done();
+    send_piece(k, next);  // may fail and end the step
+    if (cur && piece_done) ++cur->done;
+  }
+
+  // Rank `origin`'s buffer, `round` hops from home: keep it, pass it on unless the next rank is its
+  // origin, and once all have come, sum them in rank order, so every rank computes the same bits.
+  void apply_whole(const wire::header& h, const payload& p) {
+    const int hop = h.round, origin = h.segment;
+    if (hop > size - 2 || origin != ring::mod(rank - 1 - hop, size) || h.elements != cur->len ||
+        cur->whole[origin].owner)
+      return fail("unexpected small-buffer chunk: step " + std::to_string(h.step) + " origin " +
+                  std::to_string(origin) + " hop " + std::to_string(hop) + " with " + std::to_string(h.elements) +
+                  " floats (the ranks' buffer lengths differ?)");
+    touch();
+    cur->whole[origin] = p;
+    if (hop < size - 2) {
+      wire::header f = h;
+      f.sender_rank = rank;
+      f.round = hop + 1;
+      std::string err;
+      if (!br.send(right_peer.load(), f, p, &err)) return fail("send to right: " + err);
+    }
+    if (++cur->arrived < size - 1) return;
+    std::vector<float> sum(cur->len);
+    const auto src = [&](int r) { return r == rank ? cur->buf : cur->whole[r].floats(); };
+    fast_ops().copy(sum.data(), src(0), cur->len);
+    for (int r = 1; r < size; ++r) fast_ops().add(sum.data(), src(r), cur->len);
+    fast_ops().copy(cur->buf, sum.data(), cur->len);
+  }
+
+  void start_small(step_state& s) {
+    s.small = true;
+    s.whole.resize(size);
+    cur.emplace(std::move(s));
+    touch();
+    wire::header h = make(msg_type::chunk);
+    h.step = cur->step;
+    h.flags = wire::kFlagWhole;
+    h.segment = rank;
+    h.elements = cur->len;
+    // A copy: the caller's buffer receives the sum before ZeroMQ may have sent it.
+    auto mine = std::make_shared<const std::vector<float>>(cur->buf, cur->buf + cur->len);
+    std::string err;
+    if (!br.send(right_peer.load(), h, payload::of(std::move(mine)), &err)) fail("send to right: " + err);
   }
 
   void start_step(int64_t step, float* buf, size_t len) {
@@ -146,7 +211,13 @@ struct zmq_ring::impl {
     s.step = step;
     s.buf = buf;
     s.len = len;
-    s.piece_len = size * std::max<size_t>(1, opt.segment_bytes / sizeof(float));
+    if (len * sizeof(float) <= opt.small_bytes) {
+      start_small(s);
+      replay_early(step);
+      return finish_if_done();
+    }
+    const size_t segment = std::min<size_t>(opt.segment_bytes, wire::kMaxPayloadBytes) / sizeof(float);
+    s.piece_len = size * std::max<size_t>(1, segment);
     const size_t pieces = len == 0 ? 1 : (len + s.piece_len - 1) / s.piece_len;
     if (pieces > size_t(INT32_MAX)) return fail("buffer too long for this segment size");
     s.pieces.reserve(pieces);
@@ -157,13 +228,17 @@ struct zmq_ring::impl {
     cur.emplace(std::move(s));
     touch();
     for (size_t k = 0; k < pieces && cur; ++k) send_piece(k, cur->pieces[k].start());
-    // Chunks our left neighbour sent before this rank got here.
+    replay_early(step);
+    finish_if_done();
+  }
+
+  // Chunks our left neighbour sent before this rank got here.
+  void replay_early(int64_t step) {
     while (cur && !early.empty() && early.front().h.step <= step) {
       early_chunk c = std::move(early.front());
       early.pop_front();
       if (c.h.step == step) apply(c.h, c.p);
     }
-    finish_if_done();
   }
 
   void on_chunk(const peer_info& from, const wire::header& h, payload p) {
@@ -201,9 +276,7 @@ struct zmq_ring::impl {
     }
     left_identity = from.identity;
     br.reply(from, make(msg_type::hello_ack));
-    std::lock_guard<std::mutex> lock(mu);
-    left_hello = true;
-    cv.notify_all();
+    update([this] { left_hello = true; });
   }
 
   bool connected_now() {
@@ -229,11 +302,7 @@ struct zmq_ring::impl {
       case msg_type::chunk: return on_chunk(from, h, std::move(p));
       case msg_type::hello: return on_hello(from, h, p);
       case msg_type::hello_ack:
-        if (from.peer == right_peer.load() && h.job_id == opt.job_id) {
-          std::lock_guard<std::mutex> lock(mu);
-          right_ack = true;
-          cv.notify_all();
-        }
+        if (from.peer == right_peer.load() && h.job_id == opt.job_id) update([this] { right_ack = true; });
         return;
       case msg_type::abort:
         if (h.job_id == opt.job_id) on_abort(p);
@@ -261,15 +330,13 @@ struct zmq_ring::impl {
   std::string clean_up(const std::string& why) {
     const int peer = right_peer.load();
     // The bridge thread must have let go of the step before the caller gets its buffer back.
-    bool released = false;
-    const bool posted = br.post([this, why, &released] {
+    auto released = std::make_shared<bool>(false);  // shared: outlives this frame if the wait gives up
+    const bool posted = br.post([this, why, released] {
       if (cur) fail(why);
-      std::lock_guard<std::mutex> lock(mu);
-      released = true;
-      cv.notify_all();
+      update([&released] { *released = true; });
     });
     std::unique_lock<std::mutex> lock(mu);
-    if (posted) cv.wait_for(lock, std::chrono::seconds(10), [&released] { return released; });
+    if (posted) cv.wait_for(lock, std::chrono::seconds(10), [&released] { return *released; });
     // Let what is queued drain for a moment (the abort goes out behind it), then cut the connection,
     // which makes ZeroMQ free every message still queued.
     if (!cv.wait_for(lock, std::chrono::seconds(1), [this] { return outstanding.load() == 0; })) {
@@ -371,6 +438,15 @@ std::string zmq_ring::allreduce(float* buf, size_t len) {
   if (!d_->br.post([d = d_.get(), step, buf, len] { d->start_step(step, buf, len); }))
     return "bridge not running";
 
+  // Small all-reduces finish in tens of microseconds: yielding in a loop for a while costs less than
+  // falling asleep and being woken (two context switches), and yields the core to the threads we wait on.
+  if (d_->opt.wait_spin.count() > 0) {
+    const auto until = clock::now() + d_->opt.wait_spin;
+    while (!d_->failed.load() && clock::now() < until) {
+      if (d_->step_finished.load() && d_->outstanding.load() == 0) return "";
+      std::this_thread::yield();
+    }
+  }
   std::unique_lock<std::mutex> lock(d_->mu);
   for (;;) {
     if (!d_->failure.empty()) break;
@@ -378,6 +454,7 @@ std::string zmq_ring::allreduce(float* buf, size_t len) {
     const auto last = clock::time_point(clock::duration(d_->last_progress.load(std::memory_order_relaxed)));
     const auto deadline = last + d_->opt.timeout;
     if (clock::now() >= deadline) {
+      d_->failed = true;
       d_->failure = "all-reduce step " + std::to_string(step) + " made no progress for " +
                     std::to_string(d_->opt.timeout.count()) + " ms (a neighbour died or is stuck)";
       // Tell the others so they stop waiting too.

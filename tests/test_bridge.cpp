@@ -171,14 +171,21 @@ TEST_CASE("bridge: ipc endpoints and many sending threads", "[bridge]") {
     });
   for (auto& s : senders) s.join();
   REQUIRE(ib.wait_messages(threads * each, 10s));
-  // Per sending thread, order is kept.
-  std::lock_guard<std::mutex> lock(ib.mu);
-  std::vector<int64_t> next(threads, 0);
-  for (const auto& m : ib.messages) {
-    REQUIRE(m.h.sender_rank >= 0);
-    REQUIRE(m.h.sender_rank < threads);
-    CHECK(m.h.step == next[m.h.sender_rank]++);
+  {
+    // Per sending thread, order is kept.
+    std::lock_guard<std::mutex> lock(ib.mu);
+    std::vector<int64_t> next(threads, 0);
+    for (const auto& m : ib.messages) {
+      REQUIRE(m.h.sender_rank >= 0);
+      REQUIRE(m.h.sender_rank < threads);
+      CHECK(m.h.step == next[m.h.sender_rank]++);
+    }
   }
+  // The socket file goes away with the bridge.
+  const std::string file = path.substr(6);
+  CHECK(access(file.c_str(), F_OK) == 0);
+  b.stop();
+  CHECK(access(file.c_str(), F_OK) != 0);
 }
 
 TEST_CASE("bridge: garbage from a raw socket is dropped and the bridge keeps serving", "[bridge]") {

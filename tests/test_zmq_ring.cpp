@@ -67,12 +67,17 @@ std::vector<std::string> allreduce_all(std::vector<std::unique_ptr<zmq_ring>>& r
 
 TEST_CASE("zmq_ring: sums exactly for 1-4 ranks, many lengths, repeated steps", "[zmq_ring]") {
   for (const std::string transport : {"tcp", "ipc"})
+    for (size_t small_bytes : {size_t(0), size_t(8192)})
     for (int n = 1; n <= 4; ++n) {
       if (transport == "ipc" && n != 3) continue;  // ipc once is enough
-      auto rings = make_rings(n, transport, small_segments());
+      // small_bytes 0: always the segmented ring; 8192: buffers up to 2048 floats go whole.
+      zmq_ring_options o = small_segments();
+      o.small_bytes = small_bytes;
+      auto rings = make_rings(n, transport, o);
       // 0 and 1 (empty chunks), fewer than n, one piece, many pieces with a ragged end.
-      for (size_t len : {size_t(0), size_t(1), size_t(n + 1), size_t(1000), size_t(100003)}) {
-        INFO(transport << ": " << n << " ranks, " << len << " floats");
+      for (size_t len : {size_t(0), size_t(1), size_t(n + 1), size_t(1000), size_t(2048), size_t(2049),
+                         size_t(100003)}) {
+        INFO(transport << ": " << n << " ranks, " << len << " floats, small_bytes " << small_bytes);
         for (int step = 0; step < 2; ++step) {
           std::mt19937 rng(unsigned(len * 31 + n * 7 + step));
           std::vector<std::vector<float>> bufs(n, std::vector<float>(len));

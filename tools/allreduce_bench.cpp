@@ -9,6 +9,7 @@
 // The time is rank 0's median over --iters all-reduces; ranks meet at a one-float all-reduce before
 // each timed one so that refilling the buffers is not timed.
 #include <arpa/inet.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -40,6 +41,9 @@ struct options {
   size_t segment = size_t(1) << 20;
   int io_threads = 1;
   int spin_us = 0;
+  int wait_spin_us = 0;
+  bool pin = true;  // as mpirun binds ranks to cores by default
+  size_t small = 64 * 1024;
   int timeout_ms = 10000;
   int worker_rank = -1;  // >= 0: this process is a worker
   std::vector<std::string> endpoints;
@@ -47,16 +51,19 @@ struct options {
 
 const char* kUsage =
     "usage: allreduce_bench [--ranks N] [--transport inproc|ipc|tcp] [--sizes 4K,1M,64M]\n"
-    "                       [--iters N] [--warmup N] [--segment BYTES] [--io-threads N] [--spin-us N]\n"
-    "                       [--timeout-ms N]\n"
+    "                       [--iters N] [--warmup N] [--segment BYTES] [--small BYTES] [--io-threads N]\n"
+    "                       [--spin-us N] [--wait-spin-us N] [--pin on|off] [--timeout-ms N]\n"
     "Ring all-reduce of float buffers; prints: size_bytes median_us algbw_GBps busbw_GBps wrong\n"
     "  --ranks N         ranks in the ring (default 2)\n"
     "  --transport T     inproc: actors in one process; ipc, tcp: one process per rank (default tcp)\n"
     "  --sizes LIST      buffer sizes in bytes, suffixes K M G (x1024), multiples of 4\n"
     "  --iters N         timed all-reduces per size (default 20); --warmup N untimed first (default 5)\n"
     "  --segment BYTES   bytes per chunk message, ipc/tcp (default 1M)\n"
+    "  --small BYTES     ipc/tcp: buffers up to this size go whole round the ring (default 64K; 0: never)\n"
     "  --io-threads N    ZeroMQ I/O threads per process (default 1)\n"
     "  --spin-us N       bridge thread polls N us before sleeping (default 0)\n"
+    "  --wait-spin-us N  the calling thread yields N us before sleeping (default 0)\n"
+    "  --pin on|off      ipc/tcp: all threads of worker r on CPU r mod CPUs (default on)\n"
     "  --timeout-ms N    a rank that sees no progress this long gives up (default 10000)\n";
 
 bool parse_size(const std::string& s, size_t* out) {
@@ -110,7 +117,13 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
       *help = true;
       return "";
     }
-    if (i + 1 >= argc) return flag.rfind("--", 0) == 0 ? flag + " needs a value" : "unexpected argument " + flag;
+    static const char* const known[] = {"--ranks",   "--transport", "--sizes",        "--iters",
+                                        "--warmup",  "--segment",   "--small",        "--io-threads",
+                                        "--spin-us", "--wait-spin-us", "--pin",       "--timeout-ms",
+                                        "--worker-rank", "--endpoints"};
+    if (std::find(std::begin(known), std::end(known), flag) == std::end(known))
+      return flag.rfind("--", 0) == 0 ? "unknown flag " + flag : "unexpected argument " + flag;
+    if (i + 1 >= argc) return flag + " needs a value";
     const std::string v = argv[++i];
     const std::string bad = "bad value for " + flag + ": '" + v + "'";
     if (flag == "--ranks") {
@@ -131,6 +144,13 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
       if (!parse_int(v, 0, 1000000, &o->warmup)) return bad;
     } else if (flag == "--segment") {
       if (!parse_size(v, &o->segment) || o->segment < 4 || o->segment > (size_t(1) << 30)) return bad;
+    } else if (flag == "--pin") {
+      if (v != "on" && v != "off") return bad + " (on or off)";
+      o->pin = v == "on";
+    } else if (flag == "--small") {
+      if (!parse_size(v, &o->small)) return bad;
+    } else if (flag == "--wait-spin-us") {
+      if (!parse_int(v, 0, 1000000, &o->wait_spin_us)) return bad;
     } else if (flag == "--io-threads") {
       if (!parse_int(v, 1, 16, &o->io_threads)) return bad;
     } else if (flag == "--spin-us") {
@@ -141,8 +161,6 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
       if (!parse_int(v, 0, 63, &o->worker_rank)) return bad;
     } else if (flag == "--endpoints") {
       o->endpoints = split(v);
-    } else {
-      return "unknown flag " + flag;
     }
   }
   if (o->worker_rank >= 0 && (o->endpoints.size() != size_t(o->ranks) || o->worker_rank >= o->ranks))
@@ -222,11 +240,21 @@ int run_inproc(const options& o) {
 
 int run_worker(const options& o) {
   const int rank = o.worker_rank;
+  if (o.pin) {
+    // Before any thread exists: the bridge's and ZeroMQ's threads inherit the mask. Hand-offs between
+    // a rank's own threads then stay on one CPU instead of waking another (costly in a VM).
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(rank % std::max(1, int(std::thread::hardware_concurrency())), &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) std::perror("allreduce_bench: sched_setaffinity");
+  }
   ringmaster::net::zmq_ring_options ro;
   ro.segment_bytes = o.segment;
   ro.timeout = std::chrono::milliseconds(o.timeout_ms);
   ro.bridge.io_threads = o.io_threads;
   ro.bridge.spin = std::chrono::microseconds(o.spin_us);
+  ro.wait_spin = std::chrono::microseconds(o.wait_spin_us);
+  ro.small_bytes = o.small;
   ringmaster::net::zmq_ring ring(rank, o.ranks, ro);
   std::string err;
   if (!ring.start(o.endpoints, &err)) {
@@ -357,7 +385,9 @@ int main(int argc, char** argv) {
   if (o.worker_rank >= 0) return run_worker(o);
   std::printf("# allreduce_bench: %d ranks, transport %s, %d iters, %d warmup", o.ranks, o.transport.c_str(),
               o.iters, o.warmup);
-  if (o.transport != "inproc") std::printf(", segment %zu B, io threads %d", o.segment, o.io_threads);
+  if (o.transport != "inproc")
+    std::printf(", segment %zu B, whole up to %zu B, io threads %d, spin %d us, wait spin %d us, pin %s",
+                o.segment, o.small, o.io_threads, o.spin_us, o.wait_spin_us, o.pin ? "on" : "off");
   std::printf("\n# memcpy 64 MiB one thread: %.2f GB/s (this machine, this run)\n", memcpy_gbps());
   std::printf("# %10s %12s %10s %10s %8s\n", "size_bytes", "median_us", "algbw_GBps", "busbw_GBps", "wrong");
   std::fflush(stdout);

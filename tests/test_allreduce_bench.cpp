@@ -1,0 +1,95 @@
+// The all-reduce benchmark end to end: its output format, its correctness count, its flag errors.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct run_result {
+  int status;
+  std::string out;
+};
+
+// `timeout` bounds the run even if the benchmark itself misbehaved.
+run_result run_bench(const std::string& args) {
+  const std::string cmd = "timeout 120 " + std::string(RINGMASTER_ALLREDUCE_BENCH_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+struct row {
+  size_t bytes;
+  double us, algbw, busbw;
+  long wrong;
+};
+
+std::vector<row> rows_of(const std::string& out) {
+  std::vector<row> rows;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream l(line);
+    row r{};
+    REQUIRE((l >> r.bytes >> r.us >> r.algbw >> r.busbw >> r.wrong));
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("allreduce_bench: every transport prints one correct row per size", "[bench]") {
+  for (const std::string args : {"--ranks 2 --transport tcp", "--ranks 3 --transport ipc --small 0",
+                                 "--ranks 2 --transport inproc"}) {
+    const run_result r = run_bench(args + " --sizes 4K,256K,1M --iters 3 --warmup 1");
+    INFO(args << "\n" << r.out);
+    REQUIRE(r.status == 0);
+    CHECK(r.out.rfind("# allreduce_bench: ", 0) == 0);
+    CHECK(r.out.find("# memcpy 64 MiB") != std::string::npos);
+    const auto rows = rows_of(r.out);
+    REQUIRE(rows.size() == 3);
+    CHECK(rows[0].bytes == 4096);
+    CHECK(rows[1].bytes == 256 * 1024);
+    CHECK(rows[2].bytes == 1024 * 1024);
+    for (const auto& w : rows) {
+      CHECK(w.wrong == 0);
+      CHECK(w.us > 0);
+      CHECK(w.algbw > 0);
+    }
+    // busbw = algbw * 2(N-1)/N: equal for 2 ranks, 4/3 of it for 3.
+    const double n = args.find("--ranks 3") != std::string::npos ? 3 : 2;
+    CHECK(rows[2].busbw == Approx(rows[2].algbw * 2 * (n - 1) / n).epsilon(0.01));
+  }
+}
+
+TEST_CASE("allreduce_bench: bad flags exit 2 with a clear message", "[bench]") {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"--transport carrier-pigeon", "bad value for --transport: 'carrier-pigeon' (inproc, ipc or tcp)"},
+      {"--sizes 4K,3", "'3' is not a byte count divisible by 4"},
+      {"--sizes 1X", "'1X' is not a byte count divisible by 4"},
+      {"--ranks 0", "bad value for --ranks: '0' (1-64)"},
+      {"--iters", "--iters needs a value"},
+      {"--frobnicate 1", "unknown flag --frobnicate"},
+      {"--frobnicate", "unknown flag --frobnicate"},
+      {"stray", "unexpected argument stray"},
+      {"--worker-rank 0", "a worker needs --endpoints with one endpoint per rank"},
+  };
+  for (const auto& [args, want] : cases) {
+    const run_result r = run_bench(args);
+    INFO(args << "\n" << r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(want) != std::string::npos);
+    CHECK(r.out.find("usage: allreduce_bench") != std::string::npos);
+  }
+  const run_result help = run_bench("--help");
+  CHECK(help.status == 0);
+  CHECK(help.out.find("busbw_GBps") != std::string::npos);
+}
