@@ -8,7 +8,8 @@ namespace ringmaster {
 local_ring::local_ring(caf::actor_system& sys, int ranks) : sys_(sys) {
   for (int r = 0; r < ranks; ++r) reducers_.push_back(sys.spawn(reducer, r, ranks));
   for (int r = 0; r < ranks; ++r)
-    caf::anon_send(reducers_[r], ring_atom::value, reducers_[(r + 1) % ranks]);
+    caf::anon_send(reducers_[r], ring_atom::value, reducers_[(r + 1) % ranks], true,
+                   reducers_[(r + ranks - 1) % ranks]);
 }
 
 local_ring::~local_ring() {

@@ -23,6 +23,7 @@ using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using eval_atom = caf::atom_constant<caf::atom("eval")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
 using weights_atom = caf::atom_constant<caf::atom("weights")>;
+using release_atom = caf::atom_constant<caf::atom("release")>;  // "done reading your buffer"
 using fail_atom = caf::atom_constant<caf::atom("fail")>;  // {fail_atom, why}: a proxy's peer is gone
 
 // One replica's shard of one global batch. Shared, immutable once sent: no copy on the way.

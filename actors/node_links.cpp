@@ -18,7 +18,7 @@ caf::behavior ring_link(caf::event_based_actor*, net::bridge* br, int peer, uint
         net::payload p{c.data, c.count * sizeof(float), std::move(c.owner)};
         br->send(peer, h, std::move(p));
       },
-      [](ring_atom, caf::actor) {},  // the node wires the ring itself
+      [](ring_atom, caf::actor, bool, caf::actor) {},  // the node wires the ring itself
   };
 }
 

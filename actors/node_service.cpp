@@ -167,7 +167,9 @@ struct node_service::impl {
         next = sys->spawn(ring_link, &br, peer, spec.job_id, r);
         js->links.push_back(next);
       }
-      caf::anon_send(js->reducers[r], ring_atom::value, next);
+      const int left = ring::left(r, spec.replicas);
+      caf::actor left_actor = js->reducers.count(left) ? js->reducers[left] : caf::actor{};
+      caf::anon_send(js->reducers[r], ring_atom::value, next, js->reducers.count(right) > 0, left_actor);
     }
     js->spec = spec;
     job = std::move(js);

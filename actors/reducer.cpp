@@ -15,6 +15,8 @@ struct cpu_ring_ops {
   void copy(float* d, const float* s, size_t n) const { std::copy(s, s + n, d); }
 };
 
+constexpr size_t kZeroCopyBytes = 64 * 1024;
+
 struct pending_chunk {
   int64_t step;
   int round;
@@ -23,7 +25,10 @@ struct pending_chunk {
 
 struct reducer_state {
   int rank = 0, size = 1;
-  caf::actor right;
+  caf::actor right, left;  // left: only when it runs in this process
+  bool right_local = false;
+  bool released = false;   // the right neighbour has finished reading our buffer this step
+  bool zero_copy = false;  // this all-reduce's all-gather chunks are read in place (see send_out)
   int64_t step = -1;  // step being reduced, -1 when idle
   tensor_view buf;
   std::optional<ring::allreduce_state<cpu_ring_ops>> ring;
@@ -51,19 +56,28 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
   st->rank = rank;
   st->size = size;
 
+  // Reduce-scatter chunks change after they are sent, so they go as copies. All-gather chunks hold final
+  // sums that stay put until the all-reduce ends, so a neighbour in this process reads them straight
+  // from our buffer (no copy), and tells us with a release when it has read the last one.
   auto send_out = [self, st](const ring::outgoing& out) {
     if (!out.send) return;
     const float* p = st->buf.data + out.range.offset;
+    if (st->zero_copy && st->right_local && !ring::is_reduce_round(st->size, out.round)) {
+      self->send(st->right, chunk_atom::value, st->step, out.round, chunk_data{p, out.range.count, nullptr});
+      return;
+    }
     auto copy = st->buffer(out.range.count);
     std::copy(p, p + out.range.count, copy->data());
     chunk_data c{copy->data(), copy->size(), std::move(copy)};
     self->send(st->right, chunk_atom::value, st->step, out.round, std::move(c));
   };
   auto finish_if_done = [st] {
-    if (st->ring && st->ring->done()) {
+    const bool zero_copy_sent = st->zero_copy && st->right_local && st->size > 1;
+    if (st->ring && st->ring->done() && (st->released || !zero_copy_sent)) {
       const int64_t step = st->step;
       st->ring.reset();
       st->step = -1;
+      st->released = false;
       st->reply.deliver(step);
     }
   };
@@ -78,11 +92,26 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
       self->quit(err);
       return;
     }
+    // Our last read from the left neighbour's buffer: it may reuse it now.
+    if (st->zero_copy && st->left && round == ring::rounds(st->size) - 1)
+      self->send(st->left, release_atom::value, step);
     send_out(next);
   };
 
   return {
-      [st](ring_atom, caf::actor right) { st->right = std::move(right); },
+      [st](ring_atom, caf::actor right) {  // a right neighbour that copies are sent to
+        st->right = std::move(right);
+        st->right_local = false;
+      },
+      [st](ring_atom, caf::actor right, bool right_local, caf::actor left) {
+        st->right = std::move(right);
+        st->right_local = right_local;
+        st->left = std::move(left);
+      },
+      [st, finish_if_done](release_atom, int64_t step) {
+        if (step == st->step) st->released = true;
+        finish_if_done();
+      },
       [self, st, send_out, apply, finish_if_done](reduce_atom, int64_t step, tensor_view buf) {
         st->reply = self->make_response_promise();
         if (st->step >= 0 || (st->size > 1 && !st->right)) {
@@ -91,6 +120,9 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
         }
         st->step = step;
         st->buf = buf;
+        // Small chunks are cheaper to copy than to pay for the release message's extra hop. Every rank
+        // decides the same way, from the same length.
+        st->zero_copy = buf.len / size_t(st->size) * sizeof(float) >= kZeroCopyBytes;
         st->ring.emplace(st->rank, st->size, buf.data, buf.len);
         send_out(st->ring->start());
         // Chunks that arrived before our replica was ready (the left neighbour may run ahead).
