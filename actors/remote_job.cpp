@@ -56,6 +56,7 @@ caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer
 }
 
 struct launcher {
+  explicit launcher(remote_options o) : ro(std::move(o)) {}
   remote_options ro;
   net::bridge br;
   std::vector<int> peer;  // node index -> connection
@@ -220,7 +221,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     return failed;
   }
 
-  launcher L{ro, net::bridge{}};
+  launcher L{ro};
   L.rank_node = rank_node;
   // Random, so a late message of an earlier job is never taken for this one; below 2^63 for the kv codec.
   L.job_id = (std::random_device{}() | (uint64_t(std::random_device{}()) << 32)) & uint64_t(INT64_MAX);
