@@ -14,7 +14,10 @@ std::string hexf(double v) {
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + v[i];
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += v[i];
+  }
   return s;
 }
 

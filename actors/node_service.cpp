@@ -175,7 +175,10 @@ struct node_service::impl {
     job = std::move(js);
     busy = true;
     std::string ranks;
-    for (int r : spec.ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+    for (int r : spec.ranks) {
+      if (!ranks.empty()) ranks += ',';
+      ranks += std::to_string(r);
+    }
     log("job " + std::to_string(spec.job_id) + " started: model " + spec.model + ", ranks " + ranks + " of " +
         std::to_string(spec.replicas) + ", " + std::to_string(cfg.train->count) + " training samples");
     send_kv(from, wire::msg_type::job_ack, spec.job_id,

@@ -90,7 +90,10 @@ struct launcher {
     bool contiguous = !rs.empty() && rs.back() - rs.front() == int(rs.size()) - 1;
     if (contiguous && rs.size() > 1) return std::to_string(rs.front()) + "-" + std::to_string(rs.back());
     std::string s;
-    for (int r : rs) s += (s.empty() ? "" : ",") + std::to_string(r);
+    for (int r : rs) {
+      if (!s.empty()) s += ',';
+      s += std::to_string(r);
+    }
     return s;
   }
 
