@@ -56,7 +56,9 @@ struct node_service::impl {
   };
   std::unique_ptr<job_state> job;
   std::map<std::string, int> peers;  // node endpoint -> our connection
-  std::map<std::string, std::shared_ptr<const dataset>> data_cache;
+  std::mutex data_mu;  // data_cache is filled on the data thread
+  std::map<std::string, std::shared_ptr<const dataset>> data_cache;  // whole files, by prefix and classes
+  std::thread data_thread;  // loads a job's data, so the bridge thread keeps answering meanwhile
 
   explicit impl(node_options o) : opt(std::move(o)), br(net::bridge_options{opt.name}) {}
 
@@ -79,13 +81,26 @@ struct node_service::impl {
   }
 
   std::shared_ptr<const dataset> load(const std::string& prefix, int classes, int64_t limit, std::string* error) {
-    const std::string key = prefix + "/" + std::to_string(classes) + "/" + std::to_string(limit);
-    if (auto it = data_cache.find(key); it != data_cache.end()) return it->second;
-    auto d = std::make_shared<dataset>();
-    if (!load_mnist(opt.data_dir, prefix, classes, d.get(), error)) return nullptr;
-    if (limit > 0) truncate(*d, size_t(limit));
-    data_cache[key] = d;
-    return d;
+    std::shared_ptr<const dataset> whole;
+    {
+      std::lock_guard<std::mutex> lock(data_mu);
+      const std::string key = prefix + "/" + std::to_string(classes);
+      if (auto it = data_cache.find(key); it != data_cache.end()) {
+        whole = it->second;
+      } else {
+        auto d = std::make_shared<dataset>();
+        if (!load_mnist(opt.data_dir, prefix, classes, d.get(), error)) return nullptr;
+        data_cache[key] = whole = d;
+      }
+    }
+    if (limit <= 0 || size_t(limit) >= whole->count) return whole;
+    auto part = std::make_shared<dataset>();
+    part->count = size_t(limit);
+    part->rows = whole->rows;
+    part->cols = whole->cols;
+    part->pixels.assign(whole->pixels.begin(), whole->pixels.begin() + ptrdiff_t(size_t(limit) * whole->features()));
+    part->labels.assign(whole->labels.begin(), whole->labels.begin() + limit);
+    return part;
   }
 
   void teardown(const std::string& why) {
@@ -106,19 +121,49 @@ struct node_service::impl {
     return p;
   }
 
+  void refuse(const net::peer_info& from, uint64_t job_id, const std::string& why) {
+    log("refused job " + std::to_string(job_id) + ": " + why);
+    send_kv(from, wire::msg_type::error, job_id, {{"error", "node " + name() + ": " + why}});
+  }
+
+  // First half of a job's setup, on the bridge thread: check the spec, take the job slot, and load the
+  // data on the data thread (it can take seconds), which then posts the second half back here.
   void setup(const net::peer_info& from, const wire::kv_map& kv) {
     job_spec spec;
     std::string error;
-    auto refuse = [&](const std::string& why) {
-      log("refused job " + std::to_string(spec.job_id) + ": " + why);
-      send_kv(from, wire::msg_type::error, spec.job_id, {{"error", "node " + name() + ": " + why}});
-    };
-    if (!from_kv(kv, &spec, &error)) return refuse("bad job spec: " + error);
-    if (job) return refuse("busy with job " + std::to_string(job->id));
+    if (!from_kv(kv, &spec, &error)) return refuse(from, spec.job_id, "bad job spec: " + error);
+    if (job) return refuse(from, spec.job_id, "busy with job " + std::to_string(job->id));
     if (int(spec.ranks.size()) > cpu_replicas)
-      return refuse("job asks for " + std::to_string(spec.ranks.size()) + " replicas, this node offers " + opt.devices);
+      return refuse(from, spec.job_id,
+                    "job asks for " + std::to_string(spec.ranks.size()) + " replicas, this node offers " + opt.devices);
     model_spec ms;
-    if (!parse_model_spec(spec.model, &ms, &error)) return refuse(error);
+    if (!parse_model_spec(spec.model, &ms, &error)) return refuse(from, spec.job_id, error);
+    job = std::make_unique<job_state>();
+    job->id = spec.job_id;
+    job->launcher = from;
+    job->spec = spec;
+    job->last_heard = clock_type::now();
+    busy = true;
+    if (data_thread.joinable()) data_thread.join();
+    data_thread = std::thread([this, from, spec, ms] {
+      std::string err;
+      auto train = load("train", ms.dims.back(), spec.limit_train, &err);
+      std::shared_ptr<const dataset> test;
+      if (train && spec.evaluate) test = load("t10k", ms.dims.back(), spec.limit_test, &err);
+      br.post([this, from, spec, ms, train, test, err] { start_job(from, spec, ms, train, test, err); });
+    });
+  }
+
+  // Second half, on the bridge thread once the data is loaded: spawn the ranks and join the ring.
+  void start_job(const net::peer_info& from, const job_spec& spec, const model_spec& ms,
+                 std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, std::string error) {
+    if (!job || job->id != spec.job_id || !job->reducers.empty()) return;  // aborted while loading
+    auto refuse = [&](const std::string& why) {
+      job.reset();
+      busy = false;
+      this->refuse(from, spec.job_id, why);
+    };
+    if (!train || (spec.evaluate && !test)) return refuse(error);
     train_config cfg;
     cfg.model = spec.model;
     cfg.opt = spec.opt;
@@ -128,18 +173,11 @@ struct node_service::impl {
     cfg.seed = spec.seed;
     cfg.prefetch = spec.prefetch;
     cfg.evaluate = spec.evaluate;
-    cfg.train = load("train", ms.dims.back(), spec.limit_train, &error);
-    if (!cfg.train) return refuse(error);
-    if (spec.evaluate) {
-      cfg.test = load("t10k", ms.dims.back(), spec.limit_test, &error);
-      if (!cfg.test) return refuse(error);
-    }
+    cfg.train = train;
+    cfg.test = test;
     if (std::string e = check_config(cfg, ms); !e.empty()) return refuse(e);
 
-    auto js = std::make_unique<job_state>();
-    js->id = spec.job_id;
-    js->launcher = from;
-    js->last_heard = clock_type::now();
+    std::unique_ptr<job_state> js = std::move(job);
     rank_actors local = spawn_ranks(*sys, cfg, ms, spec.ranks);
     for (size_t i = 0; i < spec.ranks.size(); ++i) {
       js->reducers[spec.ranks[i]] = local.reducers[i];
@@ -159,10 +197,9 @@ struct node_service::impl {
       } else {
         int peer = peer_for(spec.rank_nodes[right], &error);
         if (peer < 0) {
-          js->links.push_back(caf::actor{});
           job = std::move(js);
           teardown("cannot reach " + spec.rank_nodes[right]);
-          return refuse("cannot reach node " + spec.rank_nodes[right] + ": " + error);
+          return this->refuse(from, spec.job_id, "cannot reach node " + spec.rank_nodes[right] + ": " + error);
         }
         next = sys->spawn(ring_link, &br, peer, spec.job_id, r);
         js->links.push_back(next);
@@ -171,9 +208,7 @@ struct node_service::impl {
       caf::actor left_actor = js->reducers.count(left) ? js->reducers[left] : caf::actor{};
       caf::anon_send(js->reducers[r], ring_atom::value, next, js->reducers.count(right) > 0, left_actor);
     }
-    js->spec = spec;
     job = std::move(js);
-    busy = true;
     std::string ranks;
     for (int r : spec.ranks) {
       if (!ranks.empty()) ranks += ',';
@@ -207,7 +242,7 @@ struct node_service::impl {
           if (!ours) return;
           const int rank = std::atoi(kv["rank"].c_str());
           auto it = job->replicas.find(rank);
-          if (it != job->replicas.end())
+          if (it != job->replicas.end() && !job->links.empty())
             caf::anon_send(it->second, run_atom::value, job->loaders[rank], job->reducers[rank], job->links[0]);
           return;
         }
@@ -220,7 +255,7 @@ struct node_service::impl {
         }
         return;
       case msg_type::weights:
-        if (ours) caf::anon_send(job->links[0], weights_atom::value, int(h.round));
+        if (ours && !job->links.empty()) caf::anon_send(job->links[0], weights_atom::value, int(h.round));
         return;
       case msg_type::chunk: {
         if (!ours) return;  // a late chunk of a job that ended
@@ -243,7 +278,8 @@ struct node_service::impl {
 
   void tick() {
     if (!job) return;
-    if (clock_type::now() - job->last_heard > opt.launcher_timeout) {
+    const bool running = !job->links.empty();  // still loading data: the launcher waits, silently
+    if (running && clock_type::now() - job->last_heard > opt.launcher_timeout) {
       teardown("the launcher stopped answering");
       return;
     }
@@ -299,6 +335,7 @@ void node_service::stop() {
       }))
     done.get_future().wait();
   d->br.stop();
+  if (d->data_thread.joinable()) d->data_thread.join();
   d->log("stopped");
   d->sys.reset();  // waits for the job's actors to finish
 }

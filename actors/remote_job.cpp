@@ -147,20 +147,28 @@ struct launcher {
     }
   }
 
-  // Waits for one reply of `type` from every node; "" or what went wrong.
-  std::string await_all(wire::msg_type type, std::vector<wire::kv_map>* replies) {
+  // Waits for one reply of `type` from every node; "" or what went wrong. A node that says nothing at all
+  // (not even a heartbeat) for `silence` is given up on before the deadline.
+  std::string await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
+                        std::chrono::milliseconds silence) {
     replies->assign(ro.nodes.size(), {});
     std::vector<bool> got(ro.nodes.size(), false);
     size_t n = 0;
-    const auto deadline = clock_type::now() + ro.connect_timeout;
+    const auto start = clock_type::now(), deadline = start + limit;
     std::unique_lock<std::mutex> lock(mu);
     while (n < ro.nodes.size()) {
-      if (!cv.wait_until(lock, deadline, [this] { return !inbox.empty(); })) {
-        for (size_t i = 0; i < got.size(); ++i)
-          if (!got[i])
+      if (!cv.wait_for(lock, std::chrono::milliseconds(100), [this] { return !inbox.empty(); })) {
+        const auto now = clock_type::now();
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (got[i]) continue;
+          const auto heard = clock_type::time_point(clock_type::duration(last_heard[i].load()));
+          const auto quiet = now - std::max(heard, start);
+          if (now > deadline || quiet > silence)
             return "node " + ro.nodes[i] + " did not answer within " +
-                   std::to_string(ro.connect_timeout.count() / 1000.0).substr(0, 4) +
+                   std::to_string(std::chrono::duration<double>(now > deadline ? limit : silence).count()).substr(0, 4) +
                    " s (is ringmaster-node running there?)";
+        }
+        continue;
       }
       control_msg m = std::move(inbox.front());
       inbox.pop_front();
@@ -249,7 +257,8 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   }
   std::vector<wire::kv_map> replies;
   L.broadcast(wire::msg_type::hello, {{"role", "launcher"}});
-  if (failed.error = L.await_all(wire::msg_type::hello_ack, &replies); !failed.error.empty()) return failed;
+  failed.error = L.await_all(wire::msg_type::hello_ack, &replies, ro.connect_timeout, ro.connect_timeout);
+  if (!failed.error.empty()) return failed;
 
   // Every node gets the same spec with its own ranks.
   job_spec js;
@@ -276,7 +285,8 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     h.job_id = L.job_id;
     L.br.send(L.peer[i], h, net::payload::copy_of(text));
   }
-  if (failed.error = L.await_all(wire::msg_type::job_ack, &replies); !failed.error.empty()) {
+  failed.error = L.await_all(wire::msg_type::job_ack, &replies, ro.setup_timeout, ro.node_timeout);
+  if (!failed.error.empty()) {
     L.broadcast(wire::msg_type::abort, {{"reason", "another node refused the job"}});
     return failed;
   }

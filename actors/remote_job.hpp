@@ -21,7 +21,9 @@ struct remote_options {
   int64_t limit_train = 0, limit_test = 0;  // use only the first N samples (0: all) of each node's data
   std::chrono::milliseconds heartbeat{250};
   std::chrono::milliseconds node_timeout{3000};
-  std::chrono::milliseconds connect_timeout{5000};
+  std::chrono::milliseconds connect_timeout{5000};  // for a node to answer the hello
+  std::chrono::milliseconds setup_timeout{120000};  // for a node to load its data and start (it sends
+                                                    // heartbeats meanwhile; silence fails sooner)
 };
 
 // cfg.train / cfg.test / cfg.devices are ignored: the nodes read their own data. cfg.replicas is set from

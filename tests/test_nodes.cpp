@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <zmq.hpp>
@@ -177,8 +178,12 @@ TEST_CASE("kill -9 of a node mid-job: the job fails fast naming it, the others t
   big.epochs = 20;  // far longer than the test waits
   big.evaluate = false;
   std::chrono::steady_clock::time_point killed;
+  std::atomic<bool> training{false};
+  big.on_progress = [&](const progress&) { training = true; };
   std::thread killer([&] {
-    std::this_thread::sleep_for(2s);
+    // Kill once training runs (loading the data may take a while on a loaded machine).
+    for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(100ms);
+    std::this_thread::sleep_for(500ms);
     killed = std::chrono::steady_clock::now();
     nodes[1]->stop(SIGKILL);
   });
