@@ -78,6 +78,32 @@ struct reader {
 
 }  // namespace
 
+job_spec make_job_spec(const train_config& c) {
+  job_spec j;
+  j.model = c.model;
+  j.opt = c.opt;
+  j.replicas = c.replicas;
+  j.global_batch = c.global_batch;
+  j.epochs = c.epochs;
+  j.seed = c.seed;
+  j.prefetch = c.prefetch;
+  j.evaluate = c.evaluate;
+  return j;
+}
+
+train_config make_train_config(const job_spec& j) {
+  train_config c;
+  c.model = j.model;
+  c.opt = j.opt;
+  c.replicas = j.replicas;
+  c.global_batch = j.global_batch;
+  c.epochs = j.epochs;
+  c.seed = j.seed;
+  c.prefetch = j.prefetch;
+  c.evaluate = j.evaluate;
+  return c;
+}
+
 wire::kv_map to_kv(const job_spec& j) {
   std::vector<std::string> ranks;
   for (int r : j.ranks) ranks.push_back(std::to_string(r));

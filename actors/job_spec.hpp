@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "actors/messages.hpp"
+#include "actors/training.hpp"
 #include "kernels/model.hpp"
 #include "net/wire.hpp"
 
@@ -25,6 +26,10 @@ struct job_spec {
   std::vector<std::string> rank_nodes;      // for every rank, the endpoint of the node that runs it
   std::string device = "cpu";
 };
+
+// The training settings a job spec carries, both ways (data, ranks and placement are set separately).
+job_spec make_job_spec(const train_config& c);
+train_config make_train_config(const job_spec& j);
 
 wire::kv_map to_kv(const job_spec& j);
 // False with *error naming the bad or missing key.

@@ -164,15 +164,7 @@ struct node_service::impl {
       this->refuse(from, spec.job_id, why);
     };
     if (!train || (spec.evaluate && !test)) return refuse(error);
-    train_config cfg;
-    cfg.model = spec.model;
-    cfg.opt = spec.opt;
-    cfg.replicas = spec.replicas;
-    cfg.global_batch = spec.global_batch;
-    cfg.epochs = spec.epochs;
-    cfg.seed = spec.seed;
-    cfg.prefetch = spec.prefetch;
-    cfg.evaluate = spec.evaluate;
+    train_config cfg = make_train_config(spec);
     cfg.train = train;
     cfg.test = test;
     if (std::string e = check_config(cfg, ms); !e.empty()) return refuse(e);

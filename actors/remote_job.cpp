@@ -261,16 +261,9 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   if (!failed.error.empty()) return failed;
 
   // Every node gets the same spec with its own ranks.
-  job_spec js;
+  job_spec js = make_job_spec(cfg);
   js.job_id = L.job_id;
   js.model = spec.str();
-  js.opt = cfg.opt;
-  js.replicas = n;
-  js.global_batch = cfg.global_batch;
-  js.epochs = cfg.epochs;
-  js.seed = cfg.seed;
-  js.prefetch = cfg.prefetch;
-  js.evaluate = cfg.evaluate;
   js.limit_train = ro.limit_train;
   js.limit_test = ro.limit_test;
   for (int r = 0; r < n; ++r) js.rank_nodes.push_back(ro.nodes[size_t(rank_node[r])]);
@@ -338,16 +331,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     }
   });
 
-  std::shared_ptr<train_result> result;
-  {
-    caf::scoped_actor self{sys};
-    self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers)
-        .receive([&](std::shared_ptr<train_result> r) { result = std::move(r); },
-                 [&](caf::error& e) {
-                   result = std::make_shared<train_result>();
-                   result->error = "coordinator failed: " + sys.render(e);
-                 });
-  }
+  std::shared_ptr<train_result> result = run_coordinator(sys, coord, all);
   running = false;
   watchdog.join();
   // Every node goes back to idle, whether the job succeeded or not.

@@ -71,9 +71,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, const m
   return out;
 }
 
-std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, const coordinator_config& cc,
-                                              const rank_actors& all) {
-  auto coord = sys.spawn(coordinator, cc);
+std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, caf::actor coord, const rank_actors& all) {
   std::shared_ptr<train_result> result;
   caf::scoped_actor self{sys};
   self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers)
@@ -103,7 +101,7 @@ train_result train(const train_config& cfg) {
   coordinator_config cc{cfg.replicas, cfg.global_batch,
                         int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch)), cfg.epochs,
                         cfg.evaluate && cfg.test != nullptr, cfg.on_progress};
-  return std::move(*run_coordinator(sys, cc, all));
+  return std::move(*run_coordinator(sys, sys.spawn(coordinator, cc), all));
 }
 
 }  // namespace ringmaster

@@ -43,8 +43,8 @@ struct rank_actors {
 rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, const model_spec& spec,
                         const std::vector<int>& ranks);
 
-// Runs a coordinator over all ranks' actors (index = rank) until the job ends.
-std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, const coordinator_config& cc,
+// Runs a coordinator (actors/coordinator.hpp) over all ranks' actors (index = rank) until the job ends.
+std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, caf::actor coordinator,
                                               const rank_actors& all);
 
 // Runs the job to completion (or failure: result.ok false, result.error says why). Never throws for
