@@ -1,6 +1,7 @@
 #include "actors/data_loader.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "actors/messages.hpp"
@@ -14,13 +15,27 @@ struct loader_state {
   int credits = 0;
   int64_t epoch = 0, step = 0, steps = 0;
   std::vector<uint32_t> order;  // this epoch's permutation
+  // Batches handed out before; one is reused once the replica has let go of it (at most prefetch + 1
+  // live at a time), so steady-state training allocates no batch memory.
+  std::vector<std::shared_ptr<batch>> pool;
+
+  std::shared_ptr<batch> fresh() {
+    for (auto& b : pool)
+      if (b.use_count() == 1) {
+        // The replica's reads happened before its release of the pointer; order our writes after them.
+        std::atomic_thread_fence(std::memory_order_acquire);
+        return b;
+      }
+    pool.push_back(std::make_shared<batch>());
+    return pool.back();
+  }
 };
 
 // This replica's shard of global batch `step`: samples order[step*B + rank*b, + b).
-batch_ptr cut(const loader_state& st) {
+batch_ptr cut(loader_state& st) {
   const dataset& d = *st.cfg.data;
   const int b = st.cfg.global_batch / st.cfg.replicas;
-  auto out = std::make_shared<batch>();
+  std::shared_ptr<batch> out = st.fresh();
   out->epoch = st.epoch;
   out->step = st.step;
   out->size = b;

@@ -1,5 +1,6 @@
 #include "actors/reducer.hpp"
 
+#include <atomic>
 #include <deque>
 #include <optional>
 
@@ -41,6 +42,7 @@ struct reducer_state {
   std::shared_ptr<std::vector<float>> buffer(size_t n) {
     for (auto& b : pool)
       if (b.use_count() == 1) {
+        std::atomic_thread_fence(std::memory_order_acquire);  // after the last reader let go
         b->resize(n);
         return b;
       }
