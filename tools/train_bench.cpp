@@ -8,6 +8,7 @@
 //
 //   train_bench                                   # both default models, 2 replicas, batch 64 per replica
 //   train_bench --models 784-64-10 --steps 2000 --torch
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -107,7 +108,7 @@ double torch_run(const model_spec& spec, int replicas, int per_replica, int step
 
 int main(int argc, char** argv) {
   std::vector<std::string> models = {"784-512-512-10", "784-64-10"};
-  int replicas = 2, per_replica = 64, steps = 0;
+  int replicas = 2, per_replica = 64, steps = 0, repeat = 3;
   bool torch = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -129,16 +130,18 @@ int main(int argc, char** argv) {
     } else if (a == "--replicas") replicas = std::atoi(next().c_str());
     else if (a == "--batch") per_replica = std::atoi(next().c_str());
     else if (a == "--steps") steps = std::atoi(next().c_str());
+    else if (a == "--repeat") repeat = std::atoi(next().c_str());
     else if (a == "--torch") torch = true;
     else if (a == "--help" || a == "-h") {
-      std::printf("usage: train_bench [--models A,B] [--replicas N] [--batch PER_REPLICA] [--steps N] [--torch]\n");
+      std::printf("usage: train_bench [--models A,B] [--replicas N] [--batch PER_REPLICA] [--steps N] [--repeat N] [--torch]\n"
+                  "Each figure is the median of --repeat runs (default 3), baseline and ringmaster interleaved.\n");
       return 0;
     } else {
       std::fprintf(stderr, "train_bench: unknown flag %s (try --help)\n", a.c_str());
       return 2;
     }
   }
-  if (replicas < 1 || per_replica < 1 || steps < 0) {
+  if (replicas < 1 || per_replica < 1 || steps < 0 || repeat < 1) {
     std::fprintf(stderr, "train_bench: replicas, batch and steps must be positive\n");
     return 2;
   }
@@ -156,9 +159,18 @@ int main(int argc, char** argv) {
     const size_t flops_per_sample = 6 * (spec.param_count());
     const int n = steps ? steps : int(std::max<size_t>(200, size_t(4e11 / (flops_per_sample * per_replica * replicas))));
     auto d = synthetic(size_t(std::min(n, kSteps)) * per_replica * replicas, spec.dims[0], spec.dims.back());
-    const double base = kernel_one_thread(spec, per_replica, std::max(50, n / 2), *d);
-    const double rm = ringmaster_run(spec, replicas, per_replica, n, d);
-    const double ideal = kernel_threads(spec, per_replica, std::max(50, n / 2), *d, std::min(replicas, cores));
+    // Interleaved and repeated, medians reported: the machine is shared and its speed drifts.
+    std::vector<double> bases, rms, ideals;
+    for (int k = 0; k < repeat; ++k) {
+      bases.push_back(kernel_one_thread(spec, per_replica, std::max(50, n / 2), *d));
+      rms.push_back(ringmaster_run(spec, replicas, per_replica, n, d));
+      ideals.push_back(kernel_threads(spec, per_replica, std::max(50, n / 2), *d, std::min(replicas, cores)));
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double base = median(bases), rm = median(rms), ideal = median(ideals);
     const double th = torch ? torch_run(spec, replicas, per_replica, std::min(n, 400)) : 0;
     std::printf("  %-16s %12.0f %12.0f %12.0f %10.2f %12.0f %10.2f\n", m.c_str(), rm, base, ideal, rm / ideal, th,
                 th > 0 ? rm / th : 0.0);
