@@ -150,7 +150,14 @@ struct node_service::impl {
       auto train = load("train", ms.dims.back(), spec.limit_train, &err);
       std::shared_ptr<const dataset> test;
       if (train && spec.evaluate) test = load("t10k", ms.dims.back(), spec.limit_test, &err);
-      br.post([this, from, spec, ms, train, test, err] { start_job(from, spec, ms, train, test, err); });
+      br.post([this, from, spec, ms, train, test, err] {
+        try {
+          start_job(from, spec, ms, train, test, err);
+        } catch (const std::exception& e) {  // e.g. out of memory: refuse the job, keep the daemon
+          if (job && job->id == spec.job_id) teardown(std::string("could not start: ") + e.what());
+          refuse(from, spec.job_id, std::string("could not start the job: ") + e.what());
+        }
+      });
     });
   }
 

@@ -138,4 +138,6 @@ TEST_CASE("bad configurations are refused before anything runs", "[training]") {
   CHECK(train(c).error.find("does not match") != std::string::npos);
   c.model = "784-abc";
   CHECK(train(c).error.find("bad model spec") != std::string::npos);
+  c.model = "784-9999999-9999999-10";  // 10^14 parameters: refused, not attempted
+  CHECK(train(c).error.find("the limit is 2^30") != std::string::npos);
 }
