@@ -1,5 +1,6 @@
 #include "actors/job_spec.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -176,6 +177,10 @@ bool from_kv(const wire::kv_map& kv, job_spec* j, std::string* error) {
     long v = std::strtol(r.c_str(), &end, 10);
     if (r.empty() || *end || v < 0 || v >= replicas) {
       *error = "bad rank '" + r + "' for " + std::to_string(replicas) + " replicas";
+      return false;
+    }
+    if (std::find(j->ranks.begin(), j->ranks.end(), int(v)) != j->ranks.end()) {
+      *error = "rank " + r + " listed twice";
       return false;
     }
     j->ranks.push_back(int(v));

@@ -20,6 +20,7 @@ std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len
                                   std::chrono::milliseconds timeout) {
   if (buffers.size() != reducers_.size())
     return std::to_string(buffers.size()) + " buffers for a ring of " + std::to_string(reducers_.size());
+  if (!broken_.empty()) return "ring unusable after an earlier failure: " + broken_;
   const int64_t step = step_++;
   caf::scoped_actor self{sys_};
   for (size_t r = 0; r < reducers_.size(); ++r)
@@ -33,6 +34,7 @@ std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len
         error = "all-reduce timed out";
         replies = reducers_.size();
       });
+  broken_ = error;
   return error;
 }
 

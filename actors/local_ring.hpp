@@ -19,7 +19,9 @@ class local_ring {
   local_ring(const local_ring&) = delete;
   local_ring& operator=(const local_ring&) = delete;
   int size() const { return int(reducers_.size()); }
-  // Sums buffers[r][0..len) over r into every buffer. Returns "" or what failed.
+  // Sums buffers[r][0..len) over r into every buffer. Returns "" or what failed. After a failure or a
+  // timeout the ring refuses further work (its reducers may still touch the buffers of the failed
+  // call, so keep those alive until the ring is destroyed).
   std::string allreduce(const std::vector<float*>& buffers, size_t len,
                         std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
@@ -27,6 +29,7 @@ class local_ring {
   caf::actor_system& sys_;
   std::vector<caf::actor> reducers_;
   int64_t step_ = 0;
+  std::string broken_;
 };
 
 }  // namespace ringmaster

@@ -40,6 +40,7 @@ using batch_ptr = std::shared_ptr<const batch>;
 struct tensor_view {
   float* data = nullptr;
   size_t len = 0;
+  std::shared_ptr<const void> owner;  // keeps the buffer alive while reducers (and neighbours) use it
 };
 
 // A chunk on its way round the ring: floats plus whatever keeps them alive (a vector made by the

@@ -53,12 +53,19 @@ struct node_service::impl {
     std::map<int, caf::actor> reducers, replicas, loaders;
     std::vector<caf::actor> links;  // launcher_link first, then ring links
     clock_type::time_point last_heard;
+    bool started = false;  // the launcher sent start: from then on it heartbeats
   };
   std::unique_ptr<job_state> job;
   std::map<std::string, int> peers;  // node endpoint -> our connection
   std::mutex data_mu;  // data_cache is filled on the data thread
   std::map<std::string, std::shared_ptr<const dataset>> data_cache;  // whole files, by prefix and classes
-  std::thread data_thread;  // loads a job's data, so the bridge thread keeps answering meanwhile
+  // Threads that load a job's data, so the bridge thread keeps answering meanwhile. Joined once done
+  // (never on the bridge thread while still loading), and all at stop().
+  struct loader_thread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<loader_thread> data_threads;
 
   explicit impl(node_options o) : opt(std::move(o)), br(net::bridge_options{opt.name}) {}
 
@@ -144,8 +151,16 @@ struct node_service::impl {
     job->spec = spec;
     job->last_heard = clock_type::now();
     busy = true;
-    if (data_thread.joinable()) data_thread.join();
-    data_thread = std::thread([this, from, spec, ms] {
+    for (auto it = data_threads.begin(); it != data_threads.end();) {
+      if (it->done->load()) {
+        it->thread.join();
+        it = data_threads.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    data_threads.push_back({std::thread([this, from, spec, ms, done] {
       std::string err;
       auto train = load("train", ms.dims.back(), spec.limit_train, &err);
       std::shared_ptr<const dataset> test;
@@ -155,10 +170,12 @@ struct node_service::impl {
           start_job(from, spec, ms, train, test, err);
         } catch (const std::exception& e) {  // e.g. out of memory: refuse the job, keep the daemon
           if (job && job->id == spec.job_id) teardown(std::string("could not start: ") + e.what());
+          if (!job) busy = false;
           refuse(from, spec.job_id, std::string("could not start the job: ") + e.what());
         }
       });
-    });
+      done->store(true);
+    }), done});
   }
 
   // Second half, on the bridge thread once the data is loaded: spawn the ranks and join the ring.
@@ -239,6 +256,8 @@ struct node_service::impl {
         }
         if (kv.count("action") && kv["action"] == "start") {
           if (!ours) return;
+          job->started = true;
+          job->last_heard = clock_type::now();
           const int rank = std::atoi(kv["rank"].c_str());
           auto it = job->replicas.find(rank);
           if (it != job->replicas.end() && !job->links.empty())
@@ -277,8 +296,10 @@ struct node_service::impl {
 
   void tick() {
     if (!job) return;
-    const bool running = !job->links.empty();  // still loading data: the launcher waits, silently
-    if (running && clock_type::now() - job->last_heard > opt.launcher_timeout) {
+    // Until it sends start, the launcher may be waiting (silently) for slower nodes to load their data:
+    // give it the launcher's whole setup allowance before dropping the job.
+    const auto allowance = job->started ? opt.launcher_timeout : std::chrono::milliseconds(150000);
+    if (clock_type::now() - job->last_heard > allowance) {
       teardown("the launcher stopped answering");
       return;
     }
@@ -334,7 +355,7 @@ void node_service::stop() {
       }))
     done.get_future().wait();
   d->br.stop();
-  if (d->data_thread.joinable()) d->data_thread.join();
+  for (auto& t : d->data_threads) t.thread.join();
   d->log("stopped");
   d->sys.reset();  // waits for the job's actors to finish
 }

@@ -65,7 +65,7 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
     if (!out.send) return;
     const float* p = st->buf.data + out.range.offset;
     if (st->zero_copy && st->right_local && !ring::is_reduce_round(st->size, out.round)) {
-      self->send(st->right, chunk_atom::value, st->step, out.round, chunk_data{p, out.range.count, nullptr});
+      self->send(st->right, chunk_atom::value, st->step, out.round, chunk_data{p, out.range.count, st->buf.owner});
       return;
     }
     auto copy = st->buffer(out.range.count);
@@ -80,6 +80,7 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
       st->ring.reset();
       st->step = -1;
       st->released = false;
+      st->buf = tensor_view{};
       st->reply.deliver(step);
     }
   };
@@ -115,11 +116,14 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
         finish_if_done();
       },
       [self, st, send_out, apply, finish_if_done](reduce_atom, int64_t step, tensor_view buf) {
-        st->reply = self->make_response_promise();
         if (st->step >= 0 || (st->size > 1 && !st->right)) {
-          st->reply.deliver(caf::make_error(caf::sec::invalid_argument));
-          return st->reply;
+          auto refused = self->make_response_promise();  // the request in flight keeps its promise
+          refused.deliver(caf::make_error(caf::sec::invalid_argument,
+                                          st->step >= 0 ? "reducer busy with another all-reduce" : "no ring yet"));
+          return refused;
         }
+        st->reply = self->make_response_promise();
+        while (!st->early.empty() && st->early.front().step < step) st->early.pop_front();  // stale
         st->step = step;
         st->buf = buf;
         // Small chunks are cheaper to copy than to pay for the release message's extra hop. Every rank

@@ -69,6 +69,7 @@ struct launcher {
   // After setup: where reports go (set before the nodes start, read on the bridge thread).
   std::vector<caf::actor> proxies;
   caf::actor coordinator;
+  std::atomic<bool> started{false};  // proxies and coordinator are set (the bridge thread reads them)
   std::unique_ptr<std::atomic<int64_t>[]> last_heard;  // per node, steady-clock ticks
 
   int node_of(const net::peer_info& from) const {
@@ -102,6 +103,9 @@ struct launcher {
     if (node < 0 || (h.job_id != job_id && h.type != wire::msg_type::hello_ack)) return;
     last_heard[node] = clock_type::now().time_since_epoch().count();
     using wire::msg_type;
+    // Reports, weights and aborts concern the proxies and the coordinator, which exist once started.
+    const bool setup_reply = h.type == msg_type::hello_ack || h.type == msg_type::job_ack || h.type == msg_type::error;
+    if (!setup_reply && !started.load(std::memory_order_acquire)) return;
     wire::kv_map kv;
     std::string error;
     switch (h.type) {
@@ -109,11 +113,13 @@ struct launcher {
       case msg_type::job_ack:
       case msg_type::error: {
         wire::decode_kv(p.text(), &kv, &error);
-        std::lock_guard<std::mutex> lock(mu);
-        inbox.push_back({node, h, std::move(kv)});
-        cv.notify_all();
-        if (h.type == msg_type::error && !proxies.empty())
-          kill_node(node, kv.count("error") ? kv["error"] : "node " + ro.nodes[node] + " reported an error");
+        const std::string why = kv.count("error") ? kv["error"] : "node " + ro.nodes[node] + " reported an error";
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          inbox.push_back({node, h, std::move(kv)});
+          cv.notify_all();
+        }
+        if (h.type == msg_type::error && started.load(std::memory_order_acquire)) kill_node(node, why);
         return;
       }
       case msg_type::report: {
@@ -180,6 +186,12 @@ struct launcher {
       ++n;
     }
     return "";
+  }
+
+  // Tells every node to drop the job, and gives the bridge a moment to send that before it stops.
+  void abort_all(const std::string& reason) {
+    broadcast(wire::msg_type::abort, {{"reason", reason}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 
   void broadcast(wire::msg_type type, const wire::kv_map& kv) {
@@ -280,7 +292,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   }
   failed.error = L.await_all(wire::msg_type::job_ack, &replies, ro.setup_timeout, ro.node_timeout);
   if (!failed.error.empty()) {
-    L.broadcast(wire::msg_type::abort, {{"reason", "another node refused the job"}});
+    L.abort_all("another node refused the job");
     return failed;
   }
   const std::string train_count = replies[0]["train"];
@@ -288,14 +300,14 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     if (replies[i]["train"] != train_count) {
       failed.error = "nodes disagree on the data: " + ro.nodes[0] + " has " + train_count + " training samples, " +
                      ro.nodes[i] + " has " + replies[i]["train"];
-      L.broadcast(wire::msg_type::abort, {{"reason", "nodes disagree on the data"}});
+      L.abort_all("nodes disagree on the data");
       return failed;
     }
   const size_t samples = std::stoull(train_count);
   const int64_t steps = int64_t(steps_per_epoch(samples, cfg.global_batch));
   if (steps == 0) {
     failed.error = "global batch is larger than the nodes' " + train_count + " training samples";
-    L.broadcast(wire::msg_type::abort, {{"reason", "batch too large"}});
+    L.abort_all("batch too large");
     return failed;
   }
 
@@ -309,6 +321,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   coordinator_config cc{n, cfg.global_batch, steps, cfg.epochs, cfg.evaluate, cfg.on_progress};
   auto coord = sys.spawn(coordinator, cc);
   L.coordinator = coord;
+  L.started.store(true, std::memory_order_release);
 
   // Heartbeats out, silence detection in.
   std::atomic<bool> running{true};
@@ -335,8 +348,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   running = false;
   watchdog.join();
   // Every node goes back to idle, whether the job succeeded or not.
-  L.broadcast(wire::msg_type::abort, {{"reason", result->ok ? "finished" : "the job failed: " + result->error}});
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let the bridge flush the aborts
+  L.abort_all(result->ok ? "finished" : "the job failed: " + result->error);
   L.br.stop();
   for (auto& p : L.proxies) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
   return std::move(*result);

@@ -95,7 +95,9 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
       st->be->copy_out(st->host_grads.data(), g, st->host_grads.size() * sizeof(float));
       g = st->host_grads.data();
     }
-    tensor_view grads{g, st->model->size()};
+    // The reducer and its neighbours hold the replica's state alive while they use the buffer, even if
+    // the replica is stopped mid all-reduce.
+    tensor_view grads{g, st->model->size(), std::shared_ptr<const void>(st, g)};
     const auto t1 = std::chrono::steady_clock::now();
     self->request(st->reducer, caf::infinite, reduce_atom::value, global_step, grads)
         .then([self, st, try_step, rep, t1](int64_t) mutable {

@@ -19,9 +19,10 @@ std::string check_config(const train_config& cfg, const model_spec& spec) {
   if (!cfg.devices.empty() && int(cfg.devices.size()) != cfg.replicas)
     return std::to_string(cfg.devices.size()) + " devices given for " + std::to_string(cfg.replicas) +
            " replicas";
-  if (spec.param_count() > (size_t(1) << 30))
+  // 2^28 floats = 1 GiB: a ring chunk then always fits one wire message (net/wire.hpp's limit).
+  if (spec.param_count() > (size_t(1) << 28))
     return "model " + spec.str() + " has " + std::to_string(spec.param_count()) +
-           " parameters; the limit is 2^30 (each replica holds 4 such buffers)";
+           " parameters; the limit is 2^28 (each replica holds 4 such buffers)";
   if (!cfg.train) return "no training data";
   if (size_t(cfg.train->features()) != size_t(spec.dims[0]))
     return "model input width " + std::to_string(spec.dims[0]) + " does not match the data's " +

@@ -139,5 +139,5 @@ TEST_CASE("bad configurations are refused before anything runs", "[training]") {
   c.model = "784-abc";
   CHECK(train(c).error.find("bad model spec") != std::string::npos);
   c.model = "784-9999999-9999999-10";  // 10^14 parameters: refused, not attempted
-  CHECK(train(c).error.find("the limit is 2^30") != std::string::npos);
+  CHECK(train(c).error.find("the limit is 2^28") != std::string::npos);
 }
