@@ -261,7 +261,7 @@ int finish(const options& o, const model_spec& spec, const train_result& r) {
     return 1;
   }
   const epoch_stats& last = r.history.back();
-  std::printf("Done: %lld epochs in %.1fs (training %.1fs, %.0f samples/s)", (long long)c.epochs,
+  std::printf("Done: %lld epochs in %.2fs (training %.2fs, %.0f samples/s)", (long long)c.epochs,
               r.wall_seconds, r.train_seconds, r.train_samples / r.train_seconds);
   if (c.evaluate) std::printf(", test accuracy %.4f, test loss %.4f", last.val_accuracy, last.val_loss);
   std::printf("; replicas %s (fnv1a64 %s)\n", r.identical ? "bit-identical" : "DIFFER",
