@@ -74,7 +74,6 @@ struct eval_report {
   double seconds = 0;
 };
 
-using weights_ptr = std::shared_ptr<const std::vector<float>>;
 
 }  // namespace ringmaster
 
