@@ -24,7 +24,7 @@ std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len
   const int64_t step = step_++;
   caf::scoped_actor self{sys_};
   for (size_t r = 0; r < reducers_.size(); ++r)
-    self->send(reducers_[r], reduce_atom::value, step, tensor_view{buffers[r], len});
+    self->send(reducers_[r], reduce_atom::value, step, tensor_view{buffers[r], len, nullptr, nullptr});
   std::string error;
   size_t replies = 0;
   self->receive_for(replies, reducers_.size())(

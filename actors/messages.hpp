@@ -10,6 +10,8 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/backend.hpp"
+
 namespace ringmaster {
 
 // Atoms (CAF 0.17: at most 10 characters).
@@ -40,15 +42,19 @@ using batch_ptr = std::shared_ptr<const batch>;
 struct tensor_view {
   float* data = nullptr;
   size_t len = 0;
-  std::shared_ptr<const void> owner;  // keeps the buffer alive while reducers (and neighbours) use it
+  std::shared_ptr<const void> owner;  // keeps the buffer (and `be`) alive while reducers and neighbours use it
+  backend* be = nullptr;  // the device `data` lives on, whose kernels sum it; null: host memory, CPU kernels
 };
 
-// A chunk on its way round the ring: floats plus whatever keeps them alive (a vector made by the
-// sending reducer, or the ZeroMQ message it arrived in). Forwarding it never copies the floats.
+// A chunk on its way round the ring: floats plus whatever keeps them alive (a buffer of the sending
+// reducer, or the ZeroMQ message it arrived in). Forwarding it never copies the floats. `device` says
+// where they are (backend::device(): -1 host memory, else a GPU of this process); chunks that cross
+// processes are always in host memory.
 struct chunk_data {
   const float* data = nullptr;
   size_t count = 0;
   std::shared_ptr<const void> owner;
+  int device = -1;
 };
 
 // A replica's parameters (weights request/reply).

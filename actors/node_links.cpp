@@ -5,9 +5,13 @@
 
 namespace ringmaster {
 
-caf::behavior ring_link(caf::event_based_actor*, net::bridge* br, int peer, uint64_t job, int sender_rank) {
+caf::behavior ring_link(caf::event_based_actor* self, net::bridge* br, int peer, uint64_t job, int sender_rank) {
   return {
-      [br, peer, job, sender_rank](chunk_atom, int64_t step, int round, chunk_data c) {
+      [self, br, peer, job, sender_rank](chunk_atom, int64_t step, int round, chunk_data c) {
+        if (c.device >= 0) {  // reducers stage GPU chunks in host memory for links; anything else is a bug
+          self->quit(caf::make_error(caf::sec::invalid_argument, "ring link to another process got a chunk in GPU memory"));
+          return;
+        }
         wire::header h;
         h.type = wire::msg_type::chunk;
         h.job_id = job;

@@ -20,21 +20,49 @@ namespace ringmaster {
 
 using clock_type = std::chrono::steady_clock;
 
-bool parse_devices(const std::string& text, int* cpu_replicas, std::string* error) {
-  if (text.rfind("cpu:", 0) == 0) {
-    const std::string n = text.substr(4);
-    if (!n.empty() && n.size() <= 4 && n.find_first_not_of("0123456789") == std::string::npos && std::stoi(n) > 0) {
-      *cpu_replicas = std::stoi(n);
-      return true;
-    }
+bool parse_devices(const std::string& text, std::vector<std::string>* slots, std::string* error) {
+  auto number = [](const std::string& n) {
+    return !n.empty() && n.size() <= 4 && n.find_first_not_of("0123456789") == std::string::npos;
+  };
+  slots->clear();
+  const size_t colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  if (text == "cuda") {  // every GPU of this machine, one replica each
+    for (int g = 0, n = cuda_device_count(); g < n; ++g) slots->push_back("cuda:" + std::to_string(g));
+    if (slots->empty()) *error = "--devices cuda: this machine has no usable CUDA device";
+    return !slots->empty();
   }
-  *error = "bad --devices '" + text + "': expected cpu:N, e.g. cpu:2";
+  if (kind == "cpu" && colon != std::string::npos && number(text.substr(4)) && std::stoi(text.substr(4)) > 0) {
+    slots->assign(size_t(std::stoi(text.substr(4))), "cpu");
+    return true;
+  }
+  if (kind != "cpu" && !kind.empty() && colon != std::string::npos) {  // KIND:I[,J...]: one replica each
+    std::string list = text.substr(colon + 1);
+    for (size_t at = 0; at <= list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      const std::string id = list.substr(at, comma - at);
+      if (!number(id)) {
+        slots->clear();
+        break;
+      }
+      slots->push_back(kind + ":" + id);
+      at = comma + 1;
+    }
+    if (!slots->empty()) return true;
+  }
+  *error = "bad --devices '" + text + "': expected cpu:N (N CPU replicas), cuda (every GPU) or cuda:I[,J...] (GPUs by number)";
   return false;
 }
 
+namespace {
+
+std::string kind_of(const std::string& device) { return device.substr(0, device.find(':')); }
+
+}  // namespace
+
 struct node_service::impl {
   node_options opt;
-  int cpu_replicas = 2;
+  std::vector<std::string> slots;  // one device per replica this node offers
   caf::actor_system_config sys_cfg;
   std::unique_ptr<caf::actor_system> sys;
   net::bridge br;
@@ -140,9 +168,11 @@ struct node_service::impl {
     std::string error;
     if (!from_kv(kv, &spec, &error)) return refuse(from, spec.job_id, "bad job spec: " + error);
     if (job) return refuse(from, spec.job_id, "busy with job " + std::to_string(job->id));
-    if (int(spec.ranks.size()) > cpu_replicas)
+    if (int(spec.ranks.size()) > int(slots.size()))
       return refuse(from, spec.job_id,
                     "job asks for " + std::to_string(spec.ranks.size()) + " replicas, this node offers " + opt.devices);
+    if (kind_of(spec.device) != kind_of(slots[0]))
+      return refuse(from, spec.job_id, "job runs on " + kind_of(spec.device) + " replicas, this node offers " + opt.devices);
     model_spec ms;
     if (!parse_model_spec(spec.model, &ms, &error)) return refuse(from, spec.job_id, error);
     job = std::make_unique<job_state>();
@@ -191,6 +221,9 @@ struct node_service::impl {
     train_config cfg = make_train_config(spec);
     cfg.train = train;
     cfg.test = test;
+    cfg.devices.assign(size_t(spec.replicas), kind_of(slots[0]));  // ranks elsewhere: only their kind counts
+    for (size_t i = 0; i < spec.ranks.size(); ++i) cfg.devices[size_t(spec.ranks[i])] = slots[i];
+    cfg.make_backend = opt.make_backend;
     if (std::string e = check_config(cfg, ms); !e.empty()) return refuse(e);
 
     std::unique_ptr<job_state> js = std::move(job);
@@ -315,7 +348,16 @@ node_service::node_service(node_options options) : d_(std::make_unique<impl>(std
 node_service::~node_service() { stop(); }
 
 bool node_service::start(std::string* error) {
-  if (!parse_devices(d_->opt.devices, &d_->cpu_replicas, error)) return false;
+  if (!parse_devices(d_->opt.devices, &d_->slots, error)) return false;
+  // Every device offered must work now, not fail a job later: make each backend once.
+  for (const std::string& dev : d_->slots) {
+    if (dev == "cpu") continue;
+    std::string why;
+    if (!(d_->opt.make_backend ? d_->opt.make_backend(dev, &why) : make_backend(dev, &why))) {
+      *error = "--devices " + d_->opt.devices + ": " + dev + ": " + why;
+      return false;
+    }
+  }
   configure(d_->sys_cfg, d_->opt.threads);
   d_->sys = std::make_unique<caf::actor_system>(d_->sys_cfg);
   impl* d = d_.get();

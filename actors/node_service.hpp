@@ -8,13 +8,19 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
 
 namespace ringmaster {
 
 struct node_options {
   std::string listen;           // tcp://HOST:PORT or ipc://PATH
   std::string name;             // shown in logs and to launchers; empty: the endpoint
-  std::string devices = "cpu:2";  // what this node offers: cpu:N (N replicas at most)
+  // What this node offers, one replica per device: cpu:N (N CPU replicas), cuda (every GPU) or
+  // cuda:I[,J...] (those GPUs; a number twice: two replicas share that GPU).
+  std::string devices = "cpu:2";
+  backend_factory make_backend;  // null: ringmaster::make_backend (tests bring simulated devices)
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::function<void(const std::string&)> log;  // one line per event; null: stderr
   std::chrono::milliseconds heartbeat{250};
@@ -42,7 +48,7 @@ class node_service {
   std::unique_ptr<impl> d_;
 };
 
-// Parses "cpu:N"; false with *error otherwise.
-bool parse_devices(const std::string& text, int* cpu_replicas, std::string* error);
+// Parses --devices into one device name per replica ("cpu", "cuda:0", ...); false with *error otherwise.
+bool parse_devices(const std::string& text, std::vector<std::string>* slots, std::string* error);
 
 }  // namespace ringmaster

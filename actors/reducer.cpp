@@ -1,9 +1,9 @@
 #include "actors/reducer.hpp"
 
-#include <atomic>
 #include <deque>
 #include <optional>
 
+#include "actors/chunk_pool.hpp"
 #include "actors/messages.hpp"
 #include "kernels/cpu_kernels.hpp"
 #include "net/ring.hpp"
@@ -11,9 +11,17 @@
 namespace ringmaster {
 namespace {
 
-struct cpu_ring_ops {
-  void add(float* d, const float* s, size_t n) const { cpu::add_inplace(d, s, n); }
-  void copy(float* d, const float* s, size_t n) const { std::copy(s, s + n, d); }
+// The ring's add and copy on the buffer's device: its backend's kernels, or the CPU's for host buffers.
+struct device_ring_ops {
+  backend* be = nullptr;
+  void add(float* d, const float* s, size_t n) const {
+    if (be) be->add_inplace(d, s, n);
+    else cpu::add_inplace(d, s, n);
+  }
+  void copy(float* d, const float* s, size_t n) const {
+    if (be) be->copy(d, s, n * sizeof(float));
+    else std::copy(s, s + n, d);
+  }
 };
 
 constexpr size_t kZeroCopyBytes = 64 * 1024;
@@ -32,23 +40,11 @@ struct reducer_state {
   bool zero_copy = false;  // this all-reduce's all-gather chunks are read in place (see send_out)
   int64_t step = -1;  // step being reduced, -1 when idle
   tensor_view buf;
-  std::optional<ring::allreduce_state<cpu_ring_ops>> ring;
+  int where = -1;     // buf's device (backend::device()), -1: host memory
+  std::optional<ring::allreduce_state<device_ring_ops>> ring;
   caf::response_promise reply;
   std::deque<pending_chunk> early;  // chunks for a step this rank has not started yet
-  // Send buffers, reused once nobody else holds them (the receiver or ZeroMQ let go): no allocation
-  // per chunk in the steady state.
-  std::vector<std::shared_ptr<std::vector<float>>> pool;
-
-  std::shared_ptr<std::vector<float>> buffer(size_t n) {
-    for (auto& b : pool)
-      if (b.use_count() == 1) {
-        std::atomic_thread_fence(std::memory_order_acquire);  // after the last reader let go
-        b->resize(n);
-        return b;
-      }
-    pool.push_back(std::make_shared<std::vector<float>>(n));
-    return pool.back();
-  }
+  chunk_pool pool;
 };
 
 }  // namespace
@@ -61,16 +57,33 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
   // Reduce-scatter chunks change after they are sent, so they go as copies. All-gather chunks hold final
   // sums that stay put until the all-reduce ends, so a neighbour in this process reads them straight
   // from our buffer (no copy), and tells us with a release when it has read the last one.
+  // A GPU's copies stay on its device for a neighbour in this process (which reads them device to
+  // device), and go to pinned host memory for a link to another process.
   auto send_out = [self, st](const ring::outgoing& out) {
     if (!out.send) return;
     const float* p = st->buf.data + out.range.offset;
+    const size_t n = out.range.count;
     if (st->zero_copy && st->right_local && !ring::is_reduce_round(st->size, out.round)) {
-      self->send(st->right, chunk_atom::value, st->step, out.round, chunk_data{p, out.range.count, st->buf.owner});
+      self->send(st->right, chunk_atom::value, st->step, out.round, chunk_data{p, n, st->buf.owner, st->where});
       return;
     }
-    auto copy = st->buffer(out.range.count);
-    std::copy(p, p + out.range.count, copy->data());
-    chunk_data c{copy->data(), copy->size(), std::move(copy)};
+    using kind = chunk_pool::kind;
+    backend* be = st->buf.be;
+    chunk_data c{nullptr, n, nullptr, -1};
+    if (st->where < 0) {
+      auto copy = st->pool.get(kind::host, n);
+      std::copy(p, p + n, copy.get());
+      c.data = copy.get(), c.owner = std::move(copy);
+    } else if (st->right_local) {
+      auto copy = st->pool.get(kind::device, n, be, st->buf.owner);
+      be->copy(copy.get(), p, n * sizeof(float));
+      be->synchronize();  // the copy is complete before the neighbour's stream reads it
+      c.data = copy.get(), c.owner = std::move(copy), c.device = st->where;
+    } else {
+      auto copy = st->pool.get(kind::pinned, n, be, st->buf.owner);
+      be->copy_out(copy.get(), p, n * sizeof(float));  // returns when the copy is done
+      c.data = copy.get(), c.owner = std::move(copy);
+    }
     self->send(st->right, chunk_atom::value, st->step, out.round, std::move(c));
   };
   auto finish_if_done = [st] {
@@ -85,16 +98,31 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
     }
   };
   auto apply = [self, st, send_out](int64_t step, int round, const chunk_data& data) {
-    ring::outgoing next;
-    if (!st->ring->receive(round, data.data, data.count, &next)) {
-      auto err = caf::make_error(caf::sec::unexpected_message,
-                                 "reducer " + std::to_string(st->rank) + ": chunk of " +
-                                     std::to_string(data.count) + " floats for round " + std::to_string(round) +
-                                     " of step " + std::to_string(step) + " does not fit the ring");
+    auto fail = [&](const std::string& why) {
+      auto err = caf::make_error(caf::sec::unexpected_message, "reducer " + std::to_string(st->rank) + ": " + why);
       st->reply.deliver(err);
       self->quit(err);
-      return;
+    };
+    if (st->where < 0 && data.device >= 0)
+      return fail("chunk in the memory of device " + std::to_string(data.device) +
+                  " but this reducer sums on the host (rings mixing CPU and GPU replicas are not supported)");
+    // Our kernels add only our own device's memory: a chunk from the host (another process) or from
+    // another GPU is first copied over. A copy (all-gather) reads it where it is.
+    const float* src = data.data;
+    const size_t expected = ring::chunk(st->buf.len, st->size, ring::recv_chunk(st->rank, st->size, round)).count;
+    if (st->where >= 0 && data.device != st->where && ring::is_reduce_round(st->size, round) &&
+        data.count == expected && round == st->ring->round()) {
+      auto staged = st->pool.get(chunk_pool::kind::device, data.count, st->buf.be, st->buf.owner);
+      st->buf.be->copy(staged.get(), src, data.count * sizeof(float));
+      src = staged.get();  // the pool keeps it; we synchronize below before it can be handed out again
     }
+    ring::outgoing next;
+    if (!st->ring->receive(round, src, data.count, &next))
+      return fail("chunk of " + std::to_string(data.count) + " floats for round " + std::to_string(round) +
+                  " of step " + std::to_string(step) + " does not fit the ring");
+    // The sum or copy is in place before we send from it or release the left neighbour's buffer, and
+    // before `data` (the sender's buffer) is let go.
+    if (st->buf.be) st->buf.be->synchronize();
     // Our last read from the left neighbour's buffer: it may reuse it now.
     if (st->zero_copy && st->left && round == ring::rounds(st->size) - 1)
       self->send(st->left, release_atom::value, step);
@@ -126,10 +154,14 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
         while (!st->early.empty() && st->early.front().step < step) st->early.pop_front();  // stale
         st->step = step;
         st->buf = buf;
+        st->where = buf.be ? buf.be->device() : -1;
+        if (st->where < 0) st->buf.be = nullptr;  // host memory: the CPU kernels, no backend needed
+        // The gradients' kernels (on the replica's stream) are done before other streams read them.
+        if (st->buf.be) st->buf.be->synchronize();
         // Small chunks are cheaper to copy than to pay for the release message's extra hop. Every rank
         // decides the same way, from the same length.
         st->zero_copy = buf.len / size_t(st->size) * sizeof(float) >= kZeroCopyBytes;
-        st->ring.emplace(st->rank, st->size, buf.data, buf.len);
+        st->ring.emplace(st->rank, st->size, buf.data, buf.len, device_ring_ops{st->buf.be});
         send_out(st->ring->start());
         // Chunks that arrived before our replica was ready (the left neighbour may run ahead).
         while (st->ring && !st->early.empty() && st->early.front().step == step) {

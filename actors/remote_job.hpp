@@ -26,8 +26,9 @@ struct remote_options {
                                                     // heartbeats meanwhile; silence fails sooner)
 };
 
-// cfg.train / cfg.test / cfg.devices are ignored: the nodes read their own data. cfg.replicas is set from
-// the placement.
+// cfg.train / cfg.test are ignored: the nodes read their own data. Of cfg.devices only the kind of the
+// first counts ("cpu" when empty; "cuda" or "cuda:N": GPUs): each node runs its ranks on the devices it
+// offers, and refuses a job of another kind. cfg.replicas is set from the placement.
 train_result train_remote(train_config cfg, const remote_options& ro);
 
 }  // namespace ringmaster

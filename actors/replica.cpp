@@ -14,7 +14,6 @@ struct replica_state {
   std::unique_ptr<mlp> model;
   device_buffer<float> x;      // staging for non-host devices
   device_buffer<int32_t> y;
-  std::vector<float> host_grads;  // non-host devices: the reducer sums a host copy of the gradients
   caf::actor loader, reducer, coordinator;
   std::deque<batch_ptr> ready;
   bool busy = false;
@@ -59,9 +58,9 @@ eval_report evaluate(replica_state& st, int64_t epoch) {
 caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   auto st = std::make_shared<replica_state>();
   std::string error;
-  st->be = make_backend(cfg.device, &error);
+  st->be = cfg.make_backend ? cfg.make_backend(cfg.device, &error) : make_backend(cfg.device, &error);
   if (!st->be) {
-    self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(cfg.rank) + ": " + error));
+    self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(cfg.rank) + " on " + cfg.device + ": " + error));
     return {};
   }
   const int b = cfg.global_batch / cfg.replicas;
@@ -70,7 +69,6 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   if (!st->be->is_host()) {
     st->x = device_buffer<float>(*st->be, size_t(b) * cfg.spec.dims[0]);
     st->y = device_buffer<int32_t>(*st->be, size_t(b));
-    st->host_grads.resize(st->model->size());
   }
   st->cfg = std::move(cfg);
 
@@ -89,22 +87,16 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     rep.wait_batch = std::chrono::duration<double>(t0 - st->idle_since).count();
     rep.compute = since(t0);
     const int64_t global_step = bt->epoch * st->cfg.steps_per_epoch + bt->step;
-    // The reducer adds with CPU kernels, so a GPU replica hands it a host copy and takes the sum back.
+    // The reducer sums the gradients where they are (a GPU's stay on it) with this replica's backend.
+    // It and its neighbours hold the replica's state (and so the backend) alive while they use the
+    // buffer, even if the replica is stopped mid all-reduce.
     float* g = st->model->grads();
-    if (!st->be->is_host()) {
-      st->be->copy_out(st->host_grads.data(), g, st->host_grads.size() * sizeof(float));
-      g = st->host_grads.data();
-    }
-    // The reducer and its neighbours hold the replica's state alive while they use the buffer, even if
-    // the replica is stopped mid all-reduce.
-    tensor_view grads{g, st->model->size(), std::shared_ptr<const void>(st, g)};
+    tensor_view grads{g, st->model->size(), std::shared_ptr<const void>(st, g), st->be.get()};
     const auto t1 = std::chrono::steady_clock::now();
     self->request(st->reducer, caf::infinite, reduce_atom::value, global_step, grads)
         .then([self, st, try_step, rep, t1](int64_t) mutable {
           const auto t2 = std::chrono::steady_clock::now();
           rep.wait_ring = std::chrono::duration<double>(t2 - t1).count();
-          if (!st->be->is_host())
-            st->be->copy_in(st->model->grads(), st->host_grads.data(), st->host_grads.size() * sizeof(float));
           st->model->apply(st->model->grads());
           rep.update = since(t2);
           st->idle_since = std::chrono::steady_clock::now();

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.hpp"
 #include "kernels/dataset.hpp"
 #include "kernels/model.hpp"
 
@@ -22,6 +23,7 @@ struct replica_config {
   std::shared_ptr<const std::vector<float>> init_params;  // identical on every replica
   std::shared_ptr<const dataset> test;                    // may be null: no evaluation
   size_t test_begin = 0, test_end = 0;                     // this replica's shard of the test set
+  backend_factory make_backend;                            // null: ringmaster::make_backend
 };
 
 // Spawn detached (it computes on its own thread). Receives {run_atom, loader, reducer, coordinator}; sends

@@ -50,16 +50,31 @@ train_result topology::train(train_config cfg) {
     for (const placement& p : places_) cfg.devices.push_back(p.device);
     return ringmaster::train(cfg);
   }
+  // One kind of device per job. A rank on a node names only the kind ("cpu", "cuda"): the node runs it on
+  // the devices it offers. A rank here names its device ("cpu", "cuda:1").
+  auto kind = [](const std::string& d) { return d.substr(0, d.find(':')); };
+  std::string local_devices;  // the --devices of this process's own node service
+  int local_cpus = 0;
   for (const placement& p : places_) {
     if (!p.node.empty() && std::find(nodes_.begin(), nodes_.end(), p.node) == nodes_.end()) {
       failed.error = "rank placed on " + p.node + ", which was not connect()ed";
       return failed;
     }
-    if (p.device != "cpu") {
-      failed.error = "ranks on nodes run on the nodes' CPUs for now; device '" + p.device + "' is not offered";
+    if (kind(p.device) != kind(places_[0].device)) {
+      failed.error = "ranks on " + places_[0].device + " and on " + p.device +
+                     ": a job runs on CPUs or on GPUs, not both";
       return failed;
     }
+    if (!p.node.empty() && p.device != kind(p.device)) {
+      failed.error = "a rank on node " + p.node + " names the kind of device only (" + kind(p.device) +
+                     "), not '" + p.device + "': the node runs it on the devices it offers";
+      return failed;
+    }
+    if (p.node.empty() && p.device == "cpu") ++local_cpus;
+    else if (p.node.empty()) local_devices += (local_devices.empty() ? p.device : "," + p.device.substr(p.device.find(':') + 1));
   }
+  if (local_cpus) local_devices = "cpu:" + std::to_string(local_cpus);
+  cfg.devices = {places_[0].device};  // the job's kind
   // Ranks of this process: served by a node service of our own on a loopback port.
   std::unique_ptr<node_service> here;
   remote_options ro;
@@ -71,7 +86,8 @@ train_result topology::train(train_config cfg) {
     node_options no;
     no.listen = "tcp://127.0.0.1:0";
     no.name = "this process";
-    no.devices = "cpu:" + std::to_string(local);
+    no.devices = local_devices;
+    no.make_backend = cfg.make_backend;
     no.data_dir = data_dir_;
     no.log = [](const std::string&) {};
     here = std::make_unique<node_service>(no);

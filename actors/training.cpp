@@ -19,6 +19,11 @@ std::string check_config(const train_config& cfg, const model_spec& spec) {
   if (!cfg.devices.empty() && int(cfg.devices.size()) != cfg.replicas)
     return std::to_string(cfg.devices.size()) + " devices given for " + std::to_string(cfg.replicas) +
            " replicas";
+  // A ring sums in one kind of memory: every replica on CPUs, or every replica on GPUs.
+  for (const std::string& d : cfg.devices)
+    if (d.substr(0, d.find(':')) != cfg.devices[0].substr(0, cfg.devices[0].find(':')))
+      return "replicas on " + cfg.devices[0] + " and on " + d +
+             " in one job: a ring sums in one kind of memory, so put every replica on CPUs or every replica on GPUs";
   // 2^28 floats = 1 GiB: a ring chunk then always fits one wire message (net/wire.hpp's limit).
   if (spec.param_count() > (size_t(1) << 28))
     return "model " + spec.str() + " has " + std::to_string(spec.param_count()) +
@@ -65,6 +70,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, const m
     rc.steps_per_epoch = steps;
     rc.epochs = cfg.epochs;
     rc.init_params = init;
+    rc.make_backend = cfg.make_backend;
     if (cfg.evaluate && cfg.test) {
       rc.test = cfg.test;
       rc.test_begin = cfg.test->count * r / n;  // contiguous test shards; sums are exact

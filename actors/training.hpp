@@ -17,7 +17,8 @@ struct train_config {
   std::string model = "784-512-512-10";
   optimizer_config opt;
   int replicas = 2;
-  std::vector<std::string> devices;  // one per replica ("cpu", "cuda:0"); empty: all "cpu"
+  std::vector<std::string> devices;  // one per replica ("cpu", "cuda:0"); empty: all "cpu". One kind per job.
+  backend_factory make_backend;      // turns a device name into a backend; null: ringmaster::make_backend
   int global_batch = 128;            // split evenly across replicas
   int64_t epochs = 5;
   uint64_t seed = 42;

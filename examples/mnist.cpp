@@ -138,8 +138,8 @@ int main(int argc, char** argv) {
       ("replicas", po::value(&c.replicas)->default_value(c.replicas), "replicas in this process")
       ("device", po::value(&o.device)->default_value(o.device),
        "cpu; cuda (every GPU, one replica each; with --replicas, replicas go round-robin over the GPUs); "
-       "or cuda:0,1,... (one replica per listed GPU, an index may repeat). A job runs on CPUs or on GPUs: "
-       "mixing them is not possible with this flag")
+       "or cuda:0,1,... (one replica per listed GPU, an index may repeat). A job runs on CPUs or on GPUs, "
+       "not both. With --nodes: cpu or cuda, and each node uses the devices it offers")
       ("epochs", po::value(&c.epochs)->default_value(c.epochs), "passes over the training set")
       ("batch", po::value(&c.global_batch)->default_value(c.global_batch),
        "global batch size (each replica takes batch/replicas)")
@@ -186,12 +186,19 @@ int main(int argc, char** argv) {
     if (!vm["replicas"].defaulted() && c.replicas != n)
       return usage_error("--replicas " + std::to_string(c.replicas) + " disagrees with " + std::to_string(nodes.size()) +
                          " nodes x " + std::to_string(o.replicas_per_node) + " replicas per node");
-    if (o.device != "cpu") return usage_error("--device applies to local runs; nodes offer their own devices");
+    // On nodes, --device says the kind; each node runs its ranks on the devices it offers (--devices).
+    if (o.device != "cpu" && o.device != "cuda")
+      return usage_error("with --nodes, --device is cpu or cuda (each node uses the devices it offers), not '" +
+                         o.device + "'");
     c.replicas = n;
   } else if (!vm["replicas-per-node"].defaulted()) {
     return usage_error("--replicas-per-node needs --nodes");
   }
-  if (std::string e = parse_device(o.device, !vm["replicas"].defaulted(), &c); !e.empty()) return usage_error(e);
+  if (!nodes.empty()) {
+    if (o.device == "cuda") c.devices = {"cuda"};
+  } else if (std::string e = parse_device(o.device, !vm["replicas"].defaulted(), &c); !e.empty()) {
+    return usage_error(e);
+  }
   if (c.replicas < 1 || c.replicas > 1024) return usage_error("--replicas must be in 1..1024");
   if (c.epochs < 1) return usage_error("--epochs must be at least 1");
   if (c.global_batch < 1) return usage_error("--batch must be positive");

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -14,12 +15,21 @@ class backend {
   virtual std::string name() const = 0;
   // True when device memory is ordinary host memory (no copies needed).
   virtual bool is_host() const = 0;
+  // Where this backend's memory lives, so a reducer can tell whether a chunk is on its own device:
+  // -1 for host memory, else the device's ordinal (CUDA: the device number; unique within a process).
+  virtual int device() const = 0;
   virtual void* alloc(size_t bytes) = 0;  // zero-filled
   virtual void release(void* p) = 0;
   virtual void copy_in(void* dst_dev, const void* src_host, size_t bytes) = 0;
   virtual void copy_out(void* dst_host, const void* src_dev, size_t bytes) = 0;
-  virtual void copy(void* dst_dev, const void* src_dev, size_t bytes) = 0;
+  // dst on this device; src on this device, on another device of this process, or in host memory
+  // (CUDA: unified addressing finds out which). Only enqueues, like the kernels.
+  virtual void copy(void* dst_dev, const void* src_any, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // Host memory the device copies to and from at full speed (CUDA: pinned), for chunks that leave the
+  // process. The CPU backend gives plain memory.
+  virtual void* alloc_host(size_t bytes) = 0;
+  virtual void release_host(void* p) = 0;
 
   // Kernels: semantics as in kernels/cpu_kernels.hpp.
   virtual void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN,
@@ -44,6 +54,10 @@ std::unique_ptr<backend> make_cuda_backend(int device, std::string* error);
 int cuda_device_count();
 // "cpu" or "cuda:N". Null with *error naming the problem.
 std::unique_ptr<backend> make_backend(const std::string& device, std::string* error);
+
+// Makes the backend for a device name; a train_config may bring its own (a device ringmaster does not
+// know, or a test's simulated device). Null with *error naming the problem.
+using backend_factory = std::function<std::unique_ptr<backend>(const std::string& device, std::string* error)>;
 
 // Device memory owned by a backend, released on destruction.
 template <class T>

@@ -13,6 +13,7 @@ class cpu_backend final : public backend {
  public:
   std::string name() const override { return "cpu"; }
   bool is_host() const override { return true; }
+  int device() const override { return -1; }
   void* alloc(size_t bytes) override {
     // 64-byte alignment: full AVX-512 lines for Eigen's loads.
     size_t rounded = (bytes + 63) / 64 * 64;
@@ -26,6 +27,8 @@ class cpu_backend final : public backend {
   void copy_out(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
   void copy(void* d, const void* s, size_t n) override { std::memmove(d, s, n); }
   void synchronize() override {}
+  void* alloc_host(size_t bytes) override { return alloc(bytes); }
+  void release_host(void* p) override { std::free(p); }
 
   void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT,
                      bool relu) override {

@@ -33,6 +33,7 @@ class cuda_backend final : public backend {
 
   std::string name() const override { return name_; }
   bool is_host() const override { return false; }
+  int device() const override { return device_; }
 
   void* alloc(size_t bytes) override {
     use_device();
@@ -76,11 +77,26 @@ class cuda_backend final : public backend {
   void copy(void* dst, const void* src, size_t bytes) override {
     use_device();
     if (!bytes) return;
-    RM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
+    // Default: unified addressing tells a peer GPU's or the host's memory from ours.
+    RM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ctx_.stream));
   }
   void synchronize() override {
     use_device();
     RM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+  void* alloc_host(size_t bytes) override {
+    use_device();
+    void* p = nullptr;
+    RM_CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
+    return p;
+  }
+  void release_host(void* p) override {  // from destructors: never throws
+    if (!p) return;
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(ctx_.stream);
+    const cudaError_t err = cudaFreeHost(p);
+    if (err != cudaSuccess)
+      std::fprintf(stderr, "ringmaster: %s: cudaFreeHost failed: %s\n", name_.c_str(), cudaGetErrorString(err));
   }
 
   void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT,
@@ -143,6 +159,17 @@ class cuda_backend final : public backend {
     RM_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.sm_count, cudaDevAttrMultiProcessorCount, device_));
     // The device scalars softmax_xent adds into: loss (double) then correct (int64).
     RM_CUDA_CHECK(cudaMalloc(&metrics_, 2 * sizeof(double)));
+    // Reducers of one process copy chunks straight between GPUs where the hardware allows (NVLink or
+    // PCIe peer to peer); elsewhere cudaMemcpy goes through the host by itself.
+    int n = 0;
+    RM_CUDA_CHECK(cudaGetDeviceCount(&n));
+    for (int peer = 0; peer < n; ++peer) {
+      int can = 0;
+      if (peer == device_ || cudaDeviceCanAccessPeer(&can, device_, peer) != cudaSuccess || !can) continue;
+      const cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
+      if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled) RM_CUDA_CHECK(err);
+      cudaGetLastError();  // "already enabled" is sticky until read
+    }
   }
 
   // Never throws: releases what exists and ignores errors (the device may be gone).

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
       ("help,h", "show this help and exit")
       ("listen", po::value(&o.listen), "where launchers and other nodes reach this node: tcp://HOST:PORT or ipc://PATH")
       ("name", po::value(&o.name), "name in logs and errors (default: the endpoint)")
-      ("devices", po::value(&o.devices)->default_value(o.devices), "what this node offers: cpu:N replicas")
+      ("devices", po::value(&o.devices)->default_value(o.devices), "what this node offers, one replica per device: cpu:N (N CPU replicas), cuda (every GPU), cuda:I[,J...] (those GPUs)")
       ("data", po::value(&o.data_dir)->default_value(o.data_dir), "this node's copy of the data (IDX files)");
   po::variables_map vm;
   try {
@@ -42,9 +42,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ringmaster-node: --listen is required (e.g. tcp://127.0.0.1:5601)\n");
     return 2;
   }
-  int n = 0;
+  std::vector<std::string> slots;
   std::string error;
-  if (!ringmaster::parse_devices(o.devices, &n, &error)) {
+  if (!ringmaster::parse_devices(o.devices, &slots, &error)) {
     std::fprintf(stderr, "ringmaster-node: %s\n", error.c_str());
     return 2;
   }
