@@ -12,27 +12,45 @@ local_ring::local_ring(caf::actor_system& sys, int ranks) : sys_(sys) {
                    reducers_[(r + ranks - 1) % ranks]);
 }
 
+// Waits for the reducers to end: they release staging buffers on the callers' backends as they go.
 local_ring::~local_ring() {
-  for (auto& a : reducers_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  caf::scoped_actor self{sys_};
+  for (auto& a : reducers_) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& a : reducers_) self->wait_for(a);
 }
 
 std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len,
                                   std::chrono::milliseconds timeout) {
-  if (buffers.size() != reducers_.size())
-    return std::to_string(buffers.size()) + " buffers for a ring of " + std::to_string(reducers_.size());
+  return allreduce(buffers, len, std::vector<backend*>(buffers.size(), nullptr), timeout);
+}
+
+std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len,
+                                  const std::vector<backend*>& devices, std::chrono::milliseconds timeout) {
+  if (buffers.size() != reducers_.size() || devices.size() != reducers_.size())
+    return std::to_string(buffers.size()) + " buffers and " + std::to_string(devices.size()) +
+           " devices for a ring of " + std::to_string(reducers_.size());
   if (!broken_.empty()) return "ring unusable after an earlier failure: " + broken_;
   const int64_t step = step_++;
   caf::scoped_actor self{sys_};
+  for (auto& a : reducers_) self->monitor(a);  // a reducer that dies fails the call at once
   for (size_t r = 0; r < reducers_.size(); ++r)
-    self->send(reducers_[r], reduce_atom::value, step, tensor_view{buffers[r], len, nullptr, nullptr});
+    self->send(reducers_[r], reduce_atom::value, step, tensor_view{buffers[r], len, nullptr, devices[r]});
   std::string error;
   size_t replies = 0;
-  self->receive_for(replies, reducers_.size())(
-      [&](int64_t) {},
-      [&](caf::error& e) { error = "reducer failed: " + sys_.render(e); },
+  bool stop = false;
+  self->receive_while([&] { return !stop && replies < reducers_.size(); })(
+      [&](int64_t) { ++replies; },
+      [&](caf::error& e) {
+        error = "reducer failed: " + sys_.render(e);
+        ++replies;
+      },
+      [&](caf::down_msg& dm) {
+        error = "reducer stopped: " + sys_.render(dm.reason);
+        stop = true;
+      },
       caf::after(timeout) >> [&] {
         error = "all-reduce timed out";
-        replies = reducers_.size();
+        stop = true;
       });
   broken_ = error;
   return error;

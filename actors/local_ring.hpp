@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.hpp"
+
 namespace ringmaster {
 
 class local_ring {
@@ -23,6 +25,11 @@ class local_ring {
   // timeout the ring refuses further work (its reducers may still touch the buffers of the failed
   // call, so keep those alive until the ring is destroyed).
   std::string allreduce(const std::vector<float*>& buffers, size_t len,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  // The same for buffers in device memory: buffers[r] lives on devices[r] (a GPU backend, say), whose
+  // kernels sum it there. Chunks go device to device; the host never sees the data. The backends must
+  // outlive the ring (its reducers keep staging buffers on them).
+  std::string allreduce(const std::vector<float*>& buffers, size_t len, const std::vector<backend*>& devices,
                         std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
  private:

@@ -79,7 +79,7 @@ class sim_backend final : public backend {
   }
   void copy(void* d, const void* s, size_t n) override {
     mine(d, n, "copy destination");
-    if (reg_->owner(s, n) != dev_) ++reg_->foreign_copies;
+    if (n && reg_->owner(s, n) != dev_) ++reg_->foreign_copies;
     cpu_->copy(d, s, n);
   }
   void synchronize() override {}
@@ -127,12 +127,14 @@ class sim_backend final : public backend {
 
  private:
   void mine(const void* p, size_t n, const char* what) const {
+    if (n == 0) return;  // an empty range may point one past an allocation's end
     const int o = reg_->owner(p, n);
     if (o != dev_)
       throw std::logic_error(name() + ": " + what + " is " + (o < 0 ? "host memory" : "memory of sim:" + std::to_string(o)) +
                              ", not this device's");
   }
   void host(const void* p, size_t n, const char* what) const {
+    if (n == 0) return;
     const int o = reg_->owner(p, n);
     if (o >= 0) throw std::logic_error(name() + ": " + what + " is memory of sim:" + std::to_string(o) + ", not host memory");
   }

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "actors/local_ring.hpp"
 #include "actors/training.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu_kernels.hpp"
@@ -416,6 +417,71 @@ TEST_CASE("a whole local job with GPU replicas trains like the same job on CPUs"
   WARN("local job, 2 GPU replicas vs 2 CPU replicas: max |a-b| / max |b| = " << d / m);
   CHECK(d / m <= 1e-4);
   CHECK(gpu.history.back().val_accuracy == Approx(cpu.history.back().val_accuracy).margin(2.0 / 640));
+}
+
+TEST_CASE("the ring sums GPU buffers on the GPUs: shared device, and across devices where there are several", "[ring]") {
+  std::vector<std::vector<int>> layouts = {{0, 0}, {0, 0, 0}};
+  if (cuda_device_count() > 1) layouts.push_back({0, 1}), layouts.push_back({1, 0, 1});
+  caf::actor_system_config cfg;
+  configure(cfg, 0);
+  caf::actor_system sys{cfg};
+  std::string err;
+  for (const auto& layout : layouts) {
+    const int n = int(layout.size());
+    std::vector<std::unique_ptr<backend>> bes;
+    for (int g : layout) {
+      bes.push_back(make_backend("cuda:" + std::to_string(g), &err));
+      INFO(err);
+      REQUIRE(bes.back());
+      CHECK(bes.back()->device() == g);
+    }
+    {
+      local_ring ring(sys, n);
+      // 5 floats: some chunks empty; 40000: copied chunks (< 64 KB each); 3000001: read in place.
+      for (size_t len : {size_t(5), size_t(40000), size_t(3000001)}) {
+        INFO(n << " ranks, " << len << " floats");
+        std::vector<device_buffer<float>> bufs;
+        std::vector<float*> ptrs;
+        std::vector<backend*> devs;
+        for (int r = 0; r < n; ++r) {
+          bufs.emplace_back(*bes[r], len);
+          std::vector<float> h(len);
+          for (size_t i = 0; i < len; ++i) h[i] = float(r + 1) + float(i % 64);
+          bes[r]->copy_in(bufs.back().data(), h.data(), len * sizeof(float));
+          ptrs.push_back(bufs.back().data());
+          devs.push_back(bes[r].get());
+        }
+        for (int rep = 0; rep < 2; ++rep) {  // the second time reuses the reducers' staging buffers
+          if (rep) for (int r = 0; r < n; ++r) {
+            std::vector<float> h(len);
+            for (size_t i = 0; i < len; ++i) h[i] = float(r + 1) + float(i % 64);
+            bes[r]->copy_in(ptrs[r], h.data(), len * sizeof(float));
+          }
+          REQUIRE(ring.allreduce(ptrs, len, devs) == "");
+          size_t wrong = 0;
+          for (int r = 0; r < n; ++r) {
+            std::vector<float> h(len);
+            bes[r]->copy_out(h.data(), ptrs[r], len * sizeof(float));
+            for (size_t i = 0; i < len; ++i) wrong += h[i] != float(n * (n + 1) / 2) + float(n) * float(i % 64);
+          }
+          CHECK(wrong == 0);
+        }
+      }
+    }  // the ring ends before the backends it staged on
+  }
+  // Pinned host memory for chunks that leave the process.
+  auto be = make_backend("cuda:0", &err);
+  REQUIRE(be);
+  float* pinned = static_cast<float*>(be->alloc_host(1024 * sizeof(float)));
+  REQUIRE(pinned);
+  device_buffer<float> d(*be, 1024);
+  for (int i = 0; i < 1024; ++i) pinned[i] = float(i);
+  be->copy(d.data(), pinned, 1024 * sizeof(float));  // copy() takes host sources too
+  be->synchronize();
+  std::vector<float> back(1024);
+  be->copy_out(back.data(), d.data(), 1024 * sizeof(float));
+  CHECK(back[1023] == 1023.0f);
+  be->release_host(pinned);
 }
 
 int main(int argc, char** argv) {

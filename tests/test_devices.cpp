@@ -5,6 +5,7 @@
 // same CPU adds in the same ring order, so every run must equal the CPU run bit for bit.
 #include <catch2/catch.hpp>
 
+#include "actors/local_ring.hpp"
 #include "actors/node_service.hpp"
 #include "actors/remote_job.hpp"
 #include "actors/topology.hpp"
@@ -155,4 +156,41 @@ TEST_CASE("node --devices: cpu:N, GPUs by number, and clear errors", "[devices][
     CHECK_FALSE(node.start(&error));
     CHECK(error.find("--devices cuda:0: cuda:0:") != std::string::npos);
   }
+}
+
+TEST_CASE("local_ring sums buffers on devices where they are, any length, shared or separate devices", "[devices]") {
+  auto reg = std::make_shared<test::sim_devices>();
+  caf::actor_system_config cfg;
+  configure(cfg, 2);
+  caf::actor_system sys{cfg};
+  for (int n : {1, 2, 3, 5}) {
+    for (bool shared : {false, true}) {
+      std::vector<std::unique_ptr<backend>> devs;
+      for (int r = 0; r < n; ++r) devs.push_back(std::make_unique<test::sim_backend>(shared ? 7 : r, reg));
+      local_ring ring(sys, n);
+      for (size_t len : {size_t(0), size_t(1), size_t(n + 1), size_t(100003)}) {  // 100003: chunks read in place
+        INFO(n << " ranks, " << (shared ? "one device" : "own devices") << ", " << len << " floats");
+        std::vector<device_buffer<float>> bufs;
+        std::vector<float*> ptrs;
+        std::vector<backend*> bes;
+        for (int r = 0; r < n; ++r) {
+          bufs.emplace_back(*devs[size_t(r)], len);
+          std::vector<float> h(len);
+          for (size_t i = 0; i < len; ++i) h[i] = float(r + 1) + float(i % 64);
+          devs[size_t(r)]->copy_in(bufs.back().data(), h.data(), len * sizeof(float));
+          ptrs.push_back(bufs.back().data());
+          bes.push_back(devs[size_t(r)].get());
+        }
+        REQUIRE(ring.allreduce(ptrs, len, bes).empty());
+        size_t wrong = 0;
+        for (int r = 0; r < n; ++r) {
+          std::vector<float> h(len);
+          devs[size_t(r)]->copy_out(h.data(), ptrs[size_t(r)], len * sizeof(float));
+          for (size_t i = 0; i < len; ++i) wrong += h[i] != float(n * (n + 1) / 2) + float(n) * float(i % 64);
+        }
+        CHECK(wrong == 0);
+      }
+    }
+  }
+  CHECK(local_ring(sys, 2).allreduce({nullptr, nullptr}, 0, {nullptr}).find("2 buffers and 1 devices") != std::string::npos);
 }

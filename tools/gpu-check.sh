@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tools/gpu-check.sh OUTDIR: everything a GPU machine should check, in one go, within 5 minutes:
 #   configure (Release, RINGMASTER_CUDA=ON) -> build -j16 -> ctest (the GPU tests must run, not skip)
-#   -> gpu_bench -> tools/torch_bench.py (where torch sees the GPU) -> a short table, printed last.
+#   -> gpu_bench -> ringmaster-mnist on the GPU (1 replica, then 2 sharing it; Fashion-MNIST from
+#   /usr/share/datasets or from .gpu-carry/data) -> tools/torch_bench.py (where torch sees the GPU)
+#   -> a short table, printed last.
 # Full logs go to OUTDIR (summary.txt lists every step with its exit status and time).
 # Environment: BUILD_DIR (default <repo>/build-gpu), JOBS (16), BUDGET_S (290, for all steps together).
 # Exit status: 0 when the build, every test (GPU tests included) and the benchmark passed.
@@ -60,7 +62,8 @@ if [[ ! -f /usr/include/caf/config.hpp && -x $carried/bin/ringmaster_cuda_tests 
     gpu_tests="FAILED or skipped (exit $rc, see ctest-LastTest.log)"
     status=1
   fi
-  step gpu_bench 60 "$out/gpu_bench.log" "$carried/bin/gpu_bench" 1.5 || status=1
+  step gpu_bench 90 "$out/gpu_bench.log" "$carried/bin/gpu_bench" 1.5 || status=1
+  mnist=$carried/bin/ringmaster-mnist
   built=carried
 elif step configure 60 "$out/configure.log" \
     cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DRINGMASTER_CUDA=ON; then
@@ -88,7 +91,25 @@ if [[ $built == yes ]]; then
     gpu_tests="FAILED or did not finish (see ctest.log)"
     status=1
   fi
-  step gpu_bench 60 "$out/gpu_bench.log" "$build/gpu_bench" 1.5 || status=1
+  step gpu_bench 90 "$out/gpu_bench.log" "$build/gpu_bench" 1.5 || status=1
+  mnist=$build/ringmaster-mnist
+fi
+
+# The launcher on the GPU, real data, defaults but the device: 1 replica, then 2 replicas sharing GPU 0.
+data=/usr/share/datasets/fashion-mnist
+[[ -f $data/train-labels-idx1-ubyte.gz || -f $data/train-labels-idx1-ubyte ]] || data=$src/.gpu-carry/data
+mnist_rows=()
+if [[ -n ${mnist:-} && -x $mnist ]]; then
+  for dev in cuda:0 cuda:0,0; do
+    tag=${dev//[:,]/_}
+    if step "mnist $dev" 60 "$out/mnist_$tag.log" "$mnist" --data "$data" --device "$dev" --epochs 5 \
+        --report-json "$out/mnist_$tag.json"; then
+      mnist_rows+=("mnist --device $dev: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("test accuracy %.4f, %.0f samples/s, %.1f s wall" % (r["test_accuracy"], r["train_samples_per_sec"], r["wall_seconds"]))' "$out/mnist_$tag.json" 2>&1)")
+    else
+      mnist_rows+=("mnist --device $dev: FAILED (see mnist_$tag.log)")
+      status=1
+    fi
+  done
 fi
 
 torch_note=""
@@ -117,6 +138,8 @@ fi
     $1 == "RESULT" && $2 == "train" { key = $3 " " $4; keys[++n] = key; dev[key] = $5; staged[key] = $6 }
     $1 == "RESULT" && $2 == "torch" { key = $3 " " $4; tasync[key] = $5; titem[key] = $6 }
     $1 == "RESULT" && $2 == "add" { add = sprintf("add_inplace 64 MB: %s GB/s = %s of cudaMemcpy D2D (%s GB/s), wrong results %s", $3, $5, $4, $6) }
+    $1 == "RESULT" && $2 == "ring" { ring = sprintf("ring all-reduce, 2 reducers on one GPU, 64 MB: %s us, busbw %s GB/s, wrong results %s", $3, $4, $5) }
+    $1 == "RESULT" && $2 == "job" { jobs[++nj] = sprintf("%-16s %6s %13s %13s", $3, $4, $5, $6) }
     END {
       if (n == 0) { print "no benchmark results (see gpu_bench.log)"; exit }
       printf "%-16s %6s %13s %13s %13s %13s\n", "samples/s", "batch", "rm device", "rm staged", "torch async", "torch item"
@@ -126,10 +149,13 @@ fi
           (k in tasync) ? tasync[k] : "-", (k in titem) ? titem[k] : "-"
       }
       if (add != "") print add
+      if (ring != "") print ring
+      if (nj) { printf "%-16s %6s %13s %13s\n", "whole job s/s", "batch", "1 x cuda:0", "2 x cuda:0"; for (i = 1; i <= nj; i++) print jobs[i] }
     }' "${logs[@]}"
+  for row in "${mnist_rows[@]}"; do echo "$row"; done
   [[ -n $torch_note ]] && echo "$torch_note"
-  echo "rm device: batches already on the GPU; rm staged: plus the replica's per-step host copies" \
-       "(batch in, gradients out and back)."
+  echo "rm device: batches already on the GPU; rm staged: plus the replica's per-step copy of its batch" \
+       "from the host. whole job: ringmaster::train() with loaders, replicas, reducers, coordinator."
   echo "overall: $([[ $status == 0 ]] && echo OK || echo FAILED) (logs in $out)"
 } | tee "$out/table.txt"
 exit $status

@@ -5,11 +5,15 @@
 // Training: Adam, random data (8 batches cycled), warm-up, then timed steps with cudaDeviceSynchronize
 // before the clock stops. Two numbers per model and batch:
 //   device  the batches already on the GPU: forward, backward and update only;
-//   staged  what actors/replica.cpp adds per step: the batch copied in from the host, and the gradients
-//           copied out to the host (for the reducer) and back.
+//   staged  what actors/replica.cpp adds per step: the batch copied in from the host.
+// Whole jobs: ringmaster::train() (loaders, replicas, reducers, coordinator) on random data in memory,
+// 1 replica on cuda:0 and 2 replicas sharing it (cuda:0,0: the ring runs device to device); samples/s
+// of the second epoch (the first warms cuBLAS up).
 // Reduction: add_inplace on 64 MB buffers against cudaMemcpy device-to-device on the same buffers, with
 // bytes counted as moved (add: read dst + read src + write dst; memcpy: read + write), and a count of
-// wrong results. Lines starting with RESULT are read by tools/gpu-check.sh.
+// wrong results; then the ring itself: 2 reducer actors all-reducing 64 MB buffers that both live on
+// cuda:0 (busbw as nccl-tests). Lines starting with RESULT are read by tools/gpu-check.sh.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "actors/local_ring.hpp"
+#include "actors/training.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cuda_kernels.hpp"
 #include "kernels/model.hpp"
@@ -71,7 +77,6 @@ train_numbers bench_training(const std::string& model, int batch, double seconds
   device_buffer<int32_t> dy(*be, hy.size()), sy(*be, size_t(batch));
   be->copy_in(dx.data(), hx.data(), hx.size() * sizeof(float));
   be->copy_in(dy.data(), hy.data(), hy.size() * sizeof(int32_t));
-  std::vector<float> host_grads(net.size());
   const float scale = 1.0f / float(batch);
 
   train_numbers r;
@@ -88,8 +93,6 @@ train_numbers bench_training(const std::string& model, int batch, double seconds
     be->copy_in(sx.data(), hx.data() + k * bx, bx * sizeof(float));
     be->copy_in(sy.data(), hy.data() + size_t(k) * batch, size_t(batch) * sizeof(int32_t));
     net.forward_backward(sx.data(), sy.data(), batch, scale);
-    be->copy_out(host_grads.data(), net.grads(), host_grads.size() * sizeof(float));
-    be->copy_in(net.grads(), host_grads.data(), host_grads.size() * sizeof(float));
     net.apply(net.grads());
   };
   r.device_sps = batch * steps_per_second(device_step, seconds);
@@ -152,6 +155,78 @@ bandwidth_numbers bench_add(size_t bytes, int iters) {
   return r;
 }
 
+// samples/s of a whole local job's second epoch: `replicas` replicas on cuda:0, random data.
+double bench_job(const std::string& model, int batch, int replicas) {
+  auto data = std::make_shared<dataset>();
+  data->count = 61440;
+  data->rows = 28;
+  data->cols = 28;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> pixel(0, 1);
+  data->pixels.resize(data->count * data->features());
+  for (auto& v : data->pixels) v = pixel(rng);
+  data->labels.resize(data->count);
+  for (auto& v : data->labels) v = int32_t(rng() % 10);
+  train_config c;
+  c.model = model;
+  c.replicas = replicas;
+  c.devices.assign(size_t(replicas), "cuda:0");
+  c.global_batch = batch;
+  c.epochs = 2;
+  c.train = data;
+  c.evaluate = false;
+  train_result r = train(c);
+  if (!r.ok) throw std::runtime_error("job on " + std::to_string(replicas) + " replicas: " + r.error);
+  return double(r.history[1].samples) / r.history[1].seconds;
+}
+
+struct ring_numbers {
+  double median_us = 0, busbw_gbps = 0;
+  size_t wrong = 0;
+};
+
+// 2 reducers, buffers of `bytes` each on cuda:0: the median all-reduce time over `iters`, buffers refilled
+// (untimed) before each. Rank r's element i is (r + 1) + (i % 64): the sums are exact.
+ring_numbers bench_device_ring(size_t bytes, int iters) {
+  const int ranks = 2;
+  const size_t n = bytes / sizeof(float);
+  std::string err;
+  std::vector<std::unique_ptr<backend>> bes;
+  std::vector<device_buffer<float>> bufs;
+  std::vector<std::vector<float>> fill(ranks, std::vector<float>(n));
+  for (int r = 0; r < ranks; ++r) {
+    bes.push_back(make_backend("cuda:0", &err));
+    if (!bes.back()) throw std::runtime_error(err);
+    bufs.emplace_back(*bes.back(), n);
+    for (size_t i = 0; i < n; ++i) fill[r][i] = float(r + 1) + float(i % 64);
+  }
+  ring_numbers out;
+  std::vector<double> times;
+  {
+    caf::actor_system_config cfg;
+    configure(cfg, 0);
+    caf::actor_system sys{cfg};
+    local_ring ring(sys, ranks);
+    for (int it = 0; it < iters + 2; ++it) {  // 2 warm-ups
+      for (int r = 0; r < ranks; ++r) bes[r]->copy_in(bufs[r].data(), fill[r].data(), bytes);
+      const auto t0 = clock_type::now();
+      std::string e = ring.allreduce({bufs[0].data(), bufs[1].data()}, n, {bes[0].get(), bes[1].get()});
+      const double us = std::chrono::duration<double, std::micro>(clock_type::now() - t0).count();
+      if (!e.empty()) throw std::runtime_error("device ring: " + e);
+      if (it >= 2) times.push_back(us);
+    }
+  }
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<float> h(n);
+    bes[r]->copy_out(h.data(), bufs[r].data(), bytes);
+    for (size_t i = 0; i < n; ++i) out.wrong += h[i] != 3.0f + 2.0f * float(i % 64);
+  }
+  std::sort(times.begin(), times.end());
+  out.median_us = times[times.size() / 2];
+  out.busbw_gbps = double(bytes) / (out.median_us * 1e-6) / 1e9 * 2.0 * (ranks - 1) / ranks;
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -184,7 +259,21 @@ int main(int argc, char** argv) {
     std::printf("add_inplace 64 MB: %.0f GB/s; cudaMemcpy D2D 64 MB: %.0f GB/s; ratio %.3f; wrong results %zu\n",
                 b.add_gbps, b.memcpy_gbps, b.add_gbps / b.memcpy_gbps, b.wrong);
     std::printf("RESULT add %.1f %.1f %.3f %zu\n", b.add_gbps, b.memcpy_gbps, b.add_gbps / b.memcpy_gbps, b.wrong);
-    return b.wrong ? 1 : 0;
+    std::fflush(stdout);
+    ring_numbers ring = bench_device_ring(bytes, 10);
+    std::printf("ring all-reduce, 2 reducers on cuda:0, 64 MB: median %.0f us, busbw %.0f GB/s; wrong results %zu\n",
+                ring.median_us, ring.busbw_gbps, ring.wrong);
+    std::printf("RESULT ring %.0f %.1f %zu\n", ring.median_us, ring.busbw_gbps, ring.wrong);
+    std::printf("%-16s %6s %16s %16s\n", "whole job", "batch", "1 x cuda:0 s/s", "2 x cuda:0 s/s");
+    for (const char* model : {"784-512-512-10", "784-64-10"}) {
+      for (int batch : {128, 1024}) {
+        const double one = bench_job(model, batch, 1), two = bench_job(model, batch, 2);
+        std::printf("%-16s %6d %16.0f %16.0f\n", model, batch, one, two);
+        std::printf("RESULT job %s %d %.0f %.0f\n", model, batch, one, two);
+        std::fflush(stdout);
+      }
+    }
+    return b.wrong || ring.wrong ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu_bench: %s\n", e.what());
     return 1;
