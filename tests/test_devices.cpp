@@ -10,20 +10,14 @@
 #include "actors/remote_job.hpp"
 #include "actors/topology.hpp"
 #include "actors/training.hpp"
+#include "tests/test_data.hpp"
 #include "tests/sim_backend.hpp"
 
 using namespace ringmaster;
 
 namespace {
 
-std::shared_ptr<const dataset> load(const char* prefix, size_t n) {
-  auto d = std::make_shared<dataset>();
-  std::string err;
-  INFO(err);
-  REQUIRE(load_mnist(RINGMASTER_DATA_DIR, prefix, 10, d.get(), &err));
-  truncate(*d, n);
-  return d;
-}
+using test::load;
 
 train_config job(int replicas) {
   train_config c;
@@ -33,6 +27,14 @@ train_config job(int replicas) {
   c.epochs = 1;
   c.train = load("train", 480);  // 20 steps
   c.test = load("t10k", 101);
+  return c;
+}
+
+// job(n) on simulated devices, one per replica as named.
+train_config sim_job(std::shared_ptr<test::sim_devices> reg, std::vector<std::string> devices) {
+  train_config c = job(int(devices.size()));
+  c.make_backend = test::sim_factory(std::move(reg));
+  c.devices = std::move(devices);
   return c;
 }
 
@@ -46,10 +48,9 @@ TEST_CASE("replicas on (simulated) devices sum on their devices and train exactl
     for (bool shared : {false, true}) {
       INFO(n << " replicas on " << (shared ? "one device" : "their own devices"));
       auto reg = std::make_shared<test::sim_devices>();
-      train_config c = job(n);
-      c.make_backend = test::sim_factory(reg);
-      for (int r = 0; r < n; ++r) c.devices.push_back("sim:" + std::to_string(shared ? 0 : r));
-      train_result r = train(c);
+      std::vector<std::string> devices;
+      for (int r = 0; r < n; ++r) devices.push_back("sim:" + std::to_string(shared ? 0 : r));
+      train_result r = train(sim_job(reg, devices));
       INFO(r.error);
       REQUIRE(r.ok);
       CHECK(r.identical);
@@ -65,11 +66,7 @@ TEST_CASE("replicas on (simulated) devices sum on their devices and train exactl
 }
 
 TEST_CASE("a job mixing CPU and device replicas is refused before it starts", "[devices]") {
-  auto reg = std::make_shared<test::sim_devices>();
-  train_config c = job(2);
-  c.make_backend = test::sim_factory(reg);
-  c.devices = {"cpu", "sim:0"};
-  train_result r = train(c);
+  train_result r = train(sim_job(std::make_shared<test::sim_devices>(), {"cpu", "sim:0"}));
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("one kind of memory") != std::string::npos);
   CHECK(r.error.find("cpu") != std::string::npos);
@@ -82,11 +79,7 @@ TEST_CASE("a job mixing CPU and device replicas is refused before it starts", "[
 }
 
 TEST_CASE("a replica whose device cannot start ends the job with its reason", "[devices]") {
-  auto reg = std::make_shared<test::sim_devices>();
-  train_config c = job(2);
-  c.make_backend = test::sim_factory(reg);
-  c.devices = {"sim:0", "sim:x"};
-  train_result r = train(c);
+  train_result r = train(sim_job(std::make_shared<test::sim_devices>(), {"sim:0", "sim:x"}));
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("replica 1") != std::string::npos);
   CHECK(r.error.find("bad simulated device 'sim:x'") != std::string::npos);

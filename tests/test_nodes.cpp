@@ -12,6 +12,7 @@
 #include "actors/remote_job.hpp"
 #include "actors/topology.hpp"
 #include "actors/training.hpp"
+#include "tests/test_data.hpp"
 #include "net/wire.hpp"
 
 using namespace ringmaster;
@@ -73,13 +74,7 @@ train_config small_job() {
   return c;
 }
 
-std::shared_ptr<const dataset> load(const char* prefix, size_t n) {
-  auto d = std::make_shared<dataset>();
-  std::string err;
-  REQUIRE(load_mnist(RINGMASTER_DATA_DIR, prefix, 10, d.get(), &err));
-  truncate(*d, n);
-  return d;
-}
+using test::load;
 
 }  // namespace
 

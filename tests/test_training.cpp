@@ -4,19 +4,13 @@
 #include <cmath>
 
 #include "actors/training.hpp"
+#include "tests/test_data.hpp"
 
 using namespace ringmaster;
 
 namespace {
 
-std::shared_ptr<const dataset> load(const char* prefix, size_t n) {
-  auto d = std::make_shared<dataset>();
-  std::string err;
-  INFO(err);
-  REQUIRE(load_mnist(RINGMASTER_DATA_DIR, prefix, 10, d.get(), &err));
-  truncate(*d, n);
-  return d;
-}
+using test::load;
 
 // max |a - b| / max |b|: the largest difference relative to the weights' scale.
 double linf_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
