@@ -15,8 +15,9 @@ class chunk_pool {
  public:
   enum class kind { host, pinned, device };
 
-  // A buffer of at least n floats. For pinned and device buffers, `keep` must keep `be` alive: buffers
-  // can outlive the pool (a ZeroMQ message still sending one), and their release needs the backend.
+  // A buffer of at least n floats. For device buffers, `keep` must keep `be` alive: a buffer can outlive
+  // the pool (a neighbour still holding a chunk), and its release needs the backend. Device buffers
+  // never leave the process; pinned ones (which may sit in ZeroMQ's queues) need no backend to be freed.
   std::shared_ptr<float> get(kind k, size_t n, backend* be = nullptr, std::shared_ptr<const void> keep = {}) {
     for (entry& e : entries_)
       if (e.k == k && e.be == be && e.capacity >= n && e.p.use_count() == 1) {
@@ -27,9 +28,9 @@ class chunk_pool {
     std::shared_ptr<float> p;
     if (k == kind::host) {
       p = std::shared_ptr<float>(new float[n ? n : 1], std::default_delete<float[]>());
-    } else if (k == kind::pinned) {
-      p = std::shared_ptr<float>(static_cast<float*>(be->alloc_host(bytes)),
-                                 [be, keep](float* q) { be->release_host(q); });
+    } else if (k == kind::pinned) {  // frees itself: ZeroMQ may hold it after the job and the backend end
+      std::shared_ptr<void> host = be->alloc_host(bytes);
+      p = std::shared_ptr<float>(host, static_cast<float*>(host.get()));
     } else {
       p = std::shared_ptr<float>(static_cast<float*>(be->alloc(bytes)), [be, keep](float* q) { be->release(q); });
     }

@@ -52,6 +52,7 @@ std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len
         error = "all-reduce timed out";
         stop = true;
       });
+  for (auto& a : reducers_) self->demonitor(a);  // monitors last as long as the reducer, not the call
   broken_ = error;
   return error;
 }

@@ -17,11 +17,14 @@ namespace ringmaster {
 class local_ring {
  public:
   local_ring(caf::actor_system& sys, int ranks);
+  // Stops the reducers and waits for them (they release staging buffers on the callers' backends).
+  // Blocks: do not destroy a ring inside an actor's handler.
   ~local_ring();
   local_ring(const local_ring&) = delete;
   local_ring& operator=(const local_ring&) = delete;
   int size() const { return int(reducers_.size()); }
-  // Sums buffers[r][0..len) over r into every buffer. Returns "" or what failed. After a failure or a
+  // Sums buffers[r][0..len) over r into every buffer. Returns "" or what failed, at once when a reducer
+  // dies; `timeout` is the longest silence between the reducers' replies. After a failure or a
   // timeout the ring refuses further work (its reducers may still touch the buffers of the failed
   // call, so keep those alive until the ring is destroyed).
   std::string allreduce(const std::vector<float*>& buffers, size_t len,

@@ -143,6 +143,10 @@ struct node_service::impl {
     for (auto* group : {&job->replicas, &job->loaders, &job->reducers})
       for (auto& [r, a] : *group) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     for (auto& a : job->links) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    // Chunks still queued for a peer (one that died, say) are dropped with their buffers; the next
+    // job connects afresh.
+    for (auto& [endpoint, peer] : peers) br.disconnect(peer);
+    peers.clear();
     log("job " + std::to_string(job->id) + " ended: " + why);
     job.reset();
     busy = false;
@@ -233,29 +237,33 @@ struct node_service::impl {
       js->replicas[spec.ranks[i]] = local.replicas[i];
       js->loaders[spec.ranks[i]] = local.loaders[i];
     }
+    // Links to the ranks on other nodes: rank r sends to rank r + 1, through the bridge when it lives
+    // elsewhere.
+    std::map<int, caf::actor> ring_links;
+    for (int r : spec.ranks) {
+      const int right = ring::right(r, spec.replicas);
+      if (js->reducers.count(right)) continue;
+      int peer = peer_for(spec.rank_nodes[right], &error);
+      if (peer < 0) {
+        job = std::move(js);
+        teardown("cannot reach " + spec.rank_nodes[right]);
+        return this->refuse(from, spec.job_id, "cannot reach node " + spec.rank_nodes[right] + ": " + error);
+      }
+      ring_links[r] = sys->spawn(ring_link, &br, peer, spec.job_id, r);
+      js->links.push_back(ring_links[r]);
+    }
+    // The launcher hears of any of them failing.
     std::vector<caf::actor> watched;
     for (auto* group : {&local.replicas, &local.loaders, &local.reducers})
       watched.insert(watched.end(), group->begin(), group->end());
-    js->links.push_back(sys->spawn(launcher_link, &br, from, spec.job_id, js->replicas, watched, name()));
-    // The ring: rank r sends to rank r + 1, through the bridge when that rank lives elsewhere.
+    for (auto& [r, link] : ring_links) watched.push_back(link);
+    js->links.insert(js->links.begin(), sys->spawn(launcher_link, &br, from, spec.job_id, js->replicas, watched, name()));
     for (int r : spec.ranks) {
-      const int right = ring::right(r, spec.replicas);
-      caf::actor next;
-      if (js->reducers.count(right)) {
-        next = js->reducers[right];
-      } else {
-        int peer = peer_for(spec.rank_nodes[right], &error);
-        if (peer < 0) {
-          job = std::move(js);
-          teardown("cannot reach " + spec.rank_nodes[right]);
-          return this->refuse(from, spec.job_id, "cannot reach node " + spec.rank_nodes[right] + ": " + error);
-        }
-        next = sys->spawn(ring_link, &br, peer, spec.job_id, r);
-        js->links.push_back(next);
-      }
-      const int left = ring::left(r, spec.replicas);
+      const int right = ring::right(r, spec.replicas), left = ring::left(r, spec.replicas);
+      const bool right_here = js->reducers.count(right) > 0;
+      caf::actor next = right_here ? js->reducers[right] : ring_links[r];
       caf::actor left_actor = js->reducers.count(left) ? js->reducers[left] : caf::actor{};
-      caf::anon_send(js->reducers[r], ring_atom::value, next, js->reducers.count(right) > 0, left_actor);
+      caf::anon_send(js->reducers[r], ring_atom::value, next, right_here, left_actor);
     }
     job = std::move(js);
     std::string ranks;

@@ -80,7 +80,7 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
       be->synchronize();  // the copy is complete before the neighbour's stream reads it
       c.data = copy.get(), c.owner = std::move(copy), c.device = st->where;
     } else {
-      auto copy = st->pool.get(kind::pinned, n, be, st->buf.owner);
+      auto copy = st->pool.get(kind::pinned, n, be);
       be->copy_out(copy.get(), p, n * sizeof(float));  // returns when the copy is done
       c.data = copy.get(), c.owner = std::move(copy);
     }
@@ -100,6 +100,7 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
   auto apply = [self, st, send_out](int64_t step, int round, const chunk_data& data) {
     auto fail = [&](const std::string& why) {
       auto err = caf::make_error(caf::sec::unexpected_message, "reducer " + std::to_string(st->rank) + ": " + why);
+      st->ring.reset();  // nothing more is applied (the early-chunk loop checks it)
       st->reply.deliver(err);
       self->quit(err);
     };

@@ -70,8 +70,12 @@ train_result topology::train(train_config cfg) {
                      "), not '" + p.device + "': the node runs it on the devices it offers";
       return failed;
     }
+    if (p.node.empty() && p.device != "cpu" && p.device.find(':') == std::string::npos) {
+      failed.error = "a rank in this process names its device (cpu, cuda:0, ...), not only a kind ('" + p.device + "')";
+      return failed;
+    }
     if (p.node.empty() && p.device == "cpu") ++local_cpus;
-    else if (p.node.empty()) local_devices += (local_devices.empty() ? p.device : "," + p.device.substr(p.device.find(':') + 1));
+    else if (p.node.empty()) local_devices += local_devices.empty() ? p.device : "," + p.device.substr(p.device.find(':') + 1);
   }
   if (local_cpus) local_devices = "cpu:" + std::to_string(local_cpus);
   cfg.devices = {places_[0].device};  // the job's kind

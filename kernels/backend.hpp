@@ -27,9 +27,9 @@ class backend {
   virtual void copy(void* dst_dev, const void* src_any, size_t bytes) = 0;
   virtual void synchronize() = 0;
   // Host memory the device copies to and from at full speed (CUDA: pinned), for chunks that leave the
-  // process. The CPU backend gives plain memory.
-  virtual void* alloc_host(size_t bytes) = 0;
-  virtual void release_host(void* p) = 0;
+  // process; the CPU backend gives plain memory. It may outlive the backend (a ZeroMQ message still
+  // holding it): the last owner frees it.
+  virtual std::shared_ptr<void> alloc_host(size_t bytes) = 0;
 
   // Kernels: semantics as in kernels/cpu_kernels.hpp.
   virtual void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN,

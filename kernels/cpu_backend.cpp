@@ -1,6 +1,7 @@
 // The CPU backend: host memory and the Eigen kernels.
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 
 #include "kernels/backend.hpp"
@@ -27,8 +28,7 @@ class cpu_backend final : public backend {
   void copy_out(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
   void copy(void* d, const void* s, size_t n) override { std::memmove(d, s, n); }
   void synchronize() override {}
-  void* alloc_host(size_t bytes) override { return alloc(bytes); }
-  void release_host(void* p) override { std::free(p); }
+  std::shared_ptr<void> alloc_host(size_t bytes) override { return std::shared_ptr<void>(alloc(bytes), std::free); }
 
   void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT,
                      bool relu) override {

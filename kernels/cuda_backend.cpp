@@ -84,19 +84,15 @@ class cuda_backend final : public backend {
     use_device();
     RM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
   }
-  void* alloc_host(size_t bytes) override {
+  // Pinned memory belongs to the process, not to a device or stream: freeing it needs no backend.
+  std::shared_ptr<void> alloc_host(size_t bytes) override {
     use_device();
     void* p = nullptr;
     RM_CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
-    return p;
-  }
-  void release_host(void* p) override {  // from destructors: never throws
-    if (!p) return;
-    cudaSetDevice(device_);
-    cudaStreamSynchronize(ctx_.stream);
-    const cudaError_t err = cudaFreeHost(p);
-    if (err != cudaSuccess)
-      std::fprintf(stderr, "ringmaster: %s: cudaFreeHost failed: %s\n", name_.c_str(), cudaGetErrorString(err));
+    return std::shared_ptr<void>(p, [](void* q) {  // never throws: it runs in destructors
+      const cudaError_t err = cudaFreeHost(q);
+      if (err != cudaSuccess) std::fprintf(stderr, "ringmaster: cudaFreeHost failed: %s\n", cudaGetErrorString(err));
+    });
   }
 
   void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT,
@@ -160,15 +156,16 @@ class cuda_backend final : public backend {
     // The device scalars softmax_xent adds into: loss (double) then correct (int64).
     RM_CUDA_CHECK(cudaMalloc(&metrics_, 2 * sizeof(double)));
     // Reducers of one process copy chunks straight between GPUs where the hardware allows (NVLink or
-    // PCIe peer to peer); elsewhere cudaMemcpy goes through the host by itself.
+    // PCIe peer to peer). Best effort: without it cudaMemcpy goes through the host by itself, so any
+    // error here (already enabled, too many peers, refused) is read and forgotten, never left pending
+    // for a later check to report.
     int n = 0;
-    RM_CUDA_CHECK(cudaGetDeviceCount(&n));
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
     for (int peer = 0; peer < n; ++peer) {
       int can = 0;
-      if (peer == device_ || cudaDeviceCanAccessPeer(&can, device_, peer) != cudaSuccess || !can) continue;
-      const cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
-      if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled) RM_CUDA_CHECK(err);
-      cudaGetLastError();  // "already enabled" is sticky until read
+      if (peer != device_ && cudaDeviceCanAccessPeer(&can, device_, peer) == cudaSuccess && can)
+        cudaDeviceEnablePeerAccess(peer, 0);
+      cudaGetLastError();
     }
   }
 

@@ -27,7 +27,7 @@
 namespace ringmaster::wire {
 
 constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;  // 2: jobs name their device kind, nodes may offer GPUs
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads (job specs) are small

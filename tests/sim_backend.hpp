@@ -83,8 +83,7 @@ class sim_backend final : public backend {
     cpu_->copy(d, s, n);
   }
   void synchronize() override {}
-  void* alloc_host(size_t bytes) override { return cpu_->alloc_host(bytes); }
-  void release_host(void* p) override { cpu_->release_host(p); }
+  std::shared_ptr<void> alloc_host(size_t bytes) override { return cpu_->alloc_host(bytes); }
 
   void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT,
                      bool relu) override {

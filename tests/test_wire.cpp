@@ -99,12 +99,12 @@ TEST_CASE("wire: wrong magic, version, type and counts are named", "[wire]") {
   CHECK(decode_error(b).rfind("bad magic 0x", 0) == 0);
 
   wire::header h = sample_chunk();
-  h.version = 2;
-  CHECK(decode_error(wire::encode(h)) == "protocol version 2, this build speaks 1");
+  h.version = wire::kProtocolVersion + 1;
+  CHECK(decode_error(wire::encode(h)) == "protocol version " + std::to_string(wire::kProtocolVersion + 1) + ", this build speaks " + std::to_string(wire::kProtocolVersion));
   uint16_t version = 0, type = 0;
   const auto v2 = wire::encode(h);
   REQUIRE(wire::peek_version(v2.data(), v2.size(), &version, &type));
-  CHECK(version == 2);
+  CHECK(version == wire::kProtocolVersion + 1);
   CHECK(type == uint16_t(msg_type::chunk));
 
   h = sample_chunk();

@@ -142,12 +142,12 @@ TEST_CASE("zmq_ring: handshake errors are clear and bounded", "[zmq_ring]") {
     CHECK(err.find("rank 1 at tcp://127.0.0.1:1") != std::string::npos);
   }
 
-  SECTION("a neighbour in protocol version 2 is refused, naming both versions") {
+  SECTION("a neighbour in the next protocol version is refused, naming both versions") {
     o.handshake_timeout = 10s;
     zmq_ring r0(0, 2, o);
     REQUIRE(r0.listen("tcp://127.0.0.1:0", &err));
     zmq::context_t ctx;
-    // The fake rank 1: a ROUTER for r0 to dial, and a DEALER that says hello in version 2.
+    // The fake rank 1: a ROUTER for r0 to dial, and a DEALER that says hello in the next version.
     zmq::socket_t router(ctx, zmq::socket_type::router), dealer(ctx, zmq::socket_type::dealer);
     router.set(zmq::sockopt::linger, 0);
     dealer.set(zmq::sockopt::linger, 0);
@@ -157,14 +157,16 @@ TEST_CASE("zmq_ring: handshake errors are clear and bounded", "[zmq_ring]") {
     dealer.connect(r0.endpoint());
     wire::header h;
     h.type = wire::msg_type::hello;
-    h.version = 2;
+    h.version = wire::kProtocolVersion + 1;
     h.job_id = 1;
     h.sender_rank = 1;
     const auto hb = wire::encode(h);
     dealer.send(zmq::message_t(hb.data(), hb.size()), zmq::send_flags::none);
     const auto t0 = clock_type::now();
     CHECK_FALSE(r0.connect({r0.endpoint(), fake_ep}, &err));
-    CHECK(err == "protocol version 2, this build speaks 1");
+    const std::string want = "protocol version " + std::to_string(wire::kProtocolVersion + 1) +
+                             ", this build speaks " + std::to_string(wire::kProtocolVersion);
+    CHECK(err == want);
     CHECK(std::chrono::duration<double>(clock_type::now() - t0).count() < 5.0);
     zmq::message_t reply;
     REQUIRE(dealer.recv(reply));
@@ -175,7 +177,7 @@ TEST_CASE("zmq_ring: handshake errors are clear and bounded", "[zmq_ring]") {
       if (!parts.back().more()) break;
     }
     REQUIRE(parts.size() == 1);
-    CHECK(parts[0].to_string() == "protocol version 2, this build speaks 1");
+    CHECK(parts[0].to_string() == want);
   }
 
   SECTION("a hello from another job is refused by both sides") {

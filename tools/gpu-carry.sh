@@ -18,7 +18,7 @@ cp "$build/tests/ringmaster_cuda_tests" "$build/gpu_bench" "$build/ringmaster-mn
 cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$dest/data/"
 for bin in "$dest"/bin/*; do
   ldd "$bin" | awk '$3 ~ /^\// {print $3}'
-done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcuda|libcudart|libcublas[^/]*)\.so' |
+done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libresolv|ld-linux[^/]*|libcuda|libcudart|libcublas[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" "$dest/lib/"; done
 grep -qx '/.gpu-carry/' "$src/.git/info/exclude" 2>/dev/null || echo '/.gpu-carry/' >> "$src/.git/info/exclude"
 du -sh "$dest"
