@@ -111,7 +111,9 @@ if [[ -n ${mnist:-} && -x ${mnist[-1]} ]]; then
     elif [[ ! -f $out/mnist_$tag.log ]]; then
       mnist_rows+=("mnist --device $dev: not run (out of time)")
     else
-      mnist_rows+=("mnist --device $dev: FAILED, exit $rc (124: out of time; see mnist_$tag.log)")
+      reason="exit $rc"
+      ((rc == 124)) && reason="out of time"
+      mnist_rows+=("mnist --device $dev: FAILED ($reason, see mnist_$tag.log)")
       status=1
     fi
   done
