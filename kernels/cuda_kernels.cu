@@ -114,18 +114,19 @@ __global__ void softmax_xent_kernel(float* dlogits, double* loss_sum, unsigned l
   if (row < B) {
     const float* z = logits + size_t(row) * C;
     // Greatest value, lowest index on ties: the CPU's strict '>' scan from index 0 picks the same one.
+    // NaNs as on the CPU too: its scan never moves to a NaN, and stays at 0 when z[0] is one.
     float best = -INFINITY;
-    int arg = 0x7fffffff;
+    int arg = 0x7fffffff;  // none yet
     for (int c = lane; c < C; c += 32)
-      if (z[c] > best || arg == 0x7fffffff) best = z[c], arg = c;
+      if (!isnan(z[c]) && (z[c] > best || arg == 0x7fffffff)) best = z[c], arg = c;
     for (int off = 16; off > 0; off /= 2) {
       const float ob = __shfl_xor_sync(0xffffffffu, best, off);
       const int oa = __shfl_xor_sync(0xffffffffu, arg, off);
       if (ob > best || (ob == best && oa < arg)) best = ob, arg = oa;
     }
-    best = __shfl_sync(0xffffffffu, best, 0);  // one answer for the whole warp, even with NaNs about
-    arg = __shfl_sync(0xffffffffu, arg, 0);
-    const float zmax = best;
+    arg = __shfl_sync(0xffffffffu, arg, 0);  // one answer for the whole warp
+    if (arg == 0x7fffffff || isnan(z[0])) arg = 0;
+    const float zmax = z[arg];
     double sum = 0.0;
     for (int c = lane; c < C; c += 32) sum += exp(double(z[c] - zmax));
     for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);

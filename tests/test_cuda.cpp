@@ -9,6 +9,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -211,6 +212,43 @@ TEST_CASE("softmax cross-entropy matches the CPU: loss, hits, gradient", "[kerne
       CHECK(d_correct.host()[0] == correct);
       if (with_grad) CHECK_CLOSE(d_dl.host(), dl);
     }
+  }
+}
+
+TEST_CASE("softmax cross-entropy counts hits as the CPU does when logits hold NaNs", "[kernels]") {
+  gpu g;
+  const int C = 40;  // more than a warp's 32 lanes: the NaNs sit in different lanes and rounds
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::vector<float>> rows;
+  std::vector<float> r(C);
+  for (int c = 0; c < C; ++c) r[c] = float(c % 7);  // max 6 first at index 6
+  rows.push_back(r);
+  auto with = [&](std::vector<int> at) {
+    auto x = r;
+    for (int i : at) x[size_t(i)] = nan;
+    return x;
+  };
+  rows.push_back(with({0}));           // CPU: stays at 0
+  rows.push_back(with({6}));           // the first max is NaN: the next 6 (index 13)
+  rows.push_back(with({3, 33, 39}));   // NaNs elsewhere: unchanged
+  rows.push_back(with({6, 13, 20, 27, 34}));  // every 6 gone: the first 5
+  std::vector<float> all(C, nan);
+  rows.push_back(all);
+  const int B = int(rows.size());
+  std::vector<float> logits;
+  for (auto& x : rows) logits.insert(logits.end(), x.begin(), x.end());
+  for (int y : {0, 5, 6, 13}) {
+    INFO("every label " << y);
+    std::vector<int32_t> labels(B, y);
+    double loss = 0;
+    int64_t correct = 0;
+    cpu::softmax_xent(nullptr, &loss, &correct, logits.data(), labels.data(), B, C, 1.0f);
+    dev<float> d_logits(logits);
+    dev<int32_t> d_labels(labels);
+    dev<double> d_loss(std::vector<double>{0});
+    dev<int64_t> d_correct(std::vector<int64_t>{0});
+    cuda::softmax_xent(g.ctx, nullptr, d_loss.p, d_correct.p, d_logits.p, d_labels.p, B, C, 1.0f);
+    CHECK(d_correct.host()[0] == correct);
   }
 }
 

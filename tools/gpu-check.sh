@@ -55,6 +55,10 @@ if [[ ! -f /usr/include/caf/config.hpp && -x $carried/bin/ringmaster_cuda_tests 
   # see the carried libraries (python and torch keep their own libstdc++).
   run_carried=(env "LD_LIBRARY_PATH=$carried/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}")
   echo "build: carried from tools/gpu-carry.sh ($(ls "$carried/bin" | tr '\n' ' '))" >> "$out/summary.txt"
+  # Libraries the carried binaries cannot find here (libcudart / libcublas 13 must come from this machine).
+  for bin in "$carried"/bin/*; do "${run_carried[@]}" ldd "$bin" 2>&1 | grep "not found" | sed "s|^|$(basename "$bin"): |"; done \
+    > "$out/ldd_missing.txt"
+  [[ -s $out/ldd_missing.txt ]] && { echo "MISSING LIBRARIES:"; cat "$out/ldd_missing.txt"; } | tee -a "$out/summary.txt"
   ctest_line="carried binaries, no ctest"
   if step gpu_tests 100 "$out/ctest-LastTest.log" "${run_carried[@]}" "$carried/bin/ringmaster_cuda_tests"; then
     gpu_tests="passed"
