@@ -37,9 +37,13 @@ class backend {
   virtual void dense_backward(float* din, float* dw, float* db, const float* dout, const float* in,
                               const float* w, int B, int IN, int OUT) = 0;
   virtual void relu_backward(float* din, const float* dout, const float* out, size_t n) = 0;
-  // loss_sum / correct are host pointers; the backend accumulates into them.
-  virtual void softmax_xent(float* dlogits, double* loss_sum, int64_t* correct, const float* logits,
-                            const int32_t* labels, int B, int C, float grad_scale) = 0;
+  // Adds the batch's loss sum and hits to this backend's metric accumulators (on a GPU they stay there:
+  // no wait in the middle of a step); take_metrics() reads them out.
+  virtual void softmax_xent(float* dlogits, const float* logits, const int32_t* labels, int B, int C,
+                            float grad_scale) = 0;
+  // Adds the accumulated loss sum and hits to *loss_sum and *correct (host memory) and zeroes the
+  // accumulators. Waits for the work queued so far.
+  virtual void take_metrics(double* loss_sum, int64_t* correct) = 0;
   virtual void adam_update(float* w, float* m, float* v, const float* g, size_t n, float lr, float b1,
                            float b2, float eps, int64_t t) = 0;
   virtual void sgd_update(float* w, float* vel, const float* g, size_t n, float lr, float momentum) = 0;

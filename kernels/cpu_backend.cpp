@@ -43,9 +43,12 @@ class cpu_backend final : public backend {
   void relu_backward(float* din, const float* dout, const float* out, size_t n) override {
     cpu::relu_backward(din, dout, out, n);
   }
-  void softmax_xent(float* dl, double* loss, int64_t* correct, const float* logits, const int32_t* labels,
-                    int B, int C, float scale) override {
-    cpu::softmax_xent(dl, loss, correct, logits, labels, B, C, scale);
+  void softmax_xent(float* dl, const float* logits, const int32_t* labels, int B, int C, float scale) override {
+    cpu::softmax_xent(dl, &loss_, &correct_, logits, labels, B, C, scale);
+  }
+  void take_metrics(double* loss, int64_t* correct) override {
+    *loss += loss_, *correct += correct_;
+    loss_ = 0, correct_ = 0;
   }
   void adam_update(float* w, float* m, float* v, const float* g, size_t n, float lr, float b1, float b2,
                    float eps, int64_t t) override {
@@ -56,6 +59,10 @@ class cpu_backend final : public backend {
     cpu::sgd_update(w, vel, g, n, lr, mom);
   }
   void add_inplace(float* dst, const float* src, size_t n) override { cpu::add_inplace(dst, src, n); }
+
+ private:
+  double loss_ = 0;  // the metric accumulators (softmax_xent / take_metrics)
+  int64_t correct_ = 0;
 };
 
 }  // namespace

@@ -110,20 +110,23 @@ class cuda_backend final : public backend {
     use_device();
     cuda::relu_backward(ctx_, din, dout, out, n);
   }
-  // The one host round trip of a training step: two scalars, after the kernel has run.
-  void softmax_xent(float* dl, double* loss_sum, int64_t* correct, const float* logits, const int32_t* labels,
-                    int B, int C, float scale) override {
+  // The kernel adds into the device scalars metrics_ (zeroed at creation and by take_metrics), so the
+  // step's backward pass is queued behind it without waiting.
+  void softmax_xent(float* dl, const float* logits, const int32_t* labels, int B, int C, float scale) override {
     use_device();
     double* dev_loss = static_cast<double*>(metrics_);
-    int64_t* dev_correct = reinterpret_cast<int64_t*>(dev_loss + 1);
-    RM_CUDA_CHECK(cudaMemsetAsync(metrics_, 0, 2 * sizeof(double), ctx_.stream));
-    cuda::softmax_xent(ctx_, dl, dev_loss, dev_correct, logits, labels, B, C, scale);
+    cuda::softmax_xent(ctx_, dl, dev_loss, reinterpret_cast<int64_t*>(dev_loss + 1), logits, labels, B, C, scale);
+  }
+  // The one host round trip of a training step: two scalars, once the step's kernels have run.
+  void take_metrics(double* loss_sum, int64_t* correct) override {
+    use_device();
     struct {
       double loss;
       int64_t correct;
     } host{};  // the same 16-byte layout as metrics_: one copy brings both back
     static_assert(sizeof host == 2 * sizeof(double));
     RM_CUDA_CHECK(cudaMemcpyAsync(&host, metrics_, sizeof host, cudaMemcpyDeviceToHost, ctx_.stream));
+    RM_CUDA_CHECK(cudaMemsetAsync(metrics_, 0, sizeof host, ctx_.stream));
     RM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
     *loss_sum += host.loss;
     *correct += host.correct;
@@ -155,6 +158,7 @@ class cuda_backend final : public backend {
     RM_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.sm_count, cudaDevAttrMultiProcessorCount, device_));
     // The device scalars softmax_xent adds into: loss (double) then correct (int64).
     RM_CUDA_CHECK(cudaMalloc(&metrics_, 2 * sizeof(double)));
+    RM_CUDA_CHECK(cudaMemsetAsync(metrics_, 0, 2 * sizeof(double), ctx_.stream));
     // Reducers of one process copy chunks straight between GPUs where the hardware allows (NVLink or
     // PCIe peer to peer). Best effort: without it cudaMemcpy goes through the host by itself, so any
     // error here (already enabled, too many peers, refused) is read and forgotten, never left pending

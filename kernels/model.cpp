@@ -104,7 +104,7 @@ batch_metrics mlp::forward_backward(const float* x, const int32_t* y, int B, flo
   const size_t L = spec_.layers();
   float* dout = dbuf_a_.data();  // (B, classes)
   float* dnext = dbuf_b_.data();
-  be_.softmax_xent(dout, &m.loss_sum, &m.correct, acts_[L - 1].data(), y, B, spec_.dims[L], grad_scale);
+  be_.softmax_xent(dout, acts_[L - 1].data(), y, B, spec_.dims[L], grad_scale);
   for (size_t l = L; l-- > 0;) {
     const int IN = spec_.dims[l], OUT = spec_.dims[l + 1];
     const float* in = l ? acts_[l - 1].data() : x;
@@ -117,6 +117,7 @@ batch_metrics mlp::forward_backward(const float* x, const int32_t* y, int B, flo
       std::swap(dout, dnext);
     }
   }
+  be_.take_metrics(&m.loss_sum, &m.correct);  // on a GPU: the one wait, with the whole step queued
   return m;
 }
 
@@ -125,7 +126,8 @@ batch_metrics mlp::evaluate(const float* x, const int32_t* y, int B) {
   m.count = B;
   forward(x, B);
   const size_t L = spec_.layers();
-  be_.softmax_xent(nullptr, &m.loss_sum, &m.correct, acts_[L - 1].data(), y, B, spec_.dims[L], 0.0f);
+  be_.softmax_xent(nullptr, acts_[L - 1].data(), y, B, spec_.dims[L], 0.0f);
+  be_.take_metrics(&m.loss_sum, &m.correct);
   return m;
 }
 

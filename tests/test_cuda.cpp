@@ -328,7 +328,8 @@ TEST_CASE("the cuda backend: zeroed memory, copies, errors, host metrics", "[bac
   be->release(a);
   be->release(b);
 
-  // softmax_xent through the backend adds into host accumulators.
+  // softmax_xent through the backend accumulates on the device; take_metrics adds to host values and
+  // starts again from zero.
   device_buffer<float> logits(*be, 4), dl(*be, 4);
   device_buffer<int32_t> labels(*be, 2);
   const float lg[4] = {0.0f, 1.0f, 2.0f, 0.0f};
@@ -337,10 +338,15 @@ TEST_CASE("the cuda backend: zeroed memory, copies, errors, host metrics", "[bac
   be->copy_in(labels.data(), lb, sizeof lb);
   double loss = 10.0;
   int64_t correct = 5;
-  be->softmax_xent(dl.data(), &loss, &correct, logits.data(), labels.data(), 2, 2, 0.5f);
+  be->softmax_xent(dl.data(), logits.data(), labels.data(), 2, 2, 0.5f);
+  be->softmax_xent(dl.data(), logits.data(), labels.data(), 2, 2, 0.5f);  // twice: the sums add up
+  be->take_metrics(&loss, &correct);
   const double l1 = std::log(1 + std::exp(-1.0)), l2 = std::log(1 + std::exp(2.0));
-  CHECK(loss == Approx(10.0 + l1 + l2).epsilon(1e-9));
-  CHECK(correct == 6);
+  CHECK(loss == Approx(10.0 + 2 * (l1 + l2)).epsilon(1e-9));
+  CHECK(correct == 7);
+  be->take_metrics(&loss, &correct);  // nothing since: unchanged
+  CHECK(loss == Approx(10.0 + 2 * (l1 + l2)).epsilon(1e-9));
+  CHECK(correct == 7);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/backend.hpp"
 #include "kernels/cpu_kernels.hpp"
 #include "kernels/model.hpp"
 
@@ -249,4 +250,22 @@ TEST_CASE("model specs parse and Glorot init is bounded and deterministic", "[ke
   CHECK(std::abs(sum / 5000) < 0.01);
   CHECK(sq / 5000 == Approx(limit0 * limit0 / 3).epsilon(0.05));  // variance of U(-l, l)
   for (int j = 0; j < 50; ++j) CHECK(a[s.bias_offset(0) + j] == 0.0f);
+}
+
+TEST_CASE("a backend's loss and hits accumulate until taken", "[kernels]") {
+  auto be = make_cpu_backend();
+  const float logits[4] = {0.0f, 1.0f, 2.0f, 0.0f};
+  const int32_t labels[2] = {1, 1};
+  float dl[4];
+  be->softmax_xent(dl, logits, labels, 2, 2, 0.5f);
+  be->softmax_xent(nullptr, logits, labels, 2, 2, 0.0f);
+  double loss = 10.0;
+  int64_t correct = 5;
+  be->take_metrics(&loss, &correct);
+  const double l1 = std::log(1 + std::exp(-1.0)), l2 = std::log(1 + std::exp(2.0));
+  CHECK(loss == Approx(10.0 + 2 * (l1 + l2)).epsilon(1e-12));
+  CHECK(correct == 7);  // row 0's argmax is its label, row 1's is not; twice
+  be->take_metrics(&loss, &correct);  // zeroed by the first take
+  CHECK(correct == 7);
+  CHECK(loss == Approx(10.0 + 2 * (l1 + l2)).epsilon(1e-12));
 }
