@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <atomic>
 #include <chrono>
+#include <set>
 #include <thread>
 #include <zmq.hpp>
 
@@ -20,14 +21,18 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A port that was free a moment ago (bind to port 0, read it, close).
-int free_port() {
-  zmq::context_t ctx;
-  zmq::socket_t s(ctx, zmq::socket_type::rep);
-  s.set(zmq::sockopt::linger, 0);
-  s.bind("tcp://127.0.0.1:0");
-  std::string ep = s.get(zmq::sockopt::last_endpoint);
-  return std::stoi(ep.substr(ep.rfind(':') + 1));
+// A port that was free a moment ago (bind to port 0, read it, close) and is not in *taken (the kernel
+// may hand the same port out twice in a row once it is closed).
+int free_port(std::set<int>* taken = nullptr) {
+  for (;;) {
+    zmq::context_t ctx;
+    zmq::socket_t s(ctx, zmq::socket_type::rep);
+    s.set(zmq::sockopt::linger, 0);
+    s.bind("tcp://127.0.0.1:0");
+    std::string ep = s.get(zmq::sockopt::last_endpoint);
+    const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
+    if (!taken || taken->insert(port).second) return port;
+  }
 }
 
 struct node_process {
@@ -54,8 +59,9 @@ struct node_process {
 
 std::vector<std::unique_ptr<node_process>> start_nodes(int n) {
   std::vector<std::unique_ptr<node_process>> nodes;
+  std::set<int> ports;
   for (int i = 0; i < n; ++i)
-    nodes.push_back(std::make_unique<node_process>("tcp://127.0.0.1:" + std::to_string(free_port())));
+    nodes.push_back(std::make_unique<node_process>("tcp://127.0.0.1:" + std::to_string(free_port(&ports))));
   std::this_thread::sleep_for(300ms);  // let them bind; the launcher's hello would wait anyway
   return nodes;
 }
