@@ -89,7 +89,7 @@ job_spec make_job_spec(const train_config& c) {
   j.seed = c.seed;
   j.prefetch = c.prefetch;
   j.evaluate = c.evaluate;
-  j.device = c.devices.empty() ? "cpu" : c.devices[0].substr(0, c.devices[0].find(':'));  // the kind
+  j.device = c.devices.empty() ? "cpu" : device_kind(c.devices[0]);
   return j;
 }
 

@@ -54,12 +54,6 @@ bool parse_devices(const std::string& text, std::vector<std::string>* slots, std
   return false;
 }
 
-namespace {
-
-std::string kind_of(const std::string& device) { return device.substr(0, device.find(':')); }
-
-}  // namespace
-
 struct node_service::impl {
   node_options opt;
   std::vector<std::string> slots;  // one device per replica this node offers
@@ -175,8 +169,8 @@ struct node_service::impl {
     if (int(spec.ranks.size()) > int(slots.size()))
       return refuse(from, spec.job_id,
                     "job asks for " + std::to_string(spec.ranks.size()) + " replicas, this node offers " + opt.devices);
-    if (kind_of(spec.device) != kind_of(slots[0]))
-      return refuse(from, spec.job_id, "job runs on " + kind_of(spec.device) + " replicas, this node offers " + opt.devices);
+    if (device_kind(spec.device) != device_kind(slots[0]))
+      return refuse(from, spec.job_id, "job runs on " + device_kind(spec.device) + " replicas, this node offers " + opt.devices);
     model_spec ms;
     if (!parse_model_spec(spec.model, &ms, &error)) return refuse(from, spec.job_id, error);
     job = std::make_unique<job_state>();
@@ -225,7 +219,7 @@ struct node_service::impl {
     train_config cfg = make_train_config(spec);
     cfg.train = train;
     cfg.test = test;
-    cfg.devices.assign(size_t(spec.replicas), kind_of(slots[0]));  // ranks elsewhere: only their kind counts
+    cfg.devices.assign(size_t(spec.replicas), device_kind(slots[0]));  // ranks elsewhere: only their kind counts
     for (size_t i = 0; i < spec.ranks.size(); ++i) cfg.devices[size_t(spec.ranks[i])] = slots[i];
     cfg.make_backend = opt.make_backend;
     if (std::string e = check_config(cfg, ms); !e.empty()) return refuse(e);

@@ -52,7 +52,6 @@ train_result topology::train(train_config cfg) {
   }
   // One kind of device per job. A rank on a node names only the kind ("cpu", "cuda"): the node runs it on
   // the devices it offers. A rank here names its device ("cpu", "cuda:1").
-  auto kind = [](const std::string& d) { return d.substr(0, d.find(':')); };
   std::string local_devices;  // the --devices of this process's own node service
   int local_cpus = 0;
   for (const placement& p : places_) {
@@ -60,13 +59,13 @@ train_result topology::train(train_config cfg) {
       failed.error = "rank placed on " + p.node + ", which was not connect()ed";
       return failed;
     }
-    if (kind(p.device) != kind(places_[0].device)) {
+    if (device_kind(p.device) != device_kind(places_[0].device)) {
       failed.error = "ranks on " + places_[0].device + " and on " + p.device +
                      ": a job runs on CPUs or on GPUs, not both";
       return failed;
     }
-    if (!p.node.empty() && p.device != kind(p.device)) {
-      failed.error = "a rank on node " + p.node + " names the kind of device only (" + kind(p.device) +
+    if (!p.node.empty() && p.device != device_kind(p.device)) {
+      failed.error = "a rank on node " + p.node + " names the kind of device only (" + device_kind(p.device) +
                      "), not '" + p.device + "': the node runs it on the devices it offers";
       return failed;
     }

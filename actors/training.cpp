@@ -21,7 +21,7 @@ std::string check_config(const train_config& cfg, const model_spec& spec) {
            " replicas";
   // A ring sums in one kind of memory: every replica on CPUs, or every replica on GPUs.
   for (const std::string& d : cfg.devices)
-    if (d.substr(0, d.find(':')) != cfg.devices[0].substr(0, cfg.devices[0].find(':')))
+    if (device_kind(d) != device_kind(cfg.devices[0]))
       return "replicas on " + cfg.devices[0] + " and on " + d +
              " in one job: a ring sums in one kind of memory, so put every replica on CPUs or every replica on GPUs";
   // 2^28 floats = 1 GiB: a ring chunk then always fits one wire message (net/wire.hpp's limit).

@@ -56,6 +56,8 @@ std::unique_ptr<backend> make_cpu_backend();
 std::unique_ptr<backend> make_cuda_backend(int device, std::string* error);
 // Number of usable CUDA devices; 0 without a GPU or driver, or when built without CUDA.
 int cuda_device_count();
+// The kind of a device name: "cuda" for "cuda:1", "cpu" for "cpu". A job's replicas share one kind.
+inline std::string device_kind(const std::string& device) { return device.substr(0, device.find(':')); }
 // "cpu" or "cuda:N". Null with *error naming the problem.
 std::unique_ptr<backend> make_backend(const std::string& device, std::string* error);
 
