@@ -30,8 +30,10 @@ struct epoch_stats {
 struct train_result {
   bool ok = false;
   std::string error;                   // set when !ok: which actor failed and why
+  bool invalid = false;                // !ok because the job was refused as invalid (bad model or settings)
   std::vector<epoch_stats> history;
   std::vector<float> weights;          // rank 0's final parameters
+  std::string model;                   // the model's canonical description (model::description())
   std::vector<uint64_t> checksums;     // every replica's final parameters, FNV-1a over the bytes
   bool identical = false;              // all replicas ended with bit-identical weights
   double wall_seconds = 0, train_seconds = 0;

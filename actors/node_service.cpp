@@ -109,22 +109,24 @@ struct node_service::impl {
     br.reply(to, h, net::payload::copy_of(text));
   }
 
-  std::shared_ptr<const dataset> load(const std::string& prefix, int classes, int64_t limit, std::string* error) {
+  // Labels are checked against the model's outputs once it is built (check_config), so any byte loads.
+  std::shared_ptr<const dataset> load(const std::string& prefix, int64_t limit, std::string* error) {
     std::shared_ptr<const dataset> whole;
     {
       std::lock_guard<std::mutex> lock(data_mu);
-      const std::string key = prefix + "/" + std::to_string(classes);
+      const std::string key = prefix;
       if (auto it = data_cache.find(key); it != data_cache.end()) {
         whole = it->second;
       } else {
         auto d = std::make_shared<dataset>();
-        if (!load_mnist(opt.data_dir, prefix, classes, d.get(), error)) return nullptr;
+        if (!load_mnist(opt.data_dir, prefix, 256, d.get(), error)) return nullptr;
         data_cache[key] = whole = d;
       }
     }
     if (limit <= 0 || size_t(limit) >= whole->count) return whole;
     auto part = std::make_shared<dataset>();
     part->count = size_t(limit);
+    part->channels = whole->channels;
     part->rows = whole->rows;
     part->cols = whole->cols;
     part->pixels.assign(whole->pixels.begin(), whole->pixels.begin() + ptrdiff_t(size_t(limit) * whole->features()));
@@ -154,9 +156,10 @@ struct node_service::impl {
     return p;
   }
 
-  void refuse(const net::peer_info& from, uint64_t job_id, const std::string& why) {
+  // invalid: the job itself is bad (its model or settings), not this node's state; the launcher says so.
+  void refuse(const net::peer_info& from, uint64_t job_id, const std::string& why, bool invalid = false) {
     log("refused job " + std::to_string(job_id) + ": " + why);
-    send_kv(from, wire::msg_type::error, job_id, {{"error", "node " + name() + ": " + why}});
+    send_kv(from, wire::msg_type::error, job_id, {{"error", "node " + name() + ": " + why}, {"invalid", invalid ? "1" : "0"}});
   }
 
   // First half of a job's setup, on the bridge thread: check the spec, take the job slot, and load the
@@ -164,15 +167,15 @@ struct node_service::impl {
   void setup(const net::peer_info& from, const wire::kv_map& kv) {
     job_spec spec;
     std::string error;
-    if (!from_kv(kv, &spec, &error)) return refuse(from, spec.job_id, "bad job spec: " + error);
+    if (!from_kv(kv, &spec, &error)) return refuse(from, spec.job_id, "bad job spec: " + error, true);
     if (job) return refuse(from, spec.job_id, "busy with job " + std::to_string(job->id));
     if (int(spec.ranks.size()) > int(slots.size()))
       return refuse(from, spec.job_id,
                     "job asks for " + std::to_string(spec.ranks.size()) + " replicas, this node offers " + opt.devices);
     if (device_kind(spec.device) != device_kind(slots[0]))
       return refuse(from, spec.job_id, "job runs on " + device_kind(spec.device) + " replicas, this node offers " + opt.devices);
-    model_spec ms;
-    if (!parse_model_spec(spec.model, &ms, &error)) return refuse(from, spec.job_id, error);
+    model_desc desc;  // the description's syntax now; its layers and shapes once the data is here
+    if (!parse_model_desc(spec.model, &desc, &error)) return refuse(from, spec.job_id, "bad model: " + error, true);
     job = std::make_unique<job_state>();
     job->id = spec.job_id;
     job->launcher = from;
@@ -188,14 +191,14 @@ struct node_service::impl {
       }
     }
     auto done = std::make_shared<std::atomic<bool>>(false);
-    data_threads.push_back({std::thread([this, from, spec, ms, done] {
+    data_threads.push_back({std::thread([this, from, spec, done] {
       std::string err;
-      auto train = load("train", ms.dims.back(), spec.limit_train, &err);
+      auto train = load("train", spec.limit_train, &err);
       std::shared_ptr<const dataset> test;
-      if (train && spec.evaluate) test = load("t10k", ms.dims.back(), spec.limit_test, &err);
-      br.post([this, from, spec, ms, train, test, err] {
+      if (train && spec.evaluate) test = load("t10k", spec.limit_test, &err);
+      br.post([this, from, spec, train, test, err] {
         try {
-          start_job(from, spec, ms, train, test, err);
+          start_job(from, spec, train, test, err);
         } catch (const std::exception& e) {  // e.g. out of memory: refuse the job, keep the daemon
           if (job && job->id == spec.job_id) teardown(std::string("could not start: ") + e.what());
           if (!job) busy = false;
@@ -207,25 +210,28 @@ struct node_service::impl {
   }
 
   // Second half, on the bridge thread once the data is loaded: spawn the ranks and join the ring.
-  void start_job(const net::peer_info& from, const job_spec& spec, const model_spec& ms,
-                 std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, std::string error) {
+  void start_job(const net::peer_info& from, const job_spec& spec, std::shared_ptr<const dataset> train,
+                 std::shared_ptr<const dataset> test, std::string error) {
     if (!job || job->id != spec.job_id || !job->reducers.empty()) return;  // aborted while loading
-    auto refuse = [&](const std::string& why) {
+    auto refuse = [&](const std::string& why, bool invalid) {
       job.reset();
       busy = false;
-      this->refuse(from, spec.job_id, why);
+      this->refuse(from, spec.job_id, why, invalid);
     };
-    if (!train || (spec.evaluate && !test)) return refuse(error);
+    if (!train || (spec.evaluate && !test)) return refuse(error, false);
     train_config cfg = make_train_config(spec);
     cfg.train = train;
     cfg.test = test;
+    cfg.layers = opt.layers;
     cfg.devices.assign(size_t(spec.replicas), device_kind(slots[0]));  // ranks elsewhere: only their kind counts
     for (size_t i = 0; i < spec.ranks.size(); ++i) cfg.devices[size_t(spec.ranks[i])] = slots[i];
     cfg.make_backend = opt.make_backend;
-    if (std::string e = check_config(cfg, ms); !e.empty()) return refuse(e);
+    auto m = build_model(cfg, &error);
+    if (!m) return refuse("bad model: " + error, true);
+    if (std::string e = check_config(cfg, *m); !e.empty()) return refuse(e, true);
 
     std::unique_ptr<job_state> js = std::move(job);
-    rank_actors local = spawn_ranks(*sys, cfg, ms, spec.ranks);
+    rank_actors local = spawn_ranks(*sys, cfg, m, spec.ranks);
     for (size_t i = 0; i < spec.ranks.size(); ++i) {
       js->reducers[spec.ranks[i]] = local.reducers[i];
       js->replicas[spec.ranks[i]] = local.replicas[i];
@@ -265,10 +271,11 @@ struct node_service::impl {
       if (!ranks.empty()) ranks += ',';
       ranks += std::to_string(r);
     }
-    log("job " + std::to_string(spec.job_id) + " started: model " + spec.model + ", ranks " + ranks + " of " +
+    log("job " + std::to_string(spec.job_id) + " started: model " + m->label() + ", ranks " + ranks + " of " +
         std::to_string(spec.replicas) + ", " + std::to_string(cfg.train->count) + " training samples");
     send_kv(from, wire::msg_type::job_ack, spec.job_id,
-            {{"train", std::to_string(cfg.train->count)}, {"test", std::to_string(cfg.test ? cfg.test->count : 0)}});
+            {{"train", std::to_string(cfg.train->count)}, {"test", std::to_string(cfg.test ? cfg.test->count : 0)},
+             {"model", std::to_string(m->fingerprint())}, {"description", m->description()}});
   }
 
   std::string name() const { return opt.name.empty() ? br.endpoint() : opt.name; }

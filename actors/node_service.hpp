@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/registry.hpp"
 
 namespace ringmaster {
 
@@ -21,6 +22,8 @@ struct node_options {
   // cuda:I[,J...] (those GPUs; a number twice: two replicas share that GPU).
   std::string devices = "cpu:2";
   backend_factory make_backend;  // null: ringmaster::make_backend (tests bring simulated devices)
+  // The layer types jobs may use; null: the built-in layers. A daemon of your own (node_main) brings yours.
+  std::shared_ptr<const layer_registry> layers;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::function<void(const std::string&)> log;  // one line per event; null: stderr
   std::chrono::milliseconds heartbeat{250};

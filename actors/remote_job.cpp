@@ -1,6 +1,8 @@
 #include "actors/remote_job.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -71,6 +73,7 @@ struct launcher {
   caf::actor coordinator;
   std::atomic<bool> started{false};  // proxies and coordinator are set (the bridge thread reads them)
   std::unique_ptr<std::atomic<int64_t>[]> last_heard;  // per node, steady-clock ticks
+  bool refused_invalid = false;  // a node refused the job's description or settings as invalid
 
   int node_of(const net::peer_info& from) const {
     for (size_t i = 0; i < peer.size(); ++i)
@@ -178,8 +181,10 @@ struct launcher {
       }
       control_msg m = std::move(inbox.front());
       inbox.pop_front();
-      if (m.h.type == wire::msg_type::error)
+      if (m.h.type == wire::msg_type::error) {
+        refused_invalid = m.kv.count("invalid") && m.kv["invalid"] == "1";  // a bad model or settings
         return m.kv.count("error") ? m.kv["error"] : "node " + ro.nodes[m.node] + " refused the job";
+      }
       if (m.h.type != type || got[m.node]) continue;
       got[m.node] = true;
       (*replies)[m.node] = std::move(m.kv);
@@ -210,7 +215,6 @@ struct launcher {
 
 train_result train_remote(train_config cfg, const remote_options& ro) {
   train_result failed;
-  model_spec spec;
   if (ro.nodes.empty()) {
     failed.error = "no nodes given";
     return failed;
@@ -219,7 +223,11 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     failed.error = "replicas per node must be at least 1";
     return failed;
   }
-  if (!parse_model_spec(cfg.model, &spec, &failed.error)) return failed;
+  model_desc desc;  // checked here; the nodes build it with their own layers and data
+  if (!parse_model_desc(cfg.model, &desc, &failed.error)) {
+    failed.invalid = true;
+    return failed;
+  }
   std::vector<int> rank_node = ro.rank_node;
   if (rank_node.empty())
     for (int r = 0; r < int(ro.nodes.size()) * ro.replicas_per_node; ++r) rank_node.push_back(r / ro.replicas_per_node);
@@ -275,7 +283,9 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   // Every node gets the same spec with its own ranks.
   job_spec js = make_job_spec(cfg);
   js.job_id = L.job_id;
-  js.model = spec.str();
+  js.model = cfg.model;  // JSON may span lines; a key=value line may not, and JSON reads a space alike
+  std::replace(js.model.begin(), js.model.end(), '\n', ' ');
+  std::replace(js.model.begin(), js.model.end(), '\r', ' ');
   js.limit_train = ro.limit_train;
   js.limit_test = ro.limit_test;
   for (int r = 0; r < n; ++r) js.rank_nodes.push_back(ro.nodes[size_t(rank_node[r])]);
@@ -284,7 +294,12 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     for (int r = 0; r < n; ++r)
       if (rank_node[r] == int(i)) js.ranks.push_back(r);
     std::string text;
-    wire::encode_kv(to_kv(js), &text, &error);
+    if (!wire::encode_kv(to_kv(js), &text, &error)) {
+      failed.error = "the job does not fit a job message: " + error;
+      failed.invalid = true;
+      L.abort_all("bad job");
+      return failed;
+    }
     wire::header h;
     h.type = wire::msg_type::job;
     h.job_id = L.job_id;
@@ -292,18 +307,33 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   }
   failed.error = L.await_all(wire::msg_type::job_ack, &replies, ro.setup_timeout, ro.node_timeout);
   if (!failed.error.empty()) {
+    failed.invalid = L.refused_invalid;
     L.abort_all("another node refused the job");
     return failed;
   }
   const std::string train_count = replies[0]["train"];
-  for (size_t i = 1; i < replies.size(); ++i)
+  for (size_t i = 1; i < replies.size(); ++i) {
     if (replies[i]["train"] != train_count) {
       failed.error = "nodes disagree on the data: " + ro.nodes[0] + " has " + train_count + " training samples, " +
                      ro.nodes[i] + " has " + replies[i]["train"];
       L.abort_all("nodes disagree on the data");
       return failed;
     }
-  const size_t samples = std::stoull(train_count);
+    // Every node built the description into the same layout (same layer code, same data shape).
+    if (replies[i]["model"] != replies[0]["model"]) {
+      failed.error = "nodes disagree on the model: " + ro.nodes[0] + " built layout " + replies[0]["model"] + ", " +
+                     ro.nodes[i] + " built " + replies[i]["model"] + " (different ringmaster or layer versions?)";
+      L.abort_all("nodes disagree on the model");
+      return failed;
+    }
+  }
+  char* end = nullptr;  // a node's word, not ours: checked, never std::stoull
+  const unsigned long long samples = std::strtoull(train_count.c_str(), &end, 10);
+  if (train_count.empty() || *end || train_count.size() > 12) {
+    failed.error = "node " + ro.nodes[0] + " sent a bad sample count '" + train_count.substr(0, 20) + "'";
+    L.abort_all("bad reply");
+    return failed;
+  }
   const int64_t steps = int64_t(steps_per_epoch(samples, cfg.global_batch));
   if (steps == 0) {
     failed.error = "global batch is larger than the nodes' " + train_count + " training samples";
@@ -345,6 +375,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   });
 
   std::shared_ptr<train_result> result = run_coordinator(sys, coord, all);
+  result->model = replies[0]["description"];
   running = false;
   watchdog.join();
   // Every node goes back to idle, whether the job succeeded or not.

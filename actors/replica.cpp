@@ -11,7 +11,7 @@ namespace {
 struct replica_state {
   replica_config cfg;
   std::unique_ptr<backend> be;
-  std::unique_ptr<mlp> model;
+  std::unique_ptr<network> model;
   device_buffer<float> x;      // staging for non-host devices
   device_buffer<int32_t> y;
   caf::actor loader, reducer, coordinator;
@@ -28,7 +28,7 @@ double since(std::chrono::steady_clock::time_point t) {
 // Copies a batch to the device when it is not host memory; returns device pointers.
 std::pair<const float*, const int32_t*> stage(replica_state& st, const float* x, const int32_t* y, int n) {
   if (st.be->is_host()) return {x, y};
-  const size_t f = size_t(st.cfg.spec.dims[0]);
+  const size_t f = st.cfg.def->input().size();
   st.be->copy_in(st.x.data(), x, size_t(n) * f * sizeof(float));
   st.be->copy_in(st.y.data(), y, size_t(n) * sizeof(int32_t));
   return {st.x.data(), st.y.data()};
@@ -64,11 +64,16 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     return {};
   }
   const int b = cfg.global_batch / cfg.replicas;
-  st->model = std::make_unique<mlp>(*st->be, cfg.spec, b, cfg.opt);
-  st->model->set_params(cfg.init_params->data());
-  if (!st->be->is_host()) {
-    st->x = device_buffer<float>(*st->be, size_t(b) * cfg.spec.dims[0]);
-    st->y = device_buffer<int32_t>(*st->be, size_t(b));
+  try {  // out of device memory, say: the job fails with the reason, the process lives on
+    st->model = std::make_unique<network>(*st->be, cfg.def, b, cfg.opt);
+    st->model->set_params(cfg.init_params->data());
+    if (!st->be->is_host()) {
+      st->x = device_buffer<float>(*st->be, size_t(b) * cfg.def->input().size());
+      st->y = device_buffer<int32_t>(*st->be, size_t(b));
+    }
+  } catch (const std::exception& e) {
+    self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(cfg.rank) + " on " + cfg.device + ": " + e.what()));
+    return {};
   }
   st->cfg = std::move(cfg);
 
@@ -82,7 +87,10 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     self->send(st->loader, credit_atom::value);
     const auto t0 = std::chrono::steady_clock::now();
     auto [x, y] = stage(*st, bt->x.data(), bt->y.data(), bt->size);
-    batch_metrics m = st->model->forward_backward(x, y, bt->size, 1.0f / float(st->cfg.global_batch));
+    // The batch's first sample is number step * B + rank * b of its epoch, whatever the replica count.
+    const sample_key key{st->cfg.seed, bt->epoch,
+                         bt->step * st->cfg.global_batch + int64_t(st->cfg.rank) * (st->cfg.global_batch / st->cfg.replicas)};
+    batch_metrics m = st->model->forward_backward(x, y, bt->size, 1.0f / float(st->cfg.global_batch), key);
     step_report rep{st->cfg.rank, bt->epoch, bt->step, m.loss_sum, m.correct, m.count};
     rep.wait_batch = std::chrono::duration<double>(t0 - st->idle_since).count();
     rep.compute = since(t0);

@@ -16,8 +16,9 @@ namespace ringmaster {
 struct replica_config {
   int rank = 0, replicas = 1;
   std::string device = "cpu";
-  model_spec spec;
+  std::shared_ptr<const model> def;  // built once per process, shared by its replicas
   optimizer_config opt;
+  uint64_t seed = 0;                  // dropout masks: (seed, epoch, sample index in the epoch)
   int global_batch = 0;
   int64_t steps_per_epoch = 0, epochs = 1;
   std::shared_ptr<const std::vector<float>> init_params;  // identical on every replica

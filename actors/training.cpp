@@ -9,7 +9,15 @@
 
 namespace ringmaster {
 
-std::string check_config(const train_config& cfg, const model_spec& spec) {
+std::shared_ptr<const model> build_model(const train_config& cfg, std::string* error) {
+  if (!cfg.train) {
+    *error = "no training data";
+    return nullptr;
+  }
+  return model::build(cfg.model, cfg.layers ? *cfg.layers : layer_registry::with_builtins(), cfg.train->sample(), error);
+}
+
+std::string check_config(const train_config& cfg, const model& m) {
   if (cfg.replicas < 1 || cfg.replicas > 1024) return "replicas must be in 1..1024";
   if (cfg.global_batch < 1) return "batch must be positive";
   if (cfg.global_batch % cfg.replicas != 0)
@@ -25,17 +33,21 @@ std::string check_config(const train_config& cfg, const model_spec& spec) {
       return "replicas on " + cfg.devices[0] + " and on " + d +
              " in one job: a ring sums in one kind of memory, so put every replica on CPUs or every replica on GPUs";
   // 2^28 floats = 1 GiB: a ring chunk then always fits one wire message (net/wire.hpp's limit).
-  if (spec.param_count() > (size_t(1) << 28))
-    return "model " + spec.str() + " has " + std::to_string(spec.param_count()) +
+  if (m.param_count() > (size_t(1) << 28))
+    return "model " + m.label() + " has " + std::to_string(m.param_count()) +
            " parameters; the limit is 2^28 (each replica holds 4 such buffers)";
   if (!cfg.train) return "no training data";
-  if (size_t(cfg.train->features()) != size_t(spec.dims[0]))
-    return "model input width " + std::to_string(spec.dims[0]) + " does not match the data's " +
-           std::to_string(cfg.train->features()) + " features";
+  if (cfg.train->sample() != m.input())
+    return "model input " + m.input().str() + " does not match the data's samples " + cfg.train->sample().str();
   if (steps_per_epoch(cfg.train->count, cfg.global_batch) == 0)
     return "global batch " + std::to_string(cfg.global_batch) + " is larger than the " +
            std::to_string(cfg.train->count) + " training samples";
-  if (cfg.test && cfg.test->features() != cfg.train->features()) return "test and training data differ in shape";
+  if (cfg.test && cfg.test->sample() != cfg.train->sample()) return "test and training data differ in shape";
+  for (const auto* d : {cfg.train.get(), cfg.test.get()})
+    for (size_t i = 0; d && i < d->count; ++i)
+      if (d->labels[i] < 0 || d->labels[i] >= m.classes())
+        return "label " + std::to_string(d->labels[i]) + " of sample " + std::to_string(i) + " is out of range for a model with " +
+               std::to_string(m.classes()) + " outputs";
   if (!(cfg.opt.lr > 0)) return "learning rate must be positive";
   return "";
 }
@@ -49,12 +61,12 @@ void configure(caf::actor_system_config& c, int threads) {
   c.set("logger.console", caf::atom("none"));
 }
 
-rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, const model_spec& spec,
+rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, std::shared_ptr<const model> m,
                         const std::vector<int>& ranks) {
   const int n = cfg.replicas;
   const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch));
   auto init = cfg.init_params ? cfg.init_params
-                              : std::make_shared<const std::vector<float>>(init_params(spec, cfg.seed));
+                              : std::make_shared<const std::vector<float>>(init_params(*m, cfg.seed));
   rank_actors out;
   for (int r : ranks) {
     loader_config lc{cfg.train, r, n, cfg.global_batch, cfg.seed, cfg.epochs, cfg.prefetch};
@@ -64,8 +76,9 @@ rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, const m
     rc.rank = r;
     rc.replicas = n;
     rc.device = cfg.devices.empty() ? "cpu" : cfg.devices[r];
-    rc.spec = spec;
+    rc.def = m;
     rc.opt = cfg.opt;
+    rc.seed = cfg.seed;
     rc.global_batch = cfg.global_batch;
     rc.steps_per_epoch = steps;
     rc.epochs = cfg.epochs;
@@ -95,11 +108,11 @@ std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, caf::actor
 
 train_result train(const train_config& cfg) {
   train_result failed;
-  model_spec spec;
-  if (!parse_model_spec(cfg.model, &spec, &failed.error)) return failed;
-  if (failed.error = check_config(cfg, spec); !failed.error.empty()) return failed;
-  if (cfg.init_params && cfg.init_params->size() != spec.param_count()) {
-    failed.error = "initial parameters have the wrong size for model " + spec.str();
+  auto m = build_model(cfg, &failed.error);
+  if (!m) return failed;
+  if (failed.error = check_config(cfg, *m); !failed.error.empty()) return failed;
+  if (cfg.init_params && cfg.init_params->size() != m->param_count()) {
+    failed.error = "initial parameters have the wrong size for model " + m->label();
     return failed;
   }
   caf::actor_system_config sys_cfg;
@@ -107,11 +120,13 @@ train_result train(const train_config& cfg) {
   caf::actor_system sys{sys_cfg};
   std::vector<int> ranks;
   for (int r = 0; r < cfg.replicas; ++r) ranks.push_back(r);
-  rank_actors all = spawn_ranks(sys, cfg, spec, ranks);
+  rank_actors all = spawn_ranks(sys, cfg, m, ranks);
   coordinator_config cc{cfg.replicas, cfg.global_batch,
                         int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch)), cfg.epochs,
                         cfg.evaluate && cfg.test != nullptr, cfg.on_progress};
-  return std::move(*run_coordinator(sys, sys.spawn(coordinator, cc), all));
+  train_result r = std::move(*run_coordinator(sys, sys.spawn(coordinator, cc), all));
+  r.model = m->description();
+  return r;
 }
 
 }  // namespace ringmaster

@@ -14,7 +14,10 @@
 namespace ringmaster {
 
 struct train_config {
+  // The model's description: "784-512-512-10", "cnn", or JSON (sequential{...}.text()); see kernels/model.hpp.
   std::string model = "784-512-512-10";
+  // The layer types the description may use; null: the built-in layers. Nodes use their own registry.
+  std::shared_ptr<const layer_registry> layers;
   optimizer_config opt;
   int replicas = 2;
   std::vector<std::string> devices;  // one per replica ("cpu", "cuda:0"); empty: all "cpu". One kind per job.
@@ -30,8 +33,10 @@ struct train_config {
   int threads = 0;  // CAF scheduler threads; 0: hardware concurrency
 };
 
-// Checks the configuration; returns an empty string or what is wrong.
-std::string check_config(const train_config& cfg, const model_spec& spec);
+// Builds cfg.model for cfg.train's samples with cfg.layers; null with *error.
+std::shared_ptr<const model> build_model(const train_config& cfg, std::string* error);
+// Checks the configuration against the built model; returns an empty string or what is wrong.
+std::string check_config(const train_config& cfg, const model& m);
 
 // Building blocks shared by local jobs, node daemons and remote jobs.
 // Scheduler settings for training processes (threads 0: one per core).
@@ -41,7 +46,7 @@ void configure(caf::actor_system_config& c, int threads);
 struct rank_actors {
   std::vector<caf::actor> loaders, reducers, replicas;
 };
-rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, const model_spec& spec,
+rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, std::shared_ptr<const model> m,
                         const std::vector<int>& ranks);
 
 // Runs a coordinator (actors/coordinator.hpp) over all ranks' actors (index = rank) until the job ends.

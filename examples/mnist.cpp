@@ -1,6 +1,7 @@
-// ringmaster-mnist: data-parallel training of an MLP on MNIST-format data (Fashion-MNIST by default).
+// ringmaster-mnist: data-parallel training on MNIST-format data (Fashion-MNIST by default).
 //
 //   ringmaster-mnist --replicas 2 --epochs 5           # 2 replicas in this process, ring all-reduce
+//   ringmaster-mnist --model cnn                       # the Keras "simple MNIST convnet"
 //   ringmaster-mnist --help
 //
 // Exit status: 0 done, 1 the job failed, 2 bad command line or input data.
@@ -103,7 +104,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
     << ",\n  \"train_samples_per_sec\": " << num(r.train_seconds > 0 ? r.train_samples / r.train_seconds : 0)
     << ",\n  \"train_seconds\": " << num(r.train_seconds) << ",\n  \"wall_seconds\": " << num(r.wall_seconds)
     << ",\n  \"replicas\": " << o.cfg.replicas << ",\n  \"global_batch\": " << o.cfg.global_batch
-    << ",\n  \"epochs\": " << o.cfg.epochs << ",\n  \"model\": \"" << o.cfg.model << "\",\n  \"optimizer\": \""
+    << ",\n  \"epochs\": " << o.cfg.epochs << ",\n  \"model\": " << json(o.cfg.model).dump() << ",\n  \"optimizer\": \""
     << o.optimizer << "\",\n  \"seed\": " << o.cfg.seed << ",\n  \"weights_checksum\": \"fnv1a64:"
     << hex(r.checksums.empty() ? 0 : r.checksums[0]) << "\",\n  \"replicas_identical\": "
     << (r.identical ? "true" : "false") << ",\n  \"history\": [";
@@ -124,7 +125,20 @@ bool write_report(const std::string& path, const options& o, const train_result&
 
 }  // namespace
 
-int finish(const options& o, const model_spec& spec, const train_result& r);
+int finish(const options& o, const train_result& r);
+
+// --model @FILE reads the description from a file.
+bool model_text(std::string* model, std::string* error) {
+  if (model->empty() || (*model)[0] != '@') return true;
+  std::ifstream f(model->substr(1));
+  std::stringstream text;
+  if (!f || !(text << f.rdbuf())) {
+    *error = "--model " + *model + ": cannot read " + model->substr(1);
+    return false;
+  }
+  *model = text.str();
+  return true;
+}
 
 int main(int argc, char** argv) {
   options o;
@@ -145,7 +159,9 @@ int main(int argc, char** argv) {
        "global batch size (each replica takes batch/replicas)")
       ("optimizer", po::value(&o.optimizer)->default_value(o.optimizer), "adam or sgd (momentum 0.9)")
       ("lr", po::value(&o.lr), "learning rate (default: 0.001 for adam, 0.01 for sgd)")
-      ("model", po::value(&c.model)->default_value(c.model), "layer widths, ReLU between Dense layers")
+      ("model", po::value(&c.model)->default_value(c.model),
+       "784-512-512-10 (layer widths: Dense layers, ReLU between), cnn (the Keras simple MNIST convnet), a JSON "
+       "description ({\"layers\": [{\"type\": \"conv2d\", \"filters\": 32, \"kernel\": 3}, ...]}), or @FILE holding one")
       ("seed", po::value(&c.seed)->default_value(c.seed), "seed for the initial weights and the shuffles")
       ("save", po::value(&o.save), "write the final weights to this file (safetensors)")
       ("report-json", po::value(&o.report_json), "write a JSON report of the run to this file")
@@ -206,9 +222,9 @@ int main(int argc, char** argv) {
     return usage_error("--batch " + std::to_string(c.global_batch) + " is not divisible by --replicas " +
                        std::to_string(c.replicas));
   if (o.limit_train < 0 || o.limit_test < 0) return usage_error("--limit-train/--limit-test must be >= 0");
-  model_spec spec;
   std::string error;
-  if (!parse_model_spec(c.model, &spec, &error)) return usage_error(error);
+  model_desc mdesc;
+  if (!model_text(&c.model, &error) || !parse_model_desc(c.model, &mdesc, &error)) return usage_error(error);
 
   const bool tty = isatty(STDOUT_FILENO);
   int64_t shown_epoch = -1;
@@ -228,7 +244,7 @@ int main(int argc, char** argv) {
   train_result r;
   if (!nodes.empty()) {
     std::printf("ringmaster-mnist: model %s, %d replicas on %zu nodes, global batch %d (%d per replica), %s lr %g\n",
-                spec.str().c_str(), c.replicas, nodes.size(), c.global_batch, c.global_batch / c.replicas,
+                c.model.size() > 40 ? "(JSON)" : c.model.c_str(), c.replicas, nodes.size(), c.global_batch, c.global_batch / c.replicas,
                 o.optimizer.c_str(), double(c.opt.lr));
     c.evaluate = !o.no_eval;
     remote_options ro;
@@ -237,32 +253,37 @@ int main(int argc, char** argv) {
     ro.limit_train = o.limit_train;
     ro.limit_test = o.limit_test;
     r = train_remote(c, ro);
-    return finish(o, spec, r);
+    return finish(o, r);
   }
 
   auto train = std::make_shared<dataset>(), test = std::make_shared<dataset>();
-  if (!load_mnist(o.data, "train", spec.dims.back(), train.get(), &error)) return usage_error(error);
-  if (!o.no_eval && !load_mnist(o.data, "t10k", spec.dims.back(), test.get(), &error)) return usage_error(error);
+  // Labels are checked against the model's outputs by check_config.
+  if (!load_mnist(o.data, "train", 256, train.get(), &error)) return usage_error(error);
+  if (!o.no_eval && !load_mnist(o.data, "t10k", 256, test.get(), &error)) return usage_error(error);
   if (o.limit_train) truncate(*train, size_t(o.limit_train));
   if (o.limit_test) truncate(*test, size_t(o.limit_test));
   c.train = train;
   if (!o.no_eval) c.test = test;
   c.evaluate = !o.no_eval;
-  if (std::string e = check_config(c, spec); !e.empty()) return usage_error(e);
+  auto m = build_model(c, &error);
+  if (!m) return usage_error("bad model: " + error);
+  if (std::string e = check_config(c, *m); !e.empty()) return usage_error(e);
 
   std::printf("ringmaster-mnist: model %s, %d replica%s (%s), global batch %d (%d per replica), %s lr %g, "
               "%zu training / %zu test samples\n",
-              spec.str().c_str(), c.replicas, c.replicas > 1 ? "s" : "", o.device.c_str(), c.global_batch,
+              m->label().c_str(), c.replicas, c.replicas > 1 ? "s" : "", o.device.c_str(), c.global_batch,
               c.global_batch / c.replicas, o.optimizer.c_str(), double(c.opt.lr), train->count,
               c.test ? test->count : size_t(0));
+  if (!o.quiet && !mdesc.input_width) std::printf("%s", m->summary().c_str());
   r = ringmaster::train(c);
-  return finish(o, spec, r);
+  return finish(o, r);
 }
 
 // Prints the summary, writes --save and --report-json; the exit status.
-int finish(const options& o, const model_spec& spec, const train_result& r) {
+int finish(const options& o, const train_result& r) {
   const train_config& c = o.cfg;
   std::string error;
+  if (!r.ok && r.invalid) return usage_error(r.error);
   if (!r.ok) {
     std::fprintf(stderr, "ringmaster-mnist: training failed: %s\n", r.error.c_str());
     return 1;
@@ -274,9 +295,10 @@ int finish(const options& o, const model_spec& spec, const train_result& r) {
   std::printf("; replicas %s (fnv1a64 %s)\n", r.identical ? "bit-identical" : "DIFFER",
               hex(r.checksums[0]).c_str());
   if (!o.save.empty()) {
-    std::map<std::string, std::string> meta{{"model", spec.str()}, {"format", "ringmaster"},
-                                            {"epochs", std::to_string(c.epochs)}};
-    if (!write_safetensors(o.save, spec, r.weights, meta, &error)) {
+    std::map<std::string, std::string> meta{{"format", "ringmaster"}, {"epochs", std::to_string(c.epochs)},
+                                            {"layout", "keras"}};
+    auto m = model::build(r.model, layer_registry::with_builtins(), &error);
+    if (!m || !write_safetensors(o.save, *m, r.weights, meta, &error)) {
       std::fprintf(stderr, "ringmaster-mnist: %s\n", error.c_str());
       return 1;
     }

@@ -9,6 +9,17 @@
 
 namespace ringmaster {
 
+// A 2-D window over channels-last images (B, H, W, C) -> (B, OH, OW, OC): convolution patches
+// (KH, KW, C) or pooling windows. Padding (top/left; bottom/right is whatever makes OH, OW) reads zeros.
+struct conv_geometry {
+  int H = 0, W = 0, C = 0;  // input
+  int KH = 1, KW = 1;       // window
+  int SH = 1, SW = 1;       // stride
+  int PH = 0, PW = 0;       // padding before the first row / column
+  int OH = 0, OW = 0;       // output
+  size_t patch() const { return size_t(KH) * KW * C; }
+};
+
 class backend {
  public:
   virtual ~backend() = default;
@@ -36,7 +47,18 @@ class backend {
                              int OUT, bool relu) = 0;
   virtual void dense_backward(float* din, float* dw, float* db, const float* dout, const float* in,
                               const float* w, int B, int IN, int OUT) = 0;
+  virtual void relu_forward(float* out, const float* in, size_t n) = 0;
   virtual void relu_backward(float* din, const float* dout, const float* out, size_t n) = 0;
+  // Convolution and pooling over channels-last images x (B, H, W, C); see kernels/cpu_kernels.hpp.
+  virtual void im2col(float* col, const float* x, const conv_geometry& g, int B) = 0;
+  virtual void col2im(float* dx, const float* col, const conv_geometry& g, int B) = 0;
+  virtual void maxpool_forward(float* out, int32_t* arg, const float* in, const conv_geometry& g, int B) = 0;
+  virtual void maxpool_backward(float* din, const float* dout, const int32_t* arg, const conv_geometry& g,
+                                int B) = 0;
+  virtual void dropout(float* out, const float* in, int B, size_t per_sample, float rate, uint64_t stream,
+                       int64_t first_sample) = 0;
+  // (B, C, H, W) -> (B, H, W, C): data sets hand over NCHW, layers compute channels-last.
+  virtual void nchw_to_nhwc(float* out, const float* in, int B, int C, int H, int W) = 0;
   // Adds the batch's loss sum and hits to this backend's metric accumulators (on a GPU they stay there:
   // no wait in the middle of a step); take_metrics() reads them out.
   virtual void softmax_xent(float* dlogits, const float* logits, const int32_t* labels, int B, int C,
@@ -48,6 +70,9 @@ class backend {
                            float b2, float eps, int64_t t) = 0;
   virtual void sgd_update(float* w, float* vel, const float* g, size_t n, float lr, float momentum) = 0;
   virtual void add_inplace(float* dst, const float* src, size_t n) = 0;
+  // The queue kernels go on, for user layers with kernels of their own (CUDA: the cudaStream_t); null
+  // for host backends, whose kernels run at once on the calling thread.
+  virtual void* native_stream() { return nullptr; }
 };
 
 std::unique_ptr<backend> make_cpu_backend();

@@ -40,8 +40,24 @@ class cpu_backend final : public backend {
                       int B, int IN, int OUT) override {
     cpu::dense_backward(din, dw, db, dout, in, w, B, IN, OUT);
   }
+  void relu_forward(float* out, const float* in, size_t n) override { cpu::relu_forward(out, in, n); }
   void relu_backward(float* din, const float* dout, const float* out, size_t n) override {
     cpu::relu_backward(din, dout, out, n);
+  }
+  void im2col(float* col, const float* x, const conv_geometry& g, int B) override { cpu::im2col(col, x, g, B); }
+  void col2im(float* dx, const float* col, const conv_geometry& g, int B) override { cpu::col2im(dx, col, g, B); }
+  void maxpool_forward(float* out, int32_t* arg, const float* in, const conv_geometry& g, int B) override {
+    cpu::maxpool_forward(out, arg, in, g, B);
+  }
+  void maxpool_backward(float* din, const float* dout, const int32_t* arg, const conv_geometry& g, int B) override {
+    cpu::maxpool_backward(din, dout, arg, g, B);
+  }
+  void dropout(float* out, const float* in, int B, size_t per_sample, float rate, uint64_t stream,
+               int64_t first_sample) override {
+    cpu::dropout(out, in, B, per_sample, rate, stream, first_sample);
+  }
+  void nchw_to_nhwc(float* out, const float* in, int B, int C, int H, int W) override {
+    cpu::nchw_to_nhwc(out, in, B, C, H, W);
   }
   void softmax_xent(float* dl, const float* logits, const int32_t* labels, int B, int C, float scale) override {
     cpu::softmax_xent(dl, &loss_, &correct_, logits, labels, B, C, scale);

@@ -7,6 +7,10 @@
 #endif
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/counter_rng.hpp"
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #endif
@@ -56,16 +60,35 @@ void use_one_blas_thread() {}
 // ReLU near zero flips, and the runs drift apart. Eigen's GEMM gives each row the same bits for any
 // batch >= 4 (measured); OpenBLAS switches to its small-matrix kernel below some M*N*K (e.g. 12x784x64)
 // and rounds differently there, so the forward stays on Eigen.
+// Below 4 rows Eigen takes other paths (a matrix-vector product for one row), so such batches are
+// padded to 4 rows: a sample alone, in a batch of 3 or of 64 gets the same bits.
+namespace {
+constexpr int min_invariant_rows = 4;
+
+template <class F>
+void padded(float* out, const float* in, int B, int IN, int OUT, F&& f) {
+  if (B >= min_invariant_rows || B <= 0) return f(out, in, B);
+  std::vector<float> x(size_t(min_invariant_rows) * IN, 0.0f), y(size_t(min_invariant_rows) * OUT);
+  std::copy(in, in + size_t(B) * IN, x.begin());
+  f(y.data(), x.data(), min_invariant_rows);
+  std::copy(y.begin(), y.begin() + ptrdiff_t(size_t(B) * OUT), out);
+}
+}  // namespace
+
 void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT) {
-  map y(out, B, OUT);
-  y.noalias() = cmap(in, B, IN) * cmap(w, IN, OUT);
-  y.rowwise() += cvec(b, OUT);
+  padded(out, in, B, IN, OUT, [&](float* o, const float* x, int rows) {
+    map y(o, rows, OUT);
+    y.noalias() = cmap(x, rows, IN) * cmap(w, IN, OUT);
+    y.rowwise() += cvec(b, OUT);
+  });
 }
 
 void dense_relu_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT) {
-  map y(out, B, OUT);
-  y.noalias() = cmap(in, B, IN) * cmap(w, IN, OUT);
-  y = (y.rowwise() + cvec(b, OUT)).cwiseMax(0.0f);
+  padded(out, in, B, IN, OUT, [&](float* o, const float* x, int rows) {
+    map y(o, rows, OUT);
+    y.noalias() = cmap(x, rows, IN) * cmap(w, IN, OUT);
+    y = (y.rowwise() + cvec(b, OUT)).cwiseMax(0.0f);
+  });
 }
 
 void dense_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w,
@@ -142,6 +165,116 @@ void sgd_update(float* __restrict w, float* __restrict vel, const float* __restr
 
 void add_inplace(float* __restrict dst, const float* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+// ---- convolution and pooling (channels-last) -------------------------------------------------------
+
+void im2col(float* col, const float* x, const conv_geometry& g, int B) {
+  const size_t rowlen = size_t(g.KW) * g.C;  // one kernel row of a patch: KW pixels of C channels
+  float* c = col;
+  for (int b = 0; b < B; ++b) {
+    const float* img = x + size_t(b) * g.H * g.W * g.C;
+    for (int oy = 0; oy < g.OH; ++oy)
+      for (int ox = 0; ox < g.OW; ++ox) {
+        const int x0 = ox * g.SW - g.PW;
+        const bool inside_x = x0 >= 0 && x0 + g.KW <= g.W;
+        for (int kh = 0; kh < g.KH; ++kh, c += rowlen) {
+          const int iy = oy * g.SH - g.PH + kh;
+          if (iy < 0 || iy >= g.H) {
+            std::memset(c, 0, rowlen * sizeof(float));
+          } else if (inside_x) {  // the common case: one contiguous run of KW*C floats
+            std::memcpy(c, img + (size_t(iy) * g.W + x0) * g.C, rowlen * sizeof(float));
+          } else {
+            for (int kw = 0; kw < g.KW; ++kw) {
+              const int ix = x0 + kw;
+              float* dst = c + size_t(kw) * g.C;
+              if (ix < 0 || ix >= g.W) std::memset(dst, 0, size_t(g.C) * sizeof(float));
+              else std::memcpy(dst, img + (size_t(iy) * g.W + ix) * g.C, size_t(g.C) * sizeof(float));
+            }
+          }
+        }
+      }
+  }
+}
+
+void col2im(float* dx, const float* col, const conv_geometry& g, int B) {
+  std::memset(dx, 0, size_t(B) * g.H * g.W * g.C * sizeof(float));
+  const float* c = col;
+  for (int b = 0; b < B; ++b) {
+    float* img = dx + size_t(b) * g.H * g.W * g.C;
+    for (int oy = 0; oy < g.OH; ++oy)
+      for (int ox = 0; ox < g.OW; ++ox)
+        for (int kh = 0; kh < g.KH; ++kh) {
+          const int iy = oy * g.SH - g.PH + kh;
+          for (int kw = 0; kw < g.KW; ++kw, c += g.C) {
+            const int ix = ox * g.SW - g.PW + kw;
+            if (iy < 0 || iy >= g.H || ix < 0 || ix >= g.W) continue;
+            float* __restrict d = img + (size_t(iy) * g.W + ix) * g.C;
+            for (int ch = 0; ch < g.C; ++ch) d[ch] += c[ch];
+          }
+        }
+  }
+}
+
+void maxpool_forward(float* out, int32_t* arg, const float* in, const conv_geometry& g, int B) {
+  const size_t in_sample = size_t(g.H) * g.W * g.C;
+  for (int b = 0; b < B; ++b) {
+    const float* img = in + size_t(b) * in_sample;
+    for (int oy = 0; oy < g.OH; ++oy)
+      for (int ox = 0; ox < g.OW; ++ox) {
+        float* o = out + ((size_t(b) * g.OH + oy) * g.OW + ox) * g.C;
+        int32_t* a = arg + ((size_t(b) * g.OH + oy) * g.OW + ox) * g.C;
+        bool first = true;
+        for (int kh = 0; kh < g.KH; ++kh) {
+          const int iy = oy * g.SH - g.PH + kh;
+          if (iy < 0 || iy >= g.H) continue;
+          for (int kw = 0; kw < g.KW; ++kw) {
+            const int ix = ox * g.SW - g.PW + kw;
+            if (ix < 0 || ix >= g.W) continue;
+            const int32_t at = int32_t((size_t(iy) * g.W + ix) * g.C);
+            const float* p = img + at;
+            for (int ch = 0; ch < g.C; ++ch)
+              if (first || p[ch] > o[ch]) o[ch] = p[ch], a[ch] = at + ch;
+            first = false;
+          }
+        }
+        if (first)  // a window entirely in the padding (only with absurd padding): zero, routed nowhere
+          for (int ch = 0; ch < g.C; ++ch) o[ch] = 0.0f, a[ch] = -1;
+      }
+  }
+}
+
+void maxpool_backward(float* din, const float* dout, const int32_t* arg, const conv_geometry& g, int B) {
+  const size_t in_sample = size_t(g.H) * g.W * g.C, out_sample = size_t(g.OH) * g.OW * g.C;
+  std::memset(din, 0, size_t(B) * in_sample * sizeof(float));
+  for (int b = 0; b < B; ++b) {
+    float* d = din + size_t(b) * in_sample;
+    const float* go = dout + size_t(b) * out_sample;
+    const int32_t* a = arg + size_t(b) * out_sample;
+    for (size_t i = 0; i < out_sample; ++i)
+      if (a[i] >= 0) d[a[i]] += go[i];
+  }
+}
+
+void dropout(float* out, const float* in, int B, size_t per_sample, float rate, uint64_t stream,
+             int64_t first_sample) {
+  const float scale = 1.0f / (1.0f - rate);
+  for (int b = 0; b < B; ++b) {
+    const int64_t sample = first_sample + b;
+    const float* x = in + size_t(b) * per_sample;
+    float* y = out + size_t(b) * per_sample;
+    for (size_t e = 0; e < per_sample; ++e) y[e] = uniform01(stream, sample, e) >= rate ? x[e] * scale : 0.0f;
+  }
+}
+
+void nchw_to_nhwc(float* out, const float* in, int B, int C, int H, int W) {
+  const size_t hw = size_t(H) * W;
+  for (int b = 0; b < B; ++b) {
+    const float* s = in + size_t(b) * C * hw;
+    float* d = out + size_t(b) * C * hw;
+    for (size_t p = 0; p < hw; ++p)
+      for (int c = 0; c < C; ++c) d[p * C + c] = s[size_t(c) * hw + p];
+  }
 }
 
 }  // namespace ringmaster::cpu

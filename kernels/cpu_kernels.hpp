@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/backend.hpp"
+
 namespace ringmaster::cpu {
 
 // Denormal floats are ~100x slower on x86; Adam's second moments drift into that range as training
@@ -37,5 +39,23 @@ void adam_update(float* w, float* m, float* v, const float* g, size_t n, float l
 void sgd_update(float* w, float* vel, const float* g, size_t n, float lr, float momentum);
 // dst += src (the ring all-reduce's reduction).
 void add_inplace(float* dst, const float* src, size_t n);
+
+// Convolution as im2col + the dense kernels: col (B*OH*OW, KH*KW*C) holds, per output pixel, its input
+// patch in (kh, kw, c) order, zeros where the patch hangs over the padding. x is (B, H, W, C).
+void im2col(float* col, const float* x, const conv_geometry& g, int B);
+// The adjoint: dx (B, H, W, C) = the sum of every patch row's entries back at their pixels (overwrites dx).
+void col2im(float* dx, const float* col, const conv_geometry& g, int B);
+// out (B, OH, OW, C) = the max of each window (padding ignored); arg = where it was, as an index into
+// the sample's (H, W, C) input. The first of equal maxima wins (scan order kh, kw).
+void maxpool_forward(float* out, int32_t* arg, const float* in, const conv_geometry& g, int B);
+// din (B, H, W, C) = dout routed back to the recorded maxima (overwrites din; overlapping windows add).
+void maxpool_backward(float* din, const float* dout, const int32_t* arg, const conv_geometry& g, int B);
+// Inverted dropout over B samples of per_sample floats: element e of sample s (the batch's first sample
+// being first_sample) is kept, times 1/(1-rate), when uniform01(stream, first_sample + s, e) >= rate.
+// The same call on dL/dy gives dL/dx (the mask is a function of its key). out may alias in.
+void dropout(float* out, const float* in, int B, size_t per_sample, float rate, uint64_t stream,
+             int64_t first_sample);
+// (B, C, H, W) -> (B, H, W, C).
+void nchw_to_nhwc(float* out, const float* in, int B, int C, int H, int W);
 
 }  // namespace ringmaster::cpu

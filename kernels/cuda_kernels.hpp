@@ -11,15 +11,24 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/backend.hpp"  // conv_geometry
+
 namespace ringmaster::cuda {
 
 // What a kernel needs to run: the stream everything is ordered on, a cuBLAS handle bound to that
 // stream, and the SM count (to size grid-stride launches). Owned by the backend, not by this file.
+// scratch: optional device memory (scratch_floats floats) for kernels' partial results, used only in
+// stream order; without it (null) those kernels take a slower path with the same semantics.
 struct cuda_context {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   int sm_count = 1;
+  float* scratch = nullptr;
+  size_t scratch_floats = 0;
 };
+// The scratch size the backend gives its context: enough for the column sums of any layer width up to
+// 16384 over 16 row chunks.
+constexpr size_t default_scratch_floats = size_t(1) << 18;
 
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line);
 [[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, int line);
@@ -63,5 +72,33 @@ void sgd_update(const cuda_context& ctx, float* w, float* vel, const float* g, s
                 float momentum);
 // dst += src. Bandwidth-bound: grid-stride, float4 when both pointers are 16-byte aligned.
 void add_inplace(const cuda_context& ctx, float* dst, const float* src, size_t n);
+
+// ---- convolution and pooling over channels-last images, as in kernels/cpu_kernels.hpp ----------------
+// Each writes every element of its output (no memset needed first) and uses no atomics: the results are
+// the same on every run. Where the CPU twin's result is exact the GPU's is bit for bit the same.
+
+// col (B*OH*OW, KH*KW*C) = each output pixel's input patch in (kh, kw, c) order, zeros over the padding.
+// A copy: bit-identical to cpu::im2col.
+void im2col(const cuda_context& ctx, float* col, const float* x, const conv_geometry& g, int B);
+// dx (B, H, W, C) = the sum of the patch entries that came from each pixel. A gather (one thread per
+// pixel and channel) adding the covering patches in cpu::col2im's order (output pixel row-major): the
+// same float additions in the same order, so the same bits.
+void col2im(const cuda_context& ctx, float* dx, const float* col, const conv_geometry& g, int B);
+// out (B, OH, OW, C) = each window's max; arg = its index in the sample's (H, W, C) input; the FIRST
+// maximum in (kh, kw) scan order wins (strict '>'), NaNs as in cpu::maxpool_forward; a window wholly
+// in the padding gives 0 and -1. Bit-identical to the CPU.
+void maxpool_forward(const cuda_context& ctx, float* out, int32_t* arg, const float* in, const conv_geometry& g,
+                     int B);
+// din (B, H, W, C) = dout routed back to the recorded maxima: a gather over the windows covering each
+// input element, in the CPU's order. `arg` must come from maxpool_forward with the same geometry (an
+// index outside its window is never found, where the CPU would still route to it).
+void maxpool_backward(const cuda_context& ctx, float* din, const float* dout, const int32_t* arg,
+                      const conv_geometry& g, int B);
+// Inverted dropout, the mask from uniform01(stream, first_sample + s, e) (kernels/counter_rng.hpp), as
+// cpu::dropout: bit-identical. out may alias in.
+void dropout(const cuda_context& ctx, float* out, const float* in, int B, size_t per_sample, float rate,
+             uint64_t stream, int64_t first_sample);
+// (B, C, H, W) -> (B, H, W, C). A copy: bit-identical.
+void nchw_to_nhwc(const cuda_context& ctx, float* out, const float* in, int B, int C, int H, int W);
 
 }  // namespace ringmaster::cuda

@@ -167,3 +167,33 @@ std::vector<uint32_t> epoch_permutation(size_t n, uint64_t seed, int64_t epoch) 
 }
 
 }  // namespace ringmaster
+
+namespace ringmaster {
+
+bool make_dataset(const shape& sample, std::vector<float> features, std::vector<int32_t> labels, int classes,
+                  dataset* out, std::string* error) {
+  if (sample.c < 1 || sample.h < 1 || sample.w < 1 || sample.size() > (size_t(1) << 26)) {
+    *error = "bad sample shape " + sample.str();
+    return false;
+  }
+  if (labels.empty() || features.size() != labels.size() * sample.size()) {
+    *error = std::to_string(features.size()) + " feature values for " + std::to_string(labels.size()) +
+             " labels of samples " + sample.str() + " (expected " + std::to_string(labels.size() * sample.size()) + ")";
+    return false;
+  }
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] < 0 || labels[i] >= classes) {
+      *error = "label " + std::to_string(labels[i]) + " of sample " + std::to_string(i) + " is not in 0.." +
+               std::to_string(classes - 1);
+      return false;
+    }
+  out->count = labels.size();
+  out->channels = sample.c;
+  out->rows = sample.h;
+  out->cols = sample.w;
+  out->pixels = std::move(features);
+  out->labels = std::move(labels);
+  return true;
+}
+
+}  // namespace ringmaster

@@ -5,15 +5,25 @@
 #include <string>
 #include <vector>
 
+#include "kernels/shape.hpp"
+
 namespace ringmaster {
 
+// Samples of shape (channels, rows, cols), stored (count, channels, rows, cols): NCHW. IDX image files
+// load as (N, 1, 28, 28); a flat feature vector of n values is (n, 1, 1).
 struct dataset {
   size_t count = 0;
-  int rows = 0, cols = 0;
-  std::vector<float> pixels;     // (count, rows*cols), scaled to [0, 1]
+  int channels = 1, rows = 0, cols = 0;
+  std::vector<float> pixels;     // (count, channels, rows, cols); images scaled to [0, 1]
   std::vector<int32_t> labels;   // (count)
-  size_t features() const { return size_t(rows) * cols; }
+  size_t features() const { return size_t(channels) * rows * cols; }
+  shape sample() const { return shape{channels, rows, cols}; }
 };
+
+// An in-memory data set from arrays a program already has: features (count, C, H, W) and labels in
+// [0, classes). False with *error when the sizes disagree or a label is out of range.
+bool make_dataset(const shape& sample, std::vector<float> features, std::vector<int32_t> labels, int classes,
+                  dataset* out, std::string* error);
 
 // Reads one IDX file (gzip or raw). expect_dims is 3 for images, 1 for labels. On failure returns
 // false and *error names the file and what is wrong with it.

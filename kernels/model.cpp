@@ -2,61 +2,259 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 #include <sstream>
 
+#include "kernels/layers.hpp"
+
 namespace ringmaster {
+namespace {
 
-size_t model_spec::weight_offset(size_t layer) const {
-  size_t off = 0;
-  for (size_t l = 0; l < layer; ++l) off += size_t(dims[l]) * dims[l + 1] + dims[l + 1];
-  return off;
-}
+constexpr size_t max_text = 64 * 1024;
+constexpr int max_depth = 16;
+constexpr size_t max_layers = 1024;
 
-size_t model_spec::param_count() const { return weight_offset(layers()); }
-
-std::string model_spec::str() const {
-  std::string s;
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (i) s += '-';
-    s += std::to_string(dims[i]);
+// Nesting depth of JSON text, strings skipped; refuses pathological input before the parser sees it.
+int nesting(const std::string& t) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const char c = t[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
   }
-  return s;
+  return deepest;
 }
 
-bool parse_model_spec(const std::string& text, model_spec* out, std::string* error) {
-  model_spec spec;
+// "784-512-512-10": Dense layers with ReLU between them.
+bool parse_mlp(const std::string& text, model_desc* out, std::string* error) {
+  std::vector<int> dims;
   std::stringstream ss(text);
   std::string part;
   while (std::getline(ss, part, '-')) {
-    if (part.empty() || part.size() > 7 || !std::all_of(part.begin(), part.end(), ::isdigit) ||
-        std::stoi(part) <= 0) {
+    if (part.empty() || part.size() > 7 || !std::all_of(part.begin(), part.end(), ::isdigit) || std::stoi(part) <= 0) {
       *error = "bad model spec '" + text + "': '" + part + "' is not a layer width in 1..9999999";
       return false;
     }
-    spec.dims.push_back(std::stoi(part));
+    dims.push_back(std::stoi(part));  // safe: at most 7 digits, checked above
   }
-  if (spec.dims.size() < 2) {
+  if (dims.size() < 2) {
     *error = "bad model spec '" + text + "': need at least input and output widths, e.g. 784-512-512-10";
     return false;
   }
-  if (spec.dims.back() < 2) {
+  if (dims.back() < 2) {
     *error = "bad model spec '" + text + "': the last layer needs at least 2 classes";
     return false;
   }
-  *out = spec;
+  out->input_width = dims[0];
+  for (size_t l = 1; l < dims.size(); ++l) {
+    out->layers.push_back(layers::dense(dims[l]));
+    if (l + 1 < dims.size()) out->layers.push_back(layers::relu());
+  }
   return true;
 }
 
-std::vector<float> init_params(const model_spec& spec, uint64_t seed) {
-  std::vector<float> p(spec.param_count(), 0.0f);
+bool read_shape(const json& j, shape* s, std::string* error) {
+  int v[3] = {1, 1, 1};
+  bool ok = j.is_array() && !j.empty() && j.size() <= 3;
+  for (size_t i = 0; ok && i < j.size(); ++i) {
+    ok = j[i].is_number_integer() && j[i].get<long long>() >= 1 && j[i].get<long long>() <= (1 << 24);
+    if (ok) v[i] = int(j[i].get<long long>());
+  }
+  if (!ok) {
+    *error = "\"input\" must be [C, H, W] (or [C] for flat features) with sizes in 1..16777216";
+    return false;
+  }
+  *s = shape{v[0], v[1], v[2]};
+  return true;
+}
+
+}  // namespace
+
+std::string sequential::text() const {
+  ::ringmaster::json j = {{"layers", layers}};
+  return j.dump();
+}
+
+bool parse_model_desc(const std::string& text, model_desc* out, std::string* error) {
+  *out = model_desc{};
+  if (text == "cnn") {
+    using namespace layers;
+    out->layers = {conv2d(32, 3), relu(), max_pool2d(2), conv2d(64, 3), relu(), max_pool2d(2), flatten(),
+                   dropout(0.5),  dense(10)};
+    return true;
+  }
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || (text[first] != '{' && text[first] != '[')) return parse_mlp(text, out, error);
+  if (text.size() > max_text) return *error = "model description over 64 KiB", false;
+  if (nesting(text) > max_depth) return *error = "model description nested deeper than 16 levels", false;
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return *error = "model description is not valid JSON", false;
+  const json* list = &j;
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (it.key() != "layers" && it.key() != "input" && it.key() != "format")
+        return *error = "model description: unknown key '" + it.key().substr(0, 40) + "' (known: input, layers)", false;
+    auto in = j.find("input");
+    if (in != j.end()) {
+      if (!read_shape(*in, &out->input, error)) return false;
+      out->has_input_shape = true;
+    }
+    auto ls = j.find("layers");
+    if (ls == j.end()) return *error = "model description has no \"layers\"", false;
+    list = &*ls;
+  }
+  if (!list->is_array() || list->empty()) return *error = "model description: \"layers\" must be a non-empty array", false;
+  if (list->size() > max_layers) return *error = "model description has more than 1024 layers", false;
+  for (const json& l : *list) out->layers.push_back(l);
+  return true;
+}
+
+std::shared_ptr<const model> model::build(const std::string& text, const layer_registry& reg, const shape& input,
+                                          std::string* error) {
+  model_desc d;
+  if (!parse_model_desc(text, &d, error)) return nullptr;
+  if (d.input_width && size_t(d.input_width) != input.size()) {
+    *error = "model input width " + std::to_string(d.input_width) + " does not match the data's " +
+             std::to_string(input.size()) + " features";
+    return nullptr;
+  }
+  if (d.has_input_shape && d.input != input) {
+    *error = "model expects input " + d.input.str() + " but the data's samples are " + input.str();
+    return nullptr;
+  }
+  if (input.size() == 0 || input.size() > (size_t(1) << 26)) {
+    *error = "input " + input.str() + " is empty or too large";
+    return nullptr;
+  }
+  auto m = std::shared_ptr<model>(new model());
+  m->input_ = input;
+  shape cur = input;
+  std::map<std::string, int> per_type;
+  for (size_t i = 0; i < d.layers.size(); ++i) {
+    std::string why;
+    entry e;
+    e.impl = reg.create(d.layers[i], &why);
+    const std::string where = "layer " + std::to_string(i);
+    if (!e.impl) {
+      *error = where + ": " + why;
+      return nullptr;
+    }
+    e.name = e.impl->type() + "_" + std::to_string(per_type[e.impl->type()]++);
+    e.in = cur;
+    std::vector<param_info> ps;
+    if (!e.impl->build(cur, &e.out, &ps, &why)) {
+      *error = where + " (" + e.name + "): " + why;
+      return nullptr;
+    }
+    if (e.out.size() == 0 || e.out.size() > (size_t(1) << 26) || e.out.c < 1 || e.out.h < 1 || e.out.w < 1) {
+      *error = where + " (" + e.name + "): output shape " + e.out.str() + " is empty or too large";
+      return nullptr;
+    }
+    e.first_param = m->params_.size();
+    e.param_count = ps.size();
+    for (const param_info& p : ps) {
+      size_t n = 1;
+      for (size_t dim : p.dims) n = dim && n <= (size_t(1) << 30) / dim ? n * dim : (size_t(1) << 31);
+      if (p.dims.empty() || n == 0 || n > (size_t(1) << 30)) {
+        *error = where + " (" + e.name + "): parameter '" + p.name + "' is empty or has over 2^30 values";
+        return nullptr;
+      }
+      m->params_.push_back({e.name + "/" + p.name, p.dims, m->param_count_, n, p.init, p.fan_in, p.fan_out});
+      m->param_count_ += n;
+      if (m->param_count_ > (size_t(1) << 30)) {
+        *error = "model has over 2^30 parameters";
+        return nullptr;
+      }
+    }
+    cur = e.out;
+    m->layers_.push_back(std::move(e));
+  }
+  m->output_ = cur;
+  if (cur.size() < 2) {
+    *error = "the last layer gives " + std::to_string(cur.size()) + " output(s); the loss needs at least 2 classes";
+    return nullptr;
+  }
+  json canonical = {{"input", {input.c, input.h, input.w}}, {"layers", json::array()}};
+  for (const entry& e : m->layers_) {
+    json l = e.impl->config();
+    if (!l.is_object()) l = json::object();
+    l["type"] = e.impl->type();
+    canonical["layers"].push_back(l);
+  }
+  m->text_ = canonical.dump();
+  m->label_ = d.input_width ? text : text == "cnn" ? "cnn" : "model (" + std::to_string(m->layers_.size()) + " layers)";
+  return m;
+}
+
+std::shared_ptr<const model> model::build(const std::string& text, const layer_registry& reg, std::string* error) {
+  model_desc d;
+  if (!parse_model_desc(text, &d, error)) return nullptr;
+  if (!d.has_input_shape) {
+    *error = "the model description does not name its input shape";
+    return nullptr;
+  }
+  return build(text, reg, d.input, error);
+}
+
+std::shared_ptr<const model> build_model(const std::string& text, const shape& input, std::string* error) {
+  return model::build(text, layer_registry::with_builtins(), input, error);
+}
+
+std::string model::summary() const {
+  std::ostringstream s;
+  char line[160];
+  std::snprintf(line, sizeof line, "%-20s %-18s %12s\n", "Layer", "Output shape", "Params");
+  s << line;
+  for (const entry& e : layers_) {
+    size_t n = 0;
+    for (size_t p = e.first_param; p < e.first_param + e.param_count; ++p) n += params_[p].count;
+    std::snprintf(line, sizeof line, "%-20s %-18s %12zu\n", e.name.c_str(), e.out.str().c_str(), n);
+    s << line;
+  }
+  s << "Total params: " << param_count_ << " (input " << input_.str() << ")\n";
+  return s.str();
+}
+
+uint64_t model::fingerprint() const {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  };
+  mix(text_.data(), text_.size());
+  for (const param_entry& p : params_) {
+    mix(p.name.data(), p.name.size());
+    for (size_t d : p.dims) mix(&d, sizeof d);
+    mix(&p.offset, sizeof p.offset);
+  }
+  return h;
+}
+
+size_t param_info::count() const {
+  size_t n = 1;
+  for (size_t d : dims) n *= d;
+  return n;
+}
+
+std::vector<float> init_params(const model& m, uint64_t seed) {
+  std::vector<float> p(m.param_count(), 0.0f);
   std::mt19937_64 rng(seed);
-  for (size_t l = 0; l < spec.layers(); ++l) {
-    const int in = spec.dims[l], out = spec.dims[l + 1];
-    const double limit = std::sqrt(6.0 / double(in + out));
-    float* w = p.data() + spec.weight_offset(l);
+  for (const param_entry& e : m.params()) {
+    float* w = p.data() + e.offset;
+    if (e.init == param_init::ones) std::fill(w, w + e.count, 1.0f);
+    if (e.init != param_init::glorot_uniform) continue;
+    const double limit = std::sqrt(6.0 / double(e.fan_in + e.fan_out));
     // Our own uniform mapping (24 random bits) so every standard library gives the same weights.
-    for (size_t i = 0; i < size_t(in) * out; ++i) {
+    for (size_t i = 0; i < e.count; ++i) {
       const double u = double(rng() >> 40) * (1.0 / 16777216.0);  // [0, 1)
       w[i] = float((2.0 * u - 1.0) * limit);
     }
@@ -64,79 +262,102 @@ std::vector<float> init_params(const model_spec& spec, uint64_t seed) {
   return p;
 }
 
-mlp::mlp(backend& be, model_spec spec, int max_batch, optimizer_config opt)
-    : be_(be), spec_(std::move(spec)), max_batch_(max_batch), opt_(opt) {
-  const size_t n = spec_.param_count();
+// ---- network ----------------------------------------------------------------------------------------
+
+network::network(backend& be, std::shared_ptr<const model> m, int max_batch, optimizer_config opt)
+    : be_(be), m_(std::move(m)), max_batch_(max_batch), opt_(opt) {
+  const size_t n = m_->param_count(), B = size_t(std::max(1, max_batch));
   params_ = device_buffer<float>(be_, n);
   grads_ = device_buffer<float>(be_, n);
-  m_ = device_buffer<float>(be_, n);
-  if (opt_.kind == optimizer_config::adam) v_ = device_buffer<float>(be_, n);
-  int widest = 0;
-  for (size_t l = 0; l < spec_.layers(); ++l) {
-    acts_.emplace_back(be_, size_t(max_batch) * spec_.dims[l + 1]);
-    widest = std::max(widest, spec_.dims[l + 1]);
+  m1_ = device_buffer<float>(be_, n);
+  if (opt_.kind == optimizer_config::adam) m2_ = device_buffer<float>(be_, n);
+  const shape& in = m_->input();
+  if (in.c > 1 && !in.flat()) input_ = device_buffer<float>(be_, B * in.size());
+  size_t widest = in.size();
+  for (const model::entry& e : m_->layers()) {
+    acts_.emplace_back(be_, B * e.out.size());
+    work_.emplace_back(be_, e.impl->workspace(e.in, e.out, int(B)));
+    widest = std::max(widest, e.out.size());
+    std::vector<const float*> pv;
+    std::vector<float*> gv;
+    for (size_t p = e.first_param; p < e.first_param + e.param_count; ++p) {
+      pv.push_back(params_.data() + m_->params()[p].offset);
+      gv.push_back(grads_.data() + m_->params()[p].offset);
+    }
+    pviews_.push_back(std::move(pv));
+    gviews_.push_back(std::move(gv));
   }
-  dbuf_a_ = device_buffer<float>(be_, size_t(max_batch) * widest);
-  dbuf_b_ = device_buffer<float>(be_, size_t(max_batch) * widest);
+  dbuf_a_ = device_buffer<float>(be_, B * widest);
+  dbuf_b_ = device_buffer<float>(be_, B * widest);
 }
 
-void mlp::set_params(const float* host) { be_.copy_in(params(), host, size() * sizeof(float)); }
-void mlp::get_params(float* host) const {
-  be_.copy_out(host, params_.data(), size() * sizeof(float));
+void network::set_params(const float* host) { be_.copy_in(params(), host, size() * sizeof(float)); }
+void network::get_params(float* host) const { be_.copy_out(host, params_.data(), size() * sizeof(float)); }
+
+layer_io network::io(size_t l, const float* x, int B, bool training, const sample_key& key) {
+  const model::entry& e = m_->layers()[l];
+  layer_io io(be_);
+  io.batch = B;
+  io.in = e.in;
+  io.out = e.out;
+  io.x = x;
+  io.y = acts_[l].data();
+  io.params = pviews_[l].data();
+  io.grads = gviews_[l].data();
+  io.work = work_[l].data();
+  io.training = training;
+  io.key = key;
+  io.layer_index = l;
+  return io;
 }
 
-void mlp::forward(const float* x, int B) {
-  const float* in = x;
-  for (size_t l = 0; l < spec_.layers(); ++l) {
-    const int IN = spec_.dims[l], OUT = spec_.dims[l + 1];
-    const float* w = params_.data() + spec_.weight_offset(l);
-    const float* b = params_.data() + spec_.bias_offset(l);
-    const bool relu = l + 1 < spec_.layers();
-    be_.dense_forward(acts_[l].data(), in, w, b, B, IN, OUT, relu);  // (B, OUT)
-    in = acts_[l].data();
+// The input of layer 0: x itself, or its channels-last copy when it has several channels.
+const float* network::forward(const float* x, int B, bool training, const sample_key& key) {
+  const shape& in = m_->input();
+  if (input_.data()) {
+    be_.nchw_to_nhwc(input_.data(), x, B, in.c, in.h, in.w);
+    x = input_.data();
   }
+  const float* first = x;
+  for (size_t l = 0; l < m_->layers().size(); ++l) {
+    m_->layers()[l].impl->forward(io(l, x, B, training, key));
+    x = acts_[l].data();
+  }
+  return first;
 }
 
-batch_metrics mlp::forward_backward(const float* x, const int32_t* y, int B, float grad_scale) {
+batch_metrics network::forward_backward(const float* x, const int32_t* y, int B, float grad_scale, sample_key key) {
   batch_metrics m;
   m.count = B;
-  forward(x, B);
-  const size_t L = spec_.layers();
-  float* dout = dbuf_a_.data();  // (B, classes)
+  const float* x0 = forward(x, B, true, key);
+  const size_t L = m_->layers().size();
+  float* dout = dbuf_a_.data();
   float* dnext = dbuf_b_.data();
-  be_.softmax_xent(dout, acts_[L - 1].data(), y, B, spec_.dims[L], grad_scale);
+  be_.softmax_xent(dout, acts_[L - 1].data(), y, B, m_->classes(), grad_scale);
   for (size_t l = L; l-- > 0;) {
-    const int IN = spec_.dims[l], OUT = spec_.dims[l + 1];
-    const float* in = l ? acts_[l - 1].data() : x;
-    const float* w = params_.data() + spec_.weight_offset(l);
-    float* dw = grads_.data() + spec_.weight_offset(l);
-    float* db = grads_.data() + spec_.bias_offset(l);
-    be_.dense_backward(l ? dnext : nullptr, dw, db, dout, in, w, B, IN, OUT);
-    if (l) {
-      be_.relu_backward(dnext, dnext, acts_[l - 1].data(), size_t(B) * IN);  // (B, IN)
-      std::swap(dout, dnext);
-    }
+    const float* in = l ? acts_[l - 1].data() : x0;
+    m_->layers()[l].impl->backward(io(l, in, B, true, key), dout, l ? dnext : nullptr);
+    std::swap(dout, dnext);
   }
   be_.take_metrics(&m.loss_sum, &m.correct);  // on a GPU: the one wait, with the whole step queued
   return m;
 }
 
-batch_metrics mlp::evaluate(const float* x, const int32_t* y, int B) {
+batch_metrics network::evaluate(const float* x, const int32_t* y, int B) {
   batch_metrics m;
   m.count = B;
-  forward(x, B);
-  const size_t L = spec_.layers();
-  be_.softmax_xent(nullptr, acts_[L - 1].data(), y, B, spec_.dims[L], 0.0f);
+  forward(x, B, false, sample_key{});
+  be_.softmax_xent(nullptr, acts_[m_->layers().size() - 1].data(), y, B, m_->classes(), 0.0f);
   be_.take_metrics(&m.loss_sum, &m.correct);
   return m;
 }
 
-void mlp::apply(const float* g) {
+void network::apply(const float* g) {
   ++step_;
   if (opt_.kind == optimizer_config::adam)
-    be_.adam_update(params(), m_.data(), v_.data(), g, size(), opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, step_);
+    be_.adam_update(params(), m1_.data(), m2_.data(), g, size(), opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, step_);
   else
-    be_.sgd_update(params(), m_.data(), g, size(), opt_.lr, opt_.momentum);
+    be_.sgd_update(params(), m1_.data(), g, size(), opt_.lr, opt_.momentum);
 }
 
 }  // namespace ringmaster

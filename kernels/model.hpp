@@ -1,29 +1,104 @@
-// A model is data: an MLP spec such as "784-512-512-10" (Dense layers, ReLU between them, softmax +
-// sparse categorical cross-entropy at the end). All parameters live in one flat buffer, all gradients
-// in another, laid out layer by layer as W (IN, OUT) row-major then b (OUT).
+// A model is data: a description that travels as text, built against a layer registry and the data's
+// sample shape into a list of layers over one flat parameter buffer and one flat gradient buffer.
+//
+// Descriptions (parse_model_desc):
+//   "784-512-512-10"   an MLP: Dense layers with ReLU between them (input width first)
+//   "cnn"              the Keras "simple MNIST convnet": conv 32 3x3, relu, maxpool 2, conv 64 3x3, relu,
+//                      maxpool 2, flatten, dropout 0.5, dense 10
+//   JSON               {"input": [C, H, W], "layers": [{"type": "conv2d", "filters": 32, "kernel": 3}, ...]}
+//                      ("input" optional; a bare array of layers also works), e.g. sequential{...}.text()
+// The loss is always softmax + sparse categorical cross-entropy over the last layer's outputs (logits).
 #pragma once
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/layer.hpp"
+#include "kernels/registry.hpp"
 
 namespace ringmaster {
 
-struct model_spec {
-  std::vector<int> dims;  // input, hidden..., classes
-  size_t layers() const { return dims.size() - 1; }
-  size_t param_count() const;
-  size_t weight_offset(size_t layer) const;  // offset of W of this layer in the flat buffer
-  size_t bias_offset(size_t layer) const { return weight_offset(layer) + size_t(dims[layer]) * dims[layer + 1]; }
-  std::string str() const;
+// A sequential stack of layer descriptions, composed in code:
+//   cfg.model = sequential{layers::conv2d(32, 3), layers::relu(), ..., layers::dense(10)}.text();
+struct sequential {
+  std::vector<json> layers;
+  sequential(std::initializer_list<json> l) : layers(l) {}
+  sequential& add(json l) {
+    layers.push_back(std::move(l));
+    return *this;
+  }
+  std::string text() const;  // the JSON description
 };
 
-// Parses "784-512-512-10". On failure returns false and says why in *error.
-bool parse_model_spec(const std::string& text, model_spec* out, std::string* error);
+// A parsed description: layer settings and what it says of the input (nothing, a flat width, or a shape).
+struct model_desc {
+  std::vector<json> layers;
+  int input_width = 0;  // "784-..." form: the data must have this many features
+  bool has_input_shape = false;
+  shape input;          // "input": [C, H, W]
+};
 
-// Glorot-uniform weights (as Keras), zero biases, from a seed; identical on every machine.
-std::vector<float> init_params(const model_spec& spec, uint64_t seed);
+// Parses any of the forms above. Never throws; false with *error naming the problem. Text over 64 KiB
+// or nested deeper than 16 levels is refused before parsing.
+bool parse_model_desc(const std::string& text, model_desc* out, std::string* error);
+
+// A parameter tensor in the flat buffer: "conv2d_0/kernel" at offset (floats), with its Keras shape.
+struct param_entry {
+  std::string name;
+  std::vector<size_t> dims;
+  size_t offset = 0, count = 0;
+  param_init init = param_init::zeros;
+  size_t fan_in = 0, fan_out = 0;
+};
+
+// A built model: layers with their shapes and parameter offsets. Immutable and shared by all replicas
+// of a process (layers keep no state between calls).
+class model {
+ public:
+  struct entry {
+    std::string name;  // "conv2d_0", "relu_1", ... (type, then its count among layers of that type)
+    std::unique_ptr<layer> impl;
+    shape in, out;
+    size_t first_param = 0, param_count = 0;  // into params()
+  };
+  // Builds a description for samples of shape `input` (the data's). Null with *error naming the layer
+  // and the problem: "layer 4 (conv2d_1): a 3x3 kernel does not fit input (32, 2, 2) ...".
+  static std::shared_ptr<const model> build(const std::string& text, const layer_registry& reg, const shape& input,
+                                            std::string* error);
+  // Builds a description that names its input shape (as description() does).
+  static std::shared_ptr<const model> build(const std::string& text, const layer_registry& reg, std::string* error);
+  const shape& input() const { return input_; }
+  const shape& output() const { return output_; }
+  int classes() const { return int(output_.size()); }
+  const std::vector<entry>& layers() const { return layers_; }
+  const std::vector<param_entry>& params() const { return params_; }
+  size_t param_count() const { return param_count_; }
+  // The canonical description (JSON, with the input shape): what travels to nodes.
+  const std::string& description() const { return text_; }
+  // A short name for logs: "784-512-512-10" for MLPs given that way, else "cnn" or "model (N layers)".
+  const std::string& label() const { return label_; }
+  // Keras-like table: layer, output shape, parameters.
+  std::string summary() const;
+  // FNV-1a over names, shapes and offsets: two processes with equal fingerprints lay out parameters alike.
+  uint64_t fingerprint() const;
+
+ private:
+  shape input_, output_;
+  std::vector<entry> layers_;
+  std::vector<param_entry> params_;
+  size_t param_count_ = 0;
+  std::string text_, label_;
+};
+
+// Builds with the built-in layers only.
+std::shared_ptr<const model> build_model(const std::string& text, const shape& input, std::string* error);
+
+// Glorot-uniform kernels (as Keras), zero biases, ones for scales, from a seed; identical on every
+// machine (our own uniform mapping over mt19937_64).
+std::vector<float> init_params(const model& m, uint64_t seed);
 
 struct optimizer_config {
   enum kind_t { adam, sgd } kind = adam;
@@ -38,35 +113,40 @@ struct batch_metrics {
   int64_t count = 0;
 };
 
-// One replica's model on one backend: parameters, gradients, optimizer state and activations,
-// allocated once for a maximum batch size so the training step allocates nothing.
-class mlp {
+// One replica's model on one backend: parameters, gradients, optimizer state, activations and layer
+// workspaces, allocated once for a maximum batch so the training step allocates nothing.
+class network {
  public:
-  mlp(backend& be, model_spec spec, int max_batch, optimizer_config opt);
-  const model_spec& spec() const { return spec_; }
-  size_t size() const { return spec_.param_count(); }
+  network(backend& be, std::shared_ptr<const model> m, int max_batch, optimizer_config opt);
+  const model& def() const { return *m_; }
+  size_t size() const { return m_->param_count(); }
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
   void set_params(const float* host);
   void get_params(float* host) const;
-  // Forward and backward on x (B, in), labels (B) in device memory. Gradients (overwritten) are those
-  // of loss_sum * grad_scale; grad_scale = 1 / global batch makes a ring sum the global mean gradient.
-  batch_metrics forward_backward(const float* x, const int32_t* y, int B, float grad_scale);
+  // Forward and backward on x (B, input) in NCHW and labels (B), device memory. Gradients (overwritten)
+  // are those of loss_sum * grad_scale; grad_scale = 1 / global batch makes a ring sum the global mean.
+  // key: where the batch sits in its epoch (dropout masks).
+  batch_metrics forward_backward(const float* x, const int32_t* y, int B, float grad_scale, sample_key key);
   batch_metrics evaluate(const float* x, const int32_t* y, int B);
   // Applies the optimizer with gradient g (device memory, size()) and advances the step count.
   void apply(const float* g);
   int64_t steps() const { return step_; }
 
  private:
-  void forward(const float* x, int B);
+  const float* forward(const float* x, int B, bool training, const sample_key& key);
+  layer_io io(size_t l, const float* x, int B, bool training, const sample_key& key);
   backend& be_;
-  model_spec spec_;
+  std::shared_ptr<const model> m_;
   int max_batch_;
   optimizer_config opt_;
   int64_t step_ = 0;
-  device_buffer<float> params_, grads_, m_, v_;
-  std::vector<device_buffer<float>> acts_;  // output of each layer (B, OUT)
-  device_buffer<float> dbuf_a_, dbuf_b_;   // activation gradients, ping-pong
+  device_buffer<float> params_, grads_, m1_, m2_;  // m1_, m2_: Adam's moments (m1_: SGD's velocity)
+  device_buffer<float> input_;                     // channels-last copy of a multi-channel input
+  std::vector<device_buffer<float>> acts_, work_;  // per layer: output (B, out), workspace
+  std::vector<std::vector<const float*>> pviews_;
+  std::vector<std::vector<float*>> gviews_;
+  device_buffer<float> dbuf_a_, dbuf_b_;  // activation gradients, ping-pong
 };
 
 }  // namespace ringmaster

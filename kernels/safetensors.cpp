@@ -1,81 +1,35 @@
 #include "kernels/safetensors.hpp"
 
-#include <cstdio>
-#include <cstring>
 #include <fstream>
 
 namespace ringmaster {
-namespace {
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else o += c;
-  }
-  return o;
-}
-
-struct entry {
-  std::string name;
-  std::vector<size_t> shape;
-  size_t offset, count;  // in floats, within the flat buffer
-};
-
-std::vector<entry> entries(const model_spec& spec) {
-  std::vector<entry> e;
-  for (size_t l = 0; l < spec.layers(); ++l) {
-    const size_t in = spec.dims[l], out = spec.dims[l + 1];
-    const std::string base = "dense_" + std::to_string(l);
-    e.push_back({base + "/kernel", {in, out}, spec.weight_offset(l), in * out});
-    e.push_back({base + "/bias", {out}, spec.bias_offset(l), out});
-  }
-  return e;
-}
-
-}  // namespace
-
-bool write_safetensors(const std::string& path, const model_spec& spec, const std::vector<float>& params,
+bool write_safetensors(const std::string& path, const model& m, const std::vector<float>& params,
                        const std::map<std::string, std::string>& metadata, std::string* error) {
-  if (params.size() != spec.param_count()) {
-    *error = "parameter count does not match model " + spec.str();
+  if (params.size() != m.param_count()) {
+    *error = "parameter count " + std::to_string(params.size()) + " does not match model " + m.label();
     return false;
   }
-  std::string h = "{\"__metadata__\":{";
-  bool first = true;
-  for (auto& [k, v] : metadata) {
-    if (!first) h += ',';
-    h += '"' + json_escape(k) + "\":\"" + json_escape(v) + '"';
-    first = false;
-  }
-  h += "}";
-  size_t byte = 0;
-  for (const entry& e : entries(spec)) {
-    h += ",\"" + e.name + "\":{\"dtype\":\"F32\",\"shape\":[";
-    for (size_t i = 0; i < e.shape.size(); ++i) {
-      if (i) h += ',';
-      h += std::to_string(e.shape[i]);
-    }
-    h += "],\"data_offsets\":[" + std::to_string(byte) + "," + std::to_string(byte + e.count * 4) + "]}";
-    byte += e.count * 4;
-  }
-  h += "}";
-  while (h.size() % 8) h += ' ';  // the data starts 8-byte aligned
+  json h = json::object();
+  json meta = json::object();
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  if (!meta.contains("model")) meta["model"] = m.description();
+  h["__metadata__"] = meta;
+  // The flat buffer's order is the tensors' order, so the data is the buffer as it is.
+  for (const param_entry& p : m.params())
+    h[p.name] = {{"dtype", "F32"}, {"shape", p.dims}, {"data_offsets", {p.offset * 4, (p.offset + p.count) * 4}}};
+  std::string text = h.dump();
+  while (text.size() % 8) text += ' ';  // the data starts 8-byte aligned
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) {
     *error = path + ": cannot open for writing";
     return false;
   }
   unsigned char len[8];
-  uint64_t n = h.size();
+  const uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) len[i] = (unsigned char)(n >> (8 * i));
   f.write(reinterpret_cast<const char*>(len), 8);
-  f.write(h.data(), std::streamsize(h.size()));
-  // Little-endian float32 in the flat buffer's order, which is the entries' order.
+  f.write(text.data(), std::streamsize(text.size()));
   f.write(reinterpret_cast<const char*>(params.data()), std::streamsize(params.size() * sizeof(float)));
   if (!f.flush()) {
     *error = path + ": write failed (disk full?)";
@@ -84,13 +38,14 @@ bool write_safetensors(const std::string& path, const model_spec& spec, const st
   return true;
 }
 
-bool read_safetensors(const std::string& path, const model_spec& spec, std::vector<float>* params,
-                      std::string* error) {
-  std::ifstream f(path, std::ios::binary);
+bool read_safetensors(const std::string& path, const model& m, std::vector<float>* params, std::string* error) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) {
     *error = path + ": cannot open";
     return false;
   }
+  const uint64_t file_size = uint64_t(f.tellg());
+  f.seekg(0);
   unsigned char len[8];
   if (!f.read(reinterpret_cast<char*>(len), 8)) {
     *error = path + ": truncated: no safetensors header";
@@ -98,34 +53,52 @@ bool read_safetensors(const std::string& path, const model_spec& spec, std::vect
   }
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = n << 8 | len[i];
-  if (n > (1u << 24)) {
-    *error = path + ": header length " + std::to_string(n) + " is implausible";
+  if (n > (1u << 24) || n > file_size - 8) {
+    *error = path + ": header length " + std::to_string(n) + " is implausible for a file of " + std::to_string(file_size) + " bytes";
     return false;
   }
-  std::string h(n, '\0');
-  if (!f.read(h.data(), std::streamsize(n))) {
+  std::string text(n, '\0');
+  if (!f.read(text.data(), std::streamsize(n))) {
     *error = path + ": truncated header";
     return false;
   }
-  params->assign(spec.param_count(), 0.0f);
-  for (const entry& e : entries(spec)) {
-    // Our own writer's layout: find the tensor's offsets and check them.
-    const std::string key = "\"" + e.name + "\":{\"dtype\":\"F32\",\"shape\":[";
-    auto at = h.find(key);
-    if (at == std::string::npos) {
-      *error = path + ": no F32 tensor " + e.name + " of model " + spec.str();
+  const json h = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (h.is_discarded() || !h.is_object()) {
+    *error = path + ": the header is not a JSON object";
+    return false;
+  }
+  const uint64_t data_bytes = file_size - 8 - n;
+  params->assign(m.param_count(), 0.0f);
+  for (const param_entry& p : m.params()) {
+    auto t = h.find(p.name);
+    if (t == h.end() || !t->is_object()) {
+      *error = path + ": no tensor " + p.name + " (model " + m.label() + ")";
       return false;
     }
-    auto off = h.find("\"data_offsets\":[", at);
-    unsigned long long b0 = 0, b1 = 0;
-    if (off == std::string::npos || std::sscanf(h.c_str() + off, "\"data_offsets\":[%llu,%llu]", &b0, &b1) != 2 ||
-        b1 - b0 != e.count * 4) {
-      *error = path + ": tensor " + e.name + " has the wrong size for model " + spec.str();
+    // operator[] on a const json is undefined for a missing key: look up, copy or null.
+    auto field = [&t](const char* k) { auto it = t->find(k); return it == t->end() ? json() : *it; };
+    const json dtype = field("dtype"), dims = field("shape"), offs = field("data_offsets");
+    if (!dtype.is_string() || dtype.get_ref<const std::string&>() != "F32") {
+      *error = path + ": tensor " + p.name + " is not F32";
       return false;
     }
-    f.seekg(std::streamoff(8 + n + b0));
-    if (!f.read(reinterpret_cast<char*>(params->data() + e.offset), std::streamsize(e.count * 4))) {
-      *error = path + ": truncated data in tensor " + e.name;
+    bool same = dims.is_array() && dims.size() == p.dims.size();
+    for (size_t i = 0; same && i < p.dims.size(); ++i)
+      same = dims[i].is_number_unsigned() && dims[i].get<uint64_t>() == p.dims[i];
+    if (!same) {
+      *error = path + ": tensor " + p.name + " has shape " + dims.dump().substr(0, 60) + ", the model needs " +
+               json(p.dims).dump();
+      return false;
+    }
+    if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() || !offs[1].is_number_unsigned() ||
+        offs[1].get<uint64_t>() < offs[0].get<uint64_t>() || offs[1].get<uint64_t>() > data_bytes ||
+        offs[1].get<uint64_t>() - offs[0].get<uint64_t>() != p.count * 4) {
+      *error = path + ": tensor " + p.name + " has bad data_offsets " + offs.dump().substr(0, 60);
+      return false;
+    }
+    f.seekg(std::streamoff(8 + n + offs[0].get<uint64_t>()));
+    if (!f.read(reinterpret_cast<char*>(params->data() + p.offset), std::streamsize(p.count * 4))) {
+      *error = path + ": truncated data in tensor " + p.name;
       return false;
     }
   }

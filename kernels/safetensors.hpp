@@ -1,6 +1,8 @@
-// Writes a model's parameters as safetensors (https://github.com/huggingface/safetensors): an 8-byte
+// A model's parameters as safetensors (https://github.com/huggingface/safetensors): an 8-byte
 // little-endian header length, a JSON header naming each tensor's dtype, shape and byte range, the data.
-// Tensors are named as Keras does: dense_0/kernel (IN, OUT), dense_0/bias (OUT).
+// Tensors are named "<layer>/<parameter>" in Keras's layout: dense_0/kernel (in, out), dense_0/bias (out),
+// conv2d_0/kernel (kh, kw, in_channels, filters), conv2d_0/bias (filters). The metadata carries the model's
+// description ("model"), so a file says what it holds.
 #pragma once
 #include <map>
 #include <string>
@@ -10,11 +12,11 @@
 
 namespace ringmaster {
 
-bool write_safetensors(const std::string& path, const model_spec& spec, const std::vector<float>& params,
+bool write_safetensors(const std::string& path, const model& m, const std::vector<float>& params,
                        const std::map<std::string, std::string>& metadata, std::string* error);
 
-// Reads back what write_safetensors wrote (F32 tensors named as above) into a flat parameter buffer.
-bool read_safetensors(const std::string& path, const model_spec& spec, std::vector<float>* params,
-                      std::string* error);
+// Reads the model's tensors (F32, names and shapes as above; other tensors are ignored) into a flat
+// parameter buffer. Any file is checked, never trusted: false with *error naming the problem.
+bool read_safetensors(const std::string& path, const model& m, std::vector<float>* params, std::string* error);
 
 }  // namespace ringmaster

@@ -98,8 +98,49 @@ class sim_backend final : public backend {
     mine(dout, sizeof(float) * B * OUT, "dense_backward dout");
     cpu_->dense_backward(din, dw, db, dout, in, w, B, IN, OUT);
   }
+  void relu_forward(float* out, const float* in, size_t n) override {
+    mine(out, n * sizeof(float), "relu_forward out");
+    mine(in, n * sizeof(float), "relu_forward in");
+    cpu_->relu_forward(out, in, n);
+  }
   void relu_backward(float* din, const float* dout, const float* out, size_t n) override {
+    mine(din, n * sizeof(float), "relu_backward din");
+    mine(dout, n * sizeof(float), "relu_backward dout");
+    mine(out, n * sizeof(float), "relu_backward out");
     cpu_->relu_backward(din, dout, out, n);
+  }
+  void im2col(float* col, const float* x, const conv_geometry& g, int B) override {
+    mine(col, sizeof(float) * B * g.OH * g.OW * g.patch(), "im2col col");
+    mine(x, sizeof(float) * B * g.H * g.W * g.C, "im2col x");
+    cpu_->im2col(col, x, g, B);
+  }
+  void col2im(float* dx, const float* col, const conv_geometry& g, int B) override {
+    mine(dx, sizeof(float) * B * g.H * g.W * g.C, "col2im dx");
+    mine(col, sizeof(float) * B * g.OH * g.OW * g.patch(), "col2im col");
+    cpu_->col2im(dx, col, g, B);
+  }
+  void maxpool_forward(float* out, int32_t* arg, const float* in, const conv_geometry& g, int B) override {
+    mine(out, sizeof(float) * B * g.OH * g.OW * g.C, "maxpool_forward out");
+    mine(arg, sizeof(int32_t) * B * g.OH * g.OW * g.C, "maxpool_forward arg");
+    mine(in, sizeof(float) * B * g.H * g.W * g.C, "maxpool_forward in");
+    cpu_->maxpool_forward(out, arg, in, g, B);
+  }
+  void maxpool_backward(float* din, const float* dout, const int32_t* arg, const conv_geometry& g, int B) override {
+    mine(din, sizeof(float) * B * g.H * g.W * g.C, "maxpool_backward din");
+    mine(dout, sizeof(float) * B * g.OH * g.OW * g.C, "maxpool_backward dout");
+    mine(arg, sizeof(int32_t) * B * g.OH * g.OW * g.C, "maxpool_backward arg");
+    cpu_->maxpool_backward(din, dout, arg, g, B);
+  }
+  void dropout(float* out, const float* in, int B, size_t per_sample, float rate, uint64_t stream,
+               int64_t first_sample) override {
+    mine(out, sizeof(float) * B * per_sample, "dropout out");
+    mine(in, sizeof(float) * B * per_sample, "dropout in");
+    cpu_->dropout(out, in, B, per_sample, rate, stream, first_sample);
+  }
+  void nchw_to_nhwc(float* out, const float* in, int B, int C, int H, int W) override {
+    mine(out, sizeof(float) * B * C * H * W, "nchw_to_nhwc out");
+    mine(in, sizeof(float) * B * C * H * W, "nchw_to_nhwc in");
+    cpu_->nchw_to_nhwc(out, in, B, C, H, W);
   }
   void softmax_xent(float* dl, const float* logits, const int32_t* labels, int B, int C, float scale) override {
     mine(logits, sizeof(float) * B * C, "softmax_xent logits");

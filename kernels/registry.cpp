@@ -1,0 +1,157 @@
+#include "kernels/registry.hpp"
+
+#include <cmath>
+
+namespace ringmaster {
+
+bool layer_registry::add(const std::string& type, layer_factory make, std::string* error) {
+  const bool plain = !type.empty() && type.size() <= 32 &&
+                     type.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
+  if (!plain) {
+    *error = "layer type '" + type + "': use 1-32 characters of a-z, 0-9 and _";
+    return false;
+  }
+  if (!make) {
+    *error = "layer type '" + type + "': no factory given";
+    return false;
+  }
+  if (!makers_.emplace(type, std::move(make)).second) {
+    *error = "layer type '" + type + "' is registered already";
+    return false;
+  }
+  return true;
+}
+
+std::vector<std::string> layer_registry::types() const {
+  std::vector<std::string> names;
+  for (const auto& [name, make] : makers_) names.push_back(name);
+  return names;
+}
+
+std::unique_ptr<layer> layer_registry::create(const json& settings, std::string* error) const {
+  if (!settings.is_object()) {
+    *error = "a layer is a JSON object such as {\"type\": \"dense\", \"units\": 10}";
+    return nullptr;
+  }
+  auto t = settings.find("type");
+  if (t == settings.end() || !t->is_string()) {
+    *error = "a layer has no \"type\"";
+    return nullptr;
+  }
+  const std::string& type = t->get_ref<const std::string&>();
+  auto it = makers_.find(type);
+  if (it == makers_.end()) {
+    std::string known;
+    for (const std::string& n : types()) known += (known.empty() ? "" : ", ") + n;
+    *error = "unknown layer type '" + type.substr(0, 64) + "' (known: " + known + ")";
+    return nullptr;
+  }
+  std::string why;
+  std::unique_ptr<layer> l;
+  try {  // a user's factory may throw; a bad description must not take the process down
+    l = it->second(settings, &why);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (!l) *error = type + ": " + (why.empty() ? "could not be created" : why);
+  return l;
+}
+
+const json* settings_reader::find(const char* key, bool required) {
+  auto it = s_.find(key);
+  if (it == s_.end()) {
+    if (required) fail(std::string("'") + key + "' is required");
+    return nullptr;
+  }
+  return &*it;
+}
+
+namespace {
+// An integer JSON value in [lo, hi] (lo >= 0 or not: unsigned values above hi are refused before any
+// conversion could wrap).
+bool as_int(const json& e, int lo, int hi, int* out) {
+  if (e.is_number_unsigned()) {
+    const unsigned long long x = e.get<unsigned long long>();
+    if (x > (unsigned long long)(hi < 0 ? 0 : hi) || (long long)x < lo) return false;
+    *out = int(x);
+    return true;
+  }
+  if (!e.is_number_integer()) return false;
+  const long long x = e.get<long long>();
+  if (x < lo || x > hi) return false;
+  *out = int(x);
+  return true;
+}
+}  // namespace
+
+settings_reader& settings_reader::integer(const char* key, int* out, int lo, int hi, bool required) {
+  const json* v = find(key, required);
+  if (!v || as_int(*v, lo, hi, out)) return *this;
+  fail(std::string("'") + key + "': expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
+       ", got " + v->dump().substr(0, 40));
+  return *this;
+}
+
+settings_reader& settings_reader::pair(const char* key, int* a, int* b, int lo, int hi, bool required) {
+  const json* v = find(key, required);
+  if (!v) return *this;
+  int x = 0, y = 0;
+  if (as_int(*v, lo, hi, &x)) {
+    *a = *b = x;
+    return *this;
+  }
+  if (v->is_array() && v->size() == 2 && as_int((*v)[0], lo, hi, &x) && as_int((*v)[1], lo, hi, &y)) {
+    *a = x, *b = y;
+    return *this;
+  }
+  fail(std::string("'") + key + "': expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
+       " or a pair of them, got " + v->dump().substr(0, 40));
+  return *this;
+}
+
+settings_reader& settings_reader::number(const char* key, float* out, double lo, double hi, bool required) {
+  const json* v = find(key, required);
+  if (!v) return *this;
+  if (v->is_number()) {
+    const double x = v->get<double>();
+    if (std::isfinite(x) && x >= lo && x <= hi) {
+      *out = float(x);
+      return *this;
+    }
+  }
+  fail(std::string("'") + key + "': expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+       "], got " + v->dump().substr(0, 40));
+  return *this;
+}
+
+settings_reader& settings_reader::word(const char* key, std::string* out, const std::vector<std::string>& allowed) {
+  const json* v = find(key, false);
+  if (!v) return *this;
+  if (v->is_string())
+    for (const std::string& w : allowed)
+      if (v->get_ref<const std::string&>() == w) {
+        *out = w;
+        return *this;
+      }
+  std::string list;
+  for (const std::string& w : allowed) list += (list.empty() ? "" : " or ") + ("\"" + w + "\"");
+  fail(std::string("'") + key + "': expected " + list + ", got " + v->dump().substr(0, 40));
+  return *this;
+}
+
+settings_reader& settings_reader::only(const std::vector<std::string>& keys) {
+  if (!s_.is_object()) return fail("settings are not a JSON object"), *this;
+  for (auto it = s_.begin(); it != s_.end(); ++it) {
+    if (it.key() == "type") continue;
+    bool known = false;
+    for (const std::string& k : keys) known = known || k == it.key();
+    if (!known) {
+      std::string list;
+      for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
+      fail("unknown setting '" + it.key().substr(0, 40) + "'" + (list.empty() ? " (it takes none)" : " (known: " + list + ")"));
+    }
+  }
+  return *this;
+}
+
+}  // namespace ringmaster

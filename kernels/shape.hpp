@@ -1,0 +1,21 @@
+// One sample's shape: channels, height, width. A flat feature vector of n values is (n, 1, 1).
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace ringmaster {
+
+struct shape {
+  int c = 1, h = 1, w = 1;
+  size_t size() const { return size_t(c) * size_t(h) * size_t(w); }
+  bool flat() const { return h == 1 && w == 1; }
+  bool operator==(const shape& o) const { return c == o.c && h == o.h && w == o.w; }
+  bool operator!=(const shape& o) const { return !(*this == o); }
+  // "(32, 26, 26)", or "(784)" when flat.
+  std::string str() const {
+    if (flat()) return "(" + std::to_string(c) + ")";
+    return "(" + std::to_string(c) + ", " + std::to_string(h) + ", " + std::to_string(w) + ")";
+  }
+};
+
+}  // namespace ringmaster
