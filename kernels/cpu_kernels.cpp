@@ -216,6 +216,22 @@ void col2im(float* dx, const float* col, const conv_geometry& g, int B) {
   }
 }
 
+namespace {
+// o = p, a = at + channel index: a window's first cell.
+void pool_take(float* __restrict o, int32_t* __restrict a, const float* __restrict p, int32_t at, int C) {
+  for (int ch = 0; ch < C; ++ch) o[ch] = p[ch], a[ch] = at + ch;
+}
+// Where p beats the maximum so far, it becomes the maximum: strict '>', so the first of equals stays.
+// Written as selects so the compiler vectorizes it (it was 14% of a CNN step as a branchy loop).
+void pool_merge(float* __restrict o, int32_t* __restrict a, const float* __restrict p, int32_t at, int C) {
+  for (int ch = 0; ch < C; ++ch) {
+    const bool more = p[ch] > o[ch];
+    o[ch] = more ? p[ch] : o[ch];
+    a[ch] = more ? at + ch : a[ch];
+  }
+}
+}  // namespace
+
 void maxpool_forward(float* out, int32_t* arg, const float* in, const conv_geometry& g, int B) {
   const size_t in_sample = size_t(g.H) * g.W * g.C;
   for (int b = 0; b < B; ++b) {
@@ -232,9 +248,8 @@ void maxpool_forward(float* out, int32_t* arg, const float* in, const conv_geome
             const int ix = ox * g.SW - g.PW + kw;
             if (ix < 0 || ix >= g.W) continue;
             const int32_t at = int32_t((size_t(iy) * g.W + ix) * g.C);
-            const float* p = img + at;
-            for (int ch = 0; ch < g.C; ++ch)
-              if (first || p[ch] > o[ch]) o[ch] = p[ch], a[ch] = at + ch;
+            if (first) pool_take(o, a, img + at, at, g.C);
+            else pool_merge(o, a, img + at, at, g.C);
             first = false;
           }
         }

@@ -20,11 +20,15 @@ std::string fail(std::string* error, const std::string& why) {
 
 // ---- dense ----------------------------------------------------------------------------------------
 
+// A fused ReLU (Keras's activation="relu") saves the activation's own pass and buffer: forward adds the
+// bias and clamps in one pass; backward masks dy into the workspace first.
+const char* activation_name(bool relu) { return relu ? "relu" : "linear"; }
+
 class dense_layer final : public layer {
  public:
-  explicit dense_layer(int units) : units_(units) {}
+  dense_layer(int units, bool relu) : units_(units), relu_(relu) {}
   std::string type() const override { return "dense"; }
-  json config() const override { return {{"units", units_}}; }
+  json config() const override { return {{"units", units_}, {"activation", activation_name(relu_)}}; }
   bool build(const shape& in, shape* out, std::vector<param_info>* params, std::string* error) override {
     if (in.size() > size_t(max_width)) return fail(error, "input of " + std::to_string(in.size()) + " values is too wide"), false;
     *out = shape{units_, 1, 1};
@@ -32,15 +36,21 @@ class dense_layer final : public layer {
     params->push_back({"bias", {size_t(units_)}, param_init::zeros, 0, 0});
     return true;
   }
+  size_t workspace(const shape&, const shape& out, int batch) const override { return relu_ ? size_t(batch) * out.size() : 0; }
   void forward(const layer_io& io) const override {
-    io.be.dense_forward(io.y, io.x, io.params[0], io.params[1], io.batch, int(io.in.size()), units_, false);
+    io.be.dense_forward(io.y, io.x, io.params[0], io.params[1], io.batch, int(io.in.size()), units_, relu_);
   }
   void backward(const layer_io& io, const float* dy, float* dx) const override {
+    if (relu_) {
+      io.be.relu_backward(io.work, dy, io.y, size_t(io.batch) * units_);
+      dy = io.work;
+    }
     io.be.dense_backward(dx, io.grads[0], io.grads[1], dy, io.x, io.params[0], io.batch, int(io.in.size()), units_);
   }
 
  private:
   int units_;
+  bool relu_;
 };
 
 // ---- conv2d: im2col, then the dense kernels over (B*OH*OW) patch rows --------------------------------
@@ -61,11 +71,12 @@ bool axis(int in, int k, int s, bool same, int* out, int* pad) {
 
 class conv2d_layer final : public layer {
  public:
-  conv2d_layer(int filters, int kh, int kw, int sh, int sw, bool same)
-      : filters_(filters), kh_(kh), kw_(kw), sh_(sh), sw_(sw), same_(same) {}
+  conv2d_layer(int filters, int kh, int kw, int sh, int sw, bool same, bool relu)
+      : filters_(filters), kh_(kh), kw_(kw), sh_(sh), sw_(sw), same_(same), relu_(relu) {}
   std::string type() const override { return "conv2d"; }
   json config() const override {
-    return {{"filters", filters_}, {"kernel", {kh_, kw_}}, {"stride", {sh_, sw_}}, {"padding", same_ ? "same" : "valid"}};
+    return {{"filters", filters_}, {"kernel", {kh_, kw_}}, {"stride", {sh_, sw_}}, {"padding", same_ ? "same" : "valid"},
+            {"activation", activation_name(relu_)}};
   }
   bool build(const shape& in, shape* out, std::vector<param_info>* params, std::string* error) override {
     conv_geometry g = geometry(in);
@@ -81,9 +92,10 @@ class conv2d_layer final : public layer {
     params->push_back({"bias", {size_t(filters_)}, param_init::zeros, 0, 0});
     return true;
   }
+  // Patches and their gradient (none for a 1x1 kernel), then the masked dy of a fused ReLU.
   size_t workspace(const shape& in, const shape& out, int batch) const override {
-    if (pointwise(in, out)) return 0;
-    return 2 * size_t(batch) * out.h * out.w * geometry(in).patch();  // patches, and their gradient
+    const size_t cols = pointwise(in, out) ? 0 : 2 * size_t(batch) * out.h * out.w * geometry(in).patch();
+    return cols + (relu_ ? size_t(batch) * out.size() : 0);
   }
   void forward(const layer_io& io) const override {
     const conv_geometry g = full(io);
@@ -92,10 +104,15 @@ class conv2d_layer final : public layer {
       io.be.im2col(io.work, io.x, g, io.batch);
       col = io.work;
     }
-    io.be.dense_forward(io.y, col, io.params[0], io.params[1], rows(io), int(g.patch()), filters_, false);
+    io.be.dense_forward(io.y, col, io.params[0], io.params[1], rows(io), int(g.patch()), filters_, relu_);
   }
   void backward(const layer_io& io, const float* dy, float* dx) const override {
     const conv_geometry g = full(io);
+    if (relu_) {
+      float* masked = io.work + (pointwise(io.in, io.out) ? 0 : 2 * size_t(rows(io)) * g.patch());
+      io.be.relu_backward(masked, dy, io.y, size_t(io.batch) * io.out.size());
+      dy = masked;
+    }
     if (pointwise(io.in, io.out)) {
       io.be.dense_backward(dx, io.grads[0], io.grads[1], dy, io.x, io.params[0], rows(io), int(g.patch()), filters_);
       return;
@@ -121,7 +138,7 @@ class conv2d_layer final : public layer {
   bool pointwise(const shape& in, const shape& out) const { return kh_ == 1 && kw_ == 1 && in.h == out.h && in.w == out.w; }
   int rows(const layer_io& io) const { return io.batch * io.out.h * io.out.w; }
   int filters_, kh_, kw_, sh_, sw_;
-  bool same_;
+  bool same_, relu_;
 };
 
 // ---- max_pool2d ------------------------------------------------------------------------------------
@@ -230,21 +247,24 @@ layer_registry layer_registry::with_builtins() {
   std::string error;
   reg.add("dense", [](const json& s, std::string* error) -> std::unique_ptr<layer> {
     int units = 0;
+    std::string activation = "linear";
     settings_reader r(s);
-    if (!r.only({"units"}).integer("units", &units, 1, max_width, true).ok()) return *error = r.error(), nullptr;
-    return std::make_unique<dense_layer>(units);
+    r.only({"units", "activation"}).integer("units", &units, 1, max_width, true).word("activation", &activation, {"linear", "relu"});
+    if (!r.ok()) return *error = r.error(), nullptr;
+    return std::make_unique<dense_layer>(units, activation == "relu");
   }, &error);
   reg.add("conv2d", [](const json& s, std::string* error) -> std::unique_ptr<layer> {
     int filters = 0, kh = 0, kw = 0, sh = 1, sw = 1;
-    std::string padding = "valid";
+    std::string padding = "valid", activation = "linear";
     settings_reader r(s);
-    r.only({"filters", "kernel", "stride", "padding"})
+    r.only({"filters", "kernel", "stride", "padding", "activation"})
+        .word("activation", &activation, {"linear", "relu"})
         .integer("filters", &filters, 1, 65536, true)
         .pair("kernel", &kh, &kw, 1, max_window, true)
         .pair("stride", &sh, &sw, 1, max_window)
         .word("padding", &padding, {"valid", "same"});
     if (!r.ok()) return *error = r.error(), nullptr;
-    return std::make_unique<conv2d_layer>(filters, kh, kw, sh, sw, padding == "same");
+    return std::make_unique<conv2d_layer>(filters, kh, kw, sh, sw, padding == "same", activation == "relu");
   }, &error);
   reg.add("max_pool2d", [](const json& s, std::string* error) -> std::unique_ptr<layer> {
     int kh = 0, kw = 0, sh = 0, sw = 0;
@@ -267,9 +287,12 @@ layer_registry layer_registry::with_builtins() {
 
 namespace layers {
 
-json dense(int units) { return {{"type", "dense"}, {"units", units}}; }
-json conv2d(int filters, int kernel, int stride, const std::string& padding) {
-  return {{"type", "conv2d"}, {"filters", filters}, {"kernel", kernel}, {"stride", stride}, {"padding", padding}};
+json dense(int units, const std::string& activation) {
+  return {{"type", "dense"}, {"units", units}, {"activation", activation}};
+}
+json conv2d(int filters, int kernel, int stride, const std::string& padding, const std::string& activation) {
+  return {{"type", "conv2d"}, {"filters", filters}, {"kernel", kernel}, {"stride", stride}, {"padding", padding},
+          {"activation", activation}};
 }
 json max_pool2d(int size, int stride) {
   return {{"type", "max_pool2d"}, {"size", size}, {"stride", stride ? stride : size}};

@@ -57,8 +57,8 @@ bool parse_mlp(const std::string& text, model_desc* out, std::string* error) {
   }
   out->input_width = dims[0];
   for (size_t l = 1; l < dims.size(); ++l) {
-    out->layers.push_back(layers::dense(dims[l]));
-    if (l + 1 < dims.size()) out->layers.push_back(layers::relu());
+    // Hidden layers with a fused ReLU: the same arithmetic as the MLP always had.
+    out->layers.push_back(layers::dense(dims[l], l + 1 < dims.size() ? "relu" : "linear"));
   }
   return true;
 }
@@ -89,8 +89,9 @@ bool parse_model_desc(const std::string& text, model_desc* out, std::string* err
   *out = model_desc{};
   if (text == "cnn") {
     using namespace layers;
-    out->layers = {conv2d(32, 3), relu(), max_pool2d(2), conv2d(64, 3), relu(), max_pool2d(2), flatten(),
-                   dropout(0.5),  dense(10)};
+    // As Keras writes it: Conv2D(32, 3, activation="relu"), MaxPooling2D(2), ..., Dropout(0.5), Dense(10).
+    out->layers = {conv2d(32, 3, 1, "valid", "relu"), max_pool2d(2), conv2d(64, 3, 1, "valid", "relu"), max_pool2d(2),
+                   flatten(), dropout(0.5), dense(10)};
     return true;
   }
   const size_t first = text.find_first_not_of(" \t\r\n");

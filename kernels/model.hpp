@@ -3,7 +3,7 @@
 //
 // Descriptions (parse_model_desc):
 //   "784-512-512-10"   an MLP: Dense layers with ReLU between them (input width first)
-//   "cnn"              the Keras "simple MNIST convnet": conv 32 3x3, relu, maxpool 2, conv 64 3x3, relu,
+//   "cnn"              the Keras "simple MNIST convnet": conv 32 3x3 relu, maxpool 2, conv 64 3x3 relu,
 //                      maxpool 2, flatten, dropout 0.5, dense 10
 //   JSON               {"input": [C, H, W], "layers": [{"type": "conv2d", "filters": 32, "kernel": 3}, ...]}
 //                      ("input" optional; a bare array of layers also works), e.g. sequential{...}.text()
