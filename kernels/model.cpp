@@ -193,7 +193,7 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
     canonical["layers"].push_back(l);
   }
   m->text_ = canonical.dump();
-  m->label_ = d.input_width ? text : text == "cnn" ? "cnn" : "model (" + std::to_string(m->layers_.size()) + " layers)";
+  m->label_ = d.input_width ? text : text == "cnn" ? "cnn" : "JSON, " + std::to_string(m->layers_.size()) + " layers";
   return m;
 }
 

@@ -78,7 +78,7 @@ class model {
   size_t param_count() const { return param_count_; }
   // The canonical description (JSON, with the input shape): what travels to nodes.
   const std::string& description() const { return text_; }
-  // A short name for logs: "784-512-512-10" for MLPs given that way, else "cnn" or "model (N layers)".
+  // A short name for logs: "784-512-512-10" for MLPs given that way, else "cnn" or "JSON, N layers".
   const std::string& label() const { return label_; }
   // Keras-like table: layer, output shape, parameters.
   std::string summary() const;
