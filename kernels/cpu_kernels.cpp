@@ -199,20 +199,32 @@ void im2col(float* col, const float* x, const conv_geometry& g, int B) {
 
 void col2im(float* dx, const float* col, const conv_geometry& g, int B) {
   std::memset(dx, 0, size_t(B) * g.H * g.W * g.C * sizeof(float));
+  const size_t rowlen = size_t(g.KW) * g.C;
   const float* c = col;
   for (int b = 0; b < B; ++b) {
     float* img = dx + size_t(b) * g.H * g.W * g.C;
     for (int oy = 0; oy < g.OH; ++oy)
-      for (int ox = 0; ox < g.OW; ++ox)
-        for (int kh = 0; kh < g.KH; ++kh) {
+      for (int ox = 0; ox < g.OW; ++ox) {
+        const int x0 = ox * g.SW - g.PW;
+        const bool inside_x = x0 >= 0 && x0 + g.KW <= g.W;
+        for (int kh = 0; kh < g.KH; ++kh, c += rowlen) {
           const int iy = oy * g.SH - g.PH + kh;
-          for (int kw = 0; kw < g.KW; ++kw, c += g.C) {
-            const int ix = ox * g.SW - g.PW + kw;
-            if (iy < 0 || iy >= g.H || ix < 0 || ix >= g.W) continue;
-            float* __restrict d = img + (size_t(iy) * g.W + ix) * g.C;
-            for (int ch = 0; ch < g.C; ++ch) d[ch] += c[ch];
+          if (iy < 0 || iy >= g.H) continue;
+          float* __restrict row = img + size_t(iy) * g.W * g.C;
+          if (inside_x) {  // one contiguous run of KW*C floats, as im2col copied it
+            float* __restrict d = row + size_t(x0) * g.C;
+            for (size_t i = 0; i < rowlen; ++i) d[i] += c[i];
+            continue;
+          }
+          for (int kw = 0; kw < g.KW; ++kw) {
+            const int ix = x0 + kw;
+            if (ix < 0 || ix >= g.W) continue;
+            float* __restrict d = row + size_t(ix) * g.C;
+            const float* s = c + size_t(kw) * g.C;
+            for (int ch = 0; ch < g.C; ++ch) d[ch] += s[ch];
           }
         }
+      }
   }
 }
 
