@@ -53,6 +53,7 @@ caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
   auto st = std::make_shared<reducer_state>();
   st->rank = rank;
   st->size = size;
+  self->set_exception_handler(error_from_exception("reducer " + std::to_string(rank)));
 
   // Reduce-scatter chunks change after they are sent, so they go as copies. All-gather chunks hold final
   // sums that stay put until the all-reduce ends, so a neighbour in this process reads them straight

@@ -121,6 +121,9 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
 
   // try_step holds itself; break that cycle when the actor ends so its state (and device memory) is freed.
   self->attach_functor([try_step] { *try_step = nullptr; });
+  // A layer or backend that throws (a user layer, a CUDA error) ends this replica, and so the job, with
+  // its message rather than a bare error code.
+  self->set_exception_handler(error_from_exception("replica " + std::to_string(st->cfg.rank) + " on " + st->cfg.device));
 
   return {
       [self, st](run_atom, caf::actor loader, caf::actor reducer, caf::actor coordinator) {

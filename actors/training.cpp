@@ -108,6 +108,7 @@ std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, caf::actor
 
 train_result train(const train_config& cfg) {
   train_result failed;
+  failed.invalid = true;  // until the job starts, a failure is the configuration's
   auto m = build_model(cfg, &failed.error);
   if (!m) return failed;
   if (failed.error = check_config(cfg, *m); !failed.error.empty()) return failed;

@@ -57,21 +57,30 @@ void use_one_blas_thread() {}
 
 // The forward pass must be batch-invariant: a sample's activations must not depend on how many other
 // samples share its GEMM, or N replicas (B/N rows each) and one replica (B rows) round differently, a
-// ReLU near zero flips, and the runs drift apart. Eigen's GEMM gives each row the same bits for any
-// batch >= 4 (measured); OpenBLAS switches to its small-matrix kernel below some M*N*K (e.g. 12x784x64)
-// and rounds differently there, so the forward stays on Eigen.
-// Below 4 rows Eigen takes other paths (a matrix-vector product for one row), so such batches are
-// padded to 4 rows: a sample alone, in a batch of 3 or of 64 gets the same bits.
+// ReLU near zero flips, and the runs drift apart. Eigen's GEMM gives every whole block of 4 rows the same
+// bits whatever the batch (the rest is padded, below); OpenBLAS switches to its small-matrix kernel below
+// some M*N*K (e.g. 12x784x64) and rounds differently there, so the forward stays on Eigen.
+// Eigen computes a row-major product in blocks of 4 rows; the last M % 4 rows take another path, and a
+// product with rows + IN + OUT < 20 is computed coefficient by coefficient. Either rounds differently.
+// So whole blocks of 4 are computed in place and the rest (or a call too small) goes through a padded
+// copy of at least 4 and at least 20 - IN - OUT rows: a sample's bits then never depend on the batch.
 namespace {
-constexpr int min_invariant_rows = 4;
+constexpr int row_block = 4, coeff_threshold = 20;
 
 template <class F>
 void padded(float* out, const float* in, int B, int IN, int OUT, F&& f) {
-  if (B >= min_invariant_rows || B <= 0) return f(out, in, B);
-  std::vector<float> x(size_t(min_invariant_rows) * IN, 0.0f), y(size_t(min_invariant_rows) * OUT);
-  std::copy(in, in + size_t(B) * IN, x.begin());
-  f(y.data(), x.data(), min_invariant_rows);
-  std::copy(y.begin(), y.begin() + ptrdiff_t(size_t(B) * OUT), out);
+  if (B <= 0) return;
+  int direct = B / row_block * row_block;
+  if (direct + IN + OUT < coeff_threshold) direct = 0;
+  if (direct) f(out, in, direct);
+  const int rest = B - direct;
+  if (!rest) return;
+  int rows = std::max(row_block, coeff_threshold - IN - OUT);
+  rows = (std::max(rows, rest) + row_block - 1) / row_block * row_block;
+  std::vector<float> x(size_t(rows) * IN, 0.0f), y(size_t(rows) * OUT);
+  std::copy(in + size_t(direct) * IN, in + size_t(B) * IN, x.begin());
+  f(y.data(), x.data(), rows);
+  std::copy(y.begin(), y.begin() + ptrdiff_t(size_t(rest) * OUT), out + size_t(direct) * OUT);
 }
 }  // namespace
 

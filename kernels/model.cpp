@@ -182,7 +182,8 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
   }
   m->output_ = cur;
   if (cur.size() < 2) {
-    *error = "the last layer gives " + std::to_string(cur.size()) + " output(s); the loss needs at least 2 classes";
+    *error = "layer " + std::to_string(m->layers_.size() - 1) + " (" + m->layers_.back().name + "), the last, gives " +
+             std::to_string(cur.size()) + " output(s); the loss needs at least 2 classes";
     return nullptr;
   }
   json canonical = {{"input", {input.c, input.h, input.w}}, {"layers", json::array()}};
