@@ -214,3 +214,69 @@ TEST_CASE("loaders cut disjoint equal shards of each global batch, with bounded 
     }
   }
 }
+
+TEST_CASE("make_dataset wraps arrays of any sample shape, checking sizes and labels", "[data]") {
+  dataset d;
+  std::string err;
+  std::vector<float> f(2 * 3 * 4 * 5);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = float(i);
+  REQUIRE(make_dataset(shape{3, 4, 5}, f, {0, 2}, 3, &d, &err));
+  CHECK(d.count == 2);
+  CHECK(d.channels == 3);
+  CHECK(d.rows == 4);
+  CHECK(d.cols == 5);
+  CHECK(d.features() == 60);
+  CHECK(d.sample() == shape{3, 4, 5});
+  CHECK(d.pixels == f);
+  CHECK(d.labels == std::vector<int32_t>{0, 2});
+  // Flat features are (n, 1, 1).
+  REQUIRE(make_dataset(shape{7, 1, 1}, std::vector<float>(14, 1.0f), {1, 0}, 2, &d, &err));
+  CHECK(d.features() == 7);
+  CHECK(d.sample().flat());
+
+  dataset bad;
+  CHECK_FALSE(make_dataset(shape{3, 4, 5}, std::vector<float>(119), {0, 1}, 3, &bad, &err));
+  CHECK(err.find("119 feature values for 2 labels of samples (3, 4, 5) (expected 120)") != std::string::npos);
+  CHECK_FALSE(make_dataset(shape{3, 4, 5}, f, {0, 3}, 3, &bad, &err));
+  CHECK(err.find("label 3 of sample 1 is not in 0..2") != std::string::npos);
+  CHECK_FALSE(make_dataset(shape{3, 4, 5}, f, {-1, 0}, 3, &bad, &err));
+  CHECK(err.find("label -1 of sample 0") != std::string::npos);
+  CHECK_FALSE(make_dataset(shape{3, 4, 5}, {}, {}, 3, &bad, &err));
+  CHECK_FALSE(make_dataset(shape{0, 4, 5}, {}, {0}, 3, &bad, &err));
+  CHECK(err.find("bad sample shape") != std::string::npos);
+  CHECK_FALSE(make_dataset(shape{1 << 14, 1 << 14, 1}, {}, {0}, 3, &bad, &err));  // 2^28 values a sample
+  CHECK(err.find("bad sample shape") != std::string::npos);
+  CHECK(bad.count == 0);  // untouched on failure
+}
+
+TEST_CASE("loaders hand out whole multi-channel samples in NCHW order", "[data][actors]") {
+  auto ds = std::make_shared<dataset>();
+  std::vector<float> f;
+  std::vector<int32_t> labels;
+  const size_t n = 9, per = 2 * 1 * 3;  // 9 samples of (2, 1, 3): 2 steps of 4, one sample dropped
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < per; ++k) f.push_back(float(i * 10 + k));
+    labels.push_back(int32_t(i % 3));
+  }
+  std::string err;
+  REQUIRE(make_dataset(shape{2, 1, 3}, f, labels, 3, ds.get(), &err));
+  caf::actor_system_config cfg;
+  cfg.set("logger.console", caf::atom("none"));
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto loader = sys.spawn(data_loader, loader_config{ds, 0, 1, 4, 8, 1, 2});
+  self->send(loader, run_atom::value, caf::actor_cast<caf::actor>(self));
+  const auto perm = epoch_permutation(n, 8, 0);
+  for (int step = 0; step < 2; ++step)
+    self->receive(
+        [&](batch_atom, batch_ptr b) {
+          REQUIRE(b->size == 4);
+          REQUIRE(b->x.size() == 4 * per);
+          for (int s = 0; s < 4; ++s) {
+            const uint32_t i = perm[size_t(b->step) * 4 + size_t(s)];
+            for (size_t k = 0; k < per; ++k) CHECK(b->x[s * per + k] == float(i * 10 + k));
+            CHECK(b->y[s] == int32_t(i % 3));
+          }
+        },
+        caf::after(std::chrono::seconds(5)) >> [] { FAIL("loader stalled"); });
+}

@@ -65,6 +65,27 @@ TEST_CASE("replicas on (simulated) devices sum on their devices and train exactl
   }
 }
 
+TEST_CASE("the cnn with dropout on simulated devices equals CPU replicas bit for bit", "[devices]") {
+  train_config cpu = job(2);
+  cpu.model = "cnn";
+  cpu.train = load("train", 240);  // 10 steps: conv, pooling and dropout kernels on the devices
+  train_result ref = train(cpu);
+  INFO(ref.error);
+  REQUIRE(ref.ok);
+  auto reg = std::make_shared<test::sim_devices>();
+  train_config sim = cpu;
+  sim.make_backend = test::sim_factory(reg);
+  sim.devices = {"sim:0", "sim:1"};
+  train_result r = train(sim);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  CHECK(r.checksums == ref.checksums);
+  CHECK(r.weights == ref.weights);
+  CHECK(r.history[0].val_accuracy == ref.history[0].val_accuracy);
+  CHECK(reg->foreign_copies >= 10);  // gradients were summed on the devices
+}
+
 TEST_CASE("a job mixing CPU and device replicas is refused before it starts", "[devices]") {
   train_result r = train(sim_job(std::make_shared<test::sim_devices>(), {"cpu", "sim:0"}));
   CHECK_FALSE(r.ok);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/counter_rng.hpp"
 #include "kernels/cpu_kernels.hpp"
 #include "kernels/model.hpp"
 
@@ -23,21 +24,24 @@ std::vector<float> randv(size_t n, std::mt19937& rng, float lo = -1, float hi = 
 double rel_err(double a, double b) { return std::abs(a - b) / std::max(1e-2, std::max(std::abs(a), std::abs(b))); }
 
 // Reference loss of the whole MLP in double precision: mean over the batch of softmax cross-entropy.
-double ref_loss(const model_spec& s, const std::vector<double>& p, const std::vector<float>& x,
+// The model's parameters are (kernel (IN, OUT), bias (OUT)) per dense layer, ReLU after all but the last.
+double ref_loss(const model& s, const std::vector<double>& p, const std::vector<float>& x,
                 const std::vector<int32_t>& y, int B) {
   std::vector<double> a(x.begin(), x.end());
-  for (size_t l = 0; l < s.layers(); ++l) {
-    const int IN = s.dims[l], OUT = s.dims[l + 1];
+  const size_t layers = s.params().size() / 2;
+  for (size_t l = 0; l < layers; ++l) {
+    const param_entry &w = s.params()[2 * l], &b = s.params()[2 * l + 1];
+    const int IN = int(w.dims[0]), OUT = int(w.dims[1]);
     std::vector<double> o(size_t(B) * OUT);
     for (int i = 0; i < B; ++i)
       for (int j = 0; j < OUT; ++j) {
-        double acc = p[s.bias_offset(l) + j];
-        for (int k = 0; k < IN; ++k) acc += a[size_t(i) * IN + k] * p[s.weight_offset(l) + size_t(k) * OUT + j];
-        o[size_t(i) * OUT + j] = (l + 1 < s.layers()) ? std::max(0.0, acc) : acc;
+        double acc = p[b.offset + j];
+        for (int k = 0; k < IN; ++k) acc += a[size_t(i) * IN + k] * p[w.offset + size_t(k) * OUT + j];
+        o[size_t(i) * OUT + j] = (l + 1 < layers) ? std::max(0.0, acc) : acc;
       }
     a = o;
   }
-  const int C = s.dims.back();
+  const int C = s.classes();
   double loss = 0;
   for (int i = 0; i < B; ++i) {
     double m = -1e300, sum = 0;
@@ -157,19 +161,21 @@ TEST_CASE("softmax cross-entropy: loss, gradient, accuracy, stability", "[kernel
 }
 
 TEST_CASE("whole MLP gradient matches finite differences of a double reference", "[kernels]") {
-  model_spec s;
   std::string err;
-  REQUIRE(parse_model_spec("6-5-4-3", &s, &err));
+  auto sp = build_model("6-5-4-3", shape{6, 1, 1}, &err);
+  REQUIRE(sp);
+  const model& s = *sp;
+  REQUIRE(s.params().size() == 6);
   std::mt19937 rng(4);
   const int B = 4;
   auto x = randv(size_t(B) * 6, rng);
   std::vector<int32_t> y = {0, 2, 1, 2};
   auto be = make_cpu_backend();
-  mlp m(*be, s, B, {});
+  network m(*be, sp, B, {});
   std::vector<float> p = init_params(s, 7);
   for (auto& v : p) v += 0.05f;  // nonzero biases
   m.set_params(p.data());
-  batch_metrics bm = m.forward_backward(x.data(), y.data(), B, 1.0f / B);
+  batch_metrics bm = m.forward_backward(x.data(), y.data(), B, 1.0f / B, sample_key{});
   std::vector<double> pd(p.begin(), p.end());
   CHECK(bm.loss_sum / B == Approx(ref_loss(s, pd, x, y, B)).epsilon(1e-5));
   const double h = 1e-6;
@@ -226,17 +232,19 @@ TEST_CASE("Adam and SGD follow the Keras update rules", "[kernels]") {
 }
 
 TEST_CASE("model specs parse and Glorot init is bounded and deterministic", "[kernels]") {
-  model_spec s;
   std::string err;
-  REQUIRE(parse_model_spec("784-512-512-10", &s, &err));
-  CHECK(s.param_count() == size_t(784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10));
-  CHECK(s.str() == "784-512-512-10");
+  auto big = build_model("784-512-512-10", shape{784, 1, 1}, &err);
+  REQUIRE(big);
+  CHECK(big->param_count() == size_t(784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10));
+  CHECK(big->label() == "784-512-512-10");
   for (const char* bad : {"", "784", "784--10", "784-x-10", "784-0-10", "784-10-1", "-784-10"}) {
     INFO(bad);
-    CHECK_FALSE(parse_model_spec(bad, &s, &err));
+    CHECK_FALSE(build_model(bad, shape{784, 1, 1}, &err));
     CHECK(err.find("model spec") != std::string::npos);
   }
-  REQUIRE(parse_model_spec("100-50-10", &s, &err));
+  auto sp = build_model("100-50-10", shape{100, 1, 1}, &err);
+  REQUIRE(sp);
+  const model& s = *sp;
   auto a = init_params(s, 1), b = init_params(s, 1), c = init_params(s, 2);
   CHECK(a == b);
   CHECK(a != c);
@@ -249,7 +257,55 @@ TEST_CASE("model specs parse and Glorot init is bounded and deterministic", "[ke
   }
   CHECK(std::abs(sum / 5000) < 0.01);
   CHECK(sq / 5000 == Approx(limit0 * limit0 / 3).epsilon(0.05));  // variance of U(-l, l)
-  for (int j = 0; j < 50; ++j) CHECK(a[s.bias_offset(0) + j] == 0.0f);
+  REQUIRE(s.params()[1].name == "dense_0/bias");
+  for (int j = 0; j < 50; ++j) CHECK(a[s.params()[1].offset + j] == 0.0f);
+}
+
+namespace {
+
+// The MLP's weights as the MLP-only code drew them: one mt19937_64 stream, each layer's kernel (IN, OUT)
+// row-major from 24 random bits scaled to the Glorot limit, then the layer's zero bias (no draws).
+std::vector<float> old_mlp_init(const std::vector<int>& dims, uint64_t seed) {
+  std::vector<float> p;
+  std::mt19937_64 rng(seed);
+  for (size_t l = 0; l + 1 < dims.size(); ++l) {
+    const double limit = std::sqrt(6.0 / double(dims[l] + dims[l + 1]));
+    for (size_t i = 0; i < size_t(dims[l]) * dims[l + 1]; ++i) {
+      const double u = double(rng() >> 40) * (1.0 / 16777216.0);
+      p.push_back(float((2.0 * u - 1.0) * limit));
+    }
+    p.insert(p.end(), size_t(dims[l + 1]), 0.0f);
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("MLP descriptions keep the old layout and initial weights bit for bit", "[kernels]") {
+  std::string err;
+  for (const auto& dims : {std::vector<int>{784, 512, 512, 10}, std::vector<int>{784, 64, 32, 10}, std::vector<int>{6, 5, 4, 3}}) {
+    std::string text;
+    for (int d : dims) text += (text.empty() ? "" : "-") + std::to_string(d);
+    INFO(text);
+    auto m = build_model(text, shape{dims[0], 1, 1}, &err);
+    REQUIRE(m);
+    REQUIRE(m->params().size() == 2 * (dims.size() - 1));
+    size_t offset = 0;
+    for (size_t l = 0; l + 1 < dims.size(); ++l) {
+      const param_entry &w = m->params()[2 * l], &b = m->params()[2 * l + 1];
+      CHECK(w.name == "dense_" + std::to_string(l) + "/kernel");
+      CHECK(w.dims == std::vector<size_t>{size_t(dims[l]), size_t(dims[l + 1])});
+      CHECK(w.offset == offset);
+      CHECK(b.name == "dense_" + std::to_string(l) + "/bias");
+      CHECK(b.offset == offset + w.count);
+      offset += w.count + b.count;
+    }
+    for (uint64_t seed : {1, 42}) CHECK(init_params(*m, seed) == old_mlp_init(dims, seed));
+  }
+  // 28x28 images of one channel are the same 784 features.
+  auto img = build_model("784-64-32-10", shape{1, 28, 28}, &err);
+  REQUIRE(img);
+  CHECK(init_params(*img, 42) == old_mlp_init({784, 64, 32, 10}, 42));
 }
 
 TEST_CASE("a backend's loss and hits accumulate until taken", "[kernels]") {
@@ -268,4 +324,81 @@ TEST_CASE("a backend's loss and hits accumulate until taken", "[kernels]") {
   be->take_metrics(&loss, &correct);  // zeroed by the first take
   CHECK(correct == 7);
   CHECK(loss == Approx(10.0 + 2 * (l1 + l2)).epsilon(1e-12));
+}
+
+TEST_CASE("im2col gathers patches with zero padding, col2im is its adjoint, nchw_to_nhwc transposes", "[kernels]") {
+  std::mt19937 rng(6);
+  conv_geometry g;
+  g.H = 5, g.W = 6, g.C = 3, g.KH = 2, g.KW = 3, g.SH = 2, g.SW = 1, g.PH = 1, g.PW = 1, g.OH = 3, g.OW = 6;
+  const int B = 2;
+  const size_t in_n = size_t(B) * g.H * g.W * g.C, col_n = size_t(B) * g.OH * g.OW * g.patch();
+  auto x = randv(in_n, rng), c = randv(col_n, rng);
+  std::vector<float> col(col_n, 99.f), dx(in_n, 99.f);
+  cpu::im2col(col.data(), x.data(), g, B);
+  size_t wrong = 0;
+  for (int b = 0; b < B; ++b)
+    for (int oy = 0; oy < g.OH; ++oy)
+      for (int ox = 0; ox < g.OW; ++ox)
+        for (int kh = 0; kh < g.KH; ++kh)
+          for (int kw = 0; kw < g.KW; ++kw)
+            for (int ch = 0; ch < g.C; ++ch) {
+              const int iy = oy * g.SH - g.PH + kh, ix = ox * g.SW - g.PW + kw;
+              const bool in = iy >= 0 && iy < g.H && ix >= 0 && ix < g.W;
+              const float want = in ? x[((size_t(b) * g.H + iy) * g.W + ix) * g.C + ch] : 0.0f;
+              wrong += col[((size_t(b) * g.OH + oy) * g.OW + ox) * g.patch() + (size_t(kh) * g.KW + kw) * g.C + ch] != want;
+            }
+  CHECK(wrong == 0);
+  // <im2col(x), c> == <x, col2im(c)>
+  cpu::col2im(dx.data(), c.data(), g, B);
+  double lhs = 0, rhs = 0;
+  for (size_t i = 0; i < col_n; ++i) lhs += double(col[i]) * c[i];
+  for (size_t i = 0; i < in_n; ++i) rhs += double(x[i]) * dx[i];
+  CHECK(lhs == Approx(rhs).epsilon(1e-5));
+
+  const int C = 3, H = 2, W = 4;
+  std::vector<float> nchw(size_t(B) * C * H * W), nhwc(nchw.size());
+  for (size_t i = 0; i < nchw.size(); ++i) nchw[i] = float(i);
+  cpu::nchw_to_nhwc(nhwc.data(), nchw.data(), B, C, H, W);
+  wrong = 0;
+  for (int b = 0; b < B; ++b)
+    for (int ch = 0; ch < C; ++ch)
+      for (int y = 0; y < H; ++y)
+        for (int xx = 0; xx < W; ++xx)
+          wrong += nhwc[((size_t(b) * H + y) * W + xx) * C + ch] != nchw[((size_t(b) * C + ch) * H + y) * W + xx];
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("max pooling: the first of equal maxima wins, overlapping windows add their gradients", "[kernels]") {
+  conv_geometry g;
+  g.H = 3, g.W = 3, g.C = 1, g.KH = 2, g.KW = 2, g.SH = 1, g.SW = 1, g.OH = 2, g.OW = 2;
+  const std::vector<float> x = {1, 5, 5,   //
+                                5, 2, 0,   //
+                                0, 0, -1};
+  std::vector<float> out(4);
+  std::vector<int32_t> arg(4);
+  cpu::maxpool_forward(out.data(), arg.data(), x.data(), g, 1);
+  CHECK(out == std::vector<float>{5, 5, 5, 2});
+  CHECK(arg == std::vector<int32_t>{1, 1, 3, 4});  // window (0,0): 5 at index 1 comes before 5 at index 3
+  std::vector<float> din(9, 99.f);
+  const std::vector<float> dout = {1, 2, 4, 8};
+  cpu::maxpool_backward(din.data(), dout.data(), arg.data(), g, 1);
+  CHECK(din == std::vector<float>{0, 3, 0, 4, 8, 0, 0, 0, 0});
+}
+
+TEST_CASE("dropout keeps by its key, scales the kept, and may work in place", "[kernels]") {
+  std::mt19937 rng(7);
+  const int B = 3;
+  const size_t n = 500;
+  auto x = randv(size_t(B) * n, rng);
+  std::vector<float> out(x.size()), inplace = x;
+  cpu::dropout(out.data(), x.data(), B, n, 0.3f, 77, 10);
+  cpu::dropout(inplace.data(), inplace.data(), B, n, 0.3f, 77, 10);
+  CHECK(out == inplace);
+  size_t wrong = 0;
+  for (int b = 0; b < B; ++b)
+    for (size_t e = 0; e < n; ++e) {
+      const bool keep = uniform01(77, 10 + b, e) >= 0.3f;
+      wrong += out[b * n + e] != (keep ? x[b * n + e] * (1.0f / 0.7f) : 0.0f);
+    }
+  CHECK(wrong == 0);
 }

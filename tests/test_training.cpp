@@ -2,8 +2,10 @@
 // failures end the job with a clear error instead of a hang.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <random>
 
 #include "actors/training.hpp"
+#include "kernels/layers.hpp"
 #include "tests/test_data.hpp"
 
 using namespace ringmaster;
@@ -58,7 +60,10 @@ TEST_CASE("N replicas at the same global batch train like one replica", "[traini
         reference = r.weights;
         ref_sum = r.checksums[0];
         // The weights moved: 50 steps did something.
-        CHECK(max_rel_diff(reference, init_params(model_spec{{784, 64, 32, 10}}, c.seed)) > 1e-2);
+        std::string err;
+        auto m = build_model(c, &err);
+        REQUIRE(m);
+        CHECK(max_rel_diff(reference, init_params(*m, c.seed)) > 1e-2);
       } else {
         // Summation order differs (one GEMM over the batch vs a ring sum of shard GEMMs), so weights
         // agree to float rounding, not bit for bit. Adam divides by sqrt(v), which turns the rounding of
@@ -135,5 +140,137 @@ TEST_CASE("bad configurations are refused before anything runs", "[training]") {
   c.model = "784-abc";
   CHECK(train(c).error.find("bad model spec") != std::string::npos);
   c.model = "784-9999999-9999999-10";  // 10^14 parameters: refused, not attempted
+  CHECK(train(c).error.find("over 2^30 values") != std::string::npos);
+  c.model = "784-400000-10";  // 3.1e8 parameters: a model, but over what a replica may hold
   CHECK(train(c).error.find("the limit is 2^28") != std::string::npos);
+}
+
+// ---- models made of layers ------------------------------------------------------------------------------
+
+TEST_CASE("N replicas train the cnn (with dropout) like one replica; reruns are bit-identical", "[training]") {
+  auto train_set = load("train", 240);  // 240 / 24 = 10 steps
+  for (auto kind : {optimizer_config::adam, optimizer_config::sgd}) {
+    std::vector<float> reference;
+    for (int n : {1, 2, 3, 4}) {
+      INFO("replicas " << n << (kind == optimizer_config::adam ? " adam" : " sgd"));
+      train_config c;
+      c.model = "cnn";
+      c.opt.kind = kind;
+      c.opt.lr = kind == optimizer_config::adam ? 1e-3f : 1e-2f;
+      c.replicas = n;
+      c.global_batch = 24;  // 24, 12, 8, 6 per replica
+      c.epochs = 1;
+      c.train = train_set;
+      c.evaluate = false;
+      train_result r = train(c);
+      INFO(r.error);
+      REQUIRE(r.ok);
+      CHECK(r.history[0].samples == 240);
+      CHECK(r.identical);
+      REQUIRE(r.checksums.size() == size_t(n));
+      if (n == 1) {
+        reference = r.weights;
+        std::string err;
+        auto m = build_model(c, &err);
+        REQUIRE(m);
+        CHECK(max_rel_diff(reference, init_params(*m, c.seed)) > 1e-2);
+      } else {
+        // Dropout masks follow the sample, not the replica, so every replica count drops the same
+        // activations; what differs is the summation order of the gradients (shard GEMMs, then a ring
+        // sum, against one GEMM over 24 rows), and while the CPU dense kernel is not batch-invariant for
+        // 6 rows, the forward of 4 replicas' last two samples too (see "every layer gives a sample the
+        // same bits ..." in test_layers.cpp). Measured after these 10 steps (AVX-512 host): max |a-b| /
+        // max |b| at most 6.3e-7 (Adam) and 1.1e-7 (SGD); the largest elementwise relative difference at
+        // most 4.4e-6 (Adam) and 1.6e-6 (SGD). The bounds are the MLP test's, 15x and more above that.
+        // Not more steps: at 20, Adam turned one rounding difference into a visible step (1.7e-5 and
+        // 1.4e-4 with 3 and 4 replicas), the drift DESIGN.md describes.
+        const double linf = linf_rel_diff(r.weights, reference), elem = max_rel_diff(r.weights, reference);
+        WARN("cnn, " << n << " replicas vs 1: max |a-b| / max |b| = " << linf << ", max elementwise relative = " << elem);
+        CHECK(linf <= 1e-5);
+        CHECK(elem <= 1e-4);
+      }
+      train_result again = train(c);
+      REQUIRE(again.ok);
+      CHECK(again.checksums == r.checksums);
+    }
+  }
+}
+
+namespace {
+
+// 3-channel 8x8 images of four classes: stripes (period 2, random phase) run horizontally or vertically,
+// in the red or in the blue channel; every pixel of every channel gets noise.
+std::shared_ptr<const dataset> stripes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> noise(0.0f, 0.3f);
+  const shape s{3, 8, 8};
+  std::vector<float> f(n * s.size());
+  std::vector<int32_t> labels(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int label = int(rng() % 4), channel = label / 2 ? 2 : 0, phase = int(rng() % 2);
+    const bool horizontal = label % 2;
+    labels[i] = label;
+    for (int c = 0; c < 3; ++c)
+      for (int y = 0; y < 8; ++y)
+        for (int x = 0; x < 8; ++x) {
+          const bool on = c == channel && ((horizontal ? y : x) + phase) % 2 == 0;
+          f[((i * 3 + c) * 8 + y) * 8 + x] = (on ? 1.0f : 0.0f) + noise(rng);
+        }
+  }
+  auto d = std::make_shared<dataset>();
+  std::string err;
+  REQUIRE(make_dataset(s, std::move(f), std::move(labels), 4, d.get(), &err));
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("a conv model learns 3-channel images held in memory", "[training]") {
+  using namespace layers;
+  train_config c;
+  c.model = sequential{conv2d(8, 3, 1, "same", "relu"), max_pool2d(2), flatten(), dropout(0.25), dense(4)}.text();
+  c.replicas = 2;
+  c.global_batch = 32;
+  c.epochs = 3;
+  c.opt.lr = 3e-3f;
+  c.train = stripes(640, 1);
+  c.test = stripes(256, 2);
+  train_result r = train(c);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  REQUIRE(r.history.size() == 3);
+  WARN("stripes: validation accuracy " << r.history[2].val_accuracy << " (chance 0.25)");
+  CHECK(r.history[2].val_accuracy > 0.8);
+  CHECK(r.history[2].loss < r.history[0].loss);
+  CHECK(r.model.find("\"input\":[3,8,8]") != std::string::npos);
+}
+
+TEST_CASE("bad model descriptions are refused by train() with the reason", "[training]") {
+  using namespace layers;
+  train_config c;
+  c.replicas = 2;
+  c.global_batch = 32;
+  c.epochs = 1;
+  c.train = stripes(64, 3);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {sequential{conv2d(0, 3), flatten(), dense(4)}.text(), "layer 0: conv2d: 'filters': expected an integer in 1..65536, got 0"},
+      {sequential{conv2d(4, 9), flatten(), dense(4)}.text(), "layer 0 (conv2d_0): a 9x9 kernel does not fit input (3, 8, 8)"},
+      {sequential{flatten(), custom("lstm", {{"units", 4}}), dense(4)}.text(), "layer 1: unknown layer type 'lstm'"},
+      {sequential{flatten(), dropout(1.0), dense(4)}.text(), "layer 1: dropout: 'rate'"},
+      {sequential{flatten(), dense(1)}.text(), "at least 2 classes"},
+      {R"({"layers": [{"type": "flatten"}, )", "not valid JSON"},
+      {R"({"input": [1, 28, 28], "layers": [{"type": "flatten"}, {"type": "dense", "units": 4}]})",
+       "model expects input (1, 28, 28) but the data's samples are (3, 8, 8)"},
+      {"784-10", "model input width 784 does not match the data's 192 features"},
+      {sequential{flatten(), dense(3)}.text(), "label 3 of sample"},  // 4 classes in the data, 3 outputs
+  };
+  for (const auto& [model, why] : cases) {
+    INFO(model);
+    c.model = model;
+    train_result r = train(c);
+    CHECK_FALSE(r.ok);
+    INFO(r.error);
+    CHECK(r.error.find(why) != std::string::npos);
+  }
 }
