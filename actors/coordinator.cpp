@@ -50,7 +50,11 @@ struct epoch_acc {
   double loss = 0;
   int64_t correct = 0, count = 0;
   int64_t steps_done = 0;
+  // step -> each rank's loss sum (NaN until it reports). A step's losses are added in rank order once
+  // all are in, so the epoch's loss has the same bits whatever order the reports arrived in.
+  std::map<int64_t, std::vector<double>> step_losses;
   std::map<int64_t, int> step_reports;  // step -> reports received (complete at N)
+  std::vector<double> val_losses;       // per rank, added in rank order when the epoch closes
   double val_loss = 0;
   int64_t val_correct = 0, val_count = 0;
   int evals = 0;
@@ -185,10 +189,14 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         st->result->compute += r.compute;
         st->result->wait_ring += r.wait_ring;
         st->result->update += r.update;
-        a.loss += r.loss_sum;
+        std::vector<double>& losses = a.step_losses[r.step];
+        losses.resize(size_t(st->cfg.replicas), 0.0);
+        if (r.rank >= 0 && r.rank < st->cfg.replicas) losses[size_t(r.rank)] = r.loss_sum;
         a.correct += r.correct;
         a.count += r.count;
         if (++a.step_reports[r.step] == st->cfg.replicas) {
+          for (double l : losses) a.loss += l;
+          a.step_losses.erase(r.step);
           a.step_reports.erase(r.step);
           ++a.steps_done;
           a.last_step = clock_type::now();
@@ -198,7 +206,10 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       },
       [st](const eval_report& r) {
         epoch_acc& a = st->epochs[r.epoch];
-        a.val_loss += r.loss_sum;
+        a.val_losses.resize(size_t(st->cfg.replicas), 0.0);
+        if (r.rank >= 0 && r.rank < st->cfg.replicas) a.val_losses[size_t(r.rank)] = r.loss_sum;
+        a.val_loss = 0;
+        for (double l : a.val_losses) a.val_loss += l;  // rank order, whatever the arrival order
         a.val_correct += r.correct;
         a.val_count += r.count;
         a.eval_seconds = std::max(a.eval_seconds, r.seconds);

@@ -247,6 +247,13 @@ int main(int argc, char** argv) {
                 c.model.size() > 40 ? "(JSON)" : c.model.c_str(), c.replicas, nodes.size(), c.global_batch, c.global_batch / c.replicas,
                 o.optimizer.c_str(), double(c.opt.lr));
     c.evaluate = !o.no_eval;
+    // The file is written here, from the layout of this program's layers: refuse now, not after training,
+    // a model whose layers only the nodes know (a daemon of your own with your layers, say).
+    const layer_registry builtins = layer_registry::with_builtins();
+    for (size_t i = 0; !o.save.empty() && i < mdesc.layers.size(); ++i)
+      if (!builtins.create(mdesc.layers[i], &error))
+        return usage_error("--save: layer " + std::to_string(i) + ": " + error +
+                           "; save from a launcher that registers the layer (see examples/custom_layer.cpp)");
     remote_options ro;
     ro.nodes = nodes;
     ro.replicas_per_node = o.replicas_per_node;

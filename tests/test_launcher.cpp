@@ -1,12 +1,23 @@
 // End to end through the real ringmaster-mnist binary.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kernels/backend.hpp"
+
+namespace ringmaster::test {
+// tests/test_nodes.cpp: ringmaster-node daemons on free loopback ports, until stopped (SIGTERM; true when
+// all exited 0).
+std::vector<std::string> start_node_daemons(int n, const std::string& devices);
+bool stop_node_daemons(const std::vector<std::string>& endpoints);
+}  // namespace ringmaster::test
 
 namespace {
 
@@ -39,6 +50,38 @@ double json_number(const std::string& j, const std::string& key) {
   return std::stod(j.substr(at + key.size() + 3));
 }
 
+// A safetensors file's JSON header (after its 8-byte little-endian length); checks the file's size is
+// the header's plus `floats` parameters.
+nlohmann::json safetensors_header(const std::string& path, size_t floats) {
+  const std::string s = slurp(path);
+  REQUIRE(s.size() > 8);
+  uint64_t hl = 0;
+  for (int i = 7; i >= 0; --i) hl = hl << 8 | (unsigned char)s[i];
+  CHECK(s.size() == 8 + hl + 4 * floats);
+  nlohmann::json h = nlohmann::json::parse(s.substr(8, std::min<size_t>(hl, s.size() - 8)), nullptr, false);
+  REQUIRE(h.is_object());
+  return h;
+}
+
+// "F32 [784,64]" for a tensor in a safetensors header, or "missing".
+std::string tensor(const nlohmann::json& h, const std::string& name) {
+  auto t = h.find(name);
+  if (t == h.end() || !t->is_object()) return "missing";
+  return t->value("dtype", std::string("?")) + " " + t->value("shape", nlohmann::json()).dump();
+}
+
+// Daemons for one test case, stopped at its end.
+struct daemons {
+  std::vector<std::string> endpoints;
+  explicit daemons(int n) : endpoints(ringmaster::test::start_node_daemons(n, "cpu:1")) {}
+  ~daemons() { ringmaster::test::stop_node_daemons(endpoints); }
+  std::string list() const {
+    std::string l;
+    for (const auto& e : endpoints) l += (l.empty() ? "" : ",") + e;
+    return l;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("launcher: one epoch on a subset writes a sane JSON report and safetensors", "[launcher]") {
@@ -64,12 +107,78 @@ TEST_CASE("launcher: one epoch on a subset writes a sane JSON report and safeten
   CHECK(j.find("\"weights_checksum\": \"fnv1a64:") != std::string::npos);
   CHECK(j.find("\"replicas_identical\": true") != std::string::npos);
   // safetensors: 8-byte header length, JSON header, 784*64+64+64*10+10 floats.
-  const std::string s = slurp(st);
-  REQUIRE(s.size() > 8);
-  uint64_t hl = 0;
-  for (int i = 7; i >= 0; --i) hl = hl << 8 | (unsigned char)s[i];
-  CHECK(s.size() == 8 + hl + 4 * (784 * 64 + 64 + 64 * 10 + 10));
-  CHECK(s.substr(8, hl).find("\"dense_0/kernel\":{\"dtype\":\"F32\",\"shape\":[784,64]") != std::string::npos);
+  const nlohmann::json h = safetensors_header(st, 784 * 64 + 64 + 64 * 10 + 10);
+  CHECK(tensor(h, "dense_0/kernel") == "F32 [784,64]");
+  CHECK(tensor(h, "dense_0/bias") == "F32 [64]");
+  CHECK(tensor(h, "dense_1/kernel") == "F32 [64,10]");
+  // The MLP form as before: named by its widths, no layer table.
+  CHECK(r.out.find("model 784-64-10,") != std::string::npos);
+  CHECK(r.out.find("Layer ") == std::string::npos);
+  CHECK(j.find("\"model\": \"784-64-10\"") != std::string::npos);
+}
+
+TEST_CASE("launcher: --model cnn trains one short epoch and writes its report and Keras-layout weights", "[launcher][cnn]") {
+  const std::string json = "/tmp/ringmaster-e2e-cnn.json", st = "/tmp/ringmaster-e2e-cnn.safetensors";
+  std::remove(json.c_str());
+  std::remove(st.c_str());
+  run_result r = run("--model cnn --replicas 2 --epochs 1 --batch 64 --limit-train 1024 --limit-test 256 "
+                     "--report-json " + json + " --save " + st);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("model cnn,") != std::string::npos);
+  CHECK(r.out.find("16/16 [==============================]") != std::string::npos);
+  CHECK(r.out.find("Total params: 34826") != std::string::npos);  // the layer table
+  CHECK(r.out.find("replicas bit-identical") != std::string::npos);
+  const std::string j = slurp(json);
+  INFO(j);
+  CHECK(j.find("\"model\": \"cnn\"") != std::string::npos);
+  CHECK(json_number(j, "test_accuracy") > 0.3);
+  CHECK(json_number(j, "test_loss") > 0);
+  CHECK(j.find("\"replicas_identical\": true") != std::string::npos);
+  // conv 3x3x1x32 + 32, conv 3x3x32x64 + 64, dense 1600x10 + 10.
+  const nlohmann::json h = safetensors_header(st, 34826);
+  CHECK(tensor(h, "conv2d_0/kernel") == "F32 [3,3,1,32]");
+  CHECK(tensor(h, "conv2d_0/bias") == "F32 [32]");
+  CHECK(tensor(h, "conv2d_1/kernel") == "F32 [3,3,32,64]");
+  CHECK(tensor(h, "dense_0/kernel") == "F32 [1600,10]");
+  CHECK(h["__metadata__"].value("layout", "") == "keras");
+}
+
+TEST_CASE("launcher: a bad model description exits 2 naming the problem, here and through a node", "[launcher][nodes]") {
+  const std::string model_file = "/tmp/ringmaster-e2e-no-such-model.json";
+  std::remove(model_file.c_str());
+  struct bad {
+    std::string model, says;
+    bool node_refuses;  // the launcher parses the text; the node builds the layers and refuses
+  };
+  const std::vector<bad> cases = {
+      {R"([{"type": "conv3d"}, {"type": "dense", "units": 10}])", "unknown layer type 'conv3d'", true},
+      {R"({"layers": [{"type": "conv2d", "filters": 4, "kernel": 30}, {"type": "flatten"}, {"type": "dense", "units": 10}]})",
+       "a 30x30 kernel does not fit input (1, 28, 28)", true},
+      {R"([{"type": "conv2d", "filters": 0, "kernel": 3}, {"type": "flatten"}, {"type": "dense", "units": 10}])",
+       "'filters': expected an integer in 1..65536, got 0", true},
+      {R"([{"type": "conv2d", "filters": 8,)", "not valid JSON", false},
+      {"@" + model_file, "cannot read " + model_file, false},
+  };
+  const std::string small = " --epochs 1 --limit-train 256 --limit-test 64 -q";
+  for (const bad& b : cases) {
+    run_result r = run("--model '" + b.model + "'" + small);
+    INFO("here: " << b.model << "\n" << r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(b.says) != std::string::npos);
+  }
+  daemons node(1);
+  for (const bad& b : cases) {
+    run_result r = run("--nodes " + node.list() + " --model '" + b.model + "'" + small);
+    INFO("on " << node.list() << ": " << b.model << "\n" << r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(b.says) != std::string::npos);
+    if (b.node_refuses) CHECK(r.out.find("node " + node.list() + ": bad model") != std::string::npos);
+  }
+  // The node is still serving after the refusals.
+  run_result ok = run("--nodes " + node.list() + " --model 784-32-10 --batch 64" + small);
+  INFO(ok.out);
+  CHECK(ok.status == 0);
 }
 
 TEST_CASE("launcher: bad flags and values exit 2 with a clear message", "[launcher]") {

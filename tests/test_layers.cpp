@@ -356,7 +356,7 @@ TEST_CASE("flatten and relu: output and gradients match float64", "[layers]") {
   }
 }
 
-TEST_CASE("dropout in training: output is the masked, scaled input; its gradient the same mask and scale", "[layers]") {
+TEST_CASE("dropout in training: output is the masked, scaled input, its gradient the same mask and scale", "[layers]") {
   auto be = make_cpu_backend();
   std::mt19937 rng(6);
   const int B = 4;
@@ -495,7 +495,7 @@ TEST_CASE("whole models are batch-invariant on the CPU and on a simulated device
 
 // ---- c. dropout masks -----------------------------------------------------------------------------------
 
-TEST_CASE("dropout masks depend only on (seed, layer, epoch, sample); evaluation passes through", "[layers]") {
+TEST_CASE("dropout masks depend only on (seed, layer, epoch, sample), evaluation passes through", "[layers]") {
   auto be = make_cpu_backend();
   const shape in{2000, 1, 1};
   rig r(*be, layers::dropout(0.5), in);

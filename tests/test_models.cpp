@@ -333,7 +333,7 @@ TEST_CASE("malformed descriptions are refused before any layer is built", "[laye
   CHECK(has(err, "does not name its input shape"));
 }
 
-TEST_CASE("a user layer from a registry builds and trains through train(); without the registry it is unknown", "[layers]") {
+TEST_CASE("a user layer from a registry builds and trains through train(), without the registry it is unknown", "[layers]") {
   auto reg = std::make_shared<const layer_registry>(with_scale());
   using namespace layers;
   train_config c;
@@ -380,7 +380,7 @@ TEST_CASE("a user layer from a registry builds and trains through train(); witho
 
 // ---- c. summary and layout --------------------------------------------------------------------------------
 
-TEST_CASE("the cnn's parameters, shapes and names are Keras's; fingerprints follow the description", "[layers]") {
+TEST_CASE("the cnn's parameters, shapes and names are Keras's, fingerprints follow the description", "[layers]") {
   std::string err;
   auto m = build_model("cnn", shape{1, 28, 28}, &err);
   REQUIRE(m);

@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <zmq.hpp>
@@ -19,7 +21,7 @@
 using namespace ringmaster;
 using namespace std::chrono_literals;
 
-namespace {
+namespace ringmaster::test {
 
 // A port that was free a moment ago (bind to port 0, read it, close) and is not in *taken (the kernel
 // may hand the same port out twice in a row once it is closed).
@@ -35,6 +37,7 @@ int free_port(std::set<int>* taken = nullptr) {
   }
 }
 
+// A ringmaster-node daemon as a child process, killed (SIGKILL) when this goes.
 struct node_process {
   pid_t pid = -1;
   std::string endpoint;
@@ -47,6 +50,8 @@ struct node_process {
     }
   }
   ~node_process() { stop(SIGKILL); }
+  node_process(const node_process&) = delete;
+  node_process& operator=(const node_process&) = delete;
   int stop(int sig) {
     if (pid <= 0) return -1;
     kill(pid, sig);
@@ -57,14 +62,53 @@ struct node_process {
   }
 };
 
-std::vector<std::unique_ptr<node_process>> start_nodes(int n) {
+std::vector<std::unique_ptr<node_process>> start_nodes(int n, const std::string& devices = "cpu:2") {
   std::vector<std::unique_ptr<node_process>> nodes;
   std::set<int> ports;
   for (int i = 0; i < n; ++i)
-    nodes.push_back(std::make_unique<node_process>("tcp://127.0.0.1:" + std::to_string(free_port(&ports))));
+    nodes.push_back(std::make_unique<node_process>("tcp://127.0.0.1:" + std::to_string(free_port(&ports)), devices));
   std::this_thread::sleep_for(300ms);  // let them bind; the launcher's hello would wait anyway
   return nodes;
 }
+
+// For other test files (tests/test_launcher.cpp declares these two): daemons that live until
+// stop_node_daemons is given their endpoints.
+namespace {
+std::mutex daemons_mutex;
+std::map<std::string, std::unique_ptr<node_process>> daemons;
+}  // namespace
+
+std::vector<std::string> start_node_daemons(int n, const std::string& devices) {
+  std::vector<std::string> eps;
+  std::lock_guard<std::mutex> lock(daemons_mutex);
+  for (auto& node : start_nodes(n, devices)) {
+    eps.push_back(node->endpoint);
+    daemons[node->endpoint] = std::move(node);
+  }
+  return eps;
+}
+
+// Stops them with SIGTERM; true when every one exited with status 0.
+bool stop_node_daemons(const std::vector<std::string>& endpoints) {
+  std::lock_guard<std::mutex> lock(daemons_mutex);
+  bool clean = true;
+  for (const std::string& ep : endpoints) {
+    auto it = daemons.find(ep);
+    if (it == daemons.end()) continue;
+    const int status = it->second->stop(SIGTERM);
+    clean = clean && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    daemons.erase(it);
+  }
+  return clean;
+}
+
+}  // namespace ringmaster::test
+
+namespace {
+
+using test::free_port;
+using test::node_process;
+using test::start_nodes;
 
 std::vector<std::string> endpoints(const std::vector<std::unique_ptr<node_process>>& nodes) {
   std::vector<std::string> e;
@@ -256,4 +300,36 @@ TEST_CASE("topology API: ranks here and on a node, one ring, equal to all ranks 
   topology bad;
   bad.place(1, {"tcp://127.0.0.1:1", "cpu"});
   CHECK(bad.train(small_job()).error.find("not connect()ed") != std::string::npos);
+}
+
+TEST_CASE("the cnn (conv, pooling, dropout) on 2 nodes x 1 replica equals 2 local replicas bit for bit", "[nodes][cnn]") {
+  auto nodes = start_nodes(2, "cpu:1");
+  train_config c;
+  c.model = "cnn";  // its dropout masks come from (seed, epoch, sample): the same wherever a sample runs
+  c.global_batch = 32;
+  c.epochs = 1;
+  remote_options ro;
+  ro.nodes = endpoints(nodes);
+  ro.limit_train = 640;
+  ro.limit_test = 200;
+  train_result remote = train_remote(c, ro);
+  INFO(remote.error);
+  REQUIRE(remote.ok);
+  CHECK(remote.identical);
+  REQUIRE(remote.checksums.size() == 2);
+  CHECK(remote.history[0].samples == 640);
+
+  train_config local = c;
+  local.replicas = 2;
+  local.train = load("train", 640);
+  local.test = load("t10k", 200);
+  train_result l = train(local);
+  INFO(l.error);
+  REQUIRE(l.ok);
+  CHECK(l.checksums == remote.checksums);
+  CHECK(l.weights == remote.weights);
+  CHECK(l.model == remote.model);
+  // Loss sums arrive in whatever order the replicas report: equal up to the order of the additions.
+  CHECK(l.history[0].loss == Approx(remote.history[0].loss).epsilon(1e-12));
+  CHECK(l.history[0].val_accuracy == remote.history[0].val_accuracy);
 }

@@ -147,7 +147,7 @@ TEST_CASE("bad configurations are refused before anything runs", "[training]") {
 
 // ---- models made of layers ------------------------------------------------------------------------------
 
-TEST_CASE("N replicas train the cnn (with dropout) like one replica; reruns are bit-identical", "[training]") {
+TEST_CASE("N replicas train the cnn (with dropout) like one replica, reruns are bit-identical", "[training]") {
   auto train_set = load("train", 240);  // 240 / 24 = 10 steps
   for (auto kind : {optimizer_config::adam, optimizer_config::sgd}) {
     std::vector<float> reference;

@@ -1,0 +1,111 @@
+// The node daemon's command line and lifetime (see actors/node_main.hpp); tools/node.cpp is its main.
+#include "actors/node_main.hpp"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "actors/node_service.hpp"
+
+namespace po = boost::program_options;
+
+namespace ringmaster {
+namespace {
+
+// "ringmaster-node" from "/usr/bin/ringmaster-node".
+std::string program_name(int argc, char** argv) {
+  std::string p = argc > 0 && argv && argv[0] ? argv[0] : "ringmaster-node";
+  if (size_t slash = p.rfind('/'); slash != std::string::npos) p = p.substr(slash + 1);
+  return p.empty() ? "ringmaster-node" : p;
+}
+
+// Blocks SIGINT and SIGTERM in this thread (and so in every thread started from here on) for as long as
+// it lives, so that sigwait takes them rather than a handler on some other thread; then drops any still
+// pending (a second Ctrl-C during shutdown) and restores the caller's mask.
+class blocked_signals {
+ public:
+  blocked_signals() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, &old_);
+  }
+  ~blocked_signals() {
+    const timespec now{0, 0};
+    while (sigtimedwait(&set_, nullptr, &now) > 0) {
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  blocked_signals(const blocked_signals&) = delete;
+  blocked_signals& operator=(const blocked_signals&) = delete;
+  int wait() const {
+    int sig = 0;
+    while (sigwait(&set_, &sig) != 0) {
+    }
+    return sig;
+  }
+
+ private:
+  sigset_t set_, old_;
+};
+
+}  // namespace
+
+int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layers) {
+  const std::string prog = program_name(argc, argv);
+  node_options o;
+  o.layers = layers;
+  po::options_description desc(prog + ": serves training jobs to ringmaster launchers\n\nUsage: " + prog +
+                               " --listen ENDPOINT [options]\n\nOptions");
+  desc.add_options()
+      ("help,h", "show this help and exit")
+      ("listen", po::value(&o.listen), "where launchers and other nodes reach this node: tcp://HOST:PORT or ipc://PATH")
+      ("name", po::value(&o.name), "name in logs and errors (default: the endpoint)")
+      ("devices", po::value(&o.devices)->default_value(o.devices), "what this node offers, one replica per device: cpu:N (N CPU replicas), cuda (every GPU), cuda:I[,J...] (those GPUs)")
+      ("data", po::value(&o.data_dir)->default_value(o.data_dir), "this node's copy of the data (IDX files)");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc > 0 ? argc : 1, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "%s: %s\nTry '%s --help'.\n", prog.c_str(), e.what(), prog.c_str());
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::string known;
+    for (const std::string& t : (layers ? *layers : layer_registry::with_builtins()).types())
+      known += (known.empty() ? "" : ", ") + t;
+    std::cout << desc << "\nLayer types this node builds: " << known << "\n\nExample: " << prog
+              << " --listen tcp://127.0.0.1:5601 --devices cpu:2\n";
+    return 0;
+  }
+  if (o.listen.empty()) {
+    std::fprintf(stderr, "%s: --listen is required (e.g. tcp://127.0.0.1:5601)\n", prog.c_str());
+    return 2;
+  }
+  std::vector<std::string> slots;
+  std::string error;
+  if (!parse_devices(o.devices, &slots, &error)) {
+    std::fprintf(stderr, "%s: %s\n", prog.c_str(), error.c_str());
+    return 2;
+  }
+
+  blocked_signals signals;  // before the node starts its threads, so they inherit the mask
+  node_service node(o);
+  if (!node.start(&error)) {
+    std::fprintf(stderr, "%s: cannot start: %s\n", prog.c_str(), error.c_str());
+    return 1;
+  }
+  const int sig = signals.wait();
+  std::fprintf(stderr, "%s: %s received, shutting down\n", prog.c_str(), sig == SIGINT ? "SIGINT" : "SIGTERM");
+  node.stop();
+  return 0;
+}
+
+}  // namespace ringmaster
