@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,7 +23,14 @@ struct conv_geometry {
 
 class backend {
  public:
+  backend() = default;
+  // A copy is another backend: it gets a lifetime of its own.
+  backend(const backend&) : alive_(std::make_shared<int>(0)) {}
+  backend& operator=(const backend&) { return *this; }
   virtual ~backend() = default;
+  // Expires when this backend is destroyed, so that memory it handed out (device_buffer) can tell a
+  // live backend from a dead one instead of calling into freed memory.
+  std::weak_ptr<const void> lifetime() const { return alive_; }
   virtual std::string name() const = 0;
   // True when device memory is ordinary host memory (no copies needed).
   virtual bool is_host() const = 0;
@@ -73,6 +81,9 @@ class backend {
   // The queue kernels go on, for user layers with kernels of their own (CUDA: the cudaStream_t); null
   // for host backends, whose kernels run at once on the calling thread.
   virtual void* native_stream() { return nullptr; }
+
+ private:
+  std::shared_ptr<const int> alive_ = std::make_shared<int>(0);
 };
 
 std::unique_ptr<backend> make_cpu_backend();
@@ -90,23 +101,39 @@ std::unique_ptr<backend> make_backend(const std::string& device, std::string* er
 // know, or a test's simulated device). Null with *error naming the problem.
 using backend_factory = std::function<std::unique_ptr<backend>(const std::string& device, std::string* error)>;
 
-// Device memory owned by a backend, released on destruction.
+// Device memory owned by a backend, released on destruction. Destroy it before its backend: one that
+// outlives its backend leaks its memory, with one line on stderr saying so, rather than calling into the
+// dead backend.
 template <class T>
 class device_buffer {
  public:
   device_buffer() = default;
-  device_buffer(backend& be, size_t n) : be_(&be), n_(n), p_(static_cast<T*>(be.alloc(n * sizeof(T)))) {}
+  device_buffer(backend& be, size_t n)
+      : be_(&be), life_(be.lifetime()), owner_(be.name()), n_(n), p_(static_cast<T*>(be.alloc(n * sizeof(T)))) {}
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
   device_buffer(device_buffer&& o) noexcept { swap(o); }
   device_buffer& operator=(device_buffer&& o) noexcept { swap(o); return *this; }
-  ~device_buffer() { if (p_) be_->release(p_); }
+  ~device_buffer() {
+    if (!p_) return;
+    if (!life_.expired()) {
+      be_->release(p_);
+      return;
+    }
+    // The backend is gone: nothing of it may be called, release() included.
+    std::fprintf(stderr, "ringmaster: a device_buffer of %zu bytes outlived its backend %s; its memory is leaked\n",
+                 n_ * sizeof(T), owner_.c_str());
+  }
   T* data() const { return p_; }
   size_t size() const { return n_; }
 
  private:
-  void swap(device_buffer& o) noexcept { std::swap(be_, o.be_); std::swap(n_, o.n_); std::swap(p_, o.p_); }
+  void swap(device_buffer& o) noexcept {
+    std::swap(be_, o.be_), std::swap(life_, o.life_), owner_.swap(o.owner_), std::swap(n_, o.n_), std::swap(p_, o.p_);
+  }
   backend* be_ = nullptr;
+  std::weak_ptr<const void> life_;
+  std::string owner_;  // the backend's name(), for the message above
   size_t n_ = 0;
   T* p_ = nullptr;
 };

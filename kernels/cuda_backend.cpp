@@ -106,9 +106,38 @@ class cuda_backend final : public backend {
     use_device();
     cuda::dense_backward(ctx_, din, dw, db, dout, in, w, B, IN, OUT);
   }
+  void relu_forward(float* out, const float* in, size_t n) override {
+    use_device();
+    cuda::relu_forward(ctx_, out, in, n);
+  }
   void relu_backward(float* din, const float* dout, const float* out, size_t n) override {
     use_device();
     cuda::relu_backward(ctx_, din, dout, out, n);
+  }
+  void im2col(float* col, const float* x, const conv_geometry& g, int B) override {
+    use_device();
+    cuda::im2col(ctx_, col, x, g, B);
+  }
+  void col2im(float* dx, const float* col, const conv_geometry& g, int B) override {
+    use_device();
+    cuda::col2im(ctx_, dx, col, g, B);
+  }
+  void maxpool_forward(float* out, int32_t* arg, const float* in, const conv_geometry& g, int B) override {
+    use_device();
+    cuda::maxpool_forward(ctx_, out, arg, in, g, B);
+  }
+  void maxpool_backward(float* din, const float* dout, const int32_t* arg, const conv_geometry& g, int B) override {
+    use_device();
+    cuda::maxpool_backward(ctx_, din, dout, arg, g, B);
+  }
+  void dropout(float* out, const float* in, int B, size_t per_sample, float rate, uint64_t stream,
+               int64_t first_sample) override {
+    use_device();
+    cuda::dropout(ctx_, out, in, B, per_sample, rate, stream, first_sample);
+  }
+  void nchw_to_nhwc(float* out, const float* in, int B, int C, int H, int W) override {
+    use_device();
+    cuda::nchw_to_nhwc(ctx_, out, in, B, C, H, W);
   }
   // The kernel adds into the device scalars metrics_ (zeroed at creation and by take_metrics), so the
   // step's backward pass is queued behind it without waiting.
@@ -144,6 +173,9 @@ class cuda_backend final : public backend {
     use_device();
     cuda::add_inplace(ctx_, dst, src, n);
   }
+  // The cudaStream_t everything above is queued on. A user layer's own kernels go on it too, so they are
+  // ordered with ours; the backend's device must be current (cudaSetDevice(device())) when it launches.
+  void* native_stream() override { return ctx_.stream; }
 
  private:
   void init() {
@@ -159,6 +191,9 @@ class cuda_backend final : public backend {
     // The device scalars softmax_xent adds into: loss (double) then correct (int64).
     RM_CUDA_CHECK(cudaMalloc(&metrics_, 2 * sizeof(double)));
     RM_CUDA_CHECK(cudaMemsetAsync(metrics_, 0, 2 * sizeof(double), ctx_.stream));
+    // Scratch for kernels' partial results (column sums of tall matrices), used in stream order only.
+    RM_CUDA_CHECK(cudaMalloc(&ctx_.scratch, cuda::default_scratch_floats * sizeof(float)));
+    ctx_.scratch_floats = cuda::default_scratch_floats;
     // Reducers of one process copy chunks straight between GPUs where the hardware allows (NVLink or
     // PCIe peer to peer). Best effort: without it cudaMemcpy goes through the host by itself, so any
     // error here (already enabled, too many peers, refused) is read and forgotten, never left pending
@@ -178,9 +213,10 @@ class cuda_backend final : public backend {
     cudaSetDevice(device_);
     if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
     if (metrics_) cudaFree(metrics_);
+    if (ctx_.scratch) cudaFree(ctx_.scratch);
     if (ctx_.blas) cublasDestroy(ctx_.blas);
     if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
-    metrics_ = nullptr, ctx_.blas = nullptr, ctx_.stream = nullptr;
+    metrics_ = nullptr, ctx_.blas = nullptr, ctx_.stream = nullptr, ctx_.scratch = nullptr, ctx_.scratch_floats = 0;
   }
 
   void use_device() { RM_CUDA_CHECK(cudaSetDevice(device_)); }

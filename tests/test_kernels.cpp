@@ -1,5 +1,10 @@
 // Kernels against double-precision finite differences and reference formulas.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <memory>
+#include <string>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -401,4 +406,47 @@ TEST_CASE("dropout keeps by its key, scales the kept, and may work in place", "[
       wrong += out[b * n + e] != (keep ? x[b * n + e] * (1.0f / 0.7f) : 0.0f);
     }
   CHECK(wrong == 0);
+}
+
+namespace {
+// What this process writes to stderr (file descriptor 2) while f runs.
+template <class F>
+std::string stderr_of(F&& f) {
+  std::fflush(stderr);
+  FILE* tmp = std::tmpfile();
+  const int saved = dup(2);
+  dup2(fileno(tmp), 2);
+  f();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  std::rewind(tmp);
+  std::string text;
+  char buf[512];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, tmp)) > 0;) text.append(buf, n);
+  std::fclose(tmp);
+  return text;
+}
+}  // namespace
+
+TEST_CASE("a device_buffer that outlives its backend leaks with one line on stderr instead of crashing", "[kernels]") {
+  auto be = make_cpu_backend();
+  const std::weak_ptr<const void> life = be->lifetime();
+  CHECK_FALSE(life.expired());
+  device_buffer<float> kept(*be, 10);
+  device_buffer<int32_t> from(*be, 3), to;
+  to = std::move(from);  // the backend's lifetime travels with the memory
+  // Destroyed in time: released, silently.
+  CHECK(stderr_of([&] { device_buffer<float> in_time(*be, 5); }).empty());
+  be.reset();
+  CHECK(life.expired());
+  // Destroyed after its backend: no call into the dead backend (ASan or a crash would tell), one line each.
+  const std::string said = stderr_of([&] {
+    { device_buffer<float> gone = std::move(kept); }
+    { device_buffer<int32_t> gone = std::move(to); }
+    { device_buffer<float> empty; }  // owns nothing: nothing to say
+  });
+  CHECK(said ==
+        "ringmaster: a device_buffer of 40 bytes outlived its backend cpu; its memory is leaked\n"
+        "ringmaster: a device_buffer of 12 bytes outlived its backend cpu; its memory is leaked\n");
 }

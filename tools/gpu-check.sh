@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tools/gpu-check.sh OUTDIR: everything a GPU machine should check, in one go, within 5 minutes:
 #   configure (Release, RINGMASTER_CUDA=ON) -> build -j16 -> ctest (the GPU tests must run, not skip)
-#   -> gpu_bench -> ringmaster-mnist on the GPU (1 replica, then 2 sharing it; Fashion-MNIST from
-#   /usr/share/datasets or from .gpu-carry/data) -> tools/torch_bench.py (where torch sees the GPU)
-#   -> a short table, printed last.
+#   -> gpu_bench (the MLPs and the Keras convnet "cnn") -> ringmaster-mnist on the GPU (the MLP on 1
+#   replica, then 2 sharing it, then the cnn; Fashion-MNIST from /usr/share/datasets or from
+#   .gpu-carry/data) -> tools/torch_bench.py (the same models in PyTorch eager, where torch sees the GPU)
+#   -> a short table, printed last, with ringmaster / PyTorch ratios.
 # Full logs go to OUTDIR (summary.txt lists every step with its exit status and time).
 # Environment: BUILD_DIR (default <repo>/build-gpu), JOBS (16), BUDGET_S (290, for all steps together).
 # Exit status: 0 when the build, every test (GPU tests included) and the benchmark passed.
@@ -67,7 +68,7 @@ if [[ ! -f /usr/include/caf/config.hpp && -x $carried/bin/ringmaster_cuda_tests 
     gpu_tests="FAILED or skipped (exit $rc, see ctest-LastTest.log)"
     status=1
   fi
-  step gpu_bench 70 "$out/gpu_bench.log" "${run_carried[@]}" "$carried/bin/gpu_bench" 1.5 || status=1
+  step gpu_bench 100 "$out/gpu_bench.log" "${run_carried[@]}" "$carried/bin/gpu_bench" 1.5 || status=1
   mnist=("${run_carried[@]}" "$carried/bin/ringmaster-mnist")
   built=carried
 elif step configure 60 "$out/configure.log" \
@@ -96,28 +97,32 @@ if [[ $built == yes ]]; then
     gpu_tests="FAILED or did not finish (see ctest.log)"
     status=1
   fi
-  step gpu_bench 70 "$out/gpu_bench.log" "$build/gpu_bench" 1.5 || status=1
+  step gpu_bench 100 "$out/gpu_bench.log" "$build/gpu_bench" 1.5 || status=1
   mnist=("$build/ringmaster-mnist")
 fi
 
-# The launcher on the GPU, real data, defaults but the device: 1 replica, then 2 replicas sharing GPU 0.
+# The launcher on the GPU, real data, defaults but the device: 1 replica, then 2 replicas sharing GPU 0;
+# then the Keras convnet on 1 replica for 2 epochs.
 data=/usr/share/datasets/fashion-mnist
 [[ -f $data/train-labels-idx1-ubyte.gz || -f $data/train-labels-idx1-ubyte ]] || data=$src/.gpu-carry/data
 mnist_rows=()
 if [[ -n ${mnist:-} && -x ${mnist[-1]} ]]; then
-  for dev in cuda:0 cuda:0,0; do
+  for run in "cuda:0 784-512-512-10 5" "cuda:0,0 784-512-512-10 5" "cuda:0 cnn 2"; do
+    read -r dev model epochs <<< "$run"
     tag=${dev//[:,]/_}
-    step "mnist $dev" 40 "$out/mnist_$tag.log" "${mnist[@]}" --data "$data" --device "$dev" --epochs 5 \
-        --report-json "$out/mnist_$tag.json"
+    [[ $model == cnn ]] && tag=${tag}_cnn
+    what="mnist --device $dev --model $model --epochs $epochs"
+    step "mnist $dev $model" 40 "$out/mnist_$tag.log" "${mnist[@]}" --data "$data" --device "$dev" --model "$model" \
+        --epochs "$epochs" --report-json "$out/mnist_$tag.json"
     rc=$?
     if ((rc == 0)); then
-      mnist_rows+=("mnist --device $dev: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("test accuracy %.4f, %.0f samples/s, %.1f s wall" % (r["test_accuracy"], r["train_samples_per_sec"], r["wall_seconds"]))' "$out/mnist_$tag.json" 2>&1)")
+      mnist_rows+=("$what: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("test accuracy %.4f, %.0f samples/s, %.1f s wall" % (r["test_accuracy"], r["train_samples_per_sec"], r["wall_seconds"]))' "$out/mnist_$tag.json" 2>&1)")
     elif [[ ! -f $out/mnist_$tag.log ]]; then
-      mnist_rows+=("mnist --device $dev: not run (out of time)")
+      mnist_rows+=("$what: not run (out of time)")
     else
       reason="exit $rc"
       ((rc == 124)) && reason="out of time"
-      mnist_rows+=("mnist --device $dev: FAILED ($reason, see mnist_$tag.log)")
+      mnist_rows+=("$what: FAILED ($reason, see mnist_$tag.log)")
       status=1
     fi
   done
@@ -125,7 +130,7 @@ fi
 
 torch_note=""
 if step torch_import 30 "$out/torch_import.log" python3 -c "import torch"; then
-  step torch_bench 45 "$out/torch_bench.log" python3 "$src/tools/torch_bench.py" 1.5
+  step torch_bench 60 "$out/torch_bench.log" python3 "$src/tools/torch_bench.py" 1.5
   rc=$?
   ((rc == 77)) && torch_note="torch: $(head -1 "$out/torch_bench.log")"
   ((rc != 0 && rc != 77)) && torch_note="torch_bench failed (exit $rc), see torch_bench.log"
@@ -139,7 +144,7 @@ fi
   echo "== ringmaster GPU check ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))," \
        "$((SECONDS - start)) s"
   echo "build: $built; ctest: ${ctest_line:-no summary}; GPU tests: $gpu_tests"
-  grep -hE "GPU vs CPU after 20 steps|GPU replicas vs 2 CPU" "$out/ctest-LastTest.log" 2>/dev/null |
+  grep -hE "GPU vs CPU from the same parameters|GPU replicas vs 2 CPU|col2im differs" "$out/ctest-LastTest.log" 2>/dev/null |
     sed 's/^[[:space:]]*/  /' | sort -u
   echo
   logs=()
@@ -153,11 +158,14 @@ fi
     $1 == "RESULT" && $2 == "job" { jobs[++nj] = sprintf("%-16s %6s %13s %13s", $3, $4, $5, $6) }
     END {
       if (n == 0) { print "no benchmark results (see gpu_bench.log)"; exit }
-      printf "%-16s %6s %13s %13s %13s %13s\n", "samples/s", "batch", "rm device", "rm staged", "torch async", "torch item"
+      printf "%-16s %6s %13s %13s %13s %13s %9s %9s\n", "samples/s", "batch", "rm device", "rm staged", "torch async", \
+        "torch item", "dev/async", "stg/item"
       for (i = 1; i <= n; i++) {
         k = keys[i]; split(k, p, " ")
-        printf "%-16s %6s %13s %13s %13s %13s\n", p[1], p[2], dev[k], staged[k], \
-          (k in tasync) ? tasync[k] : "-", (k in titem) ? titem[k] : "-"
+        r1 = (k in tasync) && tasync[k] > 0 ? sprintf("%.2fx", dev[k] / tasync[k]) : "-"
+        r2 = (k in titem) && titem[k] > 0 ? sprintf("%.2fx", staged[k] / titem[k]) : "-"
+        printf "%-16s %6s %13s %13s %13s %13s %9s %9s\n", p[1], p[2], dev[k], staged[k], \
+          (k in tasync) ? tasync[k] : "-", (k in titem) ? titem[k] : "-", r1, r2
       }
       if (add != "") print add
       if (ring != "") print ring
@@ -166,7 +174,8 @@ fi
   for row in "${mnist_rows[@]}"; do echo "$row"; done
   [[ -n $torch_note ]] && echo "$torch_note"
   echo "rm device: batches already on the GPU; rm staged: plus the replica's per-step copy of its batch" \
-       "from the host. whole job: ringmaster::train() with loaders, replicas, reducers, coordinator."
+       "from the host. dev/async, stg/item: ringmaster over PyTorch eager (target for the cnn: 2x or more)." \
+       "whole job: ringmaster::train() with loaders, replicas, reducers, coordinator."
   echo "overall: $([[ $status == 0 ]] && echo OK || echo FAILED) (logs in $out)"
 } | tee "$out/table.txt"
 exit $status

@@ -3,7 +3,8 @@
 //   ./build/gpu_bench [seconds per measurement, default 1.5]     # needs a GPU; exits 77 without one
 //
 // Training: Adam, random data (8 batches cycled), warm-up, then timed steps with cudaDeviceSynchronize
-// before the clock stops. Two numbers per model and batch:
+// before the clock stops; the MLPs and the Keras convnet ("cnn": conv 32 3x3, max-pool, conv 64 3x3,
+// max-pool, dropout 0.5, dense 10 over 1x28x28 images). Two numbers per model and batch:
 //   device  the batches already on the GPU: forward, backward and update only;
 //   staged  what actors/replica.cpp adds per step: the batch copied in from the host.
 // Whole jobs: ringmaster::train() (loaders, replicas, reducers, coordinator) on random data in memory,
@@ -56,47 +57,56 @@ double steps_per_second(Step&& step, double seconds) {
   return steps / elapsed;
 }
 
-train_numbers bench_training(const std::string& model, int batch, double seconds) {
-  model_spec spec;
+// The models benchmarked: "784-..." MLPs take 784 features, "cnn" 1x28x28 images (the same 784 floats).
+std::shared_ptr<const model> bench_model(const std::string& name) {
   std::string err;
-  if (!parse_model_spec(model, &spec, &err)) throw std::runtime_error(err);
+  auto m = build_model(name, name == "cnn" ? shape{1, 28, 28} : shape{784, 1, 1}, &err);
+  if (!m) throw std::runtime_error(name + ": " + err);
+  return m;
+}
+
+train_numbers bench_training(const std::string& model_name, int batch, double seconds) {
+  std::string err;
+  auto m = bench_model(model_name);
   auto be = make_backend("cuda:0", &err);
   if (!be) throw std::runtime_error(err);
-  mlp net(*be, spec, batch, optimizer_config{});
-  net.set_params(init_params(spec, 42).data());
+  network net(*be, m, batch, optimizer_config{});
+  net.set_params(init_params(*m, 42).data());
 
   const int nb = 8;  // distinct batches, cycled
-  const size_t in = size_t(spec.dims[0]), bx = size_t(batch) * in;
+  const size_t in = m->input().size(), bx = size_t(batch) * in;
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> pixel(0, 1);
   std::vector<float> hx(nb * bx);
   std::vector<int32_t> hy(size_t(nb) * batch);
   for (auto& v : hx) v = pixel(rng);
-  for (auto& v : hy) v = int32_t(rng() % uint32_t(spec.dims.back()));
+  for (auto& v : hy) v = int32_t(rng() % uint32_t(m->classes()));
   device_buffer<float> dx(*be, hx.size()), sx(*be, bx);
   device_buffer<int32_t> dy(*be, hy.size()), sy(*be, size_t(batch));
   be->copy_in(dx.data(), hx.data(), hx.size() * sizeof(float));
   be->copy_in(dy.data(), hy.data(), hy.size() * sizeof(int32_t));
   const float scale = 1.0f / float(batch);
+  // Where step i's batch sits in its epoch (dropout masks): a new mask every step, as in training.
+  auto key = [batch](int i) { return sample_key{42, 0, int64_t(i) * batch}; };
 
   train_numbers r;
   double loss = 0;
   int64_t count = 0;
   auto device_step = [&](int i) {
     const int k = i % nb;
-    batch_metrics m = net.forward_backward(dx.data() + k * bx, dy.data() + size_t(k) * batch, batch, scale);
+    batch_metrics bm = net.forward_backward(dx.data() + k * bx, dy.data() + size_t(k) * batch, batch, scale, key(i));
     net.apply(net.grads());
-    loss += m.loss_sum, count += m.count;
+    loss += bm.loss_sum, count += bm.count;
   };
   auto staged_step = [&](int i) {
     const int k = i % nb;
     be->copy_in(sx.data(), hx.data() + k * bx, bx * sizeof(float));
     be->copy_in(sy.data(), hy.data() + size_t(k) * batch, size_t(batch) * sizeof(int32_t));
-    net.forward_backward(sx.data(), sy.data(), batch, scale);
+    net.forward_backward(sx.data(), sy.data(), batch, scale, key(i));
     net.apply(net.grads());
   };
   r.device_sps = batch * steps_per_second(device_step, seconds);
-  r.loss = loss / double(count);  // mean training loss over the device run: finite, and below ln(classes)
+  r.loss = loss / double(count);  // mean training loss over the device run: finite, near ln(classes) or below
   r.staged_sps = batch * steps_per_second(staged_step, seconds);
   return r;
 }
@@ -159,6 +169,7 @@ bandwidth_numbers bench_add(size_t bytes, int iters) {
 double bench_job(const std::string& model, int batch, int replicas) {
   auto data = std::make_shared<dataset>();
   data->count = 61440;
+  data->channels = 1;  // (1, 28, 28): the MLPs read it as 784 features, the cnn as an image
   data->rows = 28;
   data->cols = 28;
   std::mt19937 rng(3);
@@ -246,7 +257,7 @@ int main(int argc, char** argv) {
     std::printf("gpu_bench: %s, %d SMs, CUDA runtime %d, driver %d; Adam, random data, %.1f s per figure\n",
                 prop.name, prop.multiProcessorCount, runtime, driver, seconds);
     std::printf("%-16s %6s %14s %14s %10s\n", "model", "batch", "device s/s", "staged s/s", "mean loss");
-    for (const char* model : {"784-512-512-10", "784-64-10"}) {
+    for (const char* model : {"784-512-512-10", "784-64-10", "cnn"}) {
       for (int batch : {128, 1024}) {
         train_numbers t = bench_training(model, batch, seconds);
         std::printf("%-16s %6d %14.0f %14.0f %10.4f\n", model, batch, t.device_sps, t.staged_sps, t.loss);
@@ -265,7 +276,7 @@ int main(int argc, char** argv) {
                 ring.median_us, ring.busbw_gbps, ring.wrong);
     std::printf("RESULT ring %.0f %.1f %zu\n", ring.median_us, ring.busbw_gbps, ring.wrong);
     std::printf("%-16s %6s %16s %16s\n", "whole job", "batch", "1 x cuda:0 s/s", "2 x cuda:0 s/s");
-    for (const char* model : {"784-512-512-10", "784-64-10"}) {
+    for (const char* model : {"784-512-512-10", "784-64-10", "cnn"}) {
       for (int batch : {128, 1024}) {
         const double one = bench_job(model, batch, 1), two = bench_job(model, batch, 2);
         std::printf("%-16s %6d %16.0f %16.0f\n", model, batch, one, two);
