@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cuda_kernels.hpp"
+#include "tests/test_util.hpp"  // randv
 
 namespace ringmaster::test {
 
@@ -59,13 +60,6 @@ struct dev {
     return h;
   }
 };
-
-inline std::vector<float> randv(size_t n, std::mt19937& rng, float lo = -1, float hi = 1) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // Elementwise |got - want| / max(|got|, |want|, floor) with floor = 0.1 * rms(want). Float sums round in
 // proportion to the size of their terms, not of their result, so an entry far below the array's typical

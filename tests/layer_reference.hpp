@@ -14,6 +14,7 @@
 #include "kernels/layers.hpp"
 #include "kernels/model.hpp"
 #include "kernels/registry.hpp"
+#include "tests/test_util.hpp"  // randv
 
 namespace ringmaster::test {
 
@@ -22,13 +23,6 @@ using dvec = std::vector<double>;
 inline const layer_registry& builtins() {
   static const layer_registry reg = layer_registry::with_builtins();
   return reg;
-}
-
-inline std::vector<float> randv(size_t n, std::mt19937& rng, float lo = -1, float hi = 1) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
 }
 
 inline dvec to_d(const std::vector<float>& v) { return dvec(v.begin(), v.end()); }

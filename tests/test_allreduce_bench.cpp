@@ -1,27 +1,18 @@
 // The all-reduce benchmark end to end: its output format, its correctness count, its flag errors.
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "tests/test_util.hpp"
+
 namespace {
 
-struct run_result {
-  int status;
-  std::string out;
-};
+using ringmaster::test::run_result;
 
 // `timeout` bounds the run even if the benchmark itself misbehaved.
 run_result run_bench(const std::string& args) {
-  const std::string cmd = "timeout 120 " + std::string(RINGMASTER_ALLREDUCE_BENCH_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return ringmaster::test::run("timeout 120 " + std::string(RINGMASTER_ALLREDUCE_BENCH_BIN) + " " + args);
 }
 
 struct row {

@@ -2,46 +2,28 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "kernels/backend.hpp"
-
-namespace ringmaster::test {
-// tests/test_nodes.cpp: ringmaster-node daemons on free loopback ports, until stopped (SIGTERM; true when
-// all exited 0).
-std::vector<std::string> start_node_daemons(int n, const std::string& devices);
-bool stop_node_daemons(const std::vector<std::string>& endpoints);
-}  // namespace ringmaster::test
+#include "tests/test_util.hpp"
 
 namespace {
 
-struct run_result {
-  int status;
-  std::string out;
-};
+using ringmaster::test::run_result;
+using ringmaster::test::slurp;
 
-run_result run(const std::string& args) {
-  std::string cmd = std::string(RINGMASTER_MNIST_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+// The launcher with these arguments.
+run_result run(const std::string& args) { return ringmaster::test::run(std::string(RINGMASTER_MNIST_BIN) + " " + args); }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
+// The launcher writing its report to `json` and its weights to `st`, both removed first so that a file
+// from an earlier run cannot pass.
+run_result run_saving(const std::string& args, const std::string& json, const std::string& st) {
+  std::remove(json.c_str());
+  std::remove(st.c_str());
+  return run(args + " --report-json " + json + " --save " + st);
 }
 
 double json_number(const std::string& j, const std::string& key) {
@@ -70,26 +52,22 @@ std::string tensor(const nlohmann::json& h, const std::string& name) {
   return t->value("dtype", std::string("?")) + " " + t->value("shape", nlohmann::json()).dump();
 }
 
-// Daemons for one test case, stopped at its end.
+// ringmaster-node daemons for one test case, stopped (SIGTERM) at its end.
 struct daemons {
-  std::vector<std::string> endpoints;
-  explicit daemons(int n) : endpoints(ringmaster::test::start_node_daemons(n, "cpu:1")) {}
-  ~daemons() { ringmaster::test::stop_node_daemons(endpoints); }
-  std::string list() const {
-    std::string l;
-    for (const auto& e : endpoints) l += (l.empty() ? "" : ",") + e;
-    return l;
+  ringmaster::test::daemons nodes;
+  explicit daemons(int n) : nodes(ringmaster::test::start_daemons(n, {RINGMASTER_NODE_BIN}, "cpu:1", RINGMASTER_DATA_DIR)) {}
+  ~daemons() {
+    for (auto& d : nodes) d->stop(SIGTERM);
   }
+  std::string list() const { return ringmaster::test::node_list(nodes); }
 };
 
 }  // namespace
 
 TEST_CASE("launcher: one epoch on a subset writes a sane JSON report and safetensors", "[launcher]") {
   const std::string json = "/tmp/ringmaster-e2e.json", st = "/tmp/ringmaster-e2e.safetensors";
-  std::remove(json.c_str());
-  std::remove(st.c_str());
-  run_result r = run("--replicas 2 --epochs 1 --batch 64 --model 784-64-10 --limit-train 4096 --limit-test 1000 "
-                     "--report-json " + json + " --save " + st);
+  run_result r = run_saving("--replicas 2 --epochs 1 --batch 64 --model 784-64-10 --limit-train 4096 --limit-test 1000",
+                            json, st);
   INFO(r.out);
   REQUIRE(r.status == 0);
   CHECK(r.out.find("Epoch 1/1") != std::string::npos);
@@ -119,10 +97,7 @@ TEST_CASE("launcher: one epoch on a subset writes a sane JSON report and safeten
 
 TEST_CASE("launcher: --model cnn trains one short epoch and writes its report and Keras-layout weights", "[launcher][cnn]") {
   const std::string json = "/tmp/ringmaster-e2e-cnn.json", st = "/tmp/ringmaster-e2e-cnn.safetensors";
-  std::remove(json.c_str());
-  std::remove(st.c_str());
-  run_result r = run("--model cnn --replicas 2 --epochs 1 --batch 64 --limit-train 1024 --limit-test 256 "
-                     "--report-json " + json + " --save " + st);
+  run_result r = run_saving("--model cnn --replicas 2 --epochs 1 --batch 64 --limit-train 1024 --limit-test 256", json, st);
   INFO(r.out);
   REQUIRE(r.status == 0);
   CHECK(r.out.find("model cnn,") != std::string::npos);

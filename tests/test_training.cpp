@@ -32,6 +32,40 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// The config of the "N replicas train like one replica" tests: a global batch of 24 (24, 12, 8, 6 per
+// replica for n = 1..4), one epoch, no evaluation.
+train_config like_one_config(const std::string& model, optimizer_config::kind_t kind, int n,
+                             std::shared_ptr<const dataset> train_set) {
+  train_config c;
+  c.model = model;
+  c.opt.kind = kind;
+  c.opt.lr = kind == optimizer_config::adam ? 1e-3f : 1e-2f;
+  c.replicas = n;
+  c.global_batch = 24;
+  c.epochs = 1;
+  c.train = std::move(train_set);
+  c.evaluate = false;
+  return c;
+}
+
+// The training moved the weights: they differ from c's initial ones by more than 1e-2 (max_rel_diff).
+void check_weights_moved(const train_config& c, const std::vector<float>& weights) {
+  std::string err;
+  auto m = build_model(c, &err);
+  REQUIRE(m);
+  CHECK(max_rel_diff(weights, init_params(*m, c.seed)) > 1e-2);
+}
+
+// n replicas' weights against one replica's: within 1e-5 of the weights' scale, and within 1e-4
+// elementwise (relative, see max_rel_diff). `what` starts the WARN line that reports both.
+void check_like_one_replica(const std::vector<float>& weights, const std::vector<float>& reference,
+                            const std::string& what) {
+  const double linf = linf_rel_diff(weights, reference), elem = max_rel_diff(weights, reference);
+  WARN(what << ": max |a-b| / max |b| = " << linf << ", max elementwise relative = " << elem);
+  CHECK(linf <= 1e-5);
+  CHECK(elem <= 1e-4);
+}
+
 }  // namespace
 
 TEST_CASE("N replicas at the same global batch train like one replica", "[training]") {
@@ -41,15 +75,7 @@ TEST_CASE("N replicas at the same global batch train like one replica", "[traini
     uint64_t ref_sum = 0;
     for (int n : {1, 2, 3, 4}) {
       INFO("replicas " << n << (kind == optimizer_config::adam ? " adam" : " sgd"));
-      train_config c;
-      c.model = "784-64-32-10";
-      c.opt.kind = kind;
-      c.opt.lr = kind == optimizer_config::adam ? 1e-3f : 1e-2f;
-      c.replicas = n;
-      c.global_batch = 24;  // 24, 12, 8, 6 per replica
-      c.epochs = 1;
-      c.train = train_set;
-      c.evaluate = false;
+      const train_config c = like_one_config("784-64-32-10", kind, n, train_set);
       train_result r = train(c);
       REQUIRE(r.ok);
       REQUIRE(r.history.size() == 1);
@@ -59,20 +85,13 @@ TEST_CASE("N replicas at the same global batch train like one replica", "[traini
       if (n == 1) {
         reference = r.weights;
         ref_sum = r.checksums[0];
-        // The weights moved: 50 steps did something.
-        std::string err;
-        auto m = build_model(c, &err);
-        REQUIRE(m);
-        CHECK(max_rel_diff(reference, init_params(*m, c.seed)) > 1e-2);
+        check_weights_moved(c, reference);  // 50 steps did something
       } else {
         // Summation order differs (one GEMM over the batch vs a ring sum of shard GEMMs), so weights
         // agree to float rounding, not bit for bit. Adam divides by sqrt(v), which turns the rounding of
         // a gradient that nearly cancels into a visible step: single elements drift to ~3e-5 of their
         // own (tiny) size, while the largest difference relative to the weights' scale stays ~1e-6.
-        const double linf = linf_rel_diff(r.weights, reference), elem = max_rel_diff(r.weights, reference);
-        WARN("vs 1 replica: max |a-b| / max |b| = " << linf << ", max elementwise relative = " << elem);
-        CHECK(linf <= 1e-5);
-        CHECK(elem <= 1e-4);
+        check_like_one_replica(r.weights, reference, "vs 1 replica");
       }
       // The same run again gives bit-identical weights.
       train_result again = train(c);
@@ -153,15 +172,7 @@ TEST_CASE("N replicas train the cnn (with dropout) like one replica, reruns are 
     std::vector<float> reference;
     for (int n : {1, 2, 3, 4}) {
       INFO("replicas " << n << (kind == optimizer_config::adam ? " adam" : " sgd"));
-      train_config c;
-      c.model = "cnn";
-      c.opt.kind = kind;
-      c.opt.lr = kind == optimizer_config::adam ? 1e-3f : 1e-2f;
-      c.replicas = n;
-      c.global_batch = 24;  // 24, 12, 8, 6 per replica
-      c.epochs = 1;
-      c.train = train_set;
-      c.evaluate = false;
+      const train_config c = like_one_config("cnn", kind, n, train_set);
       train_result r = train(c);
       INFO(r.error);
       REQUIRE(r.ok);
@@ -170,10 +181,7 @@ TEST_CASE("N replicas train the cnn (with dropout) like one replica, reruns are 
       REQUIRE(r.checksums.size() == size_t(n));
       if (n == 1) {
         reference = r.weights;
-        std::string err;
-        auto m = build_model(c, &err);
-        REQUIRE(m);
-        CHECK(max_rel_diff(reference, init_params(*m, c.seed)) > 1e-2);
+        check_weights_moved(c, reference);
       } else {
         // Dropout masks follow the sample, not the replica, so every replica count drops the same
         // activations; what differs is the summation order of the gradients (shard GEMMs, then a ring
@@ -184,10 +192,7 @@ TEST_CASE("N replicas train the cnn (with dropout) like one replica, reruns are 
         // most 4.4e-6 (Adam) and 1.6e-6 (SGD). The bounds are the MLP test's, 15x and more above that.
         // Not more steps: at 20, Adam turned one rounding difference into a visible step (1.7e-5 and
         // 1.4e-4 with 3 and 4 replicas), the drift DESIGN.md describes.
-        const double linf = linf_rel_diff(r.weights, reference), elem = max_rel_diff(r.weights, reference);
-        WARN("cnn, " << n << " replicas vs 1: max |a-b| / max |b| = " << linf << ", max elementwise relative = " << elem);
-        CHECK(linf <= 1e-5);
-        CHECK(elem <= 1e-4);
+        check_like_one_replica(r.weights, reference, "cnn, " + std::to_string(n) + " replicas vs 1");
       }
       train_result again = train(c);
       REQUIRE(again.ok);

@@ -1,0 +1,137 @@
+// Small helpers shared by the test files: random vectors, running a program and capturing its output and
+// exit code, reading a file, free loopback ports, and daemons (ringmaster-node, custom_layer serve) as
+// child processes. Header-only and without the ringmaster library, so every test target can use it.
+#pragma once
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ringmaster::test {
+
+// n floats uniform in [lo, hi).
+inline std::vector<float> randv(size_t n, std::mt19937& rng, float lo = -1, float hi = 1) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+struct run_result {
+  int status;  // the exit code, or -1 when the program did not exit normally
+  std::string out;  // stdout and stderr together
+};
+
+// Runs a shell command line with its stderr sent to its stdout.
+inline run_result run(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(p);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// A file's contents ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// A loopback port that was free a moment ago and not handed out before in this process (the kernel may
+// give a just-closed port out again). A failure ends the test case; success is not counted as an assertion.
+inline int free_port() {
+  static std::set<int> taken;
+  for (;;) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) FAIL("free_port: socket() failed");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+    close(fd);
+    if (!ok) FAIL("free_port: cannot bind a loopback socket to port 0");
+    if (taken.insert(ntohs(a.sin_port)).second) return ntohs(a.sin_port);
+  }
+}
+
+inline std::string free_endpoint() { return "tcp://127.0.0.1:" + std::to_string(free_port()); }
+
+// A daemon as a child process, `argv... --listen ENDPOINT --devices DEVICES --data DATA_DIR`, killed
+// (SIGKILL) when this goes unless stopped before.
+struct daemon_process {
+  pid_t pid = -1;
+  std::string endpoint;
+  daemon_process(std::vector<std::string> argv, const std::string& ep, const std::string& devices,
+                 const std::string& data_dir)
+      : endpoint(ep) {
+    for (const std::string& a : {std::string("--listen"), ep, std::string("--devices"), devices, std::string("--data"), data_dir})
+      argv.push_back(a);
+    pid = fork();
+    if (pid == 0) {
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  daemon_process(const daemon_process&) = delete;
+  daemon_process& operator=(const daemon_process&) = delete;
+  ~daemon_process() { stop(SIGKILL); }
+  // Signals it and waits; the wait status (-1 when it was stopped already).
+  int stop(int sig) {
+    if (pid <= 0) return -1;
+    kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return status;
+  }
+};
+
+// Daemons started together; each one is killed when the vector goes, unless stopped before.
+using daemons = std::vector<std::unique_ptr<daemon_process>>;
+
+// n daemons on free loopback ports, given a moment to bind (a launcher's hello would wait anyway).
+inline daemons start_daemons(int n, const std::vector<std::string>& argv, const std::string& devices,
+                             const std::string& data_dir) {
+  daemons d;
+  for (int i = 0; i < n; ++i) d.push_back(std::make_unique<daemon_process>(argv, free_endpoint(), devices, data_dir));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  return d;
+}
+
+inline std::vector<std::string> endpoints(const daemons& d) {
+  std::vector<std::string> e;
+  for (auto& p : d) e.push_back(p->endpoint);
+  return e;
+}
+
+// The endpoints joined by commas, as --nodes takes them.
+inline std::string node_list(const daemons& d) {
+  std::string l;
+  for (auto& p : d) l += (l.empty() ? "" : ",") + p->endpoint;
+  return l;
+}
+
+}  // namespace ringmaster::test
