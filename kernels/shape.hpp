@@ -12,9 +12,11 @@ struct shape {
   bool operator==(const shape& o) const { return c == o.c && h == o.h && w == o.w; }
   bool operator!=(const shape& o) const { return !(*this == o); }
   // "(32, 26, 26)", or "(784)" when flat.
-  std::string str() const {
-    if (flat()) return "(" + std::to_string(c) + ")";
-    return "(" + std::to_string(c) + ", " + std::to_string(h) + ", " + std::to_string(w) + ")";
+  std::string str() const {  // appends, not operator+ chains (GCC 12 warns falsely on those, -Wrestrict)
+    std::string s = "(";
+    s.append(std::to_string(c));
+    if (!flat()) s.append(", ").append(std::to_string(h)).append(", ").append(std::to_string(w));
+    return s.append(")");
   }
 };
 

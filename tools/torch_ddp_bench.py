@@ -1,6 +1,13 @@
 #!/usr/bin/env python3
-"""PyTorch DDP reference for train_bench: the same MLP, Adam, gloo, one process per replica.
-Prints 'samples_per_sec N'. Needs python3-torch (Debian) or torch from PyPI; never a build dependency."""
+"""PyTorch DDP reference for train_bench: the same model, Adam, gloo, one process per replica (each with
+cores / replicas threads: one on a 2-core machine with 2 replicas). Models: MLP widths ("784-512-512-10",
+ReLU between Dense layers) or "cnn", the Keras simple MNIST convnet in NCHW (conv 32 3x3, relu, maxpool 2,
+conv 64 3x3, relu, maxpool 2, flatten, dropout 0.5, dense 10) on (1, 28, 28) inputs.
+Prints 'samples_per_sec N' (wall clock) and 'cpu_samples_per_sec N' (per CPU-second of all processes,
+times the cores: less sensitive to other load on a shared machine). Needs python3-torch (Debian) or torch
+from PyPI; never a build dependency.
+
+  python3 tools/torch_ddp_bench.py --model cnn --replicas 2 --batch 64 --steps 300"""
 import argparse, os, time
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 
@@ -8,15 +15,24 @@ def worker(rank, args, port, out):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(max(1, os.cpu_count() // args.replicas))
     dist.init_process_group("gloo", rank=rank, world_size=args.replicas)
-    dims = [int(d) for d in args.model.split("-")]
-    layers = []
-    for i in range(len(dims) - 1):
-        layers.append(torch.nn.Linear(dims[i], dims[i + 1]))
-        if i + 2 < len(dims):
-            layers.append(torch.nn.ReLU())
+    torch.manual_seed(rank)
+    if args.model == "cnn":
+        nn = torch.nn
+        layers = [nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+                  nn.Flatten(), nn.Dropout(0.5), nn.Linear(64 * 5 * 5, 10)]
+        in_shape, classes = (1, 28, 28), 10
+    else:
+        dims = [int(d) for d in args.model.split("-")]
+        layers = []
+        for i in range(len(dims) - 1):
+            layers.append(torch.nn.Linear(dims[i], dims[i + 1]))
+            if i + 2 < len(dims):
+                layers.append(torch.nn.ReLU())
+        in_shape, classes = (dims[0],), dims[-1]
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
+    model.train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-7)
-    x, y = torch.rand(args.batch, dims[0]), torch.randint(0, dims[-1], (args.batch,))
+    x, y = torch.rand(args.batch, *in_shape), torch.randint(0, classes, (args.batch,))
     loss_fn = torch.nn.CrossEntropyLoss()
     def step():
         opt.zero_grad()
@@ -25,12 +41,11 @@ def worker(rank, args, port, out):
     for _ in range(20):
         step()
     dist.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
         step()
     dist.barrier()
-    if rank == 0:
-        out.put(args.steps * args.batch * args.replicas / (time.perf_counter() - t0))
+    out.put((rank, args.steps * args.batch * args.replicas / (time.perf_counter() - t0), time.process_time() - c0))
     dist.destroy_process_group()
 
 if __name__ == "__main__":
@@ -44,4 +59,9 @@ if __name__ == "__main__":
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
     q = mp.get_context("spawn").SimpleQueue()
     mp.spawn(worker, args=(a, port, q), nprocs=a.replicas)
-    print("samples_per_sec %.1f" % q.get())
+    results = sorted(q.get() for _ in range(a.replicas))
+    print("samples_per_sec %.1f" % results[0][1])
+    # Samples per CPU-second of all processes (all their threads), times the cores: what the wall-clock
+    # rate would be on an otherwise idle machine if nothing waited (an upper bound; for shared machines).
+    cpu = sum(r[2] for r in results)
+    print("cpu_samples_per_sec %.1f" % (a.steps * a.batch * a.replicas / cpu * os.cpu_count()))

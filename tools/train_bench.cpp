@@ -4,13 +4,22 @@
 //   ideal      the bare step on min(replicas, cores) threads at once, summed: what the cores deliver
 //              when nothing but compute runs (shared caches and clocks included);
 //   efficiency ringmaster / ideal.
-// With --torch, PyTorch DDP (gloo, one process per replica, python3-torch) runs the same model alongside.
+// With --torch, PyTorch DDP (gloo, one process per replica, one thread each, python3-torch) runs the same
+// model alongside (MLPs and the cnn; tools/torch_ddp_bench.py), and vs_torch is ringmaster / torch_ddp.
 //
-//   train_bench                                   # both default models, 2 replicas, batch 64 per replica
+// Any model description works (kernels/model.hpp): "784-512-512-10", "cnn", or JSON. The data are
+// synthetic samples of the model's input shape: an MLP's width as (W, 1, 1), a JSON description's
+// "input", else --input (default 1,28,28, MNIST's images, as for "cnn").
+//
+//   train_bench                                   # both default MLPs, 2 replicas, batch 64 per replica
+//   train_bench --models cnn --torch              # the Keras simple convnet against PyTorch DDP
 //   train_bench --models 784-64-10 --steps 2000 --torch
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -24,29 +33,41 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
-std::shared_ptr<dataset> synthetic(size_t n, int features, int classes) {
+std::shared_ptr<dataset> synthetic(size_t n, const shape& sample, int classes) {
   auto d = std::make_shared<dataset>();
   d->count = n;
-  d->rows = 1;
-  d->cols = features;
-  d->pixels.resize(n * features);
+  d->channels = sample.c;
+  d->rows = sample.h;
+  d->cols = sample.w;
+  d->pixels.resize(n * d->features());
   d->labels.resize(n);
   std::mt19937 rng(1);
   for (auto& p : d->pixels) p = float(rng() % 256) / 255.0f;
-  for (auto& l : d->labels) l = int32_t(rng() % classes);
+  for (auto& l : d->labels) l = int32_t(rng() % unsigned(classes));
   return d;
 }
 
-double kernel_one_thread(const model_spec& spec, int batch, int steps, const dataset& d) {
+// Multiply-adds of one sample's forward pass: every parameter tensor of a layer is used once per output
+// position (a dense layer has one, a convolution OH*OW). Biases are counted too (negligible).
+double macs_per_sample(const model& m) {
+  double macs = 0;
+  for (const model::entry& e : m.layers())
+    for (size_t p = e.first_param; p < e.first_param + e.param_count; ++p)
+      macs += double(m.params()[p].count) * e.out.h * e.out.w;
+  return macs;
+}
+
+double kernel_one_thread(std::shared_ptr<const model> md, int batch, int steps, const dataset& d) {
   auto be = make_cpu_backend();
-  mlp m(*be, spec, batch, {});
-  auto p = init_params(spec, 1);
-  m.set_params(p.data());
+  network net(*be, md, batch, {});
+  auto p = init_params(*md, 1);
+  net.set_params(p.data());
   auto run = [&](int n) {
     for (int s = 0; s < n; ++s) {
       const size_t at = size_t(s) * batch % (d.count - batch + 1);
-      m.forward_backward(d.pixels.data() + at * d.features(), d.labels.data() + at, batch, 1.0f / batch);
-      m.apply(m.grads());
+      net.forward_backward(d.pixels.data() + at * d.features(), d.labels.data() + at, batch, 1.0f / batch,
+                           sample_key{1, 0, int64_t(at)});
+      net.apply(net.grads());
     }
   };
   run(std::max(5, steps / 10));  // warm-up
@@ -59,49 +80,119 @@ double kernel_one_thread(const model_spec& spec, int batch, int steps, const dat
 constexpr int kSteps = 100;
 
 // The bare step on `threads` threads at once; total samples/s.
-double kernel_threads(const model_spec& spec, int batch, int steps, const dataset& d, int threads) {
+double kernel_threads(std::shared_ptr<const model> md, int batch, int steps, const dataset& d, int threads) {
   std::vector<double> rate(static_cast<size_t>(threads), 0.0);
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] { rate[size_t(t)] = kernel_one_thread(spec, batch, steps, d); });
+    pool.emplace_back([&, t] { rate[size_t(t)] = kernel_one_thread(md, batch, steps, d); });
   for (auto& th : pool) th.join();
   double sum = 0;
   for (double r : rate) sum += r;
   return sum;
 }
 
-double ringmaster_run(const model_spec& spec, int replicas, int per_replica, int steps,
-                      std::shared_ptr<dataset> d) {
+// CPU time of this process (all threads), seconds.
+double process_cpu() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// *cpu_rate: samples per CPU-second of the whole job (every thread, setup included), times the cores.
+double ringmaster_run(const std::string& desc, const std::string& label, int replicas, int per_replica, int steps,
+                      std::shared_ptr<dataset> d, int cores, double* cpu_rate) {
   train_config c;
-  c.model = spec.str();
+  c.model = desc;
   c.replicas = replicas;
   c.global_batch = per_replica * replicas;
   c.epochs = std::max(1, steps / kSteps);
   c.evaluate = false;
   c.train = d;
+  const double c0 = process_cpu();
   train_result r = train(c);
+  *cpu_rate = double(r.train_samples) / std::max(1e-9, process_cpu() - c0) * cores;
   if (!r.ok) {
     std::fprintf(stderr, "train_bench: %s\n", r.error.c_str());
     return 0;
   }
   const double total = r.wait_batch + r.compute + r.wait_ring + r.update;
   std::printf("#   %s replica time: compute %.0f%%, update %.0f%%, waiting for the ring %.0f%%, for batches %.0f%%\n",
-              spec.str().c_str(), 100 * r.compute / total, 100 * r.update / total, 100 * r.wait_ring / total,
+              label.c_str(), 100 * r.compute / total, 100 * r.update / total, 100 * r.wait_ring / total,
               100 * r.wait_batch / total);
   return double(r.train_samples) / r.train_seconds;
 }
 
-double torch_run(const model_spec& spec, int replicas, int per_replica, int steps) {
-  std::string cmd = "python3 " RINGMASTER_SOURCE_DIR "/tools/torch_ddp_bench.py --model " + spec.str() +
-                    " --replicas " + std::to_string(replicas) + " --batch " + std::to_string(per_replica) +
-                    " --steps " + std::to_string(steps) + " 2>/dev/null";
+// PyTorch DDP on the same model, for the models tools/torch_ddp_bench.py knows (MLPs given as widths, the
+// cnn); 0 otherwise or when PyTorch is missing.
+// python: the interpreter; empty: the first of python3 (PATH) and /usr/bin/python3 (Debian's, where
+// python3-torch lives even when PATH finds another Python first) that imports torch.
+double torch_run(const std::string& python, const std::string& desc, int replicas, int per_replica, int steps,
+                 double* cpu_rate) {
+  *cpu_rate = 0;
+  const bool known = desc == "cnn" || (!desc.empty() && desc.find_first_not_of("0123456789-") == std::string::npos);
+  if (!known) return 0;
+  const std::string args = " " RINGMASTER_SOURCE_DIR "/tools/torch_ddp_bench.py --model " + desc + " --replicas " +
+                           std::to_string(replicas) + " --batch " + std::to_string(per_replica) + " --steps " +
+                           std::to_string(steps) + " 2>/dev/null";
+  const std::string cmd =
+      python.empty() ? "for p in python3 /usr/bin/python3; do if $p -c 'import torch' 2>/dev/null; then exec $p" + args +
+                           "; fi; done"
+                     : "'" + python + "'" + args;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return 0;
   char line[256];
   double v = 0;
-  while (std::fgets(line, sizeof line, p)) std::sscanf(line, "samples_per_sec %lf", &v);
+  while (std::fgets(line, sizeof line, p)) {
+    std::sscanf(line, "samples_per_sec %lf", &v);
+    std::sscanf(line, "cpu_samples_per_sec %lf", cpu_rate);
+  }
   pclose(p);
   return v;
+}
+
+// Splits "a,b,c" at commas outside brackets and braces (so JSON descriptions survive).
+std::vector<std::string> split_models(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\' && i + 1 < s.size()) cur += c, cur += s[++i];
+      else cur += c, in_string = c != '"';
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '[' || c == '{') ++depth;
+    if (c == ']' || c == '}') --depth;
+    if (c == ',' && depth == 0) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+bool parse_input(const std::string& s, shape* out) {
+  int v[3] = {1, 1, 1};
+  size_t at = 0;
+  for (int i = 0; i < 3 && at <= s.size(); ++i) {
+    const size_t c = s.find(',', at);
+    const std::string part = s.substr(at, c == std::string::npos ? std::string::npos : c - at);
+    if (part.empty() || part.size() > 6 || part.find_first_not_of("0123456789") != std::string::npos) return false;
+    v[i] = std::atoi(part.c_str());
+    if (v[i] < 1) return false;
+    if (c == std::string::npos) {
+      *out = shape{v[0], v[1], v[2]};
+      return true;
+    }
+    at = c + 1;
+  }
+  return false;
 }
 
 }  // namespace
@@ -109,7 +200,9 @@ double torch_run(const model_spec& spec, int replicas, int per_replica, int step
 int main(int argc, char** argv) {
   std::vector<std::string> models = {"784-512-512-10", "784-64-10"};
   int replicas = 2, per_replica = 64, steps = 0, repeat = 3;
+  shape default_input{1, 28, 28};
   bool torch = false;
+  std::string python;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -119,22 +212,28 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--models") {
-      models.clear();
-      std::string s = next();
-      for (size_t at = 0; at <= s.size();) {
-        size_t c = s.find(',', at);
-        models.push_back(s.substr(at, c == std::string::npos ? std::string::npos : c - at));
-        at = c == std::string::npos ? s.size() + 1 : c + 1;
-      }
-    } else if (a == "--replicas") replicas = std::atoi(next().c_str());
+    if (a == "--models") models = split_models(next());
+    else if (a == "--replicas") replicas = std::atoi(next().c_str());
     else if (a == "--batch") per_replica = std::atoi(next().c_str());
     else if (a == "--steps") steps = std::atoi(next().c_str());
     else if (a == "--repeat") repeat = std::atoi(next().c_str());
-    else if (a == "--torch") torch = true;
+    else if (a == "--input") {
+      const std::string v = next();
+      if (!parse_input(v, &default_input)) {
+        std::fprintf(stderr, "train_bench: --input wants C,H,W (e.g. 1,28,28), not '%s'\n", v.c_str());
+        return 2;
+      }
+    } else if (a == "--torch") torch = true;
+    else if (a == "--python") python = next();
     else if (a == "--help" || a == "-h") {
-      std::printf("usage: train_bench [--models A,B] [--replicas N] [--batch PER_REPLICA] [--steps N] [--repeat N] [--torch]\n"
-                  "Each figure is the median of --repeat runs (default 3), baseline and ringmaster interleaved.\n");
+      std::printf("usage: train_bench [--models A,B] [--replicas N] [--batch PER_REPLICA] [--steps N] [--repeat N]\n"
+                  "                   [--input C,H,W] [--torch] [--python INTERPRETER]\n"
+                  "Models: MLP widths (784-512-512-10), cnn, or JSON descriptions (see kernels/model.hpp);\n"
+                  "default 784-512-512-10,784-64-10. Synthetic data of the model's input shape (--input,\n"
+                  "default 1,28,28, for descriptions that do not say). Each figure is the median of --repeat\n"
+                  "runs (default 3), baselines, ringmaster and PyTorch interleaved. --torch: PyTorch DDP on\n"
+                  "the same model (MLPs, cnn), run by --python (default: python3 or /usr/bin/python3,\n"
+                  "whichever imports torch).\n");
       return 0;
     } else {
       std::fprintf(stderr, "train_bench: unknown flag %s (try --help)\n", a.c_str());
@@ -150,30 +249,48 @@ int main(int argc, char** argv) {
   std::printf("# %-16s %12s %12s %12s %10s %12s %10s\n", "model", "ringmaster", "kernel_1t", "ideal",
               "efficiency", "torch_ddp", "vs_torch");
   for (const std::string& m : models) {
-    model_spec spec;
+    model_desc desc;
     std::string err;
-    if (!parse_model_spec(m, &spec, &err)) {
+    if (!parse_model_desc(m, &desc, &err)) {
       std::fprintf(stderr, "train_bench: %s\n", err.c_str());
       return 2;
     }
-    const size_t flops_per_sample = 6 * (spec.param_count());
-    const int n = steps ? steps : int(std::max<size_t>(200, size_t(4e11 / (flops_per_sample * per_replica * replicas))));
-    auto d = synthetic(size_t(std::min(n, kSteps)) * per_replica * replicas, spec.dims[0], spec.dims.back());
+    const shape input = desc.input_width ? shape{desc.input_width, 1, 1} : desc.has_input_shape ? desc.input : default_input;
+    auto md = build_model(m, input, &err);
+    if (!md) {
+      std::fprintf(stderr, "train_bench: %s\n", err.c_str());
+      return 2;
+    }
+    const double flops_per_sample = 6 * macs_per_sample(*md);  // forward, and backward's two products
+    const int n = steps ? steps : int(std::max(200.0, 4e11 / (flops_per_sample * per_replica * replicas)));
+    auto d = synthetic(size_t(std::min(n, kSteps)) * per_replica * replicas, input, md->classes());
     // Interleaved and repeated, medians reported: the machine is shared and its speed drifts.
-    std::vector<double> bases, rms, ideals;
+    std::vector<double> bases, rms, ideals, torches, rm_cpus, torch_cpus;
     for (int k = 0; k < repeat; ++k) {
-      bases.push_back(kernel_one_thread(spec, per_replica, std::max(50, n / 2), *d));
-      rms.push_back(ringmaster_run(spec, replicas, per_replica, n, d));
-      ideals.push_back(kernel_threads(spec, per_replica, std::max(50, n / 2), *d, std::min(replicas, cores)));
+      double cpu_rate = 0;
+      bases.push_back(kernel_one_thread(md, per_replica, std::max(50, n / 2), *d));
+      rms.push_back(ringmaster_run(m, md->label(), replicas, per_replica, n, d, cores, &cpu_rate));
+      rm_cpus.push_back(cpu_rate);
+      ideals.push_back(kernel_threads(md, per_replica, std::max(50, n / 2), *d, std::min(replicas, cores)));
+      if (torch) {
+        torches.push_back(torch_run(python, m, replicas, per_replica, std::min(n, 400), &cpu_rate));
+        torch_cpus.push_back(cpu_rate);
+      }
     }
     auto median = [](std::vector<double> v) {
+      if (v.empty()) return 0.0;
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    const double base = median(bases), rm = median(rms), ideal = median(ideals);
-    const double th = torch ? torch_run(spec, replicas, per_replica, std::min(n, 400)) : 0;
-    std::printf("  %-16s %12.0f %12.0f %12.0f %10.2f %12.0f %10.2f\n", m.c_str(), rm, base, ideal, rm / ideal, th,
-                th > 0 ? rm / th : 0.0);
+    const double base = median(bases), rm = median(rms), ideal = median(ideals), th = median(torches);
+    // Per CPU-second, times the cores: what each would do on an idle machine if nothing waited; less
+    // disturbed by other load than wall-clock rates (ringmaster's includes CAF's idle polling).
+    const double rm_cpu = median(rm_cpus), th_cpu = median(torch_cpus);
+    std::printf("#   %s per CPU-second x %d cores: ringmaster %.0f", md->label().c_str(), cores, rm_cpu);
+    if (th_cpu > 0) std::printf(", torch_ddp %.0f, ratio %.2f", th_cpu, rm_cpu / th_cpu);
+    std::printf("\n");
+    std::printf("  %-16s %12.0f %12.0f %12.0f %10.2f %12.0f %10.2f\n", md->label().c_str(), rm, base, ideal,
+                rm / ideal, th, th > 0 ? rm / th : 0.0);
   }
   return 0;
 }
