@@ -1,6 +1,7 @@
 #include "actors/node_service.hpp"
 
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
@@ -102,7 +103,11 @@ struct node_service::impl {
 
   void send_kv(const net::peer_info& to, wire::msg_type type, uint64_t job_id, const wire::kv_map& kv) {
     std::string text, err;
-    if (!wire::encode_kv(kv, &text, &err)) return;
+    if (!wire::encode_kv(kv, &text, &err)) {  // never silent: the peer would wait for nothing
+      log(std::string("could not send a ") + wire::type_name(type) + " reply: " + err);
+      if (!wire::encode_kv({{"error", "node " + name() + ": its reply did not fit a control message"}}, &text, &err)) return;
+      type = wire::msg_type::error;
+    }
     wire::header h;
     h.type = type;
     h.job_id = job_id;
@@ -300,7 +305,9 @@ struct node_service::impl {
           if (!ours) return;
           job->started = true;
           job->last_heard = clock_type::now();
-          const int rank = std::atoi(kv["rank"].c_str());
+          int rank = -1;  // from the network: parsed, never atoi (undefined on overflow)
+          const std::string& rs = kv["rank"];
+          if (std::from_chars(rs.data(), rs.data() + rs.size(), rank).ptr != rs.data() + rs.size()) rank = -1;
           auto it = job->replicas.find(rank);
           if (it != job->replicas.end() && !job->links.empty())
             caf::anon_send(it->second, run_atom::value, job->loaders[rank], job->reducers[rank], job->links[0]);

@@ -1,5 +1,10 @@
 #include "actors/training.hpp"
 
+#include <unistd.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
 #include <thread>
 
 #include "actors/data_loader.hpp"
@@ -48,7 +53,20 @@ std::string check_config(const train_config& cfg, const model& m) {
       if (d->labels[i] < 0 || d->labels[i] >= m.classes())
         return "label " + std::to_string(d->labels[i]) + " of sample " + std::to_string(i) + " is out of range for a model with " +
                std::to_string(m.classes()) + " outputs";
-  if (!(cfg.opt.lr > 0)) return "learning rate must be positive";
+  const optimizer_config& o = cfg.opt;  // from the network on nodes: a bad value would only make NaNs
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) return "learning rate must be a positive number";
+  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.eps > 0) || !std::isfinite(o.eps) ||
+      !(o.momentum >= 0 && o.momentum <= 1))
+    return "optimizer settings out of range (beta1, beta2 in [0, 1), eps > 0, momentum in [0, 1])";
+  // What one replica will hold, before any of it is allocated (a description can ask for terabytes).
+  const int b = cfg.global_batch / cfg.replicas;
+  if (m.largest_buffer_floats(b) >= double(INT32_MAX))
+    return "model " + m.label() + " at " + std::to_string(b) + " samples per replica needs a buffer of over 2^31 floats";
+  const double bytes = 4 * m.memory_floats(b), ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  const bool host = cfg.devices.empty() || device_kind(cfg.devices[0]) == "cpu";
+  if (host && ram > 0 && bytes > ram / 2)
+    return "model " + m.label() + " at " + std::to_string(b) + " samples per replica needs " +
+           std::to_string(int64_t(bytes / (1 << 20))) + " MiB per replica, over half of this machine's memory";
   return "";
 }
 

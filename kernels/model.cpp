@@ -1,6 +1,7 @@
 #include "kernels/model.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <map>
 #include <random>
@@ -14,45 +15,38 @@ namespace {
 constexpr size_t max_text = 64 * 1024;
 constexpr int max_depth = 16;
 constexpr size_t max_layers = 1024;
+constexpr size_t max_canonical = 48 * 1024;
 
-// Nesting depth of JSON text, strings skipped; refuses pathological input before the parser sees it.
-int nesting(const std::string& t) {
-  int depth = 0, deepest = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < t.size(); ++i) {
-    const char c = t[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
-// "784-512-512-10": Dense layers with ReLU between them.
+// "784-512-512-10": Dense layers with ReLU between them. (Text is quoted in errors only in part: it may
+// be 64 KiB from the network.)
 bool parse_mlp(const std::string& text, model_desc* out, std::string* error) {
+  const std::string shown = quoted(text, 64);
   std::vector<int> dims;
-  std::stringstream ss(text);
-  std::string part;
-  while (std::getline(ss, part, '-')) {
-    if (part.empty() || part.size() > 7 || !std::all_of(part.begin(), part.end(), ::isdigit) || std::stoi(part) <= 0) {
-      *error = "bad model spec '" + text + "': '" + part + "' is not a layer width in 1..9999999";
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t dash = std::min(text.find('-', at), text.size());
+    const std::string part = text.substr(at, dash - at);
+    int width = 0;
+    const bool digits = !part.empty() && part.size() <= 7 &&
+                        std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) std::from_chars(part.data(), part.data() + part.size(), width);
+    if (!digits || width <= 0) {
+      *error = "bad model spec " + quoted(text, 64) + ": " + quoted(part, 16) + " is not a layer width in 1..9999999";
       return false;
     }
-    dims.push_back(std::stoi(part));  // safe: at most 7 digits, checked above
+    dims.push_back(width);
+    if (dims.size() > max_layers + 1) {
+      *error = "bad model spec " + shown + ": more than 1024 layers";
+      return false;
+    }
+    at = dash + 1;
   }
   if (dims.size() < 2) {
-    *error = "bad model spec '" + text + "': need at least input and output widths, e.g. 784-512-512-10";
+    *error = "bad model spec " + shown + ": need at least input and output widths, e.g. 784-512-512-10";
     return false;
   }
   if (dims.back() < 2) {
-    *error = "bad model spec '" + text + "': the last layer needs at least 2 classes";
+    *error = "bad model spec " + shown + ": the last layer needs at least 2 classes";
     return false;
   }
   out->input_width = dims[0];
@@ -70,8 +64,10 @@ bool read_shape(const json& j, shape* s, std::string* error) {
     ok = j[i].is_number_integer() && j[i].get<long long>() >= 1 && j[i].get<long long>() <= (1 << 24);
     if (ok) v[i] = int(j[i].get<long long>());
   }
+  // The product too: three sizes each below 2^24 can still wrap a size_t.
+  if (ok && double(v[0]) * v[1] * v[2] > double(size_t(1) << 26)) ok = false;
   if (!ok) {
-    *error = "\"input\" must be [C, H, W] (or [C] for flat features) with sizes in 1..16777216";
+    *error = "\"input\" must be [C, H, W] (or [C] for flat features) with sizes in 1..16777216 and at most 2^26 values";
     return false;
   }
   *s = shape{v[0], v[1], v[2]};
@@ -94,17 +90,17 @@ bool parse_model_desc(const std::string& text, model_desc* out, std::string* err
                    flatten(), dropout(0.5), dense(10)};
     return true;
   }
+  if (text.size() > max_text) return *error = "model description over 64 KiB", false;
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || (text[first] != '{' && text[first] != '[')) return parse_mlp(text, out, error);
-  if (text.size() > max_text) return *error = "model description over 64 KiB", false;
-  if (nesting(text) > max_depth) return *error = "model description nested deeper than 16 levels", false;
+  if (json_depth(text) > max_depth) return *error = "model description nested deeper than 16 levels", false;
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return *error = "model description is not valid JSON", false;
   const json* list = &j;
   if (j.is_object()) {
     for (auto it = j.begin(); it != j.end(); ++it)
       if (it.key() != "layers" && it.key() != "input" && it.key() != "format")
-        return *error = "model description: unknown key '" + it.key().substr(0, 40) + "' (known: input, layers)", false;
+        return *error = "model description: unknown key " + quoted(it.key()) + " (known: input, layers)", false;
     auto in = j.find("input");
     if (in != j.end()) {
       if (!read_shape(*in, &out->input, error)) return false;
@@ -133,7 +129,7 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
     *error = "model expects input " + d.input.str() + " but the data's samples are " + input.str();
     return nullptr;
   }
-  if (input.size() == 0 || input.size() > (size_t(1) << 26)) {
+  if (input.c < 1 || input.h < 1 || input.w < 1 || double(input.c) * input.h * input.w > double(size_t(1) << 26)) {
     *error = "input " + input.str() + " is empty or too large";
     return nullptr;
   }
@@ -194,7 +190,13 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
     canonical["layers"].push_back(l);
   }
   m->text_ = canonical.dump();
-  m->label_ = d.input_width ? text : text == "cnn" ? "cnn" : "JSON, " + std::to_string(m->layers_.size()) + " layers";
+  // The canonical text travels back in a node's reply (a 64 KiB control message): it must fit there.
+  if (m->text_.size() > max_canonical) {
+    *error = "model description too long: " + std::to_string(m->text_.size()) + " bytes written out in full (limit " +
+             std::to_string(max_canonical) + ")";
+    return nullptr;
+  }
+  m->label_ = d.input_width ? text.substr(0, 80) : text == "cnn" ? "cnn" : "JSON, " + std::to_string(m->layers_.size()) + " layers";
   return m;
 }
 
@@ -210,6 +212,23 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
 
 std::shared_ptr<const model> build_model(const std::string& text, const shape& input, std::string* error) {
   return model::build(text, layer_registry::with_builtins(), input, error);
+}
+
+double model::memory_floats(int batch) const {
+  const double b = batch;
+  double widest = double(input_.size()), total = 4.0 * double(param_count_) + b * double(input_.size());
+  for (const entry& e : layers_) {
+    total += b * double(e.out.size()) + double(e.impl->workspace(e.in, e.out, batch));
+    widest = std::max(widest, double(e.out.size()));
+  }
+  return total + 2 * b * widest;  // the two activation-gradient buffers
+}
+
+double model::largest_buffer_floats(int batch) const {
+  double largest = double(param_count_) + double(batch) * double(input_.size());
+  for (const entry& e : layers_)
+    largest = std::max({largest, double(batch) * double(e.out.size()), double(e.impl->workspace(e.in, e.out, batch))});
+  return largest;
 }
 
 std::string model::summary() const {

@@ -80,6 +80,11 @@ class model {
   const std::string& description() const { return text_; }
   // A short name for logs: "784-512-512-10" for MLPs given that way, else "cnn" or "JSON, N layers".
   const std::string& label() const { return label_; }
+  // Floats a network of this model holds for a batch of `batch` (parameters, gradients, optimizer state,
+  // activations, workspaces), as a double so that absurd models cannot wrap it; and the largest single
+  // buffer among them, which kernels index with int.
+  double memory_floats(int batch) const;
+  double largest_buffer_floats(int batch) const;
   // Keras-like table: layer, output shape, parameters.
   std::string summary() const;
   // FNV-1a over names, shapes and offsets: two processes with equal fingerprints lay out parameters alike.

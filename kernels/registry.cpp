@@ -1,14 +1,42 @@
 #include "kernels/registry.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ringmaster {
+
+std::string quoted(const std::string& text, size_t max) {
+  // dump() escapes control characters and quotes; replace invalid UTF-8 rather than throw on it.
+  const std::string j = json(text.substr(0, max)).dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string out = "'";  // appends, not an operator+ chain (GCC 12 warns falsely on those, -Wrestrict)
+  out.append(j, 1, j.size() - 2);
+  return out.append(text.size() > max ? "...'" : "'");
+}
+
+int json_depth(const std::string& t) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const char c = t[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      depth = std::max(0, depth - 1);
+    }
+  }
+  return deepest;
+}
 
 bool layer_registry::add(const std::string& type, layer_factory make, std::string* error) {
   const bool plain = !type.empty() && type.size() <= 32 &&
                      type.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
   if (!plain) {
-    *error = "layer type '" + type + "': use 1-32 characters of a-z, 0-9 and _";
+    *error = "layer type " + quoted(type) + ": use 1-32 characters of a-z, 0-9 and _";
     return false;
   }
   if (!make) {
@@ -43,7 +71,7 @@ std::unique_ptr<layer> layer_registry::create(const json& settings, std::string*
   if (it == makers_.end()) {
     std::string known;
     for (const std::string& n : types()) known += (known.empty() ? "" : ", ") + n;
-    *error = "unknown layer type '" + type.substr(0, 64) + "' (known: " + known + ")";
+    *error = "unknown layer type " + quoted(type, 64) + " (known: " + known + ")";
     return nullptr;
   }
   std::string why;
@@ -52,6 +80,8 @@ std::unique_ptr<layer> layer_registry::create(const json& settings, std::string*
     l = it->second(settings, &why);
   } catch (const std::exception& e) {
     why = e.what();
+  } catch (...) {
+    why = "its factory threw";
   }
   if (!l) *error = type + ": " + (why.empty() ? "could not be created" : why);
   return l;
@@ -148,7 +178,7 @@ settings_reader& settings_reader::only(const std::vector<std::string>& keys) {
     if (!known) {
       std::string list;
       for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
-      fail("unknown setting '" + it.key().substr(0, 40) + "'" + (list.empty() ? " (it takes none)" : " (known: " + list + ")"));
+      fail("unknown setting " + quoted(it.key()) + (list.empty() ? " (it takes none)" : " (known: " + list + ")"));
     }
   }
   return *this;

@@ -18,6 +18,13 @@
 
 namespace ringmaster {
 
+// Text from a description, fit for an error message that travels in a key=value line: at most `max`
+// characters, control characters and quotes escaped as JSON does, in single quotes: 'x\ny'.
+std::string quoted(const std::string& text, size_t max = 40);
+// Nesting depth of JSON text (strings skipped), checked before parsing text from outside: copying or
+// printing a deeply nested value recurses, and a crafted file can nest 100,000 levels in a few bytes each.
+int json_depth(const std::string& text);
+
 // Makes a layer from its settings (the description's object, "type" included); null with *error.
 using layer_factory = std::function<std::unique_ptr<layer>(const json& settings, std::string* error)>;
 

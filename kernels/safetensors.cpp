@@ -1,5 +1,7 @@
 #include "kernels/safetensors.hpp"
 
+#include "kernels/registry.hpp"
+
 #include <fstream>
 
 namespace ringmaster {
@@ -62,6 +64,11 @@ bool read_safetensors(const std::string& path, const model& m, std::vector<float
     *error = path + ": truncated header";
     return false;
   }
+  // Our files nest 4 deep; a crafted one could nest deep enough to overflow the stack when copied.
+  if (json_depth(text) > 8) {
+    *error = path + ": the header nests deeper than a safetensors header does";
+    return false;
+  }
   const json h = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (h.is_discarded() || !h.is_object()) {
     *error = path + ": the header is not a JSON object";
@@ -75,9 +82,10 @@ bool read_safetensors(const std::string& path, const model& m, std::vector<float
       *error = path + ": no tensor " + p.name + " (model " + m.label() + ")";
       return false;
     }
-    // operator[] on a const json is undefined for a missing key: look up, copy or null.
-    auto field = [&t](const char* k) { auto it = t->find(k); return it == t->end() ? json() : *it; };
-    const json dtype = field("dtype"), dims = field("shape"), offs = field("data_offsets");
+    // operator[] on a const json is undefined for a missing key: look up, or an empty value.
+    const json none;
+    auto field = [&](const char* k) -> const json& { auto it = t->find(k); return it == t->end() ? none : *it; };
+    const json &dtype = field("dtype"), &dims = field("shape"), &offs = field("data_offsets");
     if (!dtype.is_string() || dtype.get_ref<const std::string&>() != "F32") {
       *error = path + ": tensor " + p.name + " is not F32";
       return false;

@@ -4,6 +4,7 @@
 // and fingerprints. The layers one at a time: test_layers.cpp.
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -17,6 +18,7 @@
 #include "kernels/layers.hpp"
 #include "kernels/model.hpp"
 #include "kernels/registry.hpp"
+#include "kernels/safetensors.hpp"
 #include "tests/layer_reference.hpp"
 #include "tests/sim_backend.hpp"
 
@@ -453,4 +455,55 @@ TEST_CASE("the cnn's parameters, shapes and names are Keras's, fingerprints foll
   CHECK(mlp->params()[0].name == "dense_0/kernel");
   CHECK(mlp->params()[0].dims == std::vector<size_t>{784, 512});
   CHECK(mlp->params()[5].name == "dense_2/bias");
+}
+
+// Found by a hostile review: inputs that used to crash, hang or allocate without bound.
+TEST_CASE("hostile descriptions and files: wrapped sizes, control characters, huge models, deep JSON", "[layers]") {
+  std::string err;
+  const layer_registry reg = layer_registry::with_builtins();
+  // Three sizes below 2^24 whose product wraps a size_t to 2^24.
+  CHECK_FALSE(model::build(R"({"input": [16777216, 419021, 10496005], "layers": [{"type": "dense", "units": 10}]})", reg, &err));
+  CHECK(err.find("at most 2^26 values") != std::string::npos);
+  // User text in a message is escaped: a newline would break the key=value line a node refuses with.
+  CHECK(has(build_error(R"({"layers": [{"type": "dense", "units": 10, "x\ny": 1}]})"), R"(unknown setting 'x\ny')"));
+  CHECK(build_error(R"({"layers": [{"type": "a\nb"}]})").find('\n') == std::string::npos);
+  // The MLP form has the JSON form's limits.
+  std::string mlp = "784";
+  for (int i = 0; i < 1100; ++i) mlp += "-2";
+  CHECK(has(build_error(mlp + "-10", shape{784, 1, 1}), "more than 1024 layers"));
+  // A canonical description too long to travel back from a node is refused, not dropped on the wire.
+  std::string many = "[";  // 41 KB as written, 100 KB with every setting spelled out
+  for (int i = 0; i < 1000; ++i) many += R"({"type":"conv2d","filters":1,"kernel":1},)";
+  CHECK(has(build_error(many + R"({"type":"dense","units":10}])"), "model description too long"));
+  // A model far bigger than memory is refused before anything is allocated.
+  train_config c;
+  c.model = "784-30000-30000-10";  // 9.4e8 parameters would pass 2^30 but not the memory budget
+  auto data = std::make_shared<dataset>();
+  REQUIRE(make_dataset(shape{784, 1, 1}, std::vector<float>(784 * 64, 0.5f), std::vector<int32_t>(64, 1), 10, data.get(), &err));
+  c.train = data;
+  c.global_batch = 64;
+  c.replicas = 1;
+  const train_result r = train(c);
+  CHECK_FALSE(r.ok);
+  CHECK(r.invalid);
+  CHECK((has(r.error, "over half of this machine's memory") || has(r.error, "the limit is 2^28")));
+  // A safetensors header nested 100,000 deep is refused before it is parsed (copying it overflowed the stack).
+  auto m = build_model("4-2", shape{4, 1, 1}, &err);
+  REQUIRE(m);
+  const std::string header = "{\"dense_0/kernel\":{\"dtype\":\"F32\",\"shape\":" + std::string(100000, '[') +
+                             std::string(100000, ']') + ",\"data_offsets\":[0,32]}}";
+  const std::string path = "/tmp/ringmaster-deep-header.safetensors";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    REQUIRE(f);
+    const uint64_t n = header.size();
+    std::fwrite(&n, 8, 1, f);  // little-endian on our hosts, as the format says
+    std::fwrite(header.data(), 1, header.size(), f);
+    std::fwrite(std::string(40, '\0').data(), 1, 40, f);
+    std::fclose(f);
+  }
+  std::vector<float> params;
+  CHECK_FALSE(read_safetensors(path, *m, &params, &err));
+  CHECK(has(err, "nests deeper"));
+  std::remove(path.c_str());
 }
