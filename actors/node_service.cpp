@@ -198,9 +198,14 @@ struct node_service::impl {
     auto done = std::make_shared<std::atomic<bool>>(false);
     data_threads.push_back({std::thread([this, from, spec, done] {
       std::string err;
-      auto train = load("train", spec.limit_train, &err);
-      std::shared_ptr<const dataset> test;
-      if (train && spec.evaluate) test = load("t10k", spec.limit_test, &err);
+      std::shared_ptr<const dataset> train, test;
+      try {  // out of memory, say: the job is refused below (train stays null), the daemon lives on
+        train = load("train", spec.limit_train, &err);
+        if (train && spec.evaluate) test = load("t10k", spec.limit_test, &err);
+      } catch (const std::exception& e) {
+        train = nullptr;
+        err = std::string("could not load the data: ") + e.what();
+      }
       br.post([this, from, spec, train, test, err] {
         try {
           start_job(from, spec, train, test, err);

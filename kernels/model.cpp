@@ -149,7 +149,15 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
     e.name = e.impl->type() + "_" + std::to_string(per_type[e.impl->type()]++);
     e.in = cur;
     std::vector<param_info> ps;
-    if (!e.impl->build(cur, &e.out, &ps, &why)) {
+    bool built = false;
+    try {  // a user layer's build may throw; a description from the network must not end the process
+      built = e.impl->build(cur, &e.out, &ps, &why);
+    } catch (const std::exception& x) {
+      why = x.what();
+    } catch (...) {
+      why = "its build() threw";
+    }
+    if (!built) {
       *error = where + " (" + e.name + "): " + why;
       return nullptr;
     }
@@ -184,7 +192,13 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
   }
   json canonical = {{"input", {input.c, input.h, input.w}}, {"layers", json::array()}};
   for (const entry& e : m->layers_) {
-    json l = e.impl->config();
+    json l;
+    try {
+      l = e.impl->config();
+    } catch (...) {
+      *error = "layer " + e.name + ": its config() threw";
+      return nullptr;
+    }
     if (!l.is_object()) l = json::object();
     l["type"] = e.impl->type();
     canonical["layers"].push_back(l);
