@@ -174,10 +174,6 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
           for (auto& a : *group) self->monitor(a);
         st->start = st->last_print = clock_type::now();
         st->epochs[0].start = st->start;
-        // Ring order: rank r sends to rank r + 1.
-        for (int r = 0; r < n; ++r)
-          self->send(st->reducers[r], ring_atom::value, st->reducers[(r + 1) % n], true,
-                     st->reducers[(r + n - 1) % n]);
         for (int r = 0; r < n; ++r)
           self->send(st->replicas[r], run_atom::value, st->loaders[r], st->reducers[r],
                      caf::actor_cast<caf::actor>(self));

@@ -2,14 +2,23 @@
 
 #include "actors/messages.hpp"
 #include "actors/reducer.hpp"
+#include "actors/ring_links.hpp"
 
 namespace ringmaster {
 
 local_ring::local_ring(caf::actor_system& sys, int ranks) : sys_(sys) {
-  for (int r = 0; r < ranks; ++r) reducers_.push_back(sys.spawn(reducer, r, ranks));
-  for (int r = 0; r < ranks; ++r)
-    caf::anon_send(reducers_[r], ring_atom::value, reducers_[(r + 1) % ranks], true,
-                   reducers_[(r + ranks - 1) % ranks]);
+  for (int r = 0; r < ranks; ++r) {
+    reducer_config rc;
+    rc.rank = r;
+    rc.size = ranks;
+    reducers_.push_back(sys.spawn(reducer, rc));
+  }
+  connect_ring(reducers_);
+}
+
+void connect_ring(const std::vector<caf::actor>& reducers) {
+  const size_t n = reducers.size();
+  for (size_t r = 0; r < n; ++r) caf::anon_send(reducers[r], ring_atom::value, make_actor_link(reducers[(r + 1) % n]));
 }
 
 // Waits for the reducers to end: they release staging buffers on the callers' backends as they go.

@@ -3,6 +3,7 @@
 //   coordinator ──(run)──▶ every replica and loader
 //   data_loader ──batch──▶ replica ──credit──▶ data_loader          (prefetch with back-pressure)
 //   replica ──reduce(step, grads)──▶ reducer ──chunk──▶ right reducer (ring), reply: step done
+//   (a chunk is a ring::message, net/ring_driver.hpp; to another process it goes through a link)
 //   replica ──metrics / eval / done──▶ coordinator
 #pragma once
 #include <caf/all.hpp>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "net/ring_driver.hpp"
 
 namespace ringmaster {
 
@@ -27,6 +29,7 @@ using done_atom = caf::atom_constant<caf::atom("done")>;
 using weights_atom = caf::atom_constant<caf::atom("weights")>;
 using release_atom = caf::atom_constant<caf::atom("release")>;  // "done reading your buffer"
 using fail_atom = caf::atom_constant<caf::atom("fail")>;  // {fail_atom, why}: a proxy's peer is gone
+using tick_atom = caf::atom_constant<caf::atom("tick")>;  // a watchdog's periodic look
 
 // One replica's shard of one global batch. Shared, immutable once sent: no copy on the way.
 struct batch {
@@ -44,17 +47,6 @@ struct tensor_view {
   size_t len = 0;
   std::shared_ptr<const void> owner;  // keeps the buffer (and `be`) alive while reducers and neighbours use it
   backend* be = nullptr;  // the device `data` lives on, whose kernels sum it; null: host memory, CPU kernels
-};
-
-// A chunk on its way round the ring: floats plus whatever keeps them alive (a buffer of the sending
-// reducer, or the ZeroMQ message it arrived in). Forwarding it never copies the floats. `device` says
-// where they are (backend::device(): -1 host memory, else a GPU of this process); chunks that cross
-// processes are always in host memory.
-struct chunk_data {
-  const float* data = nullptr;
-  size_t count = 0;
-  std::shared_ptr<const void> owner;
-  int device = -1;
 };
 
 // A replica's parameters (weights request/reply).
@@ -99,6 +91,7 @@ inline auto error_from_exception(std::string who) {
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::batch_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::tensor_view)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::chunk_ptr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::chunk_data)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::ring::message)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<ringmaster::ring::link>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::step_report)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::eval_report)

@@ -5,27 +5,6 @@
 
 namespace ringmaster {
 
-caf::behavior ring_link(caf::event_based_actor* self, net::bridge* br, int peer, uint64_t job, int sender_rank) {
-  return {
-      [self, br, peer, job, sender_rank](chunk_atom, int64_t step, int round, chunk_data c) {
-        if (c.device >= 0) {  // reducers stage GPU chunks in host memory for links; anything else is a bug
-          self->quit(caf::make_error(caf::sec::invalid_argument, "ring link to another process got a chunk in GPU memory"));
-          return;
-        }
-        wire::header h;
-        h.type = wire::msg_type::chunk;
-        h.job_id = job;
-        h.step = step;
-        h.sender_rank = sender_rank;
-        h.round = round;
-        h.elements = c.count;
-        net::payload p{c.data, c.count * sizeof(float), std::move(c.owner)};
-        br->send(peer, h, std::move(p));
-      },
-      [](ring_atom, caf::actor, bool, caf::actor) {},  // the node wires the ring itself
-  };
-}
-
 namespace {
 
 void send_kv(net::bridge* br, const net::peer_info& to, wire::header h, const wire::kv_map& kv) {

@@ -8,10 +8,6 @@
 
 namespace ringmaster {
 
-// On a node: the right neighbour of a local reducer when that neighbour runs on another node. Turns
-// {chunk_atom, step, round, chunk_data} into a chunk message to `peer` (zero-copy).
-caf::behavior ring_link(caf::event_based_actor* self, net::bridge* br, int peer, uint64_t job, int sender_rank);
-
 // On a node: the coordinator as the node's replicas see it. Ships step and eval reports and done to the
 // launcher; answers {weights_atom, rank} by fetching that replica's weights and sending them; watches
 // the job's local actors and tells the launcher (abort message) when one fails.

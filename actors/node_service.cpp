@@ -13,6 +13,7 @@
 #include "actors/job_spec.hpp"
 #include "actors/messages.hpp"
 #include "actors/node_links.hpp"
+#include "actors/ring_links.hpp"
 #include "actors/training.hpp"
 #include "net/bridge.hpp"
 #include "net/ring.hpp"
@@ -74,12 +75,15 @@ struct node_service::impl {
     net::peer_info launcher;
     job_spec spec;
     std::map<int, caf::actor> reducers, replicas, loaders;
-    std::vector<caf::actor> links;  // launcher_link first, then ring links
+    std::vector<caf::actor> links;  // launcher_link
     clock_type::time_point last_heard;
     bool started = false;  // the launcher sent start: from then on it heartbeats
   };
   std::unique_ptr<job_state> job;
   std::map<std::string, int> peers;  // node endpoint -> our connection
+  // Node endpoint -> the routing id its chunks come with (from its node hello, which may come before our
+  // own setup of the job is done). Bounded: a stranger's hellos cannot grow it without limit.
+  std::map<std::string, std::string> peer_names;
   std::mutex data_mu;  // data_cache is filled on the data thread
   std::map<std::string, std::shared_ptr<const dataset>> data_cache;  // whole files, by prefix and classes
   // Threads that load a job's data, so the bridge thread keeps answering meanwhile. Joined once done
@@ -241,40 +245,41 @@ struct node_service::impl {
     if (std::string e = check_config(cfg, *m); !e.empty()) return refuse(e, true);
 
     std::unique_ptr<job_state> js = std::move(job);
-    rank_actors local = spawn_ranks(*sys, cfg, m, spec.ranks);
+    rank_actors local = spawn_ranks(*sys, cfg, m, spec.ranks, spec.job_id);
     for (size_t i = 0; i < spec.ranks.size(); ++i) {
       js->reducers[spec.ranks[i]] = local.reducers[i];
       js->replicas[spec.ranks[i]] = local.replicas[i];
       js->loaders[spec.ranks[i]] = local.loaders[i];
     }
-    // Links to the ranks on other nodes: rank r sends to rank r + 1, through the bridge when it lives
-    // elsewhere.
-    std::map<int, caf::actor> ring_links;
+    // Rank r sends to rank r + 1: a reducer here directly, one on another node through the bridge.
     for (int r : spec.ranks) {
       const int right = ring::right(r, spec.replicas);
-      if (js->reducers.count(right)) continue;
-      int peer = peer_for(spec.rank_nodes[right], &error);
-      if (peer < 0) {
-        job = std::move(js);
-        teardown("cannot reach " + spec.rank_nodes[right]);
-        return this->refuse(from, spec.job_id, "cannot reach node " + spec.rank_nodes[right] + ": " + error);
+      link_ptr link;
+      if (js->reducers.count(right)) {
+        link = make_actor_link(js->reducers[right]);
+      } else {
+        int peer = peer_for(spec.rank_nodes[right], &error);
+        if (peer < 0) {
+          job = std::move(js);
+          teardown("cannot reach " + spec.rank_nodes[right]);
+          return this->refuse(from, spec.job_id, "cannot reach node " + spec.rank_nodes[right] + ": " + error);
+        }
+        link = make_bridge_link(&br, peer);
+        // Who we are, ahead of our chunks on this connection, so that node accepts them from us only.
+        std::string text;
+        wire::encode_kv({{"role", "node"}, {"endpoint", spec.rank_nodes[size_t(r)]}}, &text, &error);
+        wire::header h;
+        h.type = wire::msg_type::hello;
+        h.job_id = spec.job_id;
+        br.send(peer, h, net::payload::copy_of(text));
       }
-      ring_links[r] = sys->spawn(ring_link, &br, peer, spec.job_id, r);
-      js->links.push_back(ring_links[r]);
+      caf::anon_send(js->reducers[r], ring_atom::value, std::move(link));
     }
     // The launcher hears of any of them failing.
     std::vector<caf::actor> watched;
     for (auto* group : {&local.replicas, &local.loaders, &local.reducers})
       watched.insert(watched.end(), group->begin(), group->end());
-    for (auto& [r, link] : ring_links) watched.push_back(link);
     js->links.insert(js->links.begin(), sys->spawn(launcher_link, &br, from, spec.job_id, js->replicas, watched, name()));
-    for (int r : spec.ranks) {
-      const int right = ring::right(r, spec.replicas), left = ring::left(r, spec.replicas);
-      const bool right_here = js->reducers.count(right) > 0;
-      caf::actor next = right_here ? js->reducers[right] : ring_links[r];
-      caf::actor left_actor = js->reducers.count(left) ? js->reducers[left] : caf::actor{};
-      caf::anon_send(js->reducers[r], ring_atom::value, next, right_here, left_actor);
-    }
     job = std::move(js);
     std::string ranks;
     for (int r : spec.ranks) {
@@ -298,6 +303,11 @@ struct node_service::impl {
     std::string error;
     switch (h.type) {
       case msg_type::hello:
+        if (wire::decode_kv(p.text(), &kv, &error) && kv["role"] == "node") {  // a peer node of our job
+          if (!from.identity.empty() && (peer_names.size() < 4096 || peer_names.count(kv["endpoint"])))
+            peer_names[kv["endpoint"]] = from.identity;
+          return;
+        }
         send_kv(from, msg_type::hello_ack, h.job_id,
                 {{"name", name()}, {"devices", opt.devices}, {"version", std::to_string(wire::kProtocolVersion)}});
         return;
@@ -331,14 +341,16 @@ struct node_service::impl {
         return;
       case msg_type::chunk: {
         if (!ours) return;  // a late chunk of a job that ended
-        const int dest = ring::right(h.sender_rank, job->spec.replicas);
+        // Only the node that runs the sender's rank may send its chunks, and only to its right neighbour.
+        const int sender = h.sender_rank, dest = sender >= 0 && sender < job->spec.replicas ? ring::right(sender, job->spec.replicas) : -1;
         auto it = job->reducers.find(dest);
-        if (it == job->reducers.end()) {
-          log("dropped a chunk for rank " + std::to_string(dest) + ", which does not run here");
+        if (it == job->reducers.end() || job->reducers.count(sender) || from.identity.empty() ||
+            !peer_names.count(job->spec.rank_nodes[size_t(sender)]) ||
+            from.identity != peer_names.at(job->spec.rank_nodes[size_t(sender)])) {
+          log("dropped a chunk from rank " + std::to_string(sender) + " that did not come from its node or is not for a rank here");
           return;
         }
-        chunk_data c{p.floats(), size_t(h.elements), std::move(p.owner)};
-        caf::anon_send(it->second, chunk_atom::value, h.step, int(h.round), std::move(c));
+        caf::anon_send(it->second, chunk_atom::value, from_wire(h, std::move(p)));
         return;
       }
       case msg_type::heartbeat:

@@ -1,188 +1,181 @@
 #include "actors/reducer.hpp"
 
 #include <deque>
-#include <optional>
 
 #include "actors/chunk_pool.hpp"
 #include "actors/messages.hpp"
+#include "actors/ring_links.hpp"
 #include "kernels/cpu_kernels.hpp"
-#include "net/ring.hpp"
 
 namespace ringmaster {
 namespace {
 
-// The ring's add and copy on the buffer's device: its backend's kernels, or the CPU's for host buffers.
-struct device_ring_ops {
-  backend* be = nullptr;
-  void add(float* d, const float* s, size_t n) const {
-    if (be) be->add_inplace(d, s, n);
-    else cpu::add_inplace(d, s, n);
+using clock_type = std::chrono::steady_clock;
+
+// The ring's add and copy where the buffer lives: the CPU's kernels for host memory, else its backend's.
+// Our kernels add only our own device's memory: floats from elsewhere (the host, another GPU) are first
+// copied over; a copy reads them where they are.
+struct device_ops : ring::ops {
+  backend* be = nullptr;  // null: host memory
+  int where = -1;
+  std::shared_ptr<const void> keep;  // keeps `be` alive for staging buffers that outlive a request
+  chunk_pool* pool = nullptr;
+  void add(float* d, const float* s, size_t n, int src_device) override {
+    if (!be) return cpu::add_inplace(d, s, n);
+    if (src_device != where) {
+      auto staged = pool->get(chunk_pool::kind::device, n, be, keep);  // reused only after our stream is past it
+      be->copy(staged.get(), s, n * sizeof(float));
+      s = staged.get();
+    }
+    be->add_inplace(d, s, n);
   }
-  void copy(float* d, const float* s, size_t n) const {
+  void copy(float* d, const float* s, size_t n, int) override {
     if (be) be->copy(d, s, n * sizeof(float));
     else std::copy(s, s + n, d);
   }
+  void settle() override {
+    if (be) be->synchronize();  // the sum is in place before a neighbour's stream reads it
+  }
+  int device() const override { return where; }
 };
 
-constexpr size_t kZeroCopyBytes = 64 * 1024;
+// In front of the real link: device memory bound for another process goes through pinned host memory.
+struct staging_link : ring::link {
+  link_ptr inner;
+  bool host = false;
+  backend* be = nullptr;
+  chunk_pool* pool = nullptr;
+  std::string send(ring::message m) override {
+    if (m.device >= 0 && host) {
+      auto copy = pool->get(chunk_pool::kind::pinned, m.count, be);
+      be->copy_out(copy.get(), m.data, m.count * sizeof(float));  // returns when the copy is done
+      m.data = copy.get();
+      m.owner = std::move(copy);  // lets go of our buffer at once
+      m.device = -1;
+    }
+    return inner->send(std::move(m));
+  }
+};
 
-struct pending_chunk {
+struct request {
   int64_t step;
-  int round;
-  chunk_data data;
+  tensor_view buf;
+  size_t lo, hi;
+  caf::response_promise reply;
 };
 
 struct reducer_state {
-  int rank = 0, size = 1;
-  caf::actor right, left;  // left: only when it runs in this process
-  bool right_local = false;
-  bool released = false;   // the right neighbour has finished reading our buffer this step
-  bool zero_copy = false;  // this all-reduce's all-gather chunks are read in place (see send_out)
-  int64_t step = -1;  // step being reduced, -1 when idle
-  tensor_view buf;
-  int where = -1;     // buf's device (backend::device()), -1: host memory
-  std::optional<ring::allreduce_state<device_ring_ops>> ring;
-  caf::response_promise reply;
-  std::deque<pending_chunk> early;  // chunks for a step this rank has not started yet
+  reducer_config cfg;
+  staging_link out;
+  std::unique_ptr<ring::driver> drv;
+  device_ops* ops = nullptr;        // owned by drv
+  std::deque<request> queue;        // the front one runs while drv->active()
+  std::deque<ring::message> before;  // messages that came before our first request
+  int64_t next_seq = 0;
+  bool ticking = false;
   chunk_pool pool;
 };
 
 }  // namespace
 
-caf::behavior reducer(caf::event_based_actor* self, int rank, int size) {
+caf::behavior reducer(caf::event_based_actor* self, reducer_config cfg) {
   auto st = std::make_shared<reducer_state>();
-  st->rank = rank;
-  st->size = size;
-  self->set_exception_handler(error_from_exception("reducer " + std::to_string(rank)));
+  st->cfg = cfg;
+  st->out.pool = &st->pool;
+  const std::string who = "reducer " + std::to_string(cfg.rank);
+  self->set_exception_handler(error_from_exception(who));
 
-  // Reduce-scatter chunks change after they are sent, so they go as copies. All-gather chunks hold final
-  // sums that stay put until the all-reduce ends, so a neighbour in this process reads them straight
-  // from our buffer (no copy), and tells us with a release when it has read the last one.
-  // A GPU's copies stay on its device for a neighbour in this process (which reads them device to
-  // device), and go to pinned host memory for a link to another process.
-  auto send_out = [self, st](const ring::outgoing& out) {
-    if (!out.send) return;
-    const float* p = st->buf.data + out.range.offset;
-    const size_t n = out.range.count;
-    if (st->zero_copy && st->right_local && !ring::is_reduce_round(st->size, out.round)) {
-      self->send(st->right, chunk_atom::value, st->step, out.round, chunk_data{p, n, st->buf.owner, st->where});
-      return;
-    }
-    using kind = chunk_pool::kind;
-    backend* be = st->buf.be;
-    chunk_data c{nullptr, n, nullptr, -1};
-    if (st->where < 0) {
-      auto copy = st->pool.get(kind::host, n);
-      std::copy(p, p + n, copy.get());
-      c.data = copy.get(), c.owner = std::move(copy);
-    } else if (st->right_local) {
-      auto copy = st->pool.get(kind::device, n, be, st->buf.owner);
-      be->copy(copy.get(), p, n * sizeof(float));
-      be->synchronize();  // the copy is complete before the neighbour's stream reads it
-      c.data = copy.get(), c.owner = std::move(copy), c.device = st->where;
-    } else {
-      auto copy = st->pool.get(kind::pinned, n, be);
-      be->copy_out(copy.get(), p, n * sizeof(float));  // returns when the copy is done
-      c.data = copy.get(), c.owner = std::move(copy);
-    }
-    self->send(st->right, chunk_atom::value, st->step, out.round, std::move(c));
+  auto fail = [self, st, who](const std::string& why) {
+    auto err = caf::make_error(caf::sec::runtime_error, who + ": " + why);
+    for (request& r : st->queue) r.reply.deliver(err);
+    st->queue.clear();
+    self->quit(err);
   };
-  auto finish_if_done = [st] {
-    const bool zero_copy_sent = st->zero_copy && st->right_local && st->size > 1;
-    if (st->ring && st->ring->done() && (st->released || !zero_copy_sent)) {
-      const int64_t step = st->step;
-      st->ring.reset();
-      st->step = -1;
-      st->released = false;
-      st->buf = tensor_view{};
-      st->reply.deliver(step);
+  // Starts the next request when none runs, and answers those that are done.
+  auto pump = std::make_shared<std::function<void()>>();
+  *pump = [self, st, fail, pump] {
+    while (!st->queue.empty()) {
+      if (st->drv && st->drv->active()) {
+        if (!st->drv->finished()) return;
+        st->drv->finish();
+        st->queue.front().reply.deliver(st->queue.front().step);
+        st->queue.pop_front();
+        continue;
+      }
+      request& r = st->queue.front();
+      backend* be = r.buf.be && r.buf.be->device() >= 0 ? r.buf.be : nullptr;
+      if (!st->drv) {
+        auto ops = std::make_unique<device_ops>();
+        ops->pool = &st->pool;
+        st->ops = ops.get();
+        ops->be = be;
+        ops->where = be ? be->device() : -1;
+        caf::weak_actor_ptr weak{self->ctrl()};
+        st->drv = std::make_unique<ring::driver>(st->cfg.rank, st->cfg.size, &st->out, std::move(ops), st->cfg.ring, [weak] {
+          if (auto strong = weak.lock()) caf::anon_send(caf::actor_cast<caf::actor>(strong), release_atom::value, int64_t(0));
+        });
+        for (ring::message& m : st->before)
+          if (std::string e = st->drv->receive(std::move(m)); !e.empty()) return fail(e);
+        st->before.clear();
+      }
+      if ((be ? be->device() : -1) != st->ops->where)
+        return fail("a buffer on device " + std::to_string(be ? be->device() : -1) + " after buffers on device " +
+                    std::to_string(st->ops->where) + ": a reducer sums in one place");
+      st->ops->be = be;
+      st->ops->keep = r.buf.owner;
+      st->out.be = be;
+      if (be) be->synchronize();  // the gradients' kernels are done before other streams read them
+      if (std::string e = st->drv->start(st->next_seq++, r.buf.data, r.buf.len, r.lo, r.hi, r.buf.owner); !e.empty())
+        return fail(e);
+      if (!st->ticking) {
+        st->ticking = true;
+        self->delayed_send(self, std::max(std::chrono::milliseconds(10), st->cfg.timeout / 4), tick_atom::value);
+      }
     }
   };
-  auto apply = [self, st, send_out](int64_t step, int round, const chunk_data& data) {
-    auto fail = [&](const std::string& why) {
-      auto err = caf::make_error(caf::sec::unexpected_message, "reducer " + std::to_string(st->rank) + ": " + why);
-      st->ring.reset();  // nothing more is applied (the early-chunk loop checks it)
-      st->reply.deliver(err);
-      self->quit(err);
-    };
-    if (st->where < 0 && data.device >= 0)
-      return fail("chunk in the memory of device " + std::to_string(data.device) +
-                  " but this reducer sums on the host (rings mixing CPU and GPU replicas are not supported)");
-    // Our kernels add only our own device's memory: a chunk from the host (another process) or from
-    // another GPU is first copied over. A copy (all-gather) reads it where it is.
-    const float* src = data.data;
-    const size_t expected = ring::chunk(st->buf.len, st->size, ring::recv_chunk(st->rank, st->size, round)).count;
-    if (st->where >= 0 && data.device != st->where && ring::is_reduce_round(st->size, round) &&
-        data.count == expected && round == st->ring->round()) {
-      auto staged = st->pool.get(chunk_pool::kind::device, data.count, st->buf.be, st->buf.owner);
-      st->buf.be->copy(staged.get(), src, data.count * sizeof(float));
-      src = staged.get();  // the pool keeps it; we synchronize below before it can be handed out again
+  auto enqueue = [self, st, pump](int64_t step, tensor_view buf, uint64_t lo, uint64_t hi) {
+    auto reply = self->make_response_promise();
+    if (lo > hi || hi > buf.len || (st->cfg.size > 1 && !st->out.inner)) {
+      reply.deliver(caf::make_error(caf::sec::invalid_argument, !st->out.inner ? "reducer: no ring yet" : "reducer: bad window"));
+      return reply;
     }
-    ring::outgoing next;
-    if (!st->ring->receive(round, src, data.count, &next))
-      return fail("chunk of " + std::to_string(data.count) + " floats for round " + std::to_string(round) +
-                  " of step " + std::to_string(step) + " does not fit the ring");
-    // The sum or copy is in place before we send from it or release the left neighbour's buffer, and
-    // before `data` (the sender's buffer) is let go.
-    if (st->buf.be) st->buf.be->synchronize();
-    // Our last read from the left neighbour's buffer: it may reuse it now.
-    if (st->zero_copy && st->left && round == ring::rounds(st->size) - 1)
-      self->send(st->left, release_atom::value, step);
-    send_out(next);
+    st->queue.push_back({step, std::move(buf), size_t(lo), size_t(hi), reply});
+    (*pump)();
+    return reply;
   };
+  self->attach_functor([pump] { *pump = nullptr; });
 
   return {
-      [st](ring_atom, caf::actor right) {  // a right neighbour that copies are sent to
-        st->right = std::move(right);
-        st->right_local = false;
+      [st](ring_atom, link_ptr right) {
+        st->out.host = right && host_only(*right);
+        st->out.inner = std::move(right);
       },
-      [st](ring_atom, caf::actor right, bool right_local, caf::actor left) {
-        st->right = std::move(right);
-        st->right_local = right_local;
-        st->left = std::move(left);
+      [enqueue](reduce_atom, int64_t step, tensor_view buf) {
+        const uint64_t len = buf.len;
+        return enqueue(step, std::move(buf), 0, len);
       },
-      [st, finish_if_done](release_atom, int64_t step) {
-        if (step == st->step) st->released = true;
-        finish_if_done();
+      [enqueue](reduce_atom, int64_t step, tensor_view buf, uint64_t lo, uint64_t hi) {
+        return enqueue(step, std::move(buf), lo, hi);
       },
-      [self, st, send_out, apply, finish_if_done](reduce_atom, int64_t step, tensor_view buf) {
-        if (st->step >= 0 || (st->size > 1 && !st->right)) {
-          auto refused = self->make_response_promise();  // the request in flight keeps its promise
-          refused.deliver(caf::make_error(caf::sec::invalid_argument,
-                                          st->step >= 0 ? "reducer busy with another all-reduce" : "no ring yet"));
-          return refused;
-        }
-        st->reply = self->make_response_promise();
-        while (!st->early.empty() && st->early.front().step < step) st->early.pop_front();  // stale
-        st->step = step;
-        st->buf = buf;
-        st->where = buf.be ? buf.be->device() : -1;
-        if (st->where < 0) st->buf.be = nullptr;  // host memory: the CPU kernels, no backend needed
-        // The gradients' kernels (on the replica's stream) are done before other streams read them.
-        if (st->buf.be) st->buf.be->synchronize();
-        // Small chunks are cheaper to copy than to pay for the release message's extra hop. Every rank
-        // decides the same way, from the same length.
-        st->zero_copy = buf.len / size_t(st->size) * sizeof(float) >= kZeroCopyBytes;
-        st->ring.emplace(st->rank, st->size, buf.data, buf.len, device_ring_ops{st->buf.be});
-        send_out(st->ring->start());
-        // Chunks that arrived before our replica was ready (the left neighbour may run ahead).
-        while (st->ring && !st->early.empty() && st->early.front().step == step) {
-          pending_chunk c = std::move(st->early.front());
-          st->early.pop_front();
-          apply(c.step, c.round, c.data);
-          if (!st->ring) break;
-          finish_if_done();
-        }
-        finish_if_done();
-        return st->reply;
-      },
-      [st, apply, finish_if_done](chunk_atom, int64_t step, int round, chunk_data data) {
-        if (!st->ring || step != st->step) {
-          st->early.push_back({step, round, std::move(data)});
+      [st, fail, pump](chunk_atom, ring::message m) {
+        if (!st->drv) {
+          if (st->before.size() >= st->cfg.ring.max_early) return fail("too many messages before the first all-reduce");
+          st->before.push_back(std::move(m));
           return;
         }
-        apply(step, round, data);
-        finish_if_done();
+        if (std::string e = st->drv->receive(std::move(m)); !e.empty()) return fail(e);
+        (*pump)();
+      },
+      [pump](release_atom, int64_t) { (*pump)(); },
+      [self, st, fail](tick_atom) {
+        st->ticking = false;
+        if (!st->drv || !st->drv->active()) return;
+        const auto quiet = clock_type::now() - st->drv->last_progress();
+        if (quiet > st->cfg.timeout)
+          return fail("no progress for " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count()) +
+                      " ms: " + st->drv->waiting_for());
+        st->ticking = true;
+        self->delayed_send(self, std::max(std::chrono::milliseconds(10), st->cfg.timeout / 4), tick_atom::value);
       },
   };
 }

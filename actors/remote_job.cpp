@@ -42,7 +42,6 @@ caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer
         h.job_id = job;
         br->send(peer, h, net::payload::copy_of(text));
       },
-      [](ring_atom, caf::actor, bool, caf::actor) {},  // the nodes wire the ring
       [self, st, br, peer, job, rank](weights_atom) {
         st->weights = self->make_response_promise();
         wire::header h;

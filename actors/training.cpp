@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "actors/data_loader.hpp"
+#include "actors/local_ring.hpp"
 #include "actors/messages.hpp"
 #include "actors/reducer.hpp"
 #include "actors/replica.hpp"
@@ -80,7 +81,7 @@ void configure(caf::actor_system_config& c, int threads) {
 }
 
 rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, std::shared_ptr<const model> m,
-                        const std::vector<int>& ranks) {
+                        const std::vector<int>& ranks, uint64_t job) {
   const int n = cfg.replicas;
   const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch));
   auto init = cfg.init_params ? cfg.init_params
@@ -89,7 +90,11 @@ rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, std::sh
   for (int r : ranks) {
     loader_config lc{cfg.train, r, n, cfg.global_batch, cfg.seed, cfg.epochs, cfg.prefetch};
     out.loaders.push_back(sys.spawn(data_loader, lc));
-    out.reducers.push_back(sys.spawn(reducer, r, n));
+    reducer_config red;
+    red.rank = r;
+    red.size = n;
+    red.ring.job = job;
+    out.reducers.push_back(sys.spawn(reducer, red));
     replica_config rc;
     rc.rank = r;
     rc.replicas = n;
@@ -140,6 +145,7 @@ train_result train(const train_config& cfg) {
   std::vector<int> ranks;
   for (int r = 0; r < cfg.replicas; ++r) ranks.push_back(r);
   rank_actors all = spawn_ranks(sys, cfg, m, ranks);
+  connect_ring(all.reducers);
   coordinator_config cc{cfg.replicas, cfg.global_batch,
                         int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch)), cfg.epochs,
                         cfg.evaluate && cfg.test != nullptr, cfg.on_progress};

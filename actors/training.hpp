@@ -42,12 +42,13 @@ std::string check_config(const train_config& cfg, const model& m);
 // Scheduler settings for training processes (threads 0: one per core).
 void configure(caf::actor_system_config& c, int threads);
 
-// The actors of some ranks of a job, index i belonging to ranks[i] (the reducers not yet in a ring).
+// The actors of some ranks of a job, index i belonging to ranks[i] (the reducers not yet in a ring:
+// local_ring.hpp's connect_ring joins reducers of one process, a node links its own to other nodes).
 struct rank_actors {
   std::vector<caf::actor> loaders, reducers, replicas;
 };
 rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, std::shared_ptr<const model> m,
-                        const std::vector<int>& ranks);
+                        const std::vector<int>& ranks, uint64_t job = 0);
 
 // Runs a coordinator (actors/coordinator.hpp) over all ranks' actors (index = rank) until the job ends.
 std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, caf::actor coordinator,

@@ -49,13 +49,14 @@ chunk_range driver::segment_of(const chunk_range& c, int segment) const {
   return {c.offset + off, std::min(opt_.segment_elems, c.count - off)};
 }
 
-std::string driver::start(int64_t seq, float* buf, size_t total, size_t lo, size_t hi) {
+std::string driver::start(int64_t seq, float* buf, size_t total, size_t lo, size_t hi, std::shared_ptr<const void> keep) {
   if (active_) return "all-reduce " + std::to_string(seq) + " started while " + std::to_string(seq_) + " runs";
   if (seq <= seq_) return "all-reduce " + std::to_string(seq) + " started after " + std::to_string(seq_);
   if (lo > hi || hi > total) return "window [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of " + std::to_string(total) + " floats";
   active_ = true;
   seq_ = seq;
   buf_ = buf;
+  keep_ = std::move(keep);
   total_ = total;
   lo_ = lo;
   hi_ = hi;
@@ -118,7 +119,7 @@ std::string driver::send_range(int round, int segment, const chunk_range& r) {
     // The receiver reads our buffer in place (or a link copies it out): count it until it lets go.
     state_->outstanding.fetch_add(1);
     auto st = state_;
-    m.owner = std::shared_ptr<const void>(static_cast<const void*>(st.get()), [st](const void*) {
+    m.owner = std::shared_ptr<const void>(static_cast<const void*>(st.get()), [st, keep = keep_](const void*) {
       // Both sides seq_cst: either this sees rounds_done, or the driver sees outstanding == 0.
       if (st->outstanding.fetch_sub(1) == 1 && st->rounds_done.load() && st->on_released) st->on_released();
     });
@@ -206,6 +207,7 @@ void driver::finish_whole() {
 
 int64_t driver::finish() {
   active_ = false;
+  keep_.reset();
   segs_.clear();
   segs_left_ = 0;
   whole_.clear();

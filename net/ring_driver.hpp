@@ -99,8 +99,9 @@ class driver {
   const driver_options& options() const { return opt_; }
 
   // Starts all-reduce number `seq` (one more than the last) over buf[lo, hi), whose element order is
-  // that of a `total`-float layout. Returns "" or what failed.
-  std::string start(int64_t seq, float* buf, size_t total, size_t lo, size_t hi);
+  // that of a `total`-float layout. `keep` keeps buf alive while a neighbour still reads it in place.
+  // Returns "" or what failed.
+  std::string start(int64_t seq, float* buf, size_t total, size_t lo, size_t hi, std::shared_ptr<const void> keep = {});
   // A message from the left neighbour (any all-reduce: early ones wait). Returns "" or what failed.
   std::string receive(message m);
   // Every round applied; the window holds the sum.
@@ -140,6 +141,7 @@ class driver {
   bool active_ = false;
   int64_t seq_ = -1;  // the current or last all-reduce
   float* buf_ = nullptr;
+  std::shared_ptr<const void> keep_;
   size_t total_ = 0, lo_ = 0, hi_ = 0;
   std::vector<segment_state> segs_;
   int segs_left_ = 0;

@@ -3,7 +3,8 @@
 //   allreduce_bench --ranks 2 --transport tcp --sizes 4K,1M,64M --iters 20 --warmup 5
 //
 // inproc: N reducer actors in this process (ringmaster::local_ring). ipc / tcp: this program starts
-// itself N times as workers (--worker-rank r --endpoints e0,e1,...) running net::zmq_ring, on free
+// itself N times as workers (--worker-rank r --endpoints e0,e1,...) running ringmaster::process_ring (reducer actors over the
+// ZeroMQ link: the path node daemons train with), on free
 // ports of 127.0.0.1 or ipc sockets in /tmp; rank 0 prints the rows. Rank r's element i is
 // (r + 1) + (i % 64), so every sum is an exactly known integer and wrong elements are counted.
 // The time is rank 0's median over --iters all-reduces; ranks meet at a one-float all-reduce before
@@ -27,7 +28,7 @@
 #include <vector>
 
 #include "actors/local_ring.hpp"
-#include "net/zmq_ring.hpp"
+#include "actors/process_ring.hpp"
 
 namespace {
 
@@ -41,7 +42,6 @@ struct options {
   size_t segment = size_t(1) << 20;
   int io_threads = 1;
   int spin_us = 0;
-  int wait_spin_us = 0;
   bool pin = true;  // as mpirun binds ranks to cores by default
   size_t small = 64 * 1024;
   int timeout_ms = 10000;
@@ -52,7 +52,7 @@ struct options {
 const char* kUsage =
     "usage: allreduce_bench [--ranks N] [--transport inproc|ipc|tcp] [--sizes 4K,1M,64M]\n"
     "                       [--iters N] [--warmup N] [--segment BYTES] [--small BYTES] [--io-threads N]\n"
-    "                       [--spin-us N] [--wait-spin-us N] [--pin on|off] [--timeout-ms N]\n"
+    "                       [--spin-us N] [--pin on|off] [--timeout-ms N]\n"
     "Ring all-reduce of float buffers; prints: size_bytes median_us algbw_GBps busbw_GBps wrong\n"
     "  --ranks N         ranks in the ring (default 2)\n"
     "  --transport T     inproc: actors in one process; ipc, tcp: one process per rank (default tcp)\n"
@@ -62,7 +62,6 @@ const char* kUsage =
     "  --small BYTES     ipc/tcp: buffers up to this size go whole round the ring (default 64K; 0: never)\n"
     "  --io-threads N    ZeroMQ I/O threads per process (default 1)\n"
     "  --spin-us N       bridge thread polls N us before sleeping (default 0)\n"
-    "  --wait-spin-us N  the calling thread yields N us before sleeping (default 0)\n"
     "  --pin on|off      ipc/tcp: all threads of worker r on CPU r mod CPUs (default on)\n"
     "  --timeout-ms N    a rank that sees no progress this long gives up (default 10000)\n";
 
@@ -119,7 +118,7 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
     }
     static const char* const known[] = {"--ranks",   "--transport", "--sizes",        "--iters",
                                         "--warmup",  "--segment",   "--small",        "--io-threads",
-                                        "--spin-us", "--wait-spin-us", "--pin",       "--timeout-ms",
+                                        "--spin-us", "--pin",       "--timeout-ms",
                                         "--worker-rank", "--endpoints"};
     if (std::find(std::begin(known), std::end(known), flag) == std::end(known))
       return flag.rfind("--", 0) == 0 ? "unknown flag " + flag : "unexpected argument " + flag;
@@ -149,8 +148,6 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
       o->pin = v == "on";
     } else if (flag == "--small") {
       if (!parse_size(v, &o->small)) return bad;
-    } else if (flag == "--wait-spin-us") {
-      if (!parse_int(v, 0, 1000000, &o->wait_spin_us)) return bad;
     } else if (flag == "--io-threads") {
       if (!parse_int(v, 1, 16, &o->io_threads)) return bad;
     } else if (flag == "--spin-us") {
@@ -248,14 +245,13 @@ int run_worker(const options& o) {
     CPU_SET(rank % std::max(1, int(std::thread::hardware_concurrency())), &set);
     if (sched_setaffinity(0, sizeof set, &set) != 0) std::perror("allreduce_bench: sched_setaffinity");
   }
-  ringmaster::net::zmq_ring_options ro;
+  ringmaster::process_ring_options ro;
   ro.segment_bytes = o.segment;
   ro.timeout = std::chrono::milliseconds(o.timeout_ms);
   ro.bridge.io_threads = o.io_threads;
   ro.bridge.spin = std::chrono::microseconds(o.spin_us);
-  ro.wait_spin = std::chrono::microseconds(o.wait_spin_us);
   ro.small_bytes = o.small;
-  ringmaster::net::zmq_ring ring(rank, o.ranks, ro);
+  ringmaster::process_ring ring(rank, o.ranks, ro);
   std::string err;
   if (!ring.start(o.endpoints, &err)) {
     std::fprintf(stderr, "allreduce_bench rank %d: %s\n", rank, err.c_str());
@@ -386,8 +382,8 @@ int main(int argc, char** argv) {
   std::printf("# allreduce_bench: %d ranks, transport %s, %d iters, %d warmup", o.ranks, o.transport.c_str(),
               o.iters, o.warmup);
   if (o.transport != "inproc")
-    std::printf(", segment %zu B, whole up to %zu B, io threads %d, spin %d us, wait spin %d us, pin %s",
-                o.segment, o.small, o.io_threads, o.spin_us, o.wait_spin_us, o.pin ? "on" : "off");
+    std::printf(", segment %zu B, whole up to %zu B, io threads %d, spin %d us, pin %s",
+                o.segment, o.small, o.io_threads, o.spin_us, o.pin ? "on" : "off");
   std::printf("\n# memcpy 64 MiB one thread: %.2f GB/s (this machine, this run)\n", memcpy_gbps());
   std::printf("# %10s %12s %10s %10s %8s\n", "size_bytes", "median_us", "algbw_GBps", "busbw_GBps", "wrong");
   std::fflush(stdout);

@@ -1,0 +1,288 @@
+#include "actors/process_ring.hpp"
+
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "actors/messages.hpp"
+#include "actors/reducer.hpp"
+#include "actors/ring_links.hpp"
+#include "actors/training.hpp"
+
+namespace ringmaster {
+
+using wire::msg_type;
+
+struct process_ring::impl {
+  int rank, size, left, right;
+  process_ring_options opt;
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::actor red;
+
+  std::mutex mu;  // guards the handshake flags and failure
+  std::condition_variable cv;
+  bool left_hello = false, right_ack = false, connected = false;
+  std::string failure;  // non-empty: the ring is broken
+  std::atomic<int> right_peer{-1};
+  std::string left_identity;  // bridge thread only
+  int64_t next_step = 0;      // caller only
+
+  net::bridge br;  // last: its thread stops before what its callbacks touch goes
+
+  impl(int r, int n, process_ring_options o)
+      : rank(r), size(n), left(ring::left(r, n)), right(ring::right(r, n)), opt(std::move(o)), br(opt.bridge) {
+    configure(cfg, opt.threads);
+    sys = std::make_unique<caf::actor_system>(cfg);
+    reducer_config rc;
+    rc.rank = r;
+    rc.size = n;
+    rc.ring.job = opt.job_id;
+    rc.ring.segment_elems = std::max<size_t>(1, opt.segment_bytes / sizeof(float));
+    rc.ring.small_bytes = opt.small_bytes;
+    rc.timeout = opt.timeout;
+    red = sys->spawn(reducer, rc);
+  }
+  ~impl() {
+    br.stop();
+    caf::anon_send_exit(red, caf::exit_reason::user_shutdown);
+    red = nullptr;
+    sys.reset();  // waits for the reducer
+  }
+
+  wire::header make(msg_type t) const {
+    wire::header h;
+    h.type = t;
+    h.job_id = opt.job_id;
+    h.sender_rank = rank;
+    return h;
+  }
+
+  void log(const std::string& why) {
+    if (opt.on_error) opt.on_error({net::fault::malformed, {}, why});
+    else std::fprintf(stderr, "ringmaster process_ring rank %d: %s\n", rank, why.c_str());
+  }
+
+  // The ring is broken: remember why, wake the caller and stop the reducer (a call in progress fails).
+  void fail(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (failure.empty()) failure = why;
+    }
+    cv.notify_all();
+    caf::anon_send(red, caf::exit_msg{caf::actor_addr{}, caf::make_error(caf::sec::runtime_error, why)});
+  }
+
+  bool connected_now() {
+    std::lock_guard<std::mutex> lock(mu);
+    return connected;
+  }
+
+  void send_abort(const std::string& origin, const std::string& reason) {
+    std::string text;
+    if (right_peer.load() < 0 || !wire::encode_kv({{"origin", origin}, {"reason", reason}}, &text, nullptr)) return;
+    br.send(right_peer.load(), make(msg_type::abort), net::payload::copy_of(text));
+  }
+
+  void on_hello(const net::peer_info& from, const wire::header& h, const net::payload& p) {
+    wire::kv_map kv;
+    std::string err, why;
+    if (!wire::decode_kv(p.text(), &kv, &err)) why = "bad hello: " + err;
+    else if (h.job_id != opt.job_id)
+      why = "hello for job " + std::to_string(h.job_id) + ", this ring runs job " + std::to_string(opt.job_id);
+    else if (kv["size"] != std::to_string(size))
+      why = "hello from a ring of " + kv["size"].substr(0, 20) + " ranks, this one has " + std::to_string(size);
+    else if (h.sender_rank != left)
+      why = "hello from rank " + std::to_string(h.sender_rank) + ", expected the left neighbour, rank " + std::to_string(left);
+    if (!why.empty()) {
+      br.reply(from, make(msg_type::error), net::payload::copy_of(why));
+      // Someone else's job is noise; a wrong rank in our own job is a broken ring layout.
+      if (h.job_id == opt.job_id && !connected_now()) fail(why);
+      else log(why);
+      return;
+    }
+    left_identity = from.identity;
+    br.reply(from, make(msg_type::hello_ack));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      left_hello = true;
+    }
+    cv.notify_all();
+  }
+
+  void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
+    switch (h.type) {
+      case msg_type::chunk:
+        // Only from the left neighbour's connection; the reducer checks job, sender, step and size.
+        if (from.peer >= 0 || from.identity.empty() || from.identity != left_identity) {
+          log("chunk from rank " + std::to_string(h.sender_rank) + " on a connection that is not our left neighbour's: dropped");
+          return;
+        }
+        caf::anon_send(red, chunk_atom::value, from_wire(h, std::move(p)));
+        return;
+      case msg_type::hello:
+        return on_hello(from, h, p);
+      case msg_type::hello_ack:
+        if (from.peer == right_peer.load() && h.job_id == opt.job_id) {
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            right_ack = true;
+          }
+          cv.notify_all();
+        }
+        return;
+      case msg_type::abort: {
+        if (h.job_id != opt.job_id || from.identity != left_identity) return;
+        wire::kv_map kv;
+        std::string err;
+        wire::decode_kv(p.text(), &kv, &err);
+        const std::string origin = kv.count("origin") ? kv["origin"].substr(0, 20) : "?";
+        fail("rank " + origin + " aborted: " + (kv.count("reason") ? kv["reason"] : "no reason given"));
+        // Round the ring once, so every rank stops waiting, until it reaches the rank that started it.
+        if (origin != std::to_string(right)) send_abort(origin, kv.count("reason") ? kv["reason"] : "");
+        return;
+      }
+      case msg_type::error:
+        if (from.peer >= 0 && from.peer == right_peer.load())
+          return fail("rank " + std::to_string(right) + " refused us: " + std::string(p.text()));
+        if (!from.identity.empty() && from.identity == left_identity)
+          return fail("rank " + std::to_string(left) + " reported: " + std::string(p.text()));
+        log("error from a peer outside the ring: " + std::string(p.text()));
+        return;
+      default:
+        log(std::string("ignored a ") + wire::type_name(h.type) + " message");
+    }
+  }
+
+  void on_bridge_error(const net::bridge_error& e) {
+    // A neighbour in another protocol version can never join: fail the handshake with its message.
+    if (e.kind == net::fault::version_mismatch && !connected_now()) fail(e.message);
+    if (opt.on_error) opt.on_error(e);
+    else std::fprintf(stderr, "ringmaster process_ring rank %d: %s: %s\n", rank, net::fault_name(e.kind), e.message.c_str());
+  }
+};
+
+process_ring::process_ring(int rank, int size, process_ring_options options)
+    : d_(std::make_unique<impl>(rank, size, std::move(options))) {
+  d_->br.set_handler([d = d_.get()](const net::peer_info& f, const wire::header& h, net::payload p) {
+    d->on_message(f, h, std::move(p));
+  });
+  d_->br.set_error_handler([d = d_.get()](const net::bridge_error& e) { d->on_bridge_error(e); });
+}
+
+process_ring::~process_ring() = default;
+
+int process_ring::rank() const { return d_->rank; }
+int process_ring::size() const { return d_->size; }
+std::string process_ring::endpoint() const { return d_->br.endpoint(); }
+
+bool process_ring::listen(const std::string& endpoint, std::string* error) {
+  if (d_->size < 1 || d_->rank < 0 || d_->rank >= d_->size) {
+    if (error) *error = "rank " + std::to_string(d_->rank) + " of " + std::to_string(d_->size);
+    return false;
+  }
+  return d_->br.start(endpoint, error);
+}
+
+bool process_ring::start(const std::vector<std::string>& endpoints, std::string* error) {
+  if (endpoints.size() != size_t(d_->size)) {
+    if (error) *error = std::to_string(endpoints.size()) + " endpoints for a ring of " + std::to_string(d_->size);
+    return false;
+  }
+  return listen(endpoints[size_t(d_->rank)], error) && connect(endpoints, error);
+}
+
+bool process_ring::connect(const std::vector<std::string>& endpoints, std::string* error) {
+  auto failed = [error](std::string why) {
+    if (error) *error = std::move(why);
+    return false;
+  };
+  if (endpoints.size() != size_t(d_->size))
+    return failed(std::to_string(endpoints.size()) + " endpoints for a ring of " + std::to_string(d_->size));
+  if (!d_->br.running()) return failed("connect before listen");
+  if (d_->size == 1) {
+    std::lock_guard<std::mutex> lock(d_->mu);
+    d_->connected = true;
+    return true;
+  }
+  const std::string& right_ep = endpoints[size_t(d_->right)];
+  const int peer = d_->br.connect(right_ep, error);
+  if (peer < 0) return false;
+  d_->right_peer.store(peer);
+  caf::anon_send(d_->red, ring_atom::value, make_bridge_link(&d_->br, peer));
+  std::string text;
+  wire::encode_kv({{"rank", std::to_string(d_->rank)}, {"size", std::to_string(d_->size)}}, &text, nullptr);
+  if (!d_->br.send(peer, d_->make(msg_type::hello), net::payload::copy_of(text), error)) return false;
+
+  std::unique_lock<std::mutex> lock(d_->mu);
+  const bool ok = d_->cv.wait_for(lock, d_->opt.handshake_timeout, [this] {
+    return !d_->failure.empty() || (d_->left_hello && d_->right_ack);
+  });
+  if (!d_->failure.empty()) return failed(d_->failure);
+  if (!ok) {
+    std::string missing;
+    if (!d_->right_ack) missing = "no answer from the right neighbour, rank " + std::to_string(d_->right) + " at " + right_ep;
+    if (!d_->left_hello)
+      missing += std::string(missing.empty() ? "" : "; ") + "no hello from the left neighbour, rank " +
+                 std::to_string(d_->left) + " at " + endpoints[size_t(d_->left)];
+    return failed("handshake timed out after " + std::to_string(d_->opt.handshake_timeout.count()) + " ms: " + missing);
+  }
+  d_->connected = true;
+  return true;
+}
+
+std::string process_ring::allreduce(float* buf, size_t len) {
+  if (d_->size == 1) return "";
+  {
+    std::lock_guard<std::mutex> lock(d_->mu);
+    if (!d_->failure.empty()) return "ring failed earlier: " + d_->failure;
+    if (!d_->connected) return "allreduce before connect";
+  }
+  // Every send that still reads `buf` holds the guard: the call returns only once all have let go.
+  auto guard = std::make_shared<int>(0);
+  std::weak_ptr<int> watch = guard;
+  std::string why;
+  {
+    caf::scoped_actor self{*d_->sys};
+    self->monitor(d_->red);
+    self->send(d_->red, reduce_atom::value, d_->next_step++, tensor_view{buf, len, std::move(guard), nullptr});
+    bool done = false;
+    self->receive_while([&] { return !done; })(
+        [&](int64_t) { done = true; },
+        [&](caf::error& e) {
+          why = d_->sys->render(e);
+          done = true;
+        },
+        [&](caf::down_msg& dm) {
+          why = d_->sys->render(dm.reason);
+          done = true;
+        },
+        caf::after(d_->opt.timeout * 3 + std::chrono::seconds(5)) >> [&] {  // the reducer's watchdog did not fire
+          why = "all-reduce got no answer from its reducer";
+          done = true;
+        });
+    self->demonitor(d_->red);
+  }
+  if (why.empty()) return "";
+  {
+    std::lock_guard<std::mutex> lock(d_->mu);
+    if (d_->failure.empty()) d_->failure = why;
+    why = d_->failure;
+  }
+  d_->send_abort(std::to_string(d_->rank), why);  // the others stop waiting too
+  d_->fail(why);
+  // Let what is queued drain for a moment, then cut the connection, which frees every queued message.
+  const auto wait_released = [&](std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (!watch.expired() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return watch.expired();
+  };
+  if (!wait_released(std::chrono::seconds(1))) {
+    d_->br.disconnect(d_->right_peer.load());
+    if (!wait_released(std::chrono::seconds(5))) return why + " (and sends from the buffer are still in flight: keep it alive)";
+  }
+  return why;
+}
+
+}  // namespace ringmaster

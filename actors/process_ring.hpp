@@ -1,0 +1,63 @@
+// A ring all-reduce across processes, one rank per process: the training path on its own. Each rank
+// runs a reducer actor (actors/reducer.hpp, the one ring driver) whose chunks go to the next rank through
+// the bridge (ZeroMQ, zero-copy) exactly as a node daemon's reducers do; allreduce_bench and the tests
+// use it, so what they measure is what training runs.
+//
+// Rank r listens on endpoints[r] and sends to rank r+1. A handshake checks that both neighbours run
+// the same job, ring size and protocol version; afterwards chunks are accepted only from the left
+// neighbour's connection. A dead or stuck neighbour fails the call after `timeout` without progress,
+// naming it, and the others are told (abort) so they fail as well.
+//
+//   process_ring ring(rank, size);
+//   std::string err;
+//   if (!ring.listen(endpoints[rank], &err) || !ring.connect(endpoints, &err)) ...;
+//   err = ring.allreduce(grads.data(), grads.size());   // "" or what failed
+//
+// listen() and connect() are separate so a launcher can bind port 0, publish endpoint() and hand out
+// the full list afterwards. Every rank calls allreduce the same number of times with the same length.
+// After an error the ring is unusable (each later call returns the error): build a new one.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "net/bridge.hpp"
+
+namespace ringmaster {
+
+struct process_ring_options {
+  uint64_t job_id = 1;  // ranks of another job are refused at hello
+  size_t segment_bytes = size_t(1) << 20;
+  size_t small_bytes = 64 * 1024;  // buffers up to this size take the ring driver's small-buffer path
+  std::chrono::milliseconds timeout{5000};  // no progress this long during an all-reduce: it fails
+  std::chrono::milliseconds handshake_timeout{30000};
+  int threads = 2;  // the actor system's
+  net::bridge_options bridge;
+  net::bridge::error_handler on_error;  // invalid frames and dropped chunks; default: stderr
+};
+
+class process_ring {
+ public:
+  process_ring(int rank, int size, process_ring_options options = {});
+  ~process_ring();
+  process_ring(const process_ring&) = delete;
+  process_ring& operator=(const process_ring&) = delete;
+
+  int rank() const;
+  int size() const;
+  bool listen(const std::string& endpoint, std::string* error);
+  std::string endpoint() const;
+  bool connect(const std::vector<std::string>& endpoints, std::string* error);
+  bool start(const std::vector<std::string>& endpoints, std::string* error);  // listen, then connect
+  // Sums buf[0..len) over all ranks into every rank's buf. "" or what failed. Nobody else may touch the
+  // buffer until the call returns.
+  std::string allreduce(float* buf, size_t len);
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> d_;
+};
+
+}  // namespace ringmaster

@@ -1,0 +1,50 @@
+#include "actors/ring_links.hpp"
+
+#include "actors/messages.hpp"
+
+namespace ringmaster {
+namespace {
+
+struct actor_link : ring::link {
+  caf::actor right;
+  explicit actor_link(caf::actor a) : right(std::move(a)) {}
+  std::string send(ring::message m) override {
+    caf::anon_send(right, chunk_atom::value, std::move(m));
+    return "";
+  }
+};
+
+struct bridge_link : ring::link {
+  net::bridge* br;
+  int peer;
+  bridge_link(net::bridge* b, int p) : br(b), peer(p) {}
+  std::string send(ring::message m) override {
+    if (m.device >= 0) return "a chunk in device memory reached the link to another process";
+    wire::header h;
+    h.type = wire::msg_type::chunk;
+    h.job_id = m.job;
+    h.step = m.seq;
+    h.sender_rank = m.sender;
+    h.round = m.round;
+    h.segment = m.segment;
+    h.flags = m.whole ? wire::kFlagWhole : 0;
+    h.elements = m.count;
+    std::string err;
+    if (!br->send(peer, h, net::payload{m.data, m.count * sizeof(float), std::move(m.owner)}, &err))
+      return "send to the next node: " + err;
+    return "";
+  }
+};
+
+}  // namespace
+
+link_ptr make_actor_link(caf::actor right) { return std::make_shared<actor_link>(std::move(right)); }
+link_ptr make_bridge_link(net::bridge* br, int peer) { return std::make_shared<bridge_link>(br, peer); }
+bool host_only(const ring::link& l) { return dynamic_cast<const bridge_link*>(&l) != nullptr; }
+
+ring::message from_wire(const wire::header& h, net::payload p) {
+  return {h.job_id, h.step, h.sender_rank, h.round, h.segment, (h.flags & wire::kFlagWhole) != 0,
+          p.floats(), size_t(h.elements), std::move(p.owner), -1};
+}
+
+}  // namespace ringmaster

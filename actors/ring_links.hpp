@@ -1,0 +1,26 @@
+// The links a reducer's ring driver (net/ring_driver.hpp) sends through: to a reducer in this process
+// (a CAF message carrying the floats' address, read in place) or to one in another process (a ZeroMQ
+// frame through the bridge, sent without a copy). The ring's code is the same for both.
+#pragma once
+#include <caf/all.hpp>
+#include <memory>
+
+#include "net/bridge.hpp"
+#include "net/ring_driver.hpp"
+
+namespace ringmaster {
+
+using link_ptr = std::shared_ptr<ring::link>;
+
+// Messages for a reducer in this process: {chunk_atom, ring::message}.
+link_ptr make_actor_link(caf::actor right);
+// Messages for the rank on the other end of a bridge connection (from bridge::connect). Host memory
+// only: a reducer stages device memory before it gets here.
+link_ptr make_bridge_link(net::bridge* br, int peer);
+// Whether a link carries only host memory (it leaves the process).
+bool host_only(const ring::link& l);
+
+// The ring message in a received chunk frame (whose header the bridge has validated).
+ring::message from_wire(const wire::header& h, net::payload p);
+
+}  // namespace ringmaster
