@@ -24,6 +24,10 @@ void connect_ring(const std::vector<caf::actor>& reducers) {
 // Waits for the reducers to end: they release staging buffers on the callers' backends as they go.
 local_ring::~local_ring() {
   caf::scoped_actor self{sys_};
+  // The callers' buffers come without owners: their backends may go right after us, so the reducers'
+  // staging buffers on them go back first (a reducer's state may be freed later than it ends).
+  for (auto& a : reducers_)
+    self->request(a, std::chrono::seconds(10), ring_atom::value).receive([](bool) {}, [](caf::error&) {});
   for (auto& a : reducers_) self->send_exit(a, caf::exit_reason::user_shutdown);
   for (auto& a : reducers_) self->wait_for(a);
 }

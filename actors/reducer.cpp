@@ -150,6 +150,12 @@ caf::behavior reducer(caf::event_based_actor* self, reducer_config cfg) {
         st->out.host = right && host_only(*right);
         st->out.inner = std::move(right);
       },
+      [st](ring_atom) {  // leave the ring: staging buffers go back to their backends now
+        st->drv.reset();
+        st->ops = nullptr;
+        st->pool = chunk_pool{};
+        return true;
+      },
       [enqueue](reduce_atom, int64_t step, tensor_view buf) {
         const uint64_t len = buf.len;
         return enqueue(step, std::move(buf), 0, len);

@@ -7,6 +7,8 @@
 //   {reduce_atom, step, tensor_view, lo, hi}    all-reduce buf[lo, hi) only (a gradient bucket), in the
 //                                               element order of the whole buffer; reply {step}
 //   {chunk_atom, ring::message}                 from the left neighbour (its link, or a node's router)
+//   {ring_atom}                                 leave the ring: staging buffers go back to their backends
+//                                               now (buffers without an owner: their backends may go next)
 //
 // Every rank must make the same requests in the same order. A reply comes when every rank holds the sum
 // and no neighbour still reads the buffer. A message that does not fit the ring, or no progress for
