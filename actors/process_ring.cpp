@@ -41,6 +41,7 @@ struct process_ring::impl {
     rc.ring.job = opt.job_id;
     rc.ring.segment_elems = std::max<size_t>(1, opt.segment_bytes / sizeof(float));
     rc.ring.small_bytes = opt.small_bytes;
+    rc.ring.pair_small_bytes = opt.small_bytes;  // what the caller asked for, whatever the ring size
     rc.timeout = opt.timeout;
     red = sys->spawn(reducer, rc);
   }

@@ -34,7 +34,10 @@ bool driver::rounds_done() const { return !active_ || state_->rounds_done.load()
 bool driver::finished() const { return !active_ || (state_->rounds_done.load() && state_->outstanding.load() == 0); }
 int64_t driver::outstanding() const { return state_->outstanding.load(); }
 
-bool driver::small() const { return ops_->device() < 0 && (hi_ - lo_) * sizeof(float) <= opt_.small_bytes; }
+bool driver::small() const {
+  const size_t limit = size_ == 2 ? std::max(opt_.small_bytes, opt_.pair_small_bytes) : opt_.small_bytes;
+  return ops_->device() < 0 && (hi_ - lo_) * sizeof(float) <= limit;
+}
 
 // Ring chunk c of the whole layout, cut to this all-reduce's window (offsets into the layout).
 chunk_range driver::window_chunk(int c) const {

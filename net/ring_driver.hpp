@@ -80,6 +80,9 @@ struct driver_options {
   uint64_t job = 0;
   size_t segment_elems = size_t(1) << 18;  // 1 MiB of floats per message at most
   size_t small_bytes = 64 * 1024;          // windows up to this size take the small-buffer path
+  // With two ranks the small-buffer path moves the same bytes as the ring in one hop instead of two, so
+  // it wins until a buffer is large enough for the ring's segments to overlap the adds with the wire.
+  size_t pair_small_bytes = size_t(1) << 20;
   size_t copy_below = 16 * 1024;           // host sends smaller than this go as copies (no reader to wait for)
   size_t max_early = 1 << 16;              // messages held for all-reduces not yet started
 };

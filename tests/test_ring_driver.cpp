@@ -79,7 +79,7 @@ TEST_CASE("ring driver: any buckets, segments and path give the ring's bits", "[
           std::sort(cuts.begin(), cuts.end());
           ring::driver_options o;
           o.segment_elems = segment;
-          o.small_bytes = small;
+          o.small_bytes = o.pair_small_bytes = small;
           o.copy_below = (n % 2) ? 0 : 1024;
           ring_of_drivers ring(n, o);
           int64_t seq = 0;
@@ -102,7 +102,7 @@ TEST_CASE("ring driver: any buckets, segments and path give the ring's bits", "[
 TEST_CASE("ring driver: the buffer is busy until the right neighbour lets go of it", "[ring_driver]") {
   ring::driver_options o;
   o.copy_below = 0;  // every send reads our buffer in place
-  o.small_bytes = 0;
+  o.small_bytes = o.pair_small_bytes = 0;
   int released = 0;
   queue_link l0, l1;
   ring::driver d0(0, 2, &l0, std::make_unique<ring::host_loop_ops>(), o, [&] { ++released; });
@@ -132,7 +132,7 @@ TEST_CASE("ring driver: the buffer is busy until the right neighbour lets go of 
 TEST_CASE("ring driver: malformed and misdirected messages are refused with a reason", "[ring_driver]") {
   ring::driver_options o;
   o.job = 9;
-  o.small_bytes = 0;
+  o.small_bytes = o.pair_small_bytes = 0;
   o.max_early = 4;
   queue_link l;
   std::vector<float> buf(64, 1.f), junk(64, 5.f);
