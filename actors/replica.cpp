@@ -16,6 +16,7 @@ struct replica_state {
   device_buffer<int32_t> y;
   caf::actor loader, reducer, coordinator;
   std::deque<batch_ptr> ready;
+  std::vector<size_t> buckets;  // gradient_buckets(): first offsets, last bucket first
   bool busy = false;
   int64_t done_steps = 0;
   std::chrono::steady_clock::time_point idle_since = std::chrono::steady_clock::now();
@@ -55,6 +56,23 @@ eval_report evaluate(replica_state& st, int64_t epoch) {
 
 }  // namespace
 
+std::vector<size_t> gradient_buckets(const model& m, size_t bucket_floats) {
+  std::vector<size_t> firsts;
+  size_t acc = 0;
+  for (size_t l = m.layers().size(); l-- > 0;) {
+    const auto& e = m.layers()[l];  // its parameters are params()[first_param, first_param + param_count)
+    if (!e.param_count) continue;
+    const size_t first = m.params()[e.first_param].offset;
+    for (size_t p = 0; p < e.param_count; ++p) acc += m.params()[e.first_param + p].count;
+    if (bucket_floats > 0 && acc >= bucket_floats && first > 0) {
+      firsts.push_back(first);
+      acc = 0;
+    }
+  }
+  firsts.push_back(0);
+  return firsts;
+}
+
 caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   auto st = std::make_shared<replica_state>();
   std::string error;
@@ -76,6 +94,8 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     return {};
   }
   st->cfg = std::move(cfg);
+  // A GPU's kernels are only queued when backward returns a layer: its buffer goes as one bucket.
+  st->buckets = gradient_buckets(*st->cfg.def, st->be->is_host() ? st->cfg.bucket_floats : 0);
 
   // Runs the next step if a batch is here and the previous update has been applied.
   auto try_step = std::make_shared<std::function<void()>>();
@@ -90,33 +110,45 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     // The batch's first sample is number step * B + rank * b of its epoch, whatever the replica count.
     const sample_key key{st->cfg.seed, bt->epoch,
                          bt->step * st->cfg.global_batch + int64_t(st->cfg.rank) * (st->cfg.global_batch / st->cfg.replicas)};
-    batch_metrics m = st->model->forward_backward(x, y, bt->size, 1.0f / float(st->cfg.global_batch), key);
-    step_report rep{st->cfg.rank, bt->epoch, bt->step, m.loss_sum, m.correct, m.count};
-    rep.wait_batch = std::chrono::duration<double>(t0 - st->idle_since).count();
-    rep.compute = since(t0);
+    // Buckets (last layers first) go to the reducer as backward produces them, so the ring runs while
+    // earlier layers still compute. The reducer sums where the gradients are (a GPU's stay on it) with
+    // this replica's backend; it and its neighbours hold the replica's state (and so the backend) alive
+    // while they use the buffer, even if the replica is stopped mid all-reduce.
     const int64_t global_step = bt->epoch * st->cfg.steps_per_epoch + bt->step;
-    // The reducer sums the gradients where they are (a GPU's stay on it) with this replica's backend.
-    // It and its neighbours hold the replica's state (and so the backend) alive while they use the
-    // buffer, even if the replica is stopped mid all-reduce.
     float* g = st->model->grads();
     tensor_view grads{g, st->model->size(), std::shared_ptr<const void>(st, g), st->be.get()};
-    const auto t1 = std::chrono::steady_clock::now();
-    self->request(st->reducer, caf::infinite, reduce_atom::value, global_step, grads)
-        .then([self, st, try_step, rep, t1](int64_t) mutable {
-          const auto t2 = std::chrono::steady_clock::now();
-          rep.wait_ring = std::chrono::duration<double>(t2 - t1).count();
-          st->model->apply(st->model->grads());
-          rep.update = since(t2);
-          st->idle_since = std::chrono::steady_clock::now();
-          self->send(st->coordinator, rep);
-          ++st->done_steps;
-          if (rep.step + 1 == st->cfg.steps_per_epoch && st->cfg.test)
-            self->send(st->coordinator, evaluate(*st, rep.epoch));
-          st->busy = false;
-          if (st->done_steps == st->cfg.steps_per_epoch * st->cfg.epochs)
-            self->send(st->coordinator, done_atom::value, st->cfg.rank);
-          (*try_step)();
-        });
+    auto left = std::make_shared<size_t>(st->buckets.size());
+    auto t1 = std::make_shared<std::chrono::steady_clock::time_point>();
+    auto rep = std::make_shared<step_report>();
+    auto reduced = [self, st, try_step, left, t1, rep](int64_t) {
+      if (--*left > 0) return;
+      const auto t2 = std::chrono::steady_clock::now();
+      rep->wait_ring = std::chrono::duration<double>(t2 - *t1).count();
+      st->model->apply(st->model->grads());
+      rep->update = since(t2);
+      st->idle_since = std::chrono::steady_clock::now();
+      self->send(st->coordinator, *rep);
+      ++st->done_steps;
+      if (rep->step + 1 == st->cfg.steps_per_epoch && st->cfg.test) self->send(st->coordinator, evaluate(*st, rep->epoch));
+      st->busy = false;
+      if (st->done_steps == st->cfg.steps_per_epoch * st->cfg.epochs) self->send(st->coordinator, done_atom::value, st->cfg.rank);
+      (*try_step)();
+    };
+    size_t next = 0, hi = st->model->size();
+    auto issue = [&](size_t upto) {  // every bucket whose gradients are final from `upto` on
+      for (; next < st->buckets.size() && st->buckets[next] >= upto; ++next) {
+        self->request(st->reducer, caf::infinite, reduce_atom::value, global_step, grads, uint64_t(st->buckets[next]), uint64_t(hi))
+            .then(reduced);
+        hi = st->buckets[next];
+      }
+    };
+    batch_metrics m = st->model->forward_backward(x, y, bt->size, 1.0f / float(st->cfg.global_batch), key,
+                                                  st->buckets.size() > 1 ? std::function<void(size_t)>(issue) : nullptr);
+    *rep = step_report{st->cfg.rank, bt->epoch, bt->step, m.loss_sum, m.correct, m.count};
+    rep->wait_batch = std::chrono::duration<double>(t0 - st->idle_since).count();
+    rep->compute = since(t0);
+    *t1 = std::chrono::steady_clock::now();
+    issue(0);
   };
 
   // try_step holds itself; break that cycle when the actor ends so its state (and device memory) is freed.

@@ -25,7 +25,14 @@ struct replica_config {
   std::shared_ptr<const dataset> test;                    // may be null: no evaluation
   size_t test_begin = 0, test_end = 0;                     // this replica's shard of the test set
   backend_factory make_backend;                            // null: ringmaster::make_backend
+  // Gradients are all-reduced in buckets of at least this many floats (whole layers, last layer first),
+  // each as soon as backward has produced it. 0: one all-reduce after backward. Every rank of a job
+  // must use the same value; results are bit-identical whatever it is.
+  size_t bucket_floats = 0;
 };
+
+// The buckets' first offsets, from the last bucket (the last layers') to the first (ending at 0).
+std::vector<size_t> gradient_buckets(const model& m, size_t bucket_floats);
 
 // Spawn detached (it computes on its own thread). Receives {run_atom, loader, reducer, coordinator}; sends
 // the coordinator step_report after every step, eval_report after every epoch, {done_atom, rank} at the

@@ -107,6 +107,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, std::sh
     rc.epochs = cfg.epochs;
     rc.init_params = init;
     rc.make_backend = cfg.make_backend;
+    rc.bucket_floats = cfg.bucket_bytes / sizeof(float);
     if (cfg.evaluate && cfg.test) {
       rc.test = cfg.test;
       rc.test_begin = cfg.test->count * r / n;  // contiguous test shards; sums are exact

@@ -361,7 +361,8 @@ const float* network::forward(const float* x, int B, bool training, const sample
   return first;
 }
 
-batch_metrics network::forward_backward(const float* x, const int32_t* y, int B, float grad_scale, sample_key key) {
+batch_metrics network::forward_backward(const float* x, const int32_t* y, int B, float grad_scale, sample_key key,
+                                        const std::function<void(size_t)>& ready) {
   batch_metrics m;
   m.count = B;
   const float* x0 = forward(x, B, true, key);
@@ -373,6 +374,7 @@ batch_metrics network::forward_backward(const float* x, const int32_t* y, int B,
     const float* in = l ? acts_[l - 1].data() : x0;
     m_->layers()[l].impl->backward(io(l, in, B, true, key), dout, l ? dnext : nullptr);
     std::swap(dout, dnext);
+    if (ready && m_->layers()[l].param_count) ready(m_->params()[m_->layers()[l].first_param].offset);
   }
   be_.take_metrics(&m.loss_sum, &m.correct);  // on a GPU: the one wait, with the whole step queued
   return m;

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <initializer_list>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,7 +63,7 @@ class model {
     std::string name;  // "conv2d_0", "relu_1", ... (type, then its count among layers of that type)
     std::unique_ptr<layer> impl;
     shape in, out;
-    size_t first_param = 0, param_count = 0;  // into params()
+    size_t first_param = 0, param_count = 0;  // indexes into params() (whose offsets are in floats)
   };
   // Builds a description for samples of shape `input` (the data's). Null with *error naming the layer
   // and the problem: "layer 4 (conv2d_1): a 3x3 kernel does not fit input (32, 2, 2) ...".
@@ -132,7 +133,11 @@ class network {
   // Forward and backward on x (B, input) in NCHW and labels (B), device memory. Gradients (overwritten)
   // are those of loss_sum * grad_scale; grad_scale = 1 / global batch makes a ring sum the global mean.
   // key: where the batch sits in its epoch (dropout masks).
-  batch_metrics forward_backward(const float* x, const int32_t* y, int B, float grad_scale, sample_key key);
+  // ready(first): called as backward goes, last layer first, once grads()[first, size()) are final, so
+  // that their all-reduce can start while earlier layers still compute (on the host: a GPU's kernels are
+  // only queued by then).
+  batch_metrics forward_backward(const float* x, const int32_t* y, int B, float grad_scale, sample_key key,
+                                 const std::function<void(size_t first)>& ready = {});
   batch_metrics evaluate(const float* x, const int32_t* y, int B);
   // Applies the optimizer with gradient g (device memory, size()) and advances the step count.
   void apply(const float* g);

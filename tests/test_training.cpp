@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "actors/replica.hpp"
 #include "actors/training.hpp"
 #include "kernels/layers.hpp"
 #include "tests/test_data.hpp"
@@ -98,6 +99,28 @@ TEST_CASE("N replicas at the same global batch train like one replica", "[traini
       REQUIRE(again.ok);
       CHECK(again.checksums[0] == r.checksums[0]);
       (void)ref_sum;
+    }
+  }
+}
+
+TEST_CASE("gradient buckets overlapped with backward give the weights of one all-reduce, bit for bit", "[training]") {
+  auto train_set = load("train", 1200);
+  // Bucket boundaries fall between layers: 784-64-32-10 has 50,240 + 2,080 + 330 parameters.
+  CHECK(gradient_buckets(*build_model("784-64-32-10", shape{784, 1, 1}, nullptr), 0) == std::vector<size_t>{0});
+  CHECK(gradient_buckets(*build_model("784-64-32-10", shape{784, 1, 1}, nullptr), 1) == std::vector<size_t>{52320, 50240, 0});
+  CHECK(gradient_buckets(*build_model("784-64-32-10", shape{784, 1, 1}, nullptr), 2000) == std::vector<size_t>{50240, 0});
+  for (int n : {3, 4}) {  // three or more addends: the summation order shows in the bits
+    INFO("replicas " << n);
+    train_config c = like_one_config("784-64-32-10", optimizer_config::adam, n, train_set);
+    c.bucket_bytes = 0;
+    train_result whole = train(c);
+    REQUIRE(whole.ok);
+    for (size_t bytes : {size_t(4), size_t(8000), size_t(1) << 20}) {
+      c.bucket_bytes = bytes;
+      train_result bucketed = train(c);
+      REQUIRE(bucketed.ok);
+      CHECK(bucketed.identical);
+      CHECK(bucketed.weights == whole.weights);
     }
   }
 }
