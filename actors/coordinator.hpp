@@ -1,4 +1,5 @@
-// The coordinator: ring order, steps and epochs, exact metrics, end of job and failure handling.
+// The coordinator: steps and epochs, exact metrics, end of job and failure handling. It talks to ranks
+// only: whoever spawned the reducers wired them into the ring the job plan orders (actors/job_plan.hpp).
 #pragma once
 #include <caf/all.hpp>
 #include <functional>
@@ -52,8 +53,8 @@ struct coordinator_config {
   std::function<void(const progress&)> on_progress;  // runs on the coordinator's thread
 };
 
-// Request {run_atom, replicas, loaders, reducers} (vector<actor> each, index = rank); the reply is a
-// std::shared_ptr<train_result> when the job ends, successfully or not.
+// Request {run_atom, replicas, loaders, reducers} (vector<actor> each, index = rank), the reducers already
+// in their ring; the reply is a std::shared_ptr<train_result> when the job ends, successfully or not.
 caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg);
 
 }  // namespace ringmaster

@@ -31,17 +31,17 @@ struct loader_state {
   }
 };
 
-// This replica's shard of global batch `step`: samples order[step*B + rank*b, + b).
+// This replica's shard of global batch `step`: samples order[step*B + shard_begin, step*B + shard_end).
 batch_ptr cut(loader_state& st) {
   const dataset& d = *st.cfg.data;
-  const int b = st.cfg.global_batch / st.cfg.replicas;
+  const int b = st.cfg.shard_end - st.cfg.shard_begin;
   std::shared_ptr<batch> out = st.fresh();
   out->epoch = st.epoch;
   out->step = st.step;
   out->size = b;
   out->x.resize(size_t(b) * d.features());
   out->y.resize(b);
-  const size_t first = size_t(st.step) * st.cfg.global_batch + size_t(st.cfg.rank) * b;
+  const size_t first = size_t(st.step) * st.cfg.global_batch + size_t(st.cfg.shard_begin);
   for (int i = 0; i < b; ++i) {
     const uint32_t s = st.order[first + i];
     std::memcpy(out->x.data() + size_t(i) * d.features(), d.pixels.data() + size_t(s) * d.features(),

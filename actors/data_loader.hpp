@@ -11,7 +11,7 @@ namespace ringmaster {
 
 struct loader_config {
   std::shared_ptr<const dataset> data;
-  int rank = 0, replicas = 1;
+  int shard_begin = 0, shard_end = 0;  // samples [begin, end) of every global batch (a job plan's shard)
   int global_batch = 0;
   uint64_t seed = 0;
   int64_t epochs = 1;

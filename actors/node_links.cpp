@@ -1,7 +1,7 @@
 #include "actors/node_links.hpp"
 
-#include "actors/job_spec.hpp"
 #include "actors/messages.hpp"
+#include "actors/report_kv.hpp"
 
 namespace ringmaster {
 
@@ -36,16 +36,14 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         h.job_id = job;
         h.step = r.step;
         h.sender_rank = r.rank;
-        h.round = 0;  // a step report
-        send_kv(br, launcher, h, to_kv(r));
+        send_kv(br, launcher, h, to_kv(r));  // kind=step
       },
       [br, launcher, job](const eval_report& r) {
         wire::header h;
         h.type = wire::msg_type::report;
         h.job_id = job;
         h.sender_rank = r.rank;
-        h.round = 1;  // an evaluation
-        send_kv(br, launcher, h, to_kv(r));
+        send_kv(br, launcher, h, to_kv(r));  // kind=eval
       },
       [br, launcher, job](done_atom, int rank) {
         wire::header h;
@@ -62,7 +60,6 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
           h.type = wire::msg_type::weights;
           h.job_id = job;
           h.sender_rank = rank;
-          h.round = rank;
           h.elements = w->size();
           br->reply(launcher, h, net::payload::of(w));
         });

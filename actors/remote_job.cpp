@@ -9,8 +9,9 @@
 #include <random>
 #include <thread>
 
-#include "actors/job_spec.hpp"
+#include "actors/job_plan.hpp"
 #include "actors/messages.hpp"
+#include "actors/report_kv.hpp"
 #include "net/bridge.hpp"
 
 namespace ringmaster {
@@ -25,7 +26,8 @@ struct control_msg {
 };
 
 // A remote rank as the coordinator sees it: run starts the rank on its node, weights are fetched from
-// it, reports arrive from the bridge. It quits with an error when its node fails or falls silent.
+// it, reports arrive from the bridge. It quits with an error when its node fails or falls silent. The
+// nodes wire the ring themselves, from the job plan.
 struct rank_proxy_state {
   caf::response_promise weights;
   bool waiting = false;
@@ -35,19 +37,18 @@ caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer
   auto st = std::make_shared<rank_proxy_state>();
   return {
       [br, peer, job, rank](run_atom, caf::actor, caf::actor, caf::actor) {
-        std::string text, err;
-        wire::encode_kv({{"action", "start"}, {"rank", std::to_string(rank)}}, &text, &err);
         wire::header h;
-        h.type = wire::msg_type::job;
+        h.type = wire::msg_type::start;
         h.job_id = job;
-        br->send(peer, h, net::payload::copy_of(text));
+        h.sender_rank = rank;  // the rank addressed
+        br->send(peer, h);
       },
       [self, st, br, peer, job, rank](weights_atom) {
         st->weights = self->make_response_promise();
         wire::header h;
         h.type = wire::msg_type::weights;
         h.job_id = job;
-        h.round = rank;
+        h.sender_rank = rank;  // the rank addressed; no payload: a request
         br->send(peer, h);
         return st->weights;
       },
@@ -62,7 +63,7 @@ struct launcher {
   net::bridge br;
   std::vector<int> peer;  // node index -> connection
   uint64_t job_id = 0;
-  std::vector<int> rank_node;  // rank -> node index
+  job_plan plan;  // set before any job message goes out; read on the bridge thread once started
   // Control replies during setup, for the main thread.
   std::mutex mu;
   std::condition_variable cv;
@@ -81,15 +82,15 @@ struct launcher {
   }
 
   void kill_node(int node, const std::string& why) {
-    for (size_t r = 0; r < proxies.size(); ++r)
-      if (rank_node[r] == node) caf::anon_send(proxies[r], fail_atom::value, why);
+    for (int r : plan.ranks_on(node)) caf::anon_send(proxies[size_t(r)], fail_atom::value, why);
   }
+
+  // Whether node `node` runs rank r: what a node says about a rank is heard only from the node running it.
+  bool runs(int node, int r) const { return r >= 0 && r < plan.replicas() && plan.ranks[size_t(r)].node == node; }
 
   // "2-3" or "1,4" : the ranks a node runs, for messages.
   std::string ranks_of(int node) const {
-    std::vector<int> rs;
-    for (size_t r = 0; r < rank_node.size(); ++r)
-      if (rank_node[r] == node) rs.push_back(int(r));
+    const std::vector<int> rs = plan.ranks_on(node);
     bool contiguous = !rs.empty() && rs.back() - rs.front() == int(rs.size()) - 1;
     if (contiguous && rs.size() > 1) return std::to_string(rs.front()) + "-" + std::to_string(rs.back());
     std::string s;
@@ -125,12 +126,13 @@ struct launcher {
         return;
       }
       case msg_type::report: {
-        if (!wire::decode_kv(p.text(), &kv, &error)) return;
-        if (h.round == 0) {
+        if (!runs(node, h.sender_rank) || !wire::decode_kv(p.text(), &kv, &error)) return;
+        const std::string kind = report_kind(kv);
+        if (kind == "step") {
           step_report r;
           r.rank = h.sender_rank;
           if (from_kv(kv, &r, &error)) caf::anon_send(coordinator, r);
-        } else {
+        } else if (kind == "eval") {
           eval_report r;
           r.rank = h.sender_rank;
           if (from_kv(kv, &r, &error)) caf::anon_send(coordinator, r);
@@ -138,12 +140,12 @@ struct launcher {
         return;
       }
       case msg_type::done:
-        caf::anon_send(coordinator, done_atom::value, int(h.sender_rank));
+        if (runs(node, h.sender_rank)) caf::anon_send(coordinator, done_atom::value, int(h.sender_rank));
         return;
       case msg_type::weights:
-        if (h.round >= 0 && h.round < int(proxies.size())) {
+        if (runs(node, h.sender_rank)) {
           auto w = std::make_shared<std::vector<float>>(p.floats(), p.floats() + h.elements);
-          caf::anon_send(proxies[h.round], weights_atom::value, chunk_ptr(std::move(w)));
+          caf::anon_send(proxies[size_t(h.sender_rank)], weights_atom::value, chunk_ptr(std::move(w)));
         }
         return;
       case msg_type::abort:
@@ -227,34 +229,28 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     failed.invalid = true;
     return failed;
   }
-  std::vector<int> rank_node = ro.rank_node;
-  if (rank_node.empty())
-    for (int r = 0; r < int(ro.nodes.size()) * ro.replicas_per_node; ++r) rank_node.push_back(r / ro.replicas_per_node);
-  std::vector<int> per_node(ro.nodes.size(), 0);
-  for (int node : rank_node) {
-    if (node < 0 || node >= int(ro.nodes.size())) {
-      failed.error = "placement names node " + std::to_string(node) + " of " + std::to_string(ro.nodes.size());
-      return failed;
-    }
-    ++per_node[size_t(node)];
-  }
-  for (size_t i = 0; i < per_node.size(); ++i)
-    if (per_node[i] == 0) {
-      failed.error = "node " + ro.nodes[i] + " has no ranks placed on it";
-      return failed;
-    }
-  const int n = int(rank_node.size());
-  cfg.replicas = n;
-  if (cfg.global_batch % n != 0) {
-    failed.error = "global batch " + std::to_string(cfg.global_batch) + " is not divisible by " +
-                   std::to_string(n) + " replicas";
+  // The plan, computed once: every rank's node, device, neighbours and shard. The nodes' routing ids are
+  // added once they have said them (hello_ack).
+  job_placement where;
+  for (const std::string& node : ro.nodes) where.nodes.push_back({node, ""});
+  where.rank_node = ro.rank_node;
+  if (where.rank_node.empty())
+    for (int r = 0; r < int(ro.nodes.size()) * ro.replicas_per_node; ++r) where.rank_node.push_back(r / ro.replicas_per_node);
+  // Of the devices only the kind: each node runs its ranks on the devices it offers.
+  where.devices.assign(where.rank_node.size(), cfg.devices.empty() ? "cpu" : device_kind(cfg.devices[0]));
+  where.limit_train = ro.limit_train;
+  where.limit_test = ro.limit_test;
+  launcher L{ro};
+  if (!make_job_plan(cfg, where, &L.plan, &failed.error)) {
+    failed.invalid = true;  // the settings or the placement, not a node
     return failed;
   }
-
-  launcher L{ro};
-  L.rank_node = rank_node;
-  // Random, so a late message of an earlier job is never taken for this one; below 2^63 for the kv codec.
-  L.job_id = (std::random_device{}() | (uint64_t(std::random_device{}()) << 32)) & uint64_t(INT64_MAX);
+  const int n = L.plan.replicas();
+  cfg.replicas = n;
+  // Random, so a late message of an earlier job is never taken for this one; 0 means "no job".
+  std::random_device rd;
+  while (L.job_id == 0) L.job_id = uint64_t(rd()) | uint64_t(rd()) << 32;
+  L.plan.job_id = L.job_id;
   L.last_heard.reset(new std::atomic<int64_t>[ro.nodes.size()]);
   for (size_t i = 0; i < ro.nodes.size(); ++i) L.last_heard[i] = clock_type::now().time_since_epoch().count();
   L.br.set_handler([&L](const net::peer_info& from, const wire::header& h, net::payload p) {
@@ -279,22 +275,21 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   failed.error = L.await_all(wire::msg_type::hello_ack, &replies, ro.connect_timeout, ro.connect_timeout);
   if (!failed.error.empty()) return failed;
 
-  // Every node gets the same spec with its own ranks.
-  job_spec js = make_job_spec(cfg);
-  js.job_id = L.job_id;
-  js.model = cfg.model;  // JSON may span lines; a key=value line may not, and JSON reads a space alike
-  std::replace(js.model.begin(), js.model.end(), '\n', ' ');
-  std::replace(js.model.begin(), js.model.end(), '\r', ' ');
-  js.limit_train = ro.limit_train;
-  js.limit_test = ro.limit_test;
-  for (int r = 0; r < n; ++r) js.rank_nodes.push_back(ro.nodes[size_t(rank_node[r])]);
+  // A node takes ring chunks for a rank only from the node that runs its left neighbour, known by the
+  // routing id it sends with.
+  for (size_t i = 0; i < ro.nodes.size(); ++i) L.plan.nodes[i].id = replies[i]["id"];
+  if (!validate(L.plan, &failed.error)) {
+    failed.error = "node answers do not make a job: " + failed.error;
+    L.abort_all("bad hello");
+    return failed;
+  }
+  // Every node gets the same plan, saying which of its nodes it is.
   for (size_t i = 0; i < ro.nodes.size(); ++i) {
-    js.ranks.clear();
-    for (int r = 0; r < n; ++r)
-      if (rank_node[r] == int(i)) js.ranks.push_back(r);
-    std::string text;
-    if (!wire::encode_kv(to_kv(js), &text, &error)) {
-      failed.error = "the job does not fit a job message: " + error;
+    L.plan.recipient = int(i);
+    const std::string text = to_json(L.plan);
+    if (text.size() > wire::kMaxJobBytes) {
+      failed.error = "the job plan is " + std::to_string(text.size()) + " bytes, over the limit of " +
+                     std::to_string(wire::kMaxJobBytes) + " (a shorter model description or fewer nodes)";
       failed.invalid = true;
       L.abort_all("bad job");
       return failed;
@@ -304,6 +299,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     h.job_id = L.job_id;
     L.br.send(L.peer[i], h, net::payload::copy_of(text));
   }
+  L.plan.recipient = -1;
   failed.error = L.await_all(wire::msg_type::job_ack, &replies, ro.setup_timeout, ro.node_timeout);
   if (!failed.error.empty()) {
     failed.invalid = L.refused_invalid;
@@ -345,7 +341,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   caf::actor_system sys{sys_cfg};
   rank_actors all;
   for (int r = 0; r < n; ++r)
-    L.proxies.push_back(sys.spawn(rank_proxy, &L.br, L.peer[size_t(rank_node[r])], L.job_id, r));
+    L.proxies.push_back(sys.spawn(rank_proxy, &L.br, L.peer[size_t(L.plan.ranks[size_t(r)].node)], L.job_id, r));
   all.replicas = all.loaders = all.reducers = L.proxies;
   coordinator_config cc{n, cfg.global_batch, steps, cfg.epochs, cfg.evaluate, cfg.on_progress};
   auto coord = sys.spawn(coordinator, cc);

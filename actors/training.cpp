@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstdint>
 #include <thread>
+#include <tuple>
 
 #include "actors/data_loader.hpp"
-#include "actors/local_ring.hpp"
+#include "actors/job_plan.hpp"
 #include "actors/messages.hpp"
 #include "actors/reducer.hpp"
 #include "actors/replica.hpp"
+#include "actors/ring_links.hpp"
 
 namespace ringmaster {
 
@@ -80,38 +82,38 @@ void configure(caf::actor_system_config& c, int threads) {
   c.set("logger.console", caf::atom("none"));
 }
 
-rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, std::shared_ptr<const model> m,
-                        const std::vector<int>& ranks, uint64_t job) {
-  const int n = cfg.replicas;
-  const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch));
+rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const train_config& cfg,
+                        std::shared_ptr<const model> m, const std::vector<int>& ranks) {
+  const int n = plan.replicas();
+  const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, size_t(plan.global_batch)));
   auto init = cfg.init_params ? cfg.init_params
-                              : std::make_shared<const std::vector<float>>(init_params(*m, cfg.seed));
+                              : std::make_shared<const std::vector<float>>(init_params(*m, plan.seed));
   rank_actors out;
   for (int r : ranks) {
-    loader_config lc{cfg.train, r, n, cfg.global_batch, cfg.seed, cfg.epochs, cfg.prefetch};
+    const rank_plan& rp = plan.ranks[size_t(r)];
+    loader_config lc{cfg.train, rp.batch_begin, rp.batch_end, plan.global_batch, plan.seed, plan.epochs, plan.prefetch};
     out.loaders.push_back(sys.spawn(data_loader, lc));
     reducer_config red;
     red.rank = r;
     red.size = n;
-    red.ring.job = job;
+    red.ring.job = plan.job_id;
     out.reducers.push_back(sys.spawn(reducer, red));
     replica_config rc;
     rc.rank = r;
     rc.replicas = n;
-    rc.device = cfg.devices.empty() ? "cpu" : cfg.devices[r];
+    rc.device = rp.device;
     rc.def = m;
-    rc.opt = cfg.opt;
-    rc.seed = cfg.seed;
-    rc.global_batch = cfg.global_batch;
+    rc.opt = plan.opt;
+    rc.seed = plan.seed;
+    rc.global_batch = plan.global_batch;
     rc.steps_per_epoch = steps;
-    rc.epochs = cfg.epochs;
+    rc.epochs = plan.epochs;
     rc.init_params = init;
     rc.make_backend = cfg.make_backend;
     rc.bucket_floats = cfg.bucket_bytes / sizeof(float);
-    if (cfg.evaluate && cfg.test) {
+    if (plan.evaluate && cfg.test) {
       rc.test = cfg.test;
-      rc.test_begin = cfg.test->count * r / n;  // contiguous test shards; sums are exact
-      rc.test_end = cfg.test->count * (r + 1) / n;
+      std::tie(rc.test_begin, rc.test_end) = plan.test_shard(r, cfg.test->count);  // sums are exact
     }
     out.replicas.push_back(sys.spawn(replica, rc));
   }
@@ -140,13 +142,15 @@ train_result train(const train_config& cfg) {
     failed.error = "initial parameters have the wrong size for model " + m->label();
     return failed;
   }
+  job_plan plan;
+  if (!make_local_plan(cfg, &plan, &failed.error)) return failed;
   caf::actor_system_config sys_cfg;
   configure(sys_cfg, cfg.threads);
   caf::actor_system sys{sys_cfg};
-  std::vector<int> ranks;
-  for (int r = 0; r < cfg.replicas; ++r) ranks.push_back(r);
-  rank_actors all = spawn_ranks(sys, cfg, m, ranks);
-  connect_ring(all.reducers);
+  rank_actors all = spawn_ranks(sys, plan, cfg, m, plan.ranks_on(0));
+  // The ring as the plan orders it, before any replica runs: rank r sends to its right neighbour.
+  for (int r = 0; r < plan.replicas(); ++r)
+    caf::anon_send(all.reducers[size_t(r)], ring_atom::value, make_actor_link(all.reducers[size_t(plan.right(r))]));
   coordinator_config cc{cfg.replicas, cfg.global_batch,
                         int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch)), cfg.epochs,
                         cfg.evaluate && cfg.test != nullptr, cfg.on_progress};

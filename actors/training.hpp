@@ -13,6 +13,8 @@
 
 namespace ringmaster {
 
+struct job_plan;  // actors/job_plan.hpp
+
 struct train_config {
   // The model's description: "784-512-512-10", "cnn", or JSON (sequential{...}.text()); see kernels/model.hpp.
   std::string model = "784-512-512-10";
@@ -51,8 +53,10 @@ void configure(caf::actor_system_config& c, int threads);
 struct rank_actors {
   std::vector<caf::actor> loaders, reducers, replicas;
 };
-rank_actors spawn_ranks(caf::actor_system& sys, const train_config& cfg, std::shared_ptr<const model> m,
-                        const std::vector<int>& ranks, uint64_t job = 0);
+// Each rank's settings, device and shards come from the plan (its job id: the reducers take only that
+// job's chunks); of cfg only the data, init_params, bucket_bytes and make_backend are read.
+rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const train_config& cfg,
+                        std::shared_ptr<const model> m, const std::vector<int>& ranks);
 
 // Runs a coordinator (actors/coordinator.hpp) over all ranks' actors (index = rank) until the job ends.
 std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, caf::actor coordinator,

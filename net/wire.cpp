@@ -49,6 +49,7 @@ const char* type_name(msg_type t) {
     case msg_type::abort: return "abort";
     case msg_type::error: return "error";
     case msg_type::bye: return "bye";
+    case msg_type::start: return "start";
   }
   return "unknown";
 }

@@ -8,14 +8,22 @@
 //   0  u32 magic         kMagic ("RMG1")            the first 8 bytes are the stable part: every future
 //   4  u16 version       kProtocolVersion           version keeps magic, version and type where they are,
 //   6  u16 type          msg_type                   so a peer can always say "you speak version N".
-//   8  u64 job_id
-//  16  i64 step          training step / all-reduce number, >= 0
-//  24  i32 sender_rank   >= -1 (-1: not a ring member, e.g. a coordinator)
-//  28  i32 round         ring round or chunk index, >= 0
+//   8  u64 job_id        the job the message belongs to (0 before there is one, e.g. a launcher's hello)
+//  16  i64 step          training step / all-reduce number, >= 0 (chunks, step reports)
+//  24  i32 sender_rank   the ring rank the message is about, >= -1 (-1: none): the sending rank for
+//                        chunk, report, done and weights from a node; the rank addressed by a
+//                        launcher's start and weights request
+//  28  i32 round         ring round of a chunk (with kFlagWhole: hops from its origin), >= 0; 0 in
+//                        every other message
 //  32  i32 segment       which piece of a segmented buffer, >= 0
 //  36  u32 flags         kFlagWhole or 0; other bits must be 0
 //  40  u64 elements      floats in the payload (tensor messages)
 //  48  u64 payload_bytes size of the payload frame (0: no payload frame)
+//
+// Payloads: chunk and weights carry floats; job a JSON job plan (actors/job_plan.hpp, at most
+// kMaxJobBytes); hello, hello_ack, job_ack, report, abort and error key=value text (kMaxKvBytes; the
+// bridge's refusal of another version is plain text), a report naming its kind ("kind=step" or
+// "kind=eval"); start, done, heartbeat and bye nothing.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -27,10 +35,14 @@
 namespace ringmaster::wire {
 
 constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
-constexpr uint16_t kProtocolVersion = 2;  // 2: jobs name their device kind, nodes may offer GPUs
+// 2: jobs name their device kind, nodes may offer GPUs. 3: jobs are JSON plans; a start message; reports
+// name their kind in the payload and weights their rank in sender_rank, so round is only a ring round.
+constexpr uint16_t kProtocolVersion = 3;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
-constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads (job specs) are small
+constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small
+// A job plan: a model description of up to 64 KiB and 1024 ranks and nodes fit with room to spare.
+constexpr size_t kMaxJobBytes = 1024 * 1024;
 
 // chunk flag: the payload is rank `segment`'s whole buffer, `round` hops from its origin (the
 // small-buffer all-reduce); without it a chunk is one ring round of one piece.
@@ -40,18 +52,19 @@ constexpr uint32_t kKnownFlags = kFlagWhole;
 enum class msg_type : uint16_t {
   hello = 1,   // handshake: "I am rank r of n in job j" (kv payload)
   hello_ack,   // handshake accepted
-  job,         // a job spec (kv payload)
+  job,         // a job plan (JSON payload)
   job_ack,
   chunk,       // a piece of a ring all-reduce (float payload)
   report,      // metrics (kv payload)
   done,
-  weights,     // model weights (float payload)
+  weights,     // model weights (float payload); from a launcher, without payload: a request for them
   heartbeat,
   abort,       // the sender gave up on the job (kv payload: origin, reason)
   error,       // a refusal, e.g. a protocol version mismatch (text payload)
   bye,
+  start,       // the launcher's go for rank sender_rank, once every node has taken the job
 };
-constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::bye);
+constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::start);
 
 const char* type_name(msg_type t);
 bool is_known_type(uint16_t t);

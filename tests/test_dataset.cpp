@@ -180,7 +180,7 @@ TEST_CASE("loaders cut disjoint equal shards of each global batch, with bounded 
   caf::scoped_actor self{sys};
   std::vector<caf::actor> loaders;
   for (int r = 0; r < n; ++r) {
-    loaders.push_back(sys.spawn(data_loader, loader_config{ds, r, n, B, 5, epochs, prefetch}));
+    loaders.push_back(sys.spawn(data_loader, loader_config{ds, r * B / n, (r + 1) * B / n, B, 5, epochs, prefetch}));
     self->send(loaders[r], run_atom::value, caf::actor_cast<caf::actor>(self));
   }
   // Without credits, exactly `prefetch` batches per loader arrive.
@@ -264,7 +264,7 @@ TEST_CASE("loaders hand out whole multi-channel samples in NCHW order", "[data][
   cfg.set("logger.console", caf::atom("none"));
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  auto loader = sys.spawn(data_loader, loader_config{ds, 0, 1, 4, 8, 1, 2});
+  auto loader = sys.spawn(data_loader, loader_config{ds, 0, 4, 4, 8, 1, 2});
   self->send(loader, run_atom::value, caf::actor_cast<caf::actor>(self));
   const auto perm = epoch_permutation(n, 8, 0);
   for (int step = 0; step < 2; ++step)

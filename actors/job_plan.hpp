@@ -1,0 +1,112 @@
+// One job's plan, computed once by whoever starts the job: its settings and, for every rank, where it
+// runs, on what device, its ring neighbours and its data shard. A launcher sends the same plan to every
+// node daemon as JSON (net/wire.hpp's job message); nodes read from it what they run and whom they talk
+// to, and never work out ranks, neighbours or shards themselves. A plan from the network is hostile
+// until from_json has checked every field.
+//
+//   job_plan plan;
+//   std::string error;
+//   if (!make_job_plan(cfg, where, &plan, &error)) ...;   // or make_local_plan(cfg, ...)
+//   plan.job_id = id;
+//   std::string text = to_json(plan);                       // at most wire::kMaxJobBytes
+//   job_plan back;
+//   if (!from_json(text, &back, &error)) ...;               // "job plan: 'ranks[3].right' is 5, expected 0"
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "actors/training.hpp"
+#include "kernels/model.hpp"
+
+namespace ringmaster {
+
+// Limits of a plan, checked when it is made and when it arrives.
+constexpr int kMaxPlanRanks = 1024;
+constexpr size_t kMaxPlanModelBytes = 64 * 1024;  // the model description (kernels/model.cpp's limit)
+constexpr size_t kMaxEndpointBytes = 256;
+constexpr size_t kMaxNodeIdBytes = 255;            // a ZeroMQ routing id
+constexpr int kMaxPlanDepth = 3;                   // JSON nesting of a plan: {"ranks": [{...}]}
+
+struct rank_plan {
+  int rank = 0;
+  int node = 0;          // index into job_plan::nodes
+  std::string endpoint;  // nodes[node].endpoint, filled in (not sent twice)
+  // "cpu", "cuda:1", or only the kind ("cuda") for a rank on a node daemon: the node runs its ranks on
+  // the devices it offers, in order.
+  std::string device = "cpu";
+  int left = 0, right = 0;  // ring neighbours: rank r receives from r - 1 and sends to r + 1 (mod N)
+  // The loader's shard: samples [batch_begin, batch_end) of every global batch of the epoch's order.
+  int batch_begin = 0, batch_end = 0;
+};
+
+struct plan_node {
+  std::string endpoint;  // where its daemon listens; "" is this process (a local job's only node)
+  // Its bridge's routing id, as peers see it on their listening socket ("": this process, or not yet
+  // known): a node takes ring chunks from rank r only from the node that runs rank r, so a plan sent to
+  // nodes names every node's id.
+  std::string id;
+};
+
+struct job_plan {
+  uint64_t job_id = 0;
+  std::string model;  // the model's description (kernels/model.hpp)
+  optimizer_config opt;
+  int global_batch = 0;
+  int64_t epochs = 1;
+  uint64_t seed = 0;
+  int prefetch = 2;
+  bool evaluate = true;
+  int64_t limit_train = 0, limit_test = 0;  // each node uses only its first N samples (0: all)
+  std::string device = "cpu";              // the kind of device every rank runs on
+  std::vector<plan_node> nodes;
+  std::vector<rank_plan> ranks;  // index = rank
+  // The node a copy was sent to (an index into nodes): set by the launcher for each node; -1 otherwise.
+  int recipient = -1;
+
+  int replicas() const { return int(ranks.size()); }
+  int left(int r) const { return ranks[size_t(r)].left; }
+  int right(int r) const { return ranks[size_t(r)].right; }
+  // Samples per rank in every global batch.
+  int shard_size() const { return ranks.empty() ? 0 : global_batch / replicas(); }
+  // The ranks node `node` runs, in rank order.
+  std::vector<int> ranks_on(int node) const;
+  // Rank r's contiguous shard of a test set of `count` samples: [count*r/N, count*(r+1)/N). Computed
+  // where the data is (nodes read their own); every sample lands in exactly one shard.
+  std::pair<size_t, size_t> test_shard(int r, size_t count) const;
+};
+
+// Where a job's ranks run: rank r on nodes[rank_node[r]] with device devices[r].
+struct job_placement {
+  std::vector<plan_node> nodes;         // {{"", ""}}: everything in this process
+  std::vector<int> rank_node;           // rank -> index into nodes
+  std::vector<std::string> devices;     // rank -> device (or only its kind, for a node daemon)
+  int64_t limit_train = 0, limit_test = 0;
+};
+
+// The plan for cfg's settings over this placement (cfg.replicas and cfg.devices are not read). False
+// with *error when the placement or the settings do not make a job (e.g. "node tcp://h:1 has no ranks
+// placed on it", "global batch 100 is not divisible by 3 replicas").
+bool make_job_plan(const train_config& cfg, const job_placement& where, job_plan* out, std::string* error);
+// All cfg.replicas ranks in this process, rank r on cfg.devices[r] ("cpu" when none are given).
+bool make_local_plan(const train_config& cfg, job_plan* out, std::string* error);
+
+// The training settings of a plan, for building its model and spawning its ranks (data, layers and
+// backends are the caller's); devices[r] is the plan's device of rank r.
+train_config plan_train_config(const job_plan& plan);
+
+// Every rule a plan must keep; false with *error naming the field ("job plan: 'ranks[2].left' is 0,
+// expected 1").
+bool validate(const job_plan& plan, std::string* error);
+
+// Compact JSON; seeds and job ids as exact 64-bit integers, floats exactly.
+std::string to_json(const job_plan& plan);
+// Parses and validates a plan from the network: size (wire::kMaxJobBytes) and nesting are checked before
+// parsing; every field must be present once, with the right type and in range; unknown keys are refused.
+// Never throws. (What a node needs beyond a valid plan, e.g. its own index in `recipient`, it checks.)
+bool from_json(std::string_view text, job_plan* out, std::string* error);
+
+}  // namespace ringmaster

@@ -1,0 +1,172 @@
+#include "actors/node_job.hpp"
+
+#include "actors/messages.hpp"
+#include "actors/node_links.hpp"
+#include "actors/ring_links.hpp"
+#include "actors/training.hpp"
+
+namespace ringmaster {
+
+using clock_type = std::chrono::steady_clock;
+
+std::string check_plan(const job_plan& plan, const node_context& ctx, bool* invalid) {
+  *invalid = false;
+  if (plan.recipient < 0) {
+    *invalid = true;
+    return "the job plan does not say which of its nodes this is ('recipient' is -1)";
+  }
+  for (size_t i = 0; i < plan.nodes.size() && plan.nodes.size() > 1; ++i)
+    if (plan.nodes[i].id.empty()) {
+      *invalid = true;
+      return "the job plan does not name the id of node " + plan.nodes[i].endpoint;
+    }
+  const size_t mine = plan.ranks_on(plan.recipient).size();
+  if (mine > ctx.slots.size())
+    return "job asks for " + std::to_string(mine) + " replicas, this node offers " + ctx.offers;
+  if (plan.device != device_kind(ctx.slots[0]))
+    return "job runs on " + plan.device + " replicas, this node offers " + ctx.offers;
+  model_desc desc;  // the description's syntax now; its layers and shapes once the data is here
+  std::string error;
+  if (!parse_model_desc(plan.model, &desc, &error)) {
+    *invalid = true;
+    return "bad model: " + error;
+  }
+  return "";
+}
+
+node_job::node_job(const node_context& ctx, net::peer_info launcher, job_plan plan)
+    : ctx_(ctx), launcher_(std::move(launcher)), plan_(std::move(plan)), last_heard_(clock_type::now()) {
+  mine_ = plan_.ranks_on(plan_.recipient);
+  // The plan names only the kind of device for ranks on nodes: ours run on our devices, in order.
+  for (size_t i = 0; i < mine_.size(); ++i) plan_.ranks[size_t(mine_[i])].device = ctx_.slots[i];
+}
+
+node_job::~node_job() {
+  for (auto* group : {&replicas_, &loaders_, &reducers_})
+    for (auto& [r, a] : *group) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  if (launcher_link_) caf::anon_send_exit(launcher_link_, caf::exit_reason::user_shutdown);
+  // Chunks still queued for a peer (one that died, say) are dropped with their buffers; the next job
+  // connects afresh.
+  for (auto& [endpoint, peer] : peers_) ctx_.br->disconnect(peer);
+}
+
+bool node_job::from_launcher(const net::peer_info& p) const {
+  return p.peer == launcher_.peer && p.identity == launcher_.identity;
+}
+
+bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, wire::kv_map* ack,
+                     std::string* error, bool* invalid) {
+  *invalid = false;
+  train_config cfg = plan_train_config(plan_);
+  cfg.train = train;
+  cfg.test = test;
+  cfg.layers = ctx_.layers;
+  cfg.make_backend = ctx_.make_backend;
+  auto m = build_model(cfg, error);
+  if (!m) {
+    *error = "bad model: " + *error;
+    *invalid = true;
+    return false;
+  }
+  if (*error = check_config(cfg, *m); !error->empty()) {
+    *invalid = true;
+    return false;
+  }
+  rank_actors local = spawn_ranks(*ctx_.sys, plan_, cfg, m, mine_);
+  for (size_t i = 0; i < mine_.size(); ++i) {
+    reducers_[mine_[i]] = local.reducers[i];
+    replicas_[mine_[i]] = local.replicas[i];
+    loaders_[mine_[i]] = local.loaders[i];
+  }
+  if (!wire_ring(error)) return false;  // the destructor stops what was spawned
+  // The launcher hears of any of them failing.
+  std::vector<caf::actor> watched;
+  for (auto* group : {&local.replicas, &local.loaders, &local.reducers})
+    watched.insert(watched.end(), group->begin(), group->end());
+  launcher_link_ = ctx_.sys->spawn(launcher_link, ctx_.br, launcher_, plan_.job_id, replicas_, watched, ctx_.name);
+
+  std::string ranks;
+  for (int r : mine_) {
+    if (!ranks.empty()) ranks += ',';
+    ranks += std::to_string(r);
+  }
+  ctx_.log("job " + std::to_string(plan_.job_id) + " started: model " + m->label() + ", ranks " + ranks + " of " +
+           std::to_string(plan_.replicas()) + ", " + std::to_string(cfg.train->count) + " training samples");
+  *ack = {{"train", std::to_string(cfg.train->count)},
+          {"test", std::to_string(cfg.test ? cfg.test->count : 0)},
+          {"model", std::to_string(m->fingerprint())},
+          {"description", m->description()}};
+  return true;
+}
+
+// The ring as the plan orders it. False with *error when a node cannot be reached.
+bool node_job::wire_ring(std::string* error) {
+  // Rank r sends to its right neighbour: a reducer here directly, one on another node through the bridge
+  // (one connection per node). That node takes our chunks because the plan names our routing id.
+  for (int r : mine_) {
+    const int right = plan_.right(r);
+    link_ptr link;
+    if (reducers_.count(right)) {
+      link = make_actor_link(reducers_[right]);
+    } else {
+      const std::string& endpoint = plan_.ranks[size_t(right)].endpoint;
+      auto known = peers_.find(endpoint);
+      const int peer = known != peers_.end() ? known->second : ctx_.br->connect(endpoint, error);
+      if (peer < 0) {
+        *error = "cannot reach node " + endpoint + ": " + *error;
+        return false;
+      }
+      peers_[endpoint] = peer;
+      link = make_bridge_link(ctx_.br, peer);
+    }
+    caf::anon_send(reducers_[r], ring_atom::value, std::move(link));
+  }
+  return true;
+}
+
+// A chunk arrives on our listening socket from the node that runs its sender's rank, for the sender's
+// right neighbour, which runs here. Anything else is dropped: a stranger who knows the job id must not
+// feed gradients into the ring.
+void node_job::route_chunk(const net::peer_info& from, const wire::header& h, net::payload p) {
+  const int sender = h.sender_rank;
+  if (sender < 0 || sender >= plan_.replicas()) {
+    ctx_.log("dropped a chunk from rank " + std::to_string(sender) + " of a job of " + std::to_string(plan_.replicas()));
+    return;
+  }
+  const int dest = plan_.right(sender);
+  auto it = reducers_.find(dest);
+  if (it == reducers_.end()) {
+    ctx_.log("dropped a chunk for rank " + std::to_string(dest) + ", which does not run here");
+    return;
+  }
+  const int node = plan_.ranks[size_t(sender)].node;
+  if (node == plan_.recipient || from.peer >= 0 || from.identity != plan_.nodes[size_t(node)].id) {
+    ctx_.log("dropped a chunk said to be from rank " + std::to_string(sender) + ": it did not come from node " +
+             plan_.nodes[size_t(node)].endpoint + ", which runs that rank");
+    return;
+  }
+  caf::anon_send(it->second, chunk_atom::value, from_wire(h, std::move(p)));
+}
+
+void node_job::heard() { last_heard_ = clock_type::now(); }
+
+void node_job::run_rank(int rank) {
+  started_ = true;
+  auto it = replicas_.find(rank);
+  if (it == replicas_.end() || !launcher_link_) {
+    ctx_.log("ignored a start for rank " + std::to_string(rank) + ", which does not run here");
+    return;
+  }
+  caf::anon_send(it->second, run_atom::value, loaders_[rank], reducers_[rank], launcher_link_);
+}
+
+void node_job::send_weights(int rank) {
+  if (launcher_link_ && replicas_.count(rank)) caf::anon_send(launcher_link_, weights_atom::value, rank);
+}
+
+bool node_job::launcher_gone(std::chrono::milliseconds timeout) const {
+  const auto allowance = started_ ? timeout : std::chrono::milliseconds(150000);
+  return clock_type::now() - last_heard_ > allowance;
+}
+
+}  // namespace ringmaster

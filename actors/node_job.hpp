@@ -1,0 +1,82 @@
+// One job on a node daemon. From the job's plan (actors/job_plan.hpp) it takes the ranks this node runs,
+// spawns their loaders, replicas and reducers once the data is here, wires them into the ring (chunks to
+// a rank on another node go through the bridge), links them to the launcher, routes the chunks that
+// arrive for them, and stops it all when it is destroyed. Everything here runs on the bridge thread.
+#pragma once
+#include <caf/all.hpp>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/job_plan.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/dataset.hpp"
+#include "kernels/registry.hpp"
+#include "net/bridge.hpp"
+
+namespace ringmaster {
+
+// What a job borrows from the node that runs it; all of it outlives the job.
+struct node_context {
+  caf::actor_system* sys = nullptr;
+  net::bridge* br = nullptr;
+  std::string name;                // the node's name in logs and messages
+  std::string offers;              // what the node offers, as --devices says it ("cpu:2")
+  std::vector<std::string> slots;  // the same, one device per replica
+  backend_factory make_backend;
+  std::shared_ptr<const layer_registry> layers;
+  std::function<void(const std::string&)> log;
+};
+
+// Whether this node can take a (valid) plan: "" or why not. *invalid: the job itself is bad (its model,
+// say), not merely unsuited to this node.
+std::string check_plan(const job_plan& plan, const node_context& ctx, bool* invalid);
+
+class node_job {
+ public:
+  // plan passed check_plan. Nothing runs until start().
+  node_job(const node_context& ctx, net::peer_info launcher, job_plan plan);
+  ~node_job();  // stops the job's actors and closes its connections to other nodes
+  node_job(const node_job&) = delete;
+  node_job& operator=(const node_job&) = delete;
+
+  uint64_t id() const { return plan_.job_id; }
+  const job_plan& plan() const { return plan_; }
+  const net::peer_info& launcher() const { return launcher_; }
+  bool from_launcher(const net::peer_info& p) const;
+  bool running() const { return !reducers_.empty(); }
+
+  // Once the data is here: builds the model, spawns this node's ranks and wires the ring. False with
+  // *error (*invalid as for check_plan); else *ack is the job_ack's payload.
+  bool start(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, wire::kv_map* ack,
+             std::string* error, bool* invalid);
+
+  // The launcher's word: it is alive; start a rank; send a rank's weights.
+  void heard();
+  void run_rank(int rank);
+  void send_weights(int rank);
+  // Whether the launcher has been silent too long: `timeout` once it sent start; until then it may be
+  // waiting for slower nodes to load their data, and gets its whole setup allowance.
+  bool launcher_gone(std::chrono::milliseconds timeout) const;
+
+  // A chunk from another node for the rank after its sender.
+  void route_chunk(const net::peer_info& from, const wire::header& h, net::payload p);
+
+ private:
+  bool wire_ring(std::string* error);
+
+  node_context ctx_;
+  net::peer_info launcher_;
+  job_plan plan_;          // this node's ranks on this node's devices
+  std::vector<int> mine_;  // the ranks this node runs
+  std::map<int, caf::actor> reducers_, replicas_, loaders_;
+  std::map<std::string, int> peers_;      // node endpoint -> our connection
+  caf::actor launcher_link_;
+  std::chrono::steady_clock::time_point last_heard_;
+  bool started_ = false;  // the launcher sent start: from then on it heartbeats
+};
+
+}  // namespace ringmaster
