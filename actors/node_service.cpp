@@ -115,9 +115,9 @@ struct node_service::impl {
   void setup(const net::peer_info& from, const wire::header& h, const net::payload& p) {
     job_plan plan;
     std::string error;
-    if (!from_json(p.text(), &plan, &error)) return refuse(from, h.job_id, "bad job plan: " + error, true);
+    if (!from_json(p.text(), &plan, &error)) return refuse(from, h.job_id, error, true);  // "job plan: ..."
     if (plan.job_id != h.job_id)
-      return refuse(from, h.job_id, "bad job plan: 'job' is " + std::to_string(plan.job_id) + ", the message's job is " +
+      return refuse(from, h.job_id, "job plan: 'job' is " + std::to_string(plan.job_id) + ", the message's job is " +
                                         std::to_string(h.job_id), true);
     // Which job, and whose, is none of the asker's business.
     if (job) return refuse(from, plan.job_id, "busy with another job");

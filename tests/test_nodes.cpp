@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <climits>
+#include <mutex>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -11,6 +13,8 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "actors/job_plan.hpp"
+#include "actors/node_service.hpp"
 #include "actors/remote_job.hpp"
 #include "actors/topology.hpp"
 #include "actors/training.hpp"
@@ -249,4 +253,162 @@ TEST_CASE("the cnn (conv, pooling, dropout) on 2 nodes x 1 replica equals 2 loca
   // Loss sums arrive in whatever order the replicas report: equal up to the order of the additions.
   CHECK(l.history[0].loss == Approx(remote.history[0].loss).epsilon(1e-12));
   CHECK(l.history[0].val_accuracy == remote.history[0].val_accuracy);
+}
+
+TEST_CASE("a seed of 2^63 or more travels whole: a node job equals the local job bit for bit", "[nodes]") {
+  auto nodes = start_nodes(2, "cpu:1");
+  train_config c = small_job();
+  c.seed = (uint64_t(1) << 63) + 5;
+  remote_options ro;
+  ro.nodes = endpoints(nodes);
+  ro.limit_train = 1200;
+  ro.limit_test = 200;
+  train_result remote = train_remote(c, ro);
+  INFO(remote.error);
+  REQUIRE(remote.ok);
+  CHECK(remote.identical);
+
+  train_config local = c;
+  local.replicas = 2;
+  local.train = load("train", 1200);
+  local.test = load("t10k", 200);
+  train_result l = train(local);
+  REQUIRE(l.ok);
+  CHECK(l.checksums == remote.checksums);
+  CHECK(l.weights == remote.weights);
+  // The seed counts: the largest int64 (what a node used to clamp it to) trains other weights.
+  local.seed = uint64_t(INT64_MAX);
+  train_result clamped = train(local);
+  REQUIRE(clamped.ok);
+  CHECK(clamped.weights != remote.weights);
+}
+
+namespace {
+
+// A node service in this process whose log lines the test can read.
+struct logged_node {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::unique_ptr<node_service> node;
+
+  explicit logged_node(const std::string& name) {
+    node_options o;
+    o.listen = "tcp://127.0.0.1:0";
+    o.name = name;
+    o.devices = "cpu:1";
+    o.data_dir = RINGMASTER_DATA_DIR;
+    o.log = [this](const std::string& l) {
+      std::lock_guard<std::mutex> lock(mu);
+      lines.push_back(l);
+    };
+    node = std::make_unique<node_service>(o);
+    std::string err;
+    REQUIRE(node->start(&err));
+  }
+  // The first line holding `text` ("" if none within the wait).
+  std::string wait_for(const std::string& text, std::chrono::milliseconds wait = 10s) {
+    for (auto until = std::chrono::steady_clock::now() + wait; std::chrono::steady_clock::now() < until;) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        for (const std::string& l : lines)
+          if (l.find(text) != std::string::npos) return l;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return "";
+  }
+};
+
+// A peer that is no part of the job: a bare DEALER that sends one message and reads the error reply.
+std::string send_and_read_error(const std::string& endpoint, wire::header h, const std::string& payload) {
+  h.payload_bytes = payload.size();
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, 5000);
+  s.connect(endpoint);
+  const auto hb = wire::encode(h);
+  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
+  s.send(zmq::buffer(payload), zmq::send_flags::none);
+  zmq::message_t head, body;
+  if (!s.recv(head, zmq::recv_flags::none) || !s.recv(body, zmq::recv_flags::none)) return "no reply";
+  wire::header rh;
+  std::string err;
+  if (!wire::decode(head.data(), head.size(), &rh, &err)) return "bad reply header: " + err;
+  wire::kv_map kv;
+  if (rh.type != wire::msg_type::error || !wire::decode_kv(body.to_string(), &kv, &err)) return "not an error reply";
+  return kv["error"] + " (invalid=" + kv["invalid"] + ")";
+}
+
+}  // namespace
+
+TEST_CASE("a node names the bad field of a plan, tells a stranger only that it is busy, and takes no chunk from a stranger",
+          "[nodes]") {
+  logged_node a("node-a"), b("node-b");
+  wire::header job;
+  job.type = wire::msg_type::job;
+  job.job_id = 5;
+  CHECK(send_and_read_error(a.node->endpoint(), job, "{\"job\": 5}") == "node node-a: job plan: 'optimizer' is missing (invalid=1)");
+  CHECK(send_and_read_error(a.node->endpoint(), job, "[[[[[[[[[[]]]]]]]]]]") ==
+        "node node-a: job plan: the text nests deeper than 3 levels (invalid=1)");
+
+  train_config c = small_job();
+  c.model = "784-128-10";
+  c.epochs = 10;
+  std::atomic<bool> training{false};
+  c.on_progress = [&](const progress&) { training = true; };
+  remote_options ro;
+  ro.nodes = {a.node->endpoint(), b.node->endpoint()};  // rank 0 on a, rank 1 on b
+  ro.limit_train = 6000;
+  ro.limit_test = 200;
+  train_result r;
+  std::thread launcher([&] { r = train_remote(c, ro); });
+  for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(50ms);
+  const std::string started = a.wait_for(" started: ");
+  const size_t at = started.find("job ") + 4;
+  const std::string id_text = started.substr(at, started.find(' ', at) - at);
+  uint64_t id = 0;
+  for (char ch : id_text) id = id * 10 + uint64_t(ch - '0');
+
+  // Another launcher's job: refused without a word about the running one.
+  train_config other = small_job();
+  job_placement w;
+  w.nodes = {{a.node->endpoint(), "someone"}};
+  w.rank_node = {0};
+  w.devices = {"cpu"};
+  job_plan plan;
+  std::string err;
+  REQUIRE(make_job_plan(other, w, &plan, &err));
+  plan.job_id = job.job_id = 77;
+  plan.recipient = 0;
+  const std::string busy = send_and_read_error(a.node->endpoint(), job, to_json(plan));
+  CHECK(busy == "node node-a: busy with another job (invalid=0)");
+  CHECK(busy.find(id_text) == std::string::npos);
+
+  // A chunk said to come from rank 0 (which node-a runs), sent to node-b by a stranger who knows the job id.
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(b.node->endpoint());
+  wire::header chunk;
+  chunk.type = wire::msg_type::chunk;
+  chunk.job_id = id;
+  chunk.sender_rank = 0;
+  chunk.elements = 4;
+  chunk.payload_bytes = 16;
+  const auto hb = wire::encode(chunk);
+  const float junk[4] = {1e30f, 1e30f, 1e30f, 1e30f};
+  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
+  s.send(zmq::buffer(junk, sizeof junk), zmq::send_flags::none);
+  const std::string dropped = b.wait_for("dropped a chunk said to be from rank 0: it did not come from node " + a.node->endpoint());
+  if (dropped.empty()) {
+    std::lock_guard<std::mutex> lock(b.mu);
+    for (const std::string& l : b.lines) UNSCOPED_INFO(l);
+  }
+  CHECK(dropped != "");
+
+  launcher.join();
+  INFO(r.error);
+  CHECK(r.ok);
+  CHECK(r.identical);
 }
