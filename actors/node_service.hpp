@@ -1,8 +1,11 @@
 // The node daemon's logic (tools/node.cpp is the program): one bridge listening for launchers and peer
 // nodes, one actor system, and at most one job at a time. For a job it loads its own copy of the data,
-// spawns loaders, replicas and reducers for the ranks it was given, joins the ring (chunks to a rank on
-// another node go through the bridge), ships reports and weights back to the launcher, and returns to
-// idle when the job ends, is aborted, or the launcher falls silent.
+// spawns loaders, replicas and reducers for the ranks the job's plan gives it, joins the ring (chunks to
+// a rank on another node go through the bridge), ships reports and weights back to the launcher, and
+// returns to idle when the job ends, is aborted, or the launcher falls silent.
+//
+// node_service.cpp serves (connections, hellos, messages, heartbeats, stopping); actors/node_job.hpp runs
+// one job; actors/data_cache.hpp loads and keeps the data.
 #pragma once
 #include <chrono>
 #include <functional>
