@@ -15,7 +15,7 @@
 //                        launcher's start and weights request
 //  28  i32 round         ring round of a chunk (with kFlagWhole: hops from its origin), >= 0; 0 in
 //                        every other message
-//  32  i32 segment       which piece of a segmented buffer, >= 0
+//  32  i32 segment       which segment of a chunk (with kFlagWhole: the origin rank), >= 0
 //  36  u32 flags         kFlagWhole or 0; other bits must be 0
 //  40  u64 elements      floats in the payload (tensor messages)
 //  48  u64 payload_bytes size of the payload frame (0: no payload frame)
