@@ -7,18 +7,17 @@
 namespace ringmaster {
 
 local_ring::local_ring(caf::actor_system& sys, int ranks) : sys_(sys) {
+  std::vector<std::shared_ptr<reducer_port>> ports;
   for (int r = 0; r < ranks; ++r) {
     reducer_config rc;
     rc.rank = r;
     rc.size = ranks;
+    rc.port = make_reducer_port();
+    ports.push_back(rc.port);
     reducers_.push_back(sys.spawn(reducer, rc));
   }
-  connect_ring(reducers_);
-}
-
-void connect_ring(const std::vector<caf::actor>& reducers) {
-  const size_t n = reducers.size();
-  for (size_t r = 0; r < n; ++r) caf::anon_send(reducers[r], ring_atom::value, make_actor_link(reducers[(r + 1) % n]));
+  for (int r = 0; r < ranks; ++r)
+    caf::anon_send(reducers_[size_t(r)], ring_atom::value, make_port_link(ports[size_t((r + 1) % ranks)], reducers_[size_t((r + 1) % ranks)]));
 }
 
 // Waits for the reducers to end: they release staging buffers on the callers' backends as they go.

@@ -14,9 +14,6 @@
 
 namespace ringmaster {
 
-// Joins reducers in this process into a ring in the given order (reducers[r] sends to reducers[r + 1]).
-void connect_ring(const std::vector<caf::actor>& reducers);
-
 class local_ring {
  public:
   local_ring(caf::actor_system& sys, int ranks);

@@ -75,6 +75,7 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
   rank_actors local = spawn_ranks(*ctx_.sys, plan_, cfg, m, mine_);
   for (size_t i = 0; i < mine_.size(); ++i) {
     reducers_[mine_[i]] = local.reducers[i];
+    ports_[mine_[i]] = local.ports[i];
     replicas_[mine_[i]] = local.replicas[i];
     loaders_[mine_[i]] = local.loaders[i];
   }
@@ -107,7 +108,7 @@ bool node_job::wire_ring(std::string* error) {
     const int right = plan_.right(r);
     link_ptr link;
     if (reducers_.count(right)) {
-      link = make_actor_link(reducers_[right]);
+      link = make_port_link(ports_[right], reducers_[right]);
     } else {
       const std::string& endpoint = plan_.ranks[size_t(right)].endpoint;
       auto known = peers_.find(endpoint);
@@ -145,7 +146,9 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
              plan_.nodes[size_t(node)].endpoint + ", which runs that rank");
     return;
   }
-  caf::anon_send(it->second, chunk_atom::value, from_wire(h, std::move(p)));
+  // Added (and passed on) right here on the bridge thread: no hop to the reducer's thread per chunk.
+  ring::message m = from_wire(h, std::move(p));
+  if (!deliver(*ports_[dest], m)) caf::anon_send(it->second, chunk_atom::value, std::move(m));
 }
 
 void node_job::heard() { last_heard_ = clock_type::now(); }

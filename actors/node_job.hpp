@@ -73,6 +73,7 @@ class node_job {
   job_plan plan_;          // this node's ranks on this node's devices
   std::vector<int> mine_;  // the ranks this node runs
   std::map<int, caf::actor> reducers_, replicas_, loaders_;
+  std::map<int, std::shared_ptr<reducer_port>> ports_;
   std::map<std::string, int> peers_;      // node endpoint -> our connection
   caf::actor launcher_link_;
   std::chrono::steady_clock::time_point last_heard_;

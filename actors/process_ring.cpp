@@ -20,6 +20,7 @@ struct process_ring::impl {
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   caf::actor red;
+  std::shared_ptr<reducer_port> port;  // chunks from the bridge go straight in
 
   std::mutex mu;  // guards the handshake flags and failure
   std::condition_variable cv;
@@ -43,6 +44,7 @@ struct process_ring::impl {
     rc.ring.small_bytes = opt.small_bytes;
     rc.ring.pair_small_bytes = opt.small_bytes;  // what the caller asked for, whatever the ring size
     rc.timeout = opt.timeout;
+    rc.port = port = make_reducer_port();
     red = sys->spawn(reducer, rc);
   }
   ~impl() {
@@ -120,7 +122,10 @@ struct process_ring::impl {
           log("chunk from rank " + std::to_string(h.sender_rank) + " on a connection that is not our left neighbour's: dropped");
           return;
         }
-        caf::anon_send(red, chunk_atom::value, from_wire(h, std::move(p)));
+        {
+          ring::message m = from_wire(h, std::move(p));
+          if (!deliver(*port, m)) caf::anon_send(red, chunk_atom::value, std::move(m));
+        }
         return;
       case msg_type::hello:
         return on_hello(from, h, p);

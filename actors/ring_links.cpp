@@ -1,15 +1,17 @@
 #include "actors/ring_links.hpp"
 
 #include "actors/messages.hpp"
+#include "actors/reducer.hpp"
 
 namespace ringmaster {
 namespace {
 
-struct actor_link : ring::link {
+struct port_link : ring::link {
+  std::shared_ptr<reducer_port> port;
   caf::actor right;
-  explicit actor_link(caf::actor a) : right(std::move(a)) {}
+  port_link(std::shared_ptr<reducer_port> p, caf::actor a) : port(std::move(p)), right(std::move(a)) {}
   std::string send(ring::message m) override {
-    caf::anon_send(right, chunk_atom::value, std::move(m));
+    if (!deliver(*port, m)) caf::anon_send(right, chunk_atom::value, std::move(m));
     return "";
   }
 };
@@ -38,7 +40,9 @@ struct bridge_link : ring::link {
 
 }  // namespace
 
-link_ptr make_actor_link(caf::actor right) { return std::make_shared<actor_link>(std::move(right)); }
+link_ptr make_port_link(std::shared_ptr<reducer_port> port, caf::actor right) {
+  return std::make_shared<port_link>(std::move(port), std::move(right));
+}
 link_ptr make_bridge_link(net::bridge* br, int peer) { return std::make_shared<bridge_link>(br, peer); }
 bool host_only(const ring::link& l) { return dynamic_cast<const bridge_link*>(&l) != nullptr; }
 

@@ -1,5 +1,5 @@
 // The links a reducer's ring driver (net/ring_driver.hpp) sends through: to a reducer in this process
-// (a CAF message carrying the floats' address, read in place) or to one in another process (a ZeroMQ
+// (its port, fed by the sending thread, reading the floats in place) or to one in another process (a ZeroMQ
 // frame through the bridge, sent without a copy). The ring's code is the same for both.
 #pragma once
 #include <caf/all.hpp>
@@ -12,8 +12,10 @@ namespace ringmaster {
 
 using link_ptr = std::shared_ptr<ring::link>;
 
-// Messages for a reducer in this process: {chunk_atom, ring::message}.
-link_ptr make_actor_link(caf::actor right);
+class reducer_port;
+// To a reducer in this process: the chunk goes straight into its port (actors/reducer.hpp), added and
+// passed on by the sending thread; as a {chunk_atom} message to `right` when that chain runs deep.
+link_ptr make_port_link(std::shared_ptr<reducer_port> port, caf::actor right);
 // Messages for the rank on the other end of a bridge connection (from bridge::connect). Host memory
 // only: a reducer stages device memory before it gets here.
 link_ptr make_bridge_link(net::bridge* br, int peer);

@@ -97,6 +97,8 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     red.rank = r;
     red.size = n;
     red.ring.job = plan.job_id;
+    red.port = make_reducer_port();
+    out.ports.push_back(red.port);
     out.reducers.push_back(sys.spawn(reducer, red));
     replica_config rc;
     rc.rank = r;
@@ -150,7 +152,8 @@ train_result train(const train_config& cfg) {
   rank_actors all = spawn_ranks(sys, plan, cfg, m, plan.ranks_on(0));
   // The ring as the plan orders it, before any replica runs: rank r sends to its right neighbour.
   for (int r = 0; r < plan.replicas(); ++r)
-    caf::anon_send(all.reducers[size_t(r)], ring_atom::value, make_actor_link(all.reducers[size_t(plan.right(r))]));
+    caf::anon_send(all.reducers[size_t(r)], ring_atom::value,
+                   make_port_link(all.ports[size_t(plan.right(r))], all.reducers[size_t(plan.right(r))]));
   coordinator_config cc{cfg.replicas, cfg.global_batch,
                         int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch)), cfg.epochs,
                         cfg.evaluate && cfg.test != nullptr, cfg.on_progress};

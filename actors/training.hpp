@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "actors/coordinator.hpp"
+#include "actors/reducer.hpp"
 #include "kernels/dataset.hpp"
 #include "kernels/model.hpp"
 
@@ -49,9 +50,11 @@ std::string check_config(const train_config& cfg, const model& m);
 void configure(caf::actor_system_config& c, int threads);
 
 // The actors of some ranks of a job, index i belonging to ranks[i] (the reducers not yet in a ring:
-// local_ring.hpp's connect_ring joins reducers of one process, a node links its own to other nodes).
+// train() and local_ring link reducers of one process through their ports, a node links its own to
+// other nodes).
 struct rank_actors {
   std::vector<caf::actor> loaders, reducers, replicas;
+  std::vector<std::shared_ptr<reducer_port>> ports;  // each reducer's: chunks go straight into it
 };
 // Each rank's settings, device and shards come from the plan (its job id: the reducers take only that
 // job's chunks); of cfg only the data, init_params, bucket_bytes and make_backend are read.

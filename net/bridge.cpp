@@ -298,14 +298,35 @@ struct bridge::impl {
     return true;
   }
 
+  // Work other threads queued and the bridge thread has not run yet. What the bridge thread itself sends
+  // then goes behind it, so sends to one peer leave in the order they were made, whichever thread made
+  // them (a ring's rounds depend on it).
+  bool queued_ahead() {
+    std::lock_guard<std::mutex> lock(mu);
+    return !queue.empty();
+  }
+
+  // One item at a time, so that what is still queued stays visible to queued_ahead() while an item runs.
+  // A bounded batch: sockets are polled again in between, however fast other threads post.
   void run_queue() {
-    std::deque<std::function<void()>> work;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      work.swap(queue);
-      wake_pending = false;
+    for (int n = 0;; ++n) {
+      std::function<void()> f;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (queue.empty()) {
+          wake_pending = false;
+          return;
+        }
+        if (n == 4096) {  // come back after a poll (wake_pending stays set: posters need not write)
+          uint64_t one = 1;
+          (void)!write(wake_fd, &one, sizeof one);
+          return;
+        }
+        f = std::move(queue.front());
+        queue.pop_front();
+      }
+      f();
     }
-    for (auto& f : work) f();
   }
 
   connection* conn(int id) {
@@ -505,7 +526,7 @@ bool bridge::on_bridge_thread() const { return d_->tid.load() == std::this_threa
 uint64_t bridge::dropped() const { return d_->dropped.load(); }
 
 bool bridge::post(std::function<void()> f) {
-  if (on_bridge_thread()) {
+  if (on_bridge_thread() && !d_->queued_ahead()) {
     f();
     return true;
   }
@@ -554,7 +575,7 @@ void bridge::disconnect(int peer) {
 bool bridge::send(int peer, wire::header h, payload p, std::string* error) {
   h.payload_bytes = p.size;
   if (!wire::validate(h, error)) return false;
-  if (on_bridge_thread()) {
+  if (on_bridge_thread() && !d_->queued_ahead()) {
     d_->do_send(peer, h, std::move(p));
     return true;
   }
@@ -566,7 +587,7 @@ bool bridge::send(int peer, wire::header h, payload p, std::string* error) {
 bool bridge::reply(const peer_info& to, wire::header h, payload p, std::string* error) {
   h.payload_bytes = p.size;
   if (!wire::validate(h, error)) return false;
-  if (on_bridge_thread()) {
+  if (on_bridge_thread() && !d_->queued_ahead()) {
     d_->do_reply(to, h, std::move(p));
     return true;
   }

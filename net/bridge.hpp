@@ -4,7 +4,8 @@
 // the listen endpoint (peers' DEALERs connect to it) and one DEALER per peer this process connects to.
 // Any thread may call the public functions: what must touch a socket is queued and the bridge thread is
 // woken (an eventfd polled next to the sockets' ZMQ_FDs). Calls made on the bridge thread itself
-// (from a handler) act at once, with no queue and no wake-up: protocols that answer messages from their
+// (from a handler) act at once, with no queue and no wake-up, unless work queued by other threads waits
+// (then they go behind it, keeping the order of sends): protocols that answer messages from their
 // handler (the ring) pay no thread hop per message.
 //
 // Incoming messages are validated (net/wire.hpp) and handed to the message handler ON THE BRIDGE THREAD,

@@ -1,0 +1,55 @@
+// A strand: tasks that must not run at the same time, run without a thread of their own. run(f) runs f
+// at once on the calling thread when no other thread is running the strand's tasks, and otherwise
+// queues it for the thread that is, which runs it before it lets go. Tasks never overlap and run in the
+// order they were queued; a task may call run() on this strand (it is queued) or on another strand.
+//
+// This is how a ring rank's state is driven from whichever thread has news for it (its replica's, its
+// neighbour's, the bridge's): a chunk is added and forwarded by the thread that brought it, with no
+// hand-over to another thread, so a hop through the ring costs no wake-up inside a process.
+#pragma once
+#include <deque>
+#include <functional>
+#include <mutex>
+
+namespace ringmaster::net {
+
+class strand {
+ public:
+  void run(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(f));
+      if (busy_) return;
+      busy_ = true;
+    }
+    for (;;) {
+      std::function<void()> t;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (tasks_.empty()) {
+          busy_ = false;
+          return;
+        }
+        t = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      try {
+        t();
+      } catch (...) {
+        // A task reports its own errors; one that throws anyway must not leave the strand busy forever.
+      }
+    }
+  }
+  // Whether some thread runs the strand's tasks right now (for callers that would rather hand over).
+  bool busy() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return busy_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::deque<std::function<void()>> tasks_;
+  bool busy_ = false;
+};
+
+}  // namespace ringmaster::net
