@@ -1,5 +1,8 @@
 #include "actors/local_ring.hpp"
 
+#include <condition_variable>
+#include <mutex>
+
 #include "actors/messages.hpp"
 #include "actors/reducer.hpp"
 #include "actors/ring_links.hpp"
@@ -7,17 +10,18 @@
 namespace ringmaster {
 
 local_ring::local_ring(caf::actor_system& sys, int ranks) : sys_(sys) {
-  std::vector<std::shared_ptr<reducer_port>> ports;
+  std::vector<std::shared_ptr<reducer_port>>& ports = ports_;
   for (int r = 0; r < ranks; ++r) {
     reducer_config rc;
     rc.rank = r;
     rc.size = ranks;
-    rc.port = make_reducer_port();
+    rc.ring.pair_small_bytes = rc.ring.small_bytes;  // in one process the ring reads neighbours in place
+    rc.port = make_reducer_port(rc);
     ports.push_back(rc.port);
     reducers_.push_back(sys.spawn(reducer, rc));
   }
   for (int r = 0; r < ranks; ++r)
-    caf::anon_send(reducers_[size_t(r)], ring_atom::value, make_port_link(ports[size_t((r + 1) % ranks)], reducers_[size_t((r + 1) % ranks)]));
+    join(*ports[size_t(r)], make_port_link(ports[size_t((r + 1) % ranks)], reducers_[size_t((r + 1) % ranks)]));
 }
 
 // Waits for the reducers to end: they release staging buffers on the callers' backends as they go.
@@ -42,29 +46,30 @@ std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len
     return std::to_string(buffers.size()) + " buffers and " + std::to_string(devices.size()) +
            " devices for a ring of " + std::to_string(reducers_.size());
   if (!broken_.empty()) return "ring unusable after an earlier failure: " + broken_;
-  const int64_t step = step_++;
-  caf::scoped_actor self{sys_};
-  for (auto& a : reducers_) self->monitor(a);  // a reducer that dies fails the call at once
-  for (size_t r = 0; r < reducers_.size(); ++r)
-    self->send(reducers_[r], reduce_atom::value, step, tensor_view{buffers[r], len, nullptr, devices[r]});
-  std::string error;
-  size_t replies = 0;
-  bool stop = false;
-  self->receive_while([&] { return !stop && replies < reducers_.size(); })(
-      [&](int64_t) { ++replies; },
-      [&](caf::error& e) {
-        error = "reducer failed: " + sys_.render(e);
-        ++replies;
-      },
-      [&](caf::down_msg& dm) {
-        error = "reducer stopped: " + sys_.render(dm.reason);
-        stop = true;
-      },
-      caf::after(timeout) >> [&] {
-        error = "all-reduce timed out";
-        stop = true;
-      });
-  for (auto& a : reducers_) self->demonitor(a);  // monitors last as long as the reducer, not the call
+  // Each rank's all-reduce runs on the threads that bring its chunks; this thread only waits for the ends.
+  struct waiter {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t done = 0;
+    std::string error;
+  };
+  auto w = std::make_shared<waiter>();  // shared: a late end after a timeout finds it alive
+  for (size_t r = 0; r < ports_.size(); ++r)
+    reduce(*ports_[r], tensor_view{buffers[r], len, nullptr, devices[r]}, 0, len, [w](const std::string& e) {
+      {
+        std::lock_guard<std::mutex> lock(w->mu);
+        ++w->done;
+        if (!e.empty() && w->error.empty()) w->error = e;
+      }
+      w->cv.notify_all();
+    });
+  std::unique_lock<std::mutex> lock(w->mu);
+  if (!w->cv.wait_for(lock, timeout, [&] { return w->done == ports_.size() || !w->error.empty(); }))
+    w->error = "all-reduce timed out";
+  std::string error = w->error;
+  lock.unlock();
+  if (!error.empty())
+    for (auto& p : ports_) fail(*p, error);  // the others stop too
   broken_ = error;
   return error;
 }

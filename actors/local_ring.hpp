@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/reducer.hpp"
 #include "kernels/backend.hpp"
 
 namespace ringmaster {
@@ -38,7 +39,7 @@ class local_ring {
  private:
   caf::actor_system& sys_;
   std::vector<caf::actor> reducers_;
-  int64_t step_ = 0;
+  std::vector<std::shared_ptr<reducer_port>> ports_;
   std::string broken_;
 };
 

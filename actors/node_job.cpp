@@ -120,7 +120,7 @@ bool node_job::wire_ring(std::string* error) {
       peers_[endpoint] = peer;
       link = make_bridge_link(ctx_.br, peer);
     }
-    caf::anon_send(reducers_[r], ring_atom::value, std::move(link));
+    join(*ports_[r], std::move(link));
   }
   return true;
 }

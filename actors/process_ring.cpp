@@ -28,7 +28,6 @@ struct process_ring::impl {
   std::string failure;  // non-empty: the ring is broken
   std::atomic<int> right_peer{-1};
   std::string left_identity;  // bridge thread only
-  int64_t next_step = 0;      // caller only
 
   net::bridge br;  // last: its thread stops before what its callbacks touch goes
 
@@ -44,7 +43,7 @@ struct process_ring::impl {
     rc.ring.small_bytes = opt.small_bytes;
     rc.ring.pair_small_bytes = opt.small_bytes;  // what the caller asked for, whatever the ring size
     rc.timeout = opt.timeout;
-    rc.port = port = make_reducer_port();
+    rc.port = port = make_reducer_port(rc);
     red = sys->spawn(reducer, rc);
   }
   ~impl() {
@@ -74,7 +73,7 @@ struct process_ring::impl {
       if (failure.empty()) failure = why;
     }
     cv.notify_all();
-    caf::anon_send(red, caf::exit_msg{caf::actor_addr{}, caf::make_error(caf::sec::runtime_error, why)});
+    ringmaster::fail(*port, why);  // a call in progress fails
   }
 
   bool connected_now() {
@@ -216,7 +215,7 @@ bool process_ring::connect(const std::vector<std::string>& endpoints, std::strin
   const int peer = d_->br.connect(right_ep, error);
   if (peer < 0) return false;
   d_->right_peer.store(peer);
-  caf::anon_send(d_->red, ring_atom::value, make_bridge_link(&d_->br, peer));
+  join(*d_->port, make_bridge_link(&d_->br, peer));
   std::string text;
   wire::encode_kv({{"rank", std::to_string(d_->rank)}, {"size", std::to_string(d_->size)}}, &text, nullptr);
   if (!d_->br.send(peer, d_->make(msg_type::hello), net::payload::copy_of(text), error)) return false;
@@ -248,27 +247,30 @@ std::string process_ring::allreduce(float* buf, size_t len) {
   // Every send that still reads `buf` holds the guard: the call returns only once all have let go.
   auto guard = std::make_shared<int>(0);
   std::weak_ptr<int> watch = guard;
+  // The all-reduce runs on the bridge thread as chunks come; this thread waits for its end only.
+  struct waiter {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::string error;
+  };
+  auto w = std::make_shared<waiter>();  // shared: an end after we gave up finds it alive
+  reduce(*d_->port, tensor_view{buf, len, std::move(guard), nullptr}, 0, len, [w](const std::string& e) {
+    {
+      std::lock_guard<std::mutex> lock(w->mu);
+      w->done = true;
+      w->error = e;
+    }
+    w->cv.notify_all();
+  });
   std::string why;
   {
-    caf::scoped_actor self{*d_->sys};
-    self->monitor(d_->red);
-    self->send(d_->red, reduce_atom::value, d_->next_step++, tensor_view{buf, len, std::move(guard), nullptr});
-    bool done = false;
-    self->receive_while([&] { return !done; })(
-        [&](int64_t) { done = true; },
-        [&](caf::error& e) {
-          why = d_->sys->render(e);
-          done = true;
-        },
-        [&](caf::down_msg& dm) {
-          why = d_->sys->render(dm.reason);
-          done = true;
-        },
-        caf::after(d_->opt.timeout * 3 + std::chrono::seconds(5)) >> [&] {  // the reducer's watchdog did not fire
-          why = "all-reduce got no answer from its reducer";
-          done = true;
-        });
-    self->demonitor(d_->red);
+    std::unique_lock<std::mutex> lock(w->mu);
+    // The reducer's watchdog ends a stuck call after opt.timeout; this is only a backstop.
+    if (!w->cv.wait_for(lock, d_->opt.timeout * 3 + std::chrono::seconds(5), [&] { return w->done; }))
+      why = "all-reduce got no answer from its reducer";
+    else
+      why = w->error;
   }
   if (why.empty()) return "";
   {

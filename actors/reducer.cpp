@@ -63,6 +63,7 @@ struct job {
   int64_t seq;
   tensor_view buf;
   size_t lo, hi;
+  reduce_done done;
 };
 
 }  // namespace
@@ -76,33 +77,32 @@ class reducer_port {
   std::unique_ptr<ring::driver> drv;
   device_ops* ops = nullptr;  // owned by drv
   std::deque<job> jobs;       // the front one runs while drv->active()
-  std::deque<ring::message> before;  // messages that came before our first request
+  std::deque<ring::message> before;  // messages that came before our first all-reduce
   chunk_pool pool;
-  bool broken = false;
-  caf::weak_actor_ptr owner;  // the reducer actor, told of results
+  int64_t next_seq = 0;
+  std::string broken;  // why the ring failed; empty while it works
   std::weak_ptr<reducer_port> me;
 
-  void tell(caf::message m) {
-    if (auto a = owner.lock()) caf::anon_send(caf::actor_cast<caf::actor>(a), std::move(m));
-  }
   void fail(const std::string& why) {
-    if (broken) return;
-    broken = true;
-    jobs.clear();
+    if (!broken.empty()) return;
+    broken = "reducer " + std::to_string(cfg.rank) + ": " + why;
     if (drv && drv->active()) drv->finish();  // lets go of the buffer (sends in flight still hold it)
     if (ops) ops->keep = nullptr;
-    tell(caf::make_message(fail_atom::value, why));
+    std::deque<job> failed;
+    failed.swap(jobs);
+    for (job& j : failed) j.done(broken);
   }
 
-  // Answers finished all-reduces and starts the next; "" or why it failed.
+  // Ends finished all-reduces and starts the next; "" or why it failed.
   std::string pump() {
-    while (!jobs.empty() && !broken) {
+    while (!jobs.empty() && broken.empty()) {
       if (drv && drv->active()) {
         if (!drv->finished()) return "";
-        const int64_t seq = drv->finish();
+        drv->finish();
         ops->keep = nullptr;
+        job j = std::move(jobs.front());
         jobs.pop_front();
-        tell(caf::make_message(release_atom::value, seq));
+        j.done("");
         continue;
       }
       job& j = jobs.front();
@@ -122,6 +122,7 @@ class reducer_port {
       if ((be ? be->device() : -1) != ops->where)
         return "a buffer on device " + std::to_string(be ? be->device() : -1) + " after buffers on device " +
                std::to_string(ops->where) + ": a reducer sums in one place";
+      if (cfg.size > 1 && !out.inner) return "all-reduce before the ring was joined";
       ops->be = be;
       ops->keep = j.buf.owner;
       out.be = be;
@@ -131,11 +132,11 @@ class reducer_port {
     return "";
   }
   void check() {
-    if (broken) return;
+    if (!broken.empty()) return;
     if (std::string e = pump(); !e.empty()) fail(e);
   }
   void receive(ring::message m) {
-    if (broken) return;
+    if (!broken.empty()) return;
     if (!drv) {
       if (before.size() >= cfg.ring.max_early) return fail("too many messages before the first all-reduce");
       before.push_back(std::move(m));
@@ -144,9 +145,23 @@ class reducer_port {
     if (std::string e = drv->receive(std::move(m)); !e.empty()) return fail(e);
     check();
   }
+  void watchdog() {
+    if (!broken.empty() || jobs.empty() || !drv || !drv->active()) return;
+    const auto quiet = clock_type::now() - drv->last_progress();
+    if (quiet > cfg.timeout)
+      fail("no progress for " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count()) +
+           " ms: " + drv->waiting_for());
+  }
 };
 
-std::shared_ptr<reducer_port> make_reducer_port() { return std::make_shared<reducer_port>(); }
+std::shared_ptr<reducer_port> make_reducer_port(const reducer_config& cfg) {
+  auto p = std::make_shared<reducer_port>();
+  p->cfg = cfg;
+  p->cfg.port = nullptr;
+  p->me = p;
+  p->out.pool = &p->pool;
+  return p;
+}
 
 bool deliver(reducer_port& port, ring::message& m) {
   // In one process a chunk is applied by the thread that brings it, which may pass the next one on to
@@ -159,103 +174,58 @@ bool deliver(reducer_port& port, ring::message& m) {
   return true;
 }
 
+void reduce(reducer_port& port, tensor_view buf, size_t lo, size_t hi, reduce_done done) {
+  if (lo > hi || hi > buf.len) return done("reducer: window [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of " + std::to_string(buf.len) + " floats");
+  port.strand.run([&port, buf = std::move(buf), lo, hi, done = std::move(done)]() mutable {
+    if (!port.broken.empty()) return done(port.broken);
+    port.jobs.push_back({port.next_seq++, std::move(buf), lo, hi, std::move(done)});
+    port.check();
+  });
+}
+
+void join(reducer_port& port, std::shared_ptr<ring::link> right) {
+  port.strand.run([&port, right = std::move(right)] {
+    port.out.host = right && host_only(*right);
+    port.out.inner = right;
+  });
+}
+
+void fail(reducer_port& port, const std::string& why) {
+  port.strand.run([&port, why] { port.fail(why); });
+}
+
 caf::behavior reducer(caf::event_based_actor* self, reducer_config cfg) {
-  std::shared_ptr<reducer_port> port = cfg.port ? cfg.port : make_reducer_port();
-  cfg.port = nullptr;  // no cycle: the port holds its config
-  port->cfg = cfg;
-  port->out.pool = &port->pool;
-  port->owner = self->ctrl();
-  port->me = port;
+  std::shared_ptr<reducer_port> port = cfg.port ? cfg.port : make_reducer_port(cfg);
+  cfg.port = nullptr;
+  self->set_exception_handler(error_from_exception("reducer " + std::to_string(cfg.rank)));
   // Ports of one ring hold each other through their links: the ring is let go when the reducer ends.
   self->attach_functor([port] {
     port->strand.run([port] {
+      port->fail("the reducer stopped");
       port->out.inner = nullptr;
-      port->jobs.clear();
       port->before.clear();
-      port->broken = true;
     });
   });
-  const std::string who = "reducer " + std::to_string(cfg.rank);
-  self->set_exception_handler(error_from_exception(who));
-
-  struct waiting {
-    int64_t seq;
-    caf::response_promise reply;
-    int64_t step;
-  };
-  auto replies = std::make_shared<std::deque<waiting>>();
-  auto next_seq = std::make_shared<int64_t>(0);
-  auto ticking = std::make_shared<bool>(false);
-  auto fail = [self, replies, who](const std::string& why) {
-    auto err = caf::make_error(caf::sec::runtime_error, who + ": " + why);
-    for (waiting& w : *replies) w.reply.deliver(err);
-    replies->clear();
-    self->quit(err);
-  };
-  auto tick_later = [self, ticking, cfg] {
-    if (*ticking) return;
-    *ticking = true;
-    self->delayed_send(self, std::max(std::chrono::milliseconds(10), cfg.timeout / 4), tick_atom::value);
-  };
-  auto enqueue = [self, port, replies, next_seq, tick_later](int64_t step, tensor_view buf, uint64_t lo, uint64_t hi) {
-    auto reply = self->make_response_promise();
-    if (lo > hi || hi > buf.len) {
-      reply.deliver(caf::make_error(caf::sec::invalid_argument, "reducer: bad window"));
-      return reply;
-    }
-    const int64_t seq = (*next_seq)++;
-    replies->push_back({seq, reply, step});
-    port->strand.run([port, j = job{seq, std::move(buf), size_t(lo), size_t(hi)}]() mutable {
-      if (port->broken) return port->tell(caf::make_message(fail_atom::value, std::string("the ring failed earlier")));
-      port->jobs.push_back(std::move(j));
-      port->check();
-    });
-    tick_later();
-    return reply;
-  };
+  const auto period = std::max(std::chrono::milliseconds(10), cfg.timeout / 4);
+  self->delayed_send(self, period, tick_atom::value);
 
   return {
-      [port](ring_atom, link_ptr right) {
-        port->strand.run([port, right] {
-          port->out.host = right && host_only(*right);
-          port->out.inner = right;
-        });
-      },
+      [port](ring_atom, link_ptr right) { join(*port, std::move(right)); },
       [port](ring_atom) {  // leave the ring: staging buffers go back to their backends now
         port->strand.run([port] {
+          port->fail("the reducer left the ring");
           port->drv.reset();
           port->ops = nullptr;
           port->pool = chunk_pool{};
         });
         return true;
       },
-      [enqueue](reduce_atom, int64_t step, tensor_view buf) {
-        const uint64_t len = buf.len;
-        return enqueue(step, std::move(buf), 0, len);
-      },
-      [enqueue](reduce_atom, int64_t step, tensor_view buf, uint64_t lo, uint64_t hi) {
-        return enqueue(step, std::move(buf), lo, hi);
-      },
       [port](chunk_atom, ring::message m) {
         port->strand.run([port, mm = std::move(m)]() mutable { port->receive(std::move(mm)); });
       },
-      [replies](release_atom, int64_t seq) {  // all-reduce `seq` is done on every rank
-        if (replies->empty() || replies->front().seq != seq) return;
-        replies->front().reply.deliver(replies->front().step);
-        replies->pop_front();
-      },
-      [fail](fail_atom, const std::string& why) { fail(why); },
-      [port, ticking, replies, tick_later, cfg](tick_atom) {
-        *ticking = false;
-        if (replies->empty()) return;
-        port->strand.run([port, timeout = cfg.timeout] {
-          if (port->broken || !port->drv || !port->drv->active()) return;
-          const auto quiet = clock_type::now() - port->drv->last_progress();
-          if (quiet > timeout)
-            port->fail("no progress for " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count()) +
-                       " ms: " + port->drv->waiting_for());
-        });
-        tick_later();
+      [self, port, period](tick_atom) {
+        port->strand.run([port] { port->watchdog(); });
+        self->delayed_send(self, period, tick_atom::value);
       },
   };
 }

@@ -1,33 +1,47 @@
 // The reducer: one per replica. It runs the ring driver (net/ring_driver.hpp) for its rank: the
 // schedule, segments, checks and progress live there; the reducer sums where the buffer lives (a GPU's
-// stay on it) and answers the requests one at a time, in order.
+// stay on it) and runs the all-reduces asked of it one at a time, in order.
 //
-//   {ring_atom, link_ptr right}                 where this rank's chunks go (actors/ring_links.hpp)
-//   {reduce_atom, step, tensor_view}            all-reduce the whole buffer; reply {step}
-//   {reduce_atom, step, tensor_view, lo, hi}    all-reduce buf[lo, hi) only (a gradient bucket), in the
-//                                               element order of the whole buffer; reply {step}
-//   {chunk_atom, ring::message}                 from the left neighbour, as a message
-//   {ring_atom}                                 leave the ring: staging buffers go back to their backends
-//                                               now (buffers without an owner: their backends may go next)
-//
-// The ring state lives in the reducer's port, which any thread may hand a chunk to (deliver): the
-// left neighbour's thread in this process, or the bridge thread for another process. The chunk is then
-// added and passed on by that thread at once, with no hop to the reducer's own thread; the reducer hears
-// only when an all-reduce is done. Every rank must make the same requests in the same order. A reply
-// comes when every rank holds the sum and no neighbour still reads the buffer. A message that does not
-// fit the ring, or no progress for `timeout`, fails the request and ends the reducer with a message
+// The ring state lives in the reducer's port. Any thread may hand the port a chunk (deliver: the left
+// neighbour's thread in this process, the bridge thread for another process) or an all-reduce (reduce:
+// the replica's thread); the port's strand runs the work at once on that thread, or on the thread already
+// running it, so a chunk is added and passed on with no hop to another thread and an all-reduce costs
+// its caller one message back when it ends. Every rank must ask for the same all-reduces in the same
+// order. One ends when every rank holds the sum and no neighbour still reads the buffer. A message that
+// does not fit the ring, or no progress for `timeout`, fails it (and every later one) with a message
 // naming the silent or lying neighbour.
+//
+// The reducer actor looks after the port:
+//   {ring_atom, link_ptr right}   join (below), as a message
+//   {ring_atom}                   leave the ring: staging buffers go back to their backends now (buffers
+//                                 without an owner: their backends may go next); replies true
+//   {chunk_atom, ring::message}   a chunk from the left neighbour as a message (deliver's fallback)
+// and ticks the watchdog every timeout / 4.
 #pragma once
 #include <caf/all.hpp>
 #include <chrono>
+#include <functional>
 #include <memory>
+
+#include "actors/messages.hpp"
 
 #include "net/ring_driver.hpp"
 
 namespace ringmaster {
 
+struct reducer_config;
 class reducer_port;
-std::shared_ptr<reducer_port> make_reducer_port();
+// The port of the reducer of cfg.rank (cfg.port is ignored); spawn the reducer with it in cfg.port.
+std::shared_ptr<reducer_port> make_reducer_port(const reducer_config& cfg);
+// "" when every rank holds the sum, else why the all-reduce failed. Called on whichever thread ends it.
+using reduce_done = std::function<void(const std::string& error)>;
+// All-reduces buf[lo, hi), in the element order of the whole buffer (a gradient bucket), after the ones
+// asked before. `buf.owner` keeps the buffer alive while neighbours may read it.
+void reduce(reducer_port& port, tensor_view buf, size_t lo, size_t hi, reduce_done done);
+// Joins the ring: this rank's chunks go through `right` (actors/ring_links.hpp). Before any reduce().
+void join(reducer_port& port, std::shared_ptr<ring::link> right);
+// Fails the running and every later all-reduce with `why` (a neighbour said the job is over).
+void fail(reducer_port& port, const std::string& why);
 // Hands a chunk from the left neighbour to the reducer whose port this is; any thread, no wait for the
 // reducer's thread. Returns false when this thread is already deep in a chain of such calls (a long
 // ring in one process): send it as a {chunk_atom} message instead.
@@ -37,7 +51,7 @@ struct reducer_config {
   int rank = 0, size = 1;
   ring::driver_options ring;  // ring.job: only messages of this job are accepted
   std::chrono::milliseconds timeout{60000};  // longest wait for the neighbours during one all-reduce
-  std::shared_ptr<reducer_port> port;  // null: a port of its own (chunks then come as messages)
+  std::shared_ptr<reducer_port> port;  // from make_reducer_port(this config); null: one of its own
 };
 
 caf::behavior reducer(caf::event_based_actor* self, reducer_config cfg);

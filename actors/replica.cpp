@@ -17,6 +17,9 @@ struct replica_state {
   caf::actor loader, reducer, coordinator;
   std::deque<batch_ptr> ready;
   std::vector<size_t> buckets;  // gradient_buckets(): first offsets, last bucket first
+  size_t buckets_left = 0;      // of this step's all-reduces
+  step_report rep;              // this step's, sent once its update is applied
+  std::chrono::steady_clock::time_point reduce_start;
   bool busy = false;
   int64_t done_steps = 0;
   std::chrono::steady_clock::time_point idle_since = std::chrono::steady_clock::now();
@@ -117,38 +120,44 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     const int64_t global_step = bt->epoch * st->cfg.steps_per_epoch + bt->step;
     float* g = st->model->grads();
     tensor_view grads{g, st->model->size(), std::shared_ptr<const void>(st, g), st->be.get()};
-    auto left = std::make_shared<size_t>(st->buckets.size());
-    auto t1 = std::make_shared<std::chrono::steady_clock::time_point>();
-    auto rep = std::make_shared<step_report>();
-    auto reduced = [self, st, try_step, left, t1, rep](int64_t) {
-      if (--*left > 0) return;
-      const auto t2 = std::chrono::steady_clock::now();
-      rep->wait_ring = std::chrono::duration<double>(t2 - *t1).count();
-      st->model->apply(st->model->grads());
-      rep->update = since(t2);
-      st->idle_since = std::chrono::steady_clock::now();
-      self->send(st->coordinator, *rep);
-      ++st->done_steps;
-      if (rep->step + 1 == st->cfg.steps_per_epoch && st->cfg.test) self->send(st->coordinator, evaluate(*st, rep->epoch));
-      st->busy = false;
-      if (st->done_steps == st->cfg.steps_per_epoch * st->cfg.epochs) self->send(st->coordinator, done_atom::value, st->cfg.rank);
-      (*try_step)();
-    };
+    (void)global_step;
+    st->buckets_left = st->buckets.size();
+    // The port runs the all-reduce on this thread or its neighbours'; only its end comes back here.
+    caf::weak_actor_ptr me{self->ctrl()};
     size_t next = 0, hi = st->model->size();
     auto issue = [&](size_t upto) {  // every bucket whose gradients are final from `upto` on
       for (; next < st->buckets.size() && st->buckets[next] >= upto; ++next) {
-        self->request(st->reducer, caf::infinite, reduce_atom::value, global_step, grads, uint64_t(st->buckets[next]), uint64_t(hi))
-            .then(reduced);
+        reduce(*st->cfg.port, grads, st->buckets[next], hi, [me](const std::string& error) {
+          if (auto a = me.lock()) caf::anon_send(caf::actor_cast<caf::actor>(a), reduce_atom::value, error);
+        });
         hi = st->buckets[next];
       }
     };
     batch_metrics m = st->model->forward_backward(x, y, bt->size, 1.0f / float(st->cfg.global_batch), key,
                                                   st->buckets.size() > 1 ? std::function<void(size_t)>(issue) : nullptr);
-    *rep = step_report{st->cfg.rank, bt->epoch, bt->step, m.loss_sum, m.correct, m.count};
-    rep->wait_batch = std::chrono::duration<double>(t0 - st->idle_since).count();
-    rep->compute = since(t0);
-    *t1 = std::chrono::steady_clock::now();
+    st->rep = step_report{st->cfg.rank, bt->epoch, bt->step, m.loss_sum, m.correct, m.count};
+    st->rep.wait_batch = std::chrono::duration<double>(t0 - st->idle_since).count();
+    st->rep.compute = since(t0);
+    st->reduce_start = std::chrono::steady_clock::now();
     issue(0);
+  };
+
+  // A bucket's all-reduce ended; once all have, the update and the next step.
+  auto reduced = [self, st, try_step](const std::string& error) {
+    if (!error.empty()) return self->quit(caf::make_error(caf::sec::runtime_error, error));
+    if (st->buckets_left == 0 || --st->buckets_left > 0) return;
+    step_report& rep = st->rep;
+    const auto t2 = std::chrono::steady_clock::now();
+    rep.wait_ring = std::chrono::duration<double>(t2 - st->reduce_start).count();
+    st->model->apply(st->model->grads());
+    rep.update = since(t2);
+    st->idle_since = std::chrono::steady_clock::now();
+    self->send(st->coordinator, rep);
+    ++st->done_steps;
+    if (rep.step + 1 == st->cfg.steps_per_epoch && st->cfg.test) self->send(st->coordinator, evaluate(*st, rep.epoch));
+    st->busy = false;
+    if (st->done_steps == st->cfg.steps_per_epoch * st->cfg.epochs) self->send(st->coordinator, done_atom::value, st->cfg.rank);
+    (*try_step)();
   };
 
   // try_step holds itself; break that cycle when the actor ends so its state (and device memory) is freed.
@@ -164,6 +173,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
         st->coordinator = std::move(coordinator);
         self->send(st->loader, run_atom::value, caf::actor_cast<caf::actor>(self));
       },
+      [reduced](reduce_atom, const std::string& error) { reduced(error); },
       [st, try_step](batch_atom, batch_ptr b) {
         st->ready.push_back(std::move(b));
         (*try_step)();

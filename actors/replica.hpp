@@ -9,6 +9,7 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/dataset.hpp"
+#include "actors/reducer.hpp"
 #include "kernels/model.hpp"
 
 namespace ringmaster {
@@ -29,6 +30,7 @@ struct replica_config {
   // each as soon as backward has produced it. 0: one all-reduce after backward. Every rank of a job
   // must use the same value; results are bit-identical whatever it is.
   size_t bucket_floats = 0;
+  std::shared_ptr<reducer_port> port;  // its reducer's (actors/reducer.hpp): gradients are all-reduced there
 };
 
 // The buckets' first offsets, from the last bucket (the last layers') to the first (ending at 0).

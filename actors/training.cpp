@@ -97,7 +97,10 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     red.rank = r;
     red.size = n;
     red.ring.job = plan.job_id;
-    red.port = make_reducer_port();
+    // The one-hop path pays for its copies only where a hop is expensive: when the ring leaves a process.
+    // Every rank of a job decides alike, from the plan.
+    if (plan.nodes.size() <= 1) red.ring.pair_small_bytes = red.ring.small_bytes;
+    red.port = make_reducer_port(red);
     out.ports.push_back(red.port);
     out.reducers.push_back(sys.spawn(reducer, red));
     replica_config rc;
@@ -113,6 +116,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     rc.init_params = init;
     rc.make_backend = cfg.make_backend;
     rc.bucket_floats = cfg.bucket_bytes / sizeof(float);
+    rc.port = red.port;
     if (plan.evaluate && cfg.test) {
       rc.test = cfg.test;
       std::tie(rc.test_begin, rc.test_end) = plan.test_shard(r, cfg.test->count);  // sums are exact
@@ -152,8 +156,7 @@ train_result train(const train_config& cfg) {
   rank_actors all = spawn_ranks(sys, plan, cfg, m, plan.ranks_on(0));
   // The ring as the plan orders it, before any replica runs: rank r sends to its right neighbour.
   for (int r = 0; r < plan.replicas(); ++r)
-    caf::anon_send(all.reducers[size_t(r)], ring_atom::value,
-                   make_port_link(all.ports[size_t(plan.right(r))], all.reducers[size_t(plan.right(r))]));
+    join(*all.ports[size_t(r)], make_port_link(all.ports[size_t(plan.right(r))], all.reducers[size_t(plan.right(r))]));
   coordinator_config cc{cfg.replicas, cfg.global_batch,
                         int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch)), cfg.epochs,
                         cfg.evaluate && cfg.test != nullptr, cfg.on_progress};

@@ -10,6 +10,7 @@
 // The time is rank 0's median over --iters all-reduces; ranks meet at a one-float all-reduce before
 // each timed one so that refilling the buffers is not timed.
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <sched.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -185,7 +186,7 @@ double median(std::vector<double> v) {
 void print_row(size_t bytes, double median_s, int ranks, size_t wrong) {
   const double algbw = double(bytes) / median_s / 1e9;
   const double busbw = algbw * 2.0 * (ranks - 1) / ranks;
-  std::printf("%12zu %12.1f %10.3f %10.3f %8zu\n", bytes, median_s * 1e6, algbw, busbw, wrong);
+  std::printf("%12zu %12.2f %10.3f %10.3f %8zu\n", bytes, median_s * 1e6, algbw, busbw, wrong);
   std::fflush(stdout);
 }
 
@@ -236,6 +237,10 @@ int run_inproc(const options& o) {
 }
 
 int run_worker(const options& o) {
+  // ZeroMQ allocates a receive buffer per 1 MiB segment; glibc would map and unmap each one (a page fault
+  // per 4 KiB every time). A program keeps them in its heap, as node daemons do.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   const int rank = o.worker_rank;
   if (o.pin) {
     // Before any thread exists: the bridge's and ZeroMQ's threads inherit the mask. Hand-offs between
