@@ -147,8 +147,7 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
     return;
   }
   // Added (and passed on) right here on the bridge thread: no hop to the reducer's thread per chunk.
-  ring::message m = from_wire(h, std::move(p));
-  if (!deliver(*ports_[dest], m)) caf::anon_send(it->second, chunk_atom::value, std::move(m));
+  if (!deliver(*ports_[dest], from_wire(h, std::move(p)))) caf::anon_send(it->second, release_atom::value, int64_t(0));
 }
 
 void node_job::heard() { last_heard_ = clock_type::now(); }

@@ -121,10 +121,7 @@ struct process_ring::impl {
           log("chunk from rank " + std::to_string(h.sender_rank) + " on a connection that is not our left neighbour's: dropped");
           return;
         }
-        {
-          ring::message m = from_wire(h, std::move(p));
-          if (!deliver(*port, m)) caf::anon_send(red, chunk_atom::value, std::move(m));
-        }
+        if (!deliver(*port, from_wire(h, std::move(p)))) caf::anon_send(red, release_atom::value, int64_t(0));
         return;
       case msg_type::hello:
         return on_hello(from, h, p);

@@ -163,13 +163,14 @@ std::shared_ptr<reducer_port> make_reducer_port(const reducer_config& cfg) {
   return p;
 }
 
-bool deliver(reducer_port& port, ring::message& m) {
+bool deliver(reducer_port& port, ring::message m) {
   // In one process a chunk is applied by the thread that brings it, which may pass the next one on to
-  // the next rank, and so on round the ring: past a few ranks, hand over instead of going deeper.
+  // the next rank, and so on round the ring: past a few ranks, queue it (in order) for another thread.
   thread_local int depth = 0;
-  if (depth >= 8) return false;
+  auto task = [&port, mm = std::move(m)]() mutable { port.receive(std::move(mm)); };
+  if (depth >= 8) return !port.strand.post(std::move(task));
   ++depth;
-  port.strand.run([&port, mm = std::move(m)]() mutable { port.receive(std::move(mm)); });
+  port.strand.run(std::move(task));
   --depth;
   return true;
 }
@@ -223,6 +224,7 @@ caf::behavior reducer(caf::event_based_actor* self, reducer_config cfg) {
       [port](chunk_atom, ring::message m) {
         port->strand.run([port, mm = std::move(m)]() mutable { port->receive(std::move(mm)); });
       },
+      [port](release_atom, int64_t) { port->strand.run([] {}); },
       [self, port, period](tick_atom) {
         port->strand.run([port] { port->watchdog(); });
         self->delayed_send(self, period, tick_atom::value);

@@ -15,7 +15,8 @@
 //   {ring_atom, link_ptr right}   join (below), as a message
 //   {ring_atom}                   leave the ring: staging buffers go back to their backends now (buffers
 //                                 without an owner: their backends may go next); replies true
-//   {chunk_atom, ring::message}   a chunk from the left neighbour as a message (deliver's fallback)
+//   {chunk_atom, ring::message}   a chunk from the left neighbour as a message
+//   {release_atom, int64_t}       run the port's queued work (deliver's hand-over)
 // and ticks the watchdog every timeout / 4.
 #pragma once
 #include <caf/all.hpp>
@@ -43,9 +44,10 @@ void join(reducer_port& port, std::shared_ptr<ring::link> right);
 // Fails the running and every later all-reduce with `why` (a neighbour said the job is over).
 void fail(reducer_port& port, const std::string& why);
 // Hands a chunk from the left neighbour to the reducer whose port this is; any thread, no wait for the
-// reducer's thread. Returns false when this thread is already deep in a chain of such calls (a long
-// ring in one process): send it as a {chunk_atom} message instead.
-bool deliver(reducer_port& port, ring::message& m);
+// reducer's thread. Returns false when the chunk was queued but nobody runs the port's work (this thread
+// is already deep in a chain of such calls, a long ring in one process): then send the reducer
+// {release_atom, int64_t}, whose handler runs it.
+bool deliver(reducer_port& port, ring::message m);
 
 struct reducer_config {
   int rank = 0, size = 1;

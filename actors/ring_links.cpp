@@ -11,7 +11,7 @@ struct port_link : ring::link {
   caf::actor right;
   port_link(std::shared_ptr<reducer_port> p, caf::actor a) : port(std::move(p)), right(std::move(a)) {}
   std::string send(ring::message m) override {
-    if (!deliver(*port, m)) caf::anon_send(right, chunk_atom::value, std::move(m));
+    if (!deliver(*port, std::move(m))) caf::anon_send(right, release_atom::value, int64_t(0));
     return "";
   }
 };

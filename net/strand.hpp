@@ -40,6 +40,13 @@ class strand {
       }
     }
   }
+  // Queues f without running anything on this thread. Returns true when no thread runs the strand's
+  // tasks now: the caller must then have one call run() (with any task) soon, or f waits.
+  bool post(std::function<void()> f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(f));
+    return !busy_;
+  }
   // Whether some thread runs the strand's tasks right now (for callers that would rather hand over).
   bool busy() const {
     std::lock_guard<std::mutex> lock(mu_);
