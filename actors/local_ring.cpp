@@ -16,9 +16,9 @@ local_ring::local_ring(caf::actor_system& sys, int ranks) : sys_(sys) {
     rc.rank = r;
     rc.size = ranks;
     rc.ring.pair_small_bytes = rc.ring.small_bytes;  // in one process the ring reads neighbours in place
-    rc.port = make_reducer_port(rc);
-    ports.push_back(rc.port);
-    reducers_.push_back(sys.spawn(reducer, rc));
+    caf::actor a;
+    ports.push_back(spawn_reducer(sys, rc, &a));
+    reducers_.push_back(a);
   }
   for (int r = 0; r < ranks; ++r)
     join(*ports[size_t(r)], make_port_link(ports[size_t((r + 1) % ranks)], reducers_[size_t((r + 1) % ranks)]));
@@ -29,8 +29,7 @@ local_ring::~local_ring() {
   caf::scoped_actor self{sys_};
   // The callers' buffers come without owners: their backends may go right after us, so the reducers'
   // staging buffers on them go back first (a reducer's state may be freed later than it ends).
-  for (auto& a : reducers_)
-    self->request(a, std::chrono::seconds(10), ring_atom::value).receive([](bool) {}, [](caf::error&) {});
+  for (auto& p : ports_) leave(*p);
   for (auto& a : reducers_) self->send_exit(a, caf::exit_reason::user_shutdown);
   for (auto& a : reducers_) self->wait_for(a);
 }

@@ -43,8 +43,7 @@ struct process_ring::impl {
     rc.ring.small_bytes = opt.small_bytes;
     rc.ring.pair_small_bytes = opt.small_bytes;  // what the caller asked for, whatever the ring size
     rc.timeout = opt.timeout;
-    rc.port = port = make_reducer_port(rc);
-    red = sys->spawn(reducer, rc);
+    port = spawn_reducer(*sys, rc, &red);
   }
   ~impl() {
     br.stop();

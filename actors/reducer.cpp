@@ -1,6 +1,8 @@
 #include "actors/reducer.hpp"
 
+#include <atomic>
 #include <deque>
+#include <future>
 
 #include "actors/chunk_pool.hpp"
 #include "actors/messages.hpp"
@@ -68,6 +70,11 @@ struct job {
 
 }  // namespace
 
+// Set while this thread runs a task of some port's strand: news that comes then (a neighbour letting go
+// of our buffer) may be acted on at once. Elsewhere (ZeroMQ's thread, the bridge tidying its queues) it
+// is only queued, and the reducer actor runs it: those threads must not start sends of their own.
+thread_local int strand_depth = 0;
+
 // A rank's ring state. Touched only inside its strand's tasks, whichever thread runs them.
 class reducer_port {
  public:
@@ -78,18 +85,48 @@ class reducer_port {
   device_ops* ops = nullptr;  // owned by drv
   std::deque<job> jobs;       // the front one runs while drv->active()
   std::deque<ring::message> before;  // messages that came before our first all-reduce
+  size_t held_bytes = 0;             // in `before`
   chunk_pool pool;
   int64_t next_seq = 0;
   std::string broken;  // why the ring failed; empty while it works
   std::weak_ptr<reducer_port> me;
+  // Shared with other threads.
+  std::atomic<bool> closed{false};     // the reducer has ended: nobody will run queued work
+  std::atomic<bool> ticking{false};    // the reducer's watchdog ticks
+  std::atomic<size_t> queued{0};       // jobs.size(), for the watchdog
+  caf::weak_actor_ptr owner;           // the reducer actor
+
+  // Runs f in the strand; an exception fails the ring instead of vanishing (a CUDA error, no memory).
+  template <class F>
+  void run(F f) {
+    strand.run([this, f = std::move(f)]() mutable { guarded(f); });
+  }
+  template <class F>
+  void guarded(F& f) {
+    ++strand_depth;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      fail(std::string("exception: ") + e.what());
+    } catch (...) {
+      fail("unknown exception");
+    }
+    --strand_depth;
+  }
+  // Has the reducer actor run the strand's queued work (when this thread must not).
+  void hand_over() {
+    if (auto a = owner.lock()) caf::anon_send(caf::actor_cast<caf::actor>(a), release_atom::value, int64_t(0));
+  }
 
   void fail(const std::string& why) {
     if (!broken.empty()) return;
     broken = "reducer " + std::to_string(cfg.rank) + ": " + why;
     if (drv && drv->active()) drv->finish();  // lets go of the buffer (sends in flight still hold it)
     if (ops) ops->keep = nullptr;
+    before.clear();
     std::deque<job> failed;
     failed.swap(jobs);
+    queued = 0;
     for (job& j : failed) j.done(broken);
   }
 
@@ -102,6 +139,7 @@ class reducer_port {
         ops->keep = nullptr;
         job j = std::move(jobs.front());
         jobs.pop_front();
+        queued = jobs.size();
         j.done("");
         continue;
       }
@@ -113,11 +151,16 @@ class reducer_port {
         o->where = be ? be->device() : -1;
         ops = o.get();
         drv = std::make_unique<ring::driver>(cfg.rank, cfg.size, &out, std::move(o), cfg.ring, [me = me] {
-          if (auto p = me.lock()) p->strand.run([p] { p->check(); });
+          auto p = me.lock();
+          if (!p) return;
+          auto task = [p] { p->check(); };
+          if (strand_depth > 0) return p->run(task);  // inside a ring task: a neighbour's thread
+          if (p->strand.post([p, task]() mutable { p->guarded(task); })) p->hand_over();
         });
         for (ring::message& m : before)
           if (std::string e = drv->receive(std::move(m)); !e.empty()) return e;
         before.clear();
+        held_bytes = 0;
       }
       if ((be ? be->device() : -1) != ops->where)
         return "a buffer on device " + std::to_string(be ? be->device() : -1) + " after buffers on device " +
@@ -138,7 +181,11 @@ class reducer_port {
   void receive(ring::message m) {
     if (!broken.empty()) return;
     if (!drv) {
-      if (before.size() >= cfg.ring.max_early) return fail("too many messages before the first all-reduce");
+      // Before our first all-reduce only the left neighbour's first one can be under way.
+      held_bytes += m.count * sizeof(float);
+      if (m.seq != 0 || before.size() >= cfg.ring.max_early || held_bytes > cfg.ring.max_early_bytes)
+        return fail("rank " + std::to_string(m.sender) + " sent all-reduce " + std::to_string(m.seq) +
+                    " before this rank's first, or more than it can hold");
       before.push_back(std::move(m));
       return;
     }
@@ -152,6 +199,15 @@ class reducer_port {
       fail("no progress for " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count()) +
            " ms: " + drv->waiting_for());
   }
+  // Gives everything back: the ring's buffers, the staging buffers to their backends, the links (which
+  // hold the neighbours' ports: an in-process ring is a cycle until its reducers end).
+  void leave(const std::string& why) {
+    fail(why);
+    drv.reset();
+    ops = nullptr;
+    pool = chunk_pool{};
+    out.inner = nullptr;
+  }
 };
 
 std::shared_ptr<reducer_port> make_reducer_port(const reducer_config& cfg) {
@@ -164,69 +220,87 @@ std::shared_ptr<reducer_port> make_reducer_port(const reducer_config& cfg) {
 }
 
 bool deliver(reducer_port& port, ring::message m) {
+  if (port.closed.load()) return true;  // its reducer has ended: the chunk (and the sender's buffer) goes
   // In one process a chunk is applied by the thread that brings it, which may pass the next one on to
   // the next rank, and so on round the ring: past a few ranks, queue it (in order) for another thread.
   thread_local int depth = 0;
   auto task = [&port, mm = std::move(m)]() mutable { port.receive(std::move(mm)); };
-  if (depth >= 8) return !port.strand.post(std::move(task));
+  if (depth >= 8) return !port.strand.post([&port, task = std::move(task)]() mutable { port.guarded(task); });
   ++depth;
-  port.strand.run(std::move(task));
+  port.run(std::move(task));
   --depth;
   return true;
 }
 
 void reduce(reducer_port& port, tensor_view buf, size_t lo, size_t hi, reduce_done done) {
   if (lo > hi || hi > buf.len) return done("reducer: window [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of " + std::to_string(buf.len) + " floats");
-  port.strand.run([&port, buf = std::move(buf), lo, hi, done = std::move(done)]() mutable {
+  port.run([&port, buf = std::move(buf), lo, hi, done = std::move(done)]() mutable {
     if (!port.broken.empty()) return done(port.broken);
     port.jobs.push_back({port.next_seq++, std::move(buf), lo, hi, std::move(done)});
+    port.queued = port.jobs.size();
     port.check();
   });
+  if (!port.ticking.exchange(true)) {  // the watchdog sleeps while no all-reduce is asked for
+    if (auto a = port.owner.lock()) caf::anon_send(caf::actor_cast<caf::actor>(a), tick_atom::value);
+  }
 }
 
 void join(reducer_port& port, std::shared_ptr<ring::link> right) {
-  port.strand.run([&port, right = std::move(right)] {
+  port.run([&port, right = std::move(right)] {
     port.out.host = right && host_only(*right);
     port.out.inner = right;
   });
 }
 
 void fail(reducer_port& port, const std::string& why) {
-  port.strand.run([&port, why] { port.fail(why); });
+  port.run([&port, why] { port.fail(why); });
+}
+
+void leave(reducer_port& port) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto left = done->get_future();
+  port.run([&port, done] {
+    port.leave("the reducer left the ring");
+    done->set_value();
+  });
+  left.wait();  // on another thread if one ran the strand: it has finished by now
+}
+
+std::shared_ptr<reducer_port> spawn_reducer(caf::actor_system& sys, reducer_config cfg, caf::actor* out) {
+  auto port = make_reducer_port(cfg);
+  cfg.port = port;
+  *out = sys.spawn(reducer, cfg);
+  port->owner = caf::actor_cast<caf::weak_actor_ptr>(*out);  // before anyone else can reach the port
+  return port;
 }
 
 caf::behavior reducer(caf::event_based_actor* self, reducer_config cfg) {
-  std::shared_ptr<reducer_port> port = cfg.port ? cfg.port : make_reducer_port(cfg);
+  std::shared_ptr<reducer_port> port = cfg.port;
+  if (!port) {  // a port of its own, which nobody else knows yet
+    port = make_reducer_port(cfg);
+    port->owner = self->ctrl();
+  }
   cfg.port = nullptr;
   self->set_exception_handler(error_from_exception("reducer " + std::to_string(cfg.rank)));
-  // Ports of one ring hold each other through their links: the ring is let go when the reducer ends.
+  // When the reducer ends, the port lets go of everything; chunks that come later are dropped.
   self->attach_functor([port] {
-    port->strand.run([port] {
-      port->fail("the reducer stopped");
-      port->out.inner = nullptr;
-      port->before.clear();
-    });
+    port->closed = true;
+    port->run([port] { port->leave("the reducer stopped"); });
   });
   const auto period = std::max(std::chrono::milliseconds(10), cfg.timeout / 4);
-  self->delayed_send(self, period, tick_atom::value);
 
   return {
       [port](ring_atom, link_ptr right) { join(*port, std::move(right)); },
-      [port](ring_atom) {  // leave the ring: staging buffers go back to their backends now
-        port->strand.run([port] {
-          port->fail("the reducer left the ring");
-          port->drv.reset();
-          port->ops = nullptr;
-          port->pool = chunk_pool{};
-        });
-        return true;
-      },
       [port](chunk_atom, ring::message m) {
-        port->strand.run([port, mm = std::move(m)]() mutable { port->receive(std::move(mm)); });
+        port->run([port, mm = std::move(m)]() mutable { port->receive(std::move(mm)); });
       },
-      [port](release_atom, int64_t) { port->strand.run([] {}); },
+      [port](release_atom, int64_t) { port->run([] {}); },  // runs what other threads queued
       [self, port, period](tick_atom) {
-        port->strand.run([port] { port->watchdog(); });
+        port->run([port] { port->watchdog(); });
+        if (port->queued.load() == 0) {  // idle: the next reduce() wakes the watchdog
+          port->ticking = false;
+          if (port->queued.load() == 0 || port->ticking.exchange(true)) return;
+        }
         self->delayed_send(self, period, tick_atom::value);
       },
   };

@@ -13,11 +13,9 @@
 //
 // The reducer actor looks after the port:
 //   {ring_atom, link_ptr right}   join (below), as a message
-//   {ring_atom}                   leave the ring: staging buffers go back to their backends now (buffers
-//                                 without an owner: their backends may go next); replies true
 //   {chunk_atom, ring::message}   a chunk from the left neighbour as a message
 //   {release_atom, int64_t}       run the port's queued work (deliver's hand-over)
-// and ticks the watchdog every timeout / 4.
+// and ticks the watchdog every timeout / 4 while all-reduces are asked for.
 #pragma once
 #include <caf/all.hpp>
 #include <chrono>
@@ -32,7 +30,7 @@ namespace ringmaster {
 
 struct reducer_config;
 class reducer_port;
-// The port of the reducer of cfg.rank (cfg.port is ignored); spawn the reducer with it in cfg.port.
+// The port of the reducer of cfg.rank (cfg.port is ignored); see spawn_reducer.
 std::shared_ptr<reducer_port> make_reducer_port(const reducer_config& cfg);
 // "" when every rank holds the sum, else why the all-reduce failed. Called on whichever thread ends it.
 using reduce_done = std::function<void(const std::string& error)>;
@@ -41,6 +39,9 @@ using reduce_done = std::function<void(const std::string& error)>;
 void reduce(reducer_port& port, tensor_view buf, size_t lo, size_t hi, reduce_done done);
 // Joins the ring: this rank's chunks go through `right` (actors/ring_links.hpp). Before any reduce().
 void join(reducer_port& port, std::shared_ptr<ring::link> right);
+// Leaves the ring for good: fails what is asked, gives staging buffers back to their backends and drops
+// the links. Returns when done (for buffers without an owner, whose backends may go next).
+void leave(reducer_port& port);
 // Fails the running and every later all-reduce with `why` (a neighbour said the job is over).
 void fail(reducer_port& port, const std::string& why);
 // Hands a chunk from the left neighbour to the reducer whose port this is; any thread, no wait for the
@@ -53,9 +54,12 @@ struct reducer_config {
   int rank = 0, size = 1;
   ring::driver_options ring;  // ring.job: only messages of this job are accepted
   std::chrono::milliseconds timeout{60000};  // longest wait for the neighbours during one all-reduce
-  std::shared_ptr<reducer_port> port;  // from make_reducer_port(this config); null: one of its own
+  std::shared_ptr<reducer_port> port;  // set by spawn_reducer
 };
 
 caf::behavior reducer(caf::event_based_actor* self, reducer_config cfg);
+// Spawns a reducer with a port of its own; *out is the actor, the port is returned. The way to make
+// one whose port others use (cfg.port is ignored).
+std::shared_ptr<reducer_port> spawn_reducer(caf::actor_system& sys, reducer_config cfg, caf::actor* out);
 
 }  // namespace ringmaster

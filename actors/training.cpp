@@ -100,9 +100,9 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     // The one-hop path pays for its copies only where a hop is expensive: when the ring leaves a process.
     // Every rank of a job decides alike, from the plan.
     if (plan.nodes.size() <= 1) red.ring.pair_small_bytes = red.ring.small_bytes;
-    red.port = make_reducer_port(red);
-    out.ports.push_back(red.port);
-    out.reducers.push_back(sys.spawn(reducer, red));
+    caf::actor a;
+    out.ports.push_back(spawn_reducer(sys, red, &a));
+    out.reducers.push_back(a);
     replica_config rc;
     rc.rank = r;
     rc.replicas = n;
@@ -116,7 +116,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     rc.init_params = init;
     rc.make_backend = cfg.make_backend;
     rc.bucket_floats = cfg.bucket_bytes / sizeof(float);
-    rc.port = red.port;
+    rc.port = out.ports.back();
     if (plan.evaluate && cfg.test) {
       rc.test = cfg.test;
       std::tie(rc.test_begin, rc.test_end) = plan.test_shard(r, cfg.test->count);  // sums are exact

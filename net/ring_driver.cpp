@@ -92,6 +92,7 @@ std::string driver::start(int64_t seq, float* buf, size_t total, size_t lo, size
   while (err.empty() && !early_.empty() && early_.front().seq <= seq) {
     message m = std::move(early_.front());
     early_.pop_front();
+    early_bytes_ -= m.count * sizeof(float);
     if (m.seq == seq) err = apply(m);
   }
   if (err.empty() && !small() && segs_left_ == 0) state_->rounds_done = true;
@@ -139,8 +140,13 @@ std::string driver::receive(message m) {
   if (m.seq < seq_ || (m.seq == seq_ && !active_))
     return "message for all-reduce " + std::to_string(m.seq) + ", which has ended (now at " + std::to_string(seq_) + ")";
   if (m.seq > seq_ || !active_) {
-    if (early_.size() >= opt_.max_early)
-      return "more than " + std::to_string(opt_.max_early) + " messages ahead of this rank's all-reduce " + std::to_string(seq_);
+    // The left neighbour cannot finish an all-reduce without us: it is at most one ahead.
+    if (m.seq > seq_ + 1)
+      return "message for all-reduce " + std::to_string(m.seq) + ", more than one ahead of this rank's " + std::to_string(seq_);
+    early_bytes_ += m.count * sizeof(float);
+    if (early_.size() >= opt_.max_early || early_bytes_ > opt_.max_early_bytes)
+      return "more than " + std::to_string(opt_.max_early) + " messages or " + std::to_string(opt_.max_early_bytes) +
+             " bytes ahead of this rank's all-reduce " + std::to_string(seq_);
     early_.push_back(std::move(m));
     return "";
   }

@@ -85,6 +85,7 @@ struct driver_options {
   size_t pair_small_bytes = size_t(1) << 20;
   size_t copy_below = 16 * 1024;           // host sends smaller than this go as copies (no reader to wait for)
   size_t max_early = 1 << 16;              // messages held for all-reduces not yet started
+  size_t max_early_bytes = size_t(2) << 30;  // and their floats (a lying neighbour cannot pin more)
 };
 
 class driver {
@@ -152,6 +153,7 @@ class driver {
   std::vector<bool> got_;
   int arrived_ = 0;
   std::deque<message> early_;
+  size_t early_bytes_ = 0;
   std::chrono::steady_clock::time_point last_progress_;
 };
 
