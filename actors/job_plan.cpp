@@ -136,6 +136,8 @@ bool validate(const job_plan& p, std::string* error) {
   if (p.global_batch < 1 || p.global_batch > kMaxBatch) return fail(error, is("global_batch", p.global_batch, range(1, kMaxBatch)));
   if (p.epochs < 1 || p.epochs > kMaxEpochs) return fail(error, is("epochs", p.epochs, range(1, kMaxEpochs)));
   if (p.prefetch < 1 || p.prefetch > kMaxPrefetch) return fail(error, is("prefetch", p.prefetch, range(1, kMaxPrefetch)));
+  if (p.bucket_bytes < 0 || p.bucket_bytes > (int64_t(1) << 32))
+    return fail(error, is("bucket_bytes", p.bucket_bytes, range(0, int64_t(1) << 32)));
   if (p.limit_train < 0) return fail(error, is("limit_train", p.limit_train, "0 or more"));
   if (p.limit_test < 0) return fail(error, is("limit_test", p.limit_test, "0 or more"));
   if (!sane_device(p.device, false)) return fail(error, is("device", ringmaster::quoted(p.device), "a kind of device (cpu, cuda)"));
@@ -165,6 +167,7 @@ bool make_job_plan(const train_config& cfg, const job_placement& where, job_plan
   p.epochs = cfg.epochs;
   p.seed = cfg.seed;
   p.prefetch = cfg.prefetch;
+  p.bucket_bytes = int64_t(cfg.bucket_bytes);
   p.evaluate = cfg.evaluate;
   p.limit_train = where.limit_train;
   p.limit_test = where.limit_test;
@@ -205,6 +208,7 @@ train_config plan_train_config(const job_plan& p) {
   c.epochs = p.epochs;
   c.seed = p.seed;
   c.prefetch = p.prefetch;
+  c.bucket_bytes = size_t(p.bucket_bytes);
   c.evaluate = p.evaluate;
   c.devices.clear();
   for (const rank_plan& r : p.ranks) c.devices.push_back(r.device);
@@ -228,6 +232,7 @@ std::string to_json(const job_plan& p) {
                   {"optimizer", opt},          {"global_batch", p.global_batch},
                   {"epochs", p.epochs},        {"seed", p.seed},
                   {"prefetch", p.prefetch},    {"evaluate", p.evaluate},
+                  {"bucket_bytes", p.bucket_bytes},
                   {"limit_train", p.limit_train}, {"limit_test", p.limit_test},
                   {"device", p.device},        {"recipient", p.recipient},
                   {"nodes", nodes},            {"ranks", ranks}};
@@ -359,7 +364,7 @@ class reader {
 bool read_plan(const json& j, job_plan* p, std::string* error) {
   if (!j.is_object()) return fail(error, "the text is not a JSON object");
   reader rd(j, "", error);
-  rd.only({"job", "model", "optimizer", "global_batch", "epochs", "seed", "prefetch", "evaluate", "limit_train",
+  rd.only({"job", "model", "optimizer", "global_batch", "epochs", "seed", "prefetch", "evaluate", "bucket_bytes", "limit_train",
            "limit_test", "device", "recipient", "nodes", "ranks"});
   std::string kind;
   const json* opt = rd.object("optimizer");
@@ -375,6 +380,7 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
   rd.u64("job", &p->job_id).text("model", &p->model, kMaxPlanModelBytes);
   rd.integer("global_batch", &p->global_batch, 1, kMaxBatch).integer("epochs", &p->epochs, 1, kMaxEpochs);
   rd.u64("seed", &p->seed).integer("prefetch", &p->prefetch, 1, kMaxPrefetch).boolean("evaluate", &p->evaluate);
+  rd.integer("bucket_bytes", &p->bucket_bytes, 0, int64_t(1) << 32);
   rd.integer("limit_train", &p->limit_train, 0, INT64_MAX).integer("limit_test", &p->limit_test, 0, INT64_MAX);
   rd.text("device", &p->device, 16).integer("recipient", &p->recipient, -1, kMaxPlanRanks - 1);
   const json* nodes = rd.array("nodes", size_t(kMaxPlanRanks));

@@ -60,6 +60,7 @@ struct job_plan {
   uint64_t seed = 0;
   int prefetch = 2;
   bool evaluate = true;
+  int64_t bucket_bytes = int64_t(1) << 20;  // gradient buckets (train_config::bucket_bytes): alike on every rank
   int64_t limit_train = 0, limit_test = 0;  // each node uses only its first N samples (0: all)
   std::string device = "cpu";              // the kind of device every rank runs on
   std::vector<plan_node> nodes;

@@ -31,7 +31,7 @@ struct train_config {
   int prefetch = 2;
   // Gradients are all-reduced in buckets of whole layers of at least this size, last layers first, each
   // while backward still computes the layers before it (CPU replicas). 0: one all-reduce per step. The
-  // result is bit-identical either way. Node daemons use the default.
+  // result is bit-identical either way. It travels to node daemons in the job plan.
   size_t bucket_bytes = size_t(1) << 20;
   bool evaluate = true;
   std::shared_ptr<const dataset> train, test;  // test may be null

@@ -28,6 +28,7 @@ job_plan sample_plan() {
   c.epochs = 7;
   c.seed = (uint64_t(1) << 63) + 5;
   c.prefetch = 3;
+  c.bucket_bytes = 12345;
   c.evaluate = false;
   job_placement w;
   w.nodes = {{"tcp://10.0.0.1:5601", "a:1:f00d"}, {"tcp://10.0.0.2:5601", "b:2:beef"}, {"ipc:///tmp/n3", "c"}};
@@ -153,6 +154,8 @@ TEST_CASE("job plan: JSON round trip keeps every field, 64-bit seeds and job ids
   CHECK(q.global_batch == 60);
   CHECK(q.epochs == 7);
   CHECK(q.prefetch == 3);
+  CHECK(q.bucket_bytes == 12345);
+  CHECK(plan_train_config(q).bucket_bytes == 12345);
   CHECK_FALSE(q.evaluate);
   CHECK(q.limit_train == 3000);
   CHECK(q.limit_test == 500);
@@ -210,6 +213,7 @@ TEST_CASE("job plan: hostile JSON is refused naming the field", "[plan]") {
   CHECK(refusal([](json& j) { j["global_batch"] = 99999999999ull; }) == "job plan: 'global_batch' is 99999999999, expected 1..16777216");
   CHECK(refusal([](json& j) { j["global_batch"] = 60.0; }) == "job plan: 'global_batch' must be an integer in 1..16777216, got 60.0");
   CHECK(refusal([](json& j) { j["prefetch"] = nullptr; }) == "job plan: 'prefetch' must be an integer in 1..64, got null");
+  CHECK(refusal([](json& j) { j["bucket_bytes"] = -1; }).find("'bucket_bytes'") != std::string::npos);
   CHECK(refusal([](json& j) { j["limit_test"] = -5; }) == "job plan: 'limit_test' is -5, expected 0..9223372036854775807");
   CHECK(refusal([](json& j) { j["limit_train"] = uint64_t(1) << 63; }) == "job plan: 'limit_train' is 9223372036854775808, expected 0..9223372036854775807");
   CHECK(refusal([](json& j) { j["evaluate"] = 1; }) == "job plan: 'evaluate' must be true or false, got 1");
