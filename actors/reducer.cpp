@@ -8,6 +8,7 @@
 #include "actors/messages.hpp"
 #include "actors/ring_links.hpp"
 #include "kernels/cpu_kernels.hpp"
+#include "net/bridge.hpp"
 #include "net/strand.hpp"
 
 namespace ringmaster {
@@ -71,8 +72,8 @@ struct job {
 }  // namespace
 
 // Set while this thread runs a task of some port's strand: news that comes then (a neighbour letting go
-// of our buffer) may be acted on at once. Elsewhere (ZeroMQ's thread, the bridge tidying its queues) it
-// is only queued, and the reducer actor runs it: those threads must not start sends of their own.
+// of our buffer) may be acted on at once, as on any thread but a bridge's, which may be tidying its own
+// queues when it lets go (there it is queued, and the reducer actor runs it).
 thread_local int strand_depth = 0;
 
 // A rank's ring state. Touched only inside its strand's tasks, whichever thread runs them.
@@ -154,7 +155,9 @@ class reducer_port {
           auto p = me.lock();
           if (!p) return;
           auto task = [p] { p->check(); };
-          if (strand_depth > 0) return p->run(task);  // inside a ring task: a neighbour's thread
+          // Inside ring work (a neighbour's thread), or on ZeroMQ's thread: at once. On a bridge thread the
+          // bridge may be tidying its own queues: queue it for the reducer.
+          if (strand_depth > 0 || !net::bridge::on_any_bridge_thread()) return p->run(task);
           if (p->strand.post([p, task]() mutable { p->guarded(task); })) p->hand_over();
         });
         for (ring::message& m : before)

@@ -18,6 +18,8 @@
 namespace ringmaster::net {
 namespace {
 
+thread_local bool t_bridge_thread = false;
+
 // A message built and waiting for its socket to accept it (high-water mark reached).
 struct pending {
   zmq::message_t identity;  // ROUTER only
@@ -355,6 +357,7 @@ struct bridge::impl {
   // dominated by such costs.
   void loop() {
     tid.store(std::this_thread::get_id());
+    t_bridge_thread = true;
     std::vector<pollfd> fds;
     std::vector<int> ids;  // connection of fds[i]: -1 the listener, >= 0 a peer, -2 the wake-up fd
     if (listener.socket) listener.fd = listener.socket->get(zmq::sockopt::fd);
@@ -520,6 +523,8 @@ std::string bridge::endpoint() const {
 }
 
 const std::string& bridge::name() const { return d_->opt.name; }
+
+bool bridge::on_any_bridge_thread() { return t_bridge_thread; }
 
 bool bridge::on_bridge_thread() const { return d_->tid.load() == std::this_thread::get_id(); }
 

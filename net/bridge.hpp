@@ -116,6 +116,9 @@ class bridge {
   // Runs f on the bridge thread (at once when called there). False if the bridge is not running.
   bool post(std::function<void()> f);
   bool on_bridge_thread() const;
+  // Whether this thread is some bridge's thread (whose own bookkeeping may be what runs a payload's
+  // owner's destructor: work that sends must not start from there).
+  static bool on_any_bridge_thread();
 
   // Incoming messages dropped as invalid so far.
   uint64_t dropped() const;
