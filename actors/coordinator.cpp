@@ -179,7 +179,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
                      caf::actor_cast<caf::actor>(self));
         return st->reply;
       },
-      [st](const step_report& r) {
+      [self, st](const step_report& r) {
         epoch_acc& a = st->epochs[r.epoch];
         st->result->wait_batch += r.wait_batch;
         st->result->compute += r.compute;
@@ -192,6 +192,11 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         a.count += r.count;
         if (++a.step_reports[r.step] == st->cfg.replicas) {
           for (double l : losses) a.loss += l;
+          // A NaN or infinite loss never comes back: stop rather than train on garbage to the end.
+          if (!std::isfinite(a.loss))
+            return finish(self, *st, "the loss became " + std::string(std::isnan(a.loss) ? "NaN" : "infinite") +
+                                         " at epoch " + std::to_string(r.epoch + 1) + ", step " + std::to_string(r.step + 1) +
+                                         " (too high a learning rate?); the job was stopped");
           a.step_losses.erase(r.step);
           a.step_reports.erase(r.step);
           ++a.steps_done;

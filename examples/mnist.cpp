@@ -5,7 +5,10 @@
 //   ringmaster-mnist --help
 //
 // Exit status: 0 done, 1 the job failed, 2 bad command line or input data.
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <boost/program_options.hpp>
 #include <cmath>
@@ -34,6 +37,22 @@ struct options {
   bool quiet = false, no_eval = false;
   train_config cfg;
 };
+
+// "" when `path` (if given) can be written when the run ends: its folder exists and takes files, and the
+// file, if it is there, is a file we may overwrite. Nothing is created or changed.
+std::string check_writable(const std::string& path) {
+  if (path.empty()) return "";
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return "cannot write " + path + ": no folder " + dir;
+  if (access(dir.c_str(), W_OK | X_OK) != 0) return "cannot write " + path + ": folder " + dir + " is not writable";
+  if (stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return "cannot write " + path + ": it is a folder";
+    if (access(path.c_str(), W_OK) != 0) return "cannot write " + path + ": the file is not writable";
+  }
+  return "";
+}
 
 int usage_error(const std::string& msg) {
   std::fprintf(stderr, "ringmaster-mnist: %s\nTry 'ringmaster-mnist --help'.\n", msg.c_str());
@@ -194,9 +213,14 @@ int main(int argc, char** argv) {
     nodes.push_back(o.nodes.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
     if (nodes.back().rfind("tcp://", 0) != 0 && nodes.back().rfind("ipc://", 0) != 0)
       return usage_error("--nodes: '" + nodes.back() + "' is not a tcp:// or ipc:// endpoint");
+    if (std::count(nodes.begin(), nodes.end() - 1, nodes.back()))
+      return usage_error("--nodes: " + nodes.back() + " is given twice (a node runs one job at a time; use --replicas-per-node)");
     at = comma == std::string::npos ? o.nodes.size() + 1 : comma + 1;
   }
   if (o.replicas_per_node < 1 || o.replicas_per_node > 256) return usage_error("--replicas-per-node must be in 1..256");
+  // Output files are checked now, not after hours of training.
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
+    if (std::string why = check_writable(path); !why.empty()) return usage_error(std::string(flag) + ": " + why);
   if (!nodes.empty()) {
     const int n = int(nodes.size()) * o.replicas_per_node;
     if (!vm["replicas"].defaulted() && c.replicas != n)

@@ -176,6 +176,27 @@ TEST_CASE("launcher: bad flags and values exit 2 with a clear message", "[launch
   CHECK(r.out.find("--replicas") != std::string::npos);
 }
 
+TEST_CASE("launcher: unwritable outputs and a node named twice exit 2 before training", "[launcher]") {
+  auto r = run("--epochs 1 --save /nonexistent/w.safetensors");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--save: cannot write /nonexistent/w.safetensors: no folder /nonexistent") != std::string::npos);
+  CHECK(r.out.find("Epoch") == std::string::npos);  // nothing trained
+  r = run("--epochs 1 --report-json /tmp");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--report-json: cannot write /tmp: it is a folder") != std::string::npos);
+  r = run("--nodes tcp://127.0.0.1:1,tcp://127.0.0.1:1");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("tcp://127.0.0.1:1 is given twice") != std::string::npos);
+}
+
+TEST_CASE("launcher: a loss that becomes NaN stops the job with exit 1 and says so", "[launcher]") {
+  const auto r = run("--epochs 3 --optimizer sgd --lr 1e9 --limit-train 4000 --limit-test 500");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("the loss became NaN at epoch 1") != std::string::npos);
+  CHECK(r.out.find("Epoch 2/3") == std::string::npos);  // stopped in the first epoch
+}
+
 TEST_CASE("launcher: --device is checked before anything runs, and no GPU is a clear error", "[launcher]") {
   auto r = run("--device gpu");
   CHECK(r.status == 2);
