@@ -21,7 +21,7 @@ local_ring::local_ring(caf::actor_system& sys, int ranks) : sys_(sys) {
     reducers_.push_back(a);
   }
   for (int r = 0; r < ranks; ++r)
-    join(*ports[size_t(r)], make_port_link(ports[size_t((r + 1) % ranks)], reducers_[size_t((r + 1) % ranks)]));
+    join(*ports[size_t(r)], make_port_link(ports[size_t((r + 1) % ranks)]));
 }
 
 // Waits for the reducers to end: they release staging buffers on the callers' backends as they go.

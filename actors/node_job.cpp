@@ -108,7 +108,7 @@ bool node_job::wire_ring(std::string* error) {
     const int right = plan_.right(r);
     link_ptr link;
     if (reducers_.count(right)) {
-      link = make_port_link(ports_[right], reducers_[right]);
+      link = make_port_link(ports_[right]);
     } else {
       const std::string& endpoint = plan_.ranks[size_t(right)].endpoint;
       auto known = peers_.find(endpoint);
@@ -147,7 +147,7 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
     return;
   }
   // Added (and passed on) right here on the bridge thread: no hop to the reducer's thread per chunk.
-  if (!deliver(*ports_[dest], from_wire(h, std::move(p)))) caf::anon_send(it->second, release_atom::value, int64_t(0));
+  deliver(*ports_[dest], from_wire(h, std::move(p)));
 }
 
 void node_job::heard() { last_heard_ = clock_type::now(); }

@@ -120,7 +120,7 @@ struct process_ring::impl {
           log("chunk from rank " + std::to_string(h.sender_rank) + " on a connection that is not our left neighbour's: dropped");
           return;
         }
-        if (!deliver(*port, from_wire(h, std::move(p)))) caf::anon_send(red, release_atom::value, int64_t(0));
+        deliver(*port, from_wire(h, std::move(p)));
         return;
       case msg_type::hello:
         return on_hello(from, h, p);

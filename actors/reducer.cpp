@@ -222,17 +222,19 @@ std::shared_ptr<reducer_port> make_reducer_port(const reducer_config& cfg) {
   return p;
 }
 
-bool deliver(reducer_port& port, ring::message m) {
-  if (port.closed.load()) return true;  // its reducer has ended: the chunk (and the sender's buffer) goes
+void deliver(reducer_port& port, ring::message m) {
+  if (port.closed.load()) return;  // its reducer has ended: the chunk (and the sender's buffer) goes
   // In one process a chunk is applied by the thread that brings it, which may pass the next one on to
   // the next rank, and so on round the ring: past a few ranks, queue it (in order) for another thread.
   thread_local int depth = 0;
   auto task = [&port, mm = std::move(m)]() mutable { port.receive(std::move(mm)); };
-  if (depth >= 8) return !port.strand.post([&port, task = std::move(task)]() mutable { port.guarded(task); });
+  if (depth >= 8) {
+    if (port.strand.post([&port, task = std::move(task)]() mutable { port.guarded(task); })) port.hand_over();
+    return;
+  }
   ++depth;
   port.run(std::move(task));
   --depth;
-  return true;
 }
 
 void reduce(reducer_port& port, tensor_view buf, size_t lo, size_t hi, reduce_done done) {
@@ -294,9 +296,6 @@ caf::behavior reducer(caf::event_based_actor* self, reducer_config cfg) {
 
   return {
       [port](ring_atom, link_ptr right) { join(*port, std::move(right)); },
-      [port](chunk_atom, ring::message m) {
-        port->run([port, mm = std::move(m)]() mutable { port->receive(std::move(mm)); });
-      },
       [port](release_atom, int64_t) { port->run([] {}); },  // runs what other threads queued
       [self, port, period](tick_atom) {
         port->run([port] { port->watchdog(); });

@@ -13,8 +13,7 @@
 //
 // The reducer actor looks after the port:
 //   {ring_atom, link_ptr right}   join (below), as a message
-//   {chunk_atom, ring::message}   a chunk from the left neighbour as a message
-//   {release_atom, int64_t}       run the port's queued work (deliver's hand-over)
+//   {release_atom, int64_t}       run the port's queued work (what other threads handed over)
 // and ticks the watchdog every timeout / 4 while all-reduces are asked for.
 #pragma once
 #include <caf/all.hpp>
@@ -45,10 +44,9 @@ void leave(reducer_port& port);
 // Fails the running and every later all-reduce with `why` (a neighbour said the job is over).
 void fail(reducer_port& port, const std::string& why);
 // Hands a chunk from the left neighbour to the reducer whose port this is; any thread, no wait for the
-// reducer's thread. Returns false when the chunk was queued but nobody runs the port's work (this thread
-// is already deep in a chain of such calls, a long ring in one process): then send the reducer
-// {release_atom, int64_t}, whose handler runs it.
-bool deliver(reducer_port& port, ring::message m);
+// reducer's thread (when this thread is already deep in a chain of such calls, a long ring in one
+// process, the chunk is queued in order and the reducer actor runs it).
+void deliver(reducer_port& port, ring::message m);
 
 struct reducer_config {
   int rank = 0, size = 1;

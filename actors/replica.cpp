@@ -117,10 +117,8 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     // earlier layers still compute. The reducer sums where the gradients are (a GPU's stay on it) with
     // this replica's backend; it and its neighbours hold the replica's state (and so the backend) alive
     // while they use the buffer, even if the replica is stopped mid all-reduce.
-    const int64_t global_step = bt->epoch * st->cfg.steps_per_epoch + bt->step;
     float* g = st->model->grads();
     tensor_view grads{g, st->model->size(), std::shared_ptr<const void>(st, g), st->be.get()};
-    (void)global_step;
     st->buckets_left = st->buckets.size();
     // The port runs the all-reduce on this thread or its neighbours'; only its end comes back here.
     caf::weak_actor_ptr me{self->ctrl()};

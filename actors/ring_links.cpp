@@ -8,10 +8,9 @@ namespace {
 
 struct port_link : ring::link {
   std::shared_ptr<reducer_port> port;
-  caf::actor right;
-  port_link(std::shared_ptr<reducer_port> p, caf::actor a) : port(std::move(p)), right(std::move(a)) {}
+  explicit port_link(std::shared_ptr<reducer_port> p) : port(std::move(p)) {}
   std::string send(ring::message m) override {
-    if (!deliver(*port, std::move(m))) caf::anon_send(right, release_atom::value, int64_t(0));
+    deliver(*port, std::move(m));
     return "";
   }
 };
@@ -40,8 +39,8 @@ struct bridge_link : ring::link {
 
 }  // namespace
 
-link_ptr make_port_link(std::shared_ptr<reducer_port> port, caf::actor right) {
-  return std::make_shared<port_link>(std::move(port), std::move(right));
+link_ptr make_port_link(std::shared_ptr<reducer_port> port) {
+  return std::make_shared<port_link>(std::move(port));
 }
 link_ptr make_bridge_link(net::bridge* br, int peer) { return std::make_shared<bridge_link>(br, peer); }
 bool host_only(const ring::link& l) { return dynamic_cast<const bridge_link*>(&l) != nullptr; }

@@ -14,8 +14,8 @@ using link_ptr = std::shared_ptr<ring::link>;
 
 class reducer_port;
 // To a reducer in this process: the chunk goes straight into its port (actors/reducer.hpp), added and
-// passed on by the sending thread; queued for the reducer `right` to run when that chain runs deep.
-link_ptr make_port_link(std::shared_ptr<reducer_port> port, caf::actor right);
+// passed on by the sending thread.
+link_ptr make_port_link(std::shared_ptr<reducer_port> port);
 // Messages for the rank on the other end of a bridge connection (from bridge::connect). Host memory
 // only: a reducer stages device memory before it gets here.
 link_ptr make_bridge_link(net::bridge* br, int peer);

@@ -156,7 +156,7 @@ train_result train(const train_config& cfg) {
   rank_actors all = spawn_ranks(sys, plan, cfg, m, plan.ranks_on(0));
   // The ring as the plan orders it, before any replica runs: rank r sends to its right neighbour.
   for (int r = 0; r < plan.replicas(); ++r)
-    join(*all.ports[size_t(r)], make_port_link(all.ports[size_t(plan.right(r))], all.reducers[size_t(plan.right(r))]));
+    join(*all.ports[size_t(r)], make_port_link(all.ports[size_t(plan.right(r))]));
   coordinator_config cc{cfg.replicas, cfg.global_batch,
                         int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch)), cfg.epochs,
                         cfg.evaluate && cfg.test != nullptr, cfg.on_progress};

@@ -32,7 +32,6 @@ driver::~driver() = default;
 
 bool driver::rounds_done() const { return !active_ || state_->rounds_done.load(); }
 bool driver::finished() const { return !active_ || (state_->rounds_done.load() && state_->outstanding.load() == 0); }
-int64_t driver::outstanding() const { return state_->outstanding.load(); }
 
 bool driver::small() const {
   const size_t limit = size_ == 2 ? std::max(opt_.small_bytes, opt_.pair_small_bytes) : opt_.small_bytes;

@@ -120,8 +120,6 @@ class driver {
   std::chrono::steady_clock::time_point last_progress() const { return last_progress_; }
   // What the current all-reduce waits for, for an error message.
   std::string waiting_for() const;
-  // Sends still holding a piece of the caller's buffer.
-  int64_t outstanding() const;
 
  private:
   struct segment_state {

@@ -47,11 +47,6 @@ class strand {
     tasks_.push_back(std::move(f));
     return !busy_;
   }
-  // Whether some thread runs the strand's tasks right now (for callers that would rather hand over).
-  bool busy() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return busy_;
-  }
 
  private:
   mutable std::mutex mu_;
