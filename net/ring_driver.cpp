@@ -33,6 +33,24 @@ driver::~driver() = default;
 bool driver::rounds_done() const { return !active_ || state_->rounds_done.load(); }
 bool driver::finished() const { return !active_ || (state_->rounds_done.load() && state_->outstanding.load() == 0); }
 
+// Copies sent instead of the buffer come from a few reused vectors: a neighbour (or ZeroMQ) holds one
+// while it reads it, and it is free again once only this list holds it. No allocation per step.
+std::shared_ptr<std::vector<float>> driver::copy_of(const float* p, size_t n) {
+  std::shared_ptr<std::vector<float>> v;
+  for (auto& c : copies_)
+    if (c.use_count() == 1) {
+      std::atomic_thread_fence(std::memory_order_acquire);  // after the last reader let go
+      v = c;
+      break;
+    }
+  if (!v) {
+    v = std::make_shared<std::vector<float>>();
+    if (copies_.size() < 64) copies_.push_back(v);  // more in flight at once: plain allocations
+  }
+  v->assign(p, p + n);
+  return v;
+}
+
 bool driver::small() const {
   const size_t limit = size_ == 2 ? std::max(opt_.small_bytes, opt_.pair_small_bytes) : opt_.small_bytes;
   return ops_->device() < 0 && (hi_ - lo_) * sizeof(float) <= limit;
@@ -71,7 +89,7 @@ std::string driver::start(int64_t seq, float* buf, size_t total, size_t lo, size
     got_.assign(size_t(size_), false);
     arrived_ = 0;
     // A copy: this rank's window receives the sum while the others may still read what we sent.
-    auto mine = std::make_shared<std::vector<float>>(buf + lo, buf + hi);
+    auto mine = copy_of(buf + lo, hi - lo);
     message m{opt_.job, seq, rank_, 0, rank_, true, mine->data(), mine->size(), mine, -1};
     err = right_->send(std::move(m));
   } else {
@@ -115,7 +133,7 @@ std::string driver::send_range(int round, int segment, const chunk_range& r) {
   if (r.count == 0) return "";
   message m{opt_.job, seq_, rank_, round, segment, false, buf_ + r.offset, r.count, nullptr, ops_->device()};
   if (ops_->device() < 0 && r.count * sizeof(float) < opt_.copy_below) {
-    auto copy = std::make_shared<std::vector<float>>(m.data, m.data + r.count);
+    auto copy = copy_of(m.data, r.count);
     m.data = copy->data();
     m.owner = std::move(copy);
   } else {
@@ -200,7 +218,7 @@ std::string driver::apply_whole(const message& m) {
 
 // Every window is here: sum each ring chunk in the ring's order, starting at the chunk's own rank.
 void driver::finish_whole() {
-  std::vector<float> acc;
+  std::vector<float>& acc = acc_;
   const auto src = [&](int r, size_t at) { return r == rank_ ? buf_ + at : whole_[size_t(r)].data + (at - lo_); };
   for (int c = 0; c < size_; ++c) {
     const chunk_range w = window_chunk(c);

@@ -134,6 +134,7 @@ class driver {
   chunk_range window_chunk(int c) const;
   chunk_range segment_of(const chunk_range& c, int segment) const;
   bool small() const;
+  std::shared_ptr<std::vector<float>> copy_of(const float* p, size_t n);
 
   int rank_, size_;
   link* right_;
@@ -150,6 +151,8 @@ class driver {
   std::vector<message> whole_;  // small path: the windows of the others, by origin
   std::vector<bool> got_;
   int arrived_ = 0;
+  std::vector<std::shared_ptr<std::vector<float>>> copies_;
+  std::vector<float> acc_;  // the small path's sums
   std::deque<message> early_;
   size_t early_bytes_ = 0;
   std::chrono::steady_clock::time_point last_progress_;
