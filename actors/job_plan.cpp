@@ -5,6 +5,7 @@
 #include <set>
 
 #include "kernels/registry.hpp"
+#include "net/keys.hpp"
 #include "net/wire.hpp"
 
 namespace ringmaster {
@@ -74,6 +75,9 @@ bool check_nodes(const job_plan& p, std::string* error) {
     if (nd.endpoint.empty() && k > 1)
       return fail(error, "'" + at + ".endpoint' is empty (this process) in a plan of " + std::to_string(k) + " nodes");
     if (nd.endpoint.empty() && !nd.id.empty()) return fail(error, "'" + at + ".id' is set for this process");
+    if (!nd.key.empty() && !net::is_key(nd.key)) return fail(error, "'" + at + ".key' is not a Z85 public key (40 characters)");
+    if (!p.nodes[0].key.empty() != !nd.key.empty())
+      return fail(error, "'" + at + ".key' is " + (nd.key.empty() ? "missing" : "set") + ", unlike 'nodes[0].key' (all nodes use keys or none)");
     for (size_t j = 0; j < i; ++j) {
       if (p.nodes[j].endpoint == nd.endpoint)
         return fail(error, "'nodes[" + std::to_string(j) + "]' and '" + at + "' are both " + ringmaster::quoted(nd.endpoint));
@@ -217,7 +221,7 @@ train_config plan_train_config(const job_plan& p) {
 
 std::string to_json(const job_plan& p) {
   json nodes = json::array(), ranks = json::array();
-  for (const plan_node& nd : p.nodes) nodes.push_back({{"endpoint", nd.endpoint}, {"id", nd.id}});
+  for (const plan_node& nd : p.nodes) nodes.push_back({{"endpoint", nd.endpoint}, {"id", nd.id}, {"key", nd.key}});
   for (const rank_plan& r : p.ranks)
     ranks.push_back({{"rank", r.rank}, {"node", r.node}, {"device", r.device}, {"left", r.left}, {"right", r.right},
                      {"batch_begin", r.batch_begin}, {"batch_end", r.batch_end}});
@@ -391,7 +395,8 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
     if (!(*nodes)[i].is_object()) return fail(error, "'" + at + "' must be an object, got " + shown((*nodes)[i]));
     plan_node nd;
     reader rn((*nodes)[i], at, error);
-    rn.only({"endpoint", "id"}).text("endpoint", &nd.endpoint, kMaxEndpointBytes).text("id", &nd.id, kMaxNodeIdBytes);
+    rn.only({"endpoint", "id", "key"}).text("endpoint", &nd.endpoint, kMaxEndpointBytes).text("id", &nd.id, kMaxNodeIdBytes);
+    rn.text("key", &nd.key, net::kKeyChars);
     if (!rn.ok()) return false;
     p->nodes.push_back(std::move(nd));
   }

@@ -49,6 +49,9 @@ struct plan_node {
   // known): a node takes ring chunks from rank r only from the node that runs rank r, so a plan sent to
   // nodes names every node's id.
   std::string id;
+  // Its daemon's public key (Z85), with CurveZMQ: nodes connect to each other with it, and take ring chunks
+  // only from a connection that proved it holds the key of the node running the sender. "" without keys.
+  std::string key;
 };
 
 struct job_plan {

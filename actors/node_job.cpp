@@ -51,7 +51,7 @@ node_job::~node_job() {
 }
 
 bool node_job::from_launcher(const net::peer_info& p) const {
-  return p.peer == launcher_.peer && p.identity == launcher_.identity;
+  return p.peer == launcher_.peer && p.identity == launcher_.identity && p.key == launcher_.key;
 }
 
 bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, wire::kv_map* ack,
@@ -111,8 +111,9 @@ bool node_job::wire_ring(std::string* error) {
       link = make_port_link(ports_[right]);
     } else {
       const std::string& endpoint = plan_.ranks[size_t(right)].endpoint;
+      const std::string& key = plan_.nodes[size_t(plan_.ranks[size_t(right)].node)].key;
       auto known = peers_.find(endpoint);
-      const int peer = known != peers_.end() ? known->second : ctx_.br->connect(endpoint, error);
+      const int peer = known != peers_.end() ? known->second : ctx_.br->connect(endpoint, key, error);
       if (peer < 0) {
         *error = "cannot reach node " + endpoint + ": " + *error;
         return false;
@@ -141,7 +142,8 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
     return;
   }
   const int node = plan_.ranks[size_t(sender)].node;
-  if (node == plan_.recipient || from.peer >= 0 || from.identity != plan_.nodes[size_t(node)].id) {
+  if (node == plan_.recipient || from.peer >= 0 || from.identity != plan_.nodes[size_t(node)].id ||
+      from.key != plan_.nodes[size_t(node)].key) {
     ctx_.log("dropped a chunk said to be from rank " + std::to_string(sender) + ": it did not come from node " +
              plan_.nodes[size_t(node)].endpoint + ", which runs that rank");
     return;

@@ -68,7 +68,9 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("listen", po::value(&o.listen), "where launchers and other nodes reach this node: tcp://HOST:PORT or ipc://PATH")
       ("name", po::value(&o.name), "name in logs and errors (default: the endpoint)")
       ("devices", po::value(&o.devices)->default_value(o.devices), "what this node offers, one replica per device: cpu:N (N CPU replicas), cuda (every GPU), cuda:I[,J...] (those GPUs)")
-      ("data", po::value(&o.data_dir)->default_value(o.data_dir), "this node's copy of the data (IDX files)");
+      ("data", po::value(&o.data_dir)->default_value(o.data_dir), "this node's copy of the data (IDX files)")
+      ("key-dir", po::value(&o.key_dir), "this node's key, key.pub and authorized_keys (default ~/.ringmaster; made on first use)")
+      ("insecure", po::bool_switch(&o.insecure), "no keys and no encryption: anyone who reaches the port can command this node");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc > 0 ? argc : 1, argv).options(desc).run(), vm);
@@ -82,7 +84,10 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     for (const std::string& t : (layers ? *layers : layer_registry::with_builtins()).types())
       known += (known.empty() ? "" : ", ") + t;
     std::cout << desc << "\nLayer types this node builds: " << known << "\n\nExample: " << prog
-              << " --listen tcp://127.0.0.1:5601 --devices cpu:2\n";
+              << " --listen tcp://127.0.0.1:5601 --devices cpu:2\n\n"
+              << "Links are encrypted and authenticated with CurveZMQ. The node serves launchers whose public key is\n"
+                 "in KEY_DIR/authorized_keys (one per line), or that share its key directory (a shared home). Give\n"
+                 "launchers this node's KEY_DIR/key.pub: ringmaster-mnist --nodes tcp://HOST:PORT@KEY records it.\n";
     return 0;
   }
   if (o.listen.empty()) {

@@ -6,7 +6,10 @@
 #include <ctime>
 #include <future>
 #include <mutex>
+#include <set>
 #include <thread>
+
+#include <sys/stat.h>
 
 #include "actors/data_cache.hpp"
 #include "actors/job_plan.hpp"
@@ -56,6 +59,11 @@ struct node_service::impl {
   std::vector<std::string> slots;  // one device per replica this node offers
   caf::actor_system_config sys_cfg;
   std::unique_ptr<caf::actor_system> sys;
+  // Keys, loaded before the bridge is made (start() reports key_error).
+  std::string key_dir, key_error;
+  net::key_pair keys;
+  std::set<std::string> authorized;  // authorized_keys, read again when the file changes
+  struct timespec authorized_mtime {};
   net::bridge br;
   data_cache data;
   std::thread ticker;
@@ -66,7 +74,43 @@ struct node_service::impl {
   std::atomic<bool> busy{false};
   std::unique_ptr<node_job> job;  // at most one; touched only on the bridge thread
 
-  explicit impl(node_options o) : opt(std::move(o)), br(net::bridge_options{opt.name}), data(opt.data_dir) {}
+  explicit impl(node_options o) : opt(std::move(o)), br(bridge_options()), data(opt.data_dir) {}
+
+  net::bridge_options bridge_options() {
+    net::bridge_options bo;
+    bo.name = opt.name;
+    if (opt.insecure) return bo;
+    key_dir = opt.key_dir.empty() ? net::default_key_dir() : opt.key_dir;
+    if (!net::load_or_create_keys(key_dir, &keys, &key_error) || !reload_authorized(&key_error)) return bo;
+    bo.keys = keys;
+    bo.authorize = [this](const std::string& key) { return authorized_key(key); };
+    return bo;
+  }
+
+  // Re-reads authorized_keys when it changed since last time, so keys can be added while the daemon runs.
+  bool reload_authorized(std::string* error) {
+    const std::string path = key_dir + "/authorized_keys";
+    struct stat st {};
+    const bool exists = ::stat(path.c_str(), &st) == 0;
+    if (exists && st.st_mtim.tv_sec == authorized_mtime.tv_sec && st.st_mtim.tv_nsec == authorized_mtime.tv_nsec) return true;
+    std::set<std::string> keys_now;
+    if (!net::read_authorized_keys(path, &keys_now, error)) return false;
+    authorized = std::move(keys_now);
+    authorized_mtime = exists ? st.st_mtim : timespec{};
+    return true;
+  }
+
+  // On the bridge thread, for each client's handshake: our own key (a launcher sharing our key
+  // directory), an authorized launcher's, or one of the running job's nodes.
+  bool authorized_key(const std::string& key) {
+    std::string error;
+    if (!reload_authorized(&error)) log("kept the previous authorized keys: " + error);
+    if (key == keys.public_key || authorized.count(key)) return true;
+    if (job)
+      for (const plan_node& n : job->plan().nodes)
+        if (n.key == key) return true;
+    return false;
+  }
 
   std::string name() const { return opt.name.empty() ? br.endpoint() : opt.name; }
 
@@ -121,6 +165,9 @@ struct node_service::impl {
                                         std::to_string(h.job_id), true);
     // Which job, and whose, is none of the asker's business.
     if (job) return refuse(from, plan.job_id, "busy with another job");
+    if (!opt.insecure && (plan.recipient < 0 || size_t(plan.recipient) >= plan.nodes.size() ||
+                          plan.nodes[size_t(plan.recipient)].key != keys.public_key))
+      return refuse(from, h.job_id, "the job plan names another key for this node", true);
     bool invalid = false;
     if (std::string why = check_plan(plan, context(), &invalid); !why.empty()) return refuse(from, plan.job_id, why, invalid);
     job = std::make_unique<node_job>(context(), from, std::move(plan));
@@ -205,6 +252,7 @@ node_service::node_service(node_options options) : d_(std::make_unique<impl>(std
 node_service::~node_service() { stop(); }
 
 bool node_service::start(std::string* error) {
+  if (!d_->key_error.empty()) return *error = d_->key_error, false;
   if (!parse_devices(d_->opt.devices, &d_->slots, error)) return false;
   // Every device offered must work now, not fail a job later: make each backend once.
   for (const std::string& dev : d_->slots) {
@@ -234,6 +282,11 @@ bool node_service::start(std::string* error) {
       d->br.post([d] { d->tick(); });
   });
   d->log("listening on " + d->br.endpoint() + ", offering " + d->opt.devices + ", data from " + d->opt.data_dir);
+  if (d->opt.insecure)
+    d->log("--insecure: no keys, no encryption; anyone who can reach " + d->br.endpoint() + " can command this node");
+  else
+    d->log("key " + d->keys.public_key + " (" + d->key_dir + "/key.pub); serving launchers with this key or one of the " +
+           std::to_string(d->authorized.size()) + " in " + d->key_dir + "/authorized_keys");
   return true;
 }
 

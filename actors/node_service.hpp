@@ -29,6 +29,11 @@ struct node_options {
   std::shared_ptr<const layer_registry> layers;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::function<void(const std::string&)> log;  // one line per event; null: stderr
+  // CurveZMQ (net/keys.hpp): this node's key pair and authorized_keys live in key_dir ("": ~/.ringmaster).
+  // It serves launchers whose key is authorized (or is its own), and, while a job runs, that job's other
+  // nodes. insecure: no keys, no encryption; anyone who reaches the port may command the node.
+  std::string key_dir;
+  bool insecure = false;
   std::chrono::milliseconds heartbeat{250};
   std::chrono::milliseconds launcher_timeout{5000};  // abort a job whose launcher is silent this long
   int threads = 0;

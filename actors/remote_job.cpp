@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <condition_variable>
 #include <deque>
@@ -58,7 +59,7 @@ caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer
 }
 
 struct launcher {
-  explicit launcher(remote_options o) : ro(std::move(o)) {}
+  launcher(remote_options o, net::bridge_options bo) : ro(std::move(o)), br(std::move(bo)) {}
   remote_options ro;
   net::bridge br;
   std::vector<int> peer;  // node index -> connection
@@ -176,7 +177,8 @@ struct launcher {
           if (now > deadline || quiet > silence)
             return "node " + ro.nodes[i] + " did not answer within " +
                    std::to_string(std::chrono::duration<double>(now > deadline ? limit : silence).count()).substr(0, 4) +
-                   " s (is ringmaster-node running there?)";
+                   " s (is ringmaster-node running there? A node that does not hold the key we expect, or runs "
+                   "--insecure while we do not, stays silent)";
         }
         continue;
       }
@@ -232,7 +234,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   // The plan, computed once: every rank's node, device, neighbours and shard. The nodes' routing ids are
   // added once they have said them (hello_ack).
   job_placement where;
-  for (const std::string& node : ro.nodes) where.nodes.push_back({node, ""});
+  for (const std::string& node : ro.nodes) where.nodes.push_back({node, "", ""});
   where.rank_node = ro.rank_node;
   if (where.rank_node.empty())
     for (int r = 0; r < int(ro.nodes.size()) * ro.replicas_per_node; ++r) where.rank_node.push_back(r / ro.replicas_per_node);
@@ -240,7 +242,22 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   where.devices.assign(where.rank_node.size(), cfg.devices.empty() ? "cpu" : device_kind(cfg.devices[0]));
   where.limit_train = ro.limit_train;
   where.limit_test = ro.limit_test;
-  launcher L{ro};
+  // Keys: ours, and the one each node must prove it holds.
+  net::bridge_options bo;
+  std::vector<bool> record(ro.nodes.size(), false);
+  const std::string key_dir = ro.key_dir.empty() ? net::default_key_dir() : ro.key_dir;
+  if (!ro.insecure) {
+    if (!net::load_or_create_keys(key_dir, &bo.keys, &failed.error)) return failed;
+    for (size_t i = 0; i < ro.nodes.size(); ++i) {
+      const std::string given = i < ro.node_keys.size() ? ro.node_keys[i] : "";
+      bool rec = false;
+      if (!net::expected_node_key(key_dir + "/known_nodes", ro.nodes[i], given, bo.keys.public_key,
+                                  &where.nodes[i].key, &rec, &failed.error))
+        return failed;
+      record[i] = rec;
+    }
+  }
+  launcher L{ro, bo};
   if (!make_job_plan(cfg, where, &L.plan, &failed.error)) {
     failed.invalid = true;  // the settings or the placement, not a node
     return failed;
@@ -256,14 +273,24 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   L.br.set_handler([&L](const net::peer_info& from, const wire::header& h, net::payload p) {
     L.on_message(from, h, std::move(p));
   });
-  L.br.set_error_handler([](const net::bridge_error&) {});
+  // A node that refuses our key, or holds another than we expect, says so only through the handshake:
+  // that reason ends the wait for its answer at once.
+  L.br.set_error_handler([&L](const net::bridge_error& e) {
+    if (e.kind != net::fault::handshake_failed) return;
+    control_msg m{0, {}, {{"error", "node " + e.message}}};  // the message names the endpoint
+    m.h.type = wire::msg_type::error;
+    std::lock_guard<std::mutex> lock(L.mu);
+    L.inbox.push_back(std::move(m));
+    L.cv.notify_all();
+  });
   std::string error;
   if (!L.br.start("", &error)) {
     failed.error = error;
     return failed;
   }
-  for (const std::string& node : ro.nodes) {
-    int p = L.br.connect(node, &error);
+  for (size_t i = 0; i < ro.nodes.size(); ++i) {
+    const std::string& node = ro.nodes[i];
+    int p = L.br.connect(node, L.plan.nodes[i].key, &error);
     if (p < 0) {
       failed.error = "cannot connect to node " + node + ": " + error;
       return failed;
@@ -274,6 +301,10 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   L.broadcast(wire::msg_type::hello, {{"role", "launcher"}});
   failed.error = L.await_all(wire::msg_type::hello_ack, &replies, ro.connect_timeout, ro.connect_timeout);
   if (!failed.error.empty()) return failed;
+  // A key given for a node is now proven: remember it, as ssh remembers a host key.
+  for (size_t i = 0; i < ro.nodes.size(); ++i)
+    if (record[i] && !net::record_known_node(key_dir + "/known_nodes", ro.nodes[i], L.plan.nodes[i].key, &error))
+      std::fprintf(stderr, "ringmaster: could not record the key of %s: %s\n", ro.nodes[i].c_str(), error.c_str());
 
   // A node takes ring chunks for a rank only from the node that runs its left neighbour, known by the
   // routing id it sends with.

@@ -19,6 +19,13 @@ struct remote_options {
   // neighbours: their hops then stay inside that node's process.
   std::vector<int> rank_node;
   int64_t limit_train = 0, limit_test = 0;  // use only the first N samples (0: all) of each node's data
+  // CurveZMQ (net/keys.hpp). Our key pair lives in key_dir ("": ~/.ringmaster). Node i must prove it holds
+  // node_keys[i] when given (--nodes ENDPOINT@KEY; recorded in key_dir/known_nodes once the node answers),
+  // else the key known_nodes records for it, else our own key (a node sharing our key directory).
+  // insecure: no keys, no encryption (the nodes must run --insecure too).
+  std::string key_dir;
+  std::vector<std::string> node_keys;
+  bool insecure = false;
   std::chrono::milliseconds heartbeat{250};
   std::chrono::milliseconds node_timeout{3000};
   std::chrono::milliseconds connect_timeout{5000};  // for a node to answer the hello

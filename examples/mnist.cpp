@@ -20,6 +20,7 @@
 #include "actors/remote_job.hpp"
 #include "actors/training.hpp"
 #include "kernels/safetensors.hpp"
+#include "net/keys.hpp"
 
 namespace po = boost::program_options;
 using namespace ringmaster;
@@ -32,7 +33,8 @@ struct options {
   std::string save, report_json, device = "cpu";
   double lr = -1;
   int64_t limit_train = 0, limit_test = 0;
-  std::string nodes;
+  std::string nodes, key_dir;
+  bool insecure = false;
   int replicas_per_node = 1;
   bool quiet = false, no_eval = false;
   train_config cfg;
@@ -185,7 +187,10 @@ int main(int argc, char** argv) {
       ("save", po::value(&o.save), "write the final weights to this file (safetensors)")
       ("report-json", po::value(&o.report_json), "write a JSON report of the run to this file")
       ("nodes", po::value(&o.nodes), "train across ringmaster-node daemons: tcp://H:P,tcp://H:P,... "
-       "(each node reads its own copy of the data)")
+       "(each node reads its own copy of the data). tcp://H:P@KEY: the node's public key (its key.pub), "
+       "recorded in known_nodes on first use")
+      ("key-dir", po::value(&o.key_dir), "our key pair and known_nodes, with --nodes (default ~/.ringmaster)")
+      ("insecure", po::bool_switch(&o.insecure), "no keys, no encryption, with --nodes (the nodes run --insecure too)")
       ("replicas-per-node", po::value(&o.replicas_per_node)->default_value(1), "replicas on each node, with --nodes")
       ("limit-train", po::value(&o.limit_train), "use only the first N training samples")
       ("limit-test", po::value(&o.limit_test), "use only the first N test samples")
@@ -207,10 +212,16 @@ int main(int argc, char** argv) {
   else return usage_error("--optimizer must be adam or sgd, not '" + o.optimizer + "'");
   c.opt.lr = o.lr > 0 ? float(o.lr) : (c.opt.kind == optimizer_config::adam ? 1e-3f : 1e-2f);
   if (vm.count("lr") && !(o.lr > 0 && std::isfinite(o.lr))) return usage_error("--lr must be a positive number");
-  std::vector<std::string> nodes;
+  std::vector<std::string> nodes, node_keys;
   for (size_t at = 0; !o.nodes.empty() && at <= o.nodes.size();) {
     size_t comma = o.nodes.find(',', at);
-    nodes.push_back(o.nodes.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    std::string endpoint, key, bad;
+    if (!net::split_endpoint_key(o.nodes.substr(at, comma == std::string::npos ? std::string::npos : comma - at),
+                                 &endpoint, &key, &bad))
+      return usage_error("--nodes: " + bad);
+    if (!key.empty() && o.insecure) return usage_error("--nodes: a key for " + endpoint + " with --insecure");
+    nodes.push_back(endpoint);
+    node_keys.push_back(key);
     if (nodes.back().rfind("tcp://", 0) != 0 && nodes.back().rfind("ipc://", 0) != 0)
       return usage_error("--nodes: '" + nodes.back() + "' is not a tcp:// or ipc:// endpoint");
     if (std::count(nodes.begin(), nodes.end() - 1, nodes.back()))
@@ -283,6 +294,9 @@ int main(int argc, char** argv) {
     ro.replicas_per_node = o.replicas_per_node;
     ro.limit_train = o.limit_train;
     ro.limit_test = o.limit_test;
+    ro.key_dir = o.key_dir;
+    ro.node_keys = node_keys;
+    ro.insecure = o.insecure;
     r = train_remote(c, ro);
     return finish(o, r);
   }

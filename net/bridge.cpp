@@ -12,6 +12,7 @@
 #include <future>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <zmq.hpp>
 
@@ -34,7 +35,17 @@ struct connection {
   std::deque<pending> backlog;
   int fd = -1;         // ZMQ_FD: readable when the socket has news for us
   bool dirty = true;   // used since last drained: may hold messages ZMQ_FD will not announce again
+  // With keys (connections only): the server's key, and a monitor telling us why a handshake failed.
+  std::string server_key;
+  std::unique_ptr<zmq::socket_t> monitor;
+  int monitor_fd = -1;
+  int failed_handshakes = 0;  // since the last one that succeeded; reported once
 };
+
+// ZAP (rfc.zeromq.org/spec/27): libzmq asks the handler bound here, in the socket's own context, whether
+// a client's CURVE key may complete the handshake. Without a handler libzmq would accept any key.
+constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
+constexpr size_t kMaxRefusedKeys = 1024;  // remembered to report each stranger once, bounded
 
 std::string default_name() {
   char host[256] = "host";
@@ -72,6 +83,8 @@ const char* fault_name(fault f) {
     case fault::version_mismatch: return "protocol version mismatch";
     case fault::send_failed: return "send failed";
     case fault::handler_failed: return "handler failed";
+    case fault::unauthorized: return "unauthorized client";
+    case fault::handshake_failed: return "handshake failed";
   }
   return "fault";
 }
@@ -98,6 +111,10 @@ struct bridge::impl {
   std::unique_ptr<zmq::context_t> ctx;
   connection listener;  // the ROUTER; socket null without a listen endpoint
   std::vector<connection> peers;
+  std::unique_ptr<zmq::socket_t> zap;  // the ZAP handler (with keys and a listening socket)
+  int zap_fd = -1;
+  std::set<std::string> refused;  // client keys already reported as refused
+  int monitors = 0;               // monitors made so far: each gets its own inproc name
 
   void report(fault kind, peer_info from, std::string message) {
     if (kind != fault::send_failed) dropped.fetch_add(1, std::memory_order_relaxed);
@@ -209,20 +226,128 @@ struct bridge::impl {
     send_now(listener, std::move(m), true, to);
   }
 
-  int do_connect(const std::string& ep, std::string* error) {
+  int do_connect(const std::string& ep, const std::string& server_key, std::string* error) {
+    if (!opt.keys.empty() && !is_key(server_key)) {
+      fail(error, ep + ": no public key for it (links are encrypted; give its key, or --insecure on both sides)");
+      return -1;
+    }
     try {
-      auto s = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
-      set_common_options(*s);
-      s->set(zmq::sockopt::routing_id, opt.name);
+      connection c;
+      c.socket = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
+      zmq::socket_t& s = *c.socket;
+      set_common_options(s);
+      s.set(zmq::sockopt::routing_id, opt.name);
+      if (!opt.keys.empty()) {
+        s.set(zmq::sockopt::curve_serverkey, server_key);
+        s.set(zmq::sockopt::curve_publickey, opt.keys.public_key);
+        s.set(zmq::sockopt::curve_secretkey, opt.keys.secret_key);
+        c.server_key = server_key;
+        // Why a handshake fails is known only to the socket's monitor: a refused key must not look like
+        // a node that is not running.
+        const std::string mon = "inproc://ringmaster-monitor-" + std::to_string(monitors++);
+        const int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                           ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                           ZMQ_EVENT_DISCONNECTED;
+        if (zmq_socket_monitor(s.handle(), mon.c_str(), events) == 0) {
+          c.monitor = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::pair);
+          c.monitor->set(zmq::sockopt::linger, 0);
+          c.monitor->connect(mon);
+          c.monitor_fd = c.monitor->get(zmq::sockopt::fd);
+        }
+      }
       // No ZMQ_IMMEDIATE: a hello sent before the peer has bound waits in the queue and goes out when the
       // (automatic, repeated) connection succeeds, so start-up order does not matter.
-      s->connect(ep);
-      const int fd = s->get(zmq::sockopt::fd);
-      peers.push_back({std::move(s), ep, {}, fd, true});
+      s.connect(ep);
+      c.fd = s.get(zmq::sockopt::fd);
+      c.endpoint = ep;
+      peers.push_back(std::move(c));
       return int(peers.size() - 1);
     } catch (const zmq::error_t& e) {
       fail(error, ep + ": " + e.what());
       return -1;
+    }
+  }
+
+  // Answers libzmq's authentication requests: a CURVE client gets in if opt.authorize accepts its key,
+  // and the key becomes the User-Id of everything it sends.
+  void serve_zap() {
+    for (;;) {
+      std::vector<zmq::message_t> req;
+      try {
+        zmq::message_t m;
+        if (!zap->recv(m, zmq::recv_flags::dontwait)) return;
+        for (req.push_back(std::move(m)); req.back().more() && req.size() < 16;) {
+          zmq::message_t more;
+          if (!zap->recv(more, zmq::recv_flags::none)) break;
+          req.push_back(std::move(more));
+        }
+      } catch (const zmq::error_t&) {
+        return;
+      }
+      // version, request id, domain, address, routing id, mechanism, credentials (the 32-byte key)
+      std::string key;
+      bool ok = false;
+      if (req.size() >= 7 && req[0].to_string_view() == "1.0" && req[5].to_string_view() == "CURVE" && req[6].size() == 32) {
+        char z85[kKeyChars + 1];
+        zmq_z85_encode(z85, req[6].data<uint8_t>(), 32);
+        key = z85;
+        try {
+          ok = opt.authorize && opt.authorize(key);
+        } catch (...) {
+          ok = false;
+        }
+        if (!ok && refused.size() < kMaxRefusedKeys && refused.insert(key).second)
+          report(fault::unauthorized, {}, "refused a client at " + req[3].to_string() + ": its key " + key +
+                                              " is not authorized (further attempts with this key are not logged)");
+      }
+      const std::string id = req.size() > 1 ? req[1].to_string() : "";
+      const std::string status = ok ? "200" : "400", text = ok ? "OK" : "not authorized", user = ok ? key : "";
+      try {
+        zap->send(zmq::buffer(std::string_view("1.0")), zmq::send_flags::sndmore);
+        zap->send(zmq::buffer(id), zmq::send_flags::sndmore);
+        zap->send(zmq::buffer(status), zmq::send_flags::sndmore);
+        zap->send(zmq::buffer(text), zmq::send_flags::sndmore);
+        zap->send(zmq::buffer(user), zmq::send_flags::sndmore);
+        zap->send(zmq::message_t(), zmq::send_flags::none);
+      } catch (const zmq::error_t&) {
+        return;
+      }
+    }
+  }
+
+  // A connection's handshake news: a server that refuses our key says so (ZAP status 400); one that
+  // cannot read our hello (it holds another key, or runs without keys) just hangs up, again and again.
+  void serve_monitor(int id) {
+    connection& c = peers[size_t(id)];
+    for (;;) {
+      zmq::message_t event, address;
+      try {
+        if (!c.monitor || !c.monitor->recv(event, zmq::recv_flags::dontwait)) return;
+        if (event.more()) (void)c.monitor->recv(address, zmq::recv_flags::none);
+      } catch (const zmq::error_t&) {
+        return;
+      }
+      if (event.size() < 6) continue;
+      uint16_t what = 0;
+      uint32_t value = 0;
+      std::memcpy(&what, event.data(), 2);
+      std::memcpy(&value, static_cast<const char*>(event.data()) + 2, 4);
+      if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        c.failed_handshakes = 0;
+        continue;
+      }
+      if (c.failed_handshakes < 0) continue;  // reported already
+      peer_info from;
+      from.peer = id;
+      if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+        c.failed_handshakes = -1;
+        report(fault::handshake_failed, from, c.endpoint + " refused our key (status " + std::to_string(value) +
+                                                  "): add our key.pub to its authorized_keys");
+      } else if (++c.failed_handshakes == 3) {
+        c.failed_handshakes = -1;
+        report(fault::handshake_failed, from, c.endpoint + " hangs up during the handshake: it does not hold the key "
+                                                  "we expect, or it runs without keys (--insecure)");
+      }
     }
   }
 
@@ -247,6 +372,11 @@ struct bridge::impl {
     if (routed) {
       from.identity.assign(parts[0].data<char>(), parts[0].size());
       first = 1;
+      // The key the client proved it holds (our ZAP handler made it the User-Id); absent without keys.
+      if (!opt.keys.empty() && parts.size() > 1)
+        if (const char* user = zmq_msg_gets(parts[1].handle(), "User-Id")) from.key = user;
+    } else {
+      from.key = peers[size_t(peer)].server_key;
     }
     const size_t frames = count - first;
     if (frames < 1 || frames > 2) {
@@ -359,10 +489,18 @@ struct bridge::impl {
     tid.store(std::this_thread::get_id());
     t_bridge_thread = true;
     std::vector<pollfd> fds;
-    std::vector<int> ids;  // connection of fds[i]: -1 the listener, >= 0 a peer, -2 the wake-up fd
+    // Connection of fds[i]: -1 the listener, >= 0 a peer, -2 the wake-up fd, -3 the ZAP handler,
+    // <= kMonitorBase - p peer p's monitor.
+    constexpr int kMonitorBase = -4;
+    std::vector<int> ids;
     if (listener.socket) listener.fd = listener.socket->get(zmq::sockopt::fd);
     while (!quit.load(std::memory_order_acquire)) {
       bool busy = false;
+      // Served every pass (each is a few failing non-blocking reads): their ZMQ_FDs, like the sockets',
+      // announce only changes, which a pass may have consumed.
+      if (zap) serve_zap();
+      for (int id = 0; id < int(peers.size()); ++id)
+        if (peers[size_t(id)].monitor) serve_monitor(id);
       for (int id = -1; id < int(peers.size()); ++id) {
         connection* c = conn(id);
         if (c && (c->dirty || !c->backlog.empty())) serve(id);
@@ -373,6 +511,15 @@ struct bridge::impl {
       ids.clear();
       fds.push_back({wake_fd, POLLIN, 0});
       ids.push_back(-2);
+      if (zap) {
+        fds.push_back({zap_fd, POLLIN, 0});
+        ids.push_back(-3);
+      }
+      for (int id = 0; id < int(peers.size()); ++id)
+        if (peers[size_t(id)].monitor) {
+          fds.push_back({peers[size_t(id)].monitor_fd, POLLIN, 0});
+          ids.push_back(kMonitorBase - id);
+        }
       for (int id = -1; id < int(peers.size()); ++id)
         if (connection* c = conn(id)) {
           fds.push_back({c->fd, POLLIN, 0});
@@ -402,6 +549,8 @@ struct bridge::impl {
           uint64_t n;
           (void)!read(wake_fd, &n, sizeof n);
           run_queue();
+        } else if (ids[i] <= -3) {
+          // The ZAP handler and monitors are served at the top of the loop.
         } else if (connection* c = conn(ids[i])) {
           c->dirty = true;
         }
@@ -415,7 +564,12 @@ struct bridge::impl {
     // Close every socket here, on their own thread; linger 0 drops what is unsent.
     listener.backlog.clear();
     listener.socket.reset();
+    for (connection& c : peers) {
+      c.socket.reset();
+      c.monitor.reset();
+    }
     peers.clear();
+    zap.reset();
   }
 };
 
@@ -445,11 +599,27 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
     std::lock_guard<std::mutex> lock(d_->mu);
     if (d_->running || d_->thread.joinable()) return fail(error, "bridge already started");
   }
+  const bool keys = !d_->opt.keys.empty();
+  if (keys && (!curve_available() || !is_key(d_->opt.keys.public_key) || !is_key(d_->opt.keys.secret_key)))
+    return fail(error, curve_available() ? "bad key pair (Z85, 40 characters each)" : "this libzmq has no CurveZMQ; use --insecure");
   try {
     d_->ctx = std::make_unique<zmq::context_t>(d_->opt.io_threads);
     if (!listen_endpoint.empty()) {
+      if (keys) {  // the handler first: a listener bound without one would let any key in
+        d_->zap = std::make_unique<zmq::socket_t>(*d_->ctx, zmq::socket_type::rep);
+        d_->zap->set(zmq::sockopt::linger, 0);
+        d_->zap->bind(kZapEndpoint);
+        d_->zap_fd = d_->zap->get(zmq::sockopt::fd);
+      }
       d_->listener.socket = std::make_unique<zmq::socket_t>(*d_->ctx, zmq::socket_type::router);
       d_->set_common_options(*d_->listener.socket);
+      if (keys) {
+        d_->listener.socket->set(zmq::sockopt::curve_server, 1);
+        d_->listener.socket->set(zmq::sockopt::curve_secretkey, d_->opt.keys.secret_key);
+        d_->listener.socket->set(zmq::sockopt::zap_domain, "ringmaster");
+        // A stranger's half-open handshake holds a file descriptor: not for long.
+        d_->listener.socket->set(zmq::sockopt::handshake_ivl, 5000);
+      }
       d_->listener.socket->set(zmq::sockopt::router_mandatory, 1);  // unroutable replies are errors, not silence
       d_->listener.socket->set(zmq::sockopt::router_handover, 1);   // a peer that reconnects keeps its identity
       try {
@@ -457,6 +627,7 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
       } catch (const zmq::error_t& e) {
         std::string why = e.num() == EADDRINUSE ? "address already in use" : e.what();
         d_->listener.socket.reset();
+        d_->zap.reset();
         d_->ctx.reset();
         return fail(error, listen_endpoint + ": " + why);
       }
@@ -466,12 +637,14 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
     }
   } catch (const zmq::error_t& e) {
     d_->listener.socket.reset();
+    d_->zap.reset();
     d_->ctx.reset();
     return fail(error, listen_endpoint + ": " + e.what());
   }
   d_->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (d_->wake_fd < 0) {
     d_->listener.socket.reset();
+    d_->zap.reset();
     d_->ctx.reset();
     return fail(error, std::string("eventfd: ") + std::strerror(errno));
   }
@@ -546,13 +719,13 @@ bool bridge::post(std::function<void()> f) {
   return true;
 }
 
-int bridge::connect(const std::string& endpoint, std::string* error) {
-  if (on_bridge_thread()) return d_->do_connect(endpoint, error);
+int bridge::connect(const std::string& endpoint, const std::string& server_key, std::string* error) {
+  if (on_bridge_thread()) return d_->do_connect(endpoint, server_key, error);
   auto done = std::make_shared<std::promise<std::pair<int, std::string>>>();
   auto result = done->get_future();
-  if (!post([this, endpoint, done] {
+  if (!post([this, endpoint, server_key, done] {
         std::string err;
-        const int id = d_->do_connect(endpoint, &err);
+        const int id = d_->do_connect(endpoint, server_key, &err);
         done->set_value({id, err});
       })) {
     fail(error, "bridge not running");
@@ -573,6 +746,7 @@ void bridge::disconnect(int peer) {
     if (peer >= 0 && size_t(peer) < d_->peers.size()) {
       d_->peers[peer].backlog.clear();
       d_->peers[peer].socket.reset();
+      d_->peers[peer].monitor.reset();
     }
   });
 }

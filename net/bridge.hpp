@@ -17,7 +17,7 @@
 //   b.set_handler([](const peer_info& from, const wire::header& h, payload p) { ... });
 //   std::string err;
 //   if (!b.start("tcp://127.0.0.1:0", &err)) ...;       // b.endpoint(): "tcp://127.0.0.1:41234"
-//   int peer = b.connect(other_endpoint, &err);
+//   int peer = b.connect(other_endpoint, other_key, &err); // other_key: "" without keys
 //   b.send(peer, header, payload::of(shared_floats));    // zero-copy, from any thread
 #pragma once
 #include <chrono>
@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "net/keys.hpp"
 #include "net/wire.hpp"
 
 namespace ringmaster::net {
@@ -54,9 +55,14 @@ struct payload {
 struct peer_info {
   int peer = -1;         // our connection's id (from connect()) when it came back on that connection
   std::string identity;  // the sender's routing id when it came in on our listening socket
+  // With keys: the sender's public key (Z85), proven by the CurveZMQ handshake (on our listening socket
+  // the client's, on a connection the server key we connected with). Empty without keys.
+  std::string key;
 };
 
-enum class fault { malformed, version_mismatch, send_failed, handler_failed };
+// unauthorized: a client whose key we do not accept tried to connect (reported once per key).
+// handshake_failed: a server refused our key on a connection (from.peer says which).
+enum class fault { malformed, version_mismatch, send_failed, handler_failed, unauthorized, handshake_failed };
 const char* fault_name(fault f);
 
 struct bridge_error {
@@ -72,6 +78,12 @@ struct bridge_options {
   int kernel_buffer_bytes = 0;             // SO_SNDBUF / SO_RCVBUF; 0 keeps the OS default
   std::chrono::microseconds spin{0};       // poll without sleeping this long before blocking
   size_t copy_below = 16 * 1024;           // smaller payloads are copied: cheaper than a free callback
+  // CurveZMQ. With keys, every socket encrypts and authenticates: connect() needs the server's public
+  // key, and a client may complete the handshake on our listening socket only if authorize(its key) says
+  // so (called on the bridge thread; a client refused gets no message through, not even a hello). Without
+  // keys (empty): plain text, anyone who reaches the port may talk (--insecure).
+  key_pair keys;
+  std::function<bool(const std::string& client_key)> authorize;
 };
 
 class bridge {
@@ -100,9 +112,11 @@ class bridge {
   std::string endpoint() const;
   const std::string& name() const;
 
-  // Connects a DEALER to a peer's listening endpoint. Returns the peer id (>= 0) or -1 with *error. The
-  // connection completes in the background; messages sent meanwhile wait in its queue.
-  int connect(const std::string& endpoint, std::string* error = nullptr);
+  // Connects a DEALER to a peer's listening endpoint; with keys, `server_key` is the public key the peer
+  // must prove it holds. Returns the peer id (>= 0) or -1 with *error. The connection completes in the
+  // background; messages sent meanwhile wait in its queue.
+  int connect(const std::string& endpoint, const std::string& server_key, std::string* error = nullptr);
+  int connect(const std::string& endpoint, std::string* error = nullptr) { return connect(endpoint, "", error); }
   // Closes a connection, dropping what is still queued on it (their payload owners are released).
   void disconnect(int peer);
 

@@ -20,6 +20,7 @@
 #include "actors/training.hpp"
 #include "tests/test_data.hpp"
 #include "tests/test_util.hpp"
+#include "net/keys.hpp"
 #include "net/wire.hpp"
 
 using namespace ringmaster;
@@ -45,6 +46,18 @@ train_config small_job() {
 }
 
 using test::load;
+
+// A bare socket that authenticates with the key every test process and daemon shares (~/.ringmaster: a
+// daemon accepts its own key): a hostile peer that got past authentication, for the tests of what a
+// node still refuses such a peer. server_key: the daemon's, which is the same.
+void authenticate(zmq::socket_t& s) {
+  net::key_pair k;
+  std::string err;
+  REQUIRE(net::load_or_create_keys(net::default_key_dir(), &k, &err));
+  s.set(zmq::sockopt::curve_serverkey, k.public_key);
+  s.set(zmq::sockopt::curve_publickey, k.public_key);
+  s.set(zmq::sockopt::curve_secretkey, k.secret_key);
+}
 
 }  // namespace
 
@@ -87,6 +100,7 @@ TEST_CASE("a node fed malformed frames keeps serving and refuses other protocol 
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 0);
   s.set(zmq::sockopt::rcvtimeo, 3000);
+  authenticate(s);
   s.connect(nodes[0]->endpoint);
   // Garbage: one short frame, five frames, bad magic, random bytes, a valid header with a bad payload size.
   s.send(zmq::buffer(std::string("hi")), zmq::send_flags::none);
@@ -291,8 +305,10 @@ struct logged_node {
   std::vector<std::string> lines;
   std::unique_ptr<node_service> node;
 
-  explicit logged_node(const std::string& name) {
+  explicit logged_node(const std::string& name, const std::string& key_dir = "", bool insecure = false) {
     node_options o;
+    o.key_dir = key_dir;
+    o.insecure = insecure;
     o.listen = "tcp://127.0.0.1:0";
     o.name = name;
     o.devices = "cpu:1";
@@ -326,6 +342,7 @@ std::string send_and_read_error(const std::string& endpoint, wire::header h, con
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 0);
   s.set(zmq::sockopt::rcvtimeo, 5000);
+  authenticate(s);
   s.connect(endpoint);
   const auto hb = wire::encode(h);
   s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
@@ -389,6 +406,7 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   zmq::context_t ctx;
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 0);
+  authenticate(s);
   s.connect(b.node->endpoint());
   wire::header chunk;
   chunk.type = wire::msg_type::chunk;
@@ -411,4 +429,66 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   INFO(r.error);
   CHECK(r.ok);
   CHECK(r.identical);
+}
+
+TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a node's key, --insecure is both sides' choice",
+          "[nodes][keys]") {
+  char tmpl[] = "/tmp/ringmaster-nodekeys-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string dir = tmpl, node_dir = dir + "/node", alice = dir + "/alice";
+  logged_node node("node-k", node_dir);  // a key directory of its own, shared with nobody
+  net::key_pair nk, ak;
+  std::string err;
+  REQUIRE(net::load_or_create_keys(node_dir, &nk, &err));
+  REQUIRE(net::load_or_create_keys(alice, &ak, &err));
+  remote_options ro;
+  ro.nodes = {node.node->endpoint()};
+  ro.limit_train = 600;
+  ro.limit_test = 100;
+  ro.key_dir = alice;
+
+  // Alice does not know the node's key, and expects her own: the node cannot answer her hello.
+  train_result r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("does not hold the key we expect") != std::string::npos);
+
+  // She gives its key, but the node does not accept hers: told so, and nothing of hers got through.
+  ro.node_keys = {nk.public_key};
+  r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error == "node " + node.node->endpoint() + " refused our key (status 400): add our key.pub to its authorized_keys");
+  CHECK(node.wait_for("its key " + ak.public_key + " is not authorized") != "");
+  CHECK(node.wait_for("job ", 100ms) == "");
+  CHECK(test::slurp(alice + "/known_nodes").empty());  // nothing proven, nothing recorded
+
+  // Authorized (the daemon reads the file again when it changes): she trains, and the key is recorded.
+  std::ofstream(node_dir + "/authorized_keys") << "# alice\n" << ak.public_key << " alice@laptop\n";
+  r = train_remote(small_job(), ro);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(test::slurp(alice + "/known_nodes") == node.node->endpoint() + " " + nk.public_key + "\n");
+  // Next time the recorded key is used; a different key for that endpoint is refused before connecting.
+  ro.node_keys = {};
+  r = train_remote(small_job(), ro);
+  CHECK(r.ok);
+  ro.node_keys = {ak.public_key};
+  r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("differs from the one recorded in " + alice + "/known_nodes:1") != std::string::npos);
+
+  // --insecure is an explicit choice of both sides: a launcher with keys cannot talk to a plain node.
+  logged_node plain("node-plain", "", true);
+  CHECK(plain.wait_for("--insecure: no keys, no encryption") != "");
+  remote_options po;
+  po.nodes = {plain.node->endpoint()};
+  po.limit_train = 600;
+  po.limit_test = 100;
+  po.key_dir = alice;
+  po.connect_timeout = 3s;
+  r = train_remote(small_job(), po);
+  CHECK_FALSE(r.ok);
+  po.insecure = true;
+  r = train_remote(small_job(), po);
+  INFO(r.error);
+  CHECK(r.ok);
 }

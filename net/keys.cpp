@@ -1,0 +1,212 @@
+#include "net/keys.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <zmq.h>
+
+namespace ringmaster::net {
+namespace {
+
+bool fail(std::string* error, std::string what) {
+  if (error) *error = std::move(what);
+  return false;
+}
+
+std::string sys_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// The first word of a line, or "" for a blank or comment line.
+std::string first_word(const std::string& line, std::string* rest = nullptr) {
+  std::istringstream in(line);
+  std::string w;
+  in >> w;
+  if (w.empty() || w[0] == '#') return "";
+  if (rest) {
+    *rest = "";
+    in >> *rest;
+  }
+  return w;
+}
+
+// The whole file as text; false with *error if it cannot be read (a missing file is `missing`).
+bool read_text(const std::string& path, std::string* text, bool* missing, std::string* error) {
+  *missing = false;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *missing = errno == ENOENT;
+    return *missing || fail(error, sys_error("cannot read " + path));
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *text = ss.str();
+  return true;
+}
+
+// Writes `text` to a new file next to `path` and links it into place: never a half-written key, and when
+// two processes race, the first one's file wins (link fails with EEXIST for the other).
+bool write_new(const std::string& path, const std::string& text, mode_t mode, bool* existed, std::string* error) {
+  *existed = false;
+  std::random_device rd;
+  const std::string tmp = path + ".tmp" + std::to_string(getpid()) + "." + std::to_string(rd());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd < 0) return fail(error, sys_error("cannot create " + tmp));
+  const bool ok = ::write(fd, text.data(), text.size()) == ssize_t(text.size()) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    errno = err;
+    return fail(error, sys_error("cannot write " + tmp));
+  }
+  const int rc = ::link(tmp.c_str(), path.c_str());
+  const int link_err = errno;
+  ::unlink(tmp.c_str());
+  if (rc == 0) return true;
+  if (link_err == EEXIST) return *existed = true;
+  errno = link_err;
+  return fail(error, sys_error("cannot create " + path));
+}
+
+}  // namespace
+
+bool curve_available() { return zmq_has("curve") != 0; }
+
+bool is_key(std::string_view text) {
+  static constexpr std::string_view z85 =
+      "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+  if (text.size() != kKeyChars) return false;
+  for (char c : text)
+    if (z85.find(c) == std::string_view::npos) return false;
+  // Every group of 5 characters must stay below 2^32 (z85_decode checks it).
+  uint8_t bytes[32];
+  const std::string s(text);
+  return zmq_z85_decode(bytes, s.c_str()) != nullptr;
+}
+
+std::string default_key_dir() {
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : ".") + "/.ringmaster";
+}
+
+bool load_or_create_keys(const std::string& dir, key_pair* out, std::string* error) {
+  if (!curve_available()) return fail(error, "this libzmq has no CurveZMQ (built without libsodium); use --insecure");
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fail(error, sys_error("cannot make key directory " + dir));
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return fail(error, dir + " is not a directory");
+  const std::string key_path = dir + "/key", pub_path = dir + "/key.pub";
+  std::string text;
+  bool missing = false;
+  if (!read_text(key_path, &text, &missing, error)) return false;
+  if (missing) {
+    char pub[41], sec[41];
+    if (zmq_curve_keypair(pub, sec) != 0) return fail(error, "cannot make a key pair: " + std::string(zmq_strerror(zmq_errno())));
+    bool existed = false;  // another process made one first: use theirs
+    if (!write_new(key_path, std::string(sec) + "\n", 0600, &existed, error)) return false;
+    if (!read_text(key_path, &text, &missing, error)) return false;
+    if (missing) return fail(error, "cannot read " + key_path + " after making it");
+  }
+  if (::stat(key_path.c_str(), &st) != 0) return fail(error, sys_error("cannot stat " + key_path));
+  if (st.st_mode & 077) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
+    return fail(error, "permissions " + std::string(mode) + " for " + key_path +
+                           " are too open: the secret key must be readable by you only (chmod 600 " + key_path + ")");
+  }
+  const std::string secret = first_word(text);
+  if (!is_key(secret)) return fail(error, key_path + " does not hold a Z85 key (40 characters)");
+  char pub[41];
+  if (zmq_curve_public(pub, secret.c_str()) != 0) return fail(error, key_path + " does not hold a usable key");
+  out->secret_key = secret;
+  out->public_key = pub;
+  // key.pub is derived: (re)write it when missing, refuse one that belongs to another key.
+  if (!read_text(pub_path, &text, &missing, error)) return false;
+  if (missing) {
+    bool existed = false;
+    if (!write_new(pub_path, out->public_key + "\n", 0644, &existed, error)) return false;
+    if (!existed) return true;
+    if (!read_text(pub_path, &text, &missing, error)) return false;
+  }
+  if (first_word(text) != out->public_key)
+    return fail(error, pub_path + " does not belong to " + key_path + " (remove it and it is made again)");
+  return true;
+}
+
+bool read_authorized_keys(const std::string& path, std::set<std::string>* keys, std::string* error) {
+  keys->clear();
+  std::string text;
+  bool missing = false;
+  if (!read_text(path, &text, &missing, error)) return false;
+  std::istringstream in(text);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const std::string key = first_word(line);
+    if (key.empty()) continue;
+    if (!is_key(key)) return fail(error, path + ":" + std::to_string(n) + ": not a Z85 public key (40 characters)");
+    keys->insert(key);
+  }
+  return true;
+}
+
+bool expected_node_key(const std::string& known_nodes, const std::string& endpoint, const std::string& given,
+                       const std::string& own, std::string* key, bool* record, std::string* error) {
+  *record = false;
+  std::string text;
+  bool missing = false;
+  if (!read_text(known_nodes, &text, &missing, error)) return false;
+  std::istringstream in(text);
+  std::string line, known;
+  int known_line = 0;
+  for (int n = 1; std::getline(in, line); ++n) {
+    std::string k;
+    if (first_word(line, &k) != endpoint) continue;
+    if (!is_key(k)) return fail(error, known_nodes + ":" + std::to_string(n) + ": not a Z85 public key after " + endpoint);
+    known = k;
+    known_line = n;
+    break;
+  }
+  if (!known.empty() && !given.empty() && given != known)
+    return fail(error, "the key given for " + endpoint + " differs from the one recorded in " + known_nodes + ":" +
+                           std::to_string(known_line) + ". Someone may be impersonating that node, or it has a new "
+                           "key; if you expected this, remove that line and try again");
+  if (!known.empty()) return *key = known, true;
+  if (!given.empty()) return *key = given, *record = true, true;
+  *key = own;
+  return true;
+}
+
+bool record_known_node(const std::string& known_nodes, const std::string& endpoint, const std::string& key,
+                       std::string* error) {
+  const int fd = ::open(known_nodes.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return fail(error, sys_error("cannot open " + known_nodes));
+  const std::string line = endpoint + " " + key + "\n";  // one write: appends from two processes do not mix
+  const bool ok = ::write(fd, line.data(), line.size()) == ssize_t(line.size());
+  const int err = errno;
+  ::close(fd);
+  errno = err;
+  return ok || fail(error, sys_error("cannot write " + known_nodes));
+}
+
+bool split_endpoint_key(const std::string& text, std::string* endpoint, std::string* key, std::string* error) {
+  // Z85 has '@' in its alphabet and ipc://@name is an abstract socket: a key is the last 40 characters
+  // after an '@', nothing else.
+  const size_t n = text.size();
+  if (n > kKeyChars + 1 && text[n - kKeyChars - 1] == '@' && is_key(std::string_view(text).substr(n - kKeyChars))) {
+    *endpoint = text.substr(0, n - kKeyChars - 1);
+    *key = text.substr(n - kKeyChars);
+    return true;
+  }
+  if (text.rfind("tcp://", 0) == 0 && text.find('@') != std::string::npos)
+    return fail(error, "'" + text + "': the part after '@' is not a Z85 public key (40 characters)");
+  *endpoint = text;
+  key->clear();
+  return true;
+}
+
+}  // namespace ringmaster::net

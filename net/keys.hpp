@@ -1,0 +1,55 @@
+// Keys for CurveZMQ links, kept the way ssh keeps its own.
+//
+// A key directory (default ~/.ringmaster, --key-dir on every program) holds:
+//   key              this program's secret key, Z85 text (40 characters); mode 0600, made on first use
+//   key.pub          its public key, Z85 text: give it to whoever must trust you
+//   authorized_keys  (daemons) public keys allowed to command this daemon, one per line; a daemon always
+//                    accepts its own key, so processes sharing one directory (a shared home) need no setup
+//   known_nodes      (launchers) "ENDPOINT KEY" lines: the keys we expect from daemons. A key given on the
+//                    command line (--nodes tcp://h:p@KEY) is recorded on first use; a different one later
+//                    is refused, as ssh refuses a changed host key.
+// Lines may end in a comment after the key; blank lines and lines starting with '#' are ignored.
+//
+// These functions read and write files only; errors name the file (and line) and say what is wrong.
+#pragma once
+#include <set>
+#include <string>
+#include <string_view>
+
+namespace ringmaster::net {
+
+constexpr size_t kKeyChars = 40;  // Z85 text of a 32-byte Curve25519 key
+
+struct key_pair {
+  std::string public_key, secret_key;  // Z85; both empty: no encryption (--insecure)
+  bool empty() const { return secret_key.empty(); }
+};
+
+// Whether this libzmq was built with CurveZMQ (Debian's is, through libsodium).
+bool curve_available();
+// A well-formed Z85 key: 40 characters of the Z85 alphabet.
+bool is_key(std::string_view text);
+// $HOME/.ringmaster ("./.ringmaster" without a HOME).
+std::string default_key_dir();
+
+// Reads DIR/key (and checks DIR/key.pub against it), making DIR (0700) and a new pair on first use. Two
+// processes starting at once end up with the same pair. Refuses a secret key others may read.
+bool load_or_create_keys(const std::string& dir, key_pair* out, std::string* error);
+
+// The keys listed in an authorized_keys file; a missing file is an empty list.
+bool read_authorized_keys(const std::string& path, std::set<std::string>* keys, std::string* error);
+
+// The key to expect from the daemon at `endpoint`. `given` (from the command line, may be empty) must agree
+// with known_nodes, or the call fails with an ssh-like warning; without either, the daemon is expected to
+// share our key (`own`). *record: the key is new and should be added to known_nodes once the daemon answers.
+bool expected_node_key(const std::string& known_nodes, const std::string& endpoint, const std::string& given,
+                       const std::string& own, std::string* key, bool* record, std::string* error);
+// Appends "ENDPOINT KEY" to known_nodes.
+bool record_known_node(const std::string& known_nodes, const std::string& endpoint, const std::string& key,
+                       std::string* error);
+
+// Splits "tcp://host:port@KEY" into endpoint and key ("" when there is no "@KEY"). False if a key is given
+// but malformed.
+bool split_endpoint_key(const std::string& text, std::string* endpoint, std::string* key, std::string* error);
+
+}  // namespace ringmaster::net

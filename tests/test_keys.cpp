@@ -1,0 +1,215 @@
+// CurveZMQ links: key files (net/keys.hpp) and bridges that encrypt and let in only the keys they accept.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <zmq.h>
+
+#include "net/bridge.hpp"
+#include "net/keys.hpp"
+
+using namespace ringmaster;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/ringmaster-keys-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+net::key_pair fresh_keys() {
+  char pub[41], sec[41];
+  REQUIRE(zmq_curve_keypair(pub, sec) == 0);
+  return {pub, sec};
+}
+
+struct collected {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<net::peer_info, wire::header>> messages;
+  std::vector<net::bridge_error> errors;
+
+  void attach(net::bridge& b) {
+    b.set_handler([this](const net::peer_info& f, const wire::header& h, net::payload) {
+      std::lock_guard<std::mutex> lock(mu);
+      messages.push_back({f, h});
+      cv.notify_all();
+    });
+    b.set_error_handler([this](const net::bridge_error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e);
+      cv.notify_all();
+    });
+  }
+  template <class Pred>
+  bool wait(Pred p, std::chrono::milliseconds t = 5s) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, t, [&] { return p(); });
+  }
+};
+
+wire::header hello() {
+  wire::header h;
+  h.type = wire::msg_type::hello;
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("a key directory is made on first use, kept private, and read back the same") {
+  const std::string dir = temp_dir() + "/keys";
+  net::key_pair a, b;
+  std::string err;
+  REQUIRE(net::load_or_create_keys(dir, &a, &err));
+  CHECK(net::is_key(a.public_key));
+  CHECK(net::is_key(a.secret_key));
+  struct stat st {};
+  REQUIRE(stat((dir + "/key").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  REQUIRE(stat(dir.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  REQUIRE(net::load_or_create_keys(dir, &b, &err));
+  CHECK(a.public_key == b.public_key);
+  CHECK(a.secret_key == b.secret_key);
+  std::ifstream pub(dir + "/key.pub");
+  std::string line;
+  std::getline(pub, line);
+  CHECK(line == a.public_key);
+
+  // Two processes' worth of first use at once end with one pair.
+  const std::string dir2 = temp_dir() + "/keys";
+  std::vector<net::key_pair> got(4);
+  std::vector<std::thread> ts;
+  for (auto& k : got) ts.emplace_back([&k, &dir2] { std::string e; net::load_or_create_keys(dir2, &k, &e); });
+  for (auto& t : ts) t.join();
+  for (auto& k : got) CHECK(k.public_key == got[0].public_key);
+
+  // A secret key others can read is refused, as ssh refuses it.
+  REQUIRE(chmod((dir + "/key").c_str(), 0644) == 0);
+  CHECK_FALSE(net::load_or_create_keys(dir, &b, &err));
+  CHECK(err.find("too open") != std::string::npos);
+  REQUIRE(chmod((dir + "/key").c_str(), 0600) == 0);
+  // A key.pub of another key is refused.
+  std::ofstream(dir + "/key.pub") << fresh_keys().public_key << "\n";
+  CHECK_FALSE(net::load_or_create_keys(dir, &b, &err));
+  CHECK(err.find("does not belong") != std::string::npos);
+}
+
+TEST_CASE("authorized_keys and known_nodes files are read line by line, with errors naming the line") {
+  const std::string dir = temp_dir();
+  const auto k1 = fresh_keys(), k2 = fresh_keys();
+  std::set<std::string> keys;
+  std::string err;
+  REQUIRE(net::read_authorized_keys(dir + "/none", &keys, &err));  // missing: empty
+  CHECK(keys.empty());
+  std::ofstream(dir + "/authorized_keys") << "# launchers\n\n" << k1.public_key << " alice@a\n" << k2.public_key << "\n";
+  REQUIRE(net::read_authorized_keys(dir + "/authorized_keys", &keys, &err));
+  CHECK(keys == std::set<std::string>{k1.public_key, k2.public_key});
+  std::ofstream(dir + "/authorized_keys", std::ios::app) << "not-a-key\n";
+  CHECK_FALSE(net::read_authorized_keys(dir + "/authorized_keys", &keys, &err));
+  CHECK(err == dir + "/authorized_keys:5: not a Z85 public key (40 characters)");
+
+  const std::string known = dir + "/known_nodes", ep = "tcp://10.0.0.1:5601";
+  std::string key;
+  bool record = false;
+  // Nothing known, nothing given: a node sharing our key directory.
+  REQUIRE(net::expected_node_key(known, ep, "", k1.public_key, &key, &record, &err));
+  CHECK((key == k1.public_key && !record));
+  // Given on the command line: used, and to be recorded.
+  REQUIRE(net::expected_node_key(known, ep, k2.public_key, k1.public_key, &key, &record, &err));
+  CHECK((key == k2.public_key && record));
+  REQUIRE(net::record_known_node(known, ep, k2.public_key, &err));
+  // Recorded: used without being given; a different one given is refused.
+  REQUIRE(net::expected_node_key(known, ep, "", k1.public_key, &key, &record, &err));
+  CHECK((key == k2.public_key && !record));
+  CHECK_FALSE(net::expected_node_key(known, ep, k1.public_key, k1.public_key, &key, &record, &err));
+  CHECK(err.find("differs from the one recorded in " + known + ":1") != std::string::npos);
+
+  std::string endpoint;
+  REQUIRE(net::split_endpoint_key(ep + "@" + k1.public_key, &endpoint, &key, &err));
+  CHECK((endpoint == ep && key == k1.public_key));
+  REQUIRE(net::split_endpoint_key("ipc://@abstract", &endpoint, &key, &err));
+  CHECK((endpoint == "ipc://@abstract" && key.empty()));
+  CHECK_FALSE(net::split_endpoint_key(ep + "@short", &endpoint, &key, &err));
+}
+
+TEST_CASE("encrypted bridges: an accepted key talks and is named; a refused or wrong key gets nothing through") {
+  REQUIRE(net::curve_available());
+  const auto server_keys = fresh_keys(), friend_keys = fresh_keys(), stranger_keys = fresh_keys();
+  net::bridge_options so;
+  so.keys = server_keys;
+  so.authorize = [&](const std::string& k) { return k == friend_keys.public_key; };
+  net::bridge server(so);
+  collected at_server;
+  at_server.attach(server);
+  std::string err;
+  REQUIRE(server.start("tcp://127.0.0.1:0", &err));
+
+  auto client = [](net::key_pair keys) {
+    net::bridge_options o;
+    o.keys = keys;
+    return std::make_unique<net::bridge>(o);
+  };
+  auto friendly = client(friend_keys), stranger = client(stranger_keys), confused = client(friend_keys);
+  auto plain = std::make_unique<net::bridge>();
+  collected at_friend, at_stranger, at_confused, at_plain;
+  at_friend.attach(*friendly);
+  at_stranger.attach(*stranger);
+  at_confused.attach(*confused);
+  at_plain.attach(*plain);
+  for (auto* b : {friendly.get(), stranger.get(), confused.get(), plain.get()}) REQUIRE(b->start("", &err));
+
+  // Without the server's key there is no connection at all.
+  CHECK(friendly->connect(server.endpoint(), "", &err) < 0);
+  CHECK(err.find("no public key") != std::string::npos);
+
+  const int f = friendly->connect(server.endpoint(), server_keys.public_key, &err);
+  const int s = stranger->connect(server.endpoint(), server_keys.public_key, &err);
+  const int c = confused->connect(server.endpoint(), fresh_keys().public_key, &err);  // expects another server
+  const int p = plain->connect(server.endpoint(), &err);
+  REQUIRE((f >= 0 && s >= 0 && c >= 0 && p >= 0));
+  for (int i = 0; i < 3; ++i) {
+    stranger->send(s, hello());
+    confused->send(c, hello());
+    plain->send(p, hello());
+  }
+  REQUIRE(friendly->send(f, hello(), {}, &err));
+  REQUIRE(at_server.wait([&] { return !at_server.messages.empty(); }));
+  // The friend is named by the key it proved it holds, and is answered.
+  CHECK(at_server.messages[0].first.key == friend_keys.public_key);
+  wire::header ack;
+  ack.type = wire::msg_type::hello_ack;
+  REQUIRE(server.reply(at_server.messages[0].first, ack, {}, &err));
+  REQUIRE(at_friend.wait([&] { return !at_friend.messages.empty(); }));
+  CHECK(at_friend.messages[0].first.key == server_keys.public_key);
+
+  // The stranger is told its key is refused; the server logs it once.
+  REQUIRE(at_stranger.wait([&] { return !at_stranger.errors.empty(); }));
+  CHECK(at_stranger.errors[0].kind == net::fault::handshake_failed);
+  CHECK(at_stranger.errors[0].message.find("refused our key") != std::string::npos);
+  std::this_thread::sleep_for(1500ms);  // the stranger, the confused and the plain client keep retrying
+  {
+    std::lock_guard<std::mutex> lock(at_server.mu);
+    CHECK(at_server.messages.size() == 1);  // nothing but the friend's hello got through
+    int refusals = 0;
+    for (auto& e : at_server.errors)
+      if (e.kind == net::fault::unauthorized) {
+        ++refusals;
+        CHECK(e.message.find(stranger_keys.public_key) != std::string::npos);
+      }
+    CHECK(refusals == 1);
+  }
+  // A client expecting another server key never hears from this one.
+  CHECK(at_confused.messages.empty());
+  CHECK(at_plain.messages.empty());
+  for (auto* b : {friendly.get(), stranger.get(), confused.get(), plain.get()}) b->stop();
+  server.stop();
+}
