@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <boost/program_options.hpp>
 #include <cstdio>
@@ -70,7 +71,8 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("devices", po::value(&o.devices)->default_value(o.devices), "what this node offers, one replica per device: cpu:N (N CPU replicas), cuda (every GPU), cuda:I[,J...] (those GPUs)")
       ("data", po::value(&o.data_dir)->default_value(o.data_dir), "this node's copy of the data (IDX files)")
       ("key-dir", po::value(&o.key_dir), "this node's key, key.pub and authorized_keys (default ~/.ringmaster; made on first use)")
-      ("insecure", po::bool_switch(&o.insecure), "no keys and no encryption: anyone who reaches the port can command this node");
+      ("insecure", po::bool_switch(&o.insecure), "no keys and no encryption: anyone who reaches the port can command this node")
+      ("max-connections", po::value(&o.max_connections)->default_value(o.max_connections), "clients connected at once; more are refused at the handshake");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc > 0 ? argc : 1, argv).options(desc).run(), vm);
@@ -99,6 +101,17 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
   if (!parse_devices(o.devices, &slots, &error)) {
     std::fprintf(stderr, "%s: %s\n", prog.c_str(), error.c_str());
     return 2;
+  }
+
+  if (o.max_connections < 1) {
+    std::fprintf(stderr, "%s: --max-connections must be at least 1\n", prog.c_str());
+    return 2;
+  }
+  // Every connection holds a file descriptor: take all the system allows us (the soft limit is often 1024).
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
   }
 
   blocked_signals signals;  // before the node starts its threads, so they inherit the mask

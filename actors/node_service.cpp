@@ -83,6 +83,7 @@ struct node_service::impl {
     key_dir = opt.key_dir.empty() ? net::default_key_dir() : opt.key_dir;
     if (!net::load_or_create_keys(key_dir, &keys, &key_error) || !reload_authorized(&key_error)) return bo;
     bo.keys = keys;
+    bo.max_connections = opt.max_connections;
     bo.authorize = [this](const std::string& key) { return authorized_key(key); };
     return bo;
   }

@@ -34,6 +34,7 @@ struct node_options {
   // nodes. insecure: no keys, no encryption; anyone who reaches the port may command the node.
   std::string key_dir;
   bool insecure = false;
+  int max_connections = 256;  // clients at once (with keys); a job needs its launcher and a left neighbour
   std::chrono::milliseconds heartbeat{250};
   std::chrono::milliseconds launcher_timeout{5000};  // abort a job whose launcher is silent this long
   int threads = 0;

@@ -85,6 +85,7 @@ const char* fault_name(fault f) {
     case fault::handler_failed: return "handler failed";
     case fault::unauthorized: return "unauthorized client";
     case fault::handshake_failed: return "handshake failed";
+    case fault::overloaded: return "overloaded";
   }
   return "fault";
 }
@@ -115,6 +116,49 @@ struct bridge::impl {
   int zap_fd = -1;
   std::set<std::string> refused;  // client keys already reported as refused
   int monitors = 0;               // monitors made so far: each gets its own inproc name
+  // The listener's monitor (with keys): connections open now, and failures to accept one.
+  std::unique_ptr<zmq::socket_t> listen_monitor;
+  int listen_monitor_fd = -1;
+  int open_connections = 0;
+  uint64_t accept_failures = 0, overloaded_refusals = 0;
+  std::chrono::steady_clock::time_point last_overload_report{};
+
+  // At most one overload report a minute, saying how often it happened since the last one.
+  void report_overload(const std::string& what) {
+    const auto now = std::chrono::steady_clock::now();
+    if (last_overload_report != std::chrono::steady_clock::time_point{} && now - last_overload_report < std::chrono::minutes(1))
+      return;
+    last_overload_report = now;
+    report(fault::overloaded, {}, what + " (" + std::to_string(accept_failures) + " failed accepts, " +
+                                      std::to_string(overloaded_refusals) + " clients refused so far; reported at most once a minute)");
+  }
+
+  // ACCEPTED and DISCONNECTED keep the count of open connections; ACCEPT_FAILED is a lack of file
+  // descriptors (libzmq retries the accept at once, in its I/O thread, until one is free: we can only
+  // say so, once, and refuse clients at the handshake so that their connections close).
+  void serve_listen_monitor() {
+    for (int n = 0; n < 4096; ++n) {
+      zmq::message_t event, address;
+      try {
+        if (!listen_monitor->recv(event, zmq::recv_flags::dontwait)) return;
+        if (event.more()) (void)listen_monitor->recv(address, zmq::recv_flags::none);
+      } catch (const zmq::error_t&) {
+        return;
+      }
+      if (event.size() < 6) continue;
+      uint16_t what = 0;
+      uint32_t value = 0;
+      std::memcpy(&what, event.data(), 2);
+      std::memcpy(&value, static_cast<const char*>(event.data()) + 2, 4);
+      if (what == ZMQ_EVENT_ACCEPTED) ++open_connections;
+      if (what == ZMQ_EVENT_DISCONNECTED && open_connections > 0) --open_connections;
+      if (what == ZMQ_EVENT_ACCEPT_FAILED) {
+        ++accept_failures;
+        report_overload(listener.endpoint + ": cannot accept a connection: " + zmq_strerror(int(value)) +
+                        (value == EMFILE || value == ENFILE ? " (out of file descriptors; raise ulimit -n)" : ""));
+      }
+    }
+  }
 
   void report(fault kind, peer_info from, std::string message) {
     if (kind != fault::send_failed) dropped.fetch_add(1, std::memory_order_relaxed);
@@ -285,7 +329,7 @@ struct bridge::impl {
         return;
       }
       // version, request id, domain, address, routing id, mechanism, credentials (the 32-byte key)
-      std::string key;
+      std::string key, text = "not authorized", status = "400";
       bool ok = false;
       if (req.size() >= 7 && req[0].to_string_view() == "1.0" && req[5].to_string_view() == "CURVE" && req[6].size() == 32) {
         char z85[kKeyChars + 1];
@@ -299,9 +343,19 @@ struct bridge::impl {
         if (!ok && refused.size() < kMaxRefusedKeys && refused.insert(key).second)
           report(fault::unauthorized, {}, "refused a client at " + req[3].to_string() + ": its key " + key +
                                               " is not authorized (further attempts with this key are not logged)");
+        if (ok && opt.max_connections > 0 && open_connections > opt.max_connections) {
+          ok = false;
+          text = "too many connections";
+          // Not 400, which reads as "your key is refused"; libzmq's clients hang on 300 ("try later").
+          status = "500";
+          ++overloaded_refusals;
+          report_overload(listener.endpoint + ": " + std::to_string(open_connections) + " connections, over the limit of " +
+                          std::to_string(opt.max_connections) + ": refusing new clients");
+        }
       }
       const std::string id = req.size() > 1 ? req[1].to_string() : "";
-      const std::string status = ok ? "200" : "400", text = ok ? "OK" : "not authorized", user = ok ? key : "";
+      const std::string user = ok ? key : "";
+      if (ok) text = "OK", status = "200";
       try {
         zap->send(zmq::buffer(std::string_view("1.0")), zmq::send_flags::sndmore);
         zap->send(zmq::buffer(id), zmq::send_flags::sndmore);
@@ -339,7 +393,10 @@ struct bridge::impl {
       if (c.failed_handshakes < 0) continue;  // reported already
       peer_info from;
       from.peer = id;
-      if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+      if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
+        c.failed_handshakes = -1;
+        report(fault::handshake_failed, from, c.endpoint + " has too many connections open and refused ours");
+      } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
         c.failed_handshakes = -1;
         report(fault::handshake_failed, from, c.endpoint + " refused our key (status " + std::to_string(value) +
                                                   "): add our key.pub to its authorized_keys");
@@ -498,6 +555,7 @@ struct bridge::impl {
       bool busy = false;
       // Served every pass (each is a few failing non-blocking reads): their ZMQ_FDs, like the sockets',
       // announce only changes, which a pass may have consumed.
+      if (listen_monitor) serve_listen_monitor();
       if (zap) serve_zap();
       for (int id = 0; id < int(peers.size()); ++id)
         if (peers[size_t(id)].monitor) serve_monitor(id);
@@ -513,6 +571,10 @@ struct bridge::impl {
       ids.push_back(-2);
       if (zap) {
         fds.push_back({zap_fd, POLLIN, 0});
+        ids.push_back(-3);
+      }
+      if (listen_monitor) {
+        fds.push_back({listen_monitor_fd, POLLIN, 0});
         ids.push_back(-3);
       }
       for (int id = 0; id < int(peers.size()); ++id)
@@ -569,6 +631,7 @@ struct bridge::impl {
       c.monitor.reset();
     }
     peers.clear();
+    listen_monitor.reset();
     zap.reset();
   }
 };
@@ -619,6 +682,14 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
         d_->listener.socket->set(zmq::sockopt::zap_domain, "ringmaster");
         // A stranger's half-open handshake holds a file descriptor: not for long.
         d_->listener.socket->set(zmq::sockopt::handshake_ivl, 5000);
+        const std::string mon = "inproc://ringmaster-listener";
+        if (zmq_socket_monitor(d_->listener.socket->handle(), mon.c_str(),
+                               ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED) == 0) {
+          d_->listen_monitor = std::make_unique<zmq::socket_t>(*d_->ctx, zmq::socket_type::pair);
+          d_->listen_monitor->set(zmq::sockopt::linger, 0);
+          d_->listen_monitor->connect(mon);
+          d_->listen_monitor_fd = d_->listen_monitor->get(zmq::sockopt::fd);
+        }
       }
       d_->listener.socket->set(zmq::sockopt::router_mandatory, 1);  // unroutable replies are errors, not silence
       d_->listener.socket->set(zmq::sockopt::router_handover, 1);   // a peer that reconnects keeps its identity
@@ -626,6 +697,7 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
         d_->listener.socket->bind(listen_endpoint);
       } catch (const zmq::error_t& e) {
         std::string why = e.num() == EADDRINUSE ? "address already in use" : e.what();
+        d_->listen_monitor.reset();
         d_->listener.socket.reset();
         d_->zap.reset();
         d_->ctx.reset();
@@ -636,6 +708,7 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
       d_->listener.endpoint = d_->endpoint;
     }
   } catch (const zmq::error_t& e) {
+    d_->listen_monitor.reset();
     d_->listener.socket.reset();
     d_->zap.reset();
     d_->ctx.reset();
@@ -643,6 +716,7 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
   }
   d_->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (d_->wake_fd < 0) {
+    d_->listen_monitor.reset();
     d_->listener.socket.reset();
     d_->zap.reset();
     d_->ctx.reset();

@@ -62,7 +62,8 @@ struct peer_info {
 
 // unauthorized: a client whose key we do not accept tried to connect (reported once per key).
 // handshake_failed: a server refused our key on a connection (from.peer says which).
-enum class fault { malformed, version_mismatch, send_failed, handler_failed, unauthorized, handshake_failed };
+// overloaded: too many connections, or no file descriptors left (reported once a minute at most).
+enum class fault { malformed, version_mismatch, send_failed, handler_failed, unauthorized, handshake_failed, overloaded };
 const char* fault_name(fault f);
 
 struct bridge_error {
@@ -84,6 +85,9 @@ struct bridge_options {
   // keys (empty): plain text, anyone who reaches the port may talk (--insecure).
   key_pair keys;
   std::function<bool(const std::string& client_key)> authorize;
+  // With keys: at most this many clients connected to our listening socket at once; more are refused at
+  // the handshake (0: no limit). A stranger's unfinished handshake is dropped after 5 s either way.
+  int max_connections = 0;
 };
 
 class bridge {

@@ -213,3 +213,38 @@ TEST_CASE("encrypted bridges: an accepted key talks and is named; a refused or w
   for (auto* b : {friendly.get(), stranger.get(), confused.get(), plain.get()}) b->stop();
   server.stop();
 }
+
+TEST_CASE("a bridge with a connection limit refuses clients over it at the handshake, saying so once", "[keys]") {
+  const auto server_keys = fresh_keys(), client_keys = fresh_keys();
+  net::bridge_options so;
+  so.keys = server_keys;
+  so.max_connections = 2;
+  so.authorize = [&](const std::string& k) { return k == client_keys.public_key; };
+  net::bridge server(so);
+  collected at_server;
+  at_server.attach(server);
+  std::string err;
+  REQUIRE(server.start("tcp://127.0.0.1:0", &err));
+  std::vector<std::unique_ptr<net::bridge>> clients;
+  std::vector<std::unique_ptr<collected>> seen;
+  for (int i = 0; i < 3; ++i) {
+    net::bridge_options o;
+    o.keys = client_keys;
+    clients.push_back(std::make_unique<net::bridge>(o));
+    seen.push_back(std::make_unique<collected>());
+    seen.back()->attach(*clients.back());
+    REQUIRE(clients.back()->start("", &err));
+    const int p = clients.back()->connect(server.endpoint(), server_keys.public_key, &err);
+    REQUIRE(p >= 0);
+    REQUIRE(clients.back()->send(p, hello(), {}, &err));
+    if (i < 2) REQUIRE(at_server.wait([&] { return at_server.messages.size() == size_t(i + 1); }));
+  }
+  REQUIRE(seen[2]->wait([&] { return !seen[2]->errors.empty(); }));
+  CHECK(seen[2]->errors[0].message.find("too many connections") != std::string::npos);
+  std::this_thread::sleep_for(500ms);  // it keeps knocking
+  std::lock_guard<std::mutex> lock(at_server.mu);
+  CHECK(at_server.messages.size() == 2);
+  int reports = 0;
+  for (auto& e : at_server.errors) reports += e.kind == net::fault::overloaded;
+  CHECK(reports == 1);
+}

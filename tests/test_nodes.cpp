@@ -1,5 +1,8 @@
 // Node daemons as real processes on 127.0.0.1 (free ports found at run time), driven by train_remote.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
@@ -491,4 +494,46 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   r = train_remote(small_job(), po);
   INFO(r.error);
   CHECK(r.ok);
+}
+
+TEST_CASE("a node out of file descriptors says so once and serves again when the flood is gone", "[nodes][keys]") {
+  char tmpl[] = "/tmp/ringmaster-fdlog-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  REQUIRE(fd >= 0);
+  close(fd);
+  const std::string log = tmpl;
+  // The daemon under a low descriptor limit, its log in a file.
+  auto nodes = test::start_daemons(
+      1, {"/bin/sh", "-c", "exec 2>" + log + "; ulimit -n 64; exec \"$0\" \"$@\"", RINGMASTER_NODE_BIN}, "cpu:1",
+      RINGMASTER_DATA_DIR);
+  const std::string ep = nodes[0]->endpoint;
+  const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
+  std::vector<int> flood;
+  for (int i = 0; i < 200; ++i) {
+    const int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    REQUIRE(s >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    flood.push_back(s);
+  }
+  std::this_thread::sleep_for(1500ms);
+  for (int s : flood) close(s);
+  const std::string text = test::slurp(log);
+  INFO(text);
+  size_t reports = 0;
+  for (size_t at = 0; (at = text.find("out of file descriptors", at)) != std::string::npos; ++at) ++reports;
+  CHECK(reports == 1);
+  // The strangers' connections close (handshake timeout or hang-up), and a launcher is served again.
+  remote_options ro;
+  ro.nodes = {ep};
+  ro.limit_train = 600;
+  ro.limit_test = 100;
+  ro.connect_timeout = 10s;
+  train_result r = train_remote(small_job(), ro);
+  INFO(r.error);
+  CHECK(r.ok);
+  std::remove(log.c_str());
 }

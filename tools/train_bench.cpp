@@ -305,7 +305,9 @@ class node_daemons {
 
   // Starts n daemons one after the other (each holds its port before the next one looks for a free
   // one) and waits until each logs that it listens. False with *error (and nothing left running).
-  bool start(const std::string& bin, const std::string& data_dir, int n, std::string* error) {
+  // insecure: the daemons run --insecure (no keys, no encryption); else they use ~/.ringmaster, as we do.
+  bool start(const std::string& bin, const std::string& data_dir, int n, bool insecure, std::string* error) {
+    insecure_ = insecure;
     if (::access(bin.c_str(), X_OK) != 0) {
       *error = "cannot run the node daemon " + bin + ": " + std::strerror(errno) +
                " (build the ringmaster-node target, or give --node-bin PATH)";
@@ -372,6 +374,8 @@ class node_daemons {
     int log_fd = -1;  // the daemon's stdout and stderr: a file in /tmp, unlinked once the daemon has it open
   };
 
+  bool insecure_ = false;
+
   bool start_one(const std::string& bin, const std::string& data_dir, int index, std::string* error) {
     constexpr int kTries = 5;
     for (int attempt = 1; attempt <= kTries; ++attempt) {
@@ -389,6 +393,7 @@ class node_daemons {
       const std::string name = "node" + std::to_string(index);
       std::vector<std::string> args = {bin,         "--listen", c.endpoint, "--name",   name,
                                        "--devices", "cpu:1",    "--data",   data_dir};
+      if (insecure_) args.push_back("--insecure");
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(&a[0]);
       argv.push_back(nullptr);
@@ -503,8 +508,9 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
   std::shared_ptr<const dataset> data = whole;
 
   if (node_bin.empty()) node_bin = default_node_bin();
-  node_daemons daemons;
-  if (!daemons.start(node_bin, data_dir, nodes, &err)) {
+  // Two sets of daemons: encrypted (CurveZMQ, the default) and --insecure, so both are measured in one run.
+  node_daemons daemons, plain_daemons;
+  if (!daemons.start(node_bin, data_dir, nodes, false, &err) || !plain_daemons.start(node_bin, data_dir, nodes, true, &err)) {
     std::fprintf(stderr, "train_bench: %s\n", err.c_str());
     return 1;
   }
@@ -516,7 +522,8 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
               (long long)steps_per_epoch);
   std::printf("# samples/s over the epochs after the first; medians of %d rounds, local and nodes interleaved\n",
               repeat);
-  std::printf("# %-16s %12s %12s %12s\n", "model", "local", "nodes", "nodes/local");
+  std::printf("# nodes: encrypted and authenticated (CurveZMQ); insecure: the same daemons run --insecure\n");
+  std::printf("# %-16s %12s %12s %12s %12s %16s\n", "model", "local", "nodes", "nodes/local", "insecure", "nodes/insecure");
   for (const std::string& m : models) {
     train_config c;
     c.model = m;
@@ -542,34 +549,39 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
     ro.nodes = endpoints;
     ro.replicas_per_node = 1;
     ro.limit_train = limit;
+    remote_options plain = ro;
+    plain.nodes = plain_daemons.endpoints();
+    plain.insecure = true;
 
-    std::vector<double> locals, remotes, local_cpus, remote_cpus;
+    std::vector<double> locals, remotes, plains, local_cpus, remote_cpus;
     for (int k = 0; k < repeat; ++k) {
-      for (const bool remote : {false, true}) {
-        const double c0 = process_cpu(), n0 = remote ? daemons.cpu_seconds() : 0;
-        train_result r = remote ? train_remote(c, ro) : train(c);
-        const double cpu = process_cpu() - c0 + (remote ? daemons.cpu_seconds() - n0 : 0);
+      for (const int kind : {0, 1, 2}) {  // local, nodes, insecure nodes
+        const bool remote = kind > 0;
+        const node_daemons& ds = kind == 2 ? plain_daemons : daemons;
+        const char* what = kind == 0 ? "local" : kind == 1 ? "nodes" : "insecure nodes";
+        const double c0 = process_cpu(), n0 = remote ? ds.cpu_seconds() : 0;
+        train_result r = kind == 0 ? train(c) : train_remote(c, kind == 1 ? ro : plain);
+        const double cpu = process_cpu() - c0 + (remote ? ds.cpu_seconds() - n0 : 0);
         if (!r.ok) {
-          std::fprintf(stderr, "train_bench: %s, %s: %s\n", md->label().c_str(),
-                       remote ? "across nodes" : "local", r.error.c_str());
-          if (remote) std::fprintf(stderr, "%s", daemons.logs().c_str());
+          std::fprintf(stderr, "train_bench: %s, %s: %s\n", md->label().c_str(), what, r.error.c_str());
+          if (remote) std::fprintf(stderr, "%s", ds.logs().c_str());
           return 1;  // the daemons are stopped on the way out
         }
         const double rate = steady_rate(r);
-        (remote ? remotes : locals).push_back(rate);
-        (remote ? remote_cpus : local_cpus).push_back(double(r.train_samples) / std::max(1e-9, cpu));
-        print_breakdown(md->label() + (remote ? " nodes" : " local") + " round " + std::to_string(k + 1), r, nodes,
-                        total_steps, rate);
+        (kind == 0 ? locals : kind == 1 ? remotes : plains).push_back(rate);
+        if (kind < 2) (remote ? remote_cpus : local_cpus).push_back(double(r.train_samples) / std::max(1e-9, cpu));
+        print_breakdown(md->label() + " " + what + " round " + std::to_string(k + 1), r, nodes, total_steps, rate);
       }
     }
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    const double local = median(locals), remote = median(remotes);
+    const double local = median(locals), remote = median(remotes), insecure = median(plains);
     std::printf("#   %s samples per CPU-second (whole job, every process): local %.0f, nodes %.0f\n",
                 md->label().c_str(), median(local_cpus), median(remote_cpus));
-    std::printf("  %-16s %12.0f %12.0f %12.2f\n", md->label().c_str(), local, remote, local > 0 ? remote / local : 0.0);
+    std::printf("  %-16s %12.0f %12.0f %12.2f %12.0f %16.2f\n", md->label().c_str(), local, remote,
+                local > 0 ? remote / local : 0.0, insecure, insecure > 0 ? remote / insecure : 0.0);
     std::fflush(stdout);
   }
   return 0;
