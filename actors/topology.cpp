@@ -10,8 +10,24 @@ topology::topology() = default;
 
 topology::~topology() = default;
 
-topology& topology::connect(const std::string& endpoint) {
-  if (std::find(nodes_.begin(), nodes_.end(), endpoint) == nodes_.end()) nodes_.push_back(endpoint);
+topology& topology::connect(const std::string& endpoint, const std::string& key) {
+  auto at = std::find(nodes_.begin(), nodes_.end(), endpoint);
+  if (at == nodes_.end()) {
+    nodes_.push_back(endpoint);
+    node_keys_.push_back(key);
+  } else if (!key.empty()) {
+    node_keys_[size_t(at - nodes_.begin())] = key;
+  }
+  return *this;
+}
+
+topology& topology::key_dir(const std::string& dir) {
+  key_dir_ = dir;
+  return *this;
+}
+
+topology& topology::insecure(bool on) {
+  insecure_ = on;
   return *this;
 }
 
@@ -84,6 +100,9 @@ train_result topology::train(train_config cfg) {
   ro.nodes = nodes_;
   ro.limit_train = limit_train_;
   ro.limit_test = limit_test_;
+  ro.key_dir = key_dir_;
+  ro.insecure = insecure_;
+  ro.node_keys = node_keys_;
   const int local = int(std::count_if(places_.begin(), places_.end(), [](auto& p) { return p.node.empty(); }));
   if (local > 0) {
     node_options no;
@@ -93,25 +112,30 @@ train_result topology::train(train_config cfg) {
     no.make_backend = cfg.make_backend;
     no.data_dir = data_dir_;
     no.log = [](const std::string&) {};
+    no.key_dir = key_dir_;  // our own keys: the node accepts us, we know its key
+    no.insecure = insecure_;
     here = std::make_unique<node_service>(no);
     if (!here->start(&failed.error)) return failed;
     ro.nodes.push_back(here->endpoint());
+    ro.node_keys.push_back("");
   }
   for (const placement& p : places_) {
     const std::string& ep = p.node.empty() ? here->endpoint() : p.node;
     ro.rank_node.push_back(int(std::find(ro.nodes.begin(), ro.nodes.end(), ep) - ro.nodes.begin()));
   }
   // Nodes with no ranks take no part.
-  std::vector<std::string> used;
+  std::vector<std::string> used, used_keys;
   std::vector<int> index(ro.nodes.size(), -1);
   for (int& n : ro.rank_node) {
     if (index[size_t(n)] < 0) {
       index[size_t(n)] = int(used.size());
       used.push_back(ro.nodes[size_t(n)]);
+      used_keys.push_back(ro.node_keys[size_t(n)]);
     }
     n = index[size_t(n)];
   }
   ro.nodes = used;
+  ro.node_keys = used_keys;
   return train_remote(cfg, ro);
 }
 

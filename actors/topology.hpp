@@ -36,8 +36,12 @@ class topology {
   topology(const topology&) = delete;
   topology& operator=(const topology&) = delete;
 
-  // A node daemon this program may place ranks on.
-  topology& connect(const std::string& endpoint);
+  // A node daemon this program may place ranks on; `key`: its public key (Z85), when known_nodes does not
+  // have it and it does not share our key directory (see README, "Keys").
+  topology& connect(const std::string& endpoint, const std::string& key = "");
+  // Our key directory (default ~/.ringmaster), or no keys and no encryption (the nodes run --insecure).
+  topology& key_dir(const std::string& dir);
+  topology& insecure(bool on = true);
   // Places the next rank; returns its number. Ranks form the training ring in this order.
   int place(const placement& where);
   topology& place(int count, const placement& where);
@@ -58,7 +62,9 @@ class topology {
   std::unique_ptr<local_ring> ring(int size);
 
  private:
-  std::vector<std::string> nodes_;
+  std::vector<std::string> nodes_, node_keys_;
+  std::string key_dir_;
+  bool insecure_ = false;
   std::vector<placement> places_;
   std::string data_dir_ = "/usr/share/datasets/fashion-mnist";
   int64_t limit_train_ = 0, limit_test_ = 0;

@@ -20,8 +20,9 @@
 // per model trains with train_remote over them and with N replicas in this process, same global batch,
 // steps and seed, on the same Fashion-MNIST samples (nodes read their own data, so not synthetic):
 //   local        samples/s of N replicas in one process;
-//   nodes        samples/s of N replicas on N node daemons, ZeroMQ between them;
-//   nodes/local  the cost of crossing processes.
+//   nodes        samples/s of N replicas on N node daemons, ZeroMQ between them, encrypted (CurveZMQ);
+//   nodes/local  the cost of crossing processes;
+//   insecure     the same over daemons started --insecure, and nodes/insecure the cost of encryption.
 // Both are timed over the epochs after the first (no evaluation), rounds interleaved, medians reported.
 //
 //   train_bench --nodes 2                         # both default MLPs, 2 nodes x 1 replica x 64
