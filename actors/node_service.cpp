@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <ctime>
 #include <future>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -73,6 +74,34 @@ struct node_service::impl {
   std::atomic<int> jobs_done{0};
   std::atomic<bool> busy{false};
   std::unique_ptr<node_job> job;  // at most one; touched only on the bridge thread
+  // The bridge's complaints, per kind: at most kFaultLines lines per kFaultWindow, the rest counted and
+  // summed up in the next window's first line (a dead peer must not flood the log). Bridge thread only.
+  static constexpr int kFaultLines = 5;
+  static constexpr std::chrono::seconds kFaultWindow{10};
+  struct fault_budget {
+    std::chrono::steady_clock::time_point since{};
+    int lines = 0;
+    uint64_t suppressed = 0;
+  };
+  std::map<net::fault, fault_budget> faults;
+
+  void log_fault(const net::bridge_error& e) {
+    fault_budget& b = faults[e.kind];
+    const auto now = std::chrono::steady_clock::now();
+    if (now - b.since > kFaultWindow) {
+      if (b.suppressed > 0)
+        log(std::to_string(b.suppressed) + " more " + net::fault_name(e.kind) + " messages in the last " +
+            std::to_string(kFaultWindow.count()) + " s were not logged");
+      b = {now, 0, 0};
+    }
+    if (++b.lines > kFaultLines) {
+      ++b.suppressed;
+      return;
+    }
+    const bool dropped = e.kind == net::fault::malformed || e.kind == net::fault::version_mismatch ||
+                         e.kind == net::fault::handler_failed || e.kind == net::fault::send_failed;
+    log((dropped ? std::string("dropped a message (") + net::fault_name(e.kind) + "): " : std::string()) + e.message);
+  }
 
   explicit impl(node_options o) : opt(std::move(o)), br(bridge_options()), data(opt.data_dir) {}
 
@@ -270,9 +299,7 @@ bool node_service::start(std::string* error) {
   d->br.set_handler([d](const net::peer_info& from, const wire::header& h, net::payload p) {
     d->on_message(from, h, std::move(p));
   });
-  d->br.set_error_handler([d](const net::bridge_error& e) {
-    d->log(std::string("dropped a message (") + net::fault_name(e.kind) + "): " + e.message);
-  });
+  d->br.set_error_handler([d](const net::bridge_error& e) { d->log_fault(e); });
   if (!d->br.start(d->opt.listen, error)) {
     d->sys.reset();
     return false;

@@ -537,3 +537,26 @@ TEST_CASE("a node out of file descriptors says so once and serves again when the
   CHECK(r.ok);
   std::remove(log.c_str());
 }
+
+TEST_CASE("a node logs at most 5 lines of one kind of fault per 10 s, however many come", "[nodes]") {
+  logged_node a("node-flood");
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  authenticate(s);
+  s.connect(a.node->endpoint());
+  for (int i = 0; i < 200; ++i) s.send(zmq::buffer(std::string("junk")), zmq::send_flags::none);
+  // The node keeps serving: a hello after the junk is answered.
+  wire::header h;
+  h.type = wire::msg_type::hello;
+  const auto hb = wire::encode(h);
+  s.set(zmq::sockopt::rcvtimeo, 5000);
+  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::none);
+  zmq::message_t reply;
+  REQUIRE(s.recv(reply, zmq::recv_flags::none));
+  std::this_thread::sleep_for(200ms);
+  std::lock_guard<std::mutex> lock(a.mu);
+  int lines = 0;
+  for (const std::string& l : a.lines) lines += l.find("dropped a message (malformed message)") != std::string::npos;
+  CHECK(lines == 5);
+}
