@@ -155,7 +155,6 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
 void node_job::heard() { last_heard_ = clock_type::now(); }
 
 void node_job::run_rank(int rank) {
-  started_ = true;
   auto it = replicas_.find(rank);
   if (it == replicas_.end() || !launcher_link_) {
     ctx_.log("ignored a start for rank " + std::to_string(rank) + ", which does not run here");
@@ -169,8 +168,8 @@ void node_job::send_weights(int rank) {
 }
 
 bool node_job::launcher_gone(std::chrono::milliseconds timeout) const {
-  const auto allowance = started_ ? timeout : std::chrono::milliseconds(150000);
-  return clock_type::now() - last_heard_ > allowance;
+  // The launcher heartbeats from the moment it sends the job, while it waits for the nodes too.
+  return clock_type::now() - last_heard_ > timeout;
 }
 
 }  // namespace ringmaster

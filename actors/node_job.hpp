@@ -58,8 +58,7 @@ class node_job {
   void heard();
   void run_rank(int rank);
   void send_weights(int rank);
-  // Whether the launcher has been silent too long: `timeout` once it sent start; until then it may be
-  // waiting for slower nodes to load their data, and gets its whole setup allowance.
+  // Whether the launcher has been silent too long (it heartbeats from the moment it sends the job).
   bool launcher_gone(std::chrono::milliseconds timeout) const;
 
   // A chunk from another node for the rank after its sender.
@@ -77,7 +76,6 @@ class node_job {
   std::map<std::string, int> peers_;      // node endpoint -> our connection
   caf::actor launcher_link_;
   std::chrono::steady_clock::time_point last_heard_;
-  bool started_ = false;  // the launcher sent start: from then on it heartbeats
 };
 
 }  // namespace ringmaster

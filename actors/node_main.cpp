@@ -122,7 +122,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
   }
   const int sig = signals.wait();
   std::fprintf(stderr, "%s: %s received, shutting down\n", prog.c_str(), sig == SIGINT ? "SIGINT" : "SIGTERM");
-  node.stop();
+  node.stop(sig == SIGINT ? "SIGINT" : "SIGTERM");
   return 0;
 }
 

@@ -318,7 +318,7 @@ bool node_service::start(std::string* error) {
   return true;
 }
 
-void node_service::stop() {
+void node_service::stop(const std::string& why) {
   if (!d_ || !d_->sys) return;
   {
     std::lock_guard<std::mutex> lock(d_->stop_mu);
@@ -329,11 +329,23 @@ void node_service::stop() {
   if (d_->ticker.joinable()) d_->ticker.join();
   impl* d = d_.get();
   std::promise<void> done;
-  if (d->br.post([d, &done] {
+  bool told = false;
+  if (d->br.post([d, &done, &told, why] {
+        // The launcher hears it from us, not from silence: a stopped node is not a lost network.
+        if (d->job) {
+          told = true;
+          wire::header h;
+          h.type = wire::msg_type::abort;
+          h.job_id = d->job->id();
+          std::string text, err;
+          const std::string reason = "node " + d->name() + " was stopped" + (why.empty() ? "" : " (" + why + ")");
+          if (wire::encode_kv({{"reason", reason}}, &text, &err)) d->br.reply(d->job->launcher(), h, net::payload::copy_of(text));
+        }
         d->end_job("the node is shutting down");
         done.set_value();
       }))
     done.get_future().wait();
+  if (told) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // linger 0: let the abort leave
   d->br.stop();
   d->data.join();
   d->log("stopped");

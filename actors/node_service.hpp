@@ -36,7 +36,7 @@ struct node_options {
   bool insecure = false;
   int max_connections = 256;  // clients at once (with keys); a job needs its launcher and a left neighbour
   std::chrono::milliseconds heartbeat{250};
-  std::chrono::milliseconds launcher_timeout{5000};  // abort a job whose launcher is silent this long
+  std::chrono::milliseconds launcher_timeout{4000};  // abort a job whose launcher is silent this long
   int threads = 0;
 };
 
@@ -48,8 +48,8 @@ class node_service {
   node_service& operator=(const node_service&) = delete;
   // Binds and starts serving. False with *error (e.g. "tcp://127.0.0.1:5601: address already in use").
   bool start(std::string* error);
-  // Aborts a running job and stops serving.
-  void stop();
+  // Aborts a running job, telling its launcher why ("SIGTERM received", say), and stops serving.
+  void stop(const std::string& why = "");
   std::string endpoint() const;
   // Jobs finished or aborted so far, and whether one runs now (for tests and logs).
   int jobs_done() const;

@@ -166,10 +166,16 @@ struct launcher {
     std::vector<bool> got(ro.nodes.size(), false);
     size_t n = 0;
     const auto start = clock_type::now(), deadline = start + limit;
+    auto beat = start;
     std::unique_lock<std::mutex> lock(mu);
     while (n < ro.nodes.size()) {
-      if (!cv.wait_for(lock, std::chrono::milliseconds(100), [this] { return !inbox.empty(); })) {
+      if (!cv.wait_for(lock, std::chrono::milliseconds(50), [this] { return !inbox.empty(); })) {
         const auto now = clock_type::now();
+        // Heartbeats while the nodes set up, too: a node whose launcher died frees itself within seconds.
+        if (job_id != 0 && now - beat >= ro.heartbeat) {
+          beat = now;
+          broadcast(wire::msg_type::heartbeat, {});
+        }
         for (size_t i = 0; i < got.size(); ++i) {
           if (got[i]) continue;
           const auto heard = clock_type::time_point(clock_type::duration(last_heard[i].load()));

@@ -560,3 +560,65 @@ TEST_CASE("a node logs at most 5 lines of one kind of fault per 10 s, however ma
   for (const std::string& l : a.lines) lines += l.find("dropped a message (malformed message)") != std::string::npos;
   CHECK(lines == 5);
 }
+
+TEST_CASE("a launcher that dies while its node sets up the job frees the node within 5 s", "[nodes]") {
+  logged_node a("node-orphan");
+  net::key_pair k;
+  std::string err;
+  REQUIRE(net::load_or_create_keys(net::default_key_dir(), &k, &err));
+  train_config c = small_job();
+  job_placement w;
+  w.nodes = {{a.node->endpoint(), "", k.public_key}};
+  w.rank_node = {0};
+  w.devices = {"cpu"};
+  w.limit_train = 600;
+  w.limit_test = 100;
+  job_plan plan;
+  REQUIRE(make_job_plan(c, w, &plan, &err));
+  plan.job_id = 4242;
+  plan.recipient = 0;
+  {
+    // The "launcher": sends the job, then is gone without a word.
+    zmq::context_t ctx;
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 1000);
+    authenticate(s);
+    s.connect(a.node->endpoint());
+    const std::string text = to_json(plan);
+    wire::header h;
+    h.type = wire::msg_type::job;
+    h.job_id = plan.job_id;
+    h.payload_bytes = text.size();
+    const auto hb = wire::encode(h);
+    s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
+    s.send(zmq::buffer(text), zmq::send_flags::none);
+  }
+  const auto sent = std::chrono::steady_clock::now();
+  REQUIRE(a.wait_for("job 4242 ended: the launcher stopped answering", 10s) != "");
+  const double freed = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  CHECK(freed < 5.0);
+  CHECK_FALSE(a.node->busy());
+}
+
+TEST_CASE("a node stopped with SIGTERM tells the launcher so", "[nodes]") {
+  auto nodes = start_nodes(2);
+  remote_options ro;
+  ro.nodes = endpoints(nodes);
+  train_config big;
+  big.model = "784-256-10";
+  big.global_batch = 60;
+  big.epochs = 20;
+  big.evaluate = false;
+  std::atomic<bool> training{false};
+  big.on_progress = [&](const progress&) { training = true; };
+  std::thread stopper([&] {
+    for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(100ms);
+    std::this_thread::sleep_for(300ms);
+    nodes[1]->stop(SIGTERM);
+  });
+  train_result r = train_remote(big, ro);
+  stopper.join();
+  INFO(r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("node " + nodes[1]->endpoint + " was stopped (SIGTERM)") != std::string::npos);
+}
