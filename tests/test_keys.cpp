@@ -141,7 +141,7 @@ TEST_CASE("authorized_keys and known_nodes files are read line by line, with err
   CHECK_FALSE(net::split_endpoint_key(ep + "@short", &endpoint, &key, &err));
 }
 
-TEST_CASE("encrypted bridges: an accepted key talks and is named; a refused or wrong key gets nothing through") {
+TEST_CASE("encrypted bridges: an accepted key talks and is named, a refused or wrong key gets nothing through") {
   REQUIRE(net::curve_available());
   const auto server_keys = fresh_keys(), friend_keys = fresh_keys(), stranger_keys = fresh_keys();
   net::bridge_options so;
