@@ -427,6 +427,15 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
     for (const std::string& l : b.lines) UNSCOPED_INFO(l);
   }
   CHECK(dropped != "");
+  // An abort from the stranger, naming the job: not its launcher, so nothing happens.
+  wire::header abort_h;
+  abort_h.type = wire::msg_type::abort;
+  abort_h.job_id = id;
+  const std::string reason = "reason=killed by a stranger\n";
+  abort_h.payload_bytes = reason.size();
+  const auto ab = wire::encode(abort_h);
+  s.send(zmq::buffer(ab.data(), ab.size()), zmq::send_flags::sndmore);
+  s.send(zmq::buffer(reason), zmq::send_flags::none);
 
   launcher.join();
   INFO(r.error);
@@ -594,7 +603,27 @@ TEST_CASE("a launcher that dies while its node sets up the job frees the node wi
     s.send(zmq::buffer(text), zmq::send_flags::none);
   }
   const auto sent = std::chrono::steady_clock::now();
-  REQUIRE(a.wait_for("job 4242 ended: the launcher stopped answering", 10s) != "");
+  // A stranger's heartbeats for that job keep nothing alive: only the job's launcher counts.
+  std::atomic<bool> beating{true};
+  std::thread forger([&] {
+    zmq::context_t ctx;
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    authenticate(s);
+    s.connect(a.node->endpoint());
+    wire::header h;
+    h.type = wire::msg_type::heartbeat;
+    h.job_id = 4242;
+    const auto hb = wire::encode(h);
+    while (beating) {
+      s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::none);
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  const bool ended = a.wait_for("job 4242 ended: the launcher stopped answering", 10s) != "";
+  beating = false;
+  forger.join();
+  REQUIRE(ended);
   const double freed = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
   CHECK(freed < 5.0);
   CHECK_FALSE(a.node->busy());
