@@ -20,6 +20,7 @@
 #include "actors/node_service.hpp"
 #include "actors/remote_job.hpp"
 #include "actors/topology.hpp"
+#include "net/bridge.hpp"
 #include "actors/training.hpp"
 #include "tests/test_data.hpp"
 #include "tests/test_util.hpp"
@@ -650,4 +651,37 @@ TEST_CASE("a node stopped with SIGTERM tells the launcher so", "[nodes]") {
   INFO(r.error);
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("node " + nodes[1]->endpoint + " was stopped (SIGTERM)") != std::string::npos);
+}
+
+TEST_CASE("a lying node that answers the job with train=abc gets a clear error, not a crash", "[nodes]") {
+  net::bridge_options bo;
+  std::string err;
+  REQUIRE(net::load_or_create_keys(net::default_key_dir(), &bo.keys, &err));
+  bo.authorize = [](const std::string&) { return true; };
+  net::bridge liar(bo);
+  liar.set_handler([&liar](const net::peer_info& from, const wire::header& h, net::payload) {
+    wire::kv_map kv;
+    wire::header r;
+    r.job_id = h.job_id;
+    if (h.type == wire::msg_type::hello) {
+      r.type = wire::msg_type::hello_ack;
+      kv = {{"name", "liar"}, {"id", "liar"}, {"devices", "cpu:1"}, {"version", "3"}};
+    } else if (h.type == wire::msg_type::job) {
+      r.type = wire::msg_type::job_ack;
+      kv = {{"train", "abc"}, {"test", "1"}, {"model", "1"}, {"description", "784-64-10"}};
+    } else {
+      return;
+    }
+    std::string text, e;
+    wire::encode_kv(kv, &text, &e);
+    liar.reply(from, r, net::payload::copy_of(text));
+  });
+  liar.set_error_handler([](const net::bridge_error&) {});
+  REQUIRE(liar.start("tcp://127.0.0.1:0", &err));
+  remote_options ro;
+  ro.nodes = {liar.endpoint()};
+  train_result r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error == "node " + liar.endpoint() + " sent a bad sample count 'abc'");
+  liar.stop();
 }
