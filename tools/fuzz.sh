@@ -82,7 +82,7 @@ rm -rf "$build/seeds"
 "$build/fuzz_seeds" "$build/seeds" || die "fuzz_seeds could not write the seed inputs"
 
 # stat NAME LOG: a value from libFuzzer's final statistics (-print_final_stats=1), or "?".
-stat() { sed -n "s/^stat::$1: *//p" "$2" | tail -n 1 | grep . || echo "?"; }
+final_stat() { sed -n "s/^stat::$1: *//p" "$2" | tail -n 1 | grep . || echo "?"; }
 
 failed=()
 printf '%-12s %10s %8s %9s %8s %7s %6s\n' harness runs seconds exec/s crashes corpus cov
@@ -97,7 +97,7 @@ for name in "${names[@]}"; do
   status=0
   "$build/fuzz_$name" "${args[@]}" "$corpus" "$build/seeds/$name" > "$log" 2>&1 || status=$?
   elapsed=$(awk "BEGIN { print $EPOCHREALTIME - $start }")
-  executed=$(stat number_of_executed_units "$log")
+  executed=$(final_stat number_of_executed_units "$log")
   rate=$(awk -v n="$executed" -v t="$elapsed" 'BEGIN { if (n ~ /^[0-9]+$/ && t > 0) printf "%.0f", n / t; else print "?" }')
   cov=$(sed -n 's/.* cov: \([0-9]*\) .*/\1/p' "$log" | tail -n 1 | grep . || echo "?")
   found=0
