@@ -2,6 +2,8 @@
 
 #include <zlib.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <random>
 
 namespace ringmaster {
@@ -9,41 +11,89 @@ namespace {
 
 uint32_t be32(const uint8_t* p) { return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3]; }
 
-// Reads the whole (possibly gzip-compressed) file; zlib reads uncompressed files transparently.
+// Larger files (or their contents, uncompressed) are no MNIST-style data set.
+constexpr size_t kMaxIdxBytes = size_t(4) << 30;
+
+// Reads the whole file as it is, compressed or not.
 bool slurp(const std::string& path, std::vector<uint8_t>* out, std::string* error) {
-  gzFile f = gzopen(path.c_str(), "rb");
+  std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) {
     *error = path + ": cannot open file";
     return false;
   }
   out->clear();
-  std::vector<uint8_t> chunk(1 << 20);
   for (;;) {
-    int n = gzread(f, chunk.data(), unsigned(chunk.size()));
-    if (n < 0) {
-      int code = 0;
-      const char* msg = gzerror(f, &code);
-      *error = path + ": corrupt or unreadable gzip data (" + msg + ")";
-      gzclose(f);
-      return false;
-    }
+    const size_t have = out->size();
+    out->resize(have + (size_t(1) << 20));
+    const size_t n = std::fread(out->data() + have, 1, size_t(1) << 20, f);
+    out->resize(have + n);
     if (n == 0) break;
-    out->insert(out->end(), chunk.begin(), chunk.begin() + n);
-    if (out->size() > (size_t(4) << 30)) {
+    if (out->size() > kMaxIdxBytes) {
       *error = path + ": larger than 4 GiB, not an MNIST-style file";
-      gzclose(f);
+      std::fclose(f);
       return false;
     }
   }
-  int code = 0;
-  const char* msg = gzerror(f, &code);
-  if (code != Z_OK && code != Z_BUF_ERROR) {
-    *error = path + ": corrupt or truncated gzip data (" + msg + ")";
-    gzclose(f);
+  const bool failed = std::ferror(f);
+  std::fclose(f);
+  if (failed) {
+    *error = path + ": cannot read file";
     return false;
   }
-  gzclose(f);
   return true;
+}
+
+// Inflates gzip data into *out: one member or several one after another (as `cat a.gz b.gz` makes),
+// at most kMaxIdxBytes; anything else after the last member is refused.
+bool gunzip(const std::string& name, const uint8_t* in, size_t size, std::vector<uint8_t>* out, std::string* error) {
+  z_stream z{};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {  // 16: gzip wrapper only
+    *error = name + ": zlib cannot start inflating";
+    return false;
+  }
+  out->clear();
+  size_t fed = 0, used = 0;
+  std::string problem;
+  for (;;) {
+    if (z.avail_in == 0 && fed < size) {  // avail_in is 32 bits: feed at most 1 GiB at a time
+      const size_t n = std::min(size - fed, size_t(1) << 30);
+      z.next_in = const_cast<Bytef*>(in + fed);
+      z.avail_in = uInt(n);
+      fed += n;
+    }
+    if (used == out->size()) {
+      if (used >= kMaxIdxBytes) {
+        problem = "larger than 4 GiB uncompressed, not an MNIST-style file";
+        break;
+      }
+      out->resize(std::min(kMaxIdxBytes, std::max(used * 2, std::max(size * 4, size_t(4096)))));
+    }
+    const size_t room = std::min(out->size() - used, size_t(1) << 30);
+    z.next_out = out->data() + used;
+    z.avail_out = uInt(room);
+    const int rc = inflate(&z, Z_NO_FLUSH);
+    used += room - z.avail_out;
+    const size_t left = size - fed + z.avail_in;  // input not yet inflated
+    if (rc == Z_STREAM_END) {
+      if (left == 0) break;
+      if (left >= 2 && z.next_in[0] == 0x1f && z.next_in[1] == 0x8b && inflateReset(&z) == Z_OK) continue;
+      problem = std::to_string(left) + " bytes after the end of the gzip data";
+      break;
+    }
+    if (rc == Z_BUF_ERROR && z.avail_out > 0) {  // no progress possible: the input ran out mid-stream
+      problem = "truncated gzip data";
+      break;
+    }
+    if (rc != Z_OK && rc != Z_BUF_ERROR) {
+      problem = std::string("corrupt gzip data (") + (z.msg ? z.msg : zError(rc)) + ")";
+      break;
+    }
+  }
+  inflateEnd(&z);
+  out->resize(used);
+  if (problem.empty()) return true;
+  *error = name + ": " + problem;
+  return false;
 }
 
 bool exists(const std::string& path) {
@@ -56,55 +106,70 @@ bool exists(const std::string& path) {
 
 bool read_idx(const std::string& path, int expect_dims, std::vector<uint32_t>* dims,
               std::vector<uint8_t>* data, std::string* error) {
-  std::vector<uint8_t> raw;
-  if (!slurp(path, &raw, error)) return false;
-  if (raw.size() < 4) {
-    *error = path + ": truncated: " + std::to_string(raw.size()) + " bytes, too short for an IDX header";
+  std::vector<uint8_t> file;
+  return slurp(path, &file, error) && read_idx_bytes(path, file.data(), file.size(), expect_dims, dims, data, error);
+}
+
+bool read_idx_bytes(const std::string& name, const void* bytes, size_t size, int expect_dims,
+                    std::vector<uint32_t>* dims, std::vector<uint8_t>* data, std::string* error) {
+  if (!bytes && size) {
+    *error = name + ": no data";
+    return false;
+  }
+  const auto* p = static_cast<const uint8_t*>(bytes);
+  std::vector<uint8_t> inflated;
+  if (size >= 2 && p[0] == 0x1f && p[1] == 0x8b) {  // gzip; an IDX file starts with two zero bytes
+    if (!gunzip(name, p, size, &inflated, error)) return false;
+    p = inflated.data();
+    size = inflated.size();
+  }
+  if (size < 4) {
+    *error = name + ": truncated: " + std::to_string(size) + " bytes, too short for an IDX header";
     return false;
   }
   // Magic: two zero bytes, type 0x08 (unsigned byte), number of dimensions.
-  if (raw[0] != 0 || raw[1] != 0 || raw[2] != 0x08 || raw[3] != expect_dims) {
+  if (p[0] != 0 || p[1] != 0 || p[2] != 0x08 || p[3] != expect_dims) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "0x%02x%02x%02x%02x", raw[0], raw[1], raw[2], raw[3]);
+    std::snprintf(buf, sizeof buf, "0x%02x%02x%02x%02x", p[0], p[1], p[2], p[3]);
     char want[16];
     std::snprintf(want, sizeof want, "0x000008%02x", expect_dims);
-    *error = path + ": wrong magic " + buf + " (expected " + want + ": unsigned bytes, " +
+    *error = name + ": wrong magic " + buf + " (expected " + want + ": unsigned bytes, " +
              std::to_string(expect_dims) + " dimension" + (expect_dims > 1 ? "s)" : ")");
     return false;
   }
   const size_t header = 4 + 4 * size_t(expect_dims);
-  if (raw.size() < header) {
-    *error = path + ": truncated header (" + std::to_string(raw.size()) + " of " + std::to_string(header) +
+  if (size < header) {
+    *error = name + ": truncated header (" + std::to_string(size) + " of " + std::to_string(header) +
              " bytes)";
     return false;
   }
   dims->clear();
   size_t total = 1;
   for (int i = 0; i < expect_dims; ++i) {
-    uint32_t d = be32(raw.data() + 4 + 4 * i);
+    uint32_t d = be32(p + 4 + 4 * i);
     if (d == 0) {
-      *error = path + ": dimension " + std::to_string(i) + " is zero";
+      *error = name + ": dimension " + std::to_string(i) + " is zero";
       return false;
     }
     dims->push_back(d);
     total *= d;
-    if (total > (size_t(4) << 30)) {
-      *error = path + ": dimensions describe more than 4 GiB of data";
+    if (total > kMaxIdxBytes) {
+      *error = name + ": dimensions describe more than 4 GiB of data";
       return false;
     }
   }
-  const size_t have = raw.size() - header;
+  const size_t have = size - header;
   if (have < total) {
-    *error = path + ": truncated: header promises " + std::to_string(total) + " data bytes, file has " +
+    *error = name + ": truncated: header promises " + std::to_string(total) + " data bytes, file has " +
              std::to_string(have);
     return false;
   }
   if (have > total) {
-    *error = path + ": inconsistent: " + std::to_string(have - total) +
+    *error = name + ": inconsistent: " + std::to_string(have - total) +
              " bytes beyond what the header's dimensions describe";
     return false;
   }
-  data->assign(raw.begin() + header, raw.end());
+  data->assign(p + header, p + size);
   return true;
 }
 

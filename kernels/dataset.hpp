@@ -1,6 +1,7 @@
 // MNIST-format data: IDX files (raw or .gz) with validation, and the per-epoch shuffle shared by
 // every replica so that N replicas at global batch B see exactly the samples one replica would.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,6 +30,11 @@ bool make_dataset(const shape& sample, std::vector<float> features, std::vector<
 // false and *error names the file and what is wrong with it.
 bool read_idx(const std::string& path, int expect_dims, std::vector<uint32_t>* dims,
               std::vector<uint8_t>* data, std::string* error);
+
+// The same from bytes in memory, gzip-compressed (they start with 1f 8b) or raw; errors name `name`.
+// read_idx reads the file and calls this, so tests and the fuzzer (tests/fuzz) need no files.
+bool read_idx_bytes(const std::string& name, const void* bytes, size_t size, int expect_dims,
+                    std::vector<uint32_t>* dims, std::vector<uint8_t>* data, std::string* error);
 
 // Loads images + labels ("train" or "t10k" prefix) from dir, trying NAME then NAME.gz.
 // Checks that the counts agree and that every label is below `classes`.

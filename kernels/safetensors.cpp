@@ -2,6 +2,13 @@
 
 #include "kernels/registry.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 namespace ringmaster {
@@ -41,45 +48,57 @@ bool write_safetensors(const std::string& path, const model& m, const std::vecto
 }
 
 bool read_safetensors(const std::string& path, const model& m, std::vector<float>* params, std::string* error) {
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f) {
+  // Mapped, not read: a file may hold other tensors too, and only the model's are copied out.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fd >= 0) ::close(fd);
     *error = path + ": cannot open";
     return false;
   }
-  const uint64_t file_size = uint64_t(f.tellg());
-  f.seekg(0);
-  unsigned char len[8];
-  if (!f.read(reinterpret_cast<char*>(len), 8)) {
-    *error = path + ": truncated: no safetensors header";
+  const size_t size = size_t(st.st_size);
+  void* bytes = size ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
+  ::close(fd);  // the mapping stays valid without the descriptor
+  if (bytes == MAP_FAILED) {
+    *error = path + ": cannot read (" + std::strerror(errno) + ")";
+    return false;
+  }
+  const bool ok = read_safetensors_bytes(path, bytes, size, m, params, error);
+  if (bytes) ::munmap(bytes, size);
+  return ok;
+}
+
+bool read_safetensors_bytes(const std::string& name, const void* bytes, size_t size, const model& m,
+                            std::vector<float>* params, std::string* error) {
+  const auto* file = static_cast<const unsigned char*>(bytes);
+  if (size < 8 || !file) {
+    *error = name + ": truncated: no safetensors header";
     return false;
   }
   uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | len[i];
-  if (n > (1u << 24) || n > file_size - 8) {
-    *error = path + ": header length " + std::to_string(n) + " is implausible for a file of " + std::to_string(file_size) + " bytes";
+  for (int i = 7; i >= 0; --i) n = n << 8 | file[i];
+  if (n > (1u << 24) || n > size - 8) {
+    *error = name + ": header length " + std::to_string(n) + " is implausible for a file of " + std::to_string(size) + " bytes";
     return false;
   }
-  std::string text(n, '\0');
-  if (!f.read(text.data(), std::streamsize(n))) {
-    *error = path + ": truncated header";
-    return false;
-  }
+  const std::string text(reinterpret_cast<const char*>(file + 8), size_t(n));
   // Our files nest 4 deep; a crafted one could nest deep enough to overflow the stack when copied.
   if (json_depth(text) > 8) {
-    *error = path + ": the header nests deeper than a safetensors header does";
+    *error = name + ": the header nests deeper than a safetensors header does";
     return false;
   }
   const json h = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (h.is_discarded() || !h.is_object()) {
-    *error = path + ": the header is not a JSON object";
+    *error = name + ": the header is not a JSON object";
     return false;
   }
-  const uint64_t data_bytes = file_size - 8 - n;
+  const unsigned char* data = file + 8 + n;
+  const uint64_t data_bytes = size - 8 - n;
   params->assign(m.param_count(), 0.0f);
   for (const param_entry& p : m.params()) {
     auto t = h.find(p.name);
     if (t == h.end() || !t->is_object()) {
-      *error = path + ": no tensor " + p.name + " (model " + m.label() + ")";
+      *error = name + ": no tensor " + p.name + " (model " + m.label() + ")";
       return false;
     }
     // operator[] on a const json is undefined for a missing key: look up, or an empty value.
@@ -87,28 +106,24 @@ bool read_safetensors(const std::string& path, const model& m, std::vector<float
     auto field = [&](const char* k) -> const json& { auto it = t->find(k); return it == t->end() ? none : *it; };
     const json &dtype = field("dtype"), &dims = field("shape"), &offs = field("data_offsets");
     if (!dtype.is_string() || dtype.get_ref<const std::string&>() != "F32") {
-      *error = path + ": tensor " + p.name + " is not F32";
+      *error = name + ": tensor " + p.name + " is not F32";
       return false;
     }
     bool same = dims.is_array() && dims.size() == p.dims.size();
     for (size_t i = 0; same && i < p.dims.size(); ++i)
       same = dims[i].is_number_unsigned() && dims[i].get<uint64_t>() == p.dims[i];
     if (!same) {
-      *error = path + ": tensor " + p.name + " has shape " + dims.dump().substr(0, 60) + ", the model needs " +
+      *error = name + ": tensor " + p.name + " has shape " + dims.dump().substr(0, 60) + ", the model needs " +
                json(p.dims).dump();
       return false;
     }
     if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() || !offs[1].is_number_unsigned() ||
         offs[1].get<uint64_t>() < offs[0].get<uint64_t>() || offs[1].get<uint64_t>() > data_bytes ||
         offs[1].get<uint64_t>() - offs[0].get<uint64_t>() != p.count * 4) {
-      *error = path + ": tensor " + p.name + " has bad data_offsets " + offs.dump().substr(0, 60);
+      *error = name + ": tensor " + p.name + " has bad data_offsets " + offs.dump().substr(0, 60);
       return false;
     }
-    f.seekg(std::streamoff(8 + n + offs[0].get<uint64_t>()));
-    if (!f.read(reinterpret_cast<char*>(params->data() + p.offset), std::streamsize(p.count * 4))) {
-      *error = path + ": truncated data in tensor " + p.name;
-      return false;
-    }
+    std::memcpy(params->data() + p.offset, data + offs[0].get<uint64_t>(), p.count * 4);
   }
   return true;
 }

@@ -4,6 +4,7 @@
 // conv2d_0/kernel (kh, kw, in_channels, filters), conv2d_0/bias (filters). The metadata carries the model's
 // description ("model"), so a file says what it holds.
 #pragma once
+#include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
@@ -18,5 +19,9 @@ bool write_safetensors(const std::string& path, const model& m, const std::vecto
 // Reads the model's tensors (F32, names and shapes as above; other tensors are ignored) into a flat
 // parameter buffer. Any file is checked, never trusted: false with *error naming the problem.
 bool read_safetensors(const std::string& path, const model& m, std::vector<float>* params, std::string* error);
+// The same from a file's bytes in memory (read_safetensors maps the file and calls this); errors name
+// `name`. For tests and the fuzzer (tests/fuzz).
+bool read_safetensors_bytes(const std::string& name, const void* bytes, size_t size, const model& m,
+                            std::vector<float>* params, std::string* error);
 
 }  // namespace ringmaster

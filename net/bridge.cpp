@@ -436,27 +436,26 @@ struct bridge::impl {
       from.key = peers[size_t(peer)].server_key;
     }
     const size_t frames = count - first;
-    if (frames < 1 || frames > 2) {
-      report(fault::malformed, from, std::to_string(frames) + " frames, expected a header and at most one payload");
-      return true;
-    }
+    wire::frame f[2];
+    for (size_t i = 0; i < frames && i < 2; ++i) f[i] = {parts[first + i].data(), parts[first + i].size()};
     wire::header h;
     std::string err;
-    zmq::message_t& hf = parts[first];
-    if (!wire::decode(hf.data(), hf.size(), &h, &err)) {
-      uint16_t version = 0, type = 0;
-      if (wire::peek_version(hf.data(), hf.size(), &version, &type) && version != wire::kProtocolVersion) {
-        // Tell the peer why it gets no answer; never answer an error (two builds would ping-pong).
-        if (type == uint16_t(wire::msg_type::hello)) {
-          wire::header e;
-          e.type = wire::msg_type::error;
-          do_reply(from, e, payload::copy_of(err));
-        }
+    switch (wire::check_message(f, frames, &h, &err)) {
+      case wire::verdict::accept:
+        break;
+      case wire::verdict::answer_version: {
+        wire::header e;
+        e.type = wire::msg_type::error;
+        do_reply(from, e, payload::copy_of(err));
         report(fault::version_mismatch, from, err);
-      } else {
-        report(fault::malformed, from, err);
+        return true;
       }
-      return true;
+      case wire::verdict::other_version:
+        report(fault::version_mismatch, from, err);
+        return true;
+      case wire::verdict::malformed:
+        report(fault::malformed, from, err);
+        return true;
     }
     payload p;
     if (frames == 2) {
@@ -464,10 +463,6 @@ struct bridge::impl {
       p.data = body->data();
       p.size = body->size();
       p.owner = std::move(body);
-    }
-    if (!wire::check_payload(h, p.size, &err)) {
-      report(fault::malformed, from, err);
-      return true;
     }
     // ZeroMQ packs small received messages into a shared buffer at any offset; floats must be aligned
     // (on x86 a misaligned load happens to work, but it is undefined behaviour and breaks elsewhere).

@@ -138,6 +138,22 @@ bool check_payload(const header& h, size_t actual_bytes, std::string* error) {
   return true;
 }
 
+verdict check_message(const frame* frames, size_t count, header* out, std::string* error) {
+  if (count < 1 || count > 2) {
+    fail(error, std::to_string(count) + " frames, expected a header and at most one payload");
+    return verdict::malformed;
+  }
+  const frame& hf = frames[0];
+  if (!decode(hf.data, hf.size, out, error)) {
+    uint16_t version = 0, type = 0;
+    if (!peek_version(hf.data, hf.size, &version, &type) || version == kProtocolVersion) return verdict::malformed;
+    // Tell the peer why it gets no answer; never answer an error (two builds would ping-pong).
+    return type == uint16_t(msg_type::hello) ? verdict::answer_version : verdict::other_version;
+  }
+  if (!check_payload(*out, count == 2 ? frames[1].size : 0, error)) return verdict::malformed;
+  return verdict::accept;
+}
+
 bool encode_kv(const kv_map& kv, std::string* out, std::string* error) {
   std::string text;
   for (const auto& [k, v] : kv) {

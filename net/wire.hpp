@@ -103,6 +103,22 @@ bool peek_version(const void* data, size_t size, uint16_t* version, uint16_t* ty
 // The payload frame that came with a header must be exactly payload_bytes long.
 bool check_payload(const header& h, size_t actual_bytes, std::string* error);
 
+// A received multipart message, a ROUTER's identity frame already taken off, and what to do with it.
+// Pure (no sockets), so that tests and the fuzzer (tests/fuzz/fuzz_frames.cpp) check what the bridge does.
+struct frame {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+enum class verdict {
+  accept,          // one valid header frame and, if it says so, a payload frame exactly as long
+  malformed,       // drop it: wrong number of frames, a bad header, a payload of the wrong size
+  other_version,   // drop it: the peer speaks another protocol version (*error names both)
+  answer_version,  // as other_version, and it is a hello: answer with an error message (never an error)
+};
+// `count` frames came; frames[0] and, when count is 2, frames[1] are given (more frames are refused
+// unread). On accept, *out is the decoded header; otherwise *error says why.
+verdict check_message(const frame* frames, size_t count, header* out, std::string* error);
+
 // Control payloads: "key=value\n" lines. Keys are non-empty and hold no '=' or newline; values hold no
 // newline; the whole text is at most kMaxKvBytes; a key appears once.
 using kv_map = std::map<std::string, std::string>;

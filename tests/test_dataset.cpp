@@ -153,6 +153,60 @@ TEST_CASE("bad IDX files are rejected with a message naming the file and the pro
   }
 }
 
+TEST_CASE("IDX bytes in memory: raw, gzip in one or several members, damaged gzip named", "[data]") {
+  auto gzip = [](const std::vector<uint8_t>& in) {
+    std::vector<uint8_t> out(compressBound(uLong(in.size())) + 32);
+    z_stream z{};
+    REQUIRE(deflateInit2(&z, 9, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    z.next_in = const_cast<Bytef*>(in.data());
+    z.avail_in = uInt(in.size());
+    z.next_out = out.data();
+    z.avail_out = uInt(out.size());
+    REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
+    out.resize(z.total_out);
+    deflateEnd(&z);
+    return out;
+  };
+  std::vector<uint8_t> px(2 * 3 * 4);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = uint8_t(i);
+  const std::vector<uint8_t> raw = idx_bytes(8, {2, 3, 4}, px), gz = gzip(raw);
+  std::vector<uint32_t> dims;
+  std::vector<uint8_t> data;
+  std::string err;
+  for (const auto* file : {&raw, &gz}) {
+    REQUIRE(read_idx_bytes("mem", file->data(), file->size(), 3, &dims, &data, &err));
+    CHECK(dims == std::vector<uint32_t>{2, 3, 4});
+    CHECK(data == px);
+  }
+  // Two members, as `cat a.gz b.gz` makes them: one file.
+  std::vector<uint8_t> two = gzip(std::vector<uint8_t>(raw.begin(), raw.begin() + 10));
+  const std::vector<uint8_t> rest = gzip(std::vector<uint8_t>(raw.begin() + 10, raw.end()));
+  two.insert(two.end(), rest.begin(), rest.end());
+  REQUIRE(read_idx_bytes("mem", two.data(), two.size(), 3, &dims, &data, &err));
+  CHECK(data == px);
+  // A gzip stream cut short, bytes after the last member, a corrupt stream: refused, naming the file.
+  CHECK_FALSE(read_idx_bytes("cut.gz", gz.data(), gz.size() - 9, 3, &dims, &data, &err));
+  CHECK(err == "cut.gz: truncated gzip data");
+  std::vector<uint8_t> trailing = gz;
+  trailing.insert(trailing.end(), {0, 0, 0});
+  CHECK_FALSE(read_idx_bytes("t.gz", trailing.data(), trailing.size(), 3, &dims, &data, &err));
+  CHECK(err == "t.gz: 3 bytes after the end of the gzip data");
+  std::vector<uint8_t> corrupt = gz;
+  corrupt[12] ^= 0xff;
+  corrupt[13] ^= 0xff;
+  CHECK_FALSE(read_idx_bytes("c.gz", corrupt.data(), corrupt.size(), 3, &dims, &data, &err));
+  CHECK(err.rfind("c.gz: ", 0) == 0);
+  // Inside the gzip data the IDX checks are the raw file's, word for word.
+  const std::vector<uint8_t> short_raw(raw.begin(), raw.end() - 1), short_gz = gzip(short_raw);
+  CHECK_FALSE(read_idx_bytes("x", short_raw.data(), short_raw.size(), 3, &dims, &data, &err));
+  const std::string raw_err = err;
+  CHECK(raw_err == "x: truncated: header promises 24 data bytes, file has 23");
+  CHECK_FALSE(read_idx_bytes("x", short_gz.data(), short_gz.size(), 3, &dims, &data, &err));
+  CHECK(err == raw_err);
+  CHECK_FALSE(read_idx_bytes("empty", nullptr, 0, 1, &dims, &data, &err));
+  CHECK(err == "empty: truncated: 0 bytes, too short for an IDX header");
+}
+
 TEST_CASE("epoch permutations are permutations, reproducible, and differ per epoch", "[data]") {
   auto a = epoch_permutation(1000, 42, 0), b = epoch_permutation(1000, 42, 0);
   auto c = epoch_permutation(1000, 42, 1), d = epoch_permutation(1000, 43, 0);

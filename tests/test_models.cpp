@@ -2,6 +2,8 @@
 // (tests/layer_reference.hpp) and against finite differences of the network's own loss, the registry's
 // and the description parser's refusals, a user layer through train(), and the Keras parameter layout
 // and fingerprints. The layers one at a time: test_layers.cpp.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -506,4 +508,37 @@ TEST_CASE("hostile descriptions and files: wrapped sizes, control characters, hu
   CHECK_FALSE(read_safetensors(path, *m, &params, &err));
   CHECK(has(err, "nests deeper"));
   std::remove(path.c_str());
+}
+
+TEST_CASE("safetensors: a file reads back from its path and from memory, damage is named", "[layers]") {
+  std::string err;
+  auto m = build_model("4-3-2", shape{4, 1, 1}, &err);
+  REQUIRE(m);
+  const std::vector<float> params = init_params(*m, 7);
+  const std::string path = "/tmp/ringmaster-test-" + std::to_string(::getpid()) + ".safetensors";
+  REQUIRE(write_safetensors(path, *m, params, {}, &err));
+  std::vector<float> back;
+  REQUIRE(read_safetensors(path, *m, &back, &err));
+  CHECK(back == params);
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  REQUIRE(f);
+  std::vector<unsigned char> file(1 << 16);
+  file.resize(std::fread(file.data(), 1, file.size(), f));
+  std::fclose(f);
+  std::remove(path.c_str());
+  back.clear();
+  REQUIRE(read_safetensors_bytes("mem", file.data(), file.size(), *m, &back, &err));
+  CHECK(back == params);
+  // Cut anywhere, the file is refused with its name: never a read past its end.
+  for (size_t cut : {size_t(0), size_t(7), size_t(8), size_t(100), file.size() - 1}) {
+    INFO("cut at " << cut);
+    CHECK_FALSE(read_safetensors_bytes("mem", file.data(), cut, *m, &back, &err));
+    CHECK(err.rfind("mem: ", 0) == 0);
+  }
+  CHECK_FALSE(read_safetensors_bytes("mem", file.data(), file.size() - 1, *m, &back, &err));
+  CHECK(err == "mem: tensor dense_1/bias has bad data_offsets [84,92]");
+  CHECK_FALSE(read_safetensors("/nonexistent/w.safetensors", *m, &back, &err));
+  CHECK(err == "/nonexistent/w.safetensors: cannot open");
+  CHECK_FALSE(read_safetensors("/tmp", *m, &back, &err));  // a folder is no file
+  CHECK(err == "/tmp: cannot open");
 }

@@ -212,3 +212,49 @@ TEST_CASE("wire: key=value text round trip and validation", "[wire]") {
   CHECK_FALSE(wire::decode_kv(std::string(wire::kMaxKvBytes + 1, 'x'), &back, &err));
   CHECK(err.find("exceeds") != std::string::npos);
 }
+
+TEST_CASE("wire: check_message decides what the bridge does with a received message", "[wire]") {
+  wire::header h = sample_chunk();
+  const wire::header_bytes hb = wire::encode(h);
+  const std::vector<unsigned char> body(4000, 0);
+  wire::header out;
+  std::string err;
+  const wire::frame both[2] = {{hb.data(), hb.size()}, {body.data(), body.size()}};
+  CHECK(wire::check_message(both, 2, &out, &err) == wire::verdict::accept);
+  CHECK(out.step == h.step);
+  CHECK(out.payload_bytes == 4000);
+  // Frame counts: none, or more than a header and a payload (frames beyond two are not even read).
+  CHECK(wire::check_message(nullptr, 0, &out, &err) == wire::verdict::malformed);
+  CHECK(err == "0 frames, expected a header and at most one payload");
+  CHECK(wire::check_message(both, 3, &out, &err) == wire::verdict::malformed);
+  CHECK(err == "3 frames, expected a header and at most one payload");
+  // The header says 4000 payload bytes: a missing or shorter payload frame is refused.
+  CHECK(wire::check_message(both, 1, &out, &err) == wire::verdict::malformed);
+  CHECK(err == "chunk payload frame is 0 bytes, header says 4000");
+  const wire::frame short_body[2] = {{hb.data(), hb.size()}, {body.data(), 3999}};
+  CHECK(wire::check_message(short_body, 2, &out, &err) == wire::verdict::malformed);
+  // A header frame of the wrong size, or with our version but a bad field, is malformed.
+  const wire::frame cut[1] = {{hb.data(), 7}};
+  CHECK(wire::check_message(cut, 1, &out, &err) == wire::verdict::malformed);
+  CHECK(err == "header frame is 7 bytes, expected 56");
+  h.step = -1;
+  const wire::header_bytes negative = wire::encode(h);
+  const wire::frame bad[1] = {{negative.data(), negative.size()}};
+  CHECK(wire::check_message(bad, 1, &out, &err) == wire::verdict::malformed);
+  // Another version: a hello is answered (with err as the text), anything else only dropped.
+  wire::header hello;
+  hello.type = wire::msg_type::hello;
+  hello.version = wire::kProtocolVersion + 1;
+  const wire::header_bytes hv = wire::encode(hello);
+  const wire::frame other[1] = {{hv.data(), hv.size()}};
+  CHECK(wire::check_message(other, 1, &out, &err) == wire::verdict::answer_version);
+  CHECK(err == "protocol version " + std::to_string(wire::kProtocolVersion + 1) + ", this build speaks " +
+                   std::to_string(wire::kProtocolVersion));
+  hello.type = wire::msg_type::error;  // never answer an error: two builds would ping-pong
+  const wire::header_bytes he = wire::encode(hello);
+  const wire::frame error_frame[1] = {{he.data(), he.size()}};
+  CHECK(wire::check_message(error_frame, 1, &out, &err) == wire::verdict::other_version);
+  // A frame too short to say its version is only malformed.
+  const wire::frame tiny[1] = {{hv.data(), 6}};
+  CHECK(wire::check_message(tiny, 1, &out, &err) == wire::verdict::malformed);
+}
