@@ -177,7 +177,7 @@ TEST_CASE("checkpoint: a file reads back exactly, opens as weights, and any dama
   }
 }
 
-TEST_CASE("checkpoint: a write keeps the newest older one; the newest good one is found", "[checkpoint]") {
+TEST_CASE("checkpoint: a write keeps the newest older one, and the newest good one is found", "[checkpoint]") {
   const auto m = mlp("784-8-10");
   const std::string dir = fresh_dir("prune");
   std::string path, error;
