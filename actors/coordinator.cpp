@@ -26,12 +26,16 @@ std::string format_progress(const progress& p) {
   char head[64], tail[256];
   const int digits = int(std::to_string(p.steps).size());
   std::snprintf(head, sizeof head, "%*lld/%lld ", digits, (long long)p.step, (long long)p.steps);
+  // A resumed epoch's first steps ran before this run: its time and rates count from where it resumed.
+  const int64_t here = p.step - p.first_step;
   if (p.epoch_end) {
-    const double per_step = p.steps ? p.seconds / double(p.steps) : 0;
-    std::snprintf(tail, sizeof tail, " - %.1fs %.1fms/step - loss: %.4f - accuracy: %.4f - %.0f samples/s",
-                  p.seconds, per_step * 1e3, p.loss, p.accuracy, p.samples_per_sec);
+    const double per_step = here > 0 ? p.seconds / double(here) : 0;
+    char resumed[48] = "";
+    if (p.first_step > 0) std::snprintf(resumed, sizeof resumed, " (resumed at step %lld)", (long long)p.first_step);
+    std::snprintf(tail, sizeof tail, " - %.1fs %.1fms/step%s - loss: %.4f - accuracy: %.4f - %.0f samples/s",
+                  p.seconds, per_step * 1e3, resumed, p.loss, p.accuracy, p.samples_per_sec);
   } else {
-    const double eta = p.step ? p.seconds / double(p.step) * double(p.steps - p.step) : 0;
+    const double eta = here > 0 ? p.seconds / double(here) * double(p.steps - p.step) : 0;
     std::snprintf(tail, sizeof tail, " - ETA: %.0fs - loss: %.4f - accuracy: %.4f - %.0f samples/s", eta,
                   p.loss, p.accuracy, p.samples_per_sec);
   }
@@ -46,14 +50,21 @@ std::string format_progress(const progress& p) {
 
 namespace {
 
+// One step's reports until all N are in. Its losses are then added in rank order, so the epoch's loss has
+// the same bits whatever order the reports arrived in; and the epoch's sums hold whole steps only (what
+// a checkpoint after a step records).
+struct step_sums {
+  std::vector<double> losses;  // per rank
+  int64_t correct = 0, count = 0;
+  int reports = 0;
+};
+
 struct epoch_acc {
   double loss = 0;
   int64_t correct = 0, count = 0;
   int64_t steps_done = 0;
-  // step -> each rank's loss sum (NaN until it reports). A step's losses are added in rank order once
-  // all are in, so the epoch's loss has the same bits whatever order the reports arrived in.
-  std::map<int64_t, std::vector<double>> step_losses;
-  std::map<int64_t, int> step_reports;  // step -> reports received (complete at N)
+  int64_t first_step = 0, first_count = 0;  // a resumed epoch's steps and samples from before this run
+  std::map<int64_t, step_sums> steps;       // step -> its reports so far
   std::vector<double> val_losses;       // per rank, added in rank order when the epoch closes
   double val_loss = 0;
   int64_t val_correct = 0, val_count = 0;
@@ -63,13 +74,20 @@ struct epoch_acc {
   bool closed = false;
 };
 
+// A checkpoint waits for both halves: rank 0's state after the step, and the job's metrics up to it.
+struct pending_checkpoint {
+  state_ptr state;
+  bool have_progress = false;
+  job_progress progress;
+};
+
 struct coordinator_state {
   coordinator_config cfg;
   std::vector<caf::actor> replicas, loaders, reducers;
   caf::response_promise reply;
   std::shared_ptr<train_result> result = std::make_shared<train_result>();
   std::map<int64_t, epoch_acc> epochs;
-  int64_t current_epoch = 0;
+  std::map<int64_t, pending_checkpoint> checkpoints;  // by steps done
   int done = 0, weights_in = 0;
   bool finished = false;
   clock_type::time_point start, last_print;
@@ -113,18 +131,45 @@ void report_progress(coordinator_state& st, int64_t e, bool end) {
   p.epochs = st.cfg.epochs;
   p.step = a.steps_done;
   p.steps = st.cfg.steps_per_epoch;
+  p.first_step = a.first_step;
   p.seconds = secs(a.start, end ? a.last_step : now);
   p.loss = a.count ? a.loss / double(a.count) : 0;
   p.accuracy = a.count ? double(a.correct) / double(a.count) : 0;
-  p.samples_per_sec = p.seconds > 0 ? double(a.count) / p.seconds : 0;
+  p.samples_per_sec = p.seconds > 0 ? double(a.count - a.first_count) / p.seconds : 0;
   p.epoch_end = end;
   p.val_loss = a.val_count ? a.val_loss / double(a.val_count) : NAN;
   p.val_accuracy = a.val_count ? double(a.val_correct) / double(a.val_count) : NAN;
   st.cfg.on_progress(p);
 }
 
+// Writes the checkpoint after `done` steps once both its halves are here.
+void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64_t done) {
+  auto it = st.checkpoints.find(done);
+  if (it == st.checkpoints.end() || !it->second.state || !it->second.have_progress) return;
+  const pending_checkpoint c = std::move(it->second);
+  st.checkpoints.erase(it);
+  if (std::string error = st.cfg.on_checkpoint(c.progress, *c.state); !error.empty())
+    finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error);
+}
+
+// The metrics half of a checkpoint after `done` steps, if one is due then.
+void checkpoint_progress(caf::event_based_actor* self, coordinator_state& st, int64_t done, const epoch_acc* open) {
+  const int64_t spe = st.cfg.steps_per_epoch;
+  if (!st.cfg.on_checkpoint || !checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs)) return;
+  pending_checkpoint& c = st.checkpoints[done];
+  c.have_progress = true;
+  c.progress.step = done;
+  c.progress.history = st.result->history;
+  if (open) {
+    c.progress.loss = open->loss;
+    c.progress.correct = open->correct;
+    c.progress.count = open->count;
+  }
+  offer_checkpoint(self, st, done);
+}
+
 // An epoch is complete when every step has N reports and (if evaluating) N evaluations arrived.
-void maybe_close_epoch(coordinator_state& st, int64_t e) {
+void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int64_t e) {
   epoch_acc& a = st.epochs[e];
   const int n = st.cfg.replicas;
   if (a.closed || a.steps_done < st.cfg.steps_per_epoch || (st.cfg.evaluate && a.evals < n)) return;
@@ -140,9 +185,11 @@ void maybe_close_epoch(coordinator_state& st, int64_t e) {
   s.eval_seconds = a.eval_seconds;
   st.result->history.push_back(s);
   st.result->train_seconds += s.seconds;
-  st.result->train_samples += s.samples;
+  st.result->train_samples += a.count - a.first_count;
   report_progress(st, e, true);
   st.epochs[e + 1].start = clock_type::now();
+  // At an epoch's end a checkpoint waits for the evaluation, so that the epoch is whole in its history.
+  checkpoint_progress(self, st, (e + 1) * st.cfg.steps_per_epoch, nullptr);
 }
 
 }  // namespace
@@ -173,7 +220,16 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         for (auto* group : {&st->replicas, &st->loaders, &st->reducers})
           for (auto& a : *group) self->monitor(a);
         st->start = st->last_print = clock_type::now();
-        st->epochs[0].start = st->start;
+        // A resumed job starts with its history and the open epoch's sums so far.
+        const job_progress& from = st->cfg.start;
+        const int64_t spe = std::max<int64_t>(1, st->cfg.steps_per_epoch);
+        st->result->history = from.history;
+        epoch_acc& a = st->epochs[from.step / spe];
+        a.start = st->start;
+        a.steps_done = a.first_step = from.step % spe;
+        a.loss = from.loss;
+        a.correct = from.correct;
+        a.count = a.first_count = from.count;
         for (int r = 0; r < n; ++r)
           self->send(st->replicas[r], run_atom::value, st->loaders[r], st->reducers[r],
                      caf::actor_cast<caf::actor>(self));
@@ -185,27 +241,30 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         st->result->compute += r.compute;
         st->result->wait_ring += r.wait_ring;
         st->result->update += r.update;
-        std::vector<double>& losses = a.step_losses[r.step];
-        losses.resize(size_t(st->cfg.replicas), 0.0);
-        if (r.rank >= 0 && r.rank < st->cfg.replicas) losses[size_t(r.rank)] = r.loss_sum;
-        a.correct += r.correct;
-        a.count += r.count;
-        if (++a.step_reports[r.step] == st->cfg.replicas) {
-          for (double l : losses) a.loss += l;
+        step_sums& sums = a.steps[r.step];
+        sums.losses.resize(size_t(st->cfg.replicas), 0.0);
+        if (r.rank >= 0 && r.rank < st->cfg.replicas) sums.losses[size_t(r.rank)] = r.loss_sum;
+        sums.correct += r.correct;
+        sums.count += r.count;
+        if (++sums.reports == st->cfg.replicas) {
+          for (double l : sums.losses) a.loss += l;
+          a.correct += sums.correct;
+          a.count += sums.count;
           // A NaN or infinite loss never comes back: stop rather than train on garbage to the end.
           if (!std::isfinite(a.loss))
             return finish(self, *st, "the loss became " + std::string(std::isnan(a.loss) ? "NaN" : "infinite") +
                                          " at epoch " + std::to_string(r.epoch + 1) + ", step " + std::to_string(r.step + 1) +
                                          " (too high a learning rate?); the job was stopped");
-          a.step_losses.erase(r.step);
-          a.step_reports.erase(r.step);
+          a.steps.erase(r.step);
           ++a.steps_done;
           a.last_step = clock_type::now();
           report_progress(*st, r.epoch, false);
-          maybe_close_epoch(*st, r.epoch);
+          if (a.steps_done < st->cfg.steps_per_epoch)  // mid-epoch; an epoch's end waits for its evaluation
+            checkpoint_progress(self, *st, r.epoch * st->cfg.steps_per_epoch + a.steps_done, &a);
+          maybe_close_epoch(self, *st, r.epoch);
         }
       },
-      [st](const eval_report& r) {
+      [self, st](const eval_report& r) {
         epoch_acc& a = st->epochs[r.epoch];
         a.val_losses.resize(size_t(st->cfg.replicas), 0.0);
         if (r.rank >= 0 && r.rank < st->cfg.replicas) a.val_losses[size_t(r.rank)] = r.loss_sum;
@@ -215,7 +274,15 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         a.val_count += r.count;
         a.eval_seconds = std::max(a.eval_seconds, r.seconds);
         ++a.evals;
-        maybe_close_epoch(*st, r.epoch);
+        maybe_close_epoch(self, *st, r.epoch);
+      },
+      [self, st](checkpt_atom, state_ptr s) {
+        const int64_t spe = st->cfg.steps_per_epoch, done = s ? s->steps : -1;
+        if (!st->cfg.on_checkpoint || done <= st->cfg.start.step ||
+            !checkpoint_due(done, st->cfg.checkpoint_every, spe, spe * st->cfg.epochs))
+          return;  // none asked for then
+        st->checkpoints[done].state = std::move(s);
+        offer_checkpoint(self, *st, done);
       },
       [self, st](done_atom, int) {
         if (++st->done < st->cfg.replicas) return;
@@ -231,6 +298,10 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
                     bool same = true;
                     for (uint64_t c : st->result->checksums) same = same && c == st->result->checksums[0];
                     st->result->identical = same;
+                    // Every state and report came before its rank's done: a checkpoint still waiting is a bug.
+                    if (!st->checkpoints.empty())
+                      return finish(self, *st, "the checkpoint after step " + std::to_string(st->checkpoints.begin()->first) +
+                                                   " was never complete");
                     finish(self, *st, "");
                   },
                   [self, st, r](caf::error& e) {

@@ -6,11 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/model.hpp"
+
 namespace ringmaster {
 
 struct progress {
   int64_t epoch = 0, epochs = 0;  // 0-based epoch
   int64_t step = 0, steps = 0;    // steps done in this epoch
+  int64_t first_step = 0;         // of them, done before this run (a resumed epoch): seconds and rates start there
   double seconds = 0;             // since the epoch began
   double loss = 0, accuracy = 0;  // exact running means over the samples seen this epoch
   double samples_per_sec = 0;
@@ -38,12 +41,23 @@ struct train_result {
   std::vector<uint64_t> checksums;     // every replica's final parameters, FNV-1a over the bytes
   bool identical = false;              // all replicas ended with bit-identical weights
   double wall_seconds = 0, train_seconds = 0;
-  int64_t train_samples = 0;
+  int64_t train_samples = 0;           // trained by this run (a resumed one: since it resumed)
+  std::string checkpoint;              // the last checkpoint written ("" none)
   // Replica time summed over all replicas and steps (seconds): where the time went.
   double wait_batch = 0, compute = 0, wait_ring = 0, update = 0;
 };
 
 uint64_t fnv1a(const float* p, size_t n);
+
+// Where a job stands after `step` steps, for checkpoints: the epochs closed so far and the open epoch's
+// exact sums over its first step % steps_per_epoch steps. A resumed job starts from it, so its epochs
+// print and report what the uninterrupted job's would (but for the time).
+struct job_progress {
+  int64_t step = 0;
+  std::vector<epoch_stats> history;
+  double loss = 0;
+  int64_t correct = 0, count = 0;
+};
 
 struct coordinator_config {
   int replicas = 1;
@@ -51,6 +65,12 @@ struct coordinator_config {
   int64_t steps_per_epoch = 0, epochs = 1;
   bool evaluate = true;
   std::function<void(const progress&)> on_progress;  // runs on the coordinator's thread
+  job_progress start;  // a resumed job: where it starts (start.step steps done)
+  // Checkpoints: rank 0 sends its state after every step checkpoint_due() names (messages.hpp). Once the
+  // coordinator also has that step's metrics (at an epoch's end: its evaluation too) it calls
+  // on_checkpoint on its own thread; an error it returns ends the job. Null: no checkpoints.
+  int64_t checkpoint_every = 0;  // 0: at the end of every epoch
+  std::function<std::string(const job_progress&, const network_state&)> on_checkpoint;
 };
 
 // Request {run_atom, replicas, loaders, reducers} (vector<actor> each, index = rank), the reducers already

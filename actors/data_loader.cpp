@@ -53,7 +53,7 @@ batch_ptr cut(loader_state& st) {
 
 void push(caf::event_based_actor* self, loader_state& st) {
   while (st.credits > 0 && st.epoch < st.cfg.epochs) {
-    if (st.step == 0 && st.order.empty())
+    if (st.order.empty())  // a new epoch, or the first batch of a resumed one
       st.order = epoch_permutation(st.cfg.data->count, st.cfg.seed, st.epoch);
     self->send(st.sink, batch_atom::value, cut(st));
     --st.credits;
@@ -71,6 +71,10 @@ caf::behavior data_loader(caf::event_based_actor* self, loader_config cfg) {
   auto st = std::make_shared<loader_state>();
   st->steps = int64_t(steps_per_epoch(cfg.data->count, size_t(cfg.global_batch)));
   st->credits = std::max(1, cfg.prefetch);
+  if (st->steps > 0) {
+    st->epoch = cfg.first_step / st->steps;
+    st->step = cfg.first_step % st->steps;
+  }
   st->cfg = std::move(cfg);
   return {
       [self, st](run_atom, caf::actor sink) {

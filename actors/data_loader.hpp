@@ -16,6 +16,9 @@ struct loader_config {
   uint64_t seed = 0;
   int64_t epochs = 1;
   int prefetch = 2;
+  // Steps of the job already done (a resumed job): the first batch is step first_step % steps of epoch
+  // first_step / steps, cut from that epoch's order as an uninterrupted job would have.
+  int64_t first_step = 0;
 };
 
 // Receives {run_atom, replica}: starts pushing {batch_atom, batch_ptr} there; {credit_atom} for more.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 
+#include "actors/checkpoint.hpp"
 #include "kernels/registry.hpp"
 #include "net/keys.hpp"
 #include "net/wire.hpp"
@@ -14,6 +15,7 @@ namespace {
 constexpr int kMaxBatch = 1 << 24;
 constexpr int64_t kMaxEpochs = 1 << 20;
 constexpr int kMaxPrefetch = 64;
+constexpr int64_t kMaxSteps = int64_t(1) << 50;  // steps of a job (first_step, checkpoint_every)
 
 bool fail(std::string* error, const std::string& what) {
   *error = "job plan: " + what;
@@ -144,6 +146,9 @@ bool validate(const job_plan& p, std::string* error) {
     return fail(error, is("bucket_bytes", p.bucket_bytes, range(0, int64_t(1) << 32)));
   if (p.limit_train < 0) return fail(error, is("limit_train", p.limit_train, "0 or more"));
   if (p.limit_test < 0) return fail(error, is("limit_test", p.limit_test, "0 or more"));
+  if (p.first_step < 0 || p.first_step > kMaxSteps) return fail(error, is("first_step", p.first_step, range(0, kMaxSteps)));
+  if (p.checkpoint_every < 0 || p.checkpoint_every > kMaxSteps)
+    return fail(error, is("checkpoint_every", p.checkpoint_every, range(0, kMaxSteps)));
   if (!sane_device(p.device, false)) return fail(error, is("device", ringmaster::quoted(p.device), "a kind of device (cpu, cuda)"));
   return check_nodes(p, error) && check_ranks(p, error);
 }
@@ -175,6 +180,9 @@ bool make_job_plan(const train_config& cfg, const job_placement& where, job_plan
   p.evaluate = cfg.evaluate;
   p.limit_train = where.limit_train;
   p.limit_test = where.limit_test;
+  p.first_step = cfg.resume ? cfg.resume->state.steps : 0;
+  p.checkpoints = !cfg.checkpoint_dir.empty();
+  p.checkpoint_every = cfg.checkpoint_every;
   p.device = device_kind(where.devices[0]);
   p.nodes = where.nodes;
   const int b = cfg.global_batch / n;
@@ -214,6 +222,7 @@ train_config plan_train_config(const job_plan& p) {
   c.prefetch = p.prefetch;
   c.bucket_bytes = size_t(p.bucket_bytes);
   c.evaluate = p.evaluate;
+  c.checkpoint_every = p.checkpoint_every;
   c.devices.clear();
   for (const rank_plan& r : p.ranks) c.devices.push_back(r.device);
   return c;
@@ -238,6 +247,8 @@ std::string to_json(const job_plan& p) {
                   {"prefetch", p.prefetch},    {"evaluate", p.evaluate},
                   {"bucket_bytes", p.bucket_bytes},
                   {"limit_train", p.limit_train}, {"limit_test", p.limit_test},
+                  {"first_step", p.first_step}, {"checkpoints", p.checkpoints},
+                  {"checkpoint_every", p.checkpoint_every},
                   {"device", p.device},        {"recipient", p.recipient},
                   {"nodes", nodes},            {"ranks", ranks}};
   // replace: text that is not UTF-8 (endpoints and ids are ASCII; a model description that is not UTF-8
@@ -369,7 +380,7 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
   if (!j.is_object()) return fail(error, "the text is not a JSON object");
   reader rd(j, "", error);
   rd.only({"job", "model", "optimizer", "global_batch", "epochs", "seed", "prefetch", "evaluate", "bucket_bytes", "limit_train",
-           "limit_test", "device", "recipient", "nodes", "ranks"});
+           "limit_test", "first_step", "checkpoints", "checkpoint_every", "device", "recipient", "nodes", "ranks"});
   std::string kind;
   const json* opt = rd.object("optimizer");
   if (opt) {
@@ -386,6 +397,8 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
   rd.u64("seed", &p->seed).integer("prefetch", &p->prefetch, 1, kMaxPrefetch).boolean("evaluate", &p->evaluate);
   rd.integer("bucket_bytes", &p->bucket_bytes, 0, int64_t(1) << 32);
   rd.integer("limit_train", &p->limit_train, 0, INT64_MAX).integer("limit_test", &p->limit_test, 0, INT64_MAX);
+  rd.integer("first_step", &p->first_step, 0, kMaxSteps).boolean("checkpoints", &p->checkpoints);
+  rd.integer("checkpoint_every", &p->checkpoint_every, 0, kMaxSteps);
   rd.text("device", &p->device, 16).integer("recipient", &p->recipient, -1, kMaxPlanRanks - 1);
   const json* nodes = rd.array("nodes", size_t(kMaxPlanRanks));
   const json* ranks = rd.array("ranks", size_t(kMaxPlanRanks));

@@ -65,6 +65,10 @@ struct job_plan {
   bool evaluate = true;
   int64_t bucket_bytes = int64_t(1) << 20;  // gradient buckets (train_config::bucket_bytes): alike on every rank
   int64_t limit_train = 0, limit_test = 0;  // each node uses only its first N samples (0: all)
+  int64_t first_step = 0;  // steps already done (a resumed job: the launcher sends rank 0's state)
+  // Rank 0 sends its state after every checkpoint_every steps (0: at each epoch's end) and the last.
+  bool checkpoints = false;
+  int64_t checkpoint_every = 0;
   std::string device = "cpu";              // the kind of device every rank runs on
   std::vector<plan_node> nodes;
   std::vector<rank_plan> ranks;  // index = rank

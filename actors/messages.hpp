@@ -5,6 +5,8 @@
 //   replica ──reduce(step, grads)──▶ reducer ──chunk──▶ right reducer (ring), reply: step done
 //   (a chunk is a ring::message, net/ring_driver.hpp; to another process it goes through a link)
 //   replica ──metrics / eval / done──▶ coordinator
+//   replica 0 ──checkpoint(state)──▶ coordinator                  (after the steps checkpoint_due names)
+//   whoever starts a resumed rank ──restore(state)──▶ replica      (before run)
 #pragma once
 #include <caf/all.hpp>
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/model.hpp"
 #include "net/ring_driver.hpp"
 
 namespace ringmaster {
@@ -30,6 +33,8 @@ using weights_atom = caf::atom_constant<caf::atom("weights")>;
 using release_atom = caf::atom_constant<caf::atom("release")>;  // "done reading your buffer"
 using fail_atom = caf::atom_constant<caf::atom("fail")>;  // {fail_atom, why}: a proxy's peer is gone
 using tick_atom = caf::atom_constant<caf::atom("tick")>;  // a watchdog's periodic look
+using checkpt_atom = caf::atom_constant<caf::atom("checkpt")>;  // {checkpt_atom, state_ptr}: rank 0 after a step
+using restore_atom = caf::atom_constant<caf::atom("restore")>;  // {restore_atom, state_ptr}: start from here
 
 // One replica's shard of one global batch. Shared, immutable once sent: no copy on the way.
 struct batch {
@@ -51,6 +56,17 @@ struct tensor_view {
 
 // A replica's parameters (weights request/reply).
 using chunk_ptr = std::shared_ptr<const std::vector<float>>;
+
+// A replica's whole training state (kernels/model.hpp), for checkpoints and resuming.
+using state_ptr = std::shared_ptr<const network_state>;
+
+// Whether rank 0 sends its state after `done` steps of the job (counted from its very start): every
+// `every` steps (0: at the end of every epoch), and after the last of `total`. Replica and coordinator
+// agree on it, so the coordinator knows which states to wait for.
+inline bool checkpoint_due(int64_t done, int64_t every, int64_t steps_per_epoch, int64_t total) {
+  const int64_t period = every > 0 ? every : steps_per_epoch;
+  return done == total || (period > 0 && done % period == 0);
+}
 
 // What a replica reports after each step (sums, so the coordinator aggregates exactly).
 struct step_report {
@@ -91,6 +107,7 @@ inline auto error_from_exception(std::string who) {
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::batch_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::tensor_view)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::chunk_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::state_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::ring::message)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<ringmaster::ring::link>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::step_report)

@@ -72,6 +72,14 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
     *invalid = true;
     return false;
   }
+  const int64_t steps = int64_t(steps_per_epoch(train->count, size_t(plan_.global_batch))) * plan_.epochs;
+  if (plan_.first_step >= steps) {
+    *error = "job plan: 'first_step' is " + std::to_string(plan_.first_step) + ", but the job has " + std::to_string(steps) +
+             " steps on this node's " + std::to_string(train->count) + " training samples";
+    *invalid = true;
+    return false;
+  }
+  param_count_ = m->param_count();
   rank_actors local = spawn_ranks(*ctx_.sys, plan_, cfg, m, mine_);
   for (size_t i = 0; i < mine_.size(); ++i) {
     reducers_[mine_[i]] = local.reducers[i];
@@ -150,6 +158,29 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
   }
   // Added (and passed on) right here on the bridge thread: no hop to the reducer's thread per chunk.
   deliver(*ports_[dest], from_wire(h, std::move(p)));
+}
+
+bool node_job::take_state(const wire::header& h, const net::payload& p, std::string* error) {
+  const int32_t buffers = plan_.opt.kind == optimizer_config::adam ? 3 : 2;
+  if (!running() || plan_.first_step == 0 || resume_buffers_ == buffers) {
+    *error = "a state to resume from came for a job that does not resume, or has its state";
+    return false;
+  }
+  if (h.step != plan_.first_step || h.segment != resume_buffers_ || h.elements != param_count_) {
+    *error = "state buffer " + std::to_string(h.segment) + " after step " + std::to_string(h.step) + " with " +
+             std::to_string(h.elements) + " floats does not fit: expected buffer " + std::to_string(resume_buffers_) +
+             " after step " + std::to_string(plan_.first_step) + " with " + std::to_string(param_count_);
+    return false;
+  }
+  if (!resume_) resume_ = std::make_shared<network_state>();
+  resume_->steps = h.step;
+  std::vector<float>* into[] = {&resume_->params, &resume_->m1, &resume_->m2};
+  into[h.segment]->assign(p.floats(), p.floats() + h.elements);
+  if (++resume_buffers_ < buffers) return true;
+  // Before their start: both go from this thread, so every replica has its state when it runs.
+  const state_ptr whole = std::move(resume_);
+  for (auto& [rank, replica] : replicas_) caf::anon_send(replica, restore_atom::value, whole);
+  return true;
 }
 
 void node_job::heard() { last_heard_ = clock_type::now(); }

@@ -64,6 +64,11 @@ class node_job {
   // A chunk from another node for the rank after its sender.
   void route_chunk(const net::peer_info& from, const wire::header& h, net::payload p);
 
+  // One buffer of the state a resumed job starts from (checkpoint message from the launcher, after
+  // job_ack and before start); once all are in, every replica here gets it. False with *error when it
+  // does not fit the job: the job cannot go on then.
+  bool take_state(const wire::header& h, const net::payload& p, std::string* error);
+
  private:
   bool wire_ring(std::string* error);
 
@@ -76,6 +81,9 @@ class node_job {
   std::map<std::string, int> peers_;      // node endpoint -> our connection
   caf::actor launcher_link_;
   std::chrono::steady_clock::time_point last_heard_;
+  size_t param_count_ = 0;                 // the model's, once started
+  std::shared_ptr<network_state> resume_;  // a resumed job's state, as its buffers arrive
+  int32_t resume_buffers_ = 0;             // buffers in so far
 };
 
 }  // namespace ringmaster

@@ -52,6 +52,19 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         h.sender_rank = rank;
         br->reply(launcher, h);
       },
+      [br, launcher, job](checkpt_atom, state_ptr s) {  // rank 0's state for a checkpoint: one message a buffer
+        const std::vector<float>* buffers[] = {&s->params, &s->m1, &s->m2};
+        for (int32_t b = 0; b < wire::kStateBuffers && !buffers[b]->empty(); ++b) {
+          wire::header h;
+          h.type = wire::msg_type::checkpoint;
+          h.job_id = job;
+          h.step = s->steps;
+          h.sender_rank = 0;
+          h.segment = b;
+          h.elements = buffers[b]->size();
+          br->reply(launcher, h, net::payload::of(chunk_ptr(s, buffers[b])));
+        }
+      },
       [self, br, launcher, job, replicas](weights_atom, int rank) {
         auto it = replicas.find(rank);
         if (it == replicas.end()) return;

@@ -8,8 +8,9 @@
 
 namespace ringmaster {
 
-// On a node: the coordinator as the node's replicas see it. Ships step and eval reports and done to the
-// launcher; answers {weights_atom, rank} by fetching that replica's weights and sending them; watches
+// On a node: the coordinator as the node's replicas see it. Ships step and eval reports, done, and rank
+// 0's states for checkpoints (checkpoint messages, one per buffer) to the launcher; answers
+// {weights_atom, rank} by fetching that replica's weights and sending them; watches
 // the job's local actors and tells the launcher (abort message) when one fails.
 caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::peer_info launcher,
                             uint64_t job, std::map<int, caf::actor> replicas, std::vector<caf::actor> watched,

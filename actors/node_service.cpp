@@ -260,6 +260,15 @@ struct node_service::impl {
       case msg_type::chunk:
         if (ours) job->route_chunk(from, h, std::move(p));  // else a late chunk of a job that ended
         return;
+      case msg_type::checkpoint:
+        if (launcher) {
+          std::string error;
+          if (!job->take_state(h, p, &error)) {
+            refuse(from, h.job_id, error);
+            end_job("its state to resume from did not fit: " + error);
+          }
+        }
+        return;
       case msg_type::heartbeat:
         return;
       default:

@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "actors/checkpoint.hpp"
 #include "actors/job_plan.hpp"
 #include "actors/messages.hpp"
 #include "actors/report_kv.hpp"
@@ -75,6 +76,11 @@ struct launcher {
   std::atomic<bool> started{false};  // proxies and coordinator are set (the bridge thread reads them)
   std::unique_ptr<std::atomic<int64_t>[]> last_heard;  // per node, steady-clock ticks
   bool refused_invalid = false;  // a node refused the job's description or settings as invalid
+  // Checkpoints: rank 0's state arrives one buffer at a time (set before start: sizes; then the bridge
+  // thread's alone).
+  size_t param_count = 0;
+  int32_t state_buffers = 0;  // 3 for Adam, 2 for SGD
+  std::shared_ptr<network_state> incoming;
 
   int node_of(const net::peer_info& from) const {
     for (size_t i = 0; i < peer.size(); ++i)
@@ -88,6 +94,24 @@ struct launcher {
 
   // Whether node `node` runs rank r: what a node says about a rank is heard only from the node running it.
   bool runs(int node, int r) const { return r >= 0 && r < plan.replicas() && plan.ranks[size_t(r)].node == node; }
+
+  // A buffer of rank 0's state after a step; once whole it goes to the coordinator. One out of order or
+  // of the wrong size is dropped (and the coordinator then ends the job saying the checkpoint never came).
+  void take_checkpoint(const wire::header& h, const net::payload& p) {
+    const bool next = h.segment == 0 || (incoming && h.step == incoming->steps && h.segment == int32_t(incoming_filled()));
+    if (!next || h.elements != param_count || h.segment >= state_buffers) {
+      incoming.reset();
+      return;
+    }
+    if (h.segment == 0) incoming = std::make_shared<network_state>();
+    incoming->steps = h.step;
+    std::vector<float>* into[] = {&incoming->params, &incoming->m1, &incoming->m2};
+    into[h.segment]->assign(p.floats(), p.floats() + h.elements);
+    if (h.segment + 1 == state_buffers) caf::anon_send(coordinator, checkpt_atom::value, state_ptr(std::move(incoming)));
+  }
+  size_t incoming_filled() const {
+    return size_t(!incoming->params.empty()) + size_t(!incoming->m1.empty()) + size_t(!incoming->m2.empty());
+  }
 
   // "2-3" or "1,4" : the ranks a node runs, for messages.
   std::string ranks_of(int node) const {
@@ -148,6 +172,9 @@ struct launcher {
           auto w = std::make_shared<std::vector<float>>(p.floats(), p.floats() + h.elements);
           caf::anon_send(proxies[size_t(h.sender_rank)], weights_atom::value, chunk_ptr(std::move(w)));
         }
+        return;
+      case msg_type::checkpoint:
+        if (h.sender_rank == 0 && runs(node, 0)) take_checkpoint(h, p);
         return;
       case msg_type::abort:
         wire::decode_kv(p.text(), &kv, &error);
@@ -234,6 +261,16 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   }
   model_desc desc;  // checked here; the nodes build it with their own layers and data
   if (!parse_model_desc(cfg.model, &desc, &failed.error)) {
+    failed.invalid = true;
+    return failed;
+  }
+  // What a resume or checkpoints need that can be checked before any node is asked.
+  if (cfg.resume && !(failed.error = resume_mismatch(*cfg.resume, cfg, nullptr, -1)).empty()) {
+    failed.invalid = true;
+    return failed;
+  }
+  if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir)).empty()) {
+    failed.error = "checkpoints: " + failed.error;
     failed.invalid = true;
     return failed;
   }
@@ -372,6 +409,27 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     L.abort_all("batch too large");
     return failed;
   }
+  // Checkpoints are written here, named by this program's layers; a resume is checked against the model
+  // the nodes built.
+  std::shared_ptr<const model> m;
+  if (cfg.resume || !cfg.checkpoint_dir.empty()) {
+    const layer_registry builtins = layer_registry::with_builtins();
+    const layer_registry& reg = cfg.layers ? *cfg.layers : builtins;
+    m = model::build(replies[0]["description"], reg, &failed.error);  // as the nodes built it
+    if (!m) failed.error = "checkpoints need the model's layers in this launcher too: " + failed.error;
+    // The same model from the text as given, for its name ("784-64-10", "cnn") in files and messages.
+    std::string ignored;
+    if (auto named = m ? model::build(cfg.model, reg, m->input(), &ignored) : nullptr; named && named->description() == m->description())
+      m = named;
+    if (m && cfg.resume) failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(samples));
+    if (!failed.error.empty()) {
+      failed.invalid = true;
+      L.abort_all("the job cannot resume or checkpoint");
+      return failed;
+    }
+    L.param_count = m->param_count();
+    L.state_buffers = cfg.opt.kind == optimizer_config::adam ? 3 : 2;
+  }
 
   caf::actor_system_config sys_cfg;
   configure(sys_cfg, 2);
@@ -380,10 +438,36 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   for (int r = 0; r < n; ++r)
     L.proxies.push_back(sys.spawn(rank_proxy, &L.br, L.peer[size_t(L.plan.ranks[size_t(r)].node)], L.job_id, r));
   all.replicas = all.loaders = all.reducers = L.proxies;
-  coordinator_config cc{n, cfg.global_batch, steps, cfg.epochs, cfg.evaluate, cfg.on_progress};
+  coordinator_config cc;
+  cc.replicas = n;
+  cc.global_batch = cfg.global_batch;
+  cc.steps_per_epoch = steps;
+  cc.epochs = cfg.epochs;
+  cc.evaluate = cfg.evaluate;
+  cc.on_progress = cfg.on_progress;
+  if (cfg.resume) cc.start = cfg.resume->progress;
+  cc.checkpoint_every = cfg.checkpoint_every;
+  auto last = std::make_shared<std::string>();
+  if (!cfg.checkpoint_dir.empty()) cc.on_checkpoint = checkpoint_writer(cfg, m, int64_t(samples), steps, last);
   auto coord = sys.spawn(coordinator, cc);
   L.coordinator = coord;
   L.started.store(true, std::memory_order_release);
+  // A resumed job's state to every node, before any start (the same connection keeps the order); a node
+  // that cannot take it answers with an error, which fails the job.
+  if (cfg.resume) {
+    const auto& c = cfg.resume;
+    const std::vector<float>* buffers[] = {&c->state.params, &c->state.m1, &c->state.m2};
+    for (size_t i = 0; i < ro.nodes.size(); ++i)
+      for (int32_t b = 0; b < L.state_buffers; ++b) {
+        wire::header h;
+        h.type = wire::msg_type::checkpoint;
+        h.job_id = L.job_id;
+        h.step = c->state.steps;
+        h.segment = b;
+        h.elements = buffers[b]->size();
+        L.br.send(L.peer[i], h, net::payload::of(chunk_ptr(c, buffers[b])));
+      }
+  }
 
   // Heartbeats out, silence detection in.
   std::atomic<bool> running{true};
@@ -408,6 +492,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
 
   std::shared_ptr<train_result> result = run_coordinator(sys, coord, all);
   result->model = replies[0]["description"];
+  result->checkpoint = *last;
   running = false;
   watchdog.join();
   // Every node goes back to idle, whether the job succeeded or not.

@@ -21,7 +21,8 @@ struct replica_state {
   step_report rep;              // this step's, sent once its update is applied
   std::chrono::steady_clock::time_point reduce_start;
   bool busy = false;
-  int64_t done_steps = 0;
+  bool restored = false;   // a resumed job's state is in
+  int64_t done_steps = 0;  // of the whole job, a resumed one's earlier steps included
   std::chrono::steady_clock::time_point idle_since = std::chrono::steady_clock::now();
 };
 
@@ -55,6 +56,16 @@ eval_report evaluate(replica_state& st, int64_t epoch) {
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+// A resumed job's state: it must be the one after the steps this replica starts from.
+bool restore(replica_state& st, const network_state& s, std::string* error) {
+  if (s.steps != st.cfg.first_step) {
+    *error = "the state to resume from is after step " + std::to_string(s.steps) + ", the job starts after step " +
+             std::to_string(st.cfg.first_step);
+    return false;
+  }
+  return st.restored = st.model->load_state(s, error);
 }
 
 }  // namespace
@@ -97,6 +108,11 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     return {};
   }
   st->cfg = std::move(cfg);
+  st->done_steps = st->cfg.first_step;
+  if (st->cfg.resume && !restore(*st, *st->cfg.resume, &error)) {
+    self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st->cfg.rank) + ": " + error));
+    return {};
+  }
   // A GPU's kernels are only queued when backward returns a layer: its buffer goes as one bucket.
   st->buckets = gradient_buckets(*st->cfg.def, st->be->is_host() ? st->cfg.bucket_floats : 0);
 
@@ -152,9 +168,15 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     st->idle_since = std::chrono::steady_clock::now();
     self->send(st->coordinator, rep);
     ++st->done_steps;
+    const int64_t total = st->cfg.steps_per_epoch * st->cfg.epochs;
+    if (st->cfg.checkpoints && checkpoint_due(st->done_steps, st->cfg.checkpoint_every, st->cfg.steps_per_epoch, total)) {
+      auto state = std::make_shared<network_state>();
+      st->model->save_state(state.get());
+      self->send(st->coordinator, checkpt_atom::value, state_ptr(std::move(state)));
+    }
     if (rep.step + 1 == st->cfg.steps_per_epoch && st->cfg.test) self->send(st->coordinator, evaluate(*st, rep.epoch));
     st->busy = false;
-    if (st->done_steps == st->cfg.steps_per_epoch * st->cfg.epochs) self->send(st->coordinator, done_atom::value, st->cfg.rank);
+    if (st->done_steps == total) self->send(st->coordinator, done_atom::value, st->cfg.rank);
     (*try_step)();
   };
 
@@ -166,12 +188,21 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
 
   return {
       [self, st](run_atom, caf::actor loader, caf::actor reducer, caf::actor coordinator) {
+        if (st->cfg.first_step > 0 && !st->restored)
+          return self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st->cfg.rank) +
+                                                                          ": started without the state to resume from"));
         st->loader = std::move(loader);
         st->reducer = std::move(reducer);
         st->coordinator = std::move(coordinator);
         self->send(st->loader, run_atom::value, caf::actor_cast<caf::actor>(self));
       },
       [reduced](reduce_atom, const std::string& error) { reduced(error); },
+      [self, st](restore_atom, state_ptr s) {
+        std::string error;
+        if (st->loader || !s || !restore(*st, *s, &error))  // never once it runs
+          self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st->cfg.rank) + ": cannot resume: " +
+                                                                  (error.empty() ? "it is running already" : error)));
+      },
       [st, try_step](batch_atom, batch_ptr b) {
         st->ready.push_back(std::move(b));
         (*try_step)();

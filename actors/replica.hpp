@@ -31,6 +31,14 @@ struct replica_config {
   // must use the same value; results are bit-identical whatever it is.
   size_t bucket_floats = 0;
   std::shared_ptr<reducer_port> port;  // its reducer's (actors/reducer.hpp): gradients are all-reduced there
+  // A resumed job: the steps already done, and the state to go on from (its steps must equal first_step).
+  // With first_step > 0 and no state here, a {restore_atom, state} must come before run.
+  int64_t first_step = 0;
+  std::shared_ptr<const network_state> resume;
+  // Checkpoints: after every step checkpoint_due() names (every checkpoint_every steps, 0: at each
+  // epoch's end) the replica sends its coordinator {checkpt_atom, state_ptr}. Rank 0 only.
+  bool checkpoints = false;
+  int64_t checkpoint_every = 0;
 };
 
 // The buckets' first offsets, from the last bucket (the last layers') to the first (ending at 0).
@@ -38,7 +46,8 @@ std::vector<size_t> gradient_buckets(const model& m, size_t bucket_floats);
 
 // Spawn detached (it computes on its own thread). Receives {run_atom, loader, reducer, coordinator}; sends
 // the coordinator step_report after every step, eval_report after every epoch, {done_atom, rank} at the
-// end. Answers {weights_atom} with its parameters (chunk_ptr).
+// end. Answers {weights_atom} with its parameters (chunk_ptr). {restore_atom, state_ptr} before run sets
+// its parameters and optimizer state (a resumed job).
 caf::behavior replica(caf::event_based_actor* self, replica_config cfg);
 
 }  // namespace ringmaster

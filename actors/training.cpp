@@ -8,6 +8,7 @@
 #include <thread>
 #include <tuple>
 
+#include "actors/checkpoint.hpp"
 #include "actors/data_loader.hpp"
 #include "actors/job_plan.hpp"
 #include "actors/messages.hpp"
@@ -86,12 +87,16 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
                         std::shared_ptr<const model> m, const std::vector<int>& ranks) {
   const int n = plan.replicas();
   const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, size_t(plan.global_batch)));
-  auto init = cfg.init_params ? cfg.init_params
-                              : std::make_shared<const std::vector<float>>(init_params(*m, plan.seed));
+  // A resumed job's state (on nodes it comes in a restore message instead).
+  const state_ptr resume = cfg.resume ? state_ptr(cfg.resume, &cfg.resume->state) : nullptr;
+  auto init = resume ? std::shared_ptr<const std::vector<float>>(resume, &resume->params)
+              : cfg.init_params ? cfg.init_params
+                                : std::make_shared<const std::vector<float>>(init_params(*m, plan.seed));
   rank_actors out;
   for (int r : ranks) {
     const rank_plan& rp = plan.ranks[size_t(r)];
-    loader_config lc{cfg.train, rp.batch_begin, rp.batch_end, plan.global_batch, plan.seed, plan.epochs, plan.prefetch};
+    loader_config lc{cfg.train, rp.batch_begin, rp.batch_end, plan.global_batch, plan.seed, plan.epochs, plan.prefetch,
+                     plan.first_step};
     out.loaders.push_back(sys.spawn(data_loader, lc));
     reducer_config red;
     red.rank = r;
@@ -117,6 +122,10 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     rc.make_backend = cfg.make_backend;
     rc.bucket_floats = cfg.bucket_bytes / sizeof(float);
     rc.port = out.ports.back();
+    rc.first_step = plan.first_step;
+    rc.resume = resume;
+    rc.checkpoints = plan.checkpoints && r == 0;  // the coordinator writes rank 0's state
+    rc.checkpoint_every = plan.checkpoint_every;
     if (plan.evaluate && cfg.test) {
       rc.test = cfg.test;
       std::tie(rc.test_begin, rc.test_end) = plan.test_shard(r, cfg.test->count);  // sums are exact
@@ -148,6 +157,13 @@ train_result train(const train_config& cfg) {
     failed.error = "initial parameters have the wrong size for model " + m->label();
     return failed;
   }
+  const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch));
+  if (cfg.resume && !(failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(cfg.train->count))).empty())
+    return failed;
+  if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir)).empty()) {
+    failed.error = "checkpoints: " + failed.error;
+    return failed;
+  }
   job_plan plan;
   if (!make_local_plan(cfg, &plan, &failed.error)) return failed;
   caf::actor_system_config sys_cfg;
@@ -157,11 +173,20 @@ train_result train(const train_config& cfg) {
   // The ring as the plan orders it, before any replica runs: rank r sends to its right neighbour.
   for (int r = 0; r < plan.replicas(); ++r)
     join(*all.ports[size_t(r)], make_port_link(all.ports[size_t(plan.right(r))]));
-  coordinator_config cc{cfg.replicas, cfg.global_batch,
-                        int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch)), cfg.epochs,
-                        cfg.evaluate && cfg.test != nullptr, cfg.on_progress};
+  coordinator_config cc;
+  cc.replicas = cfg.replicas;
+  cc.global_batch = cfg.global_batch;
+  cc.steps_per_epoch = steps;
+  cc.epochs = cfg.epochs;
+  cc.evaluate = cfg.evaluate && cfg.test != nullptr;
+  cc.on_progress = cfg.on_progress;
+  if (cfg.resume) cc.start = cfg.resume->progress;
+  cc.checkpoint_every = cfg.checkpoint_every;
+  auto last = std::make_shared<std::string>();
+  if (!cfg.checkpoint_dir.empty()) cc.on_checkpoint = checkpoint_writer(cfg, m, int64_t(cfg.train->count), steps, last);
   train_result r = std::move(*run_coordinator(sys, sys.spawn(coordinator, cc), all));
   r.model = m->description();
+  r.checkpoint = *last;
   return r;
 }
 

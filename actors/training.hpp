@@ -14,7 +14,8 @@
 
 namespace ringmaster {
 
-struct job_plan;  // actors/job_plan.hpp
+struct job_plan;    // actors/job_plan.hpp
+struct checkpoint;  // actors/checkpoint.hpp
 
 struct train_config {
   // The model's description: "784-512-512-10", "cnn", or JSON (sequential{...}.text()); see kernels/model.hpp.
@@ -38,6 +39,14 @@ struct train_config {
   std::shared_ptr<const std::vector<float>> init_params;  // null: Glorot from seed
   std::function<void(const progress&)> on_progress;
   int threads = 0;  // CAF scheduler threads; 0: hardware concurrency
+  // Checkpoints (actors/checkpoint.hpp): written into checkpoint_dir ("" none) every checkpoint_every steps
+  // (0: at the end of every epoch) and after the last step. on_checkpoint hears of each file written.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  std::function<void(const std::string& path)> on_checkpoint;
+  // Continue the job that wrote this checkpoint (latest_checkpoint()), bit for bit: its settings must be
+  // this job's (resume_mismatch(); a refusal is result.invalid), but epochs may be more.
+  std::shared_ptr<const checkpoint> resume;
 };
 
 // Builds cfg.model for cfg.train's samples with cfg.layers; null with *error.

@@ -2,6 +2,7 @@
 //
 //   ringmaster-mnist --replicas 2 --epochs 5           # 2 replicas in this process, ring all-reduce
 //   ringmaster-mnist --model cnn                       # the Keras "simple MNIST convnet"
+//   ringmaster-mnist --epochs 20 --checkpoint-dir ck    # stopped? the same command with --resume goes on
 //   ringmaster-mnist --help
 //
 // Exit status: 0 done, 1 the job failed, 2 bad command line or input data.
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 
 #include <boost/program_options.hpp>
 #include <cmath>
@@ -17,6 +19,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "actors/checkpoint.hpp"
 #include "actors/remote_job.hpp"
 #include "actors/training.hpp"
 #include "kernels/safetensors.hpp"
@@ -37,6 +40,10 @@ struct options {
   bool insecure = false;
   int replicas_per_node = 1;
   bool quiet = false, no_eval = false;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  bool resume = false;
+  int64_t crash_after = 0;  // testing: SIGKILL after writing this many checkpoints
   train_config cfg;
 };
 
@@ -125,7 +132,8 @@ bool write_report(const std::string& path, const options& o, const train_result&
     << ",\n  \"train_samples_per_sec\": " << num(r.train_seconds > 0 ? r.train_samples / r.train_seconds : 0)
     << ",\n  \"train_seconds\": " << num(r.train_seconds) << ",\n  \"wall_seconds\": " << num(r.wall_seconds)
     << ",\n  \"replicas\": " << o.cfg.replicas << ",\n  \"global_batch\": " << o.cfg.global_batch
-    << ",\n  \"epochs\": " << o.cfg.epochs << ",\n  \"model\": " << json(o.cfg.model).dump() << ",\n  \"optimizer\": \""
+    << ",\n  \"epochs\": " << o.cfg.epochs << ",\n  \"resumed_at_step\": " << (o.cfg.resume ? o.cfg.resume->progress.step : 0)
+    << ",\n  \"model\": " << json(o.cfg.model).dump() << ",\n  \"optimizer\": \""
     << o.optimizer << "\",\n  \"seed\": " << o.cfg.seed << ",\n  \"weights_checksum\": \"fnv1a64:"
     << hex(r.checksums.empty() ? 0 : r.checksums[0]) << "\",\n  \"replicas_identical\": "
     << (r.identical ? "true" : "false") << ",\n  \"history\": [";
@@ -186,6 +194,16 @@ int main(int argc, char** argv) {
       ("seed", po::value(&c.seed)->default_value(c.seed), "seed for the initial weights and the shuffles")
       ("save", po::value(&o.save), "write the final weights to this file (safetensors)")
       ("report-json", po::value(&o.report_json), "write a JSON report of the run to this file")
+      ("checkpoint-dir", po::value(&o.checkpoint_dir),
+       "write checkpoints (weights, optimizer state, step; safetensors) into this folder, created if missing; "
+       "the newest and the one before it are kept")
+      ("checkpoint-every", po::value(&o.checkpoint_every),
+       "steps between checkpoints (default: at the end of every epoch); one is also written after the last step")
+      ("resume", po::bool_switch(&o.resume),
+       "continue from the newest good checkpoint in --checkpoint-dir (same model, optimizer, batch, seed and data; "
+       "--epochs may be more): the final weights are bit for bit those of an uninterrupted run")
+      ("crash-after-checkpoint", po::value(&o.crash_after),
+       "for testing --resume: kill this process (SIGKILL, as a crash would) right after writing the Nth checkpoint")
       ("nodes", po::value(&o.nodes), "train across ringmaster-node daemons: tcp://H:P,tcp://H:P,... "
        "(each node reads its own copy of the data). tcp://H:P@KEY: the node's public key (its key.pub), "
        "recorded in known_nodes on first use")
@@ -232,6 +250,19 @@ int main(int argc, char** argv) {
   // Output files are checked now, not after hours of training.
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
     if (std::string why = check_writable(path); !why.empty()) return usage_error(std::string(flag) + ": " + why);
+  if (o.checkpoint_dir.empty() && (vm.count("checkpoint-every") || o.resume || vm.count("crash-after-checkpoint")))
+    return usage_error(std::string(o.resume ? "--resume" : vm.count("checkpoint-every") ? "--checkpoint-every" : "--crash-after-checkpoint") +
+                       " needs --checkpoint-dir");
+  if (vm.count("checkpoint-every") && o.checkpoint_every < 1) return usage_error("--checkpoint-every must be at least 1");
+  if (vm.count("crash-after-checkpoint") && o.crash_after < 1) return usage_error("--crash-after-checkpoint must be at least 1");
+  if (!o.checkpoint_dir.empty()) {
+    if (std::string why = check_checkpoint_dir(o.checkpoint_dir); !why.empty()) return usage_error("--checkpoint-dir: " + why);
+    c.checkpoint_dir = o.checkpoint_dir;
+    c.checkpoint_every = o.checkpoint_every;
+    c.on_checkpoint = [&o, written = int64_t(0)](const std::string&) mutable {
+      if (++written == o.crash_after) std::raise(SIGKILL);  // no cleanup, no flush: as a crash would
+    };
+  }
   if (!nodes.empty()) {
     const int n = int(nodes.size()) * o.replicas_per_node;
     if (!vm["replicas"].defaulted() && c.replicas != n)
@@ -260,6 +291,20 @@ int main(int argc, char** argv) {
   std::string error;
   model_desc mdesc;
   if (!model_text(&c.model, &error) || !parse_model_desc(c.model, &mdesc, &error)) return usage_error(error);
+  if (o.resume) {
+    checkpoint ck;
+    std::string path, why;
+    std::vector<std::string> skipped;
+    const bool found = latest_checkpoint(o.checkpoint_dir, layer_registry::with_builtins(), &ck, &path, &skipped, &why);
+    for (const std::string& s : skipped) std::fprintf(stderr, "ringmaster-mnist: skipping a checkpoint: %s\n", s.c_str());
+    if (!found) return usage_error("--resume: " + why);
+    std::printf("Resuming from %s: %lld epoch%s and %lld of %lld steps done\n", path.c_str(), (long long)ck.epoch(),
+                ck.epoch() == 1 ? "" : "s", (long long)ck.epoch_step(), (long long)ck.steps_per_epoch);
+    if (ck.replicas != c.replicas)
+      std::printf("Note: the checkpoint was written by %d replicas, this run has %d: the weights equal an uninterrupted "
+                  "run's only up to rounding\n", ck.replicas, c.replicas);
+    c.resume = std::make_shared<const checkpoint>(std::move(ck));
+  }
 
   const bool tty = isatty(STDOUT_FILENO);
   int64_t shown_epoch = -1;
@@ -285,9 +330,10 @@ int main(int argc, char** argv) {
     // The file is written here, from the layout of this program's layers: refuse now, not after training,
     // a model whose layers only the nodes know (a daemon of your own with your layers, say).
     const layer_registry builtins = layer_registry::with_builtins();
-    for (size_t i = 0; !o.save.empty() && i < mdesc.layers.size(); ++i)
+    const char* writes = !o.save.empty() ? "--save" : !o.checkpoint_dir.empty() ? "--checkpoint-dir" : nullptr;
+    for (size_t i = 0; writes && i < mdesc.layers.size(); ++i)
       if (!builtins.create(mdesc.layers[i], &error))
-        return usage_error("--save: layer " + std::to_string(i) + ": " + error +
+        return usage_error(std::string(writes) + ": layer " + std::to_string(i) + ": " + error +
                            "; save from a launcher that registers the layer (see examples/custom_layer.cpp)");
     remote_options ro;
     ro.nodes = nodes;
@@ -313,6 +359,8 @@ int main(int argc, char** argv) {
   auto m = build_model(c, &error);
   if (!m) return usage_error("bad model: " + error);
   if (std::string e = check_config(c, *m); !e.empty()) return usage_error(e);
+  if (c.resume)
+    if (std::string e = resume_mismatch(*c.resume, c, m.get(), int64_t(train->count)); !e.empty()) return usage_error("--resume: " + e);
 
   std::printf("ringmaster-mnist: model %s, %d replica%s (%s), global batch %d (%d per replica), %s lr %g, "
               "%zu training / %zu test samples\n",
@@ -334,8 +382,11 @@ int finish(const options& o, const train_result& r) {
     return 1;
   }
   const epoch_stats& last = r.history.back();
-  std::printf("Done: %lld epochs in %.2fs (training %.2fs, %.0f samples/s)", (long long)c.epochs,
-              r.wall_seconds, r.train_seconds, r.train_samples / r.train_seconds);
+  std::printf("Done: %lld epochs", (long long)c.epochs);
+  // A resumed run trained only the rest: its time and rate are of that part; its metrics are whole.
+  if (c.resume) std::printf(" (resumed after epoch %lld, step %lld)", (long long)c.resume->epoch(), (long long)c.resume->epoch_step());
+  std::printf(" in %.2fs (training %.2fs, %.0f samples/s)", r.wall_seconds, r.train_seconds,
+              r.train_seconds > 0 ? r.train_samples / r.train_seconds : 0.0);
   if (c.evaluate) std::printf(", test accuracy %.4f, test loss %.4f", last.val_accuracy, last.val_loss);
   std::printf("; replicas %s (fnv1a64 %s)\n", r.identical ? "bit-identical" : "DIFFER",
               hex(r.checksums[0]).c_str());
@@ -349,6 +400,7 @@ int finish(const options& o, const train_result& r) {
     }
     std::printf("Saved weights to %s\n", o.save.c_str());
   }
+  if (!r.checkpoint.empty()) std::printf("Last checkpoint: %s\n", r.checkpoint.c_str());
   if (!o.report_json.empty() && !write_report(o.report_json, o, r, &error)) {
     std::fprintf(stderr, "ringmaster-mnist: %s\n", error.c_str());
     return 1;

@@ -389,6 +389,32 @@ batch_metrics network::evaluate(const float* x, const int32_t* y, int B) {
   return m;
 }
 
+void network::save_state(network_state* out) const {
+  const size_t n = size();
+  out->steps = step_;
+  out->params.resize(n);
+  out->m1.resize(n);
+  out->m2.resize(m2_.data() ? n : 0);
+  get_params(out->params.data());
+  be_.copy_out(out->m1.data(), m1_.data(), n * sizeof(float));
+  if (m2_.data()) be_.copy_out(out->m2.data(), m2_.data(), n * sizeof(float));
+}
+
+bool network::load_state(const network_state& s, std::string* error) {
+  const size_t n = size(), moments = m2_.data() ? n : 0;
+  if (s.params.size() != n || s.m1.size() != n || s.m2.size() != moments || s.steps < 0) {
+    *error = "the state holds " + std::to_string(s.params.size()) + "/" + std::to_string(s.m1.size()) + "/" +
+             std::to_string(s.m2.size()) + " floats (parameters/first/second moment), this network needs " +
+             std::to_string(n) + "/" + std::to_string(n) + "/" + std::to_string(moments);
+    return false;
+  }
+  set_params(s.params.data());
+  be_.copy_in(m1_.data(), s.m1.data(), n * sizeof(float));
+  if (moments) be_.copy_in(m2_.data(), s.m2.data(), n * sizeof(float));
+  step_ = s.steps;
+  return true;
+}
+
 void network::apply(const float* g) {
   ++step_;
   if (opt_.kind == optimizer_config::adam)

@@ -113,6 +113,12 @@ struct optimizer_config {
   float momentum = 0.9f;                             // for sgd
 };
 
+// A network's whole training state, as a checkpoint holds it: with it a stopped job continues bit for bit.
+struct network_state {
+  int64_t steps = 0;                  // optimizer steps applied (Adam's t in its bias correction)
+  std::vector<float> params, m1, m2;  // m1: Adam's first moment or SGD's velocity; m2: Adam's second (SGD: empty)
+};
+
 struct batch_metrics {
   double loss_sum = 0;  // summed per-sample loss
   int64_t correct = 0;
@@ -142,6 +148,10 @@ class network {
   // Applies the optimizer with gradient g (device memory, size()) and advances the step count.
   void apply(const float* g);
   int64_t steps() const { return step_; }
+  // The parameters, the optimizer's state and its step count, read out to host memory; and put back
+  // (false with *error when the sizes do not fit this network and optimizer).
+  void save_state(network_state* out) const;
+  bool load_state(const network_state& s, std::string* error);
 
  private:
   const float* forward(const float* x, int B, bool training, const sample_key& key);

@@ -50,13 +50,16 @@ const char* type_name(msg_type t) {
     case msg_type::error: return "error";
     case msg_type::bye: return "bye";
     case msg_type::start: return "start";
+    case msg_type::checkpoint: return "checkpoint";
   }
   return "unknown";
 }
 
 bool is_known_type(uint16_t t) { return t >= kFirstType && t <= kLastType; }
 
-bool is_tensor_type(msg_type t) { return t == msg_type::chunk || t == msg_type::weights; }
+bool is_tensor_type(msg_type t) {
+  return t == msg_type::chunk || t == msg_type::weights || t == msg_type::checkpoint;
+}
 
 header_bytes encode(const header& h) {
   header_bytes b{};
@@ -86,6 +89,8 @@ bool validate(const header& h, std::string* error) {
   if (h.round < 0) return fail(error, "negative round " + std::to_string(h.round));
   if (h.segment < 0) return fail(error, "negative segment " + std::to_string(h.segment));
   if (h.flags & ~kKnownFlags) return fail(error, "unknown flags " + hex32(h.flags));
+  if (h.type == msg_type::checkpoint && h.segment >= kStateBuffers)
+    return fail(error, "checkpoint segment " + std::to_string(h.segment) + ", expected 0.." + std::to_string(kStateBuffers - 1));
   if (h.payload_bytes > kMaxPayloadBytes)
     return fail(error, "payload of " + std::to_string(h.payload_bytes) + " bytes exceeds the limit of " +
                            std::to_string(kMaxPayloadBytes));

@@ -20,7 +20,7 @@
 //  40  u64 elements      floats in the payload (tensor messages)
 //  48  u64 payload_bytes size of the payload frame (0: no payload frame)
 //
-// Payloads: chunk and weights carry floats; job a JSON job plan (actors/job_plan.hpp, at most
+// Payloads: chunk, weights and checkpoint carry floats; job a JSON job plan (actors/job_plan.hpp, at most
 // kMaxJobBytes); hello, hello_ack, job_ack, report, abort and error key=value text (kMaxKvBytes; the
 // bridge's refusal of another version is plain text), a report naming its kind ("kind=step" or
 // "kind=eval"); start, done, heartbeat and bye nothing.
@@ -63,8 +63,13 @@ enum class msg_type : uint16_t {
   error,       // a refusal, e.g. a protocol version mismatch (text payload)
   bye,
   start,       // the launcher's go for rank sender_rank, once every node has taken the job
+  // One buffer of a training state after `step` steps (float payload), `segment` saying which: 0 the
+  // weights, 1 Adam's first moment or SGD's velocity, 2 Adam's second moment. From a node: rank
+  // sender_rank's, for a checkpoint; from a launcher: the state a resumed job starts from.
+  checkpoint,
 };
-constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::start);
+constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::checkpoint);
+constexpr int32_t kStateBuffers = 3;  // checkpoint segments: 0..2
 
 const char* type_name(msg_type t);
 bool is_known_type(uint16_t t);

@@ -8,6 +8,11 @@ compares accuracy and loss with the launcher's --report-json.
                      --report-json run.json
     python3 tests/check_safetensors.py --weights w.safetensors --report run.json --limit-test 1000
 
+With --checkpoint FILE (the run's last checkpoint, --checkpoint-dir) it also checks that file from the
+outside: its weights are the saved ones bit for bit, Adam's moments are there in the same shapes, and its
+checksum is what actors/checkpoint.hpp says: CRC-32 (zlib) of the header without "checksum" as compact
+JSON with sorted keys, then of the data.
+
 Exit status 0 when the numbers agree (at most one prediction in 1000 may differ: float64 here, float32
 there), 1 otherwise. tests/CMakeLists.txt runs it in a venv that has safetensors and numpy.
 """
@@ -17,6 +22,7 @@ import json
 import os
 import struct
 import sys
+import zlib
 
 import numpy as np
 from safetensors import safe_open
@@ -121,12 +127,45 @@ def forward(layers, t, images):
     return x
 
 
+def check_checkpoint(path, weights):
+    """What is wrong with the checkpoint at `path` whose weights should be `weights` (a list; empty: ok)."""
+    tensors = load_file(path)
+    with safe_open(path, framework="numpy") as f:
+        meta = f.metadata() or {}
+    problems = []
+    if meta.get("format") != "ringmaster-checkpoint" or meta.get("layout") != "keras":
+        problems.append(f"metadata {sorted(meta)} lacks format=ringmaster-checkpoint, layout=keras")
+    for name, w in weights.items():
+        if name not in tensors or tensors[name].dtype != w.dtype or tensors[name].tobytes() != w.tobytes():
+            problems.append(f"{name} is not the saved weights bit for bit")
+        for prefix in ("optimizer/m/", "optimizer/v/"):
+            if prefix + name not in tensors or tensors[prefix + name].shape != w.shape:
+                problems.append(f"no {prefix + name} of shape {w.shape}")
+    if len(tensors) != 3 * len(weights):
+        problems.append(f"{len(tensors)} tensors, expected {3 * len(weights)}")
+    if meta.get("step") != str(int(meta.get("steps_per_epoch", "-1")) * int(meta.get("epochs", "-1"))):
+        problems.append(f"step {meta.get('step')} is not the run's last")
+    with open(path, "rb") as f:
+        raw = f.read()
+    n, = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    stored = header["__metadata__"].pop("checksum", "")
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    crc = "crc32:%08x" % zlib.crc32(raw[8 + n:], zlib.crc32(text))
+    if stored != crc:
+        problems.append(f"checksum {stored!r} in the file, {crc} computed here")
+    print(f"check_safetensors: checkpoint {path}: {len(tensors)} tensors, step {meta.get('step')}, {crc}: "
+          + ("; ".join(problems) if problems else "ok"))
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--weights", required=True)
     ap.add_argument("--report", required=True)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--limit-test", type=int, default=0, help="the launcher's --limit-test (0: all)")
+    ap.add_argument("--checkpoint", help="the run's last checkpoint, to check as well")
     a = ap.parse_args()
 
     tensors = load_file(a.weights)
@@ -175,6 +214,8 @@ def main():
         ok = False
     if not abs(loss - report["test_loss"]) <= 1e-3 * max(1.0, abs(loss)):
         print(f"check_safetensors: MISMATCH: loss {loss:.6f} here, {report['test_loss']:.6f} in the report")
+        ok = False
+    if a.checkpoint and check_checkpoint(a.checkpoint, tensors):
         ok = False
     if report["test_accuracy"] < 0.3:
         print("check_safetensors: the run itself did not learn (test accuracy below 0.3)")

@@ -30,6 +30,8 @@ job_plan sample_plan() {
   c.prefetch = 3;
   c.bucket_bytes = 12345;
   c.evaluate = false;
+  c.checkpoint_dir = "/checkpoints";  // the folder stays with the launcher; nodes learn only the schedule
+  c.checkpoint_every = 17;
   job_placement w;
   w.nodes = {{"tcp://10.0.0.1:5601", "a:1:f00d"}, {"tcp://10.0.0.2:5601", "b:2:beef"}, {"ipc:///tmp/n3", "c"}};
   w.rank_node = {0, 0, 1, 1, 2, 2};
@@ -41,6 +43,7 @@ job_plan sample_plan() {
   REQUIRE(make_job_plan(c, w, &p, &err));
   p.job_id = ~uint64_t(0);
   p.recipient = 2;
+  p.first_step = 99;  // as a resumed job's
   return p;
 }
 
@@ -159,6 +162,10 @@ TEST_CASE("job plan: JSON round trip keeps every field, 64-bit seeds and job ids
   CHECK_FALSE(q.evaluate);
   CHECK(q.limit_train == 3000);
   CHECK(q.limit_test == 500);
+  CHECK(q.first_step == 99);
+  CHECK(q.checkpoints);
+  CHECK(q.checkpoint_every == 17);
+  CHECK(plan_train_config(q).checkpoint_every == 17);
   CHECK(q.device == "cpu");
   CHECK(q.recipient == 2);
   REQUIRE(q.nodes.size() == 3);
@@ -217,6 +224,11 @@ TEST_CASE("job plan: hostile JSON is refused naming the field", "[plan]") {
   CHECK(refusal([](json& j) { j["limit_test"] = -5; }) == "job plan: 'limit_test' is -5, expected 0..9223372036854775807");
   CHECK(refusal([](json& j) { j["limit_train"] = uint64_t(1) << 63; }) == "job plan: 'limit_train' is 9223372036854775808, expected 0..9223372036854775807");
   CHECK(refusal([](json& j) { j["evaluate"] = 1; }) == "job plan: 'evaluate' must be true or false, got 1");
+  CHECK(refusal([](json& j) { j["first_step"] = -1; }) == "job plan: 'first_step' is -1, expected 0..1125899906842624");
+  CHECK(refusal([](json& j) { j.erase("first_step"); }) == "job plan: 'first_step' is missing");
+  CHECK(refusal([](json& j) { j["checkpoints"] = "yes"; }) == "job plan: 'checkpoints' must be true or false, got \"yes\"");
+  CHECK(refusal([](json& j) { j["checkpoint_every"] = 1.5; }) ==
+        "job plan: 'checkpoint_every' must be an integer in 0..1125899906842624, got 1.5");
   CHECK(refusal([](json& j) { j["model"] = std::string(70000, 'x'); }) == "job plan: 'model' is 70000 bytes, the limit is 65536");
   CHECK(refusal([](json& j) { j["model"] = ""; }) == "job plan: 'model' is 0 bytes, expected 1..65536");
   CHECK(refusal([](json& j) { j["model"] = json::array(); }) == "job plan: 'model' must be a string, got []");

@@ -127,6 +127,14 @@ TEST_CASE("wire: wrong magic, version, type and counts are named", "[wire]") {
   CHECK(decode_error(wire::encode(h)) == "payload of 1073741825 bytes exceeds the limit of 1073741824");
 
   h = sample_chunk();
+  h.type = msg_type::checkpoint;  // a state buffer: weights, first or second moment
+  h.segment = 3;
+  CHECK(decode_error(wire::encode(h)) == "checkpoint segment 3, expected 0..2");
+  h.payload_bytes = 3999;
+  h.segment = 2;
+  CHECK(decode_error(wire::encode(h)) == "checkpoint message says 1000 floats but 3999 payload bytes");
+
+  h = sample_chunk();
   h.step = -1;
   CHECK(decode_error(wire::encode(h)) == "negative step -1");
   h = sample_chunk();

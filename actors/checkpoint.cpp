@@ -1,0 +1,488 @@
+#include "actors/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cfloat>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <tuple>
+
+namespace ringmaster {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kFormat = "ringmaster-checkpoint";
+constexpr int kVersion = 1;
+constexpr uint64_t kMaxHeaderBytes = uint64_t(1) << 26;  // 64 MiB: three entries per tensor, a long history
+
+std::string hex64(uint64_t v) {
+  char b[20];
+  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+  return b;
+}
+
+// Floats as text that reads back to the same float.
+std::string exact(float v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.9g", double(v));
+  return b;
+}
+
+// The optimizer-state tensors' prefixes, in the order their buffers follow the weights.
+std::vector<std::string> state_prefixes(optimizer_config::kind_t k) {
+  if (k == optimizer_config::adam) return {"optimizer/m/", "optimizer/v/"};
+  return {"optimizer/velocity/"};
+}
+
+uint32_t crc_of(uint32_t crc, const void* p, size_t n) {
+  return uint32_t(crc32_z(crc, static_cast<const Bytef*>(p), n));
+}
+
+// The header a checkpoint of model m with these metadata has, its data `buffers` float buffers of the
+// model's size one after the other (weights first).
+json make_header(const model& m, const std::vector<std::string>& prefixes, const std::map<std::string, std::string>& meta) {
+  json h = json::object();
+  h["__metadata__"] = meta;
+  const size_t n = m.param_count();
+  for (size_t b = 0; b <= prefixes.size(); ++b) {
+    const std::string prefix = b == 0 ? "" : prefixes[b - 1];
+    for (const param_entry& p : m.params())
+      h[prefix + p.name] = {{"dtype", "F32"},
+                            {"shape", p.dims},
+                            {"data_offsets", {(b * n + p.offset) * 4, (b * n + p.offset + p.count) * 4}}};
+  }
+  return h;
+}
+
+json progress_json(const job_progress& p) {
+  json hist = json::array();
+  for (const epoch_stats& e : p.history)  // NaN (no evaluation) becomes null
+    hist.push_back({{"epoch", e.epoch}, {"loss", e.loss}, {"accuracy", e.accuracy}, {"val_loss", e.val_loss},
+                    {"val_accuracy", e.val_accuracy}, {"samples", e.samples}, {"seconds", e.seconds},
+                    {"eval_seconds", e.eval_seconds}});
+  return {{"history", hist}, {"loss", p.loss}, {"correct", p.correct}, {"count", p.count}};
+}
+
+bool write_all(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, std::min<size_t>(n, size_t(1) << 30));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= size_t(r);
+  }
+  return true;
+}
+
+// "ckpt-E-S.safetensors" -> (E, S); false for any other name.
+bool parse_name(const std::string& name, int64_t* e, int64_t* s) {
+  const std::string pre = "ckpt-", post = ".safetensors";
+  if (name.size() <= pre.size() + post.size() || name.compare(0, pre.size(), pre) != 0 ||
+      name.compare(name.size() - post.size(), post.size(), post) != 0)
+    return false;
+  const char* p = name.data() + pre.size();
+  const char* end = name.data() + name.size() - post.size();
+  auto r = std::from_chars(p, end, *e);
+  if (r.ec != std::errc() || r.ptr == end || *r.ptr != '-' || *e < 0) return false;
+  r = std::from_chars(r.ptr + 1, end, *s);
+  return r.ec == std::errc() && r.ptr == end && *s >= 0;
+}
+
+// The checkpoints in dir with their (epoch, step), newest first.
+std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> checkpoints_in(const std::string& dir) {
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    int64_t e = 0, s = 0;
+    if (parse_name(it->path().filename().string(), &e, &s)) out.push_back({{e, s}, it->path().string()});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+// After writing `kept` (epoch e, step s): removes every other checkpoint but the newest before it, and
+// temporary files a crash left.
+void prune(const std::string& dir, int64_t e, int64_t s) {
+  bool older_kept = false;
+  std::error_code ec;
+  for (const auto& [at, path] : checkpoints_in(dir)) {
+    if (at == std::make_pair(e, s)) continue;
+    if (at < std::make_pair(e, s) && !older_kept) {
+      older_kept = true;
+      continue;
+    }
+    fs::remove(path, ec);
+  }
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("ckpt-", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+      fs::remove(it->path(), ec);
+  }
+}
+
+// Metadata fields, read without trusting them: false with *error naming the field.
+class meta_reader {
+ public:
+  meta_reader(const json& meta, std::string path, std::string* error) : meta_(meta), path_(std::move(path)), error_(error) {}
+  bool ok() const { return ok_; }
+  const std::string* text(const char* key) {
+    if (!ok_) return nullptr;
+    auto it = meta_.find(key);
+    if (it == meta_.end() || !it->is_string()) {
+      bad(std::string("no metadata field '") + key + "'");
+      return nullptr;
+    }
+    return &it->get_ref<const std::string&>();
+  }
+  template <class T>
+  meta_reader& number(const char* key, T* out, T lo, T hi) {
+    const std::string* t = text(key);
+    if (!t) return *this;
+    T v{};
+    const auto r = std::from_chars(t->data(), t->data() + t->size(), v);
+    if (r.ec != std::errc() || r.ptr != t->data() + t->size() || !(v >= lo && v <= hi))
+      return bad(std::string("metadata field '") + key + "' is '" + t->substr(0, 40) + "', not a number in range");
+    *out = v;
+    return *this;
+  }
+  meta_reader& bad(const std::string& what) {
+    if (ok_) *error_ = path_ + ": " + what;
+    ok_ = false;
+    return *this;
+  }
+
+ private:
+  const json& meta_;
+  std::string path_;
+  std::string* error_;
+  bool ok_ = true;
+};
+
+// The progress JSON back; false when any field is missing or of the wrong type.
+bool read_progress(const std::string& text, job_progress* p) {
+  if (json_depth(text) > 4) return false;
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return false;
+  auto num = [](const json& o, const char* k, double* out) {
+    auto it = o.find(k);
+    if (it == o.end()) return false;
+    if (it->is_null()) *out = NAN;  // a value JSON cannot hold (no evaluation)
+    else if (it->is_number()) *out = it->get<double>();
+    else return false;
+    return true;
+  };
+  auto count = [](const json& o, const char* k, int64_t* out) {
+    auto it = o.find(k);
+    if (it == o.end() || !it->is_number_integer() || it->get<int64_t>() < 0) return false;
+    *out = it->get<int64_t>();
+    return true;
+  };
+  auto hist = j.find("history");
+  if (hist == j.end() || !hist->is_array()) return false;
+  for (const json& e : *hist) {
+    epoch_stats s;
+    if (!e.is_object() || !count(e, "epoch", &s.epoch) || !num(e, "loss", &s.loss) || !num(e, "accuracy", &s.accuracy) ||
+        !num(e, "val_loss", &s.val_loss) || !num(e, "val_accuracy", &s.val_accuracy) || !count(e, "samples", &s.samples) ||
+        !num(e, "seconds", &s.seconds) || !num(e, "eval_seconds", &s.eval_seconds))
+      return false;
+    p->history.push_back(s);
+  }
+  return num(j, "loss", &p->loss) && count(j, "correct", &p->correct) && count(j, "count", &p->count);
+}
+
+// write_checkpoint with c's progress and state given apart (the coordinator's, not copied into c).
+bool write_file(const std::string& dir, const model& m, const checkpoint& head, const job_progress& progress,
+                const network_state& state, std::string* path, std::string* error) {
+  checkpoint c;  // the settings and the step, without the buffers
+  c.opt = head.opt;
+  c.steps_per_epoch = head.steps_per_epoch;
+  c.progress.step = progress.step;
+  const size_t n = m.param_count();
+  const std::vector<std::string> prefixes = state_prefixes(c.opt.kind);
+  const std::vector<const std::vector<float>*> buffers = {&state.params, &state.m1, &state.m2};
+  for (size_t b = 0; b <= prefixes.size(); ++b)
+    if (buffers[b]->size() != n) return *error = "the state does not fit model " + m.label(), false;
+  if (progress.step != state.steps || c.steps_per_epoch <= 0) return *error = "inconsistent checkpoint", false;
+  const std::map<std::string, std::string> meta = {
+      {"format", kFormat}, {"format_version", std::to_string(kVersion)}, {"layout", "keras"},
+      {"model", m.description()}, {"model_label", m.label()}, {"model_fingerprint", hex64(m.fingerprint())},
+      {"optimizer", c.opt.kind == optimizer_config::adam ? "adam" : "sgd"}, {"lr", exact(c.opt.lr)},
+      {"beta1", exact(c.opt.beta1)}, {"beta2", exact(c.opt.beta2)}, {"eps", exact(c.opt.eps)},
+      {"momentum", exact(c.opt.momentum)}, {"seed", std::to_string(head.seed)},
+      {"global_batch", std::to_string(head.global_batch)}, {"replicas", std::to_string(head.replicas)},
+      {"train_samples", std::to_string(head.train_samples)}, {"steps_per_epoch", std::to_string(c.steps_per_epoch)},
+      {"epochs", std::to_string(head.epochs)}, {"step", std::to_string(c.progress.step)},
+      {"epoch", std::to_string(c.epoch())}, {"epoch_step", std::to_string(c.epoch_step())},
+      {"progress", progress_json(progress).dump()}};
+  json h = make_header(m, prefixes, meta);
+  // The checksum covers the header as it reads without it, then the data.
+  uint32_t crc = 0;
+  const std::string unsummed = h.dump();
+  crc = crc_of(crc, unsummed.data(), unsummed.size());
+  for (size_t b = 0; b <= prefixes.size(); ++b) crc = crc_of(crc, buffers[b]->data(), n * sizeof(float));
+  char sum[24];
+  std::snprintf(sum, sizeof sum, "crc32:%08x", crc);
+  h["__metadata__"]["checksum"] = sum;
+  std::string text = h.dump();
+  while (text.size() % 8) text += ' ';  // the data starts 8-byte aligned
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = (unsigned char)(uint64_t(text.size()) >> (8 * i));
+
+  const std::string final_path = (fs::path(dir) / checkpoint_name(c.epoch(), c.epoch_step())).string();
+  const std::string tmp = final_path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return *error = tmp + ": cannot create: " + std::strerror(errno), false;
+  bool ok = write_all(fd, len, 8) && write_all(fd, text.data(), text.size());
+  for (size_t b = 0; ok && b <= prefixes.size(); ++b) ok = write_all(fd, buffers[b]->data(), n * sizeof(float));
+  const int saved = errno;
+  ok = ok && ::fsync(fd) == 0;
+  ok = (::close(fd) == 0) && ok;
+  if (!ok) {
+    *error = tmp + ": write failed: " + std::strerror(saved ? saved : errno) + " (disk full?)";
+    ::unlink(tmp.c_str());
+    return false;
+  }
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    *error = final_path + ": cannot rename the written file into place: " + std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return false;
+  }
+  // The rename itself is durable once the folder is.
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  prune(dir, c.epoch(), c.epoch_step());
+  *path = final_path;
+  return true;
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t epoch, int64_t step) {
+  return "ckpt-" + std::to_string(epoch) + "-" + std::to_string(step) + ".safetensors";
+}
+
+bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& c, std::string* path, std::string* error) {
+  return write_file(dir, m, c, c.progress, c.state, path, error);
+}
+
+bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return *error = path + ": cannot open: " + std::strerror(errno), false;
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } close_fd{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return *error = path + ": not a regular file", false;
+  const uint64_t file_size = uint64_t(st.st_size);
+  unsigned char len[8];
+  if (file_size < 8 || !read_all(fd, len, 8)) return *error = path + ": truncated: no safetensors header", false;
+  uint64_t hn = 0;
+  for (int i = 7; i >= 0; --i) hn = hn << 8 | len[i];
+  if (hn > kMaxHeaderBytes || hn > file_size - 8)
+    return *error = path + ": header length " + std::to_string(hn) + " does not fit a file of " + std::to_string(file_size) + " bytes", false;
+  std::string text(hn, '\0');
+  if (!read_all(fd, text.data(), hn)) return *error = path + ": truncated header", false;
+  if (json_depth(text) > 8) return *error = path + ": the header nests deeper than a checkpoint's", false;
+  json h = json::parse(text, nullptr, false);
+  if (h.is_discarded() || !h.is_object() || !h.contains("__metadata__") || !h["__metadata__"].is_object())
+    return *error = path + ": the header is not a safetensors header with metadata (damaged?)", false;
+  json& meta = h["__metadata__"];
+  meta_reader rd(meta, path, error);
+  const std::string* format = rd.text("format");
+  if (!rd.ok()) return false;
+  if (*format != kFormat) return *error = path + ": not a ringmaster checkpoint (format '" + format->substr(0, 40) + "')", false;
+  int version = 0;
+  rd.number("format_version", &version, 0, 1 << 20);
+  if (rd.ok() && version != kVersion)
+    return *error = path + ": checkpoint format version " + std::to_string(version) + ", this build reads " + std::to_string(kVersion), false;
+  const std::string* sum = rd.text("checksum");
+  if (!rd.ok()) return false;
+  const std::string stored = *sum;
+  meta.erase("checksum");
+  uint32_t crc = 0;
+  const std::string unsummed = h.dump();
+  crc = crc_of(crc, unsummed.data(), unsummed.size());
+
+  checkpoint c;
+  const std::string *model_text = rd.text("model"), *kind = rd.text("optimizer"), *fingerprint = rd.text("model_fingerprint");
+  rd.number("seed", &c.seed, uint64_t(0), UINT64_MAX).number("global_batch", &c.global_batch, 1, 1 << 24);
+  rd.number("replicas", &c.replicas, 1, 1 << 20).number("train_samples", &c.train_samples, int64_t(1), INT64_MAX);
+  rd.number("steps_per_epoch", &c.steps_per_epoch, int64_t(1), INT64_MAX).number("epochs", &c.epochs, int64_t(1), INT64_MAX);
+  rd.number("step", &c.progress.step, int64_t(1), INT64_MAX);
+  for (auto [key, v] : {std::pair<const char*, float*>{"lr", &c.opt.lr}, {"beta1", &c.opt.beta1}, {"beta2", &c.opt.beta2},
+                        {"eps", &c.opt.eps}, {"momentum", &c.opt.momentum}})
+    rd.number(key, v, -FLT_MAX, FLT_MAX);
+  const std::string* progress = rd.text("progress");
+  const std::string* label = rd.text("model_label");  // as the writer named it: "784-64-10", "cnn"
+  if (!rd.ok()) return false;
+  if (*kind != "adam" && *kind != "sgd") return rd.bad("optimizer '" + kind->substr(0, 20) + "' is neither adam nor sgd").ok();
+  c.opt.kind = *kind == "adam" ? optimizer_config::adam : optimizer_config::sgd;
+  if (!read_progress(*progress, &c.progress)) return rd.bad("the progress field is not what a checkpoint writes").ok();
+  std::string why;
+  auto m = model::build(*model_text, reg, &why);
+  if (!m) return *error = path + ": its model does not build here: " + why, false;
+  if (hex64(m->fingerprint()) != *fingerprint)
+    return *error = path + ": model " + m->label() + " lays out its parameters differently here (another ringmaster or layer version?)", false;
+  c.model = m->description();
+  c.label = label->substr(0, 80);
+  c.fingerprint = m->fingerprint();
+
+  // The tensors must be exactly where a checkpoint of this model puts them.
+  const std::vector<std::string> prefixes = state_prefixes(c.opt.kind);
+  json expected = make_header(*m, prefixes, {});
+  expected.erase("__metadata__");
+  for (auto it = h.begin(); it != h.end(); ++it)
+    if (it.key() != "__metadata__" && !expected.contains(it.key()))
+      return *error = path + ": unexpected tensor '" + it.key().substr(0, 60) + "'", false;
+  for (auto it = expected.begin(); it != expected.end(); ++it)
+    if (!h.contains(it.key()) || h[it.key()] != it.value())
+      return *error = path + ": tensor '" + it.key() + "' is missing or not where model " + m->label() + " puts it", false;
+  const size_t n = m->param_count();
+  const uint64_t data_bytes = uint64_t(n) * 4 * (prefixes.size() + 1);
+  if (file_size != 8 + hn + data_bytes)
+    return *error = path + ": " + std::to_string(file_size) + " bytes, a checkpoint of this model has " +
+                    std::to_string(8 + hn + data_bytes) + " (truncated?)", false;
+  std::vector<float>* buffers[] = {&c.state.params, &c.state.m1, &c.state.m2};
+  for (size_t b = 0; b <= prefixes.size(); ++b) {
+    buffers[b]->resize(n);
+    if (!read_all(fd, buffers[b]->data(), n * sizeof(float))) return *error = path + ": truncated data", false;
+    crc = crc_of(crc, buffers[b]->data(), n * sizeof(float));
+  }
+  char sum_now[24];
+  std::snprintf(sum_now, sizeof sum_now, "crc32:%08x", crc);
+  if (stored != sum_now)
+    return *error = path + ": checksum " + std::string(sum_now) + " but the file says " + stored.substr(0, 20) + ": the file is damaged", false;
+  c.state.steps = c.progress.step;
+  if (c.progress.step > c.steps_per_epoch * c.epochs || c.progress.count < 0 || int64_t(c.progress.history.size()) != c.epoch())
+    return *error = path + ": its step and history do not agree", false;
+  *out = std::move(c);
+  return true;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::string> out;
+  for (auto& [at, path] : checkpoints_in(dir)) out.push_back(path);
+  return out;
+}
+
+bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkpoint* out, std::string* path,
+                       std::vector<std::string>* skipped, std::string* error) {
+  const auto all = checkpoints_in(dir);
+  if (all.empty()) return *error = "no checkpoint (ckpt-E-S.safetensors) in " + dir, false;
+  for (const auto& [at, file] : all) {
+    checkpoint c;
+    std::string why;
+    if (!read_checkpoint(file, reg, &c, &why)) {
+      skipped->push_back(why);
+      continue;
+    }
+    if (at != std::make_pair(c.epoch(), c.epoch_step())) {
+      skipped->push_back(file + ": holds epoch " + std::to_string(c.epoch()) + ", step " + std::to_string(c.epoch_step()) +
+                         ", not what its name says (renamed?)");
+      continue;
+    }
+    *out = std::move(c);
+    *path = file;
+    return true;
+  }
+  *error = "no checkpoint in " + dir + " reads back whole (" + std::to_string(all.size()) + " tried)";
+  return false;
+}
+
+std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples) {
+  const std::string made = "the checkpoint was made ";
+  if (m && c.model != m->description()) {
+    if (c.label != m->label()) return made + "for model " + c.label + ", this job's is " + m->label();
+    return made + "for another model: " + c.model.substr(0, 200) + "; this job's is " + m->description().substr(0, 200);
+  }
+  if (m && c.fingerprint != m->fingerprint()) return made + "for model " + m->label() + " laid out differently (another layer version?)";
+  const auto kind = [](const optimizer_config& o) { return std::string(o.kind == optimizer_config::adam ? "adam" : "sgd"); };
+  if (c.opt.kind != cfg.opt.kind) return made + "with optimizer " + kind(c.opt) + ", this job uses " + kind(cfg.opt);
+  for (auto [name, was, is] : {std::tuple<const char*, float, float>{"lr", c.opt.lr, cfg.opt.lr},
+                                {"beta1", c.opt.beta1, cfg.opt.beta1}, {"beta2", c.opt.beta2, cfg.opt.beta2},
+                                {"eps", c.opt.eps, cfg.opt.eps}, {"momentum", c.opt.momentum, cfg.opt.momentum}})
+    if (was != is) {
+      char text[160];
+      std::snprintf(text, sizeof text, "with %s %s %g, this job's is %g", kind(c.opt).c_str(), name, double(was), double(is));
+      return made + text;
+    }
+  if (c.global_batch != cfg.global_batch)
+    return made + "with global batch " + std::to_string(c.global_batch) + ", this job's is " + std::to_string(cfg.global_batch);
+  if (c.seed != cfg.seed) return made + "with seed " + std::to_string(c.seed) + ", this job's is " + std::to_string(cfg.seed);
+  if (train_samples >= 0 && c.train_samples != train_samples)
+    return made + "on " + std::to_string(c.train_samples) + " training samples, this job has " + std::to_string(train_samples) +
+           " (another --limit-train or data set?)";
+  const int64_t total = c.steps_per_epoch * cfg.epochs;
+  if (c.progress.step >= total)
+    return made + "after epoch " + std::to_string(c.epoch()) + (c.epoch_step() ? ", step " + std::to_string(c.epoch_step()) : "") +
+           ": " + std::to_string(cfg.epochs) + " epochs leave nothing to train (raise --epochs to go on)";
+  return "";
+}
+
+std::string check_checkpoint_dir(const std::string& dir) {
+  if (dir.empty()) return "no folder given";
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (::mkdir(dir.c_str(), 0755) != 0) return "cannot create folder " + dir + ": " + std::strerror(errno);
+  } else if (!S_ISDIR(st.st_mode)) {
+    return dir + " is not a folder";
+  }
+  // Permissions alone do not say it (root, a read-only mount): write a file there.
+  const std::string probe = (fs::path(dir) / (".ringmaster-probe-" + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return "cannot write in folder " + dir + ": " + std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return "";
+}
+
+std::function<std::string(const job_progress&, const network_state&)> checkpoint_writer(
+    const train_config& cfg, std::shared_ptr<const model> m, int64_t train_samples, int64_t steps_per_epoch,
+    std::shared_ptr<std::string> last) {
+  checkpoint head;  // everything but progress and state
+  head.model = m->description();
+  head.fingerprint = m->fingerprint();
+  head.opt = cfg.opt;
+  head.seed = cfg.seed;
+  head.global_batch = cfg.global_batch;
+  head.replicas = cfg.replicas;
+  head.train_samples = train_samples;
+  head.steps_per_epoch = steps_per_epoch;
+  head.epochs = cfg.epochs;
+  return [head, m, last, dir = cfg.checkpoint_dir, told = cfg.on_checkpoint](const job_progress& p, const network_state& s) {
+    std::string path, error;
+    if (!write_file(dir, *m, head, p, s, &path, &error)) return error;
+    *last = path;
+    if (told) told(path);
+    return std::string();
+  };
+}
+
+}  // namespace ringmaster

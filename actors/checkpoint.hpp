@@ -1,0 +1,84 @@
+// Checkpoints: a job's whole state in one safetensors file, so that a stopped job continues bit for bit.
+//
+// DIR/ckpt-<epochs done>-<steps into the next epoch>.safetensors holds
+//   - the weights under the model's own tensor names (dense_0/kernel, ...): a weights file like --save's;
+//   - the optimizer's state: optimizer/m/<name> and optimizer/v/<name> (Adam's moments) or
+//     optimizer/velocity/<name> (SGD's momentum), in the same shapes;
+//   - __metadata__: format ("ringmaster-checkpoint") and version, the model's description and layout
+//     fingerprint, the optimizer and its settings, seed, global batch, replicas, training samples, steps
+//     per epoch, epochs, steps done (also Adam's step count), the job's progress (JSON: the closed epochs
+//     and the open epoch's exact sums) and "checksum": a CRC-32 of the rest of the header and of the data.
+// A file is written as NAME.tmp, fsync'ed, renamed and its folder fsync'ed: a crash leaves the old files
+// or the new one, never a torn one under a checkpoint's name. After a write only the new checkpoint and
+// the newest one before it remain (later ones, left by a job resumed from an earlier one, go too).
+//
+//   checkpoint c;
+//   if (!latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error)) ...;
+//   cfg.resume = std::make_shared<const checkpoint>(std::move(c));  // train() continues from it
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/coordinator.hpp"
+#include "actors/training.hpp"
+#include "kernels/model.hpp"
+#include "kernels/registry.hpp"
+
+namespace ringmaster {
+
+struct checkpoint {
+  std::string model;         // the model's canonical description (model::description())
+  std::string label;         // and its short name (model::label()), for messages
+  uint64_t fingerprint = 0;  // model::fingerprint(): the layout of its parameters
+  optimizer_config opt;
+  uint64_t seed = 0;
+  int global_batch = 0;
+  int replicas = 0;  // of the job that wrote it (a job with another count may resume, up to rounding)
+  int64_t train_samples = 0, steps_per_epoch = 0, epochs = 0;
+  job_progress progress;  // progress.step: steps done, equal to state.steps
+  network_state state;    // rank 0's, after progress.step steps
+
+  int64_t epoch() const { return steps_per_epoch > 0 ? progress.step / steps_per_epoch : 0; }  // epochs done
+  int64_t epoch_step() const { return steps_per_epoch > 0 ? progress.step % steps_per_epoch : 0; }
+};
+
+// "ckpt-2-30.safetensors": 2 epochs done, 30 steps into the third.
+std::string checkpoint_name(int64_t epoch, int64_t step);
+
+// Writes c (for model m) into dir as above; *path is the file written. False with *error (the folder's
+// older checkpoints are then untouched).
+bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& c, std::string* path, std::string* error);
+
+// Reads one checkpoint and checks everything: its format, every field, the checksum, and that its tensors
+// fit the model its description builds with `reg`. False with *error naming the file and the problem.
+bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error);
+
+// The checkpoint files in dir (by name), newest first.
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// The newest checkpoint in dir that reads back whole. *skipped gets a line for each newer one that did
+// not ("DIR/ckpt-3-0.safetensors: checksum ... : the file is damaged"). False with *error when there is
+// none, or none reads.
+bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkpoint* out, std::string* path,
+                       std::vector<std::string>* skipped, std::string* error);
+
+// Whether a job of cfg, with model m and train_samples training samples, continues the job that wrote c:
+// "" or why not ("the checkpoint was made with optimizer adam, this job uses sgd"). m null and
+// train_samples -1: what can be checked before they are known (a launcher before its nodes answer). The
+// replica count may differ (the weights then equal an uninterrupted job's only up to rounding).
+std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples);
+
+// Whether dir can take checkpoints, before any training: it is created if missing (its parent must
+// exist), and a probe file is written and removed there. "" or why not.
+std::string check_checkpoint_dir(const std::string& dir);
+
+// The coordinator's on_checkpoint for a job of cfg over model m: writes each checkpoint into
+// cfg.checkpoint_dir, keeps its path in *last and tells cfg.on_checkpoint.
+std::function<std::string(const job_progress&, const network_state&)> checkpoint_writer(
+    const train_config& cfg, std::shared_ptr<const model> m, int64_t train_samples, int64_t steps_per_epoch,
+    std::shared_ptr<std::string> last);
+
+}  // namespace ringmaster

@@ -1,0 +1,398 @@
+// Checkpoints and --resume: the file on its own (read back exactly, damage noticed, older files pruned),
+// then through the real launcher, killed after a checkpoint and resumed, locally and on node daemons.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/checkpoint.hpp"
+#include "kernels/safetensors.hpp"
+#include "tests/test_util.hpp"
+
+using namespace ringmaster;
+
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_result;
+using test::slurp;
+
+run_result mnist(const std::string& args) { return test::run(std::string(RINGMASTER_MNIST_BIN) + " " + args); }
+
+// An empty folder of its own for one test.
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = "/tmp/ringmaster-ckpt-test-" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// The file names in a folder, sorted.
+std::set<std::string> names(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+// The checksum of the final weights from the launcher's summary ("" when there is none).
+std::string fnv(const std::string& out) {
+  const size_t at = out.find("(fnv1a64 ");
+  return at == std::string::npos ? "" : out.substr(at + 9, 16);
+}
+
+bool killed(const run_result& r) { return r.status == -1 || r.status == 128 + 9; }  // SIGKILL, seen directly or by sh
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << bytes;
+}
+
+// Every epoch's training and test metrics of two --report-json files agree exactly (the times may not).
+void same_history(const std::string& a, const std::string& b) {
+  const auto ja = nlohmann::json::parse(slurp(a)), jb = nlohmann::json::parse(slurp(b));
+  REQUIRE(ja["history"].size() == jb["history"].size());
+  for (size_t i = 0; i < ja["history"].size(); ++i)
+    for (const char* k : {"epoch", "loss", "accuracy", "val_loss", "val_accuracy"}) {
+      INFO("epoch " << i + 1 << " " << k);
+      CHECK(ja["history"][i][k] == jb["history"][i][k]);
+    }
+}
+
+// A checkpoint of a small MLP with distinct values everywhere, after `step` steps of 10 per epoch.
+checkpoint sample(const model& m, optimizer_config::kind_t kind, int64_t step) {
+  std::mt19937 rng{uint32_t(step)};
+  checkpoint c;
+  c.model = m.description();
+  c.label = m.label();
+  c.fingerprint = m.fingerprint();
+  c.opt.kind = kind;
+  c.opt.lr = 0.0123f;
+  c.seed = (uint64_t(1) << 63) + 7;
+  c.global_batch = 64;
+  c.replicas = 2;
+  c.train_samples = 640;
+  c.steps_per_epoch = 10;
+  c.epochs = 3;
+  c.progress.step = step;
+  for (int64_t e = 0; e < step / 10; ++e) {
+    epoch_stats s;
+    s.epoch = e;
+    s.loss = 1.0 / 3.0 + double(e);
+    s.accuracy = 0.1 * double(e);
+    s.val_loss = e == 0 ? NAN : 0.7;  // no evaluation that epoch
+    s.val_accuracy = e == 0 ? NAN : 0.6;
+    s.samples = 640;
+    s.seconds = 1e-3;
+    c.progress.history.push_back(s);
+  }
+  c.progress.loss = 12.345678901234567;
+  c.progress.correct = 17;
+  c.progress.count = 64 * (step % 10);
+  c.state.steps = step;
+  c.state.params = test::randv(m.param_count(), rng);
+  c.state.m1 = test::randv(m.param_count(), rng);
+  if (kind == optimizer_config::adam) c.state.m2 = test::randv(m.param_count(), rng, 0, 1);
+  return c;
+}
+
+std::shared_ptr<const model> mlp(const std::string& widths) {
+  std::string error;
+  auto m = build_model(widths, shape{784, 1, 1}, &error);
+  INFO(error);
+  REQUIRE(m);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: a file reads back exactly, opens as weights, and any damaged byte is noticed", "[checkpoint]") {
+  const auto m = mlp("784-16-10");
+  const std::string dir = fresh_dir("file");
+  for (auto kind : {optimizer_config::adam, optimizer_config::sgd}) {
+    const checkpoint c = sample(*m, kind, 23);
+    std::string path, error;
+    REQUIRE(write_checkpoint(dir, *m, c, &path, &error));
+    CHECK(path == dir + "/ckpt-2-3.safetensors");
+    checkpoint back;
+    REQUIRE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+    CHECK(back.model == m->description());
+    CHECK(back.label == "784-16-10");
+    CHECK(back.fingerprint == m->fingerprint());
+    CHECK(back.opt.kind == kind);
+    CHECK(back.opt.lr == c.opt.lr);
+    CHECK(back.seed == c.seed);
+    CHECK(back.global_batch == 64);
+    CHECK(back.replicas == 2);
+    CHECK(back.train_samples == 640);
+    CHECK(back.steps_per_epoch == 10);
+    CHECK(back.epoch() == 2);
+    CHECK(back.epoch_step() == 3);
+    CHECK(back.state.steps == 23);
+    CHECK(back.state.params == c.state.params);  // bit for bit
+    CHECK(back.state.m1 == c.state.m1);
+    CHECK(back.state.m2 == c.state.m2);
+    CHECK(back.progress.loss == c.progress.loss);
+    CHECK(back.progress.correct == 17);
+    CHECK(back.progress.count == 192);
+    REQUIRE(back.progress.history.size() == 2);
+    CHECK(std::isnan(back.progress.history[0].val_loss));
+    CHECK(back.progress.history[1].val_loss == 0.7);
+    CHECK(back.progress.history[1].loss == c.progress.history[1].loss);
+    // The weights part is a weights file like --save's.
+    std::vector<float> weights;
+    REQUIRE(read_safetensors(path, *m, &weights, &error));
+    CHECK(weights == c.state.params);
+
+    // Damage anywhere: the length, the header, the data, a cut, bytes added.
+    const std::string good = slurp(path);
+    std::mt19937 rng(kind);
+    std::vector<size_t> at;
+    uint64_t header = 0;
+    for (int i = 7; i >= 0; --i) header = header << 8 | (unsigned char)good[size_t(i)];
+    for (size_t i = 0; i < 8 + header; i += 5) at.push_back(i);
+    for (int i = 0; i < 100; ++i) at.push_back(8 + header + rng() % (good.size() - 8 - header));
+    for (size_t i : at) {
+      std::string bad = good;
+      bad[i] = char(bad[i] ^ (1 << (rng() % 8)));
+      write_bytes(path, bad);
+      INFO("byte " << i << " of " << good.size());
+      CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+    }
+    for (size_t cut : {size_t(0), size_t(5), size_t(8 + header / 2), size_t(8 + header), good.size() - 1}) {
+      write_bytes(path, good.substr(0, cut));
+      CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+    }
+    write_bytes(path, good + "x");
+    CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+    write_bytes(path, good);
+    CHECK(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+    fs::remove(path);
+  }
+}
+
+TEST_CASE("checkpoint: a write keeps the newest older one, and the newest good one is found", "[checkpoint]") {
+  const auto m = mlp("784-8-10");
+  const std::string dir = fresh_dir("prune");
+  std::string path, error;
+  for (int64_t step : {10, 20, 30}) REQUIRE(write_checkpoint(dir, *m, sample(*m, optimizer_config::adam, step), &path, &error));
+  CHECK(names(dir) == std::set<std::string>{"ckpt-2-0.safetensors", "ckpt-3-0.safetensors"});
+  // A crash mid-write leaves a .tmp; a job resumed from step 20 writes step 25: later files (another
+  // course of the job) and the .tmp go, the newest one before 25 stays.
+  write_bytes(dir + "/ckpt-3-5.safetensors.tmp", "half a file");
+  REQUIRE(write_checkpoint(dir, *m, sample(*m, optimizer_config::adam, 25), &path, &error));
+  CHECK(names(dir) == std::set<std::string>{"ckpt-2-0.safetensors", "ckpt-2-5.safetensors"});
+
+  checkpoint c;
+  std::vector<std::string> skipped;
+  REQUIRE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error));
+  CHECK(path == dir + "/ckpt-2-5.safetensors");
+  CHECK(skipped.empty());
+  std::string bytes = slurp(path);
+  bytes[bytes.size() / 2] ^= 1;
+  write_bytes(path, bytes);
+  REQUIRE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error));
+  CHECK(path == dir + "/ckpt-2-0.safetensors");
+  CHECK(c.progress.step == 20);
+  REQUIRE(skipped.size() == 1);
+  CHECK(skipped[0].find("ckpt-2-5.safetensors: checksum") != std::string::npos);
+  CHECK(skipped[0].find("the file is damaged") != std::string::npos);
+  // A file that holds another step than its name says is not taken either.
+  fs::rename(dir + "/ckpt-2-0.safetensors", dir + "/ckpt-9-9.safetensors");
+  skipped.clear();
+  CHECK_FALSE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error));
+  CHECK(error == "no checkpoint in " + dir + " reads back whole (2 tried)");
+  REQUIRE(skipped.size() == 2);
+  CHECK(skipped[0].find("ckpt-9-9.safetensors: holds epoch 2, step 0, not what its name says") != std::string::npos);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  CHECK_FALSE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error));
+  CHECK(error == "no checkpoint (ckpt-E-S.safetensors) in " + dir);
+}
+
+TEST_CASE("checkpoint: a job of other settings may not resume from it", "[checkpoint]") {
+  const auto m = mlp("784-8-10");
+  const checkpoint c = sample(*m, optimizer_config::adam, 23);
+  train_config cfg;
+  cfg.opt = c.opt;
+  cfg.seed = c.seed;
+  cfg.global_batch = 64;
+  cfg.epochs = 3;
+  cfg.replicas = 4;  // another replica count may resume
+  CHECK(resume_mismatch(c, cfg, m.get(), 640) == "");
+  CHECK(resume_mismatch(c, cfg, mlp("784-9-10").get(), 640) == "the checkpoint was made for model 784-8-10, this job's is 784-9-10");
+  CHECK(resume_mismatch(c, cfg, m.get(), 700) ==
+        "the checkpoint was made on 640 training samples, this job has 700 (another --limit-train or data set?)");
+  train_config other = cfg;
+  other.opt.kind = optimizer_config::sgd;
+  CHECK(resume_mismatch(c, other, nullptr, -1) == "the checkpoint was made with optimizer adam, this job uses sgd");
+  other = cfg;
+  other.opt.beta2 = 0.99f;
+  CHECK(resume_mismatch(c, other, nullptr, -1) == "the checkpoint was made with adam beta2 0.999, this job's is 0.99");
+  other = cfg;
+  other.global_batch = 32;
+  CHECK(resume_mismatch(c, other, nullptr, -1) == "the checkpoint was made with global batch 64, this job's is 32");
+  other = cfg;
+  other.seed = 1;
+  CHECK(resume_mismatch(c, other, nullptr, -1) == "the checkpoint was made with seed 9223372036854775815, this job's is 1");
+  other = cfg;
+  other.epochs = 2;
+  CHECK(resume_mismatch(c, other, nullptr, -1) ==
+        "the checkpoint was made after epoch 2, step 3: 2 epochs leave nothing to train (raise --epochs to go on)");
+}
+
+TEST_CASE("checkpoint: a local run killed after a checkpoint resumes to the uninterrupted run's weights, bit for bit",
+          "[checkpoint][launcher]") {
+  const std::string dir = fresh_dir("local"), out = fresh_dir("local-out");
+  // 16 steps an epoch, 48 in all.
+  const std::string job = "--replicas 2 --epochs 3 --batch 64 --model 784-64-10 --limit-train 1024 --limit-test 256";
+  run_result full = mnist(job + " --save " + out + "/full.st --report-json " + out + "/full.json");
+  INFO(full.out);
+  REQUIRE(full.status == 0);
+  REQUIRE(fnv(full.out).size() == 16);
+
+  // Mid-epoch: checkpoints after steps 5, 10, 15, 20; killed right after writing the one after step 20.
+  run_result crash = mnist(job + " --checkpoint-dir " + dir + " --checkpoint-every 5 --crash-after-checkpoint 4");
+  INFO(crash.out);
+  CHECK(killed(crash));
+  CHECK(crash.out.find("Done") == std::string::npos);
+  CHECK(names(dir) == std::set<std::string>{"ckpt-0-15.safetensors", "ckpt-1-4.safetensors"});
+  run_result resumed = mnist(job + " --checkpoint-dir " + dir + " --checkpoint-every 5 --resume --save " + out +
+                             "/resumed.st --report-json " + out + "/resumed.json");
+  INFO(resumed.out);
+  REQUIRE(resumed.status == 0);
+  CHECK(resumed.out.find("Resuming from " + dir + "/ckpt-1-4.safetensors: 1 epoch and 4 of 16 steps done") != std::string::npos);
+  CHECK(resumed.out.find("Epoch 1/3") == std::string::npos);
+  CHECK(resumed.out.find("(resumed at step 4)") != std::string::npos);
+  CHECK(resumed.out.find("Done: 3 epochs (resumed after epoch 1, step 4)") != std::string::npos);
+  CHECK(fnv(resumed.out) == fnv(full.out));
+  CHECK(slurp(out + "/resumed.st") == slurp(out + "/full.st"));
+  same_history(out + "/full.json", out + "/resumed.json");  // the resumed epoch's metrics are whole
+  // It went on writing there: after step 45 and the last.
+  CHECK(names(dir) == std::set<std::string>{"ckpt-2-13.safetensors", "ckpt-3-0.safetensors"});
+  CHECK(resumed.out.find("Last checkpoint: " + dir + "/ckpt-3-0.safetensors") != std::string::npos);
+
+  // At epochs' ends (the default), with SGD and dropout (its masks depend on the step): killed after the first.
+  const std::string job2 = "--replicas 2 --epochs 2 --batch 64 --optimizer sgd --limit-train 1024 --limit-test 256 --model "
+                           "'[{\"type\": \"dense\", \"units\": 32, \"activation\": \"relu\"}, {\"type\": \"dropout\", \"rate\": 0.3},"
+                           " {\"type\": \"dense\", \"units\": 10}]'";
+  const std::string dir2 = fresh_dir("local-epochs");
+  full = mnist(job2);
+  REQUIRE(full.status == 0);
+  crash = mnist(job2 + " --checkpoint-dir " + dir2 + " --crash-after-checkpoint 1");
+  CHECK(killed(crash));
+  CHECK(names(dir2) == std::set<std::string>{"ckpt-1-0.safetensors"});
+  resumed = mnist(job2 + " --checkpoint-dir " + dir2 + " --resume");
+  INFO(resumed.out);
+  REQUIRE(resumed.status == 0);
+  CHECK(resumed.out.find("Epoch 2/2") != std::string::npos);
+  CHECK(fnv(resumed.out) == fnv(full.out));
+}
+
+TEST_CASE("checkpoint: --resume skips a damaged newest checkpoint for the one before it", "[checkpoint][launcher]") {
+  const std::string dir = fresh_dir("damaged");
+  const std::string job = "--replicas 2 --epochs 2 --batch 64 --model 784-32-10 --limit-train 1024 --limit-test 256 -q";
+  const run_result full = mnist(job);
+  REQUIRE(full.status == 0);
+  CHECK(killed(mnist(job + " --checkpoint-dir " + dir + " --checkpoint-every 5 --crash-after-checkpoint 3")));
+  REQUIRE(names(dir) == std::set<std::string>{"ckpt-0-10.safetensors", "ckpt-0-15.safetensors"});
+  std::string bytes = slurp(dir + "/ckpt-0-15.safetensors");
+  bytes[bytes.size() - 1000] ^= 0x40;  // one bit of Adam's second moment
+  write_bytes(dir + "/ckpt-0-15.safetensors", bytes);
+  const run_result resumed = mnist(job + " --checkpoint-dir " + dir + " --checkpoint-every 5 --resume");
+  INFO(resumed.out);
+  REQUIRE(resumed.status == 0);
+  CHECK(resumed.out.find("skipping a checkpoint: " + dir + "/ckpt-0-15.safetensors: checksum") != std::string::npos);
+  CHECK(resumed.out.find("Resuming from " + dir + "/ckpt-0-10.safetensors") != std::string::npos);
+  CHECK(fnv(resumed.out) == fnv(full.out));
+
+  // Nothing readable: exit 2, and no training.
+  for (const auto& f : names(dir)) write_bytes(dir + "/" + f, "not a checkpoint");
+  const run_result none = mnist(job + " --checkpoint-dir " + dir + " --resume");
+  INFO(none.out);
+  CHECK(none.status == 2);
+  CHECK(none.out.find("--resume: no checkpoint in " + dir + " reads back whole") != std::string::npos);
+  CHECK(none.out.find("Done") == std::string::npos);
+}
+
+TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before training", "[checkpoint][launcher]") {
+  struct bad {
+    std::string args, says;
+  };
+  const std::string empty = fresh_dir("empty");
+  const std::vector<bad> cases = {
+      {"--checkpoint-dir /nonexistent/ck", "--checkpoint-dir: cannot create folder /nonexistent/ck: No such file or directory"},
+      {"--checkpoint-dir /etc/hostname", "--checkpoint-dir: /etc/hostname is not a folder"},
+      {"--checkpoint-dir /sys/kernel", "--checkpoint-dir: "},  // not writable, even for root
+      {"--checkpoint-every 5", "--checkpoint-every needs --checkpoint-dir"},
+      {"--resume", "--resume needs --checkpoint-dir"},
+      {"--checkpoint-dir " + empty + " --checkpoint-every 0", "--checkpoint-every must be at least 1"},
+      {"--checkpoint-dir " + empty + " --resume", "--resume: no checkpoint (ckpt-E-S.safetensors) in " + empty},
+  };
+  for (const bad& b : cases) {
+    const run_result r = mnist("--epochs 1 --limit-train 256 --limit-test 64 " + b.args);
+    INFO(b.args << "\n" << r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(b.says) != std::string::npos);
+    CHECK(r.out.find("Epoch") == std::string::npos);  // nothing trained
+  }
+}
+
+TEST_CASE("checkpoint: --resume refuses another model with exit 2, and a finished run goes on with more epochs",
+          "[checkpoint][launcher]") {
+  const std::string dir = fresh_dir("refuse");
+  const std::string data = " --batch 64 --limit-train 512 --limit-test 128 -q --checkpoint-dir " + dir;
+  REQUIRE(mnist("--epochs 1 --model 784-32-10" + data).status == 0);
+  REQUIRE(names(dir) == std::set<std::string>{"ckpt-1-0.safetensors"});
+  run_result r = mnist("--epochs 2 --model 784-16-10 --resume" + data);
+  INFO(r.out);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--resume: the checkpoint was made for model 784-32-10, this job's is 784-16-10") != std::string::npos);
+  CHECK(r.out.find("Done") == std::string::npos);
+  // Two epochs in two runs are two epochs in one.
+  r = mnist("--epochs 2 --model 784-32-10 --resume" + data);
+  CHECK(r.status == 0);
+  const run_result whole = mnist("--epochs 2 --model 784-32-10" + data.substr(0, data.find(" --checkpoint-dir")));
+  CHECK(fnv(r.out) == fnv(whole.out));
+  CHECK(fnv(r.out).size() == 16);
+}
+
+TEST_CASE("checkpoint: a 2-node run killed after a checkpoint resumes on other daemons to the same weights",
+          "[checkpoint][nodes]") {
+  auto start = [] { return test::start_daemons(2, {RINGMASTER_NODE_BIN}, "cpu:1", RINGMASTER_DATA_DIR); };
+  const std::string dir = fresh_dir("nodes");
+  const std::string job = " --epochs 2 --batch 64 --model 784-64-10 --limit-train 1024 --limit-test 256 -q";
+  test::daemons first = start();
+  const run_result full = mnist("--nodes " + test::node_list(first) + job);
+  INFO(full.out);
+  REQUIRE(full.status == 0);
+  // Checkpoints after steps 7, 14, 21 (epoch 2, step 5); killed after that one.
+  const run_result crash =
+      mnist("--nodes " + test::node_list(first) + job + " --checkpoint-dir " + dir + " --checkpoint-every 7 --crash-after-checkpoint 3");
+  INFO(crash.out);
+  CHECK(killed(crash));
+  CHECK(names(dir) == std::set<std::string>{"ckpt-0-14.safetensors", "ckpt-1-5.safetensors"});
+  // The first daemons hold the dead launcher's job until they notice (5 s): the job goes on elsewhere.
+  test::daemons second = start();
+  const std::string nodes = "--nodes " + test::node_list(second);
+  run_result r = mnist(nodes + " --epochs 2 --batch 64 --model 784-32-10 --limit-train 1024 --limit-test 256 -q --checkpoint-dir " + dir +
+                       " --resume");
+  INFO(r.out);
+  CHECK(r.status == 2);  // the nodes built another model than the checkpoint's
+  CHECK(r.out.find("the checkpoint was made for model 784-64-10, this job's is") != std::string::npos);
+  r = mnist(nodes + job + " --checkpoint-dir " + dir + " --checkpoint-every 7 --resume");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("Resuming from " + dir + "/ckpt-1-5.safetensors") != std::string::npos);
+  CHECK(fnv(r.out) == fnv(full.out));
+  CHECK(fnv(r.out).size() == 16);
+  CHECK(names(dir) == std::set<std::string>{"ckpt-1-12.safetensors", "ckpt-2-0.safetensors"});  // after steps 28, 32
+  for (auto& d : first) d->stop(SIGTERM);
+  for (auto& d : second) d->stop(SIGTERM);
+}
