@@ -78,18 +78,6 @@ bool write_new(const std::string& path, const std::string& text, mode_t mode, bo
 
 bool curve_available() { return zmq_has("curve") != 0; }
 
-bool is_key(std::string_view text) {
-  static constexpr std::string_view z85 =
-      "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
-  if (text.size() != kKeyChars) return false;
-  for (char c : text)
-    if (z85.find(c) == std::string_view::npos) return false;
-  // Every group of 5 characters must stay below 2^32 (z85_decode checks it).
-  uint8_t bytes[32];
-  const std::string s(text);
-  return zmq_z85_decode(bytes, s.c_str()) != nullptr;
-}
-
 std::string default_key_dir() {
   const char* home = std::getenv("HOME");
   return std::string(home && *home ? home : ".") + "/.ringmaster";

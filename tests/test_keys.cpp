@@ -248,3 +248,16 @@ TEST_CASE("a bridge with a connection limit refuses clients over it at the hands
   for (auto& e : at_server.errors) reports += e.kind == net::fault::overloaded;
   CHECK(reports == 1);
 }
+
+TEST_CASE("is_key agrees with libzmq's Z85 decoder") {
+  const auto k = fresh_keys();
+  CHECK(net::is_key(k.public_key));
+  std::string big(40, '#');  // '#' is 84: every group is 85^5 - 1, over 2^32
+  uint8_t out[32];
+  CHECK_FALSE(net::is_key(big));
+  CHECK(zmq_z85_decode(out, big.c_str()) == nullptr);
+  std::string bad = k.public_key;
+  bad[7] = ' ';
+  CHECK_FALSE(net::is_key(bad));
+  CHECK_FALSE(net::is_key(k.public_key.substr(1)));
+}
