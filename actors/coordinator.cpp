@@ -46,14 +46,20 @@ std::string format_progress(const progress& p) {
 
 namespace {
 
+// One step's reports so far; added to its epoch once all ranks have reported.
+struct step_acc {
+  std::vector<double> losses;  // per rank: added in rank order, so the epoch's loss has the same bits
+                               // whatever order the reports arrived in
+  int64_t correct = 0, count = 0;
+  int reports = 0;
+};
+
 struct epoch_acc {
   double loss = 0;
   int64_t correct = 0, count = 0;
+  int64_t unmeasured = 0;  // of count: samples whose loss and accuracy were lost with their node
   int64_t steps_done = 0;
-  // step -> each rank's loss sum (NaN until it reports). A step's losses are added in rank order once
-  // all are in, so the epoch's loss has the same bits whatever order the reports arrived in.
-  std::map<int64_t, std::vector<double>> step_losses;
-  std::map<int64_t, int> step_reports;  // step -> reports received (complete at N)
+  std::map<int64_t, step_acc> pending;  // step -> reports so far
   std::vector<double> val_losses;       // per rank, added in rank order when the epoch closes
   double val_loss = 0;
   int64_t val_correct = 0, val_count = 0;
@@ -61,6 +67,7 @@ struct epoch_acc {
   double eval_seconds = 0;
   clock_type::time_point start, last_step;
   bool closed = false;
+  int64_t measured() const { return count - unmeasured; }
 };
 
 struct coordinator_state {
@@ -72,6 +79,9 @@ struct coordinator_state {
   int64_t current_epoch = 0;
   int done = 0, weights_in = 0;
   bool finished = false;
+  int gen = 0;              // the ring generation: reports of others are dropped
+  size_t recovering = SIZE_MAX;  // result->losses from here on wait for the next completed step
+  clock_type::time_point last_word;
   clock_type::time_point start, last_print;
 };
 
@@ -114,8 +124,8 @@ void report_progress(coordinator_state& st, int64_t e, bool end) {
   p.step = a.steps_done;
   p.steps = st.cfg.steps_per_epoch;
   p.seconds = secs(a.start, end ? a.last_step : now);
-  p.loss = a.count ? a.loss / double(a.count) : 0;
-  p.accuracy = a.count ? double(a.correct) / double(a.count) : 0;
+  p.loss = a.measured() ? a.loss / double(a.measured()) : 0;
+  p.accuracy = a.measured() ? double(a.correct) / double(a.measured()) : 0;
   p.samples_per_sec = p.seconds > 0 ? double(a.count) / p.seconds : 0;
   p.epoch_end = end;
   p.val_loss = a.val_count ? a.val_loss / double(a.val_count) : NAN;
@@ -123,16 +133,19 @@ void report_progress(coordinator_state& st, int64_t e, bool end) {
   st.cfg.on_progress(p);
 }
 
-// An epoch is complete when every step has N reports and (if evaluating) N evaluations arrived.
-void maybe_close_epoch(coordinator_state& st, int64_t e) {
+// An epoch is complete when every step has N reports and (if evaluating) N evaluations arrived. `force`:
+// also with fewer evaluations (a lost node's went with it, and the weights have moved on since).
+void maybe_close_epoch(coordinator_state& st, int64_t e, bool force = false) {
   epoch_acc& a = st.epochs[e];
   const int n = st.cfg.replicas;
-  if (a.closed || a.steps_done < st.cfg.steps_per_epoch || (st.cfg.evaluate && a.evals < n)) return;
+  if (a.closed || a.steps_done < st.cfg.steps_per_epoch || (st.cfg.evaluate && a.evals < n && !force)) return;
   a.closed = true;
+  a.val_loss = 0;
+  for (double l : a.val_losses) a.val_loss += l;  // rank order, whatever the arrival order
   epoch_stats s;
   s.epoch = e;
-  s.loss = a.count ? a.loss / double(a.count) : 0;
-  s.accuracy = a.count ? double(a.correct) / double(a.count) : 0;
+  s.loss = a.measured() ? a.loss / double(a.measured()) : 0;
+  s.accuracy = a.measured() ? double(a.correct) / double(a.measured()) : 0;
   s.val_loss = a.val_count ? a.val_loss / double(a.val_count) : NAN;
   s.val_accuracy = a.val_count ? double(a.val_correct) / double(a.val_count) : NAN;
   s.samples = a.count;
@@ -141,8 +154,94 @@ void maybe_close_epoch(coordinator_state& st, int64_t e) {
   st.result->history.push_back(s);
   st.result->train_seconds += s.seconds;
   st.result->train_samples += s.samples;
+  st.result->unmeasured += a.unmeasured;
   report_progress(st, e, true);
   st.epochs[e + 1].start = clock_type::now();
+}
+
+// Adds step `step` of epoch e, all of whose reports are in, to its epoch.
+void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t e, int64_t step) {
+  epoch_acc& a = st.epochs[e];
+  const step_acc s = std::move(a.pending[step]);
+  a.pending.erase(step);
+  for (double l : s.losses) a.loss += l;
+  a.correct += s.correct;
+  a.count += s.count;
+  // A NaN or infinite loss never comes back: stop rather than train on garbage to the end.
+  if (!std::isfinite(a.loss))
+    return finish(self, st, "the loss became " + std::string(std::isnan(a.loss) ? "NaN" : "infinite") + " at epoch " +
+                                std::to_string(e + 1) + ", step " + std::to_string(step + 1) +
+                                " (too high a learning rate?); the job was stopped");
+  ++a.steps_done;
+  a.last_step = clock_type::now();
+  if (st.recovering < st.result->losses.size()) {  // the first step since the ring was re-formed
+    char line[160];
+    for (size_t i = st.recovering; i < st.result->losses.size(); ++i) {
+      node_loss& l = st.result->losses[i];
+      l.next_step = a.last_step;
+      l.recovered = secs(st.last_word, a.last_step);
+      std::snprintf(line, sizeof line, "the next step was complete %.2f s after the last message of node %s",
+                    l.recovered, l.node.c_str());
+      if (st.cfg.on_event) st.cfg.on_event(line);
+    }
+    st.recovering = SIZE_MAX;
+  }
+  report_progress(st, e, false);
+  maybe_close_epoch(st, e);
+}
+
+// The ring was re-formed: the steps before note.start_step are complete (every survivor applied them,
+// and the lost ranks' gradients were in them: their samples count even if their reports went with
+// them), the reports of the steps from it on are dropped (those steps run again), and so are the
+// evaluations of epochs that end from it on (the survivors evaluate them again).
+void reform(caf::event_based_actor* self, coordinator_state& st, const reform_note& note) {
+  const int64_t spe = st.cfg.steps_per_epoch, start = note.start_step;
+  std::vector<std::pair<int64_t, int64_t>> before;  // (epoch, step) to complete
+  for (auto& [e, a] : st.epochs) {
+    for (auto it = a.pending.begin(); it != a.pending.end();) {
+      if (e * spe + it->first >= start) {
+        it = a.pending.erase(it);
+        continue;
+      }
+      before.emplace_back(e, it->first);
+      ++it;
+    }
+    if (!a.closed && (e + 1) * spe >= start) {
+      a.val_losses.clear();
+      a.val_loss = 0;
+      a.val_correct = a.val_count = 0;
+      a.evals = 0;
+      a.eval_seconds = 0;
+    }
+  }
+  for (auto* group : {&st.replicas, &st.loaders, &st.reducers})
+    for (auto& a : *group) self->demonitor(a);
+  st.replicas = st.loaders = st.reducers = note.ranks;
+  for (auto& a : note.ranks) self->monitor(a);
+  st.cfg.replicas = int(note.ranks.size());
+  st.gen = note.gen;
+  st.done = st.weights_in = 0;
+  st.result->checksums.clear();
+  st.recovering = st.result->losses.size();
+  st.last_word = note.last_word;
+  for (node_loss l : note.losses) {
+    l.generation = note.gen;
+    l.survivors = int(note.ranks.size());
+    l.epoch = start / spe;
+    l.step = start % spe;
+    st.result->losses.push_back(std::move(l));
+  }
+  for (auto [e, step] : before) {
+    step_acc& s = st.epochs[e].pending[step];
+    const int64_t missing = std::max<int64_t>(0, int64_t(st.cfg.global_batch) - s.count);
+    s.count += missing;
+    st.epochs[e].unmeasured += missing;
+    complete_step(self, st, e, step);
+    if (st.finished) return;
+  }
+  // An epoch that ended before `start` and still lacks a lost rank's evaluation will not get it.
+  for (auto& [e, a] : st.epochs)
+    if ((e + 1) * spe < start) maybe_close_epoch(st, e, true);
 }
 
 }  // namespace
@@ -180,51 +279,42 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         return st->reply;
       },
       [self, st](const step_report& r) {
-        epoch_acc& a = st->epochs[r.epoch];
+        if (r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;  // of a ring given up on
         st->result->wait_batch += r.wait_batch;
         st->result->compute += r.compute;
         st->result->wait_ring += r.wait_ring;
         st->result->update += r.update;
-        std::vector<double>& losses = a.step_losses[r.step];
-        losses.resize(size_t(st->cfg.replicas), 0.0);
-        if (r.rank >= 0 && r.rank < st->cfg.replicas) losses[size_t(r.rank)] = r.loss_sum;
-        a.correct += r.correct;
-        a.count += r.count;
-        if (++a.step_reports[r.step] == st->cfg.replicas) {
-          for (double l : losses) a.loss += l;
-          // A NaN or infinite loss never comes back: stop rather than train on garbage to the end.
-          if (!std::isfinite(a.loss))
-            return finish(self, *st, "the loss became " + std::string(std::isnan(a.loss) ? "NaN" : "infinite") +
-                                         " at epoch " + std::to_string(r.epoch + 1) + ", step " + std::to_string(r.step + 1) +
-                                         " (too high a learning rate?); the job was stopped");
-          a.step_losses.erase(r.step);
-          a.step_reports.erase(r.step);
-          ++a.steps_done;
-          a.last_step = clock_type::now();
-          report_progress(*st, r.epoch, false);
-          maybe_close_epoch(*st, r.epoch);
-        }
+        step_acc& s = st->epochs[r.epoch].pending[r.step];
+        s.losses.resize(size_t(st->cfg.replicas), 0.0);
+        s.losses[size_t(r.rank)] = r.loss_sum;
+        s.correct += r.correct;
+        s.count += r.count;
+        if (++s.reports == st->cfg.replicas) complete_step(self, *st, r.epoch, r.step);
       },
       [st](const eval_report& r) {
         epoch_acc& a = st->epochs[r.epoch];
+        if (r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas || a.closed) return;
         a.val_losses.resize(size_t(st->cfg.replicas), 0.0);
-        if (r.rank >= 0 && r.rank < st->cfg.replicas) a.val_losses[size_t(r.rank)] = r.loss_sum;
-        a.val_loss = 0;
-        for (double l : a.val_losses) a.val_loss += l;  // rank order, whatever the arrival order
+        a.val_losses[size_t(r.rank)] = r.loss_sum;
         a.val_correct += r.correct;
         a.val_count += r.count;
         a.eval_seconds = std::max(a.eval_seconds, r.seconds);
         ++a.evals;
         maybe_close_epoch(*st, r.epoch);
       },
+      [self, st](reform_atom, const reform_note& note) {
+        if (!st->finished) reform(self, *st, note);
+      },
       [self, st](done_atom, int) {
         if (++st->done < st->cfg.replicas) return;
         const size_t n = st->replicas.size();
         st->result->checksums.assign(n, 0);
         for (size_t r = 0; r < n; ++r) {
+          // An answer for a generation given up on (a node lost meanwhile) is ignored.
           self->request(st->replicas[r], std::chrono::seconds(60), weights_atom::value)
               .then(
-                  [self, st, r](chunk_ptr w) {
+                  [self, st, r, gen = st->gen](chunk_ptr w) {
+                    if (gen != st->gen) return;
                     st->result->checksums[r] = fnv1a(w->data(), w->size());
                     if (r == 0) st->result->weights = *w;
                     if (++st->weights_in < int(st->replicas.size())) return;
@@ -233,8 +323,9 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
                     st->result->identical = same;
                     finish(self, *st, "");
                   },
-                  [self, st, r](caf::error& e) {
-                    finish(self, *st, "replica " + std::to_string(r) + " did not send its weights: " +
+                  [self, st, r, gen = st->gen](caf::error& e) {
+                    if (gen == st->gen)
+                      finish(self, *st, "replica " + std::to_string(r) + " did not send its weights: " +
                                           self->system().render(e));
                   });
         }

@@ -5,6 +5,8 @@
 //   replica ──reduce(step, grads)──▶ reducer ──chunk──▶ right reducer (ring), reply: step done
 //   (a chunk is a ring::message, net/ring_driver.hpp; to another process it goes through a link)
 //   replica ──metrics / eval / done──▶ coordinator
+//   elastic jobs (actors/reform.hpp): pause ──▶ replica ──pause_report──▶ coordinator's side;
+//   reform ──▶ replica ──reform──▶ data_loader; reports carry the ring's generation
 #pragma once
 #include <caf/all.hpp>
 #include <cstdint>
@@ -30,12 +32,15 @@ using weights_atom = caf::atom_constant<caf::atom("weights")>;
 using release_atom = caf::atom_constant<caf::atom("release")>;  // "done reading your buffer"
 using fail_atom = caf::atom_constant<caf::atom("fail")>;  // {fail_atom, why}: a proxy's peer is gone
 using tick_atom = caf::atom_constant<caf::atom("tick")>;  // a watchdog's periodic look
+using pause_atom = caf::atom_constant<caf::atom("pause")>;    // {pause_atom, generation}: stop, say how far
+using reform_atom = caf::atom_constant<caf::atom("reform")>;  // continue in a re-formed ring
 
 // One replica's shard of one global batch. Shared, immutable once sent: no copy on the way.
 struct batch {
   int64_t epoch = 0;
   int64_t step = 0;  // step within the epoch
   int size = 0;      // samples in this shard
+  int gen = 0;       // the ring generation it was cut for (a re-formed ring cuts new shards)
   std::vector<float> x;     // (size, features)
   std::vector<int32_t> y;   // (size)
 };
@@ -55,6 +60,7 @@ using chunk_ptr = std::shared_ptr<const std::vector<float>>;
 // What a replica reports after each step (sums, so the coordinator aggregates exactly).
 struct step_report {
   int rank = 0;
+  int gen = 0;  // the ring generation: 0 as the job started, one more each time it is re-formed
   int64_t epoch = 0, step = 0;
   double loss_sum = 0;
   int64_t correct = 0, count = 0;
@@ -66,10 +72,18 @@ struct step_report {
 // Test-set evaluation of one replica's shard of the test set at the end of an epoch.
 struct eval_report {
   int rank = 0;
+  int gen = 0;
   int64_t epoch = 0;
   double loss_sum = 0;
   int64_t correct = 0, count = 0;
   double seconds = 0;
+};
+
+// A replica's answer to {pause_atom, gen}: it stopped, having applied `applied` steps of the job.
+struct pause_report {
+  int rank = 0;
+  int gen = 0;
+  int64_t applied = 0;
 };
 
 // For set_exception_handler: an exception thrown in a handler (a user layer, a CUDA error, a simulated
@@ -95,3 +109,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::ring::message)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<ringmaster::ring::link>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::step_report)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::eval_report)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::pause_report)

@@ -1,6 +1,7 @@
 #include "actors/node_service.hpp"
 
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
@@ -152,6 +153,30 @@ struct node_service::impl {
     refuse(launcher, id, error, invalid);
   }
 
+  // Elastic jobs (actors/reform.hpp): the launcher lost a node and re-forms the ring.
+  void pause(const net::payload& p) {
+    wire::kv_map kv;
+    std::string error;
+    int64_t gen = 0;
+    const std::string g = wire::decode_kv(p.text(), &kv, &error) && kv.count("gen") ? kv["gen"] : "";
+    auto [end, ec] = std::from_chars(g.data(), g.data() + g.size(), gen);
+    if (g.empty() || ec != std::errc() || end != g.data() + g.size() || gen < 1 || gen > (1 << 20))
+      return log("ignored a pause without a good generation ('" + g.substr(0, 20) + "')");
+    job->pause(int(gen));
+  }
+
+  void reform(const net::peer_info& from, const wire::header& h, const net::payload& p) {
+    job_plan next;
+    std::string error;
+    bool dropped = false;
+    if (from_json(p.text(), &next, &error) && next.job_id == h.job_id && job->reform(std::move(next), &error, &dropped))
+      return send_kv(from, wire::msg_type::job_ack, h.job_id, {{"generation", std::to_string(job->plan().generation)}});
+    if (dropped) return end_job("this node has no rank in the re-formed ring");
+    if (error.empty()) error = "the re-formed plan is for another job";
+    send_kv(from, wire::msg_type::error, h.job_id, {{"error", "node " + name() + ": cannot join the re-formed ring: " + error}});
+    end_job("cannot join the re-formed ring: " + error);
+  }
+
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     using wire::msg_type;
     const bool ours = job && h.job_id == job->id();
@@ -180,8 +205,14 @@ struct node_service::impl {
           end_job(kv.count("reason") ? kv["reason"] : "aborted by the launcher");
         }
         return;
-      case msg_type::chunk:
-        if (ours) job->route_chunk(from, h, std::move(p));  // else a late chunk of a job that ended
+      case msg_type::chunk:  // its job field names the ring: the job's, or a re-formed one's
+        if (job && job->takes_ring(h.job_id)) job->route_chunk(from, h, std::move(p));  // else a late chunk
+        return;
+      case msg_type::pause:
+        if (launcher) pause(p);
+        return;
+      case msg_type::reform:
+        if (launcher) reform(from, h, p);
         return;
       case msg_type::heartbeat:
         return;

@@ -29,7 +29,9 @@ struct node_options {
   std::shared_ptr<const layer_registry> layers;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::function<void(const std::string&)> log;  // one line per event; null: stderr
-  std::chrono::milliseconds heartbeat{250};
+  // From the bridge thread, which training work does not hold up: a launcher names a node silent for
+  // 1.5 s lost (actors/remote_job.hpp).
+  std::chrono::milliseconds heartbeat{100};
   std::chrono::milliseconds launcher_timeout{5000};  // abort a job whose launcher is silent this long
   int threads = 0;
 };

@@ -300,19 +300,13 @@ std::vector<float> init_params(const model& m, uint64_t seed) {
 // ---- network ----------------------------------------------------------------------------------------
 
 network::network(backend& be, std::shared_ptr<const model> m, int max_batch, optimizer_config opt)
-    : be_(be), m_(std::move(m)), max_batch_(max_batch), opt_(opt) {
-  const size_t n = m_->param_count(), B = size_t(std::max(1, max_batch));
+    : be_(be), m_(std::move(m)), max_batch_(0), opt_(opt) {
+  const size_t n = m_->param_count();
   params_ = device_buffer<float>(be_, n);
   grads_ = device_buffer<float>(be_, n);
   m1_ = device_buffer<float>(be_, n);
   if (opt_.kind == optimizer_config::adam) m2_ = device_buffer<float>(be_, n);
-  const shape& in = m_->input();
-  if (in.c > 1 && !in.flat()) input_ = device_buffer<float>(be_, B * in.size());
-  size_t widest = in.size();
   for (const model::entry& e : m_->layers()) {
-    acts_.emplace_back(be_, B * e.out.size());
-    work_.emplace_back(be_, e.impl->workspace(e.in, e.out, int(B)));
-    widest = std::max(widest, e.out.size());
     std::vector<const float*> pv;
     std::vector<float*> gv;
     for (size_t p = e.first_param; p < e.first_param + e.param_count; ++p) {
@@ -322,8 +316,51 @@ network::network(backend& be, std::shared_ptr<const model> m, int max_batch, opt
     pviews_.push_back(std::move(pv));
     gviews_.push_back(std::move(gv));
   }
+  allocate_batch(std::max(1, max_batch));
+}
+
+// Everything whose size depends on the batch.
+void network::allocate_batch(int max_batch) {
+  const size_t B = size_t(max_batch);
+  const shape& in = m_->input();
+  input_ = in.c > 1 && !in.flat() ? device_buffer<float>(be_, B * in.size()) : device_buffer<float>();
+  acts_.clear();
+  work_.clear();
+  size_t widest = in.size();
+  for (const model::entry& e : m_->layers()) {
+    acts_.emplace_back(be_, B * e.out.size());
+    work_.emplace_back(be_, e.impl->workspace(e.in, e.out, int(B)));
+    widest = std::max(widest, e.out.size());
+  }
   dbuf_a_ = device_buffer<float>(be_, B * widest);
   dbuf_b_ = device_buffer<float>(be_, B * widest);
+  max_batch_ = max_batch;
+}
+
+void network::reserve(int max_batch) {
+  if (max_batch <= max_batch_) return;
+  be_.synchronize();  // no kernel still uses the buffers that go
+  allocate_batch(max_batch);
+}
+
+void network::keep_undo(bool on) {
+  keep_undo_ = on;
+  undo_step_ = -1;
+  if (on && !undo_params_.data()) {
+    undo_params_ = device_buffer<float>(be_, size());
+    undo_m1_ = device_buffer<float>(be_, size());
+    if (m2_.data()) undo_m2_ = device_buffer<float>(be_, size());
+  }
+}
+
+void network::undo() {
+  if (undo_step_ < 0) return;
+  const size_t bytes = size() * sizeof(float);
+  be_.copy(params_.data(), undo_params_.data(), bytes);
+  be_.copy(m1_.data(), undo_m1_.data(), bytes);
+  if (m2_.data()) be_.copy(m2_.data(), undo_m2_.data(), bytes);
+  step_ = undo_step_;
+  undo_step_ = -1;
 }
 
 void network::set_params(const float* host) { be_.copy_in(params(), host, size() * sizeof(float)); }
@@ -390,6 +427,13 @@ batch_metrics network::evaluate(const float* x, const int32_t* y, int B) {
 }
 
 void network::apply(const float* g) {
+  if (keep_undo_) {
+    const size_t bytes = size() * sizeof(float);
+    be_.copy(undo_params_.data(), params_.data(), bytes);
+    be_.copy(undo_m1_.data(), m1_.data(), bytes);
+    if (m2_.data()) be_.copy(undo_m2_.data(), m2_.data(), bytes);
+    undo_step_ = step_;
+  }
   ++step_;
   if (opt_.kind == optimizer_config::adam)
     be_.adam_update(params(), m1_.data(), m2_.data(), g, size(), opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, step_);

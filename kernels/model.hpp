@@ -142,8 +142,20 @@ class network {
   // Applies the optimizer with gradient g (device memory, size()) and advances the step count.
   void apply(const float* g);
   int64_t steps() const { return step_; }
+  int max_batch() const { return max_batch_; }
+  // Makes room for batches of up to max_batch samples (activations and workspaces only: parameters,
+  // gradients and optimizer state stay where they are, so views of them remain valid). A smaller
+  // max_batch keeps what there is.
+  void reserve(int max_batch);
+  // A one-step undo, for elastic jobs (actors/reform.hpp): with keep_undo(true), apply() first copies
+  // the parameters, optimizer state and step count aside (on the device, enqueued like a kernel), and
+  // undo() takes the last update back bit for bit: a step that some ranks applied and others never did.
+  void keep_undo(bool on);
+  bool can_undo() const { return undo_step_ >= 0; }
+  void undo();  // the saved copy is used up
 
  private:
+  void allocate_batch(int max_batch);
   const float* forward(const float* x, int B, bool training, const sample_key& key);
   layer_io io(size_t l, const float* x, int B, bool training, const sample_key& key);
   backend& be_;
@@ -157,6 +169,9 @@ class network {
   std::vector<std::vector<const float*>> pviews_;
   std::vector<std::vector<float*>> gviews_;
   device_buffer<float> dbuf_a_, dbuf_b_;  // activation gradients, ping-pong
+  bool keep_undo_ = false;
+  device_buffer<float> undo_params_, undo_m1_, undo_m2_;  // the state before the last apply()
+  int64_t undo_step_ = -1;                                // its step count; -1: none
 };
 
 }  // namespace ringmaster

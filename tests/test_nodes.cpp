@@ -132,11 +132,12 @@ TEST_CASE("a node fed malformed frames keeps serving and refuses other protocol 
   CHECK(r.ok);
 }
 
-TEST_CASE("kill -9 of a node mid-job: the job fails fast naming it, the others take the next job", "[nodes]") {
+TEST_CASE("kill -9 of a node mid-job with abort_on_node_loss: the job fails within 2 s naming it, the others take the next job", "[nodes]") {
   auto nodes = start_nodes(3);
   remote_options ro;
   ro.nodes = endpoints(nodes);
   ro.replicas_per_node = 2;
+  ro.abort_on_node_loss = true;
   train_config big;
   big.model = "784-256-10";
   big.global_batch = 60;
@@ -157,7 +158,8 @@ TEST_CASE("kill -9 of a node mid-job: the job fails fast naming it, the others t
   killer.join();
   INFO(r.error);
   CHECK_FALSE(r.ok);
-  CHECK(after < 5.0);
+  WARN("kill -9 to the job's end: " << after << " s");
+  CHECK(after < 2.5);  // named within 2 s; then the job winds down
   CHECK(r.error.find(nodes[1]->endpoint) != std::string::npos);
   CHECK(r.error.find("ranks 2-3") != std::string::npos);
 
