@@ -345,22 +345,43 @@ void network::reserve(int max_batch) {
 
 void network::keep_undo(bool on) {
   keep_undo_ = on;
-  undo_step_ = -1;
-  if (on && !undo_params_.data()) {
-    undo_params_ = device_buffer<float>(be_, size());
-    undo_m1_ = device_buffer<float>(be_, size());
-    if (m2_.data()) undo_m2_ = device_buffer<float>(be_, size());
+  undo_.clear();
+  if (!on) return;
+  undo_.resize(be_.is_host() ? 2 : 1);
+  for (saved_state& s : undo_) {
+    s.params = device_buffer<float>(be_, size());
+    s.m1 = device_buffer<float>(be_, size());
+    if (m2_.data()) s.m2 = device_buffer<float>(be_, size());
   }
 }
 
-void network::undo() {
-  if (undo_step_ < 0) return;
+// With one copy, taking it before apply() would lose the undo of the last update.
+void network::save_undo() {
+  if (undo_.size() > 1) save_state();
+}
+
+void network::save_state() {
+  saved_state& s = undo_[size_t(step_) % undo_.size()];
   const size_t bytes = size() * sizeof(float);
-  be_.copy(params_.data(), undo_params_.data(), bytes);
-  be_.copy(m1_.data(), undo_m1_.data(), bytes);
-  if (m2_.data()) be_.copy(m2_.data(), undo_m2_.data(), bytes);
-  step_ = undo_step_;
-  undo_step_ = -1;
+  be_.copy(s.params.data(), params_.data(), bytes);
+  be_.copy(s.m1.data(), m1_.data(), bytes);
+  if (m2_.data()) be_.copy(s.m2.data(), m2_.data(), bytes);
+  s.step = step_;
+}
+
+bool network::can_undo() const {
+  return step_ > 0 && !undo_.empty() && undo_[size_t(step_ - 1) % undo_.size()].step == step_ - 1;
+}
+
+void network::undo() {
+  if (!can_undo()) return;
+  saved_state& s = undo_[size_t(step_ - 1) % undo_.size()];
+  const size_t bytes = size() * sizeof(float);
+  be_.copy(params_.data(), s.params.data(), bytes);
+  be_.copy(m1_.data(), s.m1.data(), bytes);
+  if (m2_.data()) be_.copy(m2_.data(), s.m2.data(), bytes);
+  step_ = s.step;
+  s.step = -1;  // used up
 }
 
 void network::set_params(const float* host) { be_.copy_in(params(), host, size() * sizeof(float)); }
@@ -427,13 +448,7 @@ batch_metrics network::evaluate(const float* x, const int32_t* y, int B) {
 }
 
 void network::apply(const float* g) {
-  if (keep_undo_) {
-    const size_t bytes = size() * sizeof(float);
-    be_.copy(undo_params_.data(), params_.data(), bytes);
-    be_.copy(undo_m1_.data(), m1_.data(), bytes);
-    if (m2_.data()) be_.copy(undo_m2_.data(), m2_.data(), bytes);
-    undo_step_ = step_;
-  }
+  if (keep_undo_ && undo_[size_t(step_) % undo_.size()].step != step_) save_state();
   ++step_;
   if (opt_.kind == optimizer_config::adam)
     be_.adam_update(params(), m1_.data(), m2_.data(), g, size(), opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, step_);

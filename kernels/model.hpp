@@ -147,15 +147,21 @@ class network {
   // gradients and optimizer state stay where they are, so views of them remain valid). A smaller
   // max_batch keeps what there is.
   void reserve(int max_batch);
-  // A one-step undo, for elastic jobs (actors/reform.hpp): with keep_undo(true), apply() first copies
-  // the parameters, optimizer state and step count aside (on the device, enqueued like a kernel), and
-  // undo() takes the last update back bit for bit: a step that some ranks applied and others never did.
+  // A one-step undo, for elastic jobs (actors/reform.hpp): with keep_undo(true), the state before each
+  // update (parameters, optimizer state, step count) is kept, and undo() takes the last update back bit
+  // for bit: a step that some ranks applied and others never did. save_undo() copies the state aside
+  // for the next apply() (on the device, enqueued like a kernel); call it while the ring sums the
+  // gradients and the copy costs no step time. apply() makes the copy itself if it was not made.
+  // On the host (slow copies, ample memory) two copies alternate, so the one for the next update is
+  // taken while the last update can still be undone; a device keeps one, taken in apply().
   void keep_undo(bool on);
-  bool can_undo() const { return undo_step_ >= 0; }
-  void undo();  // the saved copy is used up
+  void save_undo();
+  bool can_undo() const;
+  void undo();
 
  private:
   void allocate_batch(int max_batch);
+  void save_state();
   const float* forward(const float* x, int B, bool training, const sample_key& key);
   layer_io io(size_t l, const float* x, int B, bool training, const sample_key& key);
   backend& be_;
@@ -169,9 +175,12 @@ class network {
   std::vector<std::vector<const float*>> pviews_;
   std::vector<std::vector<float*>> gviews_;
   device_buffer<float> dbuf_a_, dbuf_b_;  // activation gradients, ping-pong
+  struct saved_state {
+    device_buffer<float> params, m1, m2;
+    int64_t step = -1;  // the step count it was saved at; -1: nothing saved
+  };
   bool keep_undo_ = false;
-  device_buffer<float> undo_params_, undo_m1_, undo_m2_;  // the state before the last apply()
-  int64_t undo_step_ = -1;                                // its step count; -1: none
+  std::vector<saved_state> undo_;  // keep_undo: the state before update k is undo_[k % size]
 };
 
 }  // namespace ringmaster

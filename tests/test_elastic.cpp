@@ -54,7 +54,7 @@ train_result run_killing(train_config cfg, const remote_options& ro, test::daemo
 
 }  // namespace
 
-TEST_CASE("elastic: kill -9 of one of 3 nodes running 2 ranks each; the 4 others finish, every sample once an epoch", "[nodes][elastic]") {
+TEST_CASE("elastic: kill -9 of one of 3 nodes running 2 ranks each: the 4 others finish, every sample once an epoch", "[nodes][elastic]") {
   auto nodes = start_nodes(3);
   remote_options ro;
   ro.nodes = test::endpoints(nodes);
@@ -86,7 +86,7 @@ TEST_CASE("elastic: kill -9 of one of 3 nodes running 2 ranks each; the 4 others
   CHECK(to_next < 2.5);
 }
 
-TEST_CASE("elastic: a node that falls silent (SIGSTOP) is dropped, the others finish; woken, it has left the job", "[nodes][elastic]") {
+TEST_CASE("elastic: a node that falls silent (SIGSTOP) is dropped, the others finish, and woken it has left the job", "[nodes][elastic]") {
   auto nodes = start_nodes(3, "cpu:1");
   remote_options ro;
   ro.nodes = test::endpoints(nodes);
@@ -115,12 +115,12 @@ TEST_CASE("elastic: a node busy with steps longer than the node timeout is not t
   auto nodes = start_nodes(2, "cpu:1");
   remote_options ro;
   ro.nodes = test::endpoints(nodes);
-  ro.limit_train = 1024;
+  ro.limit_train = 1536;
   ro.node_timeout = 500ms;
   ro.abort_on_node_loss = true;  // a false alarm fails the job
   train_config c;
   c.model = "784-2048-2048-10";
-  c.global_batch = 512;
+  c.global_batch = 768;
   c.epochs = 1;
   c.evaluate = false;
   train_result r = train_remote(c, ro);

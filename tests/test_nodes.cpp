@@ -409,8 +409,24 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   }
   CHECK(dropped != "");
 
+  // A stranger's pause and re-formed ring: only the job's launcher steers it.
+  zmq::socket_t t(ctx, zmq::socket_type::dealer);
+  t.set(zmq::sockopt::linger, 0);
+  t.connect(a.node->endpoint());
+  wire::header pause;
+  pause.type = wire::msg_type::pause;
+  pause.job_id = id;
+  const std::string gen = "gen=1\n";
+  pause.payload_bytes = gen.size();
+  const auto ph = wire::encode(pause);
+  t.send(zmq::buffer(ph.data(), ph.size()), zmq::send_flags::sndmore);
+  t.send(zmq::buffer(gen), zmq::send_flags::none);
+
   launcher.join();
   INFO(r.error);
   CHECK(r.ok);
   CHECK(r.identical);
+  CHECK(r.losses.empty());
+  std::lock_guard<std::mutex> lock(a.mu);
+  for (const std::string& l : a.lines) CHECK(l.find("paused") == std::string::npos);
 }
