@@ -36,8 +36,9 @@ job_plan six_ranks(int global_batch = 60) {
 job_plan reformed(const job_plan& p, std::vector<bool> lost, int gen = 1, int64_t start = 41) {
   job_plan next;
   std::string err;
+  const bool made = make_reform(p, lost, gen, 1000 + gen, start, &next, &err);
   INFO(err);
-  REQUIRE(make_reform(p, lost, gen, 1000 + gen, start, &next, &err));
+  REQUIRE(made);
   return next;
 }
 
