@@ -169,8 +169,12 @@ struct node_service::impl {
     job_plan next;
     std::string error;
     bool dropped = false;
-    if (from_json(p.text(), &next, &error) && next.job_id == h.job_id && job->reform(std::move(next), &error, &dropped))
-      return send_kv(from, wire::msg_type::job_ack, h.job_id, {{"generation", std::to_string(job->plan().generation)}});
+    try {  // e.g. out of memory: the job ends, the daemon lives on
+      if (from_json(p.text(), &next, &error) && next.job_id == h.job_id && job->reform(std::move(next), &error, &dropped))
+        return send_kv(from, wire::msg_type::job_ack, h.job_id, {{"generation", std::to_string(job->plan().generation)}});
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
     if (dropped) return end_job("this node has no rank in the re-formed ring");
     if (error.empty()) error = "the re-formed plan is for another job";
     send_kv(from, wire::msg_type::error, h.job_id, {{"error", "node " + name() + ": cannot join the re-formed ring: " + error}});
