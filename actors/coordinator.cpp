@@ -26,16 +26,12 @@ std::string format_progress(const progress& p) {
   char head[64], tail[256];
   const int digits = int(std::to_string(p.steps).size());
   std::snprintf(head, sizeof head, "%*lld/%lld ", digits, (long long)p.step, (long long)p.steps);
-  // A resumed epoch's first steps ran before this run: its time and rates count from where it resumed.
-  const int64_t here = p.step - p.first_step;
   if (p.epoch_end) {
-    const double per_step = here > 0 ? p.seconds / double(here) : 0;
-    char resumed[48] = "";
-    if (p.first_step > 0) std::snprintf(resumed, sizeof resumed, " (resumed at step %lld)", (long long)p.first_step);
-    std::snprintf(tail, sizeof tail, " - %.1fs %.1fms/step%s - loss: %.4f - accuracy: %.4f - %.0f samples/s",
-                  p.seconds, per_step * 1e3, resumed, p.loss, p.accuracy, p.samples_per_sec);
+    const double per_step = p.steps ? p.seconds / double(p.steps) : 0;
+    std::snprintf(tail, sizeof tail, " - %.1fs %.1fms/step - loss: %.4f - accuracy: %.4f - %.0f samples/s",
+                  p.seconds, per_step * 1e3, p.loss, p.accuracy, p.samples_per_sec);
   } else {
-    const double eta = here > 0 ? p.seconds / double(here) * double(p.steps - p.step) : 0;
+    const double eta = p.step ? p.seconds / double(p.step) * double(p.steps - p.step) : 0;
     std::snprintf(tail, sizeof tail, " - ETA: %.0fs - loss: %.4f - accuracy: %.4f - %.0f samples/s", eta,
                   p.loss, p.accuracy, p.samples_per_sec);
   }
@@ -50,11 +46,10 @@ std::string format_progress(const progress& p) {
 
 namespace {
 
-// One step's reports until all N are in. Its losses are then added in rank order, so the epoch's loss has
-// the same bits whatever order the reports arrived in; and the epoch's sums hold whole steps only (what
-// a checkpoint after a step records).
-struct step_sums {
-  std::vector<double> losses;  // per rank
+// One step's reports so far; added to its epoch once all ranks have reported.
+struct step_acc {
+  std::vector<double> losses;  // per rank: added in rank order, so the epoch's loss has the same bits
+                               // whatever order the reports arrived in
   int64_t correct = 0, count = 0;
   int reports = 0;
 };
@@ -62,9 +57,10 @@ struct step_sums {
 struct epoch_acc {
   double loss = 0;
   int64_t correct = 0, count = 0;
+  int64_t unmeasured = 0;  // of count: samples whose loss and accuracy were lost with their node
   int64_t steps_done = 0;
   int64_t first_step = 0, first_count = 0;  // a resumed epoch's steps and samples from before this run
-  std::map<int64_t, step_sums> steps;       // step -> its reports so far
+  std::map<int64_t, step_acc> pending;  // step -> reports so far
   std::vector<double> val_losses;       // per rank, added in rank order when the epoch closes
   double val_loss = 0;
   int64_t val_correct = 0, val_count = 0;
@@ -72,6 +68,7 @@ struct epoch_acc {
   double eval_seconds = 0;
   clock_type::time_point start, last_step;
   bool closed = false;
+  int64_t measured() const { return count - unmeasured; }
 };
 
 // A checkpoint waits for both halves: rank 0's state after the step, and the job's metrics up to it.
@@ -88,8 +85,12 @@ struct coordinator_state {
   std::shared_ptr<train_result> result = std::make_shared<train_result>();
   std::map<int64_t, epoch_acc> epochs;
   std::map<int64_t, pending_checkpoint> checkpoints;  // by steps done
+  int64_t current_epoch = 0;
   int done = 0, weights_in = 0;
   bool finished = false;
+  int gen = 0;              // the ring generation: reports of others are dropped
+  size_t recovering = SIZE_MAX;  // result->losses from here on wait for the next completed step
+  clock_type::time_point last_word;
   clock_type::time_point start, last_print;
 };
 
@@ -131,10 +132,9 @@ void report_progress(coordinator_state& st, int64_t e, bool end) {
   p.epochs = st.cfg.epochs;
   p.step = a.steps_done;
   p.steps = st.cfg.steps_per_epoch;
-  p.first_step = a.first_step;
   p.seconds = secs(a.start, end ? a.last_step : now);
-  p.loss = a.count ? a.loss / double(a.count) : 0;
-  p.accuracy = a.count ? double(a.correct) / double(a.count) : 0;
+  p.loss = a.measured() ? a.loss / double(a.measured()) : 0;
+  p.accuracy = a.measured() ? double(a.correct) / double(a.measured()) : 0;
   p.samples_per_sec = p.seconds > 0 ? double(a.count - a.first_count) / p.seconds : 0;
   p.epoch_end = end;
   p.val_loss = a.val_count ? a.val_loss / double(a.val_count) : NAN;
@@ -168,16 +168,19 @@ void checkpoint_progress(caf::event_based_actor* self, coordinator_state& st, in
   offer_checkpoint(self, st, done);
 }
 
-// An epoch is complete when every step has N reports and (if evaluating) N evaluations arrived.
-void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int64_t e) {
+// An epoch is complete when every step has N reports and (if evaluating) N evaluations arrived. `force`:
+// also with fewer evaluations (a lost node's went with it, and the weights have moved on since).
+void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int64_t e, bool force = false) {
   epoch_acc& a = st.epochs[e];
   const int n = st.cfg.replicas;
-  if (a.closed || a.steps_done < st.cfg.steps_per_epoch || (st.cfg.evaluate && a.evals < n)) return;
+  if (a.closed || a.steps_done < st.cfg.steps_per_epoch || (st.cfg.evaluate && a.evals < n && !force)) return;
   a.closed = true;
+  a.val_loss = 0;
+  for (double l : a.val_losses) a.val_loss += l;  // rank order, whatever the arrival order
   epoch_stats s;
   s.epoch = e;
-  s.loss = a.count ? a.loss / double(a.count) : 0;
-  s.accuracy = a.count ? double(a.correct) / double(a.count) : 0;
+  s.loss = a.measured() ? a.loss / double(a.measured()) : 0;
+  s.accuracy = a.measured() ? double(a.correct) / double(a.measured()) : 0;
   s.val_loss = a.val_count ? a.val_loss / double(a.val_count) : NAN;
   s.val_accuracy = a.val_count ? double(a.val_correct) / double(a.val_count) : NAN;
   s.samples = a.count;
@@ -186,10 +189,102 @@ void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int6
   st.result->history.push_back(s);
   st.result->train_seconds += s.seconds;
   st.result->train_samples += a.count - a.first_count;
+  st.result->unmeasured += a.unmeasured;
   report_progress(st, e, true);
   st.epochs[e + 1].start = clock_type::now();
   // At an epoch's end a checkpoint waits for the evaluation, so that the epoch is whole in its history.
   checkpoint_progress(self, st, (e + 1) * st.cfg.steps_per_epoch, nullptr);
+}
+
+// Adds step `step` of epoch e, all of whose reports are in, to its epoch.
+void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t e, int64_t step) {
+  epoch_acc& a = st.epochs[e];
+  const step_acc s = std::move(a.pending[step]);
+  a.pending.erase(step);
+  for (double l : s.losses) a.loss += l;
+  a.correct += s.correct;
+  a.count += s.count;
+  // A NaN or infinite loss never comes back: stop rather than train on garbage to the end.
+  if (!std::isfinite(a.loss))
+    return finish(self, st, "the loss became " + std::string(std::isnan(a.loss) ? "NaN" : "infinite") + " at epoch " +
+                                std::to_string(e + 1) + ", step " + std::to_string(step + 1) +
+                                " (too high a learning rate?); the job was stopped");
+  ++a.steps_done;
+  a.last_step = clock_type::now();
+  if (st.recovering < st.result->losses.size()) {  // the first step since the ring was re-formed
+    char line[160];
+    for (size_t i = st.recovering; i < st.result->losses.size(); ++i) {
+      node_loss& l = st.result->losses[i];
+      l.next_step = a.last_step;
+      l.recovered = secs(st.last_word, a.last_step);
+      std::snprintf(line, sizeof line, "the next step was complete %.2f s after the last message of node %s",
+                    l.recovered, l.node.c_str());
+      if (st.cfg.on_event) st.cfg.on_event(line);
+    }
+    st.recovering = SIZE_MAX;
+  }
+  report_progress(st, e, false);
+  if (a.steps_done < st.cfg.steps_per_epoch)  // mid-epoch; an epoch's end waits for its evaluation
+    checkpoint_progress(self, st, e * st.cfg.steps_per_epoch + a.steps_done, &a);
+  if (st.finished) return;
+  maybe_close_epoch(self, st, e);
+}
+
+// The ring was re-formed: the steps before note.start_step are complete (every survivor applied them,
+// and the lost ranks' gradients were in them: their samples count even if their reports went with
+// them), the reports of the steps from it on are dropped (those steps run again), and so are the
+// evaluations of epochs that end from it on (the survivors evaluate them again).
+void reform(caf::event_based_actor* self, coordinator_state& st, const reform_note& note) {
+  const int64_t spe = st.cfg.steps_per_epoch, start = note.start_step;
+  std::vector<std::pair<int64_t, int64_t>> before;  // (epoch, step) to complete
+  for (auto& [e, a] : st.epochs) {
+    for (auto it = a.pending.begin(); it != a.pending.end();) {
+      if (e * spe + it->first >= start) {
+        it = a.pending.erase(it);
+        continue;
+      }
+      before.emplace_back(e, it->first);
+      ++it;
+    }
+    if (!a.closed && (e + 1) * spe >= start) {
+      a.val_losses.clear();
+      a.val_loss = 0;
+      a.val_correct = a.val_count = 0;
+      a.evals = 0;
+      a.eval_seconds = 0;
+    }
+  }
+  // Rank 0's states for steps that run again are of no use; the new rank 0 sends its own.
+  for (auto it = st.checkpoints.begin(); it != st.checkpoints.end();)
+    it = it->first > start ? st.checkpoints.erase(it) : std::next(it);
+  for (auto* group : {&st.replicas, &st.loaders, &st.reducers})
+    for (auto& a : *group) self->demonitor(a);
+  st.replicas = st.loaders = st.reducers = note.ranks;
+  for (auto& a : note.ranks) self->monitor(a);
+  st.cfg.replicas = int(note.ranks.size());
+  st.gen = note.gen;
+  st.done = st.weights_in = 0;
+  st.result->checksums.clear();
+  st.recovering = st.result->losses.size();
+  st.last_word = note.last_word;
+  for (node_loss l : note.losses) {
+    l.generation = note.gen;
+    l.survivors = int(note.ranks.size());
+    l.epoch = start / spe;
+    l.step = start % spe;
+    st.result->losses.push_back(std::move(l));
+  }
+  for (auto [e, step] : before) {
+    step_acc& s = st.epochs[e].pending[step];
+    const int64_t missing = std::max<int64_t>(0, int64_t(st.cfg.global_batch) - s.count);
+    s.count += missing;
+    st.epochs[e].unmeasured += missing;
+    complete_step(self, st, e, step);
+    if (st.finished) return;
+  }
+  // An epoch that ended before `start` and still lacks a lost rank's evaluation will not get it.
+  for (auto& [e, a] : st.epochs)
+    if ((e + 1) * spe < start) maybe_close_epoch(self, st, e, true);
 }
 
 }  // namespace
@@ -236,40 +331,23 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         return st->reply;
       },
       [self, st](const step_report& r) {
-        epoch_acc& a = st->epochs[r.epoch];
+        if (r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;  // of a ring given up on
         st->result->wait_batch += r.wait_batch;
         st->result->compute += r.compute;
         st->result->wait_ring += r.wait_ring;
         st->result->update += r.update;
-        step_sums& sums = a.steps[r.step];
-        sums.losses.resize(size_t(st->cfg.replicas), 0.0);
-        if (r.rank >= 0 && r.rank < st->cfg.replicas) sums.losses[size_t(r.rank)] = r.loss_sum;
-        sums.correct += r.correct;
-        sums.count += r.count;
-        if (++sums.reports == st->cfg.replicas) {
-          for (double l : sums.losses) a.loss += l;
-          a.correct += sums.correct;
-          a.count += sums.count;
-          // A NaN or infinite loss never comes back: stop rather than train on garbage to the end.
-          if (!std::isfinite(a.loss))
-            return finish(self, *st, "the loss became " + std::string(std::isnan(a.loss) ? "NaN" : "infinite") +
-                                         " at epoch " + std::to_string(r.epoch + 1) + ", step " + std::to_string(r.step + 1) +
-                                         " (too high a learning rate?); the job was stopped");
-          a.steps.erase(r.step);
-          ++a.steps_done;
-          a.last_step = clock_type::now();
-          report_progress(*st, r.epoch, false);
-          if (a.steps_done < st->cfg.steps_per_epoch)  // mid-epoch; an epoch's end waits for its evaluation
-            checkpoint_progress(self, *st, r.epoch * st->cfg.steps_per_epoch + a.steps_done, &a);
-          maybe_close_epoch(self, *st, r.epoch);
-        }
+        step_acc& s = st->epochs[r.epoch].pending[r.step];
+        s.losses.resize(size_t(st->cfg.replicas), 0.0);
+        s.losses[size_t(r.rank)] = r.loss_sum;
+        s.correct += r.correct;
+        s.count += r.count;
+        if (++s.reports == st->cfg.replicas) complete_step(self, *st, r.epoch, r.step);
       },
       [self, st](const eval_report& r) {
         epoch_acc& a = st->epochs[r.epoch];
+        if (r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas || a.closed) return;
         a.val_losses.resize(size_t(st->cfg.replicas), 0.0);
-        if (r.rank >= 0 && r.rank < st->cfg.replicas) a.val_losses[size_t(r.rank)] = r.loss_sum;
-        a.val_loss = 0;
-        for (double l : a.val_losses) a.val_loss += l;  // rank order, whatever the arrival order
+        a.val_losses[size_t(r.rank)] = r.loss_sum;
         a.val_correct += r.correct;
         a.val_count += r.count;
         a.eval_seconds = std::max(a.eval_seconds, r.seconds);
@@ -284,14 +362,19 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         st->checkpoints[done].state = std::move(s);
         offer_checkpoint(self, *st, done);
       },
+      [self, st](reform_atom, const reform_note& note) {
+        if (!st->finished) reform(self, *st, note);
+      },
       [self, st](done_atom, int) {
         if (++st->done < st->cfg.replicas) return;
         const size_t n = st->replicas.size();
         st->result->checksums.assign(n, 0);
         for (size_t r = 0; r < n; ++r) {
+          // An answer for a generation given up on (a node lost meanwhile) is ignored.
           self->request(st->replicas[r], std::chrono::seconds(60), weights_atom::value)
               .then(
-                  [self, st, r](chunk_ptr w) {
+                  [self, st, r, gen = st->gen](chunk_ptr w) {
+                    if (gen != st->gen) return;
                     st->result->checksums[r] = fnv1a(w->data(), w->size());
                     if (r == 0) st->result->weights = *w;
                     if (++st->weights_in < int(st->replicas.size())) return;
@@ -304,8 +387,9 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
                                                    " was never complete");
                     finish(self, *st, "");
                   },
-                  [self, st, r](caf::error& e) {
-                    finish(self, *st, "replica " + std::to_string(r) + " did not send its weights: " +
+                  [self, st, r, gen = st->gen](caf::error& e) {
+                    if (gen == st->gen)
+                      finish(self, *st, "replica " + std::to_string(r) + " did not send its weights: " +
                                           self->system().render(e));
                   });
         }

@@ -2,6 +2,8 @@
 // only: whoever spawned the reducers wired them into the ring the job plan orders (actors/job_plan.hpp).
 #pragma once
 #include <caf/all.hpp>
+#include <chrono>
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -31,6 +33,19 @@ struct epoch_stats {
   double seconds = 0, eval_seconds = 0;
 };
 
+// A node lost during an elastic job and how the job went on (actors/reform.hpp), for the summary.
+struct node_loss {
+  std::string node;             // its endpoint
+  std::string ranks;            // the ranks it ran ("2-3")
+  std::string why;              // "no heartbeat for 1.6 s"
+  double detected = 0;          // seconds from its last message to its loss being declared
+  int generation = 0;           // of the ring re-formed without it
+  int survivors = 0;            // ranks in that ring
+  int64_t epoch = 0, step = 0;  // where the survivors went on from (0-based)
+  double recovered = NAN;       // seconds from its last message to the next completed step
+  std::chrono::steady_clock::time_point next_step;  // when that step was complete
+};
+
 struct train_result {
   bool ok = false;
   std::string error;                   // set when !ok: which actor failed and why
@@ -45,6 +60,10 @@ struct train_result {
   std::string checkpoint;              // the last checkpoint written ("" none)
   // Replica time summed over all replicas and steps (seconds): where the time went.
   double wait_batch = 0, compute = 0, wait_ring = 0, update = 0;
+  std::vector<node_loss> losses;  // nodes lost on the way (elastic jobs went on without them)
+  // Samples trained whose loss and accuracy were lost with their node (a report in flight when it
+  // died): counted in train_samples, not in the means.
+  int64_t unmeasured = 0;
 };
 
 uint64_t fnv1a(const float* p, size_t n);
@@ -71,6 +90,18 @@ struct coordinator_config {
   // on_checkpoint on its own thread; an error it returns ends the job. Null: no checkpoints.
   int64_t checkpoint_every = 0;  // 0: at the end of every epoch
   std::function<std::string(const job_progress&, const network_state&)> on_checkpoint;
+  std::function<void(const std::string&)> on_event;  // a line about the job (a lost node), same thread
+};
+
+// {reform_atom, reform_note}: the ring was re-formed without lost nodes' ranks (elastic jobs,
+// actors/reform.hpp). Reports of earlier generations are dropped from then on; the steps before
+// start_step are complete, those from it on are done again by the new ranks.
+struct reform_note {
+  int gen = 0;
+  int64_t start_step = 0;          // the global step (epoch * steps per epoch + step) they continue from
+  std::vector<caf::actor> ranks;   // the new ranks' actors (replica, loader and reducer alike), index = rank
+  std::vector<node_loss> losses;   // the nodes lost since the last re-forming
+  std::chrono::steady_clock::time_point last_word;  // the earliest last message of those nodes
 };
 
 // Request {run_atom, replicas, loaders, reducers} (vector<actor> each, index = rank), the reducers already
@@ -80,3 +111,4 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg);
 }  // namespace ringmaster
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<ringmaster::train_result>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::reform_note)

@@ -14,6 +14,7 @@ struct loader_state {
   caf::actor sink;
   int credits = 0;
   int64_t epoch = 0, step = 0, steps = 0;
+  int gen = 0;  // the ring generation the shard is cut for
   std::vector<uint32_t> order;  // this epoch's permutation
   // Batches handed out before; one is reused once the replica has let go of it (at most prefetch + 1
   // live at a time), so steady-state training allocates no batch memory.
@@ -39,6 +40,7 @@ batch_ptr cut(loader_state& st) {
   out->epoch = st.epoch;
   out->step = st.step;
   out->size = b;
+  out->gen = st.gen;
   out->x.resize(size_t(b) * d.features());
   out->y.resize(b);
   const size_t first = size_t(st.step) * st.cfg.global_batch + size_t(st.cfg.shard_begin);
@@ -83,6 +85,19 @@ caf::behavior data_loader(caf::event_based_actor* self, loader_config cfg) {
       },
       [self, st](credit_atom) {
         ++st->credits;
+        push(self, *st);
+      },
+      [self, st](reform_atom, int gen, int64_t start, int shard_begin, int shard_end) {
+        // The replica sends this after its last credit for the old shard, and sends credits only for
+        // batches of the new generation: the prefetch window starts afresh.
+        st->gen = gen;
+        st->cfg.shard_begin = shard_begin;
+        st->cfg.shard_end = shard_end;
+        st->epoch = st->steps ? start / st->steps : 0;
+        st->step = st->steps ? start % st->steps : 0;
+        st->order = st->epoch < st->cfg.epochs ? epoch_permutation(st->cfg.data->count, st->cfg.seed, st->epoch)
+                                               : std::vector<uint32_t>{};
+        st->credits = std::max(1, st->cfg.prefetch);
         push(self, *st);
       },
   };

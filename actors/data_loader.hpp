@@ -22,6 +22,9 @@ struct loader_config {
 };
 
 // Receives {run_atom, replica}: starts pushing {batch_atom, batch_ptr} there; {credit_atom} for more.
+// {reform_atom, int gen, int64_t start, int shard_begin, int shard_end} (from its replica, when a lost
+// node re-formed the ring, actors/reform.hpp): cuts the new shard from global step `start` (epoch *
+// steps per epoch + step) on, batches marked with generation `gen`, with its prefetch credit afresh.
 caf::behavior data_loader(caf::event_based_actor* self, loader_config cfg);
 
 }  // namespace ringmaster

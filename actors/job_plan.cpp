@@ -16,6 +16,7 @@ constexpr int kMaxBatch = 1 << 24;
 constexpr int64_t kMaxEpochs = 1 << 20;
 constexpr int kMaxPrefetch = 64;
 constexpr int64_t kMaxSteps = int64_t(1) << 50;  // steps of a job (first_step, checkpoint_every)
+constexpr int kMaxGenerations = 1 << 20;
 
 bool fail(std::string* error, const std::string& what) {
   *error = "job plan: " + what;
@@ -93,9 +94,11 @@ bool check_nodes(const job_plan& p, std::string* error) {
 
 bool check_ranks(const job_plan& p, std::string* error) {
   const int n = p.replicas();
+  const bool reformed = p.generation > 0;
   if (n < 1 || n > kMaxPlanRanks) return fail(error, "'ranks' lists " + std::to_string(n) + " ranks, expected " + range(1, kMaxPlanRanks));
-  if (p.global_batch % n != 0)
+  if (p.global_batch % n != 0 && !reformed)
     return fail(error, "'global_batch' is " + std::to_string(p.global_batch) + ", not divisible by " + std::to_string(n) + " ranks");
+  if (p.global_batch < n) return fail(error, "'global_batch' is " + std::to_string(p.global_batch) + ", less than " + std::to_string(n) + " ranks");
   const int b = p.global_batch / n;
   std::vector<int> per_node(p.nodes.size(), 0);
   for (int r = 0; r < n; ++r) {
@@ -113,10 +116,20 @@ bool check_ranks(const job_plan& p, std::string* error) {
       return fail(error, is(at + ".device", ringmaster::quoted(rp.device), "a " + p.device + " device"));
     if (rp.left != (r + n - 1) % n) return fail(error, is(at + ".left", rp.left, std::to_string((r + n - 1) % n)));
     if (rp.right != (r + 1) % n) return fail(error, is(at + ".right", rp.right, std::to_string((r + 1) % n)));
-    if (rp.batch_begin != r * b) return fail(error, is(at + ".batch_begin", rp.batch_begin, std::to_string(r * b)));
-    if (rp.batch_end != (r + 1) * b) return fail(error, is(at + ".batch_end", rp.batch_end, std::to_string((r + 1) * b)));
+    // Even shards; after a re-forming, any contiguous split into shards of b or b + 1 samples.
+    const int begin = r == 0 ? 0 : p.ranks[size_t(r) - 1].batch_end;
+    if (rp.batch_begin != (reformed ? begin : r * b))
+      return fail(error, is(at + ".batch_begin", rp.batch_begin, std::to_string(reformed ? begin : r * b)));
+    const int size = rp.batch_end - rp.batch_begin;
+    if (reformed ? size < b || size > b + 1 : size != b)
+      return fail(error, is(at + ".batch_end", rp.batch_end, reformed ? range(rp.batch_begin + b, rp.batch_begin + b + 1) : std::to_string((r + 1) * b)));
+    // Generation 0: each rank is itself; later ones list the previous generation's survivors in ring order.
+    if (reformed ? rp.was < (r ? p.ranks[size_t(r) - 1].was + 1 : 0) || rp.was >= kMaxPlanRanks : rp.was != r)
+      return fail(error, is(at + ".was", rp.was, reformed ? "more than the rank before's" : std::to_string(r)));
   }
-  for (size_t i = 0; i < per_node.size(); ++i)
+  if (p.ranks.back().batch_end != p.global_batch)
+    return fail(error, is("ranks[" + std::to_string(n - 1) + "].batch_end", p.ranks.back().batch_end, std::to_string(p.global_batch)));
+  for (size_t i = 0; i < per_node.size() && !reformed; ++i)
     if (per_node[i] == 0) return fail(error, "'nodes[" + std::to_string(i) + "]' runs no rank");
   return true;
 }
@@ -128,6 +141,12 @@ std::vector<int> job_plan::ranks_on(int node) const {
   for (const rank_plan& r : ranks)
     if (r.node == node) out.push_back(r.rank);
   return out;
+}
+
+int job_plan::shard_size() const {
+  int most = 0;
+  for (const rank_plan& r : ranks) most = std::max(most, r.batch_end - r.batch_begin);
+  return most;
 }
 
 std::pair<size_t, size_t> job_plan::test_shard(int r, size_t count) const {
@@ -150,6 +169,11 @@ bool validate(const job_plan& p, std::string* error) {
   if (p.checkpoint_every < 0 || p.checkpoint_every > kMaxSteps)
     return fail(error, is("checkpoint_every", p.checkpoint_every, range(0, kMaxSteps)));
   if (!sane_device(p.device, false)) return fail(error, is("device", ringmaster::quoted(p.device), "a kind of device (cpu, cuda)"));
+  if (p.generation < 0 || p.generation > kMaxGenerations) return fail(error, is("generation", p.generation, range(0, kMaxGenerations)));
+  if (p.generation > 0 && (p.ring == 0 || p.ring == p.job_id))
+    return fail(error, "'ring' is " + std::to_string(p.ring) + ": a re-formed ring needs an id of its own");
+  if (p.generation == 0 && p.ring != 0) return fail(error, is("ring", std::to_string(p.ring), "0 (the job's id) in generation 0"));
+  if (p.start_step < 0) return fail(error, is("start_step", p.start_step, "0 or more"));
   return check_nodes(p, error) && check_ranks(p, error);
 }
 
@@ -196,6 +220,7 @@ bool make_job_plan(const train_config& cfg, const job_placement& where, job_plan
     rp.right = (r + 1) % n;
     rp.batch_begin = r * b;
     rp.batch_end = (r + 1) * b;
+    rp.was = r;
     p.ranks.push_back(std::move(rp));
   }
   if (!validate(p, error)) return false;
@@ -233,7 +258,7 @@ std::string to_json(const job_plan& p) {
   for (const plan_node& nd : p.nodes) nodes.push_back({{"endpoint", nd.endpoint}, {"id", nd.id}, {"key", nd.key}});
   for (const rank_plan& r : p.ranks)
     ranks.push_back({{"rank", r.rank}, {"node", r.node}, {"device", r.device}, {"left", r.left}, {"right", r.right},
-                     {"batch_begin", r.batch_begin}, {"batch_end", r.batch_end}});
+                     {"batch_begin", r.batch_begin}, {"batch_end", r.batch_end}, {"was", r.was}});
   // Floats widen to doubles exactly, and a double prints with enough digits to read back the same.
   const json opt = {{"kind", p.opt.kind == optimizer_config::adam ? "adam" : "sgd"},
                     {"lr", double(p.opt.lr)},
@@ -250,6 +275,8 @@ std::string to_json(const job_plan& p) {
                   {"first_step", p.first_step}, {"checkpoints", p.checkpoints},
                   {"checkpoint_every", p.checkpoint_every},
                   {"device", p.device},        {"recipient", p.recipient},
+                  {"elastic", p.elastic},      {"generation", p.generation},
+                  {"ring", p.ring},            {"start_step", p.start_step},
                   {"nodes", nodes},            {"ranks", ranks}};
   // replace: text that is not UTF-8 (endpoints and ids are ASCII; a model description that is not UTF-8
   // is no model) is changed rather than thrown on.
@@ -380,7 +407,8 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
   if (!j.is_object()) return fail(error, "the text is not a JSON object");
   reader rd(j, "", error);
   rd.only({"job", "model", "optimizer", "global_batch", "epochs", "seed", "prefetch", "evaluate", "bucket_bytes", "limit_train",
-           "limit_test", "first_step", "checkpoints", "checkpoint_every", "device", "recipient", "nodes", "ranks"});
+           "limit_test", "first_step", "checkpoints", "checkpoint_every", "device", "recipient", "elastic", "generation",
+           "ring", "start_step", "nodes", "ranks"});
   std::string kind;
   const json* opt = rd.object("optimizer");
   if (opt) {
@@ -400,6 +428,8 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
   rd.integer("first_step", &p->first_step, 0, kMaxSteps).boolean("checkpoints", &p->checkpoints);
   rd.integer("checkpoint_every", &p->checkpoint_every, 0, kMaxSteps);
   rd.text("device", &p->device, 16).integer("recipient", &p->recipient, -1, kMaxPlanRanks - 1);
+  rd.boolean("elastic", &p->elastic).integer("generation", &p->generation, 0, kMaxGenerations).u64("ring", &p->ring);
+  rd.integer("start_step", &p->start_step, 0, INT64_MAX);
   const json* nodes = rd.array("nodes", size_t(kMaxPlanRanks));
   const json* ranks = rd.array("ranks", size_t(kMaxPlanRanks));
   if (!rd.ok()) return false;
@@ -418,10 +448,11 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
     if (!(*ranks)[i].is_object()) return fail(error, "'" + at + "' must be an object, got " + shown((*ranks)[i]));
     rank_plan r;
     reader rr((*ranks)[i], at, error);
-    rr.only({"rank", "node", "device", "left", "right", "batch_begin", "batch_end"});
+    rr.only({"rank", "node", "device", "left", "right", "batch_begin", "batch_end", "was"});
     rr.integer("rank", &r.rank, 0, kMaxPlanRanks - 1).integer("node", &r.node, 0, kMaxPlanRanks - 1);
     rr.text("device", &r.device, 33).integer("left", &r.left, 0, kMaxPlanRanks - 1).integer("right", &r.right, 0, kMaxPlanRanks - 1);
     rr.integer("batch_begin", &r.batch_begin, 0, kMaxBatch).integer("batch_end", &r.batch_end, 0, kMaxBatch);
+    rr.integer("was", &r.was, 0, kMaxPlanRanks - 1);
     if (!rr.ok()) return false;
     if (r.node < int(p->nodes.size())) r.endpoint = p->nodes[size_t(r.node)].endpoint;  // else validate names it
     p->ranks.push_back(std::move(r));

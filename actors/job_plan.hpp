@@ -40,7 +40,9 @@ struct rank_plan {
   std::string device = "cpu";
   int left = 0, right = 0;  // ring neighbours: rank r receives from r - 1 and sends to r + 1 (mod N)
   // The loader's shard: samples [batch_begin, batch_end) of every global batch of the epoch's order.
+  // Even shards as a job starts; a re-formed ring (generation > 0) may give some ranks one more sample.
   int batch_begin = 0, batch_end = 0;
+  int was = 0;  // this rank's number in the previous generation (itself in generation 0)
 };
 
 struct plan_node {
@@ -70,6 +72,12 @@ struct job_plan {
   bool checkpoints = false;
   int64_t checkpoint_every = 0;
   std::string device = "cpu";              // the kind of device every rank runs on
+  // Elastic continuation (actors/reform.hpp): when a node is lost the survivors continue in a re-formed
+  // ring. elastic: ranks keep a one-step undo so that all can continue from one step.
+  bool elastic = false;
+  int generation = 0;      // 0 as the job starts, one more each time the ring is re-formed
+  uint64_t ring = 0;       // the ring's id, in its chunks' job field (0: the job id; generation 0 only)
+  int64_t start_step = 0;  // the global step (epoch * steps per epoch + step) this generation starts at
   std::vector<plan_node> nodes;
   std::vector<rank_plan> ranks;  // index = rank
   // The node a copy was sent to (an index into nodes): set by the launcher for each node; -1 otherwise.
@@ -78,8 +86,9 @@ struct job_plan {
   int replicas() const { return int(ranks.size()); }
   int left(int r) const { return ranks[size_t(r)].left; }
   int right(int r) const { return ranks[size_t(r)].right; }
-  // Samples per rank in every global batch.
-  int shard_size() const { return ranks.empty() ? 0 : global_batch / replicas(); }
+  // Samples per rank in every global batch (the largest shard, in a re-formed ring).
+  int shard_size() const;
+  uint64_t ring_id() const { return ring ? ring : job_id; }
   // The ranks node `node` runs, in rank order.
   std::vector<int> ranks_on(int node) const;
   // Rank r's contiguous shard of a test set of `count` samples: [count*r/N, count*(r+1)/N). Computed
@@ -107,7 +116,8 @@ bool make_local_plan(const train_config& cfg, job_plan* out, std::string* error)
 train_config plan_train_config(const job_plan& plan);
 
 // Every rule a plan must keep; false with *error naming the field ("job plan: 'ranks[2].left' is 0,
-// expected 1").
+// expected 1"). A re-formed plan (generation > 0) may leave nodes without ranks (lost ones) and split the
+// global batch unevenly; whether it fits the plan it follows, actors/reform.hpp checks.
 bool validate(const job_plan& plan, std::string* error);
 
 // Compact JSON; seeds and job ids as exact 64-bit integers, floats exactly.

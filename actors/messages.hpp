@@ -7,6 +7,8 @@
 //   replica ──metrics / eval / done──▶ coordinator
 //   replica 0 ──checkpoint(state)──▶ coordinator                  (after the steps checkpoint_due names)
 //   whoever starts a resumed rank ──restore(state)──▶ replica      (before run)
+//   elastic jobs (actors/reform.hpp): pause ──▶ replica ──pause_report──▶ coordinator's side;
+//   reform ──▶ replica ──reform──▶ data_loader; reports carry the ring's generation
 #pragma once
 #include <caf/all.hpp>
 #include <cstdint>
@@ -35,12 +37,15 @@ using fail_atom = caf::atom_constant<caf::atom("fail")>;  // {fail_atom, why}: a
 using tick_atom = caf::atom_constant<caf::atom("tick")>;  // a watchdog's periodic look
 using checkpt_atom = caf::atom_constant<caf::atom("checkpt")>;  // {checkpt_atom, state_ptr}: rank 0 after a step
 using restore_atom = caf::atom_constant<caf::atom("restore")>;  // {restore_atom, state_ptr}: start from here
+using pause_atom = caf::atom_constant<caf::atom("pause")>;    // {pause_atom, generation}: stop, say how far
+using reform_atom = caf::atom_constant<caf::atom("reform")>;  // continue in a re-formed ring
 
 // One replica's shard of one global batch. Shared, immutable once sent: no copy on the way.
 struct batch {
   int64_t epoch = 0;
   int64_t step = 0;  // step within the epoch
   int size = 0;      // samples in this shard
+  int gen = 0;       // the ring generation it was cut for (a re-formed ring cuts new shards)
   std::vector<float> x;     // (size, features)
   std::vector<int32_t> y;   // (size)
 };
@@ -71,6 +76,7 @@ inline bool checkpoint_due(int64_t done, int64_t every, int64_t steps_per_epoch,
 // What a replica reports after each step (sums, so the coordinator aggregates exactly).
 struct step_report {
   int rank = 0;
+  int gen = 0;  // the ring generation: 0 as the job started, one more each time it is re-formed
   int64_t epoch = 0, step = 0;
   double loss_sum = 0;
   int64_t correct = 0, count = 0;
@@ -82,10 +88,18 @@ struct step_report {
 // Test-set evaluation of one replica's shard of the test set at the end of an epoch.
 struct eval_report {
   int rank = 0;
+  int gen = 0;
   int64_t epoch = 0;
   double loss_sum = 0;
   int64_t correct = 0, count = 0;
   double seconds = 0;
+};
+
+// A replica's answer to {pause_atom, gen}: it stopped, having applied `applied` steps of the job.
+struct pause_report {
+  int rank = 0;
+  int gen = 0;
+  int64_t applied = 0;
 };
 
 // For set_exception_handler: an exception thrown in a handler (a user layer, a CUDA error, a simulated
@@ -112,3 +126,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::ring::message)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<ringmaster::ring::link>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::step_report)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::eval_report)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::pause_report)

@@ -1,7 +1,10 @@
 #include "actors/node_job.hpp"
 
+#include <tuple>
+
 #include "actors/messages.hpp"
 #include "actors/node_links.hpp"
+#include "actors/reform.hpp"
 #include "actors/ring_links.hpp"
 #include "actors/training.hpp"
 
@@ -80,6 +83,7 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
     return false;
   }
   param_count_ = m->param_count();
+  test_count_ = test ? test->count : 0;
   rank_actors local = spawn_ranks(*ctx_.sys, plan_, cfg, m, mine_);
   for (size_t i = 0; i < mine_.size(); ++i) {
     reducers_[mine_[i]] = local.reducers[i];
@@ -172,14 +176,79 @@ bool node_job::take_state(const wire::header& h, const net::payload& p, std::str
              " after step " + std::to_string(plan_.first_step) + " with " + std::to_string(param_count_);
     return false;
   }
-  if (!resume_) resume_ = std::make_shared<network_state>();
-  resume_->steps = h.step;
-  std::vector<float>* into[] = {&resume_->params, &resume_->m1, &resume_->m2};
+  if (!resume_state_) resume_state_ = std::make_shared<network_state>();
+  resume_state_->steps = h.step;
+  std::vector<float>* into[] = {&resume_state_->params, &resume_state_->m1, &resume_state_->m2};
   into[h.segment]->assign(p.floats(), p.floats() + h.elements);
   if (++resume_buffers_ < buffers) return true;
   // Before their start: both go from this thread, so every replica has its state when it runs.
-  const state_ptr whole = std::move(resume_);
+  const state_ptr whole = std::move(resume_state_);
   for (auto& [rank, replica] : replicas_) caf::anon_send(replica, restore_atom::value, whole);
+  return true;
+}
+
+void node_job::pause(int gen) {
+  if (gen <= paused_gen_ || gen <= plan_.generation) return;  // old news: a later pause came first
+  paused_gen_ = gen;
+  ring_open_ = false;
+  resume_.clear();  // a re-formed ring that never started
+  // The replicas hear first, so that the ends of their all-reduces (failed as the reducers leave) find
+  // them paused: they apply nothing more and answer with what they applied.
+  for (auto& [r, a] : replicas_) caf::anon_send(a, pause_atom::value, gen);
+  for (auto& [r, port] : ports_) leave(*port);  // waits for ring work under way: the buffers are free
+  for (auto& [r, a] : reducers_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  reducers_.clear();
+  ports_.clear();
+  // Chunks still queued for a node (a lost one, say) go with their buffers; the new ring connects afresh.
+  for (auto& [endpoint, peer] : peers_) ctx_.br->disconnect(peer);
+  peers_.clear();
+  ctx_.log("job " + std::to_string(plan_.job_id) + ": a node was lost; paused for ring generation " + std::to_string(gen));
+}
+
+bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
+  *dropped = false;
+  if (next.generation != paused_gen_ || ring_open_)
+    return *error = "ring generation " + std::to_string(next.generation) + " without a pause for it", false;
+  if (*error = check_reform(plan_, next); !error->empty()) return false;
+  std::vector<int> mine = next.ranks_on(plan_.recipient);
+  if (mine.empty()) return *dropped = true, false;
+  // Our ranks keep their actors and devices under their new numbers.
+  std::map<int, caf::actor> replicas, loaders;
+  for (int r : mine) {
+    rank_plan& rp = next.ranks[size_t(r)];
+    rp.device = plan_.ranks[size_t(rp.was)].device;
+    replicas[r] = replicas_[rp.was];
+    loaders[r] = loaders_[rp.was];
+  }
+  replicas_ = std::move(replicas);
+  loaders_ = std::move(loaders);
+  mine_ = std::move(mine);
+  plan_ = std::move(next);
+  std::vector<caf::actor> watch;
+  for (int r : mine_) {
+    caf::actor a;
+    ports_[r] = spawn_reducer(*ctx_.sys, plan_reducer_config(plan_, r), &a);
+    reducers_[r] = a;
+    watch.push_back(a);
+  }
+  if (!wire_ring(error)) return false;
+  ring_open_ = true;
+  caf::anon_send(launcher_link_, reform_atom::value, replicas_, watch);
+  for (int r : mine_) {
+    const rank_plan& rp = plan_.ranks[size_t(r)];
+    rank_reform& go = resume_[r];
+    go.gen = plan_.generation;
+    go.rank = r;
+    go.replicas = plan_.replicas();
+    go.start_step = plan_.start_step;
+    go.batch_begin = rp.batch_begin;
+    go.batch_end = rp.batch_end;
+    std::tie(go.test_begin, go.test_end) = plan_.test_shard(r, test_count_);
+    go.port = ports_[r];
+  }
+  ctx_.log("job " + std::to_string(plan_.job_id) + ": ring generation " + std::to_string(plan_.generation) + " of " +
+           std::to_string(plan_.replicas()) + " ranks, ranks " + rank_list(mine_) + " here, from step " +
+           std::to_string(plan_.start_step));
   return true;
 }
 
@@ -189,6 +258,11 @@ void node_job::run_rank(int rank) {
   auto it = replicas_.find(rank);
   if (it == replicas_.end() || !launcher_link_) {
     ctx_.log("ignored a start for rank " + std::to_string(rank) + ", which does not run here");
+    return;
+  }
+  if (auto go = resume_.find(rank); go != resume_.end()) {  // on in the re-formed ring
+    caf::anon_send(it->second, reform_atom::value, go->second);
+    resume_.erase(go);
     return;
   }
   caf::anon_send(it->second, run_atom::value, loaders_[rank], reducers_[rank], launcher_link_);

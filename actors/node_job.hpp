@@ -1,7 +1,9 @@
 // One job on a node daemon. From the job's plan (actors/job_plan.hpp) it takes the ranks this node runs,
 // spawns their loaders, replicas and reducers once the data is here, wires them into the ring (chunks to
 // a rank on another node go through the bridge), links them to the launcher, routes the chunks that
-// arrive for them, and stops it all when it is destroyed. Everything here runs on the bridge thread.
+// arrive for them, and stops it all when it is destroyed. When the launcher lost another node (elastic
+// jobs, actors/reform.hpp) it pauses the ranks and moves them into the re-formed ring. Everything here
+// runs on the bridge thread.
 #pragma once
 #include <caf/all.hpp>
 #include <chrono>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "actors/job_plan.hpp"
+#include "actors/replica.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/dataset.hpp"
 #include "kernels/registry.hpp"
@@ -63,6 +66,16 @@ class node_job {
 
   // A chunk from another node for the rank after its sender.
   void route_chunk(const net::peer_info& from, const wire::header& h, net::payload p);
+  // Whether chunks with this job field belong to the ring the job runs now (none while paused).
+  bool takes_ring(uint64_t id) const { return ring_open_ && id == plan_.ring_id(); }
+
+  // Elastic jobs. pause: the ring of generation `gen` is being formed: the replicas stop (each tells the
+  // launcher how many steps it applied), the reducers leave the ring, the connections to other nodes go.
+  void pause(int gen);
+  // The re-formed plan (valid, from the launcher): spawns reducers for the new ring and wires it; the
+  // replicas go on when the launcher starts their ranks. False with *error when it does not fit (then
+  // the job ends); *dropped when this node has no rank in it.
+  bool reform(job_plan next, std::string* error, bool* dropped);
 
   // One buffer of the state a resumed job starts from (checkpoint message from the launcher, after
   // job_ack and before start); once all are in, every replica here gets it. False with *error when it
@@ -81,9 +94,13 @@ class node_job {
   std::map<std::string, int> peers_;      // node endpoint -> our connection
   caf::actor launcher_link_;
   std::chrono::steady_clock::time_point last_heard_;
-  size_t param_count_ = 0;                 // the model's, once started
-  std::shared_ptr<network_state> resume_;  // a resumed job's state, as its buffers arrive
-  int32_t resume_buffers_ = 0;             // buffers in so far
+  size_t param_count_ = 0;                       // the model's, once started
+  std::shared_ptr<network_state> resume_state_;  // a resumed job's state, as its buffers arrive
+  int32_t resume_buffers_ = 0;                   // buffers in so far
+  bool ring_open_ = true;  // false from a pause until the re-formed ring is wired
+  int paused_gen_ = 0;     // the last generation a pause was for
+  size_t test_count_ = 0;  // test samples, for the ranks' shards of a re-formed ring
+  std::map<int, rank_reform> resume_;  // rank -> its part in the re-formed ring, until it starts
 };
 
 }  // namespace ringmaster

@@ -19,10 +19,11 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
                             uint64_t job, std::map<int, caf::actor> replicas, std::vector<caf::actor> watched,
                             std::string node_name) {
   for (auto& a : watched) self->monitor(a);
-  self->set_down_handler([self, br, launcher, job, node_name, replicas](caf::down_msg& dm) {
+  auto ranks = std::make_shared<std::map<int, caf::actor>>(std::move(replicas));  // rank -> replica, now
+  self->set_down_handler([self, br, launcher, job, node_name, ranks](caf::down_msg& dm) {
     if (dm.reason == caf::exit_reason::user_shutdown || !dm.reason) return;  // torn down on purpose
     std::string who = "an actor";
-    for (auto& [rank, a] : replicas)
+    for (auto& [rank, a] : *ranks)
       if (a.address() == dm.source) who = "replica " + std::to_string(rank);
     wire::header h;
     h.type = wire::msg_type::abort;
@@ -45,6 +46,18 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         h.sender_rank = r.rank;
         send_kv(br, launcher, h, to_kv(r));  // kind=eval
       },
+      // After the replica's last report of the ring being given up on: the launcher counts on that.
+      [br, launcher, job](const pause_report& r) {
+        wire::header h;
+        h.type = wire::msg_type::report;
+        h.job_id = job;
+        h.sender_rank = r.rank;
+        send_kv(br, launcher, h, to_kv(r));  // kind=paused
+      },
+      [self, ranks](reform_atom, std::map<int, caf::actor> replicas, std::vector<caf::actor> watch) {
+        *ranks = std::move(replicas);
+        for (auto& a : watch) self->monitor(a);
+      },
       [br, launcher, job](done_atom, int rank) {
         wire::header h;
         h.type = wire::msg_type::done;
@@ -65,9 +78,9 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
           br->reply(launcher, h, net::payload::of(chunk_ptr(s, buffers[b])));
         }
       },
-      [self, br, launcher, job, replicas](weights_atom, int rank) {
-        auto it = replicas.find(rank);
-        if (it == replicas.end()) return;
+      [self, br, launcher, job, ranks](weights_atom, int rank) {
+        auto it = ranks->find(rank);
+        if (it == ranks->end()) return;
         self->request(it->second, std::chrono::seconds(60), weights_atom::value).then([br, launcher, job, rank](chunk_ptr w) {
           wire::header h;
           h.type = wire::msg_type::weights;

@@ -1,6 +1,7 @@
 #include "actors/node_service.hpp"
 
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
@@ -229,6 +230,34 @@ struct node_service::impl {
     refuse(launcher, id, error, invalid);
   }
 
+  // Elastic jobs (actors/reform.hpp): the launcher lost a node and re-forms the ring.
+  void pause(const net::payload& p) {
+    wire::kv_map kv;
+    std::string error;
+    int64_t gen = 0;
+    const std::string g = wire::decode_kv(p.text(), &kv, &error) && kv.count("gen") ? kv["gen"] : "";
+    auto [end, ec] = std::from_chars(g.data(), g.data() + g.size(), gen);
+    if (g.empty() || ec != std::errc() || end != g.data() + g.size() || gen < 1 || gen > (1 << 20))
+      return log("ignored a pause without a good generation ('" + g.substr(0, 20) + "')");
+    job->pause(int(gen));
+  }
+
+  void reform(const net::peer_info& from, const wire::header& h, const net::payload& p) {
+    job_plan next;
+    std::string error;
+    bool dropped = false;
+    try {  // e.g. out of memory: the job ends, the daemon lives on
+      if (from_json(p.text(), &next, &error) && next.job_id == h.job_id && job->reform(std::move(next), &error, &dropped))
+        return send_kv(from, wire::msg_type::job_ack, h.job_id, {{"generation", std::to_string(job->plan().generation)}});
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (dropped) return end_job("this node has no rank in the re-formed ring");
+    if (error.empty()) error = "the re-formed plan is for another job";
+    send_kv(from, wire::msg_type::error, h.job_id, {{"error", "node " + name() + ": cannot join the re-formed ring: " + error}});
+    end_job("cannot join the re-formed ring: " + error);
+  }
+
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     using wire::msg_type;
     const bool ours = job && h.job_id == job->id();
@@ -257,8 +286,14 @@ struct node_service::impl {
           end_job(kv.count("reason") ? kv["reason"] : "aborted by the launcher");
         }
         return;
-      case msg_type::chunk:
-        if (ours) job->route_chunk(from, h, std::move(p));  // else a late chunk of a job that ended
+      case msg_type::chunk:  // its job field names the ring: the job's, or a re-formed one's
+        if (job && job->takes_ring(h.job_id)) job->route_chunk(from, h, std::move(p));  // else a late chunk
+        return;
+      case msg_type::pause:
+        if (launcher) pause(p);
+        return;
+      case msg_type::reform:
+        if (launcher) reform(from, h, p);
         return;
       case msg_type::checkpoint:
         if (launcher) {
@@ -348,7 +383,8 @@ void node_service::stop(const std::string& why) {
           h.job_id = d->job->id();
           std::string text, err;
           const std::string reason = "node " + d->name() + " was stopped" + (why.empty() ? "" : " (" + why + ")");
-          if (wire::encode_kv({{"reason", reason}}, &text, &err)) d->br.reply(d->job->launcher(), h, net::payload::copy_of(text));
+          if (wire::encode_kv({{"reason", reason}, {"stopped", why}}, &text, &err))
+            d->br.reply(d->job->launcher(), h, net::payload::copy_of(text));
         }
         d->end_job("the node is shutting down");
         done.set_value();

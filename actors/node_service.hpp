@@ -35,7 +35,9 @@ struct node_options {
   std::string key_dir;
   bool insecure = false;
   int max_connections = 256;  // clients at once (with keys); a job needs its launcher and a left neighbour
-  std::chrono::milliseconds heartbeat{250};
+  // From the bridge thread, which training work does not hold up: a launcher names a node silent for
+  // 1.5 s lost (actors/remote_job.hpp).
+  std::chrono::milliseconds heartbeat{100};
   std::chrono::milliseconds launcher_timeout{4000};  // abort a job whose launcher is silent this long
   int threads = 0;
 };

@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -13,6 +15,7 @@
 #include "actors/checkpoint.hpp"
 #include "actors/job_plan.hpp"
 #include "actors/messages.hpp"
+#include "actors/reform.hpp"
 #include "actors/report_kv.hpp"
 #include "net/bridge.hpp"
 
@@ -65,13 +68,16 @@ struct launcher {
   net::bridge br;
   std::vector<int> peer;  // node index -> connection
   uint64_t job_id = 0;
-  job_plan plan;  // set before any job message goes out; read on the bridge thread once started
+  job_plan plan;  // the plan the nodes hold: set before any job message goes out; then on the bridge thread
   // Control replies during setup, for the main thread.
   std::mutex mu;
   std::condition_variable cv;
   std::deque<control_msg> inbox;
-  // After setup: where reports go (set before the nodes start, read on the bridge thread).
-  std::vector<caf::actor> proxies;
+  // After setup: where reports go (set before the nodes start, then read and changed on the bridge thread).
+  caf::actor_system* sys = nullptr;
+  std::vector<caf::actor> proxies;  // the coordinator's ranks, index = rank
+  std::vector<int> proxy_node;      // the node each of them runs on
+  std::vector<caf::actor> retired;  // proxies of rings given up on, stopped when the job ends
   caf::actor coordinator;
   std::atomic<bool> started{false};  // proxies and coordinator are set (the bridge thread reads them)
   std::unique_ptr<std::atomic<int64_t>[]> last_heard;  // per node, steady-clock ticks
@@ -81,6 +87,23 @@ struct launcher {
   size_t param_count = 0;
   int32_t state_buffers = 0;  // 3 for Adam, 2 for SGD
   std::shared_ptr<network_state> incoming;
+  // Elastic continuation (actors/reform.hpp), on the bridge thread but `gone` (the watchdog reads it).
+  std::unique_ptr<std::atomic<bool>[]> gone;  // per node: lost, no part of the job any more
+  enum class phase { running, pausing, reforming } now = phase::running;
+  int gen = 0;                                 // the ring generation being formed or running
+  std::map<std::pair<int, int>, int64_t> applied;  // pause answers: (node, rank) -> steps applied
+  std::vector<bool> acked;                     // per node: took the re-formed plan
+  int taken_back = 0;                          // ranks that were one step ahead
+  clock_type::time_point forming_since;
+  std::vector<node_loss> losses;               // since the last re-forming, for the coordinator
+  clock_type::time_point last_word = clock_type::time_point::max();  // the earliest last message of those
+  std::mutex event_mu;
+
+  void event(const std::string& line) {
+    std::lock_guard<std::mutex> lock(event_mu);
+    if (ro.on_event) ro.on_event(line);
+  }
+  clock_type::time_point heard(int node) const { return clock_type::time_point(clock_type::duration(last_heard[node].load())); }
 
   int node_of(const net::peer_info& from) const {
     for (size_t i = 0; i < peer.size(); ++i)
@@ -88,12 +111,17 @@ struct launcher {
     return -1;
   }
 
+  // Fails the job: the coordinator's ranks on `node` (all of them if none) stop with `why`.
   void kill_node(int node, const std::string& why) {
-    for (int r : plan.ranks_on(node)) caf::anon_send(proxies[size_t(r)], fail_atom::value, why);
+    bool any = false;
+    for (size_t r = 0; r < proxies.size(); ++r)
+      if (proxy_node[r] == node) any = true, caf::anon_send(proxies[r], fail_atom::value, why);
+    for (size_t r = 0; r < proxies.size() && !any; ++r) caf::anon_send(proxies[r], fail_atom::value, why);
   }
 
-  // Whether node `node` runs rank r: what a node says about a rank is heard only from the node running it.
-  bool runs(int node, int r) const { return r >= 0 && r < plan.replicas() && plan.ranks[size_t(r)].node == node; }
+  // Whether node `node` runs the coordinator's rank r: what a node says about a rank is heard only from
+  // the node running it. (While the ring is re-formed the nodes' plan is ahead of the coordinator's.)
+  bool reports_to_us(int node, int r) const { return r >= 0 && size_t(r) < proxies.size() && proxy_node[size_t(r)] == node; }
 
   // A buffer of rank 0's state after a step; once whole it goes to the coordinator. One out of order or
   // of the wrong size is dropped (and the coordinator then ends the job saying the checkpoint never came).
@@ -114,21 +142,130 @@ struct launcher {
   }
 
   // "2-3" or "1,4" : the ranks a node runs, for messages.
-  std::string ranks_of(int node) const {
-    const std::vector<int> rs = plan.ranks_on(node);
-    bool contiguous = !rs.empty() && rs.back() - rs.front() == int(rs.size()) - 1;
-    if (contiguous && rs.size() > 1) return std::to_string(rs.front()) + "-" + std::to_string(rs.back());
-    std::string s;
-    for (int r : rs) {
-      if (!s.empty()) s += ',';
-      s += std::to_string(r);
+  std::string ranks_of(int node) const { return rank_list(plan.ranks_on(node)); }
+
+  void send(int node, wire::msg_type type, const std::string& text, int rank = -1) {
+    wire::header h;
+    h.type = type;
+    h.job_id = job_id;
+    h.sender_rank = rank;
+    br.send(peer[size_t(node)], h, text.empty() ? net::payload{} : net::payload::copy_of(text));
+  }
+  void send_kv(int node, wire::msg_type type, const wire::kv_map& kv) {
+    std::string text, err;
+    if (wire::encode_kv(kv, &text, &err)) send(node, type, text);
+  }
+  // Surviving nodes that run ranks of the plan.
+  std::vector<int> survivors() const {
+    std::vector<int> out;
+    for (size_t i = 0; i < ro.nodes.size(); ++i)
+      if (!gone[i] && !plan.ranks_on(int(i)).empty()) out.push_back(int(i));
+    return out;
+  }
+
+  // Node `node` is lost: dead or silent (why: "no heartbeat for 1.6 s"), or stopped by a signal ("was
+  // stopped (SIGTERM)"). Elastic: the survivors pause, and the ring is re-formed once they have said how
+  // far they got (on_paused). On the bridge thread.
+  void node_lost(int node, const std::string& why) {
+    if (gone[node]) return;
+    const std::string said = (why.rfind("no heartbeat", 0) == 0 ? "stopped answering: " : "") + why;
+    if (!plan.elastic) return kill_node(node, "node " + ro.nodes[node] + " (ranks " + ranks_of(node) + ") " + said);
+    gone[node] = true;
+    node_loss l;
+    l.node = ro.nodes[node];
+    l.ranks = ranks_of(node);
+    l.why = why;
+    l.detected = std::chrono::duration<double>(clock_type::now() - heard(node)).count();
+    losses.push_back(l);
+    last_word = std::min(last_word, heard(node));
+    send_kv(node, wire::msg_type::abort, {{"reason", "dropped from the job: " + l.why}});  // if it lives
+    const std::vector<int> left = survivors();
+    if (left.empty()) return kill_node(node, "node " + l.node + " (ranks " + l.ranks + ") " + said + ", and no node is left");
+    event("lost node " + l.node + " (ranks " + l.ranks + "): " + why + "; re-forming the ring from " +
+          std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : ""));
+    ++gen;
+    applied.clear();
+    if (now == phase::running) forming_since = clock_type::now();
+    now = phase::pausing;
+    for (int i : left) send_kv(i, wire::msg_type::pause, {{"gen", std::to_string(gen)}});
+  }
+
+  // Re-forming waits for every survivor's answer; a replica busy with a long step answers late, but one
+  // that never does must not hold the job forever.
+  void check_forming() {
+    if (now == phase::running || clock_type::now() - forming_since < ro.setup_timeout) return;
+    now = phase::running;  // once
+    kill_node(-1, "the ring could not be re-formed within " + std::to_string(ro.setup_timeout.count() / 1000) + " s of a node's loss");
+  }
+
+  // A replica stopped for generation `gen` after applying some steps. Once every surviving rank has
+  // answered, the ring is re-formed from the smallest count (reform.hpp says why that is the one).
+  void on_paused(int node, int rank, const pause_report& r) {
+    if (now != phase::pausing || r.gen != gen || rank < 0 || rank >= kMaxPlanRanks) return;
+    applied[{node, rank}] = r.applied;
+    const std::vector<int> left = survivors();
+    for (int i : left) {
+      size_t answers = 0;
+      for (auto& [who, n] : applied) answers += who.first == i;
+      if (answers < plan.ranks_on(i).size()) return;
     }
-    return s;
+    int64_t lo = INT64_MAX, hi = 0;
+    for (auto& [who, n] : applied) lo = std::min(lo, n), hi = std::max(hi, n);
+    if (hi - lo > 1) return kill_node(-1, "the survivors applied " + std::to_string(lo) + " to " + std::to_string(hi) + " steps: cannot go on together");
+    std::random_device rd;
+    uint64_t ring = 0;
+    while (ring == 0 || ring == job_id) ring = uint64_t(rd()) | uint64_t(rd()) << 32;
+    std::vector<bool> lost(ro.nodes.size());
+    for (size_t i = 0; i < lost.size(); ++i) lost[i] = gone[i];
+    job_plan next;
+    std::string error;
+    if (!make_reform(plan, lost, gen, ring, lo, &next, &error)) return kill_node(-1, "cannot re-form the ring: " + error);
+    for (int i : left) {
+      next.recipient = i;
+      send(i, wire::msg_type::reform, to_json(next));
+    }
+    next.recipient = -1;
+    plan = std::move(next);
+    taken_back = 0;
+    for (auto& [who, n] : applied) taken_back += n > lo;
+    acked.assign(ro.nodes.size(), false);
+    now = phase::reforming;
+  }
+
+  // A node took the re-formed plan. Once all have, its ranks start: every node has its new reducers
+  // by then, so no chunk of the new ring finds nobody to take it.
+  void on_reformed(int node, const wire::kv_map& kv) {
+    auto g = kv.find("generation");
+    if (now != phase::reforming || g == kv.end() || g->second != std::to_string(gen)) return;
+    acked[size_t(node)] = true;
+    for (int i : survivors())
+      if (!acked[size_t(i)]) return;
+    reform_note note;
+    note.gen = gen;
+    note.start_step = plan.start_step;
+    retired.insert(retired.end(), proxies.begin(), proxies.end());
+    proxies.clear();
+    proxy_node.clear();
+    for (const rank_plan& r : plan.ranks) {
+      proxies.push_back(sys->spawn(rank_proxy, &br, peer[size_t(r.node)], job_id, r.rank));
+      proxy_node.push_back(r.node);
+    }
+    note.ranks = proxies;
+    note.losses = std::move(losses);
+    note.last_word = last_word;
+    losses.clear();
+    last_word = clock_type::time_point::max();
+    event("ring generation " + std::to_string(gen) + ": " + std::to_string(plan.replicas()) + " ranks go on from step " +
+          std::to_string(plan.start_step + 1) + " of the job" + (taken_back ? " (" + std::to_string(taken_back) + " took their last step back)" : ""));
+    caf::anon_send(coordinator, reform_atom::value, note);  // before any report of the new ranks
+    for (const rank_plan& r : plan.ranks) send(r.node, wire::msg_type::start, "", r.rank);
+    now = phase::running;
   }
 
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     const int node = node_of(from);
     if (node < 0 || (h.job_id != job_id && h.type != wire::msg_type::hello_ack)) return;
+    if (gone && gone[node]) return;  // lost: whatever it says now is of no use
     last_heard[node] = clock_type::now().time_since_epoch().count();
     using wire::msg_type;
     // Reports, weights and aborts concern the proxies and the coordinator, which exist once started.
@@ -141,6 +278,7 @@ struct launcher {
       case msg_type::job_ack:
       case msg_type::error: {
         wire::decode_kv(p.text(), &kv, &error);
+        if (h.type == msg_type::job_ack && started.load(std::memory_order_acquire)) return on_reformed(node, kv);
         const std::string why = kv.count("error") ? kv["error"] : "node " + ro.nodes[node] + " reported an error";
         {
           std::lock_guard<std::mutex> lock(mu);
@@ -151,8 +289,14 @@ struct launcher {
         return;
       }
       case msg_type::report: {
-        if (!runs(node, h.sender_rank) || !wire::decode_kv(p.text(), &kv, &error)) return;
+        if (!wire::decode_kv(p.text(), &kv, &error)) return;
         const std::string kind = report_kind(kv);
+        if (kind == "paused") {  // numbered as the replica knew itself: counted per node
+          pause_report r;
+          if (from_kv(kv, &r, &error)) on_paused(node, h.sender_rank, r);
+          return;
+        }
+        if (!reports_to_us(node, h.sender_rank)) return;
         if (kind == "step") {
           step_report r;
           r.rank = h.sender_rank;
@@ -165,19 +309,21 @@ struct launcher {
         return;
       }
       case msg_type::done:
-        if (runs(node, h.sender_rank)) caf::anon_send(coordinator, done_atom::value, int(h.sender_rank));
+        if (reports_to_us(node, h.sender_rank)) caf::anon_send(coordinator, done_atom::value, int(h.sender_rank));
         return;
       case msg_type::weights:
-        if (runs(node, h.sender_rank)) {
+        if (reports_to_us(node, h.sender_rank)) {
           auto w = std::make_shared<std::vector<float>>(p.floats(), p.floats() + h.elements);
           caf::anon_send(proxies[size_t(h.sender_rank)], weights_atom::value, chunk_ptr(std::move(w)));
         }
         return;
       case msg_type::checkpoint:
-        if (h.sender_rank == 0 && runs(node, 0)) take_checkpoint(h, p);
+        if (h.sender_rank == 0 && reports_to_us(node, 0)) take_checkpoint(h, p);
         return;
       case msg_type::abort:
         wire::decode_kv(p.text(), &kv, &error);
+        // A node stopped by a signal is a lost node (elastic jobs go on without it); other aborts end the job.
+        if (kv["stopped"] == "SIGTERM" || kv["stopped"] == "SIGINT") return node_lost(node, "was stopped (" + kv["stopped"] + ")");
         kill_node(node, kv.count("reason") ? kv["reason"] : "node " + ro.nodes[node] + " aborted the job");
         return;
       default:
@@ -235,10 +381,12 @@ struct launcher {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 
-  void broadcast(wire::msg_type type, const wire::kv_map& kv) {
+  // To every node (but lost ones when skip_gone).
+  void broadcast(wire::msg_type type, const wire::kv_map& kv, bool skip_gone = false) {
     std::string text, err;
     wire::encode_kv(kv, &text, &err);
     for (size_t i = 0; i < peer.size(); ++i) {
+      if (skip_gone && gone && gone[i]) continue;
       wire::header h;
       h.type = type;
       h.job_id = job_id;
@@ -311,8 +459,13 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   std::random_device rd;
   while (L.job_id == 0) L.job_id = uint64_t(rd()) | uint64_t(rd()) << 32;
   L.plan.job_id = L.job_id;
+  L.plan.elastic = !ro.abort_on_node_loss;
   L.last_heard.reset(new std::atomic<int64_t>[ro.nodes.size()]);
-  for (size_t i = 0; i < ro.nodes.size(); ++i) L.last_heard[i] = clock_type::now().time_since_epoch().count();
+  L.gone.reset(new std::atomic<bool>[ro.nodes.size()]);
+  for (size_t i = 0; i < ro.nodes.size(); ++i) {
+    L.last_heard[i] = clock_type::now().time_since_epoch().count();
+    L.gone[i] = false;
+  }
   L.br.set_handler([&L](const net::peer_info& from, const wire::header& h, net::payload p) {
     L.on_message(from, h, std::move(p));
   });
@@ -374,7 +527,8 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     L.br.send(L.peer[i], h, net::payload::copy_of(text));
   }
   L.plan.recipient = -1;
-  failed.error = L.await_all(wire::msg_type::job_ack, &replies, ro.setup_timeout, ro.node_timeout);
+  // A node heartbeats once it has the job; until then (a loaded machine) it gets the hello's allowance.
+  failed.error = L.await_all(wire::msg_type::job_ack, &replies, ro.setup_timeout, std::max(ro.node_timeout, ro.connect_timeout));
   if (!failed.error.empty()) {
     failed.invalid = L.refused_invalid;
     L.abort_all("another node refused the job");
@@ -434,9 +588,13 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   caf::actor_system_config sys_cfg;
   configure(sys_cfg, 2);
   caf::actor_system sys{sys_cfg};
+  L.sys = &sys;
   rank_actors all;
-  for (int r = 0; r < n; ++r)
-    L.proxies.push_back(sys.spawn(rank_proxy, &L.br, L.peer[size_t(L.plan.ranks[size_t(r)].node)], L.job_id, r));
+  for (int r = 0; r < n; ++r) {
+    const int node = L.plan.ranks[size_t(r)].node;
+    L.proxies.push_back(sys.spawn(rank_proxy, &L.br, L.peer[size_t(node)], L.job_id, r));
+    L.proxy_node.push_back(node);
+  }
   all.replicas = all.loaders = all.reducers = L.proxies;
   coordinator_config cc;
   cc.replicas = n;
@@ -445,6 +603,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   cc.epochs = cfg.epochs;
   cc.evaluate = cfg.evaluate;
   cc.on_progress = cfg.on_progress;
+  cc.on_event = [&L](const std::string& line) { L.event(line); };
   if (cfg.resume) cc.start = cfg.resume->progress;
   cc.checkpoint_every = cfg.checkpoint_every;
   auto last = std::make_shared<std::string>();
@@ -469,24 +628,24 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
       }
   }
 
-  // Heartbeats out, silence detection in.
+  // Heartbeats out, silence detection in; what a lost node means is worked out on the bridge thread.
   std::atomic<bool> running{true};
   std::thread watchdog([&] {
     std::vector<bool> dead(ro.nodes.size(), false);
     while (running) {
       std::this_thread::sleep_for(ro.heartbeat);
-      L.broadcast(wire::msg_type::heartbeat, {});
+      L.broadcast(wire::msg_type::heartbeat, {}, true);
       const int64_t now = clock_type::now().time_since_epoch().count();
       for (size_t i = 0; i < ro.nodes.size(); ++i) {
         const auto silent = clock_type::duration(now - L.last_heard[i]);
         if (!dead[i] && silent > ro.node_timeout) {
           dead[i] = true;
-          char secs[32];
-          std::snprintf(secs, sizeof secs, "%.1f", std::chrono::duration<double>(silent).count());
-          L.kill_node(int(i), "node " + ro.nodes[i] + " (ranks " + L.ranks_of(int(i)) +
-                                  ") stopped answering: no heartbeat for " + secs + " s");
+          char why[64];
+          std::snprintf(why, sizeof why, "no heartbeat for %.1f s", std::chrono::duration<double>(silent).count());
+          L.br.post([&L, i, why = std::string(why)] { L.node_lost(int(i), why); });
         }
       }
+      L.br.post([&L] { L.check_forming(); });
     }
   });
 
@@ -498,7 +657,8 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   // Every node goes back to idle, whether the job succeeded or not.
   L.abort_all(result->ok ? "finished" : "the job failed: " + result->error);
   L.br.stop();
-  for (auto& p : L.proxies) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
+  for (auto* group : {&L.proxies, &L.retired})
+    for (auto& p : *group) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
   return std::move(*result);
 }
 

@@ -1,9 +1,12 @@
 // Training across node daemons (the MultiWorkerMirroredStrategy case): the coordinator runs here, the
 // replicas on the nodes. Each remote rank is represented here by a proxy actor, so the coordinator is the
-// same one local jobs use. Heartbeats both ways: a node that dies or falls silent ends the job within
-// node_timeout with an error naming the node and its ranks, and the other nodes are told to go idle.
+// same one local jobs use. Heartbeats both ways: a node that dies or falls silent is named within
+// node_timeout (plus a heartbeat). Then the others re-form the ring without it and finish the job, the
+// global batch cut among them (actors/reform.hpp); or, with abort_on_node_loss, the job ends with an
+// error naming the node and its ranks, and the other nodes are told to go idle.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,11 +29,17 @@ struct remote_options {
   std::string key_dir;
   std::vector<std::string> node_keys;
   bool insecure = false;
-  std::chrono::milliseconds heartbeat{250};
-  std::chrono::milliseconds node_timeout{3000};
+  // Nodes heartbeat every 100 ms from their bridge thread, which no training work holds up for long, so
+  // 1.5 s of silence is a dead or stopped node, not a busy one.
+  std::chrono::milliseconds heartbeat{100};
+  std::chrono::milliseconds node_timeout{1500};
   std::chrono::milliseconds connect_timeout{5000};  // for a node to answer the hello
   std::chrono::milliseconds setup_timeout{120000};  // for a node to load its data and start (it sends
                                                     // heartbeats meanwhile; silence fails sooner)
+  // A lost node: false: the others go on without it (elastic); true: the job fails.
+  bool abort_on_node_loss = false;
+  // A line about the job as it happens (a node lost, the job going on); any thread, one call at a time.
+  std::function<void(const std::string&)> on_event;
 };
 
 // cfg.train / cfg.test are ignored: the nodes read their own data. Of cfg.devices only the kind of the

@@ -23,6 +23,9 @@ struct replica_state {
   bool busy = false;
   bool restored = false;   // a resumed job's state is in
   int64_t done_steps = 0;  // of the whole job, a resumed one's earlier steps included
+  // Elastic jobs: the ring generation it works in, and whether it is paused (for generation pause_gen).
+  int gen = 0, pause_gen = 0;
+  bool paused = false;
   std::chrono::steady_clock::time_point idle_since = std::chrono::steady_clock::now();
 };
 
@@ -43,9 +46,10 @@ eval_report evaluate(replica_state& st, int64_t epoch) {
   auto t0 = std::chrono::steady_clock::now();
   eval_report r;
   r.rank = st.cfg.rank;
+  r.gen = st.gen;
   r.epoch = epoch;
   const dataset& d = *st.cfg.test;
-  const int chunk = std::max(1, st.cfg.global_batch / st.cfg.replicas);
+  const int chunk = st.model->max_batch();
   for (size_t i = st.cfg.test_begin; i < st.cfg.test_end; i += chunk) {
     const int n = int(std::min<size_t>(chunk, st.cfg.test_end - i));
     auto [x, y] = stage(st, d.pixels.data() + i * d.features(), d.labels.data() + i, n);
@@ -66,6 +70,47 @@ bool restore(replica_state& st, const network_state& s, std::string* error) {
     return false;
   }
   return st.restored = st.model->load_state(s, error);
+}
+
+// Continues in a re-formed ring (actors/reform.hpp) from global step rf.start_step: the last update is
+// taken back if this replica is one step ahead, the new shard goes to the loader, and a finished epoch
+// the lost ranks may not have evaluated is evaluated again.
+void continue_in(caf::event_based_actor* self, replica_state& st, const rank_reform& rf) {
+  auto fail = [&](const std::string& why) {
+    self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st.cfg.rank) + ": " + why));
+  };
+  if (!st.paused || rf.gen != st.pause_gen)
+    return fail("re-formed ring " + std::to_string(rf.gen) + " without a pause for it");
+  if (st.done_steps == rf.start_step + 1 && st.model->can_undo()) {
+    st.model->undo();
+    --st.done_steps;
+  }
+  if (st.done_steps != rf.start_step)
+    return fail("cannot continue from step " + std::to_string(rf.start_step) + ": it applied " + std::to_string(st.done_steps));
+  const int b = rf.batch_end - rf.batch_begin;
+  if (b > st.model->max_batch()) {  // a larger shard: room for it (parameters and gradients stay put)
+    st.model->reserve(b);
+    if (!st.be->is_host()) {
+      st.x = device_buffer<float>(*st.be, size_t(b) * st.cfg.def->input().size());
+      st.y = device_buffer<int32_t>(*st.be, size_t(b));
+    }
+  }
+  st.gen = rf.gen;
+  st.cfg.rank = rf.rank;
+  st.cfg.replicas = rf.replicas;
+  st.cfg.port = rf.port;
+  st.cfg.shard_begin = rf.batch_begin;
+  st.cfg.test_begin = rf.test_begin;
+  st.cfg.test_end = rf.test_end;
+  st.ready.clear();
+  st.busy = st.paused = false;
+  st.buckets_left = 0;
+  self->send(st.loader, reform_atom::value, rf.gen, rf.start_step, rf.batch_begin, rf.batch_end);
+  const int64_t steps = st.cfg.steps_per_epoch;
+  if (rf.start_step > 0 && rf.start_step % steps == 0 && st.cfg.test)
+    self->send(st.coordinator, evaluate(st, rf.start_step / steps - 1));
+  if (st.done_steps == steps * st.cfg.epochs) self->send(st.coordinator, done_atom::value, st.cfg.rank);
+  st.idle_since = std::chrono::steady_clock::now();
 }
 
 }  // namespace
@@ -103,6 +148,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
       st->x = device_buffer<float>(*st->be, size_t(b) * cfg.def->input().size());
       st->y = device_buffer<int32_t>(*st->be, size_t(b));
     }
+    st->model->keep_undo(cfg.elastic);
   } catch (const std::exception& e) {
     self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(cfg.rank) + " on " + cfg.device + ": " + e.what()));
     return {};
@@ -119,16 +165,15 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   // Runs the next step if a batch is here and the previous update has been applied.
   auto try_step = std::make_shared<std::function<void()>>();
   *try_step = [self, st, try_step] {
-    if (st->busy || st->ready.empty()) return;
+    if (st->busy || st->paused || st->ready.empty()) return;
     batch_ptr bt = std::move(st->ready.front());
     st->ready.pop_front();
     st->busy = true;
     self->send(st->loader, credit_atom::value);
     const auto t0 = std::chrono::steady_clock::now();
     auto [x, y] = stage(*st, bt->x.data(), bt->y.data(), bt->size);
-    // The batch's first sample is number step * B + rank * b of its epoch, whatever the replica count.
-    const sample_key key{st->cfg.seed, bt->epoch,
-                         bt->step * st->cfg.global_batch + int64_t(st->cfg.rank) * (st->cfg.global_batch / st->cfg.replicas)};
+    // The batch's first sample is number step * B + shard_begin of its epoch, whatever the replica count.
+    const sample_key key{st->cfg.seed, bt->epoch, bt->step * st->cfg.global_batch + int64_t(st->cfg.shard_begin)};
     // Buckets (last layers first) go to the reducer as backward produces them, so the ring runs while
     // earlier layers still compute. The reducer sums where the gradients are (a GPU's stay on it) with
     // this replica's backend; it and its neighbours hold the replica's state (and so the backend) alive
@@ -137,27 +182,31 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     tensor_view grads{g, st->model->size(), std::shared_ptr<const void>(st, g), st->be.get()};
     st->buckets_left = st->buckets.size();
     // The port runs the all-reduce on this thread or its neighbours'; only its end comes back here.
+    // The end comes back with the generation it was asked in: one of a ring given up on is ignored.
     caf::weak_actor_ptr me{self->ctrl()};
     size_t next = 0, hi = st->model->size();
     auto issue = [&](size_t upto) {  // every bucket whose gradients are final from `upto` on
       for (; next < st->buckets.size() && st->buckets[next] >= upto; ++next) {
-        reduce(*st->cfg.port, grads, st->buckets[next], hi, [me](const std::string& error) {
-          if (auto a = me.lock()) caf::anon_send(caf::actor_cast<caf::actor>(a), reduce_atom::value, error);
+        reduce(*st->cfg.port, grads, st->buckets[next], hi, [me, gen = st->gen](const std::string& error) {
+          if (auto a = me.lock()) caf::anon_send(caf::actor_cast<caf::actor>(a), reduce_atom::value, error, gen);
         });
         hi = st->buckets[next];
       }
     };
     batch_metrics m = st->model->forward_backward(x, y, bt->size, 1.0f / float(st->cfg.global_batch), key,
                                                   st->buckets.size() > 1 ? std::function<void(size_t)>(issue) : nullptr);
-    st->rep = step_report{st->cfg.rank, bt->epoch, bt->step, m.loss_sum, m.correct, m.count};
+    st->rep = step_report{st->cfg.rank, st->gen, bt->epoch, bt->step, m.loss_sum, m.correct, m.count};
     st->rep.wait_batch = std::chrono::duration<double>(t0 - st->idle_since).count();
     st->rep.compute = since(t0);
     st->reduce_start = std::chrono::steady_clock::now();
     issue(0);
+    st->model->save_undo();  // elastic: the state before this update, copied while the ring sums
   };
 
-  // A bucket's all-reduce ended; once all have, the update and the next step.
-  auto reduced = [self, st, try_step](const std::string& error) {
+  // A bucket's all-reduce ended; once all have, the update and the next step. Paused, it applies nothing:
+  // the steps it said it applied are all it applies.
+  auto reduced = [self, st, try_step](const std::string& error, int gen) {
+    if (gen != st->gen || st->paused) return;
     if (!error.empty()) return self->quit(caf::make_error(caf::sec::runtime_error, error));
     if (st->buckets_left == 0 || --st->buckets_left > 0) return;
     step_report& rep = st->rep;
@@ -196,7 +245,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
         st->coordinator = std::move(coordinator);
         self->send(st->loader, run_atom::value, caf::actor_cast<caf::actor>(self));
       },
-      [reduced](reduce_atom, const std::string& error) { reduced(error); },
+      [reduced](reduce_atom, const std::string& error, int gen) { reduced(error, gen); },
       [self, st](restore_atom, state_ptr s) {
         std::string error;
         if (st->loader || !s || !restore(*st, *s, &error))  // never once it runs
@@ -204,9 +253,17 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
                                                                   (error.empty() ? "it is running already" : error)));
       },
       [st, try_step](batch_atom, batch_ptr b) {
+        if (b->gen != st->gen) return;  // cut for a ring given up on: no credit, the loader starts afresh
         st->ready.push_back(std::move(b));
         (*try_step)();
       },
+      [self, st](pause_atom, int gen) {
+        if (gen <= st->pause_gen) return;
+        st->paused = true;
+        st->pause_gen = gen;
+        self->send(st->coordinator, pause_report{st->cfg.rank, gen, st->done_steps});
+      },
+      [self, st](reform_atom, const rank_reform& rf) { continue_in(self, *st, rf); },
       [st](weights_atom) {
         auto w = std::make_shared<std::vector<float>>(st->model->size());
         st->model->get_params(w->data());

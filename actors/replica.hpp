@@ -39,6 +39,19 @@ struct replica_config {
   // epoch's end) the replica sends its coordinator {checkpt_atom, state_ptr}. Rank 0 only.
   bool checkpoints = false;
   int64_t checkpoint_every = 0;
+  int shard_begin = 0;  // where its shard starts in every global batch (dropout masks: the samples' places)
+  // An elastic job's replica keeps a one-step undo (network::keep_undo) and answers pause and reform.
+  bool elastic = false;
+};
+
+// A rank's part in a re-formed ring (actors/reform.hpp), from its node: the replica takes its last step
+// back if it is one ahead, and passes the shard on to its loader.
+struct rank_reform {
+  int gen = 0, rank = 0, replicas = 1;
+  int64_t start_step = 0;               // the global step every rank continues from
+  int batch_begin = 0, batch_end = 0;   // its shard of every global batch
+  size_t test_begin = 0, test_end = 0;  // its shard of the test set
+  std::shared_ptr<reducer_port> port;   // its new reducer's
 };
 
 // The buckets' first offsets, from the last bucket (the last layers') to the first (ending at 0).
@@ -47,7 +60,10 @@ std::vector<size_t> gradient_buckets(const model& m, size_t bucket_floats);
 // Spawn detached (it computes on its own thread). Receives {run_atom, loader, reducer, coordinator}; sends
 // the coordinator step_report after every step, eval_report after every epoch, {done_atom, rank} at the
 // end. Answers {weights_atom} with its parameters (chunk_ptr). {restore_atom, state_ptr} before run sets
-// its parameters and optimizer state (a resumed job).
+// its parameters and optimizer state (a resumed job). Elastic: {pause_atom, gen} stops it (it answers the
+// coordinator with a pause_report) until {reform_atom, rank_reform} lets it go on.
 caf::behavior replica(caf::event_based_actor* self, replica_config cfg);
 
 }  // namespace ringmaster
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::rank_reform)

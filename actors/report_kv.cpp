@@ -52,10 +52,17 @@ struct reader {
   }
 };
 
+// A generation: 0..2^20 (job_plan.cpp's limit).
+void gen(reader& rd, int* out) {
+  int64_t g = 0;
+  rd.num("gen", &g, 0, 1 << 20);
+  *out = int(g);
+}
+
 }  // namespace
 
 wire::kv_map to_kv(const step_report& r) {
-  return {{"kind", "step"},                   {"epoch", std::to_string(r.epoch)},
+  return {{"kind", "step"},                   {"gen", std::to_string(r.gen)}, {"epoch", std::to_string(r.epoch)},
           {"step", std::to_string(r.step)},   {"loss", hexf(r.loss_sum)},
           {"correct", std::to_string(r.correct)},
           {"count", std::to_string(r.count)}, {"wait_batch", hexf(r.wait_batch)},
@@ -64,18 +71,23 @@ wire::kv_map to_kv(const step_report& r) {
 }
 
 wire::kv_map to_kv(const eval_report& r) {
-  return {{"kind", "eval"},                   {"epoch", std::to_string(r.epoch)},
+  return {{"kind", "eval"},                   {"gen", std::to_string(r.gen)}, {"epoch", std::to_string(r.epoch)},
           {"loss", hexf(r.loss_sum)},         {"correct", std::to_string(r.correct)},
           {"count", std::to_string(r.count)}, {"seconds", hexf(r.seconds)}};
 }
 
+wire::kv_map to_kv(const pause_report& r) {
+  return {{"kind", "paused"}, {"gen", std::to_string(r.gen)}, {"applied", std::to_string(r.applied)}};
+}
+
 std::string report_kind(const wire::kv_map& kv) {
   auto it = kv.find("kind");
-  return it != kv.end() && (it->second == "step" || it->second == "eval") ? it->second : "";
+  return it != kv.end() && (it->second == "step" || it->second == "eval" || it->second == "paused") ? it->second : "";
 }
 
 bool from_kv(const wire::kv_map& kv, step_report* r, std::string* error) {
   reader rd{kv, error};
+  gen(rd, &r->gen);
   rd.num("epoch", &r->epoch, 0, INT64_MAX);
   rd.num("step", &r->step, 0, INT64_MAX);
   rd.real("loss", &r->loss_sum);
@@ -90,11 +102,19 @@ bool from_kv(const wire::kv_map& kv, step_report* r, std::string* error) {
 
 bool from_kv(const wire::kv_map& kv, eval_report* r, std::string* error) {
   reader rd{kv, error};
+  gen(rd, &r->gen);
   rd.num("epoch", &r->epoch, 0, INT64_MAX);
   rd.real("loss", &r->loss_sum);
   rd.num("correct", &r->correct, 0, INT64_MAX);
   rd.num("count", &r->count, 0, INT64_MAX);
   rd.real("seconds", &r->seconds);
+  return rd.ok;
+}
+
+bool from_kv(const wire::kv_map& kv, pause_report* r, std::string* error) {
+  reader rd{kv, error};
+  gen(rd, &r->gen);
+  rd.num("applied", &r->applied, 0, INT64_MAX);
   return rd.ok;
 }
 

@@ -83,6 +83,17 @@ void configure(caf::actor_system_config& c, int threads) {
   c.set("logger.console", caf::atom("none"));
 }
 
+reducer_config plan_reducer_config(const job_plan& plan, int rank) {
+  reducer_config red;
+  red.rank = rank;
+  red.size = plan.replicas();
+  red.ring.job = plan.ring_id();
+  // The one-hop path pays for its copies only where a hop is expensive: when the ring leaves a process.
+  // Every rank of a job decides alike, from the plan.
+  if (plan.nodes.size() <= 1) red.ring.pair_small_bytes = red.ring.small_bytes;
+  return red;
+}
+
 rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const train_config& cfg,
                         std::shared_ptr<const model> m, const std::vector<int>& ranks) {
   const int n = plan.replicas();
@@ -98,15 +109,8 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     loader_config lc{cfg.train, rp.batch_begin, rp.batch_end, plan.global_batch, plan.seed, plan.epochs, plan.prefetch,
                      plan.first_step};
     out.loaders.push_back(sys.spawn(data_loader, lc));
-    reducer_config red;
-    red.rank = r;
-    red.size = n;
-    red.ring.job = plan.job_id;
-    // The one-hop path pays for its copies only where a hop is expensive: when the ring leaves a process.
-    // Every rank of a job decides alike, from the plan.
-    if (plan.nodes.size() <= 1) red.ring.pair_small_bytes = red.ring.small_bytes;
     caf::actor a;
-    out.ports.push_back(spawn_reducer(sys, red, &a));
+    out.ports.push_back(spawn_reducer(sys, plan_reducer_config(plan, r), &a));
     out.reducers.push_back(a);
     replica_config rc;
     rc.rank = r;
@@ -126,6 +130,8 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     rc.resume = resume;
     rc.checkpoints = plan.checkpoints && r == 0;  // the coordinator writes rank 0's state
     rc.checkpoint_every = plan.checkpoint_every;
+    rc.shard_begin = rp.batch_begin;
+    rc.elastic = plan.elastic;
     if (plan.evaluate && cfg.test) {
       rc.test = cfg.test;
       std::tie(rc.test_begin, rc.test_end) = plan.test_shard(r, cfg.test->count);  // sums are exact

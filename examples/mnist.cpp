@@ -39,6 +39,7 @@ struct options {
   std::string nodes, key_dir;
   bool insecure = false;
   int replicas_per_node = 1;
+  std::string on_node_loss = "continue";
   bool quiet = false, no_eval = false;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
@@ -141,9 +142,18 @@ bool write_report(const std::string& path, const options& o, const train_result&
     const epoch_stats& e = r.history[i];
     j << (i ? "," : "") << "\n    {\"epoch\": " << e.epoch + 1 << ", \"loss\": " << num(e.loss)
       << ", \"accuracy\": " << num(e.accuracy) << ", \"val_loss\": " << num(e.val_loss)
-      << ", \"val_accuracy\": " << num(e.val_accuracy) << ", \"seconds\": " << num(e.seconds) << "}";
+      << ", \"val_accuracy\": " << num(e.val_accuracy) << ", \"seconds\": " << num(e.seconds)
+      << ", \"samples\": " << e.samples << "}";
   }
-  j << "\n  ]\n}\n";
+  j << "\n  ],\n  \"node_losses\": [";
+  for (size_t i = 0; i < r.losses.size(); ++i) {
+    const node_loss& l = r.losses[i];
+    j << (i ? "," : "") << "\n    {\"node\": " << json(l.node).dump() << ", \"ranks\": " << json(l.ranks).dump()
+      << ", \"why\": " << json(l.why).dump() << ", \"detected_seconds\": " << num(l.detected)
+      << ", \"survivors\": " << l.survivors << ", \"epoch\": " << l.epoch + 1 << ", \"step\": " << l.step + 1
+      << ", \"recovered_seconds\": " << num(l.recovered) << "}";
+  }
+  j << (r.losses.empty() ? "]" : "\n  ]") << ",\n  \"unmeasured_samples\": " << r.unmeasured << "\n}\n";
   std::ofstream f(path, std::ios::trunc);
   if (!(f << j.str()) || !f.flush()) {
     *error = path + ": cannot write the report";
@@ -210,6 +220,9 @@ int main(int argc, char** argv) {
       ("key-dir", po::value(&o.key_dir), "our key pair and known_nodes, with --nodes (default ~/.ringmaster)")
       ("insecure", po::bool_switch(&o.insecure), "no keys, no encryption, with --nodes (the nodes run --insecure too)")
       ("replicas-per-node", po::value(&o.replicas_per_node)->default_value(1), "replicas on each node, with --nodes")
+      ("on-node-loss", po::value(&o.on_node_loss)->default_value(o.on_node_loss), "with --nodes, when a node dies or "
+       "falls silent (named within 2 s): continue (the other nodes re-form the ring and finish the job, the global "
+       "batch cut among them) or abort (the job fails, naming the node)")
       ("limit-train", po::value(&o.limit_train), "use only the first N training samples")
       ("limit-test", po::value(&o.limit_test), "use only the first N test samples")
       ("no-eval", po::bool_switch(&o.no_eval), "skip the test-set evaluation after each epoch")
@@ -275,7 +288,11 @@ int main(int argc, char** argv) {
     c.replicas = n;
   } else if (!vm["replicas-per-node"].defaulted()) {
     return usage_error("--replicas-per-node needs --nodes");
+  } else if (!vm["on-node-loss"].defaulted()) {
+    return usage_error("--on-node-loss needs --nodes");
   }
+  if (o.on_node_loss != "continue" && o.on_node_loss != "abort")
+    return usage_error("--on-node-loss must be continue or abort, not '" + o.on_node_loss + "'");
   if (!nodes.empty()) {
     if (o.device == "cuda") c.devices = {"cuda"};
   } else if (std::string e = parse_device(o.device, !vm["replicas"].defaulted(), &c); !e.empty()) {
@@ -343,6 +360,12 @@ int main(int argc, char** argv) {
     ro.key_dir = o.key_dir;
     ro.node_keys = node_keys;
     ro.insecure = o.insecure;
+    ro.abort_on_node_loss = o.on_node_loss == "abort";
+    if (!o.quiet)
+      ro.on_event = [tty](const std::string& line) {
+        std::printf("%sringmaster-mnist: %s\n", tty ? "\r\033[K" : "", line.c_str());
+        std::fflush(stdout);
+      };
     r = train_remote(c, ro);
     return finish(o, r);
   }
@@ -390,6 +413,16 @@ int finish(const options& o, const train_result& r) {
   if (c.evaluate) std::printf(", test accuracy %.4f, test loss %.4f", last.val_accuracy, last.val_loss);
   std::printf("; replicas %s (fnv1a64 %s)\n", r.identical ? "bit-identical" : "DIFFER",
               hex(r.checksums[0]).c_str());
+  for (const node_loss& l : r.losses) {
+    std::printf("Lost node %s (ranks %s): %s, named %.2f s after its last message; %d ranks went on from epoch %lld, "
+                "step %lld", l.node.c_str(), l.ranks.c_str(), l.why.c_str(), l.detected, l.survivors,
+                (long long)l.epoch + 1, (long long)l.step + 1);
+    if (std::isnan(l.recovered)) std::printf(" (no step was left to run)\n");
+    else std::printf("; the next step was complete %.2f s after its last message\n", l.recovered);
+  }
+  if (r.unmeasured)
+    std::printf("%lld training samples of lost nodes count without their loss and accuracy (reports lost with them)\n",
+                (long long)r.unmeasured);
   if (!o.save.empty()) {
     std::map<std::string, std::string> meta{{"format", "ringmaster"}, {"epochs", std::to_string(c.epochs)},
                                             {"layout", "keras"}};

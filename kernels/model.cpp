@@ -300,19 +300,13 @@ std::vector<float> init_params(const model& m, uint64_t seed) {
 // ---- network ----------------------------------------------------------------------------------------
 
 network::network(backend& be, std::shared_ptr<const model> m, int max_batch, optimizer_config opt)
-    : be_(be), m_(std::move(m)), max_batch_(max_batch), opt_(opt) {
-  const size_t n = m_->param_count(), B = size_t(std::max(1, max_batch));
+    : be_(be), m_(std::move(m)), max_batch_(0), opt_(opt) {
+  const size_t n = m_->param_count();
   params_ = device_buffer<float>(be_, n);
   grads_ = device_buffer<float>(be_, n);
   m1_ = device_buffer<float>(be_, n);
   if (opt_.kind == optimizer_config::adam) m2_ = device_buffer<float>(be_, n);
-  const shape& in = m_->input();
-  if (in.c > 1 && !in.flat()) input_ = device_buffer<float>(be_, B * in.size());
-  size_t widest = in.size();
   for (const model::entry& e : m_->layers()) {
-    acts_.emplace_back(be_, B * e.out.size());
-    work_.emplace_back(be_, e.impl->workspace(e.in, e.out, int(B)));
-    widest = std::max(widest, e.out.size());
     std::vector<const float*> pv;
     std::vector<float*> gv;
     for (size_t p = e.first_param; p < e.first_param + e.param_count; ++p) {
@@ -322,8 +316,72 @@ network::network(backend& be, std::shared_ptr<const model> m, int max_batch, opt
     pviews_.push_back(std::move(pv));
     gviews_.push_back(std::move(gv));
   }
+  allocate_batch(std::max(1, max_batch));
+}
+
+// Everything whose size depends on the batch.
+void network::allocate_batch(int max_batch) {
+  const size_t B = size_t(max_batch);
+  const shape& in = m_->input();
+  input_ = in.c > 1 && !in.flat() ? device_buffer<float>(be_, B * in.size()) : device_buffer<float>();
+  acts_.clear();
+  work_.clear();
+  size_t widest = in.size();
+  for (const model::entry& e : m_->layers()) {
+    acts_.emplace_back(be_, B * e.out.size());
+    work_.emplace_back(be_, e.impl->workspace(e.in, e.out, int(B)));
+    widest = std::max(widest, e.out.size());
+  }
   dbuf_a_ = device_buffer<float>(be_, B * widest);
   dbuf_b_ = device_buffer<float>(be_, B * widest);
+  max_batch_ = max_batch;
+}
+
+void network::reserve(int max_batch) {
+  if (max_batch <= max_batch_) return;
+  be_.synchronize();  // no kernel still uses the buffers that go
+  allocate_batch(max_batch);
+}
+
+void network::keep_undo(bool on) {
+  keep_undo_ = on;
+  undo_.clear();
+  if (!on) return;
+  undo_.resize(be_.is_host() ? 2 : 1);
+  for (saved_state& s : undo_) {
+    s.params = device_buffer<float>(be_, size());
+    s.m1 = device_buffer<float>(be_, size());
+    if (m2_.data()) s.m2 = device_buffer<float>(be_, size());
+  }
+}
+
+// With one copy, taking it before apply() would lose the undo of the last update.
+void network::save_undo() {
+  if (undo_.size() > 1) save_state();
+}
+
+void network::save_state() {
+  saved_state& s = undo_[size_t(step_) % undo_.size()];
+  const size_t bytes = size() * sizeof(float);
+  be_.copy(s.params.data(), params_.data(), bytes);
+  be_.copy(s.m1.data(), m1_.data(), bytes);
+  if (m2_.data()) be_.copy(s.m2.data(), m2_.data(), bytes);
+  s.step = step_;
+}
+
+bool network::can_undo() const {
+  return step_ > 0 && !undo_.empty() && undo_[size_t(step_ - 1) % undo_.size()].step == step_ - 1;
+}
+
+void network::undo() {
+  if (!can_undo()) return;
+  saved_state& s = undo_[size_t(step_ - 1) % undo_.size()];
+  const size_t bytes = size() * sizeof(float);
+  be_.copy(params_.data(), s.params.data(), bytes);
+  be_.copy(m1_.data(), s.m1.data(), bytes);
+  if (m2_.data()) be_.copy(m2_.data(), s.m2.data(), bytes);
+  step_ = s.step;
+  s.step = -1;  // used up
 }
 
 void network::set_params(const float* host) { be_.copy_in(params(), host, size() * sizeof(float)); }
@@ -416,6 +474,7 @@ bool network::load_state(const network_state& s, std::string* error) {
 }
 
 void network::apply(const float* g) {
+  if (keep_undo_ && undo_[size_t(step_) % undo_.size()].step != step_) save_state();
   ++step_;
   if (opt_.kind == optimizer_config::adam)
     be_.adam_update(params(), m1_.data(), m2_.data(), g, size(), opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, step_);

@@ -51,6 +51,8 @@ const char* type_name(msg_type t) {
     case msg_type::bye: return "bye";
     case msg_type::start: return "start";
     case msg_type::checkpoint: return "checkpoint";
+    case msg_type::pause: return "pause";
+    case msg_type::reform: return "reform";
   }
   return "unknown";
 }

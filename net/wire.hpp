@@ -20,10 +20,11 @@
 //  40  u64 elements      floats in the payload (tensor messages)
 //  48  u64 payload_bytes size of the payload frame (0: no payload frame)
 //
-// Payloads: chunk, weights and checkpoint carry floats; job a JSON job plan (actors/job_plan.hpp, at most
-// kMaxJobBytes); hello, hello_ack, job_ack, report, abort and error key=value text (kMaxKvBytes; the
-// bridge's refusal of another version is plain text), a report naming its kind ("kind=step" or
-// "kind=eval"); start, done, heartbeat and bye nothing.
+// Payloads: chunk, weights and checkpoint carry floats; job and reform a JSON job plan (actors/job_plan.hpp,
+// at most kMaxJobBytes); hello, hello_ack, job_ack, report, abort, error and pause key=value text
+// (kMaxKvBytes; the bridge's refusal of another version is plain text), a report naming its kind
+// ("kind=step", "kind=eval" or "kind=paused"); start, done, heartbeat and bye nothing. A chunk's job_id is
+// its ring's id: the job's, until a lost node makes the launcher re-form the ring (actors/reform.hpp).
 #pragma once
 #include <array>
 #include <cstddef>
@@ -37,7 +38,8 @@ namespace ringmaster::wire {
 constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // 2: jobs name their device kind, nodes may offer GPUs. 3: jobs are JSON plans; a start message; reports
 // name their kind in the payload and weights their rank in sender_rank, so round is only a ring round.
-constexpr uint16_t kProtocolVersion = 3;
+// 4: elastic jobs: pause and reform messages, reports name their ring generation, plans their ring.
+constexpr uint16_t kProtocolVersion = 4;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small
@@ -62,13 +64,15 @@ enum class msg_type : uint16_t {
   abort,       // the sender gave up on the job (kv payload: origin, reason)
   error,       // a refusal, e.g. a protocol version mismatch (text payload)
   bye,
-  start,       // the launcher's go for rank sender_rank, once every node has taken the job
+  start,       // the launcher's go for rank sender_rank, once every node has taken the job (or a reform)
   // One buffer of a training state after `step` steps (float payload), `segment` saying which: 0 the
   // weights, 1 Adam's first moment or SGD's velocity, 2 Adam's second moment. From a node: rank
   // sender_rank's, for a checkpoint; from a launcher: the state a resumed job starts from.
   checkpoint,
+  pause,       // a node was lost: drop the ring, stop, say how far (kv payload: gen)
+  reform,      // continue in a re-formed ring (JSON plan of the new generation); answered by job_ack
 };
-constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::checkpoint);
+constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::reform);
 constexpr int32_t kStateBuffers = 3;  // checkpoint segments: 0..2
 
 const char* type_name(msg_type t);

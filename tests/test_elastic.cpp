@@ -1,0 +1,214 @@
+// Elastic continuation (actors/reform.hpp): node daemons as real processes on 127.0.0.1, one killed
+// (SIGKILL) or stopped (SIGSTOP) mid-epoch; the others re-form the ring and finish the job.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/remote_job.hpp"
+#include "tests/test_util.hpp"
+
+using namespace ringmaster;
+using namespace std::chrono_literals;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+test::daemons start_nodes(int n, const std::string& devices = "cpu:2") {
+  return test::start_daemons(n, {RINGMASTER_NODE_BIN}, devices, RINGMASTER_DATA_DIR);
+}
+
+train_config small_job(int64_t epochs) {
+  train_config c;
+  c.model = "784-64-10";
+  c.global_batch = 60;
+  c.epochs = epochs;
+  return c;
+}
+
+// Runs `cfg` on the nodes, signalling node `victim` with `sig` once `after` steps of epoch `epoch` are
+// done; *at is when.
+train_result run_killing(train_config cfg, const remote_options& ro, test::daemons& nodes, size_t victim, int sig,
+                         int64_t epoch, int64_t after, clock_type::time_point* at) {
+  std::atomic<bool> go{false};
+  cfg.on_progress = [&](const progress& p) {
+    if (p.epoch == epoch && p.step >= after) go = true;
+  };
+  std::thread killer([&] {
+    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
+    *at = clock_type::now();
+    if (sig == SIGKILL) nodes[victim]->stop(SIGKILL);
+    else kill(nodes[victim]->pid, sig);
+  });
+  train_result r = train_remote(cfg, ro);
+  killer.join();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("elastic: kill -9 of one of 3 nodes running 2 ranks each: the 4 others finish, every sample once an epoch", "[nodes][elastic]") {
+  auto nodes = start_nodes(3);
+  remote_options ro;
+  ro.nodes = test::endpoints(nodes);
+  ro.replicas_per_node = 2;
+  ro.limit_train = 6000;
+  ro.limit_test = 500;
+  std::vector<std::string> events;
+  ro.on_event = [&](const std::string& line) { events.push_back(line); };
+  clock_type::time_point killed;
+  train_result r = run_killing(small_job(2), ro, nodes, 1, SIGKILL, 0, 30, &killed);
+  INFO(r.error);
+  for (auto& e : events) INFO(e);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  CHECK(r.checksums.size() == 4);
+  REQUIRE(r.history.size() == 2);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.losses.size() == 1);
+  const node_loss& l = r.losses[0];
+  CHECK(l.node == nodes[1]->endpoint);
+  CHECK(l.ranks == "2-3");
+  CHECK(l.survivors == 4);
+  CHECK(l.generation == 1);
+  CHECK(l.detected < 2.0);
+  CHECK(events.size() == 3);  // lost, ring re-formed, next step done
+  // The target: a lost node costs its detection, the step in flight and re-forming the ring.
+  const double to_next = std::chrono::duration<double>(l.next_step - killed).count();
+  WARN("kill -9 to the next completed step: " << to_next << " s (named " << l.detected << " s after its last message)");
+  CHECK(to_next < 2.5);
+}
+
+TEST_CASE("elastic: a node that falls silent (SIGSTOP) is dropped, the others finish, and woken it has left the job", "[nodes][elastic]") {
+  auto nodes = start_nodes(3, "cpu:1");
+  remote_options ro;
+  ro.nodes = test::endpoints(nodes);
+  ro.limit_train = 3000;
+  ro.limit_test = 300;
+  clock_type::time_point stopped;
+  train_result r = run_killing(small_job(2), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  REQUIRE(r.history.size() == 2);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 3000);
+  REQUIRE(r.losses.size() == 1);
+  CHECK(r.losses[0].node == nodes[2]->endpoint);
+  CHECK(r.losses[0].survivors == 2);
+  // It was told it was dropped: woken, it ends the job and takes the next one.
+  kill(nodes[2]->pid, SIGCONT);
+  std::this_thread::sleep_for(500ms);
+  train_result next = train_remote(small_job(1), ro);
+  INFO(next.error);
+  CHECK(next.ok);
+  CHECK(next.losses.empty());
+}
+
+TEST_CASE("elastic: a node busy with steps longer than the node timeout is not taken for lost", "[nodes][elastic]") {
+  auto nodes = start_nodes(2, "cpu:1");
+  remote_options ro;
+  ro.nodes = test::endpoints(nodes);
+  ro.limit_train = 2048;
+  ro.node_timeout = 400ms;
+  ro.abort_on_node_loss = true;  // a false alarm fails the job
+  train_config c;
+  c.model = "784-2048-2048-10";
+  c.global_batch = 1024;
+  c.epochs = 1;
+  c.evaluate = false;
+  train_result r = train_remote(c, ro);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  const double per_step = r.history[0].seconds / 2;
+  WARN("a step took " << per_step << " s, the node timeout is 0.4 s");
+  CHECK(r.losses.empty());
+}
+
+namespace {
+
+// The launcher with `args`, its output read line by line; `on_line` sees each as it comes.
+test::run_result run_launcher(const std::string& args, const std::function<void(const std::string&)>& on_line) {
+  FILE* p = popen((std::string(RINGMASTER_MNIST_BIN) + " " + args + " 2>&1").c_str(), "r");
+  REQUIRE(p);
+  std::string out;
+  char line[4096];
+  while (std::fgets(line, sizeof line, p)) {
+    out += line;
+    on_line(line);
+  }
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+nlohmann::json report(const std::string& path) {
+  nlohmann::json j = nlohmann::json::parse(test::slurp(path), nullptr, false);
+  REQUIRE(j.is_object());
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, trains on every sample once an epoch, says what happened", "[nodes][elastic][launcher]") {
+  const std::string json_path = "/tmp/ringmaster-elastic-test.json";
+  const std::string args = " --model 784-64-10 --batch 60 --epochs 2 --limit-train 12000 --limit-test 2000 --report-json " + json_path;
+  auto nodes = start_nodes(3, "cpu:1");
+  std::remove(json_path.c_str());
+  std::thread killer;
+  test::run_result r = run_launcher("--nodes " + test::node_list(nodes) + args, [&](const std::string& line) {
+    if (line.rfind("Epoch 1/2", 0) == 0 && !killer.joinable())
+      killer = std::thread([&] {
+        std::this_thread::sleep_for(100ms);  // some 50 steps into the first epoch's 200
+        nodes[1]->stop(SIGKILL);
+      });
+  });
+  if (killer.joinable()) killer.join();
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("Lost node " + nodes[1]->endpoint + " (ranks 1): no heartbeat for") != std::string::npos);
+  CHECK(r.out.find("2 ranks went on from epoch") != std::string::npos);
+  CHECK(r.out.find("bit-identical") != std::string::npos);
+  const nlohmann::json lost = report(json_path);
+  REQUIRE(lost["history"].size() == 2);
+  for (const auto& e : lost["history"]) CHECK(e["samples"] == 12000);
+  REQUIRE(lost["node_losses"].size() == 1);
+  CHECK(lost["node_losses"][0]["node"] == nodes[1]->endpoint);
+
+  // The same job uninterrupted, on fresh daemons: test accuracy within half a point.
+  auto fresh = start_nodes(3, "cpu:1");
+  std::remove(json_path.c_str());
+  test::run_result u = run_launcher("--nodes " + test::node_list(fresh) + args + " -q", [](const std::string&) {});
+  INFO(u.out);
+  REQUIRE(u.status == 0);
+  const nlohmann::json whole = report(json_path);
+  CHECK(whole["node_losses"].empty());
+  const double a = lost["test_accuracy"], b = whole["test_accuracy"];
+  WARN("test accuracy " << a << " with a node lost mid-epoch, " << b << " without");
+  CHECK(std::fabs(a - b) <= 0.005);
+
+  // --on-node-loss abort: the job fails naming the node; a bad value or no --nodes is a usage error.
+  std::thread killer2;
+  test::run_result ab = run_launcher("--nodes " + test::node_list(fresh) + args + " --on-node-loss abort", [&](const std::string& line) {
+    if (line.rfind("Epoch 1/2", 0) == 0 && !killer2.joinable())
+      killer2 = std::thread([&] {
+        std::this_thread::sleep_for(100ms);
+        fresh[2]->stop(SIGKILL);
+      });
+  });
+  if (killer2.joinable()) killer2.join();
+  INFO(ab.out);
+  CHECK(ab.status == 1);
+  CHECK(ab.out.find("node " + fresh[2]->endpoint + " (ranks 2) stopped answering: no heartbeat for") != std::string::npos);
+  test::run_result bad = run_launcher("--nodes " + test::node_list(fresh) + " --on-node-loss maybe", [](const std::string&) {});
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("--on-node-loss must be continue or abort, not 'maybe'") != std::string::npos);
+  test::run_result here = run_launcher("--on-node-loss abort", [](const std::string&) {});
+  CHECK(here.status == 2);
+  CHECK(here.out.find("--on-node-loss needs --nodes") != std::string::npos);
+}

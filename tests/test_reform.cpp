@@ -1,0 +1,348 @@
+// Elastic continuation's parts without daemons (actors/reform.hpp): the re-formed plan and its checks, the
+// one-step undo of an update, the coordinator's accounting across a re-forming, and the reports' generation.
+// Whole jobs with a node killed: test_elastic.cpp.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+
+#include "actors/coordinator.hpp"
+#include "actors/messages.hpp"
+#include "actors/reform.hpp"
+#include "actors/report_kv.hpp"
+#include "actors/training.hpp"
+#include "kernels/model.hpp"
+
+using namespace ringmaster;
+
+namespace {
+
+// 3 nodes x 2 ranks, a global batch of 60.
+job_plan six_ranks(int global_batch = 60) {
+  train_config c;
+  c.model = "784-16-10";
+  c.global_batch = global_batch;
+  job_placement w;
+  w.nodes = {{"tcp://10.0.0.1:5601", "a"}, {"tcp://10.0.0.2:5601", "b"}, {"tcp://10.0.0.3:5601", "c"}};
+  w.rank_node = {0, 0, 1, 1, 2, 2};
+  w.devices.assign(6, "cpu");
+  job_plan p;
+  std::string err;
+  REQUIRE(make_job_plan(c, w, &p, &err));
+  p.job_id = 77;
+  p.elastic = true;
+  return p;
+}
+
+job_plan reformed(const job_plan& p, std::vector<bool> lost, int gen = 1, int64_t start = 41) {
+  job_plan next;
+  std::string err;
+  const bool made = make_reform(p, lost, gen, 1000 + gen, start, &next, &err);
+  INFO(err);
+  REQUIRE(made);
+  return next;
+}
+
+}  // namespace
+
+TEST_CASE("reform: survivors keep their ring order, renumbered, the global batch cut among them", "[reform]") {
+  const job_plan p = six_ranks();
+  const job_plan q = reformed(p, {false, true, false});
+  REQUIRE(q.replicas() == 4);
+  CHECK(q.generation == 1);
+  CHECK(q.ring_id() == 1001);
+  CHECK(q.start_step == 41);
+  const int was[] = {0, 1, 4, 5}, begin[] = {0, 15, 30, 45}, end[] = {15, 30, 45, 60};
+  for (int r = 0; r < 4; ++r) {
+    const rank_plan& rp = q.ranks[size_t(r)];
+    CHECK(rp.rank == r);
+    CHECK(rp.was == was[r]);
+    CHECK(rp.node == p.ranks[size_t(was[r])].node);
+    CHECK(rp.left == (r + 3) % 4);
+    CHECK(rp.right == (r + 1) % 4);
+    CHECK(rp.batch_begin == begin[r]);
+    CHECK(rp.batch_end == end[r]);
+  }
+  CHECK(q.ranks_on(1).empty());
+  // Again without node 2: node 0's two ranks are left, and the plan still travels and reads back.
+  const job_plan one_node = reformed(q, {false, true, true}, 2, 60);
+  REQUIRE(one_node.replicas() == 2);
+  CHECK(one_node.ranks[1].was == 1);
+  CHECK(one_node.ranks[1].batch_begin == 30);
+  job_plan sent = one_node, back;
+  sent.recipient = 0;
+  std::string err;
+  REQUIRE(from_json(to_json(sent), &back, &err));
+  CHECK(to_json(back) == to_json(sent));
+  job_plan at_node0 = q;
+  at_node0.recipient = 0;
+  CHECK(check_reform(at_node0, sent).empty());
+  // 64 over 3: the first rank one larger.
+  train_config c;
+  c.model = "784-16-10";
+  c.global_batch = 64;
+  job_placement w;
+  w.nodes = {{"tcp://h:1", "a"}, {"tcp://h:2", "b"}, {"tcp://h:3", "c"}, {"tcp://h:4", "d"}};
+  w.rank_node = {0, 1, 2, 3};
+  w.devices.assign(4, "cpu");
+  job_plan four;
+  REQUIRE(make_job_plan(c, w, &four, &err));
+  four.job_id = 5;
+  const job_plan uneven = reformed(four, {false, false, true, false});
+  REQUIRE(uneven.replicas() == 3);
+  CHECK(uneven.ranks[0].batch_end - uneven.ranks[0].batch_begin == 22);
+  CHECK(uneven.ranks[1].batch_end - uneven.ranks[1].batch_begin == 21);
+  CHECK(uneven.ranks[2].batch_end - uneven.ranks[2].batch_begin == 21);
+  CHECK(uneven.shard_size() == 22);
+  CHECK(uneven.test_shard(2, 1000) == std::pair<size_t, size_t>{666, 1000});
+
+  std::string none;
+  job_plan empty;
+  CHECK_FALSE(make_reform(four, {true, true, true, true}, 1, 9, 0, &empty, &none));
+  CHECK(none == "no rank is left to continue the job");
+}
+
+TEST_CASE("reform: a node takes only a plan that follows its own", "[reform]") {
+  const job_plan p = six_ranks();
+  job_plan q = reformed(p, {false, true, false});
+  CHECK(check_reform(p, q).empty());
+  auto refused = [&](const std::function<void(job_plan&)>& change) {
+    job_plan bad = q;
+    change(bad);
+    return check_reform(p, bad);
+  };
+  CHECK(refused([](job_plan& b) { b.job_id = 78; }) == "the re-formed plan is for job 78");
+  CHECK(refused([](job_plan& b) { b.generation = 0; }) == "generation 0 does not follow generation 0");
+  CHECK(refused([&](job_plan& b) { b.ring = 0; }) == "the re-formed ring has the id of the ring it replaces");
+  CHECK(refused([](job_plan& b) { b.recipient = 1; }) == "the re-formed plan is addressed to node 1, this is node -1");
+  CHECK(refused([](job_plan& b) { b.seed = 5; }) == "the re-formed plan changes the job's settings or nodes");
+  CHECK(refused([](job_plan& b) { b.nodes[1].id = "x"; }) == "the re-formed plan changes the job's settings or nodes");
+  CHECK(refused([](job_plan& b) { b.ranks[3].was = 9; }) == "rank 3 was rank 9, which did not exist");
+  CHECK(refused([](job_plan& b) { b.ranks[2].node = 1; }) == "rank 2 (rank 4 before) moved to another node");
+  // Half of node 2's ranks: the node runs a replica without its neighbour on the same node.
+  job_plan half = p;
+  half.generation = 1;
+  half.ring = 5;
+  half.ranks = {p.ranks[0], p.ranks[1], p.ranks[4]};
+  for (int r = 0; r < 3; ++r) {
+    half.ranks[size_t(r)].was = half.ranks[size_t(r)].rank;
+    half.ranks[size_t(r)].rank = r;
+    half.ranks[size_t(r)].left = (r + 2) % 3;
+    half.ranks[size_t(r)].right = (r + 1) % 3;
+    half.ranks[size_t(r)].batch_begin = 20 * r;
+    half.ranks[size_t(r)].batch_end = 20 * r + 20;
+  }
+  std::string err;
+  REQUIRE(validate(half, &err));
+  CHECK(check_reform(p, half) == "node tcp://10.0.0.3:5601 keeps 1 of its 2 ranks");
+}
+
+TEST_CASE("reform: validate keeps generation 0 strict and checks a re-formed plan's shards and history", "[reform]") {
+  job_plan p = six_ranks();
+  std::string err;
+  job_plan uneven = p;
+  uneven.ranks[0].batch_end = 11;
+  uneven.ranks[1].batch_begin = 11;
+  CHECK_FALSE(validate(uneven, &err));
+  CHECK(err == "job plan: 'ranks[0].batch_end' is 11, expected 10");
+  job_plan q = reformed(p, {false, true, false});
+  REQUIRE(validate(q, &err));
+  job_plan gap = q;
+  gap.ranks[2].batch_begin = 31;
+  CHECK_FALSE(validate(gap, &err));
+  CHECK(err == "job plan: 'ranks[2].batch_begin' is 31, expected 30");
+  job_plan wide = q;
+  wide.ranks[0].batch_end = 17;
+  wide.ranks[1].batch_begin = 17;
+  CHECK_FALSE(validate(wide, &err));
+  CHECK(err == "job plan: 'ranks[0].batch_end' is 17, expected 15..16");
+  job_plan order = q;
+  order.ranks[2].was = 1;
+  CHECK_FALSE(validate(order, &err));
+  CHECK(err == "job plan: 'ranks[2].was' is 1, expected more than the rank before's");
+  job_plan same_ring = q;
+  same_ring.ring = same_ring.job_id;
+  CHECK_FALSE(validate(same_ring, &err));
+  CHECK(err == "job plan: 'ring' is 77: a re-formed ring needs an id of its own");
+  job_plan renamed = p;
+  renamed.ranks[3].was = 2;
+  CHECK_FALSE(validate(renamed, &err));
+  CHECK(err == "job plan: 'ranks[3].was' is 2, expected 3");
+}
+
+TEST_CASE("reform: a network takes its last update back bit for bit, and makes room for larger batches", "[reform]") {
+  std::string err;
+  auto m = build_model("784-32-10", shape{1, 1, 784}, &err);
+  REQUIRE(m);
+  for (auto kind : {optimizer_config::adam, optimizer_config::sgd}) {
+    optimizer_config opt;
+    opt.kind = kind;
+    auto be = make_backend("cpu", &err);
+    REQUIRE(be);
+    network net(*be, m, 4, opt);
+    net.keep_undo(true);
+    const std::vector<float> init = init_params(*m, 3);
+    net.set_params(init.data());
+    std::mt19937 rng(1);
+    std::normal_distribution<float> d(0, 0.1f);
+    std::vector<float> g1(net.size()), g2(net.size());
+    for (auto& x : g1) x = d(rng);
+    for (auto& x : g2) x = d(rng);
+    CHECK_FALSE(net.can_undo());
+    net.apply(g1.data());
+    std::vector<float> after1(net.size()), after2(net.size()), again(net.size());
+    net.get_params(after1.data());
+    // The copy for the next update, taken early (while the ring sums), keeps the last one undoable.
+    net.save_undo();
+    REQUIRE(net.can_undo());
+    net.undo();
+    CHECK(net.steps() == 0);
+    net.get_params(again.data());
+    CHECK(std::memcmp(again.data(), init.data(), again.size() * sizeof(float)) == 0);
+    net.apply(g1.data());
+    net.get_params(again.data());
+    CHECK(std::memcmp(again.data(), after1.data(), again.size() * sizeof(float)) == 0);
+    net.save_undo();
+    net.apply(g2.data());
+    net.get_params(after2.data());
+    REQUIRE(net.can_undo());
+    net.undo();
+    CHECK(net.steps() == 1);
+    net.get_params(again.data());
+    CHECK(std::memcmp(again.data(), after1.data(), again.size() * sizeof(float)) == 0);
+    // The optimizer state came back too: the same update gives the same bits.
+    net.apply(g2.data());
+    net.get_params(again.data());
+    CHECK(std::memcmp(again.data(), after2.data(), again.size() * sizeof(float)) == 0);
+
+    // A batch larger than the network was made for: room for it, parameters untouched.
+    float* params = net.params();
+    net.reserve(9);
+    CHECK(net.max_batch() == 9);
+    CHECK(net.params() == params);
+    std::vector<float> x(9 * 784, 0.5f);
+    std::vector<int32_t> y(9, 3);
+    batch_metrics bm = net.forward_backward(x.data(), y.data(), 9, 1.0f / 9, sample_key{});
+    CHECK(bm.count == 9);
+    net.reserve(2);
+    CHECK(net.max_batch() == 9);
+  }
+}
+
+TEST_CASE("reform: reports carry their ring generation", "[reform][wire]") {
+  step_report s;
+  s.gen = 3;
+  s.step = 4;
+  eval_report e;
+  e.gen = 2;
+  pause_report p;
+  p.gen = 7;
+  p.applied = 123456789012;
+  step_report s2;
+  eval_report e2;
+  pause_report p2;
+  std::string err;
+  REQUIRE(from_kv(to_kv(s), &s2, &err));
+  REQUIRE(from_kv(to_kv(e), &e2, &err));
+  REQUIRE(report_kind(to_kv(p)) == "paused");
+  REQUIRE(from_kv(to_kv(p), &p2, &err));
+  CHECK(s2.gen == 3);
+  CHECK(e2.gen == 2);
+  CHECK(p2.gen == 7);
+  CHECK(p2.applied == 123456789012);
+  wire::kv_map bad = to_kv(p);
+  bad["gen"] = "-1";
+  CHECK_FALSE(from_kv(bad, &p2, &err));
+  CHECK(err == "bad value '-1' for 'gen'");
+}
+
+namespace {
+
+// A stand-in for a rank: takes run, answers weights with `w`.
+caf::behavior fake_rank(caf::event_based_actor*, std::vector<float> w) {
+  return {
+      [](run_atom, caf::actor, caf::actor, caf::actor) {},
+      [w](weights_atom) { return chunk_ptr(std::make_shared<std::vector<float>>(w)); },
+  };
+}
+
+step_report report(int rank, int gen, int64_t epoch, int64_t step, int64_t count) {
+  step_report r;
+  r.rank = rank;
+  r.gen = gen;
+  r.epoch = epoch;
+  r.step = step;
+  r.loss_sum = 0.5 * double(count);
+  r.correct = count / 2;
+  r.count = count;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("reform: the coordinator completes the steps before the restart, drops later ones, counts on", "[reform]") {
+  caf::actor_system_config cfg;
+  configure(cfg, 2);
+  caf::actor_system sys{cfg};
+  // 3 ranks, batch 30 (10 each), 4 steps an epoch, 2 epochs, evaluating.
+  coordinator_config cc{3, 30, 4, 2, true, nullptr};
+  std::vector<std::string> events;
+  cc.on_event = [&](const std::string& l) { events.push_back(l); };
+  auto coord = sys.spawn(coordinator, cc);
+  rank_actors all;
+  for (int r = 0; r < 3; ++r) all.replicas.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
+  all.loaders = all.reducers = all.replicas;
+  // Messages sent from this thread after the run request reach the coordinator after it.
+  caf::scoped_actor self{sys};
+  auto running = self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers);
+  // Steps 0 and 1 complete; rank 2 (lost) never reported step 2, which ranks 0 and 1 applied; rank 0
+  // also applied step 3 (it is taken back): the restart is step 3.
+  for (int64_t s = 0; s < 2; ++s)
+    for (int r = 0; r < 3; ++r) caf::anon_send(coord, report(r, 0, 0, s, 10));
+  caf::anon_send(coord, report(0, 0, 0, 2, 10));
+  caf::anon_send(coord, report(1, 0, 0, 2, 10));
+  caf::anon_send(coord, report(0, 0, 0, 3, 10));
+  reform_note note;
+  note.gen = 1;
+  note.start_step = 3;
+  for (int r = 0; r < 2; ++r) note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{4, 5, 6}));
+  node_loss l;
+  l.node = "tcp://lost:1";
+  l.ranks = "2";
+  note.losses = {l};
+  note.last_word = std::chrono::steady_clock::now();
+  caf::anon_send(coord, reform_atom::value, note);
+  // A late report of the old ring is dropped; the new ranks (15 samples each) run steps 3 to 7.
+  caf::anon_send(coord, report(1, 0, 0, 3, 10));
+  for (int64_t g = 3; g < 8; ++g) {
+    for (int r = 0; r < 2; ++r) caf::anon_send(coord, report(r, 1, g / 4, g % 4, 15));
+    if (g % 4 == 3)
+      for (int r = 0; r < 2; ++r) {
+        eval_report e;
+        e.rank = r;
+        e.gen = 1;
+        e.epoch = g / 4;
+        e.count = 50;
+        e.correct = 40;
+        caf::anon_send(coord, e);
+      }
+  }
+  for (int r = 0; r < 2; ++r) caf::anon_send(coord, done_atom::value, r);
+  std::shared_ptr<train_result> result;
+  running.receive([&](std::shared_ptr<train_result> r) { result = std::move(r); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  REQUIRE(result);
+  INFO(result->error);
+  REQUIRE(result->ok);
+  REQUIRE(result->history.size() == 2);
+  CHECK(result->history[0].samples == 120);  // 4 steps of 30: rank 2's 10 of step 2 without their loss
+  CHECK(result->history[1].samples == 120);
+  CHECK(result->unmeasured == 10);
+  CHECK(result->history[0].val_accuracy == Approx(0.8));
+  CHECK(result->checksums.size() == 2);
+  CHECK(result->weights == std::vector<float>{4, 5, 6});
+  REQUIRE(result->losses.size() == 1);
+  CHECK(result->losses[0].survivors == 2);
+  CHECK(result->losses[0].epoch == 0);
+  CHECK(result->losses[0].step == 3);
+  CHECK(result->losses[0].recovered >= 0);
+  CHECK(events.size() == 1);
+}
