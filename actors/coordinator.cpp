@@ -26,12 +26,16 @@ std::string format_progress(const progress& p) {
   char head[64], tail[256];
   const int digits = int(std::to_string(p.steps).size());
   std::snprintf(head, sizeof head, "%*lld/%lld ", digits, (long long)p.step, (long long)p.steps);
+  // A resumed epoch's first steps ran before this run: its time and rates count from where it resumed.
+  const int64_t here = p.step - p.first_step;
   if (p.epoch_end) {
-    const double per_step = p.steps ? p.seconds / double(p.steps) : 0;
-    std::snprintf(tail, sizeof tail, " - %.1fs %.1fms/step - loss: %.4f - accuracy: %.4f - %.0f samples/s",
-                  p.seconds, per_step * 1e3, p.loss, p.accuracy, p.samples_per_sec);
+    const double per_step = here > 0 ? p.seconds / double(here) : 0;
+    char resumed[48] = "";
+    if (p.first_step > 0) std::snprintf(resumed, sizeof resumed, " (resumed at step %lld)", (long long)p.first_step);
+    std::snprintf(tail, sizeof tail, " - %.1fs %.1fms/step%s - loss: %.4f - accuracy: %.4f - %.0f samples/s",
+                  p.seconds, per_step * 1e3, resumed, p.loss, p.accuracy, p.samples_per_sec);
   } else {
-    const double eta = p.step ? p.seconds / double(p.step) * double(p.steps - p.step) : 0;
+    const double eta = here > 0 ? p.seconds / double(here) * double(p.steps - p.step) : 0;
     std::snprintf(tail, sizeof tail, " - ETA: %.0fs - loss: %.4f - accuracy: %.4f - %.0f samples/s", eta,
                   p.loss, p.accuracy, p.samples_per_sec);
   }
@@ -132,6 +136,7 @@ void report_progress(coordinator_state& st, int64_t e, bool end) {
   p.epochs = st.cfg.epochs;
   p.step = a.steps_done;
   p.steps = st.cfg.steps_per_epoch;
+  p.first_step = a.first_step;
   p.seconds = secs(a.start, end ? a.last_step : now);
   p.loss = a.measured() ? a.loss / double(a.measured()) : 0;
   p.accuracy = a.measured() ? double(a.correct) / double(a.measured()) : 0;

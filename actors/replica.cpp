@@ -218,7 +218,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     self->send(st->coordinator, rep);
     ++st->done_steps;
     const int64_t total = st->cfg.steps_per_epoch * st->cfg.epochs;
-    if (st->cfg.checkpoints && checkpoint_due(st->done_steps, st->cfg.checkpoint_every, st->cfg.steps_per_epoch, total)) {
+    if (st->cfg.checkpoints && st->cfg.rank == 0 && checkpoint_due(st->done_steps, st->cfg.checkpoint_every, st->cfg.steps_per_epoch, total)) {
       auto state = std::make_shared<network_state>();
       st->model->save_state(state.get());
       self->send(st->coordinator, checkpt_atom::value, state_ptr(std::move(state)));

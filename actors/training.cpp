@@ -128,7 +128,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     rc.port = out.ports.back();
     rc.first_step = plan.first_step;
     rc.resume = resume;
-    rc.checkpoints = plan.checkpoints && r == 0;  // the coordinator writes rank 0's state
+    rc.checkpoints = plan.checkpoints;  // the coordinator writes rank 0's state (rank 0 may change: elastic)
     rc.checkpoint_every = plan.checkpoint_every;
     rc.shard_begin = rp.batch_begin;
     rc.elastic = plan.elastic;
