@@ -212,3 +212,27 @@ TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, train
   CHECK(here.status == 2);
   CHECK(here.out.find("--on-node-loss needs --nodes") != std::string::npos);
 }
+
+TEST_CASE("elastic with checkpoints: the node running rank 0 is killed, the job finishes and its checkpoints go on", "[nodes][elastic][checkpoint]") {
+  char tmpl[] = "/tmp/ringmaster-elastic-ckpt-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string dir = tmpl;
+  const std::string args = " --model 784-64-10 --batch 60 --epochs 2 --limit-train 12000 --limit-test 2000 --checkpoint-dir " +
+                           dir + " --checkpoint-every 50";
+  auto nodes = start_nodes(3, "cpu:1");
+  std::thread killer;
+  test::run_result r = run_launcher("--nodes " + test::node_list(nodes) + args, [&](const std::string& line) {
+    if (line.rfind("Epoch 1/2", 0) == 0 && !killer.joinable())
+      killer = std::thread([&] {
+        std::this_thread::sleep_for(100ms);
+        nodes[0]->stop(SIGKILL);  // rank 0, whose state the checkpoints hold
+      });
+  });
+  if (killer.joinable()) killer.join();
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("Lost node " + nodes[0]->endpoint + " (ranks 0)") != std::string::npos);
+  // The last checkpoint is the finished job's: the new rank 0 sent it.
+  CHECK(r.out.find("Last checkpoint: " + dir + "/ckpt-2-0.safetensors") != std::string::npos);
+  test::run(std::string("rm -rf ") + dir);
+}
