@@ -430,6 +430,16 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
     for (const std::string& l : b.lines) UNSCOPED_INFO(l);
   }
   CHECK(dropped != "");
+  // A weights request from the stranger for rank 1 (which node-b runs): no answer, the weights stay home.
+  wire::header want;
+  want.type = wire::msg_type::weights;
+  want.job_id = id;
+  want.sender_rank = 1;
+  const auto wb = wire::encode(want);
+  s.set(zmq::sockopt::rcvtimeo, 1000);
+  s.send(zmq::buffer(wb.data(), wb.size()), zmq::send_flags::none);
+  zmq::message_t nothing;
+  CHECK_FALSE(s.recv(nothing, zmq::recv_flags::none));
   // An abort from the stranger, naming the job: not its launcher, so nothing happens.
   wire::header abort_h;
   abort_h.type = wire::msg_type::abort;
