@@ -11,7 +11,6 @@
 #include <set>
 #include <thread>
 
-#include <sys/stat.h>
 
 #include "actors/data_cache.hpp"
 #include "actors/job_plan.hpp"
@@ -64,8 +63,7 @@ struct node_service::impl {
   // Keys, loaded before the bridge is made (start() reports key_error).
   std::string key_dir, key_error;
   net::key_pair keys;
-  std::set<std::string> authorized;  // authorized_keys, read again when the file changes
-  struct timespec authorized_mtime {};
+  std::set<std::string> authorized;  // authorized_keys, read again at each handshake (bridge thread)
   net::bridge br;
   data_cache data;
   std::thread ticker;
@@ -109,6 +107,9 @@ struct node_service::impl {
   net::bridge_options bridge_options() {
     net::bridge_options bo;
     bo.name = opt.name;
+    // Two I/O threads: libzmq gives each new connection the least loaded one, so the launcher's (heartbeats,
+    // reports) does not wait behind the ring's, whose messages are encrypted whole, one at a time.
+    bo.io_threads = 2;
     if (opt.insecure) return bo;
     key_dir = opt.key_dir.empty() ? net::default_key_dir() : opt.key_dir;
     if (!net::load_or_create_keys(key_dir, &keys, &key_error) || !reload_authorized(&key_error)) return bo;
@@ -118,16 +119,12 @@ struct node_service::impl {
     return bo;
   }
 
-  // Re-reads authorized_keys when it changed since last time, so keys can be added while the daemon runs.
+  // Reads authorized_keys again, so keys can be added and revoked while the daemon runs. A small file, read
+  // at each handshake: no cache to fool with a copy that keeps the old time stamp.
   bool reload_authorized(std::string* error) {
-    const std::string path = key_dir + "/authorized_keys";
-    struct stat st {};
-    const bool exists = ::stat(path.c_str(), &st) == 0;
-    if (exists && st.st_mtim.tv_sec == authorized_mtime.tv_sec && st.st_mtim.tv_nsec == authorized_mtime.tv_nsec) return true;
     std::set<std::string> keys_now;
-    if (!net::read_authorized_keys(path, &keys_now, error)) return false;
+    if (!net::read_authorized_keys(key_dir + "/authorized_keys", &keys_now, error)) return false;
     authorized = std::move(keys_now);
-    authorized_mtime = exists ? st.st_mtim : timespec{};
     return true;
   }
 
@@ -258,8 +255,17 @@ struct node_service::impl {
     end_job("cannot join the re-formed ring: " + error);
   }
 
+  // Whether a key may command this node: its own, or one in authorized_keys. A running job's other nodes
+  // get through the handshake too, but only to send ring chunks.
+  bool commander(const std::string& key) const { return key == keys.public_key || authorized.count(key) > 0; }
+
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     using wire::msg_type;
+    if (!opt.insecure && h.type != msg_type::chunk && !commander(from.key)) {
+      log_fault({net::fault::unauthorized, from, std::string("ignored a ") + wire::type_name(h.type) +
+                                                     " from a job's node, which may send ring chunks only"});
+      return;
+    }
     const bool ours = job && h.job_id == job->id();
     const bool launcher = ours && job->from_launcher(from);  // only the job's launcher steers it
     if (launcher) job->heard();
@@ -344,6 +350,7 @@ bool node_service::start(std::string* error) {
     d->on_message(from, h, std::move(p));
   });
   d->br.set_error_handler([d](const net::bridge_error& e) { d->log_fault(e); });
+  const size_t authorized = d->authorized.size();  // before the bridge thread may read the file again
   if (!d->br.start(d->opt.listen, error)) {
     d->sys.reset();
     return false;
@@ -358,7 +365,7 @@ bool node_service::start(std::string* error) {
     d->log("--insecure: no keys, no encryption; anyone who can reach " + d->br.endpoint() + " can command this node");
   else
     d->log("key " + d->keys.public_key + " (" + d->key_dir + "/key.pub); serving launchers with this key or one of the " +
-           std::to_string(d->authorized.size()) + " in " + d->key_dir + "/authorized_keys");
+           std::to_string(authorized) + " in " + d->key_dir + "/authorized_keys");
   return true;
 }
 

@@ -34,7 +34,7 @@ struct node_options {
   // nodes. insecure: no keys, no encryption; anyone who reaches the port may command the node.
   std::string key_dir;
   bool insecure = false;
-  int max_connections = 256;  // clients at once (with keys); a job needs its launcher and a left neighbour
+  int max_connections = 1024;  // clients at once (with keys); a job needs its launcher and a left neighbour
   // From the bridge thread, which training work does not hold up: a launcher names a node silent for
   // 1.5 s lost (actors/remote_job.hpp).
   std::chrono::milliseconds heartbeat{100};

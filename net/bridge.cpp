@@ -675,8 +675,10 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
         d_->listener.socket->set(zmq::sockopt::curve_server, 1);
         d_->listener.socket->set(zmq::sockopt::curve_secretkey, d_->opt.keys.secret_key);
         d_->listener.socket->set(zmq::sockopt::zap_domain, "ringmaster");
-        // A stranger's half-open handshake holds a file descriptor: not for long.
-        d_->listener.socket->set(zmq::sockopt::handshake_ivl, 5000);
+        // A stranger's half-open handshake holds a file descriptor: not for long. (It also counts towards
+        // max_connections until then: libzmq's monitor cannot tell which connection finished its handshake,
+        // so a flood of strangers can crowd clients out at about max_connections / 3 connections a second.)
+        d_->listener.socket->set(zmq::sockopt::handshake_ivl, 3000);
         const std::string mon = "inproc://ringmaster-listener";
         if (zmq_socket_monitor(d_->listener.socket->handle(), mon.c_str(),
                                ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED) == 0) {

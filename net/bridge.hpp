@@ -86,7 +86,7 @@ struct bridge_options {
   key_pair keys;
   std::function<bool(const std::string& client_key)> authorize;
   // With keys: at most this many clients connected to our listening socket at once; more are refused at
-  // the handshake (0: no limit). A stranger's unfinished handshake is dropped after 5 s either way.
+  // the handshake (0: no limit). A stranger's unfinished handshake is dropped after 3 s either way.
   int max_connections = 0;
 };
 

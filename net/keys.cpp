@@ -22,6 +22,18 @@ bool fail(std::string* error, std::string what) {
 
 std::string sys_error(const std::string& what) { return what + ": " + std::strerror(errno); }
 
+// Like ssh's StrictModes: what decides whom we trust must be ours and writable by us only, or someone
+// else could add their key. A missing file passes unless it must exist.
+bool check_private(const std::string& path, bool must_exist, std::string* error) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return (errno == ENOENT && !must_exist) || fail(error, sys_error("cannot stat " + path));
+  if (st.st_uid != ::geteuid())
+    return fail(error, path + " belongs to another user (uid " + std::to_string(st.st_uid) + "): refusing to trust it");
+  if (st.st_mode & 022)
+    return fail(error, path + " is writable by others: refusing to trust it (chmod go-w " + path + ")");
+  return true;
+}
+
 // The first word of a line, or "" for a blank or comment line.
 std::string first_word(const std::string& line, std::string* rest = nullptr) {
   std::istringstream in(line);
@@ -80,14 +92,16 @@ bool curve_available() { return zmq_has("curve") != 0; }
 
 std::string default_key_dir() {
   const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : ".") + "/.ringmaster";
+  return home && *home == '/' ? std::string(home) + "/.ringmaster" : "";
 }
 
 bool load_or_create_keys(const std::string& dir, key_pair* out, std::string* error) {
   if (!curve_available()) return fail(error, "this libzmq has no CurveZMQ (built without libsodium); use --insecure");
+  if (dir.empty()) return fail(error, "no key directory: HOME is not an absolute path; give --key-dir");
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fail(error, sys_error("cannot make key directory " + dir));
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return fail(error, dir + " is not a directory");
+  if (!check_private(dir, true, error)) return false;
   const std::string key_path = dir + "/key", pub_path = dir + "/key.pub";
   std::string text;
   bool missing = false;
@@ -130,6 +144,7 @@ bool read_authorized_keys(const std::string& path, std::set<std::string>* keys, 
   keys->clear();
   std::string text;
   bool missing = false;
+  if (!check_private(path, false, error)) return false;
   if (!read_text(path, &text, &missing, error)) return false;
   std::istringstream in(text);
   std::string line;
@@ -147,6 +162,7 @@ bool expected_node_key(const std::string& known_nodes, const std::string& endpoi
   *record = false;
   std::string text;
   bool missing = false;
+  if (!check_private(known_nodes, false, error)) return false;
   if (!read_text(known_nodes, &text, &missing, error)) return false;
   std::istringstream in(text);
   std::string line, known;
@@ -171,9 +187,13 @@ bool expected_node_key(const std::string& known_nodes, const std::string& endpoi
 
 bool record_known_node(const std::string& known_nodes, const std::string& endpoint, const std::string& key,
                        std::string* error) {
-  const int fd = ::open(known_nodes.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int fd = ::open(known_nodes.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return fail(error, sys_error("cannot open " + known_nodes));
-  const std::string line = endpoint + " " + key + "\n";  // one write: appends from two processes do not mix
+  // A file edited by hand may lack its last newline: then ours starts the line.
+  struct stat st {};
+  char last = '\n';
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) (void)!::pread(fd, &last, 1, st.st_size - 1);
+  const std::string line = (last == '\n' ? "" : "\n") + endpoint + " " + key + "\n";  // one write: appends do not mix
   const bool ok = ::write(fd, line.data(), line.size()) == ssize_t(line.size());
   const int err = errno;
   ::close(fd);

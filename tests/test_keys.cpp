@@ -133,6 +133,24 @@ TEST_CASE("authorized_keys and known_nodes files are read line by line, with err
   CHECK_FALSE(net::expected_node_key(known, ep, k1.public_key, k1.public_key, &key, &record, &err));
   CHECK(err.find("differs from the one recorded in " + known + ":1") != std::string::npos);
 
+  // A hand-edited file without its last newline: the next record still starts its own line.
+  std::ofstream(known, std::ios::app) << "tcp://10.0.0.2:5601 " << k1.public_key;
+  REQUIRE(net::record_known_node(known, "tcp://10.0.0.3:5601", k1.public_key, &err));
+  REQUIRE(net::expected_node_key(known, "tcp://10.0.0.3:5601", "", k2.public_key, &key, &record, &err));
+  CHECK(key == k1.public_key);
+  // What decides whom we trust must be writable by us only (ssh's StrictModes).
+  REQUIRE(chmod(known.c_str(), 0666) == 0);
+  CHECK_FALSE(net::expected_node_key(known, ep, "", k1.public_key, &key, &record, &err));
+  CHECK(err.find("is writable by others") != std::string::npos);
+  std::ofstream(dir + "/authorized_keys2") << k1.public_key << "\n";
+  REQUIRE(chmod((dir + "/authorized_keys2").c_str(), 0620) == 0);
+  CHECK_FALSE(net::read_authorized_keys(dir + "/authorized_keys2", &keys, &err));
+  const std::string open_dir = temp_dir();
+  REQUIRE(chmod(open_dir.c_str(), 0777) == 0);
+  net::key_pair kp;
+  CHECK_FALSE(net::load_or_create_keys(open_dir, &kp, &err));
+  CHECK(err.find("is writable by others") != std::string::npos);
+
   std::string endpoint;
   REQUIRE(net::split_endpoint_key(ep + "@" + k1.public_key, &endpoint, &key, &err));
   CHECK((endpoint == ep && key == k1.public_key));
