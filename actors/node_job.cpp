@@ -91,7 +91,8 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
     replicas_[mine_[i]] = local.replicas[i];
     loaders_[mine_[i]] = local.loaders[i];
   }
-  if (!wire_ring(error)) return false;  // the destructor stops what was spawned
+  // The ring is wired at the first start, not now: a node with a key of its own lets our connection in
+  // only once it has the plan naming our key, and the launcher starts ranks only when every node has it.
   // The launcher hears of any of them failing.
   std::vector<caf::actor> watched;
   for (auto* group : {&local.replicas, &local.loaders, &local.reducers})
@@ -232,6 +233,7 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
     watch.push_back(a);
   }
   if (!wire_ring(error)) return false;
+  wired_ = true;
   ring_open_ = true;
   caf::anon_send(launcher_link_, reform_atom::value, replicas_, watch);
   for (int r : mine_) {
@@ -259,6 +261,14 @@ void node_job::run_rank(int rank) {
   if (it == replicas_.end() || !launcher_link_) {
     ctx_.log("ignored a start for rank " + std::to_string(rank) + ", which does not run here");
     return;
+  }
+  if (!wired_) {
+    wired_ = true;
+    std::string error;
+    if (!wire_ring(&error)) {  // the replicas' all-reduces fail with it, and so the job
+      ctx_.log("job " + std::to_string(plan_.job_id) + ": " + error);
+      for (auto& [r, port] : ports_) fail(*port, error);
+    }
   }
   if (auto go = resume_.find(rank); go != resume_.end()) {  // on in the re-formed ring
     caf::anon_send(it->second, reform_atom::value, go->second);

@@ -97,6 +97,7 @@ class node_job {
   size_t param_count_ = 0;                       // the model's, once started
   std::shared_ptr<network_state> resume_state_;  // a resumed job's state, as its buffers arrive
   int32_t resume_buffers_ = 0;                   // buffers in so far
+  bool wired_ = false;     // the ring's links are made at the first start (or a re-forming)
   bool ring_open_ = true;  // false from a pause until the re-formed ring is wired
   int paused_gen_ = 0;     // the last generation a pause was for
   size_t test_count_ = 0;  // test samples, for the ranks' shards of a re-formed ring

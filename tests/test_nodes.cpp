@@ -731,3 +731,40 @@ TEST_CASE("a lying node that answers the job with train=abc gets a clear error, 
   CHECK(r.error == "node " + liar.endpoint() + " sent a bad sample count 'abc'");
   liar.stop();
 }
+
+TEST_CASE("keys: nodes with keys of their own train together, each trusting the launcher and, for the job, each other", "[nodes][keys]") {
+  char tmpl[] = "/tmp/ringmaster-ownkeys-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string dir = tmpl, launcher_dir = dir + "/launcher";
+  net::key_pair lk;
+  std::string err;
+  REQUIRE(net::load_or_create_keys(launcher_dir, &lk, &err));
+  std::vector<std::unique_ptr<logged_node>> nodes;
+  remote_options ro;
+  for (int i = 0; i < 3; ++i) {
+    const std::string nd = dir + "/node" + std::to_string(i);
+    net::key_pair nk;
+    REQUIRE(net::load_or_create_keys(nd, &nk, &err));
+    std::ofstream(nd + "/authorized_keys") << lk.public_key << "\n";  // the launcher's, not the other nodes'
+    nodes.push_back(std::make_unique<logged_node>("node" + std::to_string(i), nd));
+    ro.nodes.push_back(nodes.back()->node->endpoint());
+    ro.node_keys.push_back(nk.public_key);
+  }
+  ro.key_dir = launcher_dir;
+  ro.limit_train = 600;
+  ro.limit_test = 100;
+  train_result r = train_remote(small_job(), ro);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  // Between jobs a node's key is no key to the others: node 1 cannot command node 0.
+  net::key_pair k1;
+  REQUIRE(net::load_or_create_keys(dir + "/node1", &k1, &err));
+  remote_options by_node1;
+  by_node1.nodes = {ro.nodes[0]};
+  by_node1.node_keys = {ro.node_keys[0]};
+  by_node1.key_dir = dir + "/node1";
+  r = train_remote(small_job(), by_node1);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("refused our key") != std::string::npos);
+}
