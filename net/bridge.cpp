@@ -16,6 +16,8 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "net/curve.hpp"
+
 namespace ringmaster::net {
 namespace {
 
@@ -37,14 +39,10 @@ struct connection {
   bool dirty = true;   // used since last drained: may hold messages ZMQ_FD will not announce again
   // With keys (connections only): the server's key, and a monitor telling us why a handshake failed.
   std::string server_key;
-  std::unique_ptr<zmq::socket_t> monitor;
-  int monitor_fd = -1;
+  std::unique_ptr<socket_monitor> monitor;
   int failed_handshakes = 0;  // since the last one that succeeded; reported once
 };
 
-// ZAP (rfc.zeromq.org/spec/27): libzmq asks the handler bound here, in the socket's own context, whether
-// a client's CURVE key may complete the handshake. Without a handler libzmq would accept any key.
-constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
 constexpr size_t kMaxRefusedKeys = 1024;  // remembered to report each stranger once, bounded
 
 std::string default_name() {
@@ -112,13 +110,11 @@ struct bridge::impl {
   std::unique_ptr<zmq::context_t> ctx;
   connection listener;  // the ROUTER; socket null without a listen endpoint
   std::vector<connection> peers;
-  std::unique_ptr<zmq::socket_t> zap;  // the ZAP handler (with keys and a listening socket)
-  int zap_fd = -1;
+  std::unique_ptr<zap_handler> zap;  // with keys and a listening socket
   std::set<std::string> refused;  // client keys already reported as refused
   int monitors = 0;               // monitors made so far: each gets its own inproc name
   // The listener's monitor (with keys): connections open now, and failures to accept one.
-  std::unique_ptr<zmq::socket_t> listen_monitor;
-  int listen_monitor_fd = -1;
+  std::unique_ptr<socket_monitor> listen_monitor;
   int open_connections = 0;
   uint64_t accept_failures = 0, overloaded_refusals = 0;
   std::chrono::steady_clock::time_point last_overload_report{};
@@ -137,19 +133,7 @@ struct bridge::impl {
   // descriptors (libzmq retries the accept at once, in its I/O thread, until one is free: we can only
   // say so, once, and refuse clients at the handshake so that their connections close).
   void serve_listen_monitor() {
-    for (int n = 0; n < 4096; ++n) {
-      zmq::message_t event, address;
-      try {
-        if (!listen_monitor->recv(event, zmq::recv_flags::dontwait)) return;
-        if (event.more()) (void)listen_monitor->recv(address, zmq::recv_flags::none);
-      } catch (const zmq::error_t&) {
-        return;
-      }
-      if (event.size() < 6) continue;
-      uint16_t what = 0;
-      uint32_t value = 0;
-      std::memcpy(&what, event.data(), 2);
-      std::memcpy(&value, static_cast<const char*>(event.data()) + 2, 4);
+    listen_monitor->drain([this](uint16_t what, uint32_t value) {
       if (what == ZMQ_EVENT_ACCEPTED) ++open_connections;
       if (what == ZMQ_EVENT_DISCONNECTED && open_connections > 0) --open_connections;
       if (what == ZMQ_EVENT_ACCEPT_FAILED) {
@@ -157,7 +141,7 @@ struct bridge::impl {
         report_overload(listener.endpoint + ": cannot accept a connection: " + zmq_strerror(int(value)) +
                         (value == EMFILE || value == ENFILE ? " (out of file descriptors; raise ulimit -n)" : ""));
       }
-    }
+    });
   }
 
   void report(fault kind, peer_info from, std::string message) {
@@ -292,12 +276,7 @@ struct bridge::impl {
         const int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
                            ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                            ZMQ_EVENT_DISCONNECTED;
-        if (zmq_socket_monitor(s.handle(), mon.c_str(), events) == 0) {
-          c.monitor = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::pair);
-          c.monitor->set(zmq::sockopt::linger, 0);
-          c.monitor->connect(mon);
-          c.monitor_fd = c.monitor->get(zmq::sockopt::fd);
-        }
+        c.monitor = socket_monitor::attach(*ctx, s, mon, events);
       }
       // No ZMQ_IMMEDIATE: a hello sent before the peer has bound waits in the queue and goes out when the
       // (automatic, repeated) connection succeeds, so start-up order does not matter.
@@ -312,85 +291,40 @@ struct bridge::impl {
     }
   }
 
-  // Answers libzmq's authentication requests: a CURVE client gets in if opt.authorize accepts its key,
-  // and the key becomes the User-Id of everything it sends.
-  void serve_zap() {
-    for (;;) {
-      std::vector<zmq::message_t> req;
-      try {
-        zmq::message_t m;
-        if (!zap->recv(m, zmq::recv_flags::dontwait)) return;
-        for (req.push_back(std::move(m)); req.back().more() && req.size() < 16;) {
-          zmq::message_t more;
-          if (!zap->recv(more, zmq::recv_flags::none)) break;
-          req.push_back(std::move(more));
-        }
-      } catch (const zmq::error_t&) {
-        return;
-      }
-      // version, request id, domain, address, routing id, mechanism, credentials (the 32-byte key)
-      std::string key, text = "not authorized", status = "400";
-      bool ok = false;
-      if (req.size() >= 7 && req[0].to_string_view() == "1.0" && req[5].to_string_view() == "CURVE" && req[6].size() == 32) {
-        char z85[kKeyChars + 1];
-        zmq_z85_encode(z85, req[6].data<uint8_t>(), 32);
-        key = z85;
-        try {
-          ok = opt.authorize && opt.authorize(key);
-        } catch (...) {
-          ok = false;
-        }
-        if (!ok && refused.size() < kMaxRefusedKeys && refused.insert(key).second)
-          report(fault::unauthorized, {}, "refused a client at " + req[3].to_string() + ": its key " + key +
-                                              " is not authorized (further attempts with this key are not logged)");
-        if (ok && opt.max_connections > 0 && open_connections > opt.max_connections) {
-          ok = false;
-          text = "too many connections";
-          // Not 400, which reads as "your key is refused"; libzmq's clients hang on 300 ("try later").
-          status = "500";
-          ++overloaded_refusals;
-          report_overload(listener.endpoint + ": " + std::to_string(open_connections) + " connections, over the limit of " +
-                          std::to_string(opt.max_connections) + ": refusing new clients");
-        }
-      }
-      const std::string id = req.size() > 1 ? req[1].to_string() : "";
-      const std::string user = ok ? key : "";
-      if (ok) text = "OK", status = "200";
-      try {
-        zap->send(zmq::buffer(std::string_view("1.0")), zmq::send_flags::sndmore);
-        zap->send(zmq::buffer(id), zmq::send_flags::sndmore);
-        zap->send(zmq::buffer(status), zmq::send_flags::sndmore);
-        zap->send(zmq::buffer(text), zmq::send_flags::sndmore);
-        zap->send(zmq::buffer(user), zmq::send_flags::sndmore);
-        zap->send(zmq::message_t(), zmq::send_flags::none);
-      } catch (const zmq::error_t&) {
-        return;
-      }
+  // Who may finish a handshake on our listening socket: a client whose key opt.authorize accepts,
+  // while there is room.
+  zap_handler::verdict admit(const std::string& key, const std::string& address) {
+    bool ok = false;
+    try {
+      ok = opt.authorize && opt.authorize(key);
+    } catch (...) {
+      ok = false;
     }
+    if (!ok) {
+      if (refused.size() < kMaxRefusedKeys && refused.insert(key).second)
+        report(fault::unauthorized, {}, "refused a client at " + address + ": its key " + key +
+                                            " is not authorized (further attempts with this key are not logged)");
+      return {"400", "not authorized"};
+    }
+    if (opt.max_connections > 0 && open_connections > opt.max_connections) {
+      ++overloaded_refusals;
+      report_overload(listener.endpoint + ": " + std::to_string(open_connections) + " connections, over the limit of " +
+                      std::to_string(opt.max_connections) + ": refusing new clients");
+      return {"500", "too many connections"};  // not 400, which reads as "your key is refused"
+    }
+    return {"200", "OK"};
   }
 
   // A connection's handshake news: a server that refuses our key says so (ZAP status 400); one that
   // cannot read our hello (it holds another key, or runs without keys) just hangs up, again and again.
   void serve_monitor(int id) {
-    connection& c = peers[size_t(id)];
-    for (;;) {
-      zmq::message_t event, address;
-      try {
-        if (!c.monitor || !c.monitor->recv(event, zmq::recv_flags::dontwait)) return;
-        if (event.more()) (void)c.monitor->recv(address, zmq::recv_flags::none);
-      } catch (const zmq::error_t&) {
-        return;
-      }
-      if (event.size() < 6) continue;
-      uint16_t what = 0;
-      uint32_t value = 0;
-      std::memcpy(&what, event.data(), 2);
-      std::memcpy(&value, static_cast<const char*>(event.data()) + 2, 4);
+    peers[size_t(id)].monitor->drain([this, id](uint16_t what, uint32_t value) {
+      connection& c = peers[size_t(id)];
       if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         c.failed_handshakes = 0;
-        continue;
+        return;
       }
-      if (c.failed_handshakes < 0) continue;  // reported already
+      if (c.failed_handshakes < 0) return;  // reported already
       peer_info from;
       from.peer = id;
       if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
@@ -405,7 +339,7 @@ struct bridge::impl {
         report(fault::handshake_failed, from, c.endpoint + " hangs up during the handshake: it does not hold the key "
                                                   "we expect, or it runs without keys (--insecure)");
       }
-    }
+    });
   }
 
   // Reads one whole multipart message. Returns false when nothing is waiting.
@@ -551,7 +485,7 @@ struct bridge::impl {
       // Served every pass (each is a few failing non-blocking reads): their ZMQ_FDs, like the sockets',
       // announce only changes, which a pass may have consumed.
       if (listen_monitor) serve_listen_monitor();
-      if (zap) serve_zap();
+      if (zap) zap->serve([this](const std::string& key, const std::string& address) { return admit(key, address); });
       for (int id = 0; id < int(peers.size()); ++id)
         if (peers[size_t(id)].monitor) serve_monitor(id);
       for (int id = -1; id < int(peers.size()); ++id) {
@@ -565,16 +499,16 @@ struct bridge::impl {
       fds.push_back({wake_fd, POLLIN, 0});
       ids.push_back(-2);
       if (zap) {
-        fds.push_back({zap_fd, POLLIN, 0});
+        fds.push_back({zap->fd(), POLLIN, 0});
         ids.push_back(-3);
       }
       if (listen_monitor) {
-        fds.push_back({listen_monitor_fd, POLLIN, 0});
+        fds.push_back({listen_monitor->fd(), POLLIN, 0});
         ids.push_back(-3);
       }
       for (int id = 0; id < int(peers.size()); ++id)
         if (peers[size_t(id)].monitor) {
-          fds.push_back({peers[size_t(id)].monitor_fd, POLLIN, 0});
+          fds.push_back({peers[size_t(id)].monitor->fd(), POLLIN, 0});
           ids.push_back(kMonitorBase - id);
         }
       for (int id = -1; id < int(peers.size()); ++id)
@@ -664,10 +598,7 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
     d_->ctx = std::make_unique<zmq::context_t>(d_->opt.io_threads);
     if (!listen_endpoint.empty()) {
       if (keys) {  // the handler first: a listener bound without one would let any key in
-        d_->zap = std::make_unique<zmq::socket_t>(*d_->ctx, zmq::socket_type::rep);
-        d_->zap->set(zmq::sockopt::linger, 0);
-        d_->zap->bind(kZapEndpoint);
-        d_->zap_fd = d_->zap->get(zmq::sockopt::fd);
+        d_->zap = std::make_unique<zap_handler>(*d_->ctx);
       }
       d_->listener.socket = std::make_unique<zmq::socket_t>(*d_->ctx, zmq::socket_type::router);
       d_->set_common_options(*d_->listener.socket);
@@ -679,14 +610,8 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
         // max_connections until then: libzmq's monitor cannot tell which connection finished its handshake,
         // so a flood of strangers can crowd clients out at about max_connections / 3 connections a second.)
         d_->listener.socket->set(zmq::sockopt::handshake_ivl, 3000);
-        const std::string mon = "inproc://ringmaster-listener";
-        if (zmq_socket_monitor(d_->listener.socket->handle(), mon.c_str(),
-                               ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED) == 0) {
-          d_->listen_monitor = std::make_unique<zmq::socket_t>(*d_->ctx, zmq::socket_type::pair);
-          d_->listen_monitor->set(zmq::sockopt::linger, 0);
-          d_->listen_monitor->connect(mon);
-          d_->listen_monitor_fd = d_->listen_monitor->get(zmq::sockopt::fd);
-        }
+        d_->listen_monitor = socket_monitor::attach(*d_->ctx, *d_->listener.socket, "inproc://ringmaster-listener",
+                                                    ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED);
       }
       d_->listener.socket->set(zmq::sockopt::router_mandatory, 1);  // unroutable replies are errors, not silence
       d_->listener.socket->set(zmq::sockopt::router_handover, 1);   // a peer that reconnects keeps its identity
