@@ -485,4 +485,20 @@ std::function<std::string(const job_progress&, const network_state&)> checkpoint
   };
 }
 
+coordinator_config job_coordinator_config(const train_config& cfg, std::shared_ptr<const model> m, int replicas,
+                                          bool evaluate, int64_t train_samples, int64_t steps_per_epoch,
+                                          std::shared_ptr<std::string> last) {
+  coordinator_config cc;
+  cc.replicas = replicas;
+  cc.global_batch = cfg.global_batch;
+  cc.steps_per_epoch = steps_per_epoch;
+  cc.epochs = cfg.epochs;
+  cc.evaluate = evaluate;
+  cc.on_progress = cfg.on_progress;
+  if (cfg.resume) cc.start = cfg.resume->progress;
+  cc.checkpoint_every = cfg.checkpoint_every;
+  if (!cfg.checkpoint_dir.empty()) cc.on_checkpoint = checkpoint_writer(cfg, m, train_samples, steps_per_epoch, last);
+  return cc;
+}
+
 }  // namespace ringmaster

@@ -81,4 +81,11 @@ std::function<std::string(const job_progress&, const network_state&)> checkpoint
     const train_config& cfg, std::shared_ptr<const model> m, int64_t train_samples, int64_t steps_per_epoch,
     std::shared_ptr<std::string> last);
 
+// The coordinator's settings for a job of cfg over model m, local or on nodes alike: its size and steps,
+// progress, where a resumed job starts, and checkpoints written by checkpoint_writer (*last: the path of
+// the last one).
+coordinator_config job_coordinator_config(const train_config& cfg, std::shared_ptr<const model> m, int replicas,
+                                          bool evaluate, int64_t train_samples, int64_t steps_per_epoch,
+                                          std::shared_ptr<std::string> last);
+
 }  // namespace ringmaster

@@ -128,12 +128,16 @@ struct node_service::impl {
     return true;
   }
 
+  // Whether a key may command this node: its own, or one in authorized_keys. A running job's other nodes
+  // get through the handshake too, but only to send ring chunks.
+  bool commander(const std::string& key) const { return key == keys.public_key || authorized.count(key) > 0; }
+
   // On the bridge thread, for each client's handshake: our own key (a launcher sharing our key
   // directory), an authorized launcher's, or one of the running job's nodes.
   bool authorized_key(const std::string& key) {
     std::string error;
     if (!reload_authorized(&error)) log("kept the previous authorized keys: " + error);
-    if (key == keys.public_key || authorized.count(key)) return true;
+    if (commander(key)) return true;
     if (job)
       for (const plan_node& n : job->plan().nodes)
         if (n.key == key) return true;
@@ -254,10 +258,6 @@ struct node_service::impl {
     send_kv(from, wire::msg_type::error, h.job_id, {{"error", "node " + name() + ": cannot join the re-formed ring: " + error}});
     end_job("cannot join the re-formed ring: " + error);
   }
-
-  // Whether a key may command this node: its own, or one in authorized_keys. A running job's other nodes
-  // get through the handshake too, but only to send ring chunks.
-  bool commander(const std::string& key) const { return key == keys.public_key || authorized.count(key) > 0; }
 
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     using wire::msg_type;

@@ -596,18 +596,9 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     L.proxy_node.push_back(node);
   }
   all.replicas = all.loaders = all.reducers = L.proxies;
-  coordinator_config cc;
-  cc.replicas = n;
-  cc.global_batch = cfg.global_batch;
-  cc.steps_per_epoch = steps;
-  cc.epochs = cfg.epochs;
-  cc.evaluate = cfg.evaluate;
-  cc.on_progress = cfg.on_progress;
-  cc.on_event = [&L](const std::string& line) { L.event(line); };
-  if (cfg.resume) cc.start = cfg.resume->progress;
-  cc.checkpoint_every = cfg.checkpoint_every;
   auto last = std::make_shared<std::string>();
-  if (!cfg.checkpoint_dir.empty()) cc.on_checkpoint = checkpoint_writer(cfg, m, int64_t(samples), steps, last);
+  coordinator_config cc = job_coordinator_config(cfg, m, n, cfg.evaluate, int64_t(samples), steps, last);
+  cc.on_event = [&L](const std::string& line) { L.event(line); };
   auto coord = sys.spawn(coordinator, cc);
   L.coordinator = coord;
   L.started.store(true, std::memory_order_release);

@@ -179,17 +179,9 @@ train_result train(const train_config& cfg) {
   // The ring as the plan orders it, before any replica runs: rank r sends to its right neighbour.
   for (int r = 0; r < plan.replicas(); ++r)
     join(*all.ports[size_t(r)], make_port_link(all.ports[size_t(plan.right(r))]));
-  coordinator_config cc;
-  cc.replicas = cfg.replicas;
-  cc.global_batch = cfg.global_batch;
-  cc.steps_per_epoch = steps;
-  cc.epochs = cfg.epochs;
-  cc.evaluate = cfg.evaluate && cfg.test != nullptr;
-  cc.on_progress = cfg.on_progress;
-  if (cfg.resume) cc.start = cfg.resume->progress;
-  cc.checkpoint_every = cfg.checkpoint_every;
   auto last = std::make_shared<std::string>();
-  if (!cfg.checkpoint_dir.empty()) cc.on_checkpoint = checkpoint_writer(cfg, m, int64_t(cfg.train->count), steps, last);
+  const coordinator_config cc = job_coordinator_config(cfg, m, cfg.replicas, cfg.evaluate && cfg.test != nullptr,
+                                                       int64_t(cfg.train->count), steps, last);
   train_result r = std::move(*run_coordinator(sys, sys.spawn(coordinator, cc), all));
   r.model = m->description();
   r.checkpoint = *last;
