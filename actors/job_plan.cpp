@@ -7,6 +7,7 @@
 #include "actors/checkpoint.hpp"
 #include "kernels/registry.hpp"
 #include "net/keys.hpp"
+#include "net/seal.hpp"
 #include "net/wire.hpp"
 
 namespace ringmaster {
@@ -81,6 +82,8 @@ bool check_nodes(const job_plan& p, std::string* error) {
     if (!nd.key.empty() && !net::is_key(nd.key)) return fail(error, "'" + at + ".key' is not a Z85 public key (40 characters)");
     if (!p.nodes[0].key.empty() != !nd.key.empty())
       return fail(error, "'" + at + ".key' is " + (nd.key.empty() ? "missing" : "set") + ", unlike 'nodes[0].key' (all nodes use keys or none)");
+    if (nd.sealed_port < 0 || nd.sealed_port > 65535) return fail(error, is("" + at + ".sealed_port", nd.sealed_port, range(0, 65535)));
+    if (nd.sealed_port > 0 && nd.key.empty()) return fail(error, "'" + at + ".sealed_port' is set for a node without a key");
     for (size_t j = 0; j < i; ++j) {
       if (p.nodes[j].endpoint == nd.endpoint)
         return fail(error, "'nodes[" + std::to_string(j) + "]' and '" + at + "' are both " + ringmaster::quoted(nd.endpoint));
@@ -88,6 +91,9 @@ bool check_nodes(const job_plan& p, std::string* error) {
         return fail(error, "'nodes[" + std::to_string(j) + "]' and '" + at + "' have the same id " + ringmaster::quoted(nd.id));
     }
   }
+  if (!p.seal_salt.empty() && !net::is_seal_salt(p.seal_salt))
+    return fail(error, "'seal_salt' must be 64 lowercase hex digits or empty");
+  if (!p.seal_salt.empty() && p.nodes[0].key.empty()) return fail(error, "'seal_salt' is set for nodes without keys");
   if (p.recipient < -1 || p.recipient >= int(k)) return fail(error, is("recipient", p.recipient, range(-1, int64_t(k) - 1)));
   return true;
 }
@@ -255,7 +261,8 @@ train_config plan_train_config(const job_plan& p) {
 
 std::string to_json(const job_plan& p) {
   json nodes = json::array(), ranks = json::array();
-  for (const plan_node& nd : p.nodes) nodes.push_back({{"endpoint", nd.endpoint}, {"id", nd.id}, {"key", nd.key}});
+  for (const plan_node& nd : p.nodes)
+    nodes.push_back({{"endpoint", nd.endpoint}, {"id", nd.id}, {"key", nd.key}, {"sealed_port", nd.sealed_port}});
   for (const rank_plan& r : p.ranks)
     ranks.push_back({{"rank", r.rank}, {"node", r.node}, {"device", r.device}, {"left", r.left}, {"right", r.right},
                      {"batch_begin", r.batch_begin}, {"batch_end", r.batch_end}, {"was", r.was}});
@@ -277,6 +284,7 @@ std::string to_json(const job_plan& p) {
                   {"device", p.device},        {"recipient", p.recipient},
                   {"elastic", p.elastic},      {"generation", p.generation},
                   {"ring", p.ring},            {"start_step", p.start_step},
+                  {"seal_salt", p.seal_salt},
                   {"nodes", nodes},            {"ranks", ranks}};
   // replace: text that is not UTF-8 (endpoints and ids are ASCII; a model description that is not UTF-8
   // is no model) is changed rather than thrown on.
@@ -408,7 +416,7 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
   reader rd(j, "", error);
   rd.only({"job", "model", "optimizer", "global_batch", "epochs", "seed", "prefetch", "evaluate", "bucket_bytes", "limit_train",
            "limit_test", "first_step", "checkpoints", "checkpoint_every", "device", "recipient", "elastic", "generation",
-           "ring", "start_step", "nodes", "ranks"});
+           "ring", "start_step", "seal_salt", "nodes", "ranks"});
   std::string kind;
   const json* opt = rd.object("optimizer");
   if (opt) {
@@ -429,7 +437,7 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
   rd.integer("checkpoint_every", &p->checkpoint_every, 0, kMaxSteps);
   rd.text("device", &p->device, 16).integer("recipient", &p->recipient, -1, kMaxPlanRanks - 1);
   rd.boolean("elastic", &p->elastic).integer("generation", &p->generation, 0, kMaxGenerations).u64("ring", &p->ring);
-  rd.integer("start_step", &p->start_step, 0, INT64_MAX);
+  rd.integer("start_step", &p->start_step, 0, INT64_MAX).text("seal_salt", &p->seal_salt, 2 * net::kSealSaltBytes);
   const json* nodes = rd.array("nodes", size_t(kMaxPlanRanks));
   const json* ranks = rd.array("ranks", size_t(kMaxPlanRanks));
   if (!rd.ok()) return false;
@@ -438,8 +446,8 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
     if (!(*nodes)[i].is_object()) return fail(error, "'" + at + "' must be an object, got " + shown((*nodes)[i]));
     plan_node nd;
     reader rn((*nodes)[i], at, error);
-    rn.only({"endpoint", "id", "key"}).text("endpoint", &nd.endpoint, kMaxEndpointBytes).text("id", &nd.id, kMaxNodeIdBytes);
-    rn.text("key", &nd.key, net::kKeyChars);
+    rn.only({"endpoint", "id", "key", "sealed_port"}).text("endpoint", &nd.endpoint, kMaxEndpointBytes);
+    rn.text("id", &nd.id, kMaxNodeIdBytes).text("key", &nd.key, net::kKeyChars).integer("sealed_port", &nd.sealed_port, 0, 65535);
     if (!rn.ok()) return false;
     p->nodes.push_back(std::move(nd));
   }

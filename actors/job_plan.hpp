@@ -54,6 +54,9 @@ struct plan_node {
   // Its daemon's public key (Z85), with CurveZMQ: nodes connect to each other with it, and take ring chunks
   // only from a connection that proved it holds the key of the node running the sender. "" without keys.
   std::string key;
+  // With keys: the port of its bridge's sealed listener (net/seal.hpp) on its endpoint's host, where ring
+  // chunks sealed with AES-256-GCM go; 0: none, chunks go over CurveZMQ.
+  int sealed_port = 0;
 };
 
 struct job_plan {
@@ -78,6 +81,9 @@ struct job_plan {
   int generation = 0;      // 0 as the job starts, one more each time the ring is re-formed
   uint64_t ring = 0;       // the ring's id, in its chunks' job field (0: the job id; generation 0 only)
   int64_t start_step = 0;  // the global step (epoch * steps per epoch + step) this generation starts at
+  // With keys: random, 64 hex digits; with the job id it makes every pair of nodes' sealing key this
+  // job's own (net/seal.hpp's pair_key). Empty: ring chunks go over CurveZMQ (or plain, without keys).
+  std::string seal_salt;
   std::vector<plan_node> nodes;
   std::vector<rank_plan> ranks;  // index = rank
   // The node a copy was sent to (an index into nodes): set by the launcher for each node; -1 otherwise.

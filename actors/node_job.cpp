@@ -42,6 +42,27 @@ node_job::node_job(const node_context& ctx, net::peer_info launcher, job_plan pl
   mine_ = plan_.ranks_on(plan_.recipient);
   // The plan names only the kind of device for ranks on nodes: ours run on our devices, in order.
   for (size_t i = 0; i < mine_.size(); ++i) plan_.ranks[size_t(mine_[i])].device = ctx_.slots[i];
+  make_pair_keys();
+}
+
+// With a seal salt in the plan: the key we share with every other node of the job (X25519 of our secret
+// and its public key, net/seal.hpp), a sealer for what we send it and an opener for what it sends us. A
+// node whose key does not work gets neither: chunks to and from it go over CurveZMQ.
+void node_job::make_pair_keys() {
+  if (plan_.seal_salt.empty() || ctx_.keys.empty()) return;
+  const uint32_t me = uint32_t(plan_.recipient);
+  for (size_t j = 0; j < plan_.nodes.size(); ++j) {
+    if (j == me) continue;
+    net::seal_key key;
+    std::string error;
+    if (!net::pair_key(ctx_.keys, plan_.nodes[j].key, plan_.seal_salt, plan_.job_id, me, uint32_t(j), &key, &error)) {
+      ctx_.log("job " + std::to_string(plan_.job_id) + ": no sealing key for node " + plan_.nodes[j].endpoint + ": " + error);
+      continue;
+    }
+    sealers_[int(j)] = std::make_shared<net::sealer>(key, plan_.job_id, me);
+    ctx_.br->add_opener(plan_.job_id, uint32_t(j), std::make_shared<net::opener>(key, plan_.job_id, uint32_t(j)),
+                        plan_.nodes[j].key);
+  }
 }
 
 node_job::~node_job() {
@@ -51,6 +72,7 @@ node_job::~node_job() {
   // Chunks still queued for a peer (one that died, say) are dropped with their buffers; the next job
   // connects afresh.
   for (auto& [endpoint, peer] : peers_) ctx_.br->disconnect(peer);
+  if (!sealers_.empty()) ctx_.br->remove_openers(plan_.job_id);
 }
 
 bool node_job::from_launcher(const net::peer_info& p) const {
@@ -123,14 +145,23 @@ bool node_job::wire_ring(std::string* error) {
     if (reducers_.count(right)) {
       link = make_port_link(ports_[right]);
     } else {
-      const std::string& endpoint = plan_.ranks[size_t(right)].endpoint;
-      const std::string& key = plan_.nodes[size_t(plan_.ranks[size_t(right)].node)].key;
+      const int node = plan_.ranks[size_t(right)].node;
+      std::string endpoint = plan_.ranks[size_t(right)].endpoint;
+      const plan_node& nd = plan_.nodes[size_t(node)];
+      auto seal = sealers_.find(node);
+      const bool sealed = seal != sealers_.end() && nd.sealed_port > 0;
+      // Sealed: the node's sealed port on the host we reach it at.
+      if (sealed) endpoint = endpoint.substr(0, endpoint.rfind(':') + 1) + std::to_string(nd.sealed_port);
       auto known = peers_.find(endpoint);
-      const int peer = known != peers_.end() ? known->second : ctx_.br->connect(endpoint, key, error);
+      const int peer = known != peers_.end() ? known->second
+                       : sealed               ? ctx_.br->connect_sealed(endpoint, seal->second, error)
+                                              : ctx_.br->connect(endpoint, nd.key, error);
       if (peer < 0) {
         *error = "cannot reach node " + endpoint + ": " + *error;
         return false;
       }
+      if (sealed && known == peers_.end())
+        ctx_.log("job " + std::to_string(plan_.job_id) + ": ring chunks to node " + nd.endpoint + " sealed (AES-256-GCM) at " + endpoint);
       peers_[endpoint] = peer;
       link = make_bridge_link(ctx_.br, peer);
     }
@@ -155,8 +186,11 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
     return;
   }
   const int node = plan_.ranks[size_t(sender)].node;
-  if (node == plan_.recipient || from.peer >= 0 || from.identity != plan_.nodes[size_t(node)].id ||
-      from.key != plan_.nodes[size_t(node)].key) {
+  // Sealed, the pair's key proves the sender (its connection's routing id proves nothing); else the
+  // CurveZMQ connection it came on does, and the routing id the plan names.
+  const plan_node& nd = plan_.nodes[size_t(node)];
+  const bool proven = from.key == nd.key && (from.sealed || (from.peer < 0 && from.identity == nd.id));
+  if (node == plan_.recipient || !proven) {
     ctx_.log("dropped a chunk said to be from rank " + std::to_string(sender) + ": it did not come from node " +
              plan_.nodes[size_t(node)].endpoint + ", which runs that rank");
     return;

@@ -32,6 +32,7 @@ struct node_context {
   backend_factory make_backend;
   std::shared_ptr<const layer_registry> layers;
   std::function<void(const std::string&)> log;
+  net::key_pair keys;  // the node's own (empty: --insecure), for the keys it shares with other nodes
 };
 
 // Whether this node can take a (valid) plan: "" or why not. *invalid: the job itself is bad (its model,
@@ -84,6 +85,7 @@ class node_job {
 
  private:
   bool wire_ring(std::string* error);
+  void make_pair_keys();
 
   node_context ctx_;
   net::peer_info launcher_;
@@ -92,6 +94,9 @@ class node_job {
   std::map<int, caf::actor> reducers_, replicas_, loaders_;
   std::map<int, std::shared_ptr<reducer_port>> ports_;
   std::map<std::string, int> peers_;      // node endpoint -> our connection
+  // Sealed ring chunks (plan seal_salt): for each other node, the sealer of what we send it. Made once
+  // for the job, so its counters (nonces) never start again with the same key, whatever the ring does.
+  std::map<int, std::shared_ptr<net::sealer>> sealers_;
   caf::actor launcher_link_;
   std::chrono::steady_clock::time_point last_heard_;
   size_t param_count_ = 0;                       // the model's, once started

@@ -116,6 +116,7 @@ struct node_service::impl {
     bo.keys = keys;
     bo.max_connections = opt.max_connections;
     bo.authorize = [this](const std::string& key) { return authorized_key(key); };
+    bo.sealed_listener = true;  // ring chunks from other nodes, sealed with the keys we share with them
     return bo;
   }
 
@@ -156,7 +157,7 @@ struct node_service::impl {
   }
 
   node_context context() {
-    return {sys.get(), &br, name(), opt.devices, slots, opt.make_backend, opt.layers, [this](const std::string& l) { log(l); }};
+    return {sys.get(), &br, name(), opt.devices, slots, opt.make_backend, opt.layers, [this](const std::string& l) { log(l); }, keys};
   }
 
   void send_kv(const net::peer_info& to, wire::msg_type type, uint64_t job_id, const wire::kv_map& kv) {
@@ -261,6 +262,10 @@ struct node_service::impl {
 
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     using wire::msg_type;
+    if (from.sealed && h.type != msg_type::chunk) {  // the sealed port carries ring chunks only
+      log_fault({net::fault::unauthorized, from, std::string("ignored a sealed ") + wire::type_name(h.type)});
+      return;
+    }
     if (!opt.insecure && h.type != msg_type::chunk && !commander(from.key)) {
       log_fault({net::fault::unauthorized, from, std::string("ignored a ") + wire::type_name(h.type) +
                                                      " from a job's node, which may send ring chunks only"});
@@ -272,7 +277,7 @@ struct node_service::impl {
     switch (h.type) {
       case msg_type::hello:
         send_kv(from, msg_type::hello_ack, h.job_id,
-                {{"name", name()}, {"id", br.name()}, {"devices", opt.devices},
+                {{"name", name()}, {"id", br.name()}, {"devices", opt.devices}, {"sealed_port", std::to_string(br.sealed_port())},
                  {"version", std::to_string(wire::kProtocolVersion)}});
         return;
       case msg_type::job:

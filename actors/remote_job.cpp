@@ -505,6 +505,16 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   // A node takes ring chunks for a rank only from the node that runs its left neighbour, known by the
   // routing id it sends with.
   for (size_t i = 0; i < ro.nodes.size(); ++i) L.plan.nodes[i].id = replies[i]["id"];
+  // With keys, ring chunks between nodes are sealed (net/seal.hpp) and go to each node's sealed port.
+  if (!ro.insecure && ro.seal_chunks) {
+    L.plan.seal_salt = net::make_seal_salt();
+    for (size_t i = 0; i < ro.nodes.size(); ++i) {
+      const std::string& port = replies[i]["sealed_port"];  // a node's word: checked, never std::stoi
+      char* end = nullptr;
+      const long v = std::strtol(port.c_str(), &end, 10);
+      L.plan.nodes[i].sealed_port = !port.empty() && port.size() <= 5 && *end == 0 && v > 0 && v <= 65535 ? int(v) : 0;
+    }
+  }
   if (!validate(L.plan, &failed.error)) {
     failed.error = "node answers do not make a job: " + failed.error;
     L.abort_all("bad hello");

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <future>
 #include <mutex>
 #include <random>
@@ -17,6 +18,7 @@
 #include <zmq.hpp>
 
 #include "net/curve.hpp"
+#include "net/seal.hpp"
 
 namespace ringmaster::net {
 namespace {
@@ -28,7 +30,8 @@ struct pending {
   zmq::message_t identity;  // ROUTER only
   zmq::message_t header;
   zmq::message_t body;
-  bool has_body = false;
+  zmq::message_t trailer;  // sealed connections (net/seal.hpp)
+  bool has_body = false, has_trailer = false;
 };
 
 struct connection {
@@ -41,6 +44,14 @@ struct connection {
   std::string server_key;
   std::unique_ptr<socket_monitor> monitor;
   int failed_handshakes = 0;  // since the last one that succeeded; reported once
+  bool routed = false;           // a listening ROUTER: messages carry the client's routing id first
+  std::shared_ptr<sealer> seal;  // a sealed connection: every message sent is sealed with it
+};
+
+// A pair whose sealed messages our sealed listener takes, and the node key they prove.
+struct sealed_pair {
+  std::shared_ptr<opener> open;
+  std::string who;
 };
 
 constexpr size_t kMaxRefusedKeys = 1024;  // remembered to report each stranger once, bounded
@@ -111,6 +122,11 @@ struct bridge::impl {
   connection listener;  // the ROUTER; socket null without a listen endpoint
   std::vector<connection> peers;
   std::unique_ptr<zap_handler> zap;  // with keys and a listening socket
+  // opt.sealed_listener: the plain ROUTER taking sealed messages (an entry of peers, so that it is
+  // polled and served like one), its port, and the pairs it takes messages from.
+  int sealed_listener = -1;
+  int sealed_port = 0;
+  std::map<std::pair<uint64_t, uint32_t>, sealed_pair> openers;
   std::set<std::string> refused;  // client keys already reported as refused
   int monitors = 0;               // monitors made so far: each gets its own inproc name
   // The listener's monitor (with keys): connections open now, and failures to accept one.
@@ -173,10 +189,20 @@ struct bridge::impl {
     s.set(zmq::sockopt::heartbeat_timeout, 3000);
   }
 
-  pending build(const wire::header& h, payload& p) {
-    pending m;
+  // With a sealer, the payload is encrypted into a new frame (it would be copied by CurveZMQ anyway) and a
+  // trailer frame follows. False if sealing failed.
+  bool build(const wire::header& h, payload& p, sealer* seal, pending* out) {
+    pending& m = *out;
     const wire::header_bytes hb = wire::encode(h);
     m.header = zmq::message_t(hb.data(), hb.size());
+    if (seal) {
+      m.has_body = p.size > 0;
+      if (m.has_body) m.body = zmq::message_t(p.size);
+      m.trailer = zmq::message_t(kTrailerBytes);
+      m.has_trailer = true;
+      return seal->seal(hb.data(), hb.size(), p.data, m.has_body ? m.body.data() : nullptr, p.size,
+                        static_cast<unsigned char*>(m.trailer.data()));
+    }
     if (p.size) {
       m.has_body = true;
       if (p.size < opt.copy_below || !p.owner) {
@@ -186,7 +212,7 @@ struct bridge::impl {
         m.body = zmq::message_t(const_cast<void*>(p.data), p.size, release_owner, hint);
       }
     }
-    return m;
+    return true;
   }
 
   // One non-blocking attempt. ZeroMQ takes a multipart message whole or not at all (the high-water mark
@@ -199,11 +225,12 @@ struct bridge::impl {
       if (routed) {
         if (!s.send(m.identity, more)) return 0;
         // Past the identity frame the message is committed; the rest cannot block.
-        s.send(m.header, m.has_body ? more : last);
-      } else if (!s.send(m.header, m.has_body ? more : last)) {
+        s.send(m.header, m.has_body || m.has_trailer ? more : last);
+      } else if (!s.send(m.header, m.has_body || m.has_trailer ? more : last)) {
         return 0;
       }
-      if (m.has_body) s.send(m.body, last);
+      if (m.has_body) s.send(m.body, m.has_trailer ? more : last);
+      if (m.has_trailer) s.send(m.trailer, last);
       return 1;
     } catch (const zmq::error_t& e) {
       errno = e.num();
@@ -239,23 +266,27 @@ struct bridge::impl {
   void do_send(int peer, const wire::header& h, payload p) {
     peer_info to;
     to.peer = peer;
-    if (peer < 0 || size_t(peer) >= peers.size() || !peers[peer].socket) {
+    if (peer < 0 || size_t(peer) >= peers.size() || !peers[peer].socket || peers[peer].routed) {
       report(fault::send_failed, to, "send to unknown or closed peer " + std::to_string(peer));
       return;
     }
-    send_now(peers[peer], build(h, p), false, to);
+    pending m;
+    if (!build(h, p, peers[peer].seal.get(), &m)) return report(fault::send_failed, to, "sealing a message failed");
+    send_now(peers[peer], std::move(m), false, to);
   }
 
   void do_reply(const peer_info& to, const wire::header& h, payload p) {
     if (to.peer >= 0) return do_send(to.peer, h, std::move(p));
     if (!listener.socket) return report(fault::send_failed, to, "reply by identity without a listening socket");
-    pending m = build(h, p);
+    pending m;
+    build(h, p, nullptr, &m);
     m.identity = zmq::message_t(to.identity.data(), to.identity.size());
     send_now(listener, std::move(m), true, to);
   }
 
-  int do_connect(const std::string& ep, const std::string& server_key, std::string* error) {
-    if (!opt.keys.empty() && !is_key(server_key)) {
+  int do_connect(const std::string& ep, const std::string& server_key, std::shared_ptr<sealer> seal,
+                 std::string* error) {
+    if (!seal && !opt.keys.empty() && !is_key(server_key)) {
       fail(error, ep + ": no public key for it (links are encrypted; give its key, or --insecure on both sides)");
       return -1;
     }
@@ -264,8 +295,12 @@ struct bridge::impl {
       c.socket = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
       zmq::socket_t& s = *c.socket;
       set_common_options(s);
-      s.set(zmq::sockopt::routing_id, opt.name);
-      if (!opt.keys.empty()) {
+      if (seal) {  // plain ZeroMQ: the messages are sealed, and a routing id on it would prove nothing
+        c.seal = std::move(seal);
+      } else {
+        s.set(zmq::sockopt::routing_id, opt.name);
+      }
+      if (!c.seal && !opt.keys.empty()) {
         s.set(zmq::sockopt::curve_serverkey, server_key);
         s.set(zmq::sockopt::curve_publickey, opt.keys.public_key);
         s.set(zmq::sockopt::curve_secretkey, opt.keys.secret_key);
@@ -342,8 +377,54 @@ struct bridge::impl {
     });
   }
 
+  // A message on the sealed listener: [identity] header [payload] trailer. Finds the pair from the trailer,
+  // checks the tag and the counter and decrypts the payload in place; from->key becomes the node key the
+  // pair's key proves.
+  bool open_sealed(std::vector<zmq::message_t>& parts, size_t count, peer_info* from, std::string* error) {
+    if (count < 3 || count > 4) return fail(error, std::to_string(count - 1) + " frames, expected 2 or 3");
+    trailer t;
+    zmq::message_t& last = parts[count - 1];
+    if (!read_trailer(last.data(), last.size(), &t)) return fail(error, "no trailer");
+    auto it = openers.find({t.job, t.sender});
+    if (it == openers.end())
+      return fail(error, "from node " + std::to_string(t.sender) + " of job " + std::to_string(t.job) + ", which we do not expect");
+    zmq::message_t* body = count == 4 ? &parts[2] : nullptr;
+    if (!it->second.open->open(parts[1].data(), parts[1].size(), body ? body->data() : nullptr, body ? body->size() : 0,
+                               last.data(), error))
+      return false;
+    from->key = it->second.who;
+    from->sealed = true;
+    return true;
+  }
+
+  // The sealed listener: plain ZeroMQ on an ephemeral port of the listener's address. Without it (a bind
+  // that fails) peers send over CurveZMQ, which is slower but as safe.
+  void bind_sealed_listener() {
+    const std::string ep = listener.endpoint;
+    const size_t colon = ep.rfind(':');
+    connection c;
+    c.socket = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::router);
+    set_common_options(*c.socket);
+    c.socket->set(zmq::sockopt::maxmsgsize, int64_t(kMaxSealedPayload));  // sealed payloads are ring segments
+    c.socket->set(zmq::sockopt::handshake_ivl, 3000);
+    try {
+      c.socket->bind(ep.substr(0, colon) + ":0");
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    c.endpoint = c.socket->get(zmq::sockopt::last_endpoint);
+    c.routed = true;
+    sealed_port = std::atoi(c.endpoint.substr(c.endpoint.rfind(':') + 1).c_str());
+    c.fd = c.socket->get(zmq::sockopt::fd);
+    peers.push_back(std::move(c));
+    sealed_listener = int(peers.size() - 1);
+  }
+
   // Reads one whole multipart message. Returns false when nothing is waiting.
-  bool receive_one(zmq::socket_t& s, bool routed, int peer) {
+  bool receive_one(connection& c, int peer) {
+    zmq::socket_t& s = *c.socket;
+    const bool routed = c.routed;
+    const bool sealed = peer >= 0 && peer == sealed_listener;
     std::vector<zmq::message_t> parts;
     size_t count = 0;
     for (;;) {
@@ -364,12 +445,20 @@ struct bridge::impl {
       from.identity.assign(parts[0].data<char>(), parts[0].size());
       first = 1;
       // The key the client proved it holds (our ZAP handler made it the User-Id); absent without keys.
-      if (!opt.keys.empty() && parts.size() > 1)
+      if (!sealed && !opt.keys.empty() && parts.size() > 1)
         if (const char* user = zmq_msg_gets(parts[1].handle(), "User-Id")) from.key = user;
     } else {
-      from.key = peers[size_t(peer)].server_key;
+      from.key = c.server_key;
     }
-    const size_t frames = count - first;
+    size_t frames = count - first;
+    if (sealed) {  // nothing unauthenticated goes further than the trailer
+      std::string err;
+      if (!open_sealed(parts, count, &from, &err)) {
+        report(fault::malformed, from, "sealed message: " + err);
+        return true;
+      }
+      --frames;
+    }
     wire::frame f[2];
     for (size_t i = 0; i < frames && i < 2; ++i) f[i] = {parts[first + i].data(), parts[first + i].size()};
     wire::header h;
@@ -378,6 +467,10 @@ struct bridge::impl {
       case wire::verdict::accept:
         break;
       case wire::verdict::answer_version: {
+        if (sealed) {  // answers go out on the listener: not to a sealed connection
+          report(fault::version_mismatch, from, err);
+          return true;
+        }
         wire::header e;
         e.type = wire::msg_type::error;
         do_reply(from, e, payload::copy_of(err));
@@ -458,10 +551,10 @@ struct bridge::impl {
     connection* c = conn(id);
     if (!c) return;
     c->dirty = false;
-    if (!c->backlog.empty()) flush(*c->socket, c->backlog, id < 0);
+    if (!c->backlog.empty()) flush(*c->socket, c->backlog, c->routed);
     for (int n = 0; n < 64; ++n) {
       c = conn(id);  // a handler may have disconnected it
-      if (!c || !receive_one(*c->socket, id < 0, id)) return;
+      if (!c || !receive_one(*c, id)) return;
     }
     c->dirty = true;
   }
@@ -625,10 +718,12 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
         d_->ctx.reset();
         return fail(error, listen_endpoint + ": " + why);
       }
+      d_->listener.routed = true;
       std::lock_guard<std::mutex> lock(d_->mu);
       d_->endpoint = d_->listener.socket->get(zmq::sockopt::last_endpoint);
       d_->listener.endpoint = d_->endpoint;
     }
+    if (keys && d_->opt.sealed_listener && d_->endpoint.rfind("tcp://", 0) == 0) d_->bind_sealed_listener();
   } catch (const zmq::error_t& e) {
     d_->listen_monitor.reset();
     d_->listener.socket.reset();
@@ -716,12 +811,25 @@ bool bridge::post(std::function<void()> f) {
 }
 
 int bridge::connect(const std::string& endpoint, const std::string& server_key, std::string* error) {
-  if (on_bridge_thread()) return d_->do_connect(endpoint, server_key, error);
+  return connect_any(endpoint, server_key, nullptr, error);
+}
+
+int bridge::connect_sealed(const std::string& endpoint, std::shared_ptr<sealer> seal, std::string* error) {
+  if (!seal) {
+    fail(error, endpoint + ": no sealer");
+    return -1;
+  }
+  return connect_any(endpoint, "", std::move(seal), error);
+}
+
+int bridge::connect_any(const std::string& endpoint, const std::string& server_key, std::shared_ptr<sealer> seal,
+                        std::string* error) {
+  if (on_bridge_thread()) return d_->do_connect(endpoint, server_key, std::move(seal), error);
   auto done = std::make_shared<std::promise<std::pair<int, std::string>>>();
   auto result = done->get_future();
-  if (!post([this, endpoint, server_key, done] {
+  if (!post([this, endpoint, server_key, seal, done] {
         std::string err;
-        const int id = d_->do_connect(endpoint, server_key, &err);
+        const int id = d_->do_connect(endpoint, server_key, seal, &err);
         done->set_value({id, err});
       })) {
     fail(error, "bridge not running");
@@ -737,9 +845,24 @@ int bridge::connect(const std::string& endpoint, const std::string& server_key, 
   return id;
 }
 
+int bridge::sealed_port() const { return d_->sealed_port; }
+
+void bridge::add_opener(uint64_t job, uint32_t sender, std::shared_ptr<opener> open, std::string who) {
+  post([this, job, sender, open = std::move(open), who = std::move(who)]() mutable {
+    d_->openers[{job, sender}] = {std::move(open), std::move(who)};
+  });
+}
+
+void bridge::remove_openers(uint64_t job) {
+  post([this, job] {
+    auto& o = d_->openers;
+    o.erase(o.lower_bound({job, 0}), o.upper_bound({job, UINT32_MAX}));
+  });
+}
+
 void bridge::disconnect(int peer) {
   post([this, peer] {
-    if (peer >= 0 && size_t(peer) < d_->peers.size()) {
+    if (peer >= 0 && size_t(peer) < d_->peers.size() && peer != d_->sealed_listener) {
       d_->peers[peer].backlog.clear();
       d_->peers[peer].socket.reset();
       d_->peers[peer].monitor.reset();

@@ -39,7 +39,9 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // 2: jobs name their device kind, nodes may offer GPUs. 3: jobs are JSON plans; a start message; reports
 // name their kind in the payload and weights their rank in sender_rank, so round is only a ring round.
 // 4: elastic jobs: pause and reform messages, reports name their ring generation, plans their ring.
-constexpr uint16_t kProtocolVersion = 4;
+// 5: plans name each node's sealed port and a seal salt: ring chunks between nodes may be sealed
+// (net/seal.hpp) and then carry a trailer frame.
+constexpr uint16_t kProtocolVersion = 5;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small

@@ -25,6 +25,7 @@
 #include "tests/test_data.hpp"
 #include "tests/test_util.hpp"
 #include "net/keys.hpp"
+#include "net/seal.hpp"
 #include "net/wire.hpp"
 
 using namespace ringmaster;
@@ -363,6 +364,26 @@ std::string send_and_read_error(const std::string& endpoint, wire::header h, con
   return kv["error"] + " (invalid=" + kv["invalid"] + ")";
 }
 
+// The port a node's hello_ack names for sealed ring chunks ("" if it did not answer).
+std::string sealed_port_of(const std::string& endpoint) {
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, 5000);
+  authenticate(s);
+  s.connect(endpoint);
+  wire::header h;
+  h.type = wire::msg_type::hello;
+  const auto hb = wire::encode(h);
+  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::none);
+  zmq::message_t head, body;
+  if (!s.recv(head, zmq::recv_flags::none) || !s.recv(body, zmq::recv_flags::none)) return "";
+  wire::kv_map kv;
+  std::string err;
+  if (!wire::decode_kv(body.to_string(), &kv, &err)) return "";
+  return kv["sealed_port"];
+}
+
 }  // namespace
 
 TEST_CASE("a node names the bad field of a plan, tells a stranger only that it is busy, and takes no chunk from a stranger",
@@ -430,6 +451,26 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
     for (const std::string& l : b.lines) UNSCOPED_INFO(l);
   }
   CHECK(dropped != "");
+  // Between the nodes, ring chunks are sealed (AES-256-GCM) and go to each node's sealed port. A stranger
+  // there, without the pair's key, gets nothing in: a chunk without a trailer, one with a made-up tag.
+  CHECK(a.wait_for("ring chunks to node " + b.node->endpoint() + " sealed (AES-256-GCM)") != "");
+  const std::string port = sealed_port_of(b.node->endpoint());
+  REQUIRE(port != "");
+  REQUIRE(port != "0");
+  zmq::socket_t u(ctx, zmq::socket_type::dealer);
+  u.set(zmq::sockopt::linger, 0);
+  u.connect("tcp://127.0.0.1:" + port);
+  u.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
+  u.send(zmq::buffer(junk, sizeof junk), zmq::send_flags::none);
+  unsigned char trailer[net::kTrailerBytes] = {};
+  for (int i = 0; i < 8; ++i) trailer[i] = static_cast<unsigned char>(id >> (8 * i));  // the job, sender node 0
+  trailer[12] = 0xff;  // a counter far ahead
+  trailer[19] = 0x7f;
+  u.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
+  u.send(zmq::buffer(junk, sizeof junk), zmq::send_flags::sndmore);
+  u.send(zmq::buffer(trailer, sizeof trailer), zmq::send_flags::none);
+  CHECK(b.wait_for("sealed message: no trailer") != "");
+  CHECK(b.wait_for("sealed message: bad tag") != "");
   // A weights request from the stranger for rank 1 (which node-b runs): no answer, the weights stay home.
   wire::header want;
   want.type = wire::msg_type::weights;
