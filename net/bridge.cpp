@@ -126,6 +126,8 @@ struct bridge::impl {
   // polled and served like one), its port, and the pairs it takes messages from.
   int sealed_listener = -1;
   int sealed_port = 0;
+  std::unique_ptr<socket_monitor> sealed_monitor;  // its connections open now
+  int sealed_connections = 0;
   std::map<std::pair<uint64_t, uint32_t>, sealed_pair> openers;
   std::set<std::string> refused;  // client keys already reported as refused
   int monitors = 0;               // monitors made so far: each gets its own inproc name
@@ -329,6 +331,15 @@ struct bridge::impl {
   // Who may finish a handshake on our listening socket: a client whose key opt.authorize accepts,
   // while there is room.
   zap_handler::verdict admit(const std::string& key, const std::string& address) {
+    if (key.empty()) {  // a plain client of the sealed listener: what it sends must be sealed; only a limit
+      if (opt.max_connections > 0 && sealed_connections > opt.max_connections) {
+        ++overloaded_refusals;
+        report_overload("sealed port " + std::to_string(sealed_port) + ": " + std::to_string(sealed_connections) +
+                        " connections, over the limit of " + std::to_string(opt.max_connections) + ": refusing new ones");
+        return {"500", "too many connections"};
+      }
+      return {"200", "OK"};
+    }
     bool ok = false;
     try {
       ok = opt.authorize && opt.authorize(key);
@@ -407,11 +418,15 @@ struct bridge::impl {
     set_common_options(*c.socket);
     c.socket->set(zmq::sockopt::maxmsgsize, int64_t(kMaxSealedPayload));  // sealed payloads are ring segments
     c.socket->set(zmq::sockopt::handshake_ivl, 3000);
+    // Through the ZAP handler, which holds its connections to max_connections, as it does the listener's.
+    c.socket->set(zmq::sockopt::zap_domain, zap_handler::kSealedDomain);
     try {
       c.socket->bind(ep.substr(0, colon) + ":0");
     } catch (const zmq::error_t&) {
       return;
     }
+    sealed_monitor = socket_monitor::attach(*ctx, *c.socket, "inproc://ringmaster-sealed-listener",
+                                            ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED);
     c.endpoint = c.socket->get(zmq::sockopt::last_endpoint);
     c.routed = true;
     sealed_port = std::atoi(c.endpoint.substr(c.endpoint.rfind(':') + 1).c_str());
@@ -578,6 +593,11 @@ struct bridge::impl {
       // Served every pass (each is a few failing non-blocking reads): their ZMQ_FDs, like the sockets',
       // announce only changes, which a pass may have consumed.
       if (listen_monitor) serve_listen_monitor();
+      if (sealed_monitor)
+        sealed_monitor->drain([this](uint16_t what, uint32_t) {
+          if (what == ZMQ_EVENT_ACCEPTED) ++sealed_connections;
+          if (what == ZMQ_EVENT_DISCONNECTED && sealed_connections > 0) --sealed_connections;
+        });
       if (zap) zap->serve([this](const std::string& key, const std::string& address) { return admit(key, address); });
       for (int id = 0; id < int(peers.size()); ++id)
         if (peers[size_t(id)].monitor) serve_monitor(id);
@@ -595,10 +615,11 @@ struct bridge::impl {
         fds.push_back({zap->fd(), POLLIN, 0});
         ids.push_back(-3);
       }
-      if (listen_monitor) {
-        fds.push_back({listen_monitor->fd(), POLLIN, 0});
-        ids.push_back(-3);
-      }
+      for (auto* m : {listen_monitor.get(), sealed_monitor.get()})
+        if (m) {
+          fds.push_back({m->fd(), POLLIN, 0});
+          ids.push_back(-3);
+        }
       for (int id = 0; id < int(peers.size()); ++id)
         if (peers[size_t(id)].monitor) {
           fds.push_back({peers[size_t(id)].monitor->fd(), POLLIN, 0});
@@ -654,6 +675,7 @@ struct bridge::impl {
     }
     peers.clear();
     listen_monitor.reset();
+    sealed_monitor.reset();
     zap.reset();
   }
 };

@@ -30,10 +30,14 @@ void zap_handler::serve(const decide& d) {
     // version, request id, domain, address, routing id, mechanism, credentials (the 32-byte key)
     verdict v{"400", "not authorized"};
     std::string key;
-    if (req.size() >= 7 && req[0].to_string_view() == "1.0" && req[5].to_string_view() == "CURVE" && req[6].size() == 32) {
-      char z85[kKeyChars + 1];
-      zmq_z85_encode(z85, req[6].data<uint8_t>(), 32);
-      key = z85;
+    const bool curve = req.size() >= 7 && req[5].to_string_view() == "CURVE" && req[6].size() == 32;
+    const bool sealed = req.size() >= 6 && req[5].to_string_view() == "NULL" && req[2].to_string_view() == kSealedDomain;
+    if (req.size() >= 6 && req[0].to_string_view() == "1.0" && (curve || sealed)) {
+      if (curve) {
+        char z85[kKeyChars + 1];
+        zmq_z85_encode(z85, req[6].data<uint8_t>(), 32);
+        key = z85;
+      }
       try {
         v = d(key, req[3].to_string());
       } catch (...) {

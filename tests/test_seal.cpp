@@ -261,3 +261,31 @@ TEST_CASE("a bridge's sealed listener takes what a registered pair sealed, named
   ba.stop();
   bb.stop();
 }
+
+TEST_CASE("a bridge's sealed port holds its connections to max_connections, as its listener does") {
+  const auto b = fresh_keys();
+  net::bridge_options ob;
+  ob.keys = b;
+  ob.authorize = [](const std::string&) { return false; };
+  ob.sealed_listener = true;
+  ob.max_connections = 2;
+  net::bridge bb(ob);
+  inbox at_b;
+  at_b.attach(bb);
+  std::string err;
+  REQUIRE(bb.start("tcp://127.0.0.1:0", &err));
+  REQUIRE(bb.sealed_port() > 0);
+  zmq::context_t ctx;
+  std::vector<std::unique_ptr<zmq::socket_t>> strangers;
+  for (int i = 0; i < 6; ++i) {
+    strangers.push_back(std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer));
+    strangers.back()->set(zmq::sockopt::linger, 0);
+    strangers.back()->connect("tcp://127.0.0.1:" + std::to_string(bb.sealed_port()));
+    std::this_thread::sleep_for(50ms);  // one at a time, so the count is seen before the next handshake
+  }
+  REQUIRE(at_b.wait([&] { return !at_b.errors.empty(); }));
+  std::lock_guard<std::mutex> lock(at_b.mu);
+  CHECK(at_b.errors[0].kind == net::fault::overloaded);
+  CHECK(at_b.errors[0].message.find("over the limit of 2") != std::string::npos);
+  CHECK(at_b.errors.size() == 1);  // reported once a minute at most
+}

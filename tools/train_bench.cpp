@@ -20,9 +20,11 @@
 // per model trains with train_remote over them and with N replicas in this process, same global batch,
 // steps and seed, on the same Fashion-MNIST samples (nodes read their own data, so not synthetic):
 //   local        samples/s of N replicas in one process;
-//   nodes        samples/s of N replicas on N node daemons, ZeroMQ between them, encrypted (CurveZMQ);
+//   nodes        samples/s of N replicas on N node daemons, ZeroMQ between them, encrypted: commands over
+//                CurveZMQ, ring chunks sealed with AES-256-GCM (net/seal.hpp), as users run them;
 //   nodes/local  the cost of crossing processes;
-//   insecure     the same over daemons started --insecure, and nodes/insecure the cost of encryption.
+//   insecure     the same over daemons started --insecure, and nodes/insecure the cost of encryption;
+//   curve/insecure  the same with ring chunks over CurveZMQ too (remote_options::seal_chunks false).
 // Both are timed over the epochs after the first (no evaluation), rounds interleaved, medians reported.
 //
 //   train_bench --nodes 2                         # both default MLPs, 2 nodes x 1 replica x 64
@@ -523,8 +525,10 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
               (long long)steps_per_epoch);
   std::printf("# samples/s over the epochs after the first; medians of %d rounds, local and nodes interleaved\n",
               repeat);
-  std::printf("# nodes: encrypted and authenticated (CurveZMQ); insecure: the same daemons run --insecure\n");
-  std::printf("# %-16s %12s %12s %12s %12s %16s\n", "model", "local", "nodes", "nodes/local", "insecure", "nodes/insecure");
+  std::printf("# nodes: encrypted and authenticated (CurveZMQ, ring chunks sealed with AES-256-GCM); insecure: the same "
+              "daemons run --insecure; curve: ring chunks over CurveZMQ too\n");
+  std::printf("# %-16s %12s %12s %12s %12s %16s %16s\n", "model", "local", "nodes", "nodes/local", "insecure", "nodes/insecure",
+              "curve/insecure");
   for (const std::string& m : models) {
     train_config c;
     c.model = m;
@@ -553,15 +557,17 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
     remote_options plain = ro;
     plain.nodes = plain_daemons.endpoints();
     plain.insecure = true;
+    remote_options curve = ro;
+    curve.seal_chunks = false;
 
-    std::vector<double> locals, remotes, plains, local_cpus, remote_cpus;
+    std::vector<double> locals, remotes, plains, curves, local_cpus, remote_cpus;
     for (int k = 0; k < repeat; ++k) {
-      for (const int kind : {0, 1, 2}) {  // local, nodes, insecure nodes
+      for (const int kind : {0, 1, 2, 3}) {  // local, nodes, insecure nodes, nodes with chunks over CurveZMQ
         const bool remote = kind > 0;
         const node_daemons& ds = kind == 2 ? plain_daemons : daemons;
-        const char* what = kind == 0 ? "local" : kind == 1 ? "nodes" : "insecure nodes";
+        const char* what = kind == 0 ? "local" : kind == 1 ? "nodes" : kind == 2 ? "insecure nodes" : "curve nodes";
         const double c0 = process_cpu(), n0 = remote ? ds.cpu_seconds() : 0;
-        train_result r = kind == 0 ? train(c) : train_remote(c, kind == 1 ? ro : plain);
+        train_result r = kind == 0 ? train(c) : train_remote(c, kind == 1 ? ro : kind == 2 ? plain : curve);
         const double cpu = process_cpu() - c0 + (remote ? ds.cpu_seconds() - n0 : 0);
         if (!r.ok) {
           std::fprintf(stderr, "train_bench: %s, %s: %s\n", md->label().c_str(), what, r.error.c_str());
@@ -569,7 +575,7 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
           return 1;  // the daemons are stopped on the way out
         }
         const double rate = steady_rate(r);
-        (kind == 0 ? locals : kind == 1 ? remotes : plains).push_back(rate);
+        (kind == 0 ? locals : kind == 1 ? remotes : kind == 2 ? plains : curves).push_back(rate);
         if (kind < 2) (remote ? remote_cpus : local_cpus).push_back(double(r.train_samples) / std::max(1e-9, cpu));
         print_breakdown(md->label() + " " + what + " round " + std::to_string(k + 1), r, nodes, total_steps, rate);
       }
@@ -578,11 +584,12 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    const double local = median(locals), remote = median(remotes), insecure = median(plains);
+    const double local = median(locals), remote = median(remotes), insecure = median(plains), over_curve = median(curves);
     std::printf("#   %s samples per CPU-second (whole job, every process): local %.0f, nodes %.0f\n",
                 md->label().c_str(), median(local_cpus), median(remote_cpus));
-    std::printf("  %-16s %12.0f %12.0f %12.2f %12.0f %16.2f\n", md->label().c_str(), local, remote,
-                local > 0 ? remote / local : 0.0, insecure, insecure > 0 ? remote / insecure : 0.0);
+    std::printf("  %-16s %12.0f %12.0f %12.2f %12.0f %16.2f %16.2f\n", md->label().c_str(), local, remote,
+                local > 0 ? remote / local : 0.0, insecure, insecure > 0 ? remote / insecure : 0.0,
+                insecure > 0 ? over_curve / insecure : 0.0);
     std::fflush(stdout);
   }
   return 0;
