@@ -62,6 +62,7 @@ void node_job::make_pair_keys() {
     sealers_[int(j)] = std::make_shared<net::sealer>(key, plan_.job_id, me);
     ctx_.br->add_opener(plan_.job_id, uint32_t(j), std::make_shared<net::opener>(key, plan_.job_id, uint32_t(j)),
                         plan_.nodes[j].key);
+    net::wipe(key);
   }
 }
 
@@ -189,7 +190,7 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
   // Sealed, the pair's key proves the sender (its connection's routing id proves nothing); else the
   // CurveZMQ connection it came on does, and the routing id the plan names.
   const plan_node& nd = plan_.nodes[size_t(node)];
-  const bool proven = from.key == nd.key && (from.sealed || (from.peer < 0 && from.identity == nd.id));
+  const bool proven = from.key == nd.key && (from.sealed ? from.sealed_sender == node : from.peer < 0 && from.identity == nd.id);
   if (node == plan_.recipient || !proven) {
     ctx_.log("dropped a chunk said to be from rank " + std::to_string(sender) + ": it did not come from node " +
              plan_.nodes[size_t(node)].endpoint + ", which runs that rank");

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
+#include <deque>
 #include <future>
 #include <map>
 #include <mutex>
@@ -73,6 +74,10 @@ struct node_service::impl {
   std::atomic<int> jobs_done{0};
   std::atomic<bool> busy{false};
   std::unique_ptr<node_job> job;  // at most one; touched only on the bridge thread
+  // The ids of the last jobs taken: a plan delivered again would start the same sealing keys' counters
+  // (net/seal.hpp) from 0, reusing nonces; it is refused. Bounded: ids are random 64-bit numbers.
+  std::set<uint64_t> past_jobs;
+  std::deque<uint64_t> past_order;
   // The bridge's complaints, per kind: at most kFaultLines lines per kFaultWindow, the rest counted and
   // summed up in the next window's first line (a dead peer must not flood the log). Bridge thread only.
   static constexpr int kFaultLines = 5;
@@ -198,11 +203,18 @@ struct node_service::impl {
                                         std::to_string(h.job_id), true);
     // Which job, and whose, is none of the asker's business.
     if (job) return refuse(from, plan.job_id, "busy with another job");
+    if (past_jobs.count(plan.job_id)) return refuse(from, plan.job_id, "this node already ran a job with this id", true);
     if (!opt.insecure && (plan.recipient < 0 || size_t(plan.recipient) >= plan.nodes.size() ||
                           plan.nodes[size_t(plan.recipient)].key != keys.public_key))
       return refuse(from, h.job_id, "the job plan names another key for this node", true);
     bool invalid = false;
     if (std::string why = check_plan(plan, context(), &invalid); !why.empty()) return refuse(from, plan.job_id, why, invalid);
+    past_jobs.insert(plan.job_id);
+    past_order.push_back(plan.job_id);
+    if (past_order.size() > 4096) {
+      past_jobs.erase(past_order.front());
+      past_order.pop_front();
+    }
     job = std::make_unique<node_job>(context(), from, std::move(plan));
     busy = true;
     const job_plan& jp = job->plan();

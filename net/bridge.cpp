@@ -272,6 +272,9 @@ struct bridge::impl {
       report(fault::send_failed, to, "send to unknown or closed peer " + std::to_string(peer));
       return;
     }
+    if (peers[peer].seal && p.size > kMaxSealedPayload)
+      return report(fault::send_failed, to, "a sealed message of " + std::to_string(p.size) + " bytes, over the sealed port's " +
+                                                std::to_string(kMaxSealedPayload));
     pending m;
     if (!build(h, p, peers[peer].seal.get(), &m)) return report(fault::send_failed, to, "sealing a message failed");
     send_now(peers[peer], std::move(m), false, to);
@@ -298,15 +301,21 @@ struct bridge::impl {
       zmq::socket_t& s = *c.socket;
       set_common_options(s);
       if (seal) {  // plain ZeroMQ: the messages are sealed, and a routing id on it would prove nothing
+        s.set(zmq::sockopt::plain_username, seal->user());
+        s.set(zmq::sockopt::plain_password, seal->token());
+        s.set(zmq::sockopt::maxmsgsize, int64_t(64));  // nothing is meant to come back: little may
+        s.set(zmq::sockopt::rcvhwm, 16);
         c.seal = std::move(seal);
       } else {
         s.set(zmq::sockopt::routing_id, opt.name);
       }
-      if (!c.seal && !opt.keys.empty()) {
-        s.set(zmq::sockopt::curve_serverkey, server_key);
-        s.set(zmq::sockopt::curve_publickey, opt.keys.public_key);
-        s.set(zmq::sockopt::curve_secretkey, opt.keys.secret_key);
-        c.server_key = server_key;
+      if (!opt.keys.empty()) {
+        if (!c.seal) {
+          s.set(zmq::sockopt::curve_serverkey, server_key);
+          s.set(zmq::sockopt::curve_publickey, opt.keys.public_key);
+          s.set(zmq::sockopt::curve_secretkey, opt.keys.secret_key);
+          c.server_key = server_key;
+        }
         // Why a handshake fails is known only to the socket's monitor: a refused key must not look like
         // a node that is not running.
         const std::string mon = "inproc://ringmaster-monitor-" + std::to_string(monitors++);
@@ -328,18 +337,40 @@ struct bridge::impl {
     }
   }
 
+  zap_handler::verdict admit(const zap_handler::request& r) {
+    return r.sealed_port ? admit_sealed(r.user, r.password, r.address) : admit(r.key, r.address);
+  }
+
+  // A client of the sealed listener logs in as a pair we expect ("JOB:SENDER") with its token.
+  zap_handler::verdict admit_sealed(const std::string& user, const std::string& token, const std::string& address) {
+    const size_t colon = user.find(':');
+    char* end = nullptr;
+    const unsigned long long job = colon != std::string::npos ? std::strtoull(user.c_str(), &end, 10) : 0;
+    bool ok = colon != std::string::npos && end == user.c_str() + colon && colon <= 20 && user.size() - colon <= 11;
+    unsigned long sender = 0;
+    if (ok) {
+      sender = std::strtoul(user.c_str() + colon + 1, &end, 10);
+      ok = *end == 0 && sender <= UINT32_MAX;
+    }
+    auto it = ok ? openers.find({uint64_t(job), uint32_t(sender)}) : openers.end();
+    if (it == openers.end() || !it->second.open->admits(token)) {
+      if (refused.size() < kMaxRefusedKeys && refused.insert("sealed " + address).second)
+        report(fault::unauthorized, {}, "refused a client at " + address + " on the sealed port: it is no node of a job "
+                                        "here (further attempts from this address are not logged)");
+      return {"400", "not authorized"};
+    }
+    if (opt.max_connections > 0 && sealed_connections > opt.max_connections) {
+      ++overloaded_refusals;
+      report_overload("sealed port " + std::to_string(sealed_port) + ": " + std::to_string(sealed_connections) +
+                      " connections, over the limit of " + std::to_string(opt.max_connections) + ": refusing new ones");
+      return {"500", "too many connections"};
+    }
+    return {"200", "OK"};
+  }
+
   // Who may finish a handshake on our listening socket: a client whose key opt.authorize accepts,
   // while there is room.
   zap_handler::verdict admit(const std::string& key, const std::string& address) {
-    if (key.empty()) {  // a plain client of the sealed listener: what it sends must be sealed; only a limit
-      if (opt.max_connections > 0 && sealed_connections > opt.max_connections) {
-        ++overloaded_refusals;
-        report_overload("sealed port " + std::to_string(sealed_port) + ": " + std::to_string(sealed_connections) +
-                        " connections, over the limit of " + std::to_string(opt.max_connections) + ": refusing new ones");
-        return {"500", "too many connections"};
-      }
-      return {"200", "OK"};
-    }
     bool ok = false;
     try {
       ok = opt.authorize && opt.authorize(key);
@@ -376,6 +407,10 @@ struct bridge::impl {
       if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
         c.failed_handshakes = -1;
         report(fault::handshake_failed, from, c.endpoint + " has too many connections open and refused ours");
+      } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && c.seal) {
+        c.failed_handshakes = -1;
+        report(fault::handshake_failed, from, c.endpoint + " (a sealed port) refused our login (status " +
+                                                  std::to_string(value) + "): it does not expect us in this job");
       } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
         c.failed_handshakes = -1;
         report(fault::handshake_failed, from, c.endpoint + " refused our key (status " + std::to_string(value) +
@@ -396,6 +431,7 @@ struct bridge::impl {
     trailer t;
     zmq::message_t& last = parts[count - 1];
     if (!read_trailer(last.data(), last.size(), &t)) return fail(error, "no trailer");
+    if (parts[1].size() != wire::kHeaderSize) return fail(error, "a header of " + std::to_string(parts[1].size()) + " bytes");
     auto it = openers.find({t.job, t.sender});
     if (it == openers.end())
       return fail(error, "from node " + std::to_string(t.sender) + " of job " + std::to_string(t.job) + ", which we do not expect");
@@ -405,6 +441,7 @@ struct bridge::impl {
       return false;
     from->key = it->second.who;
     from->sealed = true;
+    from->sealed_sender = int(t.sender);
     return true;
   }
 
@@ -418,8 +455,11 @@ struct bridge::impl {
     set_common_options(*c.socket);
     c.socket->set(zmq::sockopt::maxmsgsize, int64_t(kMaxSealedPayload));  // sealed payloads are ring segments
     c.socket->set(zmq::sockopt::handshake_ivl, 3000);
-    // Through the ZAP handler, which holds its connections to max_connections, as it does the listener's.
+    // Clients log in (PLAIN) with a pair's token through the ZAP handler, which also holds them to
+    // max_connections. Few messages queued per connection: a sender waits for us, as TCP would make it.
+    c.socket->set(zmq::sockopt::plain_server, 1);
     c.socket->set(zmq::sockopt::zap_domain, zap_handler::kSealedDomain);
+    c.socket->set(zmq::sockopt::rcvhwm, 64);
     try {
       c.socket->bind(ep.substr(0, colon) + ":0");
     } catch (const zmq::error_t&) {
@@ -452,6 +492,10 @@ struct bridge::impl {
       const bool more = m.more();
       if (++count <= 4) parts.push_back(std::move(m));  // anything longer is dropped anyway
       if (!more) break;
+    }
+    if (c.seal) {  // a sealed connection only sends: whatever its server says is not to be trusted
+      dropped.fetch_add(1);
+      return true;
     }
     peer_info from;
     from.peer = routed ? -1 : peer;
@@ -598,7 +642,7 @@ struct bridge::impl {
           if (what == ZMQ_EVENT_ACCEPTED) ++sealed_connections;
           if (what == ZMQ_EVENT_DISCONNECTED && sealed_connections > 0) --sealed_connections;
         });
-      if (zap) zap->serve([this](const std::string& key, const std::string& address) { return admit(key, address); });
+      if (zap) zap->serve([this](const zap_handler::request& r) { return admit(r); });
       for (int id = 0; id < int(peers.size()); ++id)
         if (peers[size_t(id)].monitor) serve_monitor(id);
       for (int id = -1; id < int(peers.size()); ++id) {
@@ -676,6 +720,9 @@ struct bridge::impl {
     peers.clear();
     listen_monitor.reset();
     sealed_monitor.reset();
+    sealed_listener = -1;
+    sealed_connections = 0;
+    openers.clear();
     zap.reset();
   }
 };

@@ -60,7 +60,8 @@ struct peer_info {
   // the client's, on a connection the server key we connected with) or, for a sealed message, by its pair
   // key (add_opener's `who`). Empty without keys.
   std::string key;
-  bool sealed = false;  // came on our sealed listener (identity: the sealed connection's, random)
+  bool sealed = false;     // came on our sealed listener (identity: the sealed connection's, random)
+  int sealed_sender = -1;  // sealed: the node number the pair key proved
 };
 
 // unauthorized: a client whose key we do not accept tried to connect (reported once per key).
@@ -94,6 +95,7 @@ struct bridge_options {
   // With keys and a tcp listening endpoint: also bind a plain ZeroMQ ROUTER on an ephemeral port of the
   // same address (sealed_port()) that takes only messages sealed with a registered pair's key
   // (net/seal.hpp: AES-256-GCM, several times faster than CurveZMQ). Ring chunks between nodes go there.
+  // Clients log in with a registered pair's token (ZeroMQ PLAIN) and count towards max_connections.
   bool sealed_listener = false;
 };
 

@@ -1,5 +1,6 @@
 #include "net/seal.hpp"
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/kdf.h>
 #include <openssl/rand.h>
@@ -75,6 +76,8 @@ void make_nonce(unsigned char nonce[kNonceBytes], uint32_t sender, uint64_t coun
 struct gcm {
   EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
   bool ok = false;
+  gcm(const gcm&) = delete;
+  gcm& operator=(const gcm&) = delete;
   gcm(const seal_key& key, bool encrypt) {
     ok = ctx && (encrypt ? EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, key.data(), nullptr)
                          : EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, key.data(), nullptr)) == 1;
@@ -88,8 +91,10 @@ bool pair_key(const key_pair& mine, const std::string& their_public, const std::
               uint32_t a, uint32_t b, seal_key* out, std::string* error) {
   unsigned char secret[32], pub[32], salt[kSealSaltBytes], shared[32];
   if (!decode_key(mine.secret_key, secret)) return fail(error, "our secret key is not a Z85 key");
-  if (!decode_key(their_public, pub)) return fail(error, "the peer's public key is not a Z85 key");
-  if (!decode_hex(salt_hex, salt, sizeof salt)) return fail(error, "the seal salt is not 64 hex digits");
+  if (!decode_key(their_public, pub) || !decode_hex(salt_hex, salt, sizeof salt)) {
+    OPENSSL_cleanse(secret, sizeof secret);
+    return fail(error, is_key(their_public) ? "the seal salt is not 64 hex digits" : "the peer's public key is not a Z85 key");
+  }
   pkey_ptr ours(EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, nullptr, secret, sizeof secret));
   pkey_ptr theirs(EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nullptr, pub, sizeof pub));
   OPENSSL_cleanse(secret, sizeof secret);
@@ -128,6 +133,26 @@ std::string make_seal_salt() {
   return hex;
 }
 
+void wipe(seal_key& key) { OPENSSL_cleanse(key.data(), key.size()); }
+
+std::string port_token(const seal_key& key) {
+  static const char label[] = "ringmaster sealed-port token v1";
+  unsigned char in[sizeof label - 1 + kSealKeyBytes], digest[32];
+  std::memcpy(in, label, sizeof label - 1);
+  std::memcpy(in + sizeof label - 1, key.data(), key.size());
+  unsigned int len = 0;
+  const bool ok = EVP_Digest(in, sizeof in, digest, &len, EVP_sha256(), nullptr) == 1;
+  OPENSSL_cleanse(in, sizeof in);
+  if (!ok) return "";
+  static const char digits[] = "0123456789abcdef";
+  std::string hex;
+  for (size_t i = 0; i < 16; ++i) {
+    hex += digits[digest[i] >> 4];
+    hex += digits[digest[i] & 15];
+  }
+  return hex;
+}
+
 bool read_trailer(const void* data, size_t size, trailer* out) {
   if (size != kTrailerBytes) return false;
   const auto* p = static_cast<const unsigned char*>(data);
@@ -140,15 +165,19 @@ struct sealer::impl {
   uint64_t job;
   uint32_t sender;
   uint64_t count = 0;
-  impl(const seal_key& k, uint64_t j, uint32_t s) : cipher(k, true), job(j), sender(s) {}
+  std::string token;
+  impl(const seal_key& k, uint64_t j, uint32_t s) : cipher(k, true), job(j), sender(s), token(port_token(k)) {}
 };
+
+std::string sealer::user() const { return std::to_string(d_->job) + ":" + std::to_string(d_->sender); }
+std::string sealer::token() const { return d_->token; }
 
 sealer::sealer(const seal_key& key, uint64_t job, uint32_t sender) : d_(std::make_unique<impl>(key, job, sender)) {}
 sealer::~sealer() = default;
 
 bool sealer::seal(const void* header, size_t header_bytes, const void* in, void* out, size_t n,
                   unsigned char trailer_out[kTrailerBytes]) {
-  if (!d_->cipher.ok || n > size_t(INT_MAX) || header_bytes > size_t(INT_MAX)) return false;
+  if (!d_->cipher.ok || n > size_t(INT_MAX) || header_bytes > size_t(INT_MAX) || d_->count == UINT64_MAX) return false;
   put_u64(trailer_out, d_->job);
   put_u32(trailer_out + 8, d_->sender);
   put_u64(trailer_out + 12, d_->count);
@@ -171,8 +200,14 @@ struct opener::impl {
   uint64_t job;
   uint32_t sender;
   uint64_t next = 0;  // the lowest counter still acceptable
-  impl(const seal_key& k, uint64_t j, uint32_t s) : cipher(k, false), job(j), sender(s) {}
+  std::string token;
+  impl(const seal_key& k, uint64_t j, uint32_t s) : cipher(k, false), job(j), sender(s), token(port_token(k)) {}
 };
+
+bool opener::admits(const std::string& token) const {
+  return !d_->token.empty() && token.size() == d_->token.size() &&
+         CRYPTO_memcmp(token.data(), d_->token.data(), token.size()) == 0;
+}
 
 opener::opener(const seal_key& key, uint64_t job, uint32_t sender) : d_(std::make_unique<impl>(key, job, sender)) {}
 opener::~opener() = default;
@@ -182,7 +217,8 @@ bool opener::open(const void* header, size_t header_bytes, void* data, size_t n,
   trailer t;
   if (!read_trailer(trailer_bytes, kTrailerBytes, &t) || t.job != d_->job || t.sender != d_->sender)
     return fail(error, "sealed for another job or sender");
-  if (t.count < d_->next) return fail(error, "replayed or reordered message (counter " + std::to_string(t.count) + ")");
+  if (t.count < d_->next || t.count == UINT64_MAX)
+    return fail(error, "replayed or reordered message (counter " + std::to_string(t.count) + ")");
   if (!d_->cipher.ok || n > size_t(INT_MAX) || header_bytes > size_t(INT_MAX)) return fail(error, "cannot open");
   unsigned char nonce[kNonceBytes];
   make_nonce(nonce, t.sender, t.count);

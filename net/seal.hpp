@@ -15,7 +15,9 @@
 //   8  u32 sender  the sending node's number in the plan
 //  12  u64 count   the sender's message counter for this pair: with the sender's number, the GCM nonce
 //  20  16 bytes    the GCM tag
-// The payload is encrypted; the header and the trailer's first 20 bytes are authenticated. A receiver
+// The payload is encrypted; the header and the trailer's first 20 bytes are authenticated. To connect to
+// the sealed port at all, a node logs in (ZeroMQ PLAIN) as "JOB:SENDER" with a token hashed from the pair
+// key (port_token): strangers are refused at the handshake and cannot make the node hold their frames. A receiver
 // takes a pair's counters only in increasing order (one connection keeps the order), so nothing can be
 // replayed, and a sender never reuses a nonce: its counter lives as long as the job's pair key.
 #pragma once
@@ -44,6 +46,8 @@ using seal_key = std::array<unsigned char, kSealKeyBytes>;
 // seal_salt, hex (2 * kSealSaltBytes characters). False with *error for a malformed key or salt.
 bool pair_key(const key_pair& mine, const std::string& their_public, const std::string& salt_hex, uint64_t job,
               uint32_t a, uint32_t b, seal_key* out, std::string* error);
+// Overwrites a key in a way the compiler keeps (OPENSSL_cleanse).
+void wipe(seal_key& key);
 // A fresh random salt, hex.
 std::string make_seal_salt();
 // 2 * kSealSaltBytes lowercase hex digits. Inline and free of OpenSSL, like is_key, for the plan's decoder.
@@ -60,6 +64,9 @@ struct trailer {
   uint64_t count = 0;
 };
 bool read_trailer(const void* data, size_t size, trailer* out);
+// A hash of the pair key (hex, 32 characters): what a sender shows to log in to the receiver's sealed port.
+// It tells an eavesdropper nothing about the key, but lets it connect: the key still guards every message.
+std::string port_token(const seal_key& key);
 
 // One direction of one pair: seals what node `sender` sends with the pair's key. Not thread-safe: the
 // bridge uses it on its thread, in the order messages go out.
@@ -69,6 +76,9 @@ class sealer {
   ~sealer();
   sealer(const sealer&) = delete;
   sealer& operator=(const sealer&) = delete;
+  // The PLAIN login for the receiver's sealed port: "JOB:SENDER" and the pair's port token.
+  std::string user() const;
+  std::string token() const;
   // Encrypts n bytes from `in` to `out` (may be the same) and writes the trailer. False if OpenSSL fails.
   bool seal(const void* header, size_t header_bytes, const void* in, void* out, size_t n,
             unsigned char trailer_out[kTrailerBytes]);
@@ -86,6 +96,8 @@ class opener {
   ~opener();
   opener(const opener&) = delete;
   opener& operator=(const opener&) = delete;
+  // Whether a PLAIN login to our sealed port carries this pair's token (compared in constant time).
+  bool admits(const std::string& token) const;
   // `trailer_bytes` came with the message (its job and sender already matched to this opener). Decrypts
   // `data` in place; false with *error ("bad tag", "replayed or reordered message") and data undefined.
   bool open(const void* header, size_t header_bytes, void* data, size_t n, const void* trailer_bytes,

@@ -124,8 +124,13 @@ TEST_CASE("seal: a sealed message opens once, unaltered, and nothing forged, alt
   bad.trailer[net::kTrailerBytes - 1] ^= 1;  // the tag
   CHECK_FALSE(open_one(at_b, bad, &got, &err));
   bad = next;
-  bad.trailer[12] ^= 1;  // the counter
+  bad.trailer[19] ^= 0x40;  // the counter, made larger: only the tag can tell
   CHECK_FALSE(open_one(at_b, bad, &got, &err));
+  CHECK(err.find("bad tag") != std::string::npos);
+  bad = next;
+  bad.trailer[0] ^= 1;  // the job
+  CHECK_FALSE(open_one(at_b, bad, &got, &err));
+  CHECK(err == "sealed for another job or sender");
   bad = next;
   bad.trailer[8] = 5;  // another sender
   CHECK_FALSE(open_one(at_b, bad, &got, &err));
@@ -136,10 +141,23 @@ TEST_CASE("seal: a sealed message opens once, unaltered, and nothing forged, alt
   // Sealed with another key (a third node posing as node 0): refused.
   const auto c = fresh_keys();
   net::sealer from_c(derive(c, b.public_key, salt, 42, 0, 1), 42, 0);
-  sealed_message forged = seal_one(from_c, data, 42);
-  forged.trailer[12] = 100;  // a counter ahead, so only the key can refuse it
-  CHECK_FALSE(open_one(at_b, forged, &got, &err));
+  for (int i = 0; i < 100; ++i) seal_one(from_c, data, 42);  // its counter ahead of b's, so only the key can refuse it
+  CHECK_FALSE(open_one(at_b, seal_one(from_c, data, 42), &got, &err));
   CHECK(err.find("bad tag") != std::string::npos);
+  // What b sends a back (the other direction) is sealed under the same key, but it is not a's to take as
+  // its own, and b's own message reflected to b is refused: the sender's number is in the nonce.
+  net::sealer from_b(derive(b, a.public_key, salt, 42, 1, 0), 42, 1);
+  sealed_message reflected = seal_one(from_b, data, 42);
+  CHECK_FALSE(open_one(at_b, reflected, &got, &err));
+  CHECK(err == "sealed for another job or sender");
+  net::opener at_a(k, 42, 1);
+  CHECK(open_one(at_a, reflected, &got, &err));
+  CHECK(got == data);
+  // A counter at its end is never taken (the next one would wrap).
+  sealed_message last = seal_one(from_a, data, 42);
+  std::memset(last.trailer + 12, 0xff, 8);
+  CHECK_FALSE(open_one(at_b, last, &got, &err));
+  CHECK(err.find("replayed") != std::string::npos);
 }
 
 namespace {
@@ -213,11 +231,48 @@ TEST_CASE("a bridge's sealed listener takes what a registered pair sealed, named
     CHECK(floats.back() == float(sizes[i] - 1) * 0.5f + float(sizes[i]));
   }
 
-  // A stranger on the sealed port: plain frames, a made-up trailer, a pair nobody registered. Dropped,
-  // each with its reason, and the bridge keeps taking the real pair's messages.
+  // A stranger on the sealed port cannot log in: without the pair's token (or with none) it is refused at
+  // the handshake and nothing it sends arrives.
   zmq::context_t ctx;
+  std::vector<std::unique_ptr<zmq::socket_t>> refused;
+  for (const char* token : {"", "0123456789abcdef0123456789abcdef"}) {
+    refused.push_back(std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer));
+    zmq::socket_t& t = *refused.back();
+    t.set(zmq::sockopt::linger, 0);
+    if (*token) {
+      t.set(zmq::sockopt::plain_username, std::string("9:0"));
+      t.set(zmq::sockopt::plain_password, std::string(token));
+    }
+    t.connect(sealed_ep);
+    const float junk[4] = {1e30f, 1e30f, 1e30f, 1e30f};
+    wire::header j;
+    j.type = wire::msg_type::chunk;
+    j.job_id = 9;
+    j.elements = 4;
+    j.payload_bytes = 16;
+    const auto jb = wire::encode(j);
+    unsigned char tr[net::kTrailerBytes] = {9};
+    t.send(zmq::buffer(jb.data(), jb.size()), zmq::send_flags::sndmore);
+    t.send(zmq::buffer(junk, sizeof junk), zmq::send_flags::sndmore);
+    t.send(zmq::buffer(tr, sizeof tr), zmq::send_flags::none);
+  }
+  REQUIRE(at_b.wait([&] { return !at_b.errors.empty(); }));
+  std::this_thread::sleep_for(500ms);  // both keep trying
+  {
+    std::lock_guard<std::mutex> lock(at_b.mu);
+    CHECK(at_b.got.size() == sizes.size());
+    REQUIRE(at_b.errors.size() == 1);  // the refusal, once for the address
+    CHECK(at_b.errors[0].kind == net::fault::unauthorized);
+    CHECK(at_b.errors[0].message.find("on the sealed port") != std::string::npos);
+    at_b.errors.clear();
+  }
+  // One that learnt the token (it travels in the clear) gets in, but without the key nothing it sends is
+  // taken: plain frames, a made-up trailer, a pair nobody registered. Each is dropped with its reason, and
+  // the bridge keeps taking the real pair's messages.
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::plain_username, std::string("9:0"));
+  s.set(zmq::sockopt::plain_password, net::port_token(derive(b, a.public_key, salt, 9, 1, 0)));
   s.connect(sealed_ep);
   wire::header h;
   h.type = wire::msg_type::chunk;
@@ -275,11 +330,17 @@ TEST_CASE("a bridge's sealed port holds its connections to max_connections, as i
   std::string err;
   REQUIRE(bb.start("tcp://127.0.0.1:0", &err));
   REQUIRE(bb.sealed_port() > 0);
+  const auto a = fresh_keys();
+  const std::string salt = net::make_seal_salt();
+  const auto key = derive(b, a.public_key, salt, 9, 1, 0);
+  bb.add_opener(9, 0, std::make_shared<net::opener>(key, 9, 0), a.public_key);
   zmq::context_t ctx;
   std::vector<std::unique_ptr<zmq::socket_t>> strangers;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 6; ++i) {  // connections that logged in (the token is no secret from the wire)
     strangers.push_back(std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer));
     strangers.back()->set(zmq::sockopt::linger, 0);
+    strangers.back()->set(zmq::sockopt::plain_username, std::string("9:0"));
+    strangers.back()->set(zmq::sockopt::plain_password, net::port_token(key));
     strangers.back()->connect("tcp://127.0.0.1:" + std::to_string(bb.sealed_port()));
     std::this_thread::sleep_for(50ms);  // one at a time, so the count is seen before the next handshake
   }
