@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <condition_variable>
@@ -510,9 +511,9 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     L.plan.seal_salt = net::make_seal_salt();
     for (size_t i = 0; i < ro.nodes.size(); ++i) {
       const std::string& port = replies[i]["sealed_port"];  // a node's word: checked, never std::stoi
-      char* end = nullptr;
-      const long v = std::strtol(port.c_str(), &end, 10);
-      L.plan.nodes[i].sealed_port = !port.empty() && port.size() <= 5 && *end == 0 && v > 0 && v <= 65535 ? int(v) : 0;
+      int v = 0;
+      const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), v);
+      L.plan.nodes[i].sealed_port = ec == std::errc() && end == port.data() + port.size() && v > 0 && v <= 65535 ? v : 0;
     }
   }
   if (!validate(L.plan, &failed.error)) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -343,16 +344,14 @@ struct bridge::impl {
 
   // A client of the sealed listener logs in as a pair we expect ("JOB:SENDER") with its token.
   zap_handler::verdict admit_sealed(const std::string& user, const std::string& token, const std::string& address) {
-    const size_t colon = user.find(':');
-    char* end = nullptr;
-    const unsigned long long job = colon != std::string::npos ? std::strtoull(user.c_str(), &end, 10) : 0;
-    bool ok = colon != std::string::npos && end == user.c_str() + colon && colon <= 20 && user.size() - colon <= 11;
-    unsigned long sender = 0;
-    if (ok) {
-      sender = std::strtoul(user.c_str() + colon + 1, &end, 10);
-      ok = *end == 0 && sender <= UINT32_MAX;
-    }
-    auto it = ok ? openers.find({uint64_t(job), uint32_t(sender)}) : openers.end();
+    const char* p = user.data();
+    const char* end = p + user.size();
+    uint64_t job = 0;
+    uint32_t sender = 0;
+    auto r = std::from_chars(p, end, job);
+    const bool ok = r.ec == std::errc() && r.ptr != end && *r.ptr == ':' &&
+                    (r = std::from_chars(r.ptr + 1, end, sender)).ec == std::errc() && r.ptr == end;
+    auto it = ok ? openers.find({job, sender}) : openers.end();
     if (it == openers.end() || !it->second.open->admits(token)) {
       if (refused.size() < kMaxRefusedKeys && refused.insert("sealed " + address).second)
         report(fault::unauthorized, {}, "refused a client at " + address + " on the sealed port: it is no node of a job "

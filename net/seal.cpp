@@ -42,6 +42,16 @@ bool decode_key(const std::string& z85, unsigned char out[32]) {
   return is_key(z85) && zmq_z85_decode(out, z85.c_str()) != nullptr;
 }
 
+std::string to_hex(const unsigned char* p, size_t n) {
+  static const char digits[] = "0123456789abcdef";
+  std::string hex;
+  for (size_t i = 0; i < n; ++i) {
+    hex += digits[p[i] >> 4];
+    hex += digits[p[i] & 15];
+  }
+  return hex;
+}
+
 bool decode_hex(const std::string& hex, unsigned char* out, size_t n) {
   if (hex.size() != 2 * n) return false;
   auto digit = [](char c) -> int {
@@ -123,14 +133,7 @@ bool pair_key(const key_pair& mine, const std::string& their_public, const std::
 
 std::string make_seal_salt() {
   unsigned char salt[kSealSaltBytes];
-  if (RAND_bytes(salt, sizeof salt) != 1) return "";
-  static const char digits[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned char c : salt) {
-    hex += digits[c >> 4];
-    hex += digits[c & 15];
-  }
-  return hex;
+  return RAND_bytes(salt, sizeof salt) == 1 ? to_hex(salt, sizeof salt) : "";
 }
 
 void wipe(seal_key& key) { OPENSSL_cleanse(key.data(), key.size()); }
@@ -143,14 +146,7 @@ std::string port_token(const seal_key& key) {
   unsigned int len = 0;
   const bool ok = EVP_Digest(in, sizeof in, digest, &len, EVP_sha256(), nullptr) == 1;
   OPENSSL_cleanse(in, sizeof in);
-  if (!ok) return "";
-  static const char digits[] = "0123456789abcdef";
-  std::string hex;
-  for (size_t i = 0; i < 16; ++i) {
-    hex += digits[digest[i] >> 4];
-    hex += digits[digest[i] & 15];
-  }
-  return hex;
+  return ok ? to_hex(digest, 16) : "";
 }
 
 bool read_trailer(const void* data, size_t size, trailer* out) {

@@ -24,6 +24,7 @@
 #include "actors/training.hpp"
 #include "tests/test_data.hpp"
 #include "tests/test_util.hpp"
+#include "tests/test_zmq.hpp"
 #include "net/keys.hpp"
 #include "net/seal.hpp"
 #include "net/wire.hpp"
@@ -123,9 +124,7 @@ TEST_CASE("a node fed malformed frames keeps serving and refuses other protocol 
   h.type = wire::msg_type::chunk;
   h.elements = 10;
   h.payload_bytes = 40;
-  auto hb = wire::encode(h);
-  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(std::string(12, '\0')), zmq::send_flags::none);  // 12 bytes, not 40
+  test::send_raw(s, h, {zmq::buffer(std::string(12, '\0'))});  // 12 bytes, not 40
   // A hello from a future protocol version is answered with an error naming both versions.
   wire::header hello;
   hello.type = wire::msg_type::hello;
@@ -351,9 +350,7 @@ std::string send_and_read_error(const std::string& endpoint, wire::header h, con
   s.set(zmq::sockopt::rcvtimeo, 5000);
   authenticate(s);
   s.connect(endpoint);
-  const auto hb = wire::encode(h);
-  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(payload), zmq::send_flags::none);
+  test::send_raw(s, h, {zmq::buffer(payload)});
   zmq::message_t head, body;
   if (!s.recv(head, zmq::recv_flags::none) || !s.recv(body, zmq::recv_flags::none)) return "no reply";
   wire::header rh;
@@ -374,8 +371,7 @@ std::string sealed_port_of(const std::string& endpoint) {
   s.connect(endpoint);
   wire::header h;
   h.type = wire::msg_type::hello;
-  const auto hb = wire::encode(h);
-  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::none);
+  test::send_raw(s, h);
   zmq::message_t head, body;
   if (!s.recv(head, zmq::recv_flags::none) || !s.recv(body, zmq::recv_flags::none)) return "";
   wire::kv_map kv;
@@ -441,10 +437,8 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   chunk.sender_rank = 0;
   chunk.elements = 4;
   chunk.payload_bytes = 16;
-  const auto hb = wire::encode(chunk);
   const float junk[4] = {1e30f, 1e30f, 1e30f, 1e30f};
-  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(junk, sizeof junk), zmq::send_flags::none);
+  test::send_raw(s, chunk, {zmq::buffer(junk, sizeof junk)});
   const std::string dropped = b.wait_for("dropped a chunk said to be from rank 0: it did not come from node " + a.node->endpoint());
   if (dropped.empty()) {
     std::lock_guard<std::mutex> lock(b.mu);
@@ -462,15 +456,12 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   u.set(zmq::sockopt::plain_username, std::to_string(id) + ":0");  // posing as node 0, without its token
   u.set(zmq::sockopt::plain_password, std::string(32, '0'));
   u.connect("tcp://127.0.0.1:" + port);
-  u.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
-  u.send(zmq::buffer(junk, sizeof junk), zmq::send_flags::none);
+  test::send_raw(u, chunk, {zmq::buffer(junk, sizeof junk)});
   unsigned char trailer[net::kTrailerBytes] = {};
   for (int i = 0; i < 8; ++i) trailer[i] = static_cast<unsigned char>(id >> (8 * i));  // the job, sender node 0
   trailer[12] = 0xff;  // a counter far ahead
   trailer[19] = 0x7f;
-  u.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
-  u.send(zmq::buffer(junk, sizeof junk), zmq::send_flags::sndmore);
-  u.send(zmq::buffer(trailer, sizeof trailer), zmq::send_flags::none);
+  test::send_raw(u, chunk, {zmq::buffer(junk, sizeof junk), zmq::buffer(trailer, sizeof trailer)});
   CHECK(b.wait_for("on the sealed port: it is no node of a job here") != "");
   // A weights request from the stranger for rank 1 (which node-b runs): no answer, the weights stay home.
   wire::header want;
@@ -488,9 +479,7 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   abort_h.job_id = id;
   const std::string reason = "reason=killed by a stranger\n";
   abort_h.payload_bytes = reason.size();
-  const auto ab = wire::encode(abort_h);
-  s.send(zmq::buffer(ab.data(), ab.size()), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(reason), zmq::send_flags::none);
+  test::send_raw(s, abort_h, {zmq::buffer(reason)});
 
   // A stranger's pause and re-formed ring: only the job's launcher steers it.
   zmq::socket_t t(ctx, zmq::socket_type::dealer);
@@ -501,9 +490,7 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   pause.job_id = id;
   const std::string gen = "gen=1\n";
   pause.payload_bytes = gen.size();
-  const auto ph = wire::encode(pause);
-  t.send(zmq::buffer(ph.data(), ph.size()), zmq::send_flags::sndmore);
-  t.send(zmq::buffer(gen), zmq::send_flags::none);
+  test::send_raw(t, pause, {zmq::buffer(gen)});
 
   launcher.join();
   INFO(r.error);
@@ -669,9 +656,7 @@ TEST_CASE("a launcher that dies while its node sets up the job frees the node wi
     h.type = wire::msg_type::job;
     h.job_id = plan.job_id;
     h.payload_bytes = text.size();
-    const auto hb = wire::encode(h);
-    s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
-    s.send(zmq::buffer(text), zmq::send_flags::none);
+    test::send_raw(s, h, {zmq::buffer(text)});
   }
   const auto sent = std::chrono::steady_clock::now();
   // A stranger's heartbeats for that job keep nothing alive: only the job's launcher counts.

@@ -13,6 +13,7 @@
 
 #include "net/bridge.hpp"
 #include "net/seal.hpp"
+#include "tests/test_zmq.hpp"
 
 using namespace ringmaster;
 using namespace std::chrono_literals;
@@ -186,22 +187,37 @@ struct inbox {
   }
 };
 
+// A bridge with keys (accepting no CURVE client) and a sealed listener on loopback, collecting what it gets.
+struct sealed_server {
+  net::key_pair keys = fresh_keys();
+  inbox got;  // before the bridge, whose thread hands it messages until the bridge goes
+  std::unique_ptr<net::bridge> br;
+  std::string endpoint;  // the sealed listener's
+  explicit sealed_server(int max_connections = 0) {
+    net::bridge_options o;
+    o.keys = keys;
+    o.authorize = [](const std::string&) { return false; };
+    o.sealed_listener = true;
+    o.max_connections = max_connections;
+    br = std::make_unique<net::bridge>(o);
+    got.attach(*br);
+    std::string err;
+    REQUIRE(br->start("tcp://127.0.0.1:0", &err));
+    REQUIRE(br->sealed_port() > 0);
+    endpoint = "tcp://127.0.0.1:" + std::to_string(br->sealed_port());
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a bridge's sealed listener takes what a registered pair sealed, named by its key, and drops the rest") {
-  const auto a = fresh_keys(), b = fresh_keys();
+  sealed_server server;
+  net::bridge& bb = *server.br;
+  inbox& at_b = server.got;
+  const std::string& sealed_ep = server.endpoint;
+  const auto a = fresh_keys(), b = server.keys;
   const std::string salt = net::make_seal_salt();
-  net::bridge_options ob;
-  ob.keys = b;
-  ob.authorize = [](const std::string&) { return false; };
-  ob.sealed_listener = true;
-  net::bridge bb(ob);
-  inbox at_b;
-  at_b.attach(bb);
   std::string err;
-  REQUIRE(bb.start("tcp://127.0.0.1:0", &err));
-  REQUIRE(bb.sealed_port() > 0);
-  const std::string sealed_ep = "tcp://127.0.0.1:" + std::to_string(bb.sealed_port());
   bb.add_opener(9, 0, std::make_shared<net::opener>(derive(b, a.public_key, salt, 9, 1, 0), 9, 0), a.public_key);
 
   net::bridge_options oa;
@@ -250,11 +266,8 @@ TEST_CASE("a bridge's sealed listener takes what a registered pair sealed, named
     j.job_id = 9;
     j.elements = 4;
     j.payload_bytes = 16;
-    const auto jb = wire::encode(j);
     unsigned char tr[net::kTrailerBytes] = {9};
-    t.send(zmq::buffer(jb.data(), jb.size()), zmq::send_flags::sndmore);
-    t.send(zmq::buffer(junk, sizeof junk), zmq::send_flags::sndmore);
-    t.send(zmq::buffer(tr, sizeof tr), zmq::send_flags::none);
+    test::send_raw(t, j, {zmq::buffer(junk, sizeof junk), zmq::buffer(tr, sizeof tr)});
   }
   REQUIRE(at_b.wait([&] { return !at_b.errors.empty(); }));
   std::this_thread::sleep_for(500ms);  // both keep trying
@@ -280,19 +293,13 @@ TEST_CASE("a bridge's sealed listener takes what a registered pair sealed, named
   h.sender_rank = 0;
   h.elements = 4;
   h.payload_bytes = 16;
-  const auto hb = wire::encode(h);
   const float junk[4] = {1e30f, 1e30f, 1e30f, 1e30f};
-  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(junk, sizeof junk), zmq::send_flags::none);  // no trailer
-  unsigned char trailer[net::kTrailerBytes] = {9};                   // job 9, sender 0, counter 0, no real tag
+  test::send_raw(s, h, {zmq::buffer(junk, sizeof junk)});  // no trailer
+  unsigned char trailer[net::kTrailerBytes] = {9};          // job 9, sender 0, counter 0, no real tag
   trailer[12] = 200;
-  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(junk, sizeof junk), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(trailer, sizeof trailer), zmq::send_flags::none);
+  test::send_raw(s, h, {zmq::buffer(junk, sizeof junk), zmq::buffer(trailer, sizeof trailer)});
   trailer[8] = 3;  // sender 3: not a registered pair
-  s.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(junk, sizeof junk), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(trailer, sizeof trailer), zmq::send_flags::none);
+  test::send_raw(s, h, {zmq::buffer(junk, sizeof junk), zmq::buffer(trailer, sizeof trailer)});
   REQUIRE(at_b.wait([&] { return at_b.errors.size() >= 3; }));
   {
     std::lock_guard<std::mutex> lock(at_b.mu);
@@ -318,19 +325,10 @@ TEST_CASE("a bridge's sealed listener takes what a registered pair sealed, named
 }
 
 TEST_CASE("a bridge's sealed port holds its connections to max_connections, as its listener does") {
-  const auto b = fresh_keys();
-  net::bridge_options ob;
-  ob.keys = b;
-  ob.authorize = [](const std::string&) { return false; };
-  ob.sealed_listener = true;
-  ob.max_connections = 2;
-  net::bridge bb(ob);
-  inbox at_b;
-  at_b.attach(bb);
-  std::string err;
-  REQUIRE(bb.start("tcp://127.0.0.1:0", &err));
-  REQUIRE(bb.sealed_port() > 0);
-  const auto a = fresh_keys();
+  sealed_server server(2);
+  net::bridge& bb = *server.br;
+  inbox& at_b = server.got;
+  const auto a = fresh_keys(), b = server.keys;
   const std::string salt = net::make_seal_salt();
   const auto key = derive(b, a.public_key, salt, 9, 1, 0);
   bb.add_opener(9, 0, std::make_shared<net::opener>(key, 9, 0), a.public_key);
