@@ -72,7 +72,8 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("data", po::value(&o.data_dir)->default_value(o.data_dir), "this node's copy of the data (IDX files)")
       ("key-dir", po::value(&o.key_dir), "this node's key, key.pub and authorized_keys (default ~/.ringmaster; made on first use)")
       ("insecure", po::bool_switch(&o.insecure), "no keys and no encryption: anyone who reaches the port can command this node")
-      ("max-connections", po::value(&o.max_connections)->default_value(o.max_connections), "clients connected at once; more are refused at the handshake");
+      ("max-connections", po::value(&o.max_connections)->default_value(o.max_connections), "clients connected at once; more are refused at the handshake")
+      ("sealed-port", po::value(&o.sealed_port)->default_value(o.sealed_port), "the port other nodes send ring chunks to, sealed with AES-256-GCM, on the --listen host (open it in a firewall); 0: any free port");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc > 0 ? argc : 1, argv).options(desc).run(), vm);
@@ -105,6 +106,10 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
 
   if (o.max_connections < 1) {
     std::fprintf(stderr, "%s: --max-connections must be at least 1\n", prog.c_str());
+    return 2;
+  }
+  if (o.sealed_port < 0 || o.sealed_port > 65535) {
+    std::fprintf(stderr, "%s: --sealed-port must be a port number, 0-65535 (0: any free port)\n", prog.c_str());
     return 2;
   }
   // Every connection holds a file descriptor: take all the system allows us (the soft limit is often 1024).

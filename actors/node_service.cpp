@@ -122,6 +122,7 @@ struct node_service::impl {
     bo.max_connections = opt.max_connections;
     bo.authorize = [this](const std::string& key) { return authorized_key(key); };
     bo.sealed_listener = true;  // ring chunks from other nodes, sealed with the keys we share with them
+    bo.sealed_port = opt.sealed_port;
     return bo;
   }
 
@@ -377,7 +378,9 @@ bool node_service::start(std::string* error) {
     while (!d->stop_cv.wait_for(lock, d->opt.heartbeat, [d] { return d->stopping; }))
       d->br.post([d] { d->tick(); });
   });
-  d->log("listening on " + d->br.endpoint() + ", offering " + d->opt.devices + ", data from " + d->opt.data_dir);
+  d->log("listening on " + d->br.endpoint() +
+         (d->br.sealed_port() ? " (sealed ring chunks on port " + std::to_string(d->br.sealed_port()) + ")" : "") +
+         ", offering " + d->opt.devices + ", data from " + d->opt.data_dir);
   if (d->opt.insecure)
     d->log("--insecure: no keys, no encryption; anyone who can reach " + d->br.endpoint() + " can command this node");
   else

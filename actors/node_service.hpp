@@ -35,6 +35,7 @@ struct node_options {
   std::string key_dir;
   bool insecure = false;
   int max_connections = 1024;  // clients at once (with keys); a job needs its launcher and a left neighbour
+  int sealed_port = 0;         // the port sealed ring chunks come to (net/seal.hpp); 0: an ephemeral one
   // From the bridge thread, which training work does not hold up: a launcher names a node silent for
   // 1.5 s lost (actors/remote_job.hpp).
   std::chrono::milliseconds heartbeat{100};

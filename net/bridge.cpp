@@ -444,9 +444,10 @@ struct bridge::impl {
     return true;
   }
 
-  // The sealed listener: plain ZeroMQ on an ephemeral port of the listener's address. Without it (a bind
-  // that fails) peers send over CurveZMQ, which is slower but as safe.
-  void bind_sealed_listener() {
+  // The sealed listener: plain ZeroMQ on opt.sealed_port (or an ephemeral port) of the listener's address.
+  // An ephemeral one that cannot be bound is done without: peers send over CurveZMQ, slower but as safe.
+  // False with *error only when the port asked for cannot be bound.
+  bool bind_sealed_listener(std::string* error) {
     const std::string ep = listener.endpoint;
     const size_t colon = ep.rfind(':');
     connection c;
@@ -459,10 +460,12 @@ struct bridge::impl {
     c.socket->set(zmq::sockopt::plain_server, 1);
     c.socket->set(zmq::sockopt::zap_domain, zap_handler::kSealedDomain);
     c.socket->set(zmq::sockopt::rcvhwm, 64);
+    const std::string at = ep.substr(0, colon + 1) + std::to_string(opt.sealed_port);
     try {
-      c.socket->bind(ep.substr(0, colon) + ":0");
-    } catch (const zmq::error_t&) {
-      return;
+      c.socket->bind(at);
+    } catch (const zmq::error_t& e) {
+      if (opt.sealed_port == 0) return true;
+      return fail(error, at + " (the sealed port): " + (e.num() == EADDRINUSE ? std::string("address already in use") : e.what()));
     }
     sealed_monitor = socket_monitor::attach(*ctx, *c.socket, "inproc://ringmaster-sealed-listener",
                                             ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED);
@@ -472,6 +475,7 @@ struct bridge::impl {
     c.fd = c.socket->get(zmq::sockopt::fd);
     peers.push_back(std::move(c));
     sealed_listener = int(peers.size() - 1);
+    return true;
   }
 
   // Reads one whole multipart message. Returns false when nothing is waiting.
@@ -791,7 +795,15 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
       d_->endpoint = d_->listener.socket->get(zmq::sockopt::last_endpoint);
       d_->listener.endpoint = d_->endpoint;
     }
-    if (keys && d_->opt.sealed_listener && d_->endpoint.rfind("tcp://", 0) == 0) d_->bind_sealed_listener();
+    if (keys && d_->opt.sealed_listener && d_->endpoint.rfind("tcp://", 0) == 0 && !d_->bind_sealed_listener(error)) {
+      d_->sealed_monitor.reset();
+      d_->peers.clear();
+      d_->listen_monitor.reset();
+      d_->listener.socket.reset();
+      d_->zap.reset();
+      d_->ctx.reset();
+      return false;
+    }
   } catch (const zmq::error_t& e) {
     d_->listen_monitor.reset();
     d_->listener.socket.reset();

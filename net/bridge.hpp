@@ -97,6 +97,7 @@ struct bridge_options {
   // (net/seal.hpp: AES-256-GCM, several times faster than CurveZMQ). Ring chunks between nodes go there.
   // Clients log in with a registered pair's token (ZeroMQ PLAIN) and count towards max_connections.
   bool sealed_listener = false;
+  int sealed_port = 0;  // its port (for a firewall); 0: an ephemeral one. A fixed port that is taken fails start()
 };
 
 class bridge {

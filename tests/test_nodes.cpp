@@ -382,6 +382,31 @@ std::string sealed_port_of(const std::string& endpoint) {
 
 }  // namespace
 
+TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to; a taken or bad one is a clear error", "[nodes][keys]") {
+  const int port = test::free_port();
+  test::daemon_process a({RINGMASTER_NODE_BIN, "--sealed-port", std::to_string(port)}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR);
+  test::daemon_process b({RINGMASTER_NODE_BIN}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR);
+  std::this_thread::sleep_for(300ms);
+  CHECK(sealed_port_of(a.endpoint) == std::to_string(port));  // what its hello_ack tells launchers
+  // The two train together, a's chunks coming in on that port.
+  remote_options ro;
+  ro.nodes = {a.endpoint, b.endpoint};
+  ro.limit_train = 600;
+  ro.limit_test = 100;
+  train_result r = train_remote(small_job(), ro);
+  INFO(r.error);
+  CHECK(r.ok);
+  CHECK(r.identical);
+
+  const test::run_result taken = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
+                                           " --sealed-port " + std::to_string(port));
+  CHECK(taken.status == 1);
+  CHECK(taken.out.find(":" + std::to_string(port) + " (the sealed port): address already in use") != std::string::npos);
+  const test::run_result bad = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --sealed-port 70000");
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("--sealed-port must be a port number") != std::string::npos);
+}
+
 TEST_CASE("a node names the bad field of a plan, tells a stranger only that it is busy, and takes no chunk from a stranger",
           "[nodes]") {
   logged_node a("node-a"), b("node-b");
@@ -784,6 +809,9 @@ TEST_CASE("keys: nodes with keys of their own train together, each trusting the 
   INFO(r.error);
   REQUIRE(r.ok);
   CHECK(r.identical);
+  // Their ring chunks went sealed, each pair under the key only its two nodes can derive.
+  for (int i = 0; i < 3; ++i)
+    CHECK(nodes[size_t(i)]->wait_for("ring chunks to node " + ro.nodes[size_t((i + 1) % 3)] + " sealed (AES-256-GCM)") != "");
   // Between jobs a node's key is no key to the others: node 1 cannot command node 0.
   net::key_pair k1;
   REQUIRE(net::load_or_create_keys(dir + "/node1", &k1, &err));
