@@ -28,9 +28,10 @@ struct key_pair {
 
 // Whether this libzmq was built with CurveZMQ (Debian's is, through libsodium).
 bool curve_available();
-// A well-formed Z85 key: 40 characters of the Z85 alphabet, each group of 5 below 2^32. Inline and free
-// of libzmq, so the job plan's decoder (and its fuzzer) can check keys without linking it.
-inline bool is_key(std::string_view text) {
+// A well-formed Z85 key: 40 characters of the Z85 alphabet, each group of 5 below 2^32; its 32 bytes go
+// to `out` when given. Inline and free of libzmq, so the job plan's decoder and net/seal.cpp (and their
+// fuzzers) can read keys without linking it.
+inline bool decode_key(std::string_view text, unsigned char* out = nullptr) {
   constexpr std::string_view z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
   if (text.size() != kKeyChars) return false;
   for (size_t g = 0; g < kKeyChars; g += 5) {
@@ -41,9 +42,11 @@ inline bool is_key(std::string_view text) {
       value = value * 85 + digit;
     }
     if (value >> 32) return false;
+    for (int b = 0; out && b < 4; ++b) out[g / 5 * 4 + size_t(b)] = static_cast<unsigned char>(value >> (24 - 8 * b));
   }
   return true;
 }
+inline bool is_key(std::string_view text) { return decode_key(text); }
 // $HOME/.ringmaster ("./.ringmaster" without a HOME).
 std::string default_key_dir();
 

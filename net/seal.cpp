@@ -7,7 +7,6 @@
 
 #include <climits>
 #include <cstring>
-#include <zmq.h>
 
 namespace ringmaster::net {
 namespace {
@@ -36,10 +35,6 @@ uint64_t get_u64(const unsigned char* p) {
 bool fail(std::string* error, std::string what) {
   if (error) *error = std::move(what);
   return false;
-}
-
-bool decode_key(const std::string& z85, unsigned char out[32]) {
-  return is_key(z85) && zmq_z85_decode(out, z85.c_str()) != nullptr;
 }
 
 std::string to_hex(const unsigned char* p, size_t n) {

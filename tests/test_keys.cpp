@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -270,6 +271,13 @@ TEST_CASE("a bridge with a connection limit refuses clients over it at the hands
 TEST_CASE("is_key agrees with libzmq's Z85 decoder") {
   const auto k = fresh_keys();
   CHECK(net::is_key(k.public_key));
+  for (int i = 0; i < 20; ++i) {  // and decode_key gives libzmq's bytes
+    const auto pair = fresh_keys();
+    uint8_t ours[32], theirs[32];
+    REQUIRE(net::decode_key(pair.secret_key, ours));
+    REQUIRE(zmq_z85_decode(theirs, pair.secret_key.c_str()) != nullptr);
+    CHECK(std::memcmp(ours, theirs, 32) == 0);
+  }
   std::string big(40, '#');  // '#' is 84: every group is 85^5 - 1, over 2^32
   uint8_t out[32];
   CHECK_FALSE(net::is_key(big));

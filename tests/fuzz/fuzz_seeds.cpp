@@ -1,5 +1,5 @@
 // Writes the seed inputs of the harnesses, made by the code they fuzz so that they follow the formats as
-// they are now: fuzz_seeds DIR writes DIR/frames, DIR/job, DIR/idx and DIR/safetensors (tools/fuzz.sh
+// they are now: fuzz_seeds DIR writes DIR/frames, DIR/job, DIR/sealed, DIR/idx and DIR/safetensors (tools/fuzz.sh
 // runs it after building).
 #include <zlib.h>
 
@@ -99,6 +99,24 @@ void job(const fs::path& dir) {
   p.job_id = 12345;
   p.recipient = 1;
   put(dir, "nodes", of(to_json(p)));
+  // With keys: every node's public key and sealed port, and the job's seal salt.
+  p.nodes[0].key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";
+  p.nodes[1].key = "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID";
+  p.nodes[0].sealed_port = 40001;
+  p.nodes[1].sealed_port = 40002;
+  p.seal_salt = std::string(64, 'a');
+  require(validate(p, &err), "a plan with keys validates", err);
+  put(dir, "nodes-keys", of(to_json(p)));
+}
+
+// fuzz_sealed's input: mode byte, split bytes, then the bytes (tests/fuzz/fuzz_sealed.cpp).
+void sealed(const fs::path& dir) {
+  put(dir, "roundtrip", bytes{0, 56, 20, 3, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'});
+  bytes forged = {1, 56, 36};
+  const wire::header_bytes hb = wire::encode(wire::header{});
+  forged.insert(forged.end(), hb.begin(), hb.end());
+  forged.insert(forged.end(), 36, 0);
+  put(dir, "forged", forged);
 }
 
 bytes idx(std::vector<uint32_t> dims, uint8_t fill) {
@@ -171,6 +189,7 @@ int main(int argc, char** argv) {
   const fs::path dir = argv[1];
   frames(dir / "frames");
   job(dir / "job");
+  sealed(dir / "sealed");
   idx_seeds(dir / "idx");
   safetensors(dir / "safetensors");
   return 0;
