@@ -382,7 +382,7 @@ std::string sealed_port_of(const std::string& endpoint) {
 
 }  // namespace
 
-TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to; a taken or bad one is a clear error", "[nodes][keys]") {
+TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to, a taken or bad one is a clear error", "[nodes][keys]") {
   const int port = test::free_port();
   test::daemon_process a({RINGMASTER_NODE_BIN, "--sealed-port", std::to_string(port)}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR);
   test::daemon_process b({RINGMASTER_NODE_BIN}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR);
