@@ -1,0 +1,174 @@
+// The bridge's insides (net/bridge.hpp), shared by its two halves: net/bridge.cpp (set-up, the public
+// calls, who may connect) and net/bridge_io.cpp (building, sending and receiving messages, the poll loop).
+// Private to them: nothing else includes it.
+#pragma once
+#include "net/bridge.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <zmq.hpp>
+
+#include "net/curve.hpp"
+#include "net/seal.hpp"
+
+namespace ringmaster::net {
+namespace detail {
+
+inline thread_local bool t_bridge_thread = false;
+
+// A message built and waiting for its socket to accept it (high-water mark reached).
+struct pending {
+  zmq::message_t identity;  // ROUTER only
+  zmq::message_t header;
+  zmq::message_t body;
+  zmq::message_t trailer;  // sealed connections (net/seal.hpp)
+  bool has_body = false, has_trailer = false;
+};
+
+struct connection {
+  std::unique_ptr<zmq::socket_t> socket;  // null once disconnected
+  std::string endpoint;
+  std::deque<pending> backlog;
+  int fd = -1;         // ZMQ_FD: readable when the socket has news for us
+  bool dirty = true;   // used since last drained: may hold messages ZMQ_FD will not announce again
+  // With keys (connections only): the server's key, and a monitor telling us why a handshake failed.
+  std::string server_key;
+  std::unique_ptr<socket_monitor> monitor;
+  int failed_handshakes = 0;  // since the last one that succeeded; reported once
+  bool routed = false;           // a listening ROUTER: messages carry the client's routing id first
+  std::shared_ptr<sealer> seal;  // a sealed connection: every message sent is sealed with it
+};
+
+// A pair whose sealed messages our sealed listener takes, and the node key they prove.
+struct sealed_pair {
+  std::shared_ptr<opener> open;
+  std::string who;
+};
+
+inline constexpr size_t kMaxRefusedKeys = 1024;  // remembered to report each stranger once, bounded
+
+inline std::string default_name() {
+  char host[256] = "host";
+  gethostname(host, sizeof host - 1);
+  std::random_device rd;
+  char b[320];
+  std::snprintf(b, sizeof b, "%s:%d:%08x%08x", host, int(getpid()), rd(), rd());
+  return b;
+}
+
+inline void release_owner(void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }
+
+inline bool fail(std::string* error, std::string what) {
+  if (error) *error = std::move(what);
+  return false;
+}
+
+}  // namespace detail
+using namespace detail;
+
+struct bridge::impl {
+  bridge_options opt;
+  message_handler on_message;
+  error_handler on_error;
+
+  // Shared with other threads, under mu.
+  mutable std::mutex mu;
+  bool running = false;
+  bool wake_pending = false;
+  std::deque<std::function<void()>> queue;
+  std::string endpoint;
+
+  std::atomic<std::thread::id> tid{};
+  std::atomic<uint64_t> dropped{0};
+  std::atomic<bool> quit{false};
+  int wake_fd = -1;
+  std::thread thread;
+
+  // Bridge thread only (created in start() before the thread exists).
+  std::unique_ptr<zmq::context_t> ctx;
+  connection listener;  // the ROUTER; socket null without a listen endpoint
+  std::vector<connection> peers;
+  std::unique_ptr<zap_handler> zap;  // with keys and a listening socket
+  // opt.sealed_listener: the plain ROUTER taking sealed messages (an entry of peers, so that it is
+  // polled and served like one), its port, and the pairs it takes messages from.
+  int sealed_listener = -1;
+  int sealed_port = 0;
+  std::unique_ptr<socket_monitor> sealed_monitor;  // its connections open now
+  int sealed_connections = 0;
+  std::map<std::pair<uint64_t, uint32_t>, sealed_pair> openers;
+  std::set<std::string> refused;  // client keys already reported as refused
+  int monitors = 0;               // monitors made so far: each gets its own inproc name
+  // The listener's monitor (with keys): connections open now, and failures to accept one.
+  std::unique_ptr<socket_monitor> listen_monitor;
+  int open_connections = 0;
+  uint64_t accept_failures = 0, overloaded_refusals = 0;
+  std::chrono::steady_clock::time_point last_overload_report{};
+
+
+  // At most one overload report a minute, saying how often it happened since the last one.
+  void report_overload(const std::string& what);
+  // ACCEPTED and DISCONNECTED keep the count of open connections; ACCEPT_FAILED is a lack of file
+  // descriptors (libzmq retries the accept at once, in its I/O thread, until one is free: we can only
+  // say so, once, and refuse clients at the handshake so that their connections close).
+  void serve_listen_monitor();
+  void report(fault kind, peer_info from, std::string message);
+  void set_common_options(zmq::socket_t& s);
+  // With a sealer, the payload is encrypted into a new frame (it would be copied by CurveZMQ anyway) and a
+  // trailer frame follows. False if sealing failed.
+  bool build(const wire::header& h, payload& p, sealer* seal, pending* out);
+  // One non-blocking attempt. ZeroMQ takes a multipart message whole or not at all (the high-water mark
+  // is checked on the first frame), so EAGAIN on the first frame leaves nothing half-sent.
+  // Returns 1 sent, 0 would block, -1 failed (errno).
+  static int try_send(zmq::socket_t& s, pending& m, bool routed);
+  void send_now(connection& c, pending m, bool routed, const peer_info& to);
+  void flush(zmq::socket_t& s, std::deque<pending>& backlog, bool routed);
+  void do_send(int peer, const wire::header& h, payload p);
+  void do_reply(const peer_info& to, const wire::header& h, payload p);
+  int do_connect(const std::string& ep, const std::string& server_key, std::shared_ptr<sealer> seal, std::string* error);
+  zap_handler::verdict admit(const zap_handler::request& r);
+  // A client of the sealed listener logs in as a pair we expect ("JOB:SENDER") with its token.
+  zap_handler::verdict admit_sealed(const std::string& user, const std::string& token, const std::string& address);
+  // Who may finish a handshake on our listening socket: a client whose key opt.authorize accepts,
+  // while there is room.
+  zap_handler::verdict admit(const std::string& key, const std::string& address);
+  // A connection's handshake news: a server that refuses our key says so (ZAP status 400); one that
+  // cannot read our hello (it holds another key, or runs without keys) just hangs up, again and again.
+  void serve_monitor(int id);
+  // A message on the sealed listener: [identity] header [payload] trailer. Finds the pair from the trailer,
+  // checks the tag and the counter and decrypts the payload in place; from->key becomes the node key the
+  // pair's key proves.
+  bool open_sealed(std::vector<zmq::message_t>& parts, size_t count, peer_info* from, std::string* error);
+  // The sealed listener: plain ZeroMQ on opt.sealed_port (or an ephemeral port) of the listener's address.
+  // An ephemeral one that cannot be bound is done without: peers send over CurveZMQ, slower but as safe.
+  // False with *error only when the port asked for cannot be bound.
+  bool bind_sealed_listener(std::string* error);
+  // Reads one whole multipart message. Returns false when nothing is waiting.
+  bool receive_one(connection& c, int peer);
+  // Work other threads queued and the bridge thread has not run yet. What the bridge thread itself sends
+  // then goes behind it, so sends to one peer leave in the order they were made, whichever thread made
+  // them (a ring's rounds depend on it).
+  bool queued_ahead();
+  // One item at a time, so that what is still queued stays visible to queued_ahead() while an item runs.
+  // A bounded batch: sockets are polled again in between, however fast other threads post.
+  void run_queue();
+  connection* conn(int id);
+  // Sends what waits and reads what has come, a bounded batch so one busy peer cannot starve the
+  // others. Leaves the connection dirty if it stopped early, so the loop comes back without sleeping.
+  void serve(int id);
+  // poll() on the sockets' ZMQ_FDs and the wake-up eventfd. ZMQ_FD only announces changes, so a
+  // socket is served until it reports "nothing more" (a recv that would block, which also re-arms its
+  // ZMQ_FD) before the thread may sleep. This costs a few system calls per message where zmq_poll
+  // spends about ten (two passes, each asking every socket for ZMQ_EVENTS); small all-reduces are
+  // dominated by such costs.
+  void loop();
+};
+
+}  // namespace ringmaster::net

@@ -1,0 +1,408 @@
+// The bridge's messages: building, sending, receiving and checking them, and the poll loop of its thread.
+#include <poll.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "net/bridge_impl.hpp"
+
+namespace ringmaster::net {
+
+bool bridge::impl::build(const wire::header& h, payload& p, sealer* seal, pending* out) {
+  pending& m = *out;
+  const wire::header_bytes hb = wire::encode(h);
+  m.header = zmq::message_t(hb.data(), hb.size());
+  if (seal) {
+    m.has_body = p.size > 0;
+    if (m.has_body) m.body = zmq::message_t(p.size);
+    m.trailer = zmq::message_t(kTrailerBytes);
+    m.has_trailer = true;
+    return seal->seal(hb.data(), hb.size(), p.data, m.has_body ? m.body.data() : nullptr, p.size,
+                      static_cast<unsigned char*>(m.trailer.data()));
+  }
+  if (p.size) {
+    m.has_body = true;
+    if (p.size < opt.copy_below || !p.owner) {
+      m.body = zmq::message_t(p.data, p.size);
+    } else {
+      auto* hint = new std::shared_ptr<const void>(std::move(p.owner));
+      m.body = zmq::message_t(const_cast<void*>(p.data), p.size, release_owner, hint);
+    }
+  }
+  return true;
+}
+
+int bridge::impl::try_send(zmq::socket_t& s, pending& m, bool routed) {
+  const auto more = zmq::send_flags::dontwait | zmq::send_flags::sndmore;
+  const auto last = zmq::send_flags::dontwait;
+  try {
+    if (routed) {
+      if (!s.send(m.identity, more)) return 0;
+      // Past the identity frame the message is committed; the rest cannot block.
+      s.send(m.header, m.has_body || m.has_trailer ? more : last);
+    } else if (!s.send(m.header, m.has_body || m.has_trailer ? more : last)) {
+      return 0;
+    }
+    if (m.has_body) s.send(m.body, m.has_trailer ? more : last);
+    if (m.has_trailer) s.send(m.trailer, last);
+    return 1;
+  } catch (const zmq::error_t& e) {
+    errno = e.num();
+    return -1;
+  }
+}
+
+void bridge::impl::send_now(connection& c, pending m, bool routed, const peer_info& to) {
+  c.dirty = true;  // a send may consume the socket's notifications: look at it before sleeping
+  if (!c.backlog.empty()) {  // keep the order: behind what is already waiting
+    c.backlog.push_back(std::move(m));
+    return;
+  }
+  const int rc = try_send(*c.socket, m, routed);
+  if (rc == 0) c.backlog.push_back(std::move(m));
+  if (rc < 0) {
+    const int err = errno;
+    report(fault::send_failed, to,
+           (routed ? "reply to '" + to.identity + "'" : "send to peer " + std::to_string(to.peer)) + ": " +
+               (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)));
+  }
+}
+
+void bridge::impl::flush(zmq::socket_t& s, std::deque<pending>& backlog, bool routed) {
+  while (!backlog.empty()) {
+    const int rc = try_send(s, backlog.front(), routed);
+    if (rc == 0) return;
+    if (rc < 0) report(fault::send_failed, {}, std::string("queued send: ") + zmq_strerror(errno));
+    backlog.pop_front();
+  }
+}
+
+void bridge::impl::do_send(int peer, const wire::header& h, payload p) {
+  peer_info to;
+  to.peer = peer;
+  if (peer < 0 || size_t(peer) >= peers.size() || !peers[peer].socket || peers[peer].routed) {
+    report(fault::send_failed, to, "send to unknown or closed peer " + std::to_string(peer));
+    return;
+  }
+  if (peers[peer].seal && p.size > kMaxSealedPayload)
+    return report(fault::send_failed, to, "a sealed message of " + std::to_string(p.size) + " bytes, over the sealed port's " +
+                                              std::to_string(kMaxSealedPayload));
+  pending m;
+  if (!build(h, p, peers[peer].seal.get(), &m)) return report(fault::send_failed, to, "sealing a message failed");
+  send_now(peers[peer], std::move(m), false, to);
+}
+
+void bridge::impl::do_reply(const peer_info& to, const wire::header& h, payload p) {
+  if (to.peer >= 0) return do_send(to.peer, h, std::move(p));
+  if (!listener.socket) return report(fault::send_failed, to, "reply by identity without a listening socket");
+  pending m;
+  build(h, p, nullptr, &m);
+  m.identity = zmq::message_t(to.identity.data(), to.identity.size());
+  send_now(listener, std::move(m), true, to);
+}
+
+int bridge::impl::do_connect(const std::string& ep, const std::string& server_key, std::shared_ptr<sealer> seal, std::string* error) {
+  if (!seal && !opt.keys.empty() && !is_key(server_key)) {
+    fail(error, ep + ": no public key for it (links are encrypted; give its key, or --insecure on both sides)");
+    return -1;
+  }
+  try {
+    connection c;
+    c.socket = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
+    zmq::socket_t& s = *c.socket;
+    set_common_options(s);
+    if (seal) {  // plain ZeroMQ: the messages are sealed, and a routing id on it would prove nothing
+      s.set(zmq::sockopt::plain_username, seal->user());
+      s.set(zmq::sockopt::plain_password, seal->token());
+      s.set(zmq::sockopt::maxmsgsize, int64_t(64));  // nothing is meant to come back: little may
+      s.set(zmq::sockopt::rcvhwm, 16);
+      c.seal = std::move(seal);
+    } else {
+      s.set(zmq::sockopt::routing_id, opt.name);
+    }
+    if (!opt.keys.empty()) {
+      if (!c.seal) {
+        s.set(zmq::sockopt::curve_serverkey, server_key);
+        s.set(zmq::sockopt::curve_publickey, opt.keys.public_key);
+        s.set(zmq::sockopt::curve_secretkey, opt.keys.secret_key);
+        c.server_key = server_key;
+      }
+      // Why a handshake fails is known only to the socket's monitor: a refused key must not look like
+      // a node that is not running.
+      const std::string mon = "inproc://ringmaster-monitor-" + std::to_string(monitors++);
+      const int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                         ZMQ_EVENT_DISCONNECTED;
+      c.monitor = socket_monitor::attach(*ctx, s, mon, events);
+    }
+    // No ZMQ_IMMEDIATE: a hello sent before the peer has bound waits in the queue and goes out when the
+    // (automatic, repeated) connection succeeds, so start-up order does not matter.
+    s.connect(ep);
+    c.fd = s.get(zmq::sockopt::fd);
+    c.endpoint = ep;
+    peers.push_back(std::move(c));
+    return int(peers.size() - 1);
+  } catch (const zmq::error_t& e) {
+    fail(error, ep + ": " + e.what());
+    return -1;
+  }
+}
+
+bool bridge::impl::open_sealed(std::vector<zmq::message_t>& parts, size_t count, peer_info* from, std::string* error) {
+  if (count < 3 || count > 4) return fail(error, std::to_string(count - 1) + " frames, expected 2 or 3");
+  trailer t;
+  zmq::message_t& last = parts[count - 1];
+  if (!read_trailer(last.data(), last.size(), &t)) return fail(error, "no trailer");
+  if (parts[1].size() != wire::kHeaderSize) return fail(error, "a header of " + std::to_string(parts[1].size()) + " bytes");
+  auto it = openers.find({t.job, t.sender});
+  if (it == openers.end())
+    return fail(error, "from node " + std::to_string(t.sender) + " of job " + std::to_string(t.job) + ", which we do not expect");
+  zmq::message_t* body = count == 4 ? &parts[2] : nullptr;
+  if (!it->second.open->open(parts[1].data(), parts[1].size(), body ? body->data() : nullptr, body ? body->size() : 0,
+                             last.data(), error))
+    return false;
+  from->key = it->second.who;
+  from->sealed = true;
+  from->sealed_sender = int(t.sender);
+  return true;
+}
+
+bool bridge::impl::receive_one(connection& c, int peer) {
+  zmq::socket_t& s = *c.socket;
+  const bool routed = c.routed;
+  const bool sealed = peer >= 0 && peer == sealed_listener;
+  std::vector<zmq::message_t> parts;
+  size_t count = 0;
+  for (;;) {
+    zmq::message_t m;
+    try {
+      if (!s.recv(m, count == 0 ? zmq::recv_flags::dontwait : zmq::recv_flags::none)) return false;
+    } catch (const zmq::error_t&) {
+      return false;
+    }
+    const bool more = m.more();
+    if (++count <= 4) parts.push_back(std::move(m));  // anything longer is dropped anyway
+    if (!more) break;
+  }
+  if (c.seal) {  // a sealed connection only sends: whatever its server says is not to be trusted
+    dropped.fetch_add(1);
+    return true;
+  }
+  peer_info from;
+  from.peer = routed ? -1 : peer;
+  size_t first = 0;
+  if (routed) {
+    from.identity.assign(parts[0].data<char>(), parts[0].size());
+    first = 1;
+    // The key the client proved it holds (our ZAP handler made it the User-Id); absent without keys.
+    if (!sealed && !opt.keys.empty() && parts.size() > 1)
+      if (const char* user = zmq_msg_gets(parts[1].handle(), "User-Id")) from.key = user;
+  } else {
+    from.key = c.server_key;
+  }
+  size_t frames = count - first;
+  if (sealed) {  // nothing unauthenticated goes further than the trailer
+    std::string err;
+    if (!open_sealed(parts, count, &from, &err)) {
+      report(fault::malformed, from, "sealed message: " + err);
+      return true;
+    }
+    --frames;
+  }
+  wire::frame f[2];
+  for (size_t i = 0; i < frames && i < 2; ++i) f[i] = {parts[first + i].data(), parts[first + i].size()};
+  wire::header h;
+  std::string err;
+  switch (wire::check_message(f, frames, &h, &err)) {
+    case wire::verdict::accept:
+      break;
+    case wire::verdict::answer_version: {
+      if (sealed) {  // answers go out on the listener: not to a sealed connection
+        report(fault::version_mismatch, from, err);
+        return true;
+      }
+      wire::header e;
+      e.type = wire::msg_type::error;
+      do_reply(from, e, payload::copy_of(err));
+      report(fault::version_mismatch, from, err);
+      return true;
+    }
+    case wire::verdict::other_version:
+      report(fault::version_mismatch, from, err);
+      return true;
+    case wire::verdict::malformed:
+      report(fault::malformed, from, err);
+      return true;
+  }
+  payload p;
+  if (frames == 2) {
+    auto body = std::make_shared<zmq::message_t>(std::move(parts[first + 1]));
+    p.data = body->data();
+    p.size = body->size();
+    p.owner = std::move(body);
+  }
+  // ZeroMQ packs small received messages into a shared buffer at any offset; floats must be aligned
+  // (on x86 a misaligned load happens to work, but it is undefined behaviour and breaks elsewhere).
+  if (wire::is_tensor_type(h.type) && reinterpret_cast<uintptr_t>(p.data) % alignof(float) != 0) {
+    auto copy = std::make_shared<std::vector<float>>(p.size / sizeof(float));
+    std::memcpy(copy->data(), p.data, p.size);
+    p = payload::of(std::move(copy));
+  }
+  if (!on_message) return true;
+  try {
+    on_message(from, h, std::move(p));
+  } catch (const std::exception& e) {
+    report(fault::handler_failed, from, e.what());
+  } catch (...) {
+    report(fault::handler_failed, from, "unknown exception");
+  }
+  return true;
+}
+
+bool bridge::impl::queued_ahead() {
+  std::lock_guard<std::mutex> lock(mu);
+  return !queue.empty();
+}
+
+void bridge::impl::run_queue() {
+  for (int n = 0;; ++n) {
+    std::function<void()> f;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (queue.empty()) {
+        wake_pending = false;
+        return;
+      }
+      if (n == 4096) {  // come back after a poll (wake_pending stays set: posters need not write)
+        uint64_t one = 1;
+        (void)!write(wake_fd, &one, sizeof one);
+        return;
+      }
+      f = std::move(queue.front());
+      queue.pop_front();
+    }
+    f();
+  }
+}
+
+connection* bridge::impl::conn(int id) {
+  connection* c = id < 0 ? &listener : &peers[size_t(id)];
+  return c->socket ? c : nullptr;
+}
+
+void bridge::impl::serve(int id) {
+  connection* c = conn(id);
+  if (!c) return;
+  c->dirty = false;
+  if (!c->backlog.empty()) flush(*c->socket, c->backlog, c->routed);
+  for (int n = 0; n < 64; ++n) {
+    c = conn(id);  // a handler may have disconnected it
+    if (!c || !receive_one(*c, id)) return;
+  }
+  c->dirty = true;
+}
+
+void bridge::impl::loop() {
+  tid.store(std::this_thread::get_id());
+  t_bridge_thread = true;
+  std::vector<pollfd> fds;
+  // Connection of fds[i]: -1 the listener, >= 0 a peer, -2 the wake-up fd, -3 the ZAP handler,
+  // <= kMonitorBase - p peer p's monitor.
+  constexpr int kMonitorBase = -4;
+  std::vector<int> ids;
+  if (listener.socket) listener.fd = listener.socket->get(zmq::sockopt::fd);
+  while (!quit.load(std::memory_order_acquire)) {
+    bool busy = false;
+    // Served every pass (each is a few failing non-blocking reads): their ZMQ_FDs, like the sockets',
+    // announce only changes, which a pass may have consumed.
+    if (listen_monitor) serve_listen_monitor();
+    if (sealed_monitor)
+      sealed_monitor->drain([this](uint16_t what, uint32_t) {
+        if (what == ZMQ_EVENT_ACCEPTED) ++sealed_connections;
+        if (what == ZMQ_EVENT_DISCONNECTED && sealed_connections > 0) --sealed_connections;
+      });
+    if (zap) zap->serve([this](const zap_handler::request& r) { return admit(r); });
+    for (int id = 0; id < int(peers.size()); ++id)
+      if (peers[size_t(id)].monitor) serve_monitor(id);
+    for (int id = -1; id < int(peers.size()); ++id) {
+      connection* c = conn(id);
+      if (c && (c->dirty || !c->backlog.empty())) serve(id);
+      c = conn(id);
+      busy |= c && (c->dirty || !c->backlog.empty());
+    }
+    fds.clear();
+    ids.clear();
+    fds.push_back({wake_fd, POLLIN, 0});
+    ids.push_back(-2);
+    if (zap) {
+      fds.push_back({zap->fd(), POLLIN, 0});
+      ids.push_back(-3);
+    }
+    for (auto* m : {listen_monitor.get(), sealed_monitor.get()})
+      if (m) {
+        fds.push_back({m->fd(), POLLIN, 0});
+        ids.push_back(-3);
+      }
+    for (int id = 0; id < int(peers.size()); ++id)
+      if (peers[size_t(id)].monitor) {
+        fds.push_back({peers[size_t(id)].monitor->fd(), POLLIN, 0});
+        ids.push_back(kMonitorBase - id);
+      }
+    for (int id = -1; id < int(peers.size()); ++id)
+      if (connection* c = conn(id)) {
+        fds.push_back({c->fd, POLLIN, 0});
+        ids.push_back(id);
+      }
+    // A backlog waits for ZeroMQ to make room: check back soon rather than trust a notification.
+    const bool backlog_only = busy && [&] {
+      for (int id = -1; id < int(peers.size()); ++id)
+        if (connection* c = conn(id); c && c->dirty) return false;
+      return true;
+    }();
+    int timeout = busy ? (backlog_only ? 1 : 0) : -1;
+    int rc = 0;
+    if (timeout != 0 && opt.spin.count() > 0) {
+      const auto until = std::chrono::steady_clock::now() + opt.spin;
+      do rc = ::poll(fds.data(), fds.size(), 0);
+      while (rc == 0 && std::chrono::steady_clock::now() < until);
+    }
+    if (rc == 0) rc = ::poll(fds.data(), fds.size(), timeout);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      if (ids[i] == -2) {
+        uint64_t n;
+        (void)!read(wake_fd, &n, sizeof n);
+        run_queue();
+      } else if (ids[i] <= -3) {
+        // The ZAP handler and monitors are served at the top of the loop.
+      } else if (connection* c = conn(ids[i])) {
+        c->dirty = true;
+      }
+    }
+  }
+  {
+    // Also when poll() failed for good: later calls must fail rather than queue work for nobody.
+    std::lock_guard<std::mutex> lock(mu);
+    running = false;
+  }
+  // Close every socket here, on their own thread; linger 0 drops what is unsent.
+  listener.backlog.clear();
+  listener.socket.reset();
+  for (connection& c : peers) {
+    c.socket.reset();
+    c.monitor.reset();
+  }
+  peers.clear();
+  listen_monitor.reset();
+  sealed_monitor.reset();
+  sealed_listener = -1;
+  sealed_connections = 0;
+  openers.clear();
+  zap.reset();
+}
+
+}  // namespace ringmaster::net
