@@ -289,6 +289,15 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
   return true;
 }
 
+void node_job::link_failed(int peer, const std::string& why) {
+  for (auto& [endpoint, p] : peers_)
+    if (p == peer) {
+      ctx_.log("job " + std::to_string(plan_.job_id) + ": the ring's link to " + endpoint + " failed: " + why);
+      for (auto& [r, port] : ports_) fail(*port, "ring link to the next node: " + why);
+      return;
+    }
+}
+
 void node_job::heard() { last_heard_ = clock_type::now(); }
 
 void node_job::run_rank(int rank) {

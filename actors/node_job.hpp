@@ -65,6 +65,9 @@ class node_job {
   // Whether the launcher has been silent too long (it heartbeats from the moment it sends the job).
   bool launcher_gone(std::chrono::milliseconds timeout) const;
 
+  // The bridge could not make our connection `peer` (a refused key or login, a closed sealed port): if it
+  // is one of the ring's links, the ranks here fail with `why`, and so does the job.
+  void link_failed(int peer, const std::string& why);
   // A chunk from another node for the rank after its sender.
   void route_chunk(const net::peer_info& from, const wire::header& h, net::payload p);
   // Whether chunks with this job field belong to the ring the job runs now (none while paused).

@@ -367,7 +367,11 @@ bool node_service::start(std::string* error) {
   d->br.set_handler([d](const net::peer_info& from, const wire::header& h, net::payload p) {
     d->on_message(from, h, std::move(p));
   });
-  d->br.set_error_handler([d](const net::bridge_error& e) { d->log_fault(e); });
+  d->br.set_error_handler([d](const net::bridge_error& e) {
+    d->log_fault(e);
+    // A link of the ring that cannot be made fails the job now, naming why, not at the ring's watchdog.
+    if (e.kind == net::fault::handshake_failed && d->job) d->job->link_failed(e.from.peer, e.message);
+  });
   const size_t authorized = d->authorized.size();  // before the bridge thread may read the file again
   if (!d->br.start(d->opt.listen, error)) {
     d->sys.reset();

@@ -144,9 +144,17 @@ void bridge::impl::serve_monitor(int id) {
       c.failed_handshakes = 0;
       return;
     }
-    if (c.failed_handshakes < 0) return;  // reported already
     peer_info from;
     from.peer = id;
+    // A sealed port belongs to a node that is up (it answered the launcher): one that refuses connections
+    // for ~2 s (libzmq retries every 100 ms) is closed, a firewall say, and waiting longer will not help.
+    if (what == ZMQ_EVENT_CONNECTED) c.refused_connects = 0;
+    if (what == ZMQ_EVENT_CONNECT_RETRIED && ++c.refused_connects == kSealedConnectRetries)
+      report(fault::handshake_failed, from, "cannot reach " + c.endpoint + " (a sealed port) after " +
+                                                std::to_string(kSealedConnectRetries) +
+                                                " tries: is it open (ringmaster-node --sealed-port) in the firewall?");
+    if (what == ZMQ_EVENT_CONNECTED || what == ZMQ_EVENT_CONNECT_RETRIED) return;
+    if (c.failed_handshakes < 0) return;  // reported already
     if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
       c.failed_handshakes = -1;
       report(fault::handshake_failed, from, c.endpoint + " has too many connections open and refused ours");

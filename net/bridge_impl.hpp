@@ -43,6 +43,7 @@ struct connection {
   std::string server_key;
   std::unique_ptr<socket_monitor> monitor;
   int failed_handshakes = 0;  // since the last one that succeeded; reported once
+  int refused_connects = 0;      // sealed: connection attempts refused in a row (the port is closed)
   bool routed = false;           // a listening ROUTER: messages carry the client's routing id first
   std::shared_ptr<sealer> seal;  // a sealed connection: every message sent is sealed with it
 };
@@ -54,6 +55,7 @@ struct sealed_pair {
 };
 
 inline constexpr size_t kMaxRefusedKeys = 1024;  // remembered to report each stranger once, bounded
+inline constexpr int kSealedConnectRetries = 20;  // a sealed port refusing this many connects is reported
 
 inline std::string default_name() {
   char host[256] = "host";

@@ -132,7 +132,7 @@ int bridge::impl::do_connect(const std::string& ep, const std::string& server_ke
       const std::string mon = "inproc://ringmaster-monitor-" + std::to_string(monitors++);
       const int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
                          ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                         ZMQ_EVENT_DISCONNECTED;
+                         ZMQ_EVENT_DISCONNECTED | (c.seal ? ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED : 0);
       c.monitor = socket_monitor::attach(*ctx, s, mon, events);
     }
     // No ZMQ_IMMEDIATE: a hello sent before the peer has bound waits in the queue and goes out when the

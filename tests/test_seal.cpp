@@ -13,6 +13,7 @@
 
 #include "net/bridge.hpp"
 #include "net/seal.hpp"
+#include "tests/test_util.hpp"
 #include "tests/test_zmq.hpp"
 
 using namespace ringmaster;
@@ -347,4 +348,28 @@ TEST_CASE("a bridge's sealed port holds its connections to max_connections, as i
   CHECK(at_b.errors[0].kind == net::fault::overloaded);
   CHECK(at_b.errors[0].message.find("over the limit of 2") != std::string::npos);
   CHECK(at_b.errors.size() == 1);  // reported once a minute at most
+}
+
+TEST_CASE("a sealed connection to a closed port is reported within seconds, naming the port") {
+  const auto a = fresh_keys(), b = fresh_keys();
+  net::bridge_options oa;
+  oa.keys = a;
+  net::bridge ba(oa);
+  inbox at_a;
+  at_a.attach(ba);
+  std::string err;
+  REQUIRE(ba.start("", &err));
+  const std::string closed = test::free_endpoint();  // nobody listens there
+  const auto key = derive(a, b.public_key, net::make_seal_salt(), 9, 0, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int peer = ba.connect_sealed(closed, std::make_shared<net::sealer>(key, 9, 0), &err);
+  REQUIRE(peer >= 0);
+  REQUIRE(at_a.wait([&] { return !at_a.errors.empty(); }));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> lock(at_a.mu);
+  CHECK(at_a.errors[0].kind == net::fault::handshake_failed);
+  CHECK(at_a.errors[0].from.peer == peer);
+  CHECK(at_a.errors[0].message.find("cannot reach " + closed + " (a sealed port)") != std::string::npos);
+  CHECK(seconds < 5);
+  ba.stop();
 }
