@@ -1,5 +1,6 @@
 #include "actors/process_ring.hpp"
 
+#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -27,12 +28,15 @@ struct process_ring::impl {
   bool left_hello = false, right_ack = false, connected = false;
   std::string failure;  // non-empty: the ring is broken
   std::atomic<int> right_peer{-1};
+  std::atomic<int> right_sealed_port{0};  // from its hello_ack, when chunks are sealed
   std::string left_identity;  // bridge thread only
+  std::shared_ptr<net::sealer> seal;    // what we send the right neighbour, when chunks are sealed
+  std::shared_ptr<net::opener> unseal;  // what the left neighbour sends us
 
   net::bridge br;  // last: its thread stops before what its callbacks touch goes
 
   impl(int r, int n, process_ring_options o)
-      : rank(r), size(n), left(ring::left(r, n)), right(ring::right(r, n)), opt(std::move(o)), br(opt.bridge) {
+      : rank(r), size(n), left(ring::left(r, n)), right(ring::right(r, n)), opt(std::move(o)), br(secure(opt)) {
     configure(cfg, opt.threads);
     sys = std::make_unique<caf::actor_system>(cfg);
     reducer_config rc;
@@ -45,6 +49,32 @@ struct process_ring::impl {
     rc.timeout = opt.timeout;
     port = spawn_reducer(*sys, rc, &red);
   }
+  bool keys() const { return !opt.bridge.keys.empty(); }
+  const std::string& key_of(int r) const {
+    return opt.public_keys.empty() ? opt.bridge.keys.public_key : opt.public_keys[size_t(r)];
+  }
+  // The bridge's options with keys: only the left neighbour may connect; a sealed port if chunks are sealed.
+  net::bridge_options secure(const process_ring_options& o) const {
+    net::bridge_options b = o.bridge;
+    if (b.keys.empty() || size < 1 || (!o.public_keys.empty() && o.public_keys.size() != size_t(size))) return b;
+    const std::string left_key = o.public_keys.empty() ? b.keys.public_key : o.public_keys[size_t(left)];
+    b.authorize = [left_key](const std::string& k) { return k == left_key; };
+    b.sealed_listener = !o.seal_salt.empty();
+    return b;
+  }
+  // The pair keys with both neighbours (sealed chunks). False with *error.
+  bool make_seals(std::string* error) {
+    net::seal_key k;
+    if (!net::pair_key(opt.bridge.keys, key_of(right), opt.seal_salt, opt.job_id, uint32_t(rank), uint32_t(right), &k, error))
+      return false;
+    seal = std::make_shared<net::sealer>(k, opt.job_id, uint32_t(rank));
+    if (!net::pair_key(opt.bridge.keys, key_of(left), opt.seal_salt, opt.job_id, uint32_t(rank), uint32_t(left), &k, error))
+      return false;
+    unseal = std::make_shared<net::opener>(k, opt.job_id, uint32_t(left));
+    net::wipe(k);
+    return true;
+  }
+
   ~impl() {
     br.stop();
     caf::anon_send_exit(red, caf::exit_reason::user_shutdown);
@@ -104,7 +134,9 @@ struct process_ring::impl {
       return;
     }
     left_identity = from.identity;
-    br.reply(from, make(msg_type::hello_ack));
+    std::string ack;  // with sealed chunks: where the left neighbour sends them
+    if (seal) wire::encode_kv({{"sealed_port", std::to_string(br.sealed_port())}}, &ack, nullptr);
+    br.reply(from, make(msg_type::hello_ack), net::payload::copy_of(ack));
     {
       std::lock_guard<std::mutex> lock(mu);
       left_hello = true;
@@ -115,8 +147,10 @@ struct process_ring::impl {
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     switch (h.type) {
       case msg_type::chunk:
-        // Only from the left neighbour's connection; the reducer checks job, sender, step and size.
-        if (from.peer >= 0 || from.identity.empty() || from.identity != left_identity) {
+        // Only from the left neighbour (its connection, or its pair key when sealed); the reducer checks
+        // job, sender, step and size.
+        if (seal ? !from.sealed || from.sealed_sender != left
+                 : from.peer >= 0 || from.identity.empty() || from.identity != left_identity) {
           log("chunk from rank " + std::to_string(h.sender_rank) + " on a connection that is not our left neighbour's: dropped");
           return;
         }
@@ -126,6 +160,15 @@ struct process_ring::impl {
         return on_hello(from, h, p);
       case msg_type::hello_ack:
         if (from.peer == right_peer.load() && h.job_id == opt.job_id) {
+          wire::kv_map kv;
+          std::string err;
+          int port = 0;
+          if (wire::decode_kv(p.text(), &kv, &err) && kv.count("sealed_port")) {  // checked, never std::stoi
+            const std::string& t = kv["sealed_port"];
+            const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), port);
+            if (ec != std::errc() || end != t.data() + t.size() || port < 0 || port > 65535) port = 0;
+          }
+          right_sealed_port.store(port);
           {
             std::lock_guard<std::mutex> lock(mu);
             right_ack = true;
@@ -159,6 +202,8 @@ struct process_ring::impl {
   void on_bridge_error(const net::bridge_error& e) {
     // A neighbour in another protocol version can never join: fail the handshake with its message.
     if (e.kind == net::fault::version_mismatch && !connected_now()) fail(e.message);
+    // So can one that refuses our key, or that holds another than we expect: say so now, not at the timeout.
+    if (e.kind == net::fault::handshake_failed && !connected_now()) fail("rank " + std::to_string(right) + ": " + e.message);
     if (opt.on_error) opt.on_error(e);
     else std::fprintf(stderr, "ringmaster process_ring rank %d: %s: %s\n", rank, net::fault_name(e.kind), e.message.c_str());
   }
@@ -183,7 +228,14 @@ bool process_ring::listen(const std::string& endpoint, std::string* error) {
     if (error) *error = "rank " + std::to_string(d_->rank) + " of " + std::to_string(d_->size);
     return false;
   }
-  return d_->br.start(endpoint, error);
+  if (d_->keys() && !d_->opt.public_keys.empty() && d_->opt.public_keys.size() != size_t(d_->size)) {
+    if (error) *error = std::to_string(d_->opt.public_keys.size()) + " public keys for a ring of " + std::to_string(d_->size);
+    return false;
+  }
+  if (d_->keys() && !d_->opt.seal_salt.empty() && d_->size > 1 && !d_->make_seals(error)) return false;
+  if (!d_->br.start(endpoint, error)) return false;
+  if (d_->seal) d_->br.add_opener(d_->opt.job_id, uint32_t(d_->left), d_->unseal, d_->key_of(d_->left));
+  return true;
 }
 
 bool process_ring::start(const std::vector<std::string>& endpoints, std::string* error) {
@@ -208,10 +260,9 @@ bool process_ring::connect(const std::vector<std::string>& endpoints, std::strin
     return true;
   }
   const std::string& right_ep = endpoints[size_t(d_->right)];
-  const int peer = d_->br.connect(right_ep, error);
+  const int peer = d_->br.connect(right_ep, d_->keys() ? d_->key_of(d_->right) : "", error);
   if (peer < 0) return false;
   d_->right_peer.store(peer);
-  join(*d_->port, make_bridge_link(&d_->br, peer));
   std::string text;
   wire::encode_kv({{"rank", std::to_string(d_->rank)}, {"size", std::to_string(d_->size)}}, &text, nullptr);
   if (!d_->br.send(peer, d_->make(msg_type::hello), net::payload::copy_of(text), error)) return false;
@@ -229,6 +280,17 @@ bool process_ring::connect(const std::vector<std::string>& endpoints, std::strin
                  std::to_string(d_->left) + " at " + endpoints[size_t(d_->left)];
     return failed("handshake timed out after " + std::to_string(d_->opt.handshake_timeout.count()) + " ms: " + missing);
   }
+  lock.unlock();
+  // Chunks go on the handshake's connection, or, sealed, to the right neighbour's sealed port.
+  int link = peer;
+  if (d_->seal) {
+    const int port = d_->right_sealed_port.load();
+    if (port <= 0) return failed("rank " + std::to_string(d_->right) + " at " + right_ep + " has no sealed port");
+    link = d_->br.connect_sealed(right_ep.substr(0, right_ep.rfind(':') + 1) + std::to_string(port), d_->seal, error);
+    if (link < 0) return false;
+  }
+  join(*d_->port, make_bridge_link(&d_->br, link));
+  lock.lock();
   d_->connected = true;
   return true;
 }

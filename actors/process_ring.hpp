@@ -13,6 +13,10 @@
 //   if (!ring.listen(endpoints[rank], &err) || !ring.connect(endpoints, &err)) ...;
 //   err = ring.allreduce(grads.data(), grads.size());   // "" or what failed
 //
+// With keys (options.bridge.keys) the links are CurveZMQ, each rank letting in only its left neighbour's
+// key; with a seal salt too, chunks are sealed with AES-256-GCM on a plain port instead (net/seal.hpp),
+// as node daemons send them.
+//
 // listen() and connect() are separate so a launcher can bind port 0, publish endpoint() and hand out
 // the full list afterwards. Every rank calls allreduce the same number of times with the same length.
 // After an error the ring is unusable (each later call returns the error): build a new one.
@@ -34,7 +38,11 @@ struct process_ring_options {
   std::chrono::milliseconds timeout{5000};  // no progress this long during an all-reduce: it fails
   std::chrono::milliseconds handshake_timeout{30000};
   int threads = 2;  // the actor system's
-  net::bridge_options bridge;
+  net::bridge_options bridge;  // with keys: CurveZMQ (bridge.authorize is set to the left neighbour's key)
+  // With keys: rank r's public key is public_keys[r] (empty: every rank holds bridge.keys, a shared key
+  // directory). seal_salt (net/seal.hpp, the same on every rank): chunks sealed with AES-256-GCM.
+  std::vector<std::string> public_keys;
+  std::string seal_salt;
   net::bridge::error_handler on_error;  // invalid frames and dropped chunks; default: stderr
 };
 

@@ -6,9 +6,11 @@
 #include <future>
 #include <random>
 #include <thread>
+#include <zmq.h>
 #include <zmq.hpp>
 
 #include "actors/process_ring.hpp"
+#include "net/seal.hpp"
 
 using namespace ringmaster;
 using namespace std::chrono_literals;
@@ -90,6 +92,71 @@ TEST_CASE("process_ring: sums exactly for 1-4 ranks, many lengths, repeated step
         }
       }
     }
+}
+
+TEST_CASE("process_ring: with keys, over CurveZMQ or sealed, sums exactly, and each rank takes only its left neighbour", "[process_ring][keys]") {
+  // Each rank its own key pair, as on separate machines.
+  const int n = 3;
+  std::vector<net::key_pair> keys(n);
+  std::vector<std::string> publics;
+  for (auto& k : keys) {
+    char pub[41], sec[41];
+    REQUIRE(zmq_curve_keypair(pub, sec) == 0);
+    k = {pub, sec};
+    publics.push_back(pub);
+  }
+  for (const bool sealed : {false, true}) {
+    INFO((sealed ? "sealed" : "CurveZMQ"));
+    std::vector<std::unique_ptr<process_ring>> rings;
+    std::vector<std::string> eps;
+    std::string err;
+    const std::string salt = net::make_seal_salt();
+    for (int r = 0; r < n; ++r) {
+      process_ring_options o = small_segments();
+      o.bridge.keys = keys[size_t(r)];
+      o.public_keys = publics;
+      if (sealed) o.seal_salt = salt;
+      rings.push_back(std::make_unique<process_ring>(r, n, o));
+      REQUIRE(rings.back()->listen("tcp://127.0.0.1:0", &err));
+      eps.push_back(rings.back()->endpoint());
+    }
+    std::vector<std::future<std::string>> done;
+    for (int r = 0; r < n; ++r)
+      done.push_back(std::async(std::launch::async, [&, r] {
+        std::string e;
+        return rings[size_t(r)]->connect(eps, &e) ? std::string() : e;
+      }));
+    for (auto& f : done) REQUIRE(f.get() == "");
+    for (size_t len : {size_t(1), size_t(5000), size_t(300001)}) {
+      std::vector<std::vector<float>> bufs(n, std::vector<float>(len));
+      std::vector<float> want(len, 0.0f);
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < len; ++i) {
+          bufs[size_t(r)][i] = float((i * 7 + size_t(r) * 13) % 1001);
+          want[i] += bufs[size_t(r)][i];
+        }
+      for (const auto& e : allreduce_all(rings, bufs)) REQUIRE(e == "");
+      for (int r = 0; r < n; ++r) CHECK(bufs[size_t(r)] == want);
+    }
+  }
+  // A rank that holds another key than the ring expects never gets in: its right neighbour refuses it.
+  process_ring_options o = small_segments();
+  o.handshake_timeout = 2s;
+  std::vector<std::unique_ptr<process_ring>> pair;
+  std::vector<std::string> eps;
+  std::string err;
+  for (int r = 0; r < 2; ++r) {
+    o.bridge.keys = keys[size_t(r)];
+    o.public_keys = {publics[0], publics[2]};  // rank 1 is said to hold key 2: rank 0 lets nobody else in
+    pair.push_back(std::make_unique<process_ring>(r, 2, o));
+    REQUIRE(pair.back()->listen("tcp://127.0.0.1:0", &err));
+    eps.push_back(pair.back()->endpoint());
+  }
+  auto f0 = std::async(std::launch::async, [&] { std::string e; return pair[0]->connect(eps, &e) ? std::string() : e; });
+  auto f1 = std::async(std::launch::async, [&] { std::string e; return pair[1]->connect(eps, &e) ? std::string() : e; });
+  const std::string e0 = f0.get(), e1 = f1.get();
+  CHECK(e1.find("refused our key") != std::string::npos);  // rank 0 refused rank 1's key
+  CHECK(e0.find("hangs up during the handshake") != std::string::npos);  // rank 1 is not who rank 0 expects
 }
 
 TEST_CASE("process_ring: a dead peer makes allreduce fail within the timeout", "[process_ring]") {

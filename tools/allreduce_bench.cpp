@@ -22,6 +22,7 @@
 #include <caf/all.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -30,6 +31,8 @@
 
 #include "actors/local_ring.hpp"
 #include "actors/process_ring.hpp"
+#include "net/keys.hpp"
+#include "net/seal.hpp"
 
 namespace {
 
@@ -46,14 +49,19 @@ struct options {
   bool pin = true;  // as mpirun binds ranks to cores by default
   size_t small = 64 * 1024;
   int timeout_ms = 10000;
+  std::string security;  // sealed, curve or none; "": sealed over tcp, curve over ipc
+  std::string key_dir;   // "": ~/.ringmaster
   int worker_rank = -1;  // >= 0: this process is a worker
   std::vector<std::string> endpoints;
 };
 
+constexpr const char* kSaltVariable = "RINGMASTER_BENCH_SEAL_SALT";
+
 const char* kUsage =
     "usage: allreduce_bench [--ranks N] [--transport inproc|ipc|tcp] [--sizes 4K,1M,64M]\n"
     "                       [--iters N] [--warmup N] [--segment BYTES] [--small BYTES] [--io-threads N]\n"
-    "                       [--spin-us N] [--pin on|off] [--timeout-ms N]\n"
+    "                       [--spin-us N] [--pin on|off] [--timeout-ms N] [--security sealed|curve|none]\n"
+    "                       [--key-dir DIR]\n"
     "Ring all-reduce of float buffers; prints: size_bytes median_us algbw_GBps busbw_GBps wrong\n"
     "  --ranks N         ranks in the ring (default 2)\n"
     "  --transport T     inproc: actors in one process; ipc, tcp: one process per rank (default tcp)\n"
@@ -64,7 +72,11 @@ const char* kUsage =
     "  --io-threads N    ZeroMQ I/O threads per process (default 1)\n"
     "  --spin-us N       bridge thread polls N us before sleeping (default 0)\n"
     "  --pin on|off      ipc/tcp: all threads of worker r on CPU r mod CPUs (default on)\n"
-    "  --timeout-ms N    a rank that sees no progress this long gives up (default 10000)\n";
+    "  --timeout-ms N    a rank that sees no progress this long gives up (default 10000)\n"
+    "  --security S      ipc/tcp: sealed: CurveZMQ handshakes, chunks sealed with AES-256-GCM, as node\n"
+    "                    daemons train (default over tcp); curve: chunks over CurveZMQ too (default over\n"
+    "                    ipc, which has no sealed port); none: plain ZeroMQ (--insecure)\n"
+    "  --key-dir DIR     the ranks' shared key pair (default ~/.ringmaster, made on first use)\n";
 
 bool parse_size(const std::string& s, size_t* out) {
   if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) return false;
@@ -119,7 +131,7 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
     }
     static const char* const known[] = {"--ranks",   "--transport", "--sizes",        "--iters",
                                         "--warmup",  "--segment",   "--small",        "--io-threads",
-                                        "--spin-us", "--pin",       "--timeout-ms",
+                                        "--spin-us", "--pin",       "--timeout-ms",   "--security", "--key-dir",
                                         "--worker-rank", "--endpoints"};
     if (std::find(std::begin(known), std::end(known), flag) == std::end(known))
       return flag.rfind("--", 0) == 0 ? "unknown flag " + flag : "unexpected argument " + flag;
@@ -155,6 +167,11 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
       if (!parse_int(v, 0, 1000000, &o->spin_us)) return bad;
     } else if (flag == "--timeout-ms") {
       if (!parse_int(v, 100, 3600000, &o->timeout_ms)) return bad;
+    } else if (flag == "--security") {
+      if (v != "sealed" && v != "curve" && v != "none") return bad + " (sealed, curve or none)";
+      o->security = v;
+    } else if (flag == "--key-dir") {
+      o->key_dir = v;
     } else if (flag == "--worker-rank") {
       if (!parse_int(v, 0, 63, &o->worker_rank)) return bad;
     } else if (flag == "--endpoints") {
@@ -163,6 +180,8 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   }
   if (o->worker_rank >= 0 && (o->endpoints.size() != size_t(o->ranks) || o->worker_rank >= o->ranks))
     return "a worker needs --endpoints with one endpoint per rank";
+  if (o->security.empty()) o->security = o->transport == "tcp" ? "sealed" : "curve";
+  if (o->security == "sealed" && o->transport == "ipc") return "--security sealed needs --transport tcp (sealed ports are tcp)";
   return "";
 }
 
@@ -256,6 +275,16 @@ int run_worker(const options& o) {
   ro.bridge.io_threads = o.io_threads;
   ro.bridge.spin = std::chrono::microseconds(o.spin_us);
   ro.small_bytes = o.small;
+  if (o.security != "none") {  // every rank shares the key pair; the parent made the salt
+    std::string err;
+    if (!ringmaster::net::load_or_create_keys(o.key_dir.empty() ? ringmaster::net::default_key_dir() : o.key_dir,
+                                              &ro.bridge.keys, &err)) {
+      std::fprintf(stderr, "allreduce_bench rank %d: %s\n", rank, err.c_str());
+      return 1;
+    }
+    const char* salt = std::getenv(kSaltVariable);
+    if (o.security == "sealed") ro.seal_salt = salt ? salt : "";
+  }
   ringmaster::process_ring ring(rank, o.ranks, ro);
   std::string err;
   if (!ring.start(o.endpoints, &err)) {
@@ -331,6 +360,11 @@ int run_parent(const options& o, int argc, char** argv) {
   }
   std::string joined;
   for (const auto& e : eps) joined += (joined.empty() ? "" : ",") + e;
+  // The seal salt goes to the workers in their environment (readable by us only), not on a command line.
+  if (o.security == "sealed" && setenv(kSaltVariable, ringmaster::net::make_seal_salt().c_str(), 1) != 0) {
+    std::perror("allreduce_bench: setenv");
+    return 1;
+  }
   std::vector<pid_t> kids;
   std::fflush(stdout);
   for (int r = 0; r < o.ranks; ++r) {
@@ -387,8 +421,8 @@ int main(int argc, char** argv) {
   std::printf("# allreduce_bench: %d ranks, transport %s, %d iters, %d warmup", o.ranks, o.transport.c_str(),
               o.iters, o.warmup);
   if (o.transport != "inproc")
-    std::printf(", segment %zu B, whole up to %zu B, io threads %d, spin %d us, pin %s",
-                o.segment, o.small, o.io_threads, o.spin_us, o.pin ? "on" : "off");
+    std::printf(", segment %zu B, whole up to %zu B, io threads %d, spin %d us, pin %s, security %s",
+                o.segment, o.small, o.io_threads, o.spin_us, o.pin ? "on" : "off", o.security.c_str());
   std::printf("\n# memcpy 64 MiB one thread: %.2f GB/s (this machine, this run)\n", memcpy_gbps());
   std::printf("# %10s %12s %10s %10s %8s\n", "size_bytes", "median_us", "algbw_GBps", "busbw_GBps", "wrong");
   std::fflush(stdout);
