@@ -25,6 +25,7 @@
 #include "actors/training.hpp"
 #include "kernels/layers.hpp"
 #include "kernels/safetensors.hpp"
+#include "net/keys.hpp"
 
 using namespace ringmaster;
 namespace po = boost::program_options;
@@ -122,15 +123,18 @@ int train_main(int argc, char** argv) {
   cfg.layers = my_layers();
   cfg.global_batch = 64;
   cfg.epochs = 2;
-  std::string nodes, data = "/usr/share/datasets/fashion-mnist", report, save;
+  std::string nodes, data = "/usr/share/datasets/fashion-mnist", report, save, key_dir;
+  bool insecure = false;
   int64_t limit_train = 0, limit_test = 0;
   int per_node = 1;
   po::options_description desc("custom_layer train: trains a convnet with channel_scale layers on Fashion-MNIST\n\n"
                                "Usage: custom_layer train [options]\n\nOptions");
   desc.add_options()
       ("help,h", "show this help and exit")
-      ("nodes", po::value(&nodes), "train on these daemons (custom_layer serve): tcp://H:P,tcp://H:P,...; "
+      ("nodes", po::value(&nodes), "train on these daemons (custom_layer serve): tcp://H:P[@KEY],...; "
        "default: in this process")
+      ("key-dir", po::value(&key_dir), "our key pair and known_nodes, with --nodes (default ~/.ringmaster)")
+      ("insecure", po::bool_switch(&insecure), "no keys, no encryption, with --nodes (the daemons run --insecure too)")
       ("replicas", po::value(&cfg.replicas)->default_value(cfg.replicas), "replicas in this process (without --nodes)")
       ("replicas-per-node", po::value(&per_node)->default_value(per_node), "replicas on each node (with --nodes)")
       ("epochs", po::value(&cfg.epochs)->default_value(cfg.epochs), "passes over the training set")
@@ -155,10 +159,16 @@ int train_main(int argc, char** argv) {
   if (cfg.epochs < 1) return usage_error("--epochs must be at least 1", "train");
   if (limit_train < 0 || limit_test < 0) return usage_error("--limit-train/--limit-test must be >= 0", "train");
   if (per_node < 1 || per_node > 256) return usage_error("--replicas-per-node must be in 1..256", "train");
-  std::vector<std::string> endpoints = nodes.empty() ? std::vector<std::string>{} : split(nodes);
-  for (const std::string& e : endpoints)
+  std::vector<std::string> endpoints, node_keys;
+  for (const std::string& given : nodes.empty() ? std::vector<std::string>{} : split(nodes)) {
+    std::string e, key, bad;
+    if (!net::split_endpoint_key(given, &e, &key, &bad)) return usage_error("--nodes: " + bad, "train");
+    if (!key.empty() && insecure) return usage_error("--nodes: a key for " + e + " with --insecure", "train");
     if (e.rfind("tcp://", 0) != 0 && e.rfind("ipc://", 0) != 0)
       return usage_error("--nodes: '" + e + "' is not a tcp:// or ipc:// endpoint", "train");
+    endpoints.push_back(e);
+    node_keys.push_back(key);
+  }
   if (!endpoints.empty()) cfg.replicas = int(endpoints.size()) * per_node;
   if (cfg.replicas < 1 || cfg.replicas > 1024) return usage_error("--replicas must be in 1..1024", "train");
   if (cfg.global_batch < 1 || cfg.global_batch % cfg.replicas)
@@ -175,6 +185,9 @@ int train_main(int argc, char** argv) {
                 endpoints.size(), endpoints.size() > 1 ? "s" : "");
     remote_options ro;
     ro.nodes = endpoints;
+    ro.node_keys = node_keys;
+    ro.key_dir = key_dir;
+    ro.insecure = insecure;
     ro.replicas_per_node = per_node;
     ro.limit_train = limit_train;
     ro.limit_test = limit_test;

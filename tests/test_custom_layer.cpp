@@ -110,6 +110,8 @@ TEST_CASE("custom_layer: bad command lines exit 2 with a message, --help exits 0
       {" fly", 2, "unknown mode 'fly'"},
       {" train --no-such-flag", 2, "no-such-flag"},
       {" train --nodes localhost:5601", 2, "not a tcp:// or ipc:// endpoint"},
+      {" train --nodes tcp://127.0.0.1:1@bad", 2, "is not a Z85 public key"},
+      {" train --insecure --nodes 'tcp://127.0.0.1:1@rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7'", 2, "with --insecure"},
       {" serve", 2, "--listen is required"},
       {" serve --listen tcp://127.0.0.1:1 --devices cuda", 2, "CPU-only"},
       {" serve --help", 0, "channel_scale"},  // the layer types it builds
