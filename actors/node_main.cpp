@@ -108,6 +108,10 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     std::fprintf(stderr, "%s: --max-connections must be at least 1\n", prog.c_str());
     return 2;
   }
+  if (o.sealed_port != 0 && (o.insecure || o.listen.rfind("tcp://", 0) != 0)) {
+    std::fprintf(stderr, "%s: --sealed-port needs keys (no --insecure) and a tcp:// --listen endpoint\n", prog.c_str());
+    return 2;
+  }
   if (o.sealed_port < 0 || o.sealed_port > 65535) {
     std::fprintf(stderr, "%s: --sealed-port must be a port number, 0-65535 (0: any free port)\n", prog.c_str());
     return 2;

@@ -370,7 +370,7 @@ bool node_service::start(std::string* error) {
   d->br.set_error_handler([d](const net::bridge_error& e) {
     d->log_fault(e);
     // A link of the ring that cannot be made fails the job now, naming why, not at the ring's watchdog.
-    if (e.kind == net::fault::handshake_failed && d->job) d->job->link_failed(e.from.peer, e.message);
+    if (e.kind == net::fault::handshake_failed && !e.retrying && d->job) d->job->link_failed(e.from.peer, e.message);
   });
   const size_t authorized = d->authorized.size();  // before the bridge thread may read the file again
   if (!d->br.start(d->opt.listen, error)) {

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <condition_variable>
+#include <future>
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -68,6 +69,7 @@ struct process_ring::impl {
     if (!net::pair_key(opt.bridge.keys, key_of(right), opt.seal_salt, opt.job_id, uint32_t(rank), uint32_t(right), &k, error))
       return false;
     seal = std::make_shared<net::sealer>(k, opt.job_id, uint32_t(rank));
+    net::wipe(k);
     if (!net::pair_key(opt.bridge.keys, key_of(left), opt.seal_salt, opt.job_id, uint32_t(rank), uint32_t(left), &k, error))
       return false;
     unseal = std::make_shared<net::opener>(k, opt.job_id, uint32_t(left));
@@ -203,7 +205,8 @@ struct process_ring::impl {
     // A neighbour in another protocol version can never join: fail the handshake with its message.
     if (e.kind == net::fault::version_mismatch && !connected_now()) fail(e.message);
     // So can one that refuses our key, or that holds another than we expect: say so now, not at the timeout.
-    if (e.kind == net::fault::handshake_failed && !connected_now()) fail("rank " + std::to_string(right) + ": " + e.message);
+    if (e.kind == net::fault::handshake_failed && !e.retrying && !connected_now())
+      fail("rank " + std::to_string(right) + ": " + e.message);
     if (opt.on_error) opt.on_error(e);
     else std::fprintf(stderr, "ringmaster process_ring rank %d: %s: %s\n", rank, net::fault_name(e.kind), e.message.c_str());
   }
@@ -224,17 +227,30 @@ int process_ring::size() const { return d_->size; }
 std::string process_ring::endpoint() const { return d_->br.endpoint(); }
 
 bool process_ring::listen(const std::string& endpoint, std::string* error) {
-  if (d_->size < 1 || d_->rank < 0 || d_->rank >= d_->size) {
-    if (error) *error = "rank " + std::to_string(d_->rank) + " of " + std::to_string(d_->size);
+  auto failed = [error](std::string why) {
+    if (error) *error = std::move(why);
     return false;
+  };
+  if (d_->size < 1 || d_->rank < 0 || d_->rank >= d_->size)
+    return failed("rank " + std::to_string(d_->rank) + " of " + std::to_string(d_->size));
+  if (d_->br.running()) return failed("listen called twice");
+  if (d_->keys() && !d_->opt.seal_salt.empty()) {  // sealed ports are tcp; sealed messages at most 4 MiB
+    if (endpoint.rfind("tcp://", 0) != 0) return failed("sealed chunks need a tcp:// endpoint, not " + endpoint);
+    if (d_->opt.segment_bytes > net::kMaxSealedPayload || d_->opt.small_bytes > net::kMaxSealedPayload)
+      return failed("sealed chunks are at most " + std::to_string(net::kMaxSealedPayload) + " bytes: segment_bytes " +
+                    std::to_string(d_->opt.segment_bytes) + ", small_bytes " + std::to_string(d_->opt.small_bytes));
   }
-  if (d_->keys() && !d_->opt.public_keys.empty() && d_->opt.public_keys.size() != size_t(d_->size)) {
-    if (error) *error = std::to_string(d_->opt.public_keys.size()) + " public keys for a ring of " + std::to_string(d_->size);
-    return false;
-  }
+  if (d_->keys() && !d_->opt.public_keys.empty() && d_->opt.public_keys.size() != size_t(d_->size))
+    return failed(std::to_string(d_->opt.public_keys.size()) + " public keys for a ring of " + std::to_string(d_->size));
   if (d_->keys() && !d_->opt.seal_salt.empty() && d_->size > 1 && !d_->make_seals(error)) return false;
   if (!d_->br.start(endpoint, error)) return false;
-  if (d_->seal) d_->br.add_opener(d_->opt.job_id, uint32_t(d_->left), d_->unseal, d_->key_of(d_->left));
+  if (d_->seal) {  // in place before we return: the left neighbour may log in to our sealed port at once
+    d_->br.add_opener(d_->opt.job_id, uint32_t(d_->left), d_->unseal, d_->key_of(d_->left));
+    std::promise<void> added;
+    if (!d_->br.post([&added] { added.set_value(); }) ||
+        added.get_future().wait_for(std::chrono::seconds(10)) != std::future_status::ready)
+      return failed("the bridge thread did not answer");
+  }
   return true;
 }
 
@@ -291,6 +307,7 @@ bool process_ring::connect(const std::vector<std::string>& endpoints, std::strin
   }
   join(*d_->port, make_bridge_link(&d_->br, link));
   lock.lock();
+  if (!d_->failure.empty()) return failed(d_->failure);
   d_->connected = true;
   return true;
 }

@@ -58,9 +58,9 @@ void bridge::impl::serve_listen_monitor() {
   });
 }
 
-void bridge::impl::report(fault kind, peer_info from, std::string message) {
+void bridge::impl::report(fault kind, peer_info from, std::string message, bool retrying) {
   if (kind != fault::send_failed) dropped.fetch_add(1, std::memory_order_relaxed);
-  bridge_error e{kind, std::move(from), std::move(message)};
+  bridge_error e{kind, std::move(from), std::move(message), retrying};
   if (!on_error) {
     std::fprintf(stderr, "ringmaster bridge: %s: %s\n", fault_name(e.kind), e.message.c_str());
     return;
@@ -148,8 +148,10 @@ void bridge::impl::serve_monitor(int id) {
     from.peer = id;
     // A sealed port belongs to a node that is up (it answered the launcher): one that refuses connections
     // for ~2 s (libzmq retries every 100 ms) is closed, a firewall say, and waiting longer will not help.
-    if (what == ZMQ_EVENT_CONNECTED) c.refused_connects = 0;
-    if (what == ZMQ_EVENT_CONNECT_RETRIED && ++c.refused_connects == kSealedConnectRetries)
+    // libzmq also retries after a connection that worked drops: that peer went away, which is not ours to
+    // report (the launcher names lost nodes, and elastic jobs go on without them).
+    if (what == ZMQ_EVENT_CONNECTED) c.ever_connected = true;
+    if (what == ZMQ_EVENT_CONNECT_RETRIED && !c.ever_connected && ++c.refused_connects == kSealedConnectRetries)
       report(fault::handshake_failed, from, "cannot reach " + c.endpoint + " (a sealed port) after " +
                                                 std::to_string(kSealedConnectRetries) +
                                                 " tries: is it open (ringmaster-node --sealed-port) in the firewall?");
@@ -157,7 +159,7 @@ void bridge::impl::serve_monitor(int id) {
     if (c.failed_handshakes < 0) return;  // reported already
     if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
       c.failed_handshakes = -1;
-      report(fault::handshake_failed, from, c.endpoint + " has too many connections open and refused ours");
+      report(fault::handshake_failed, from, c.endpoint + " has too many connections open and refused ours", true);
     } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && c.seal) {
       c.failed_handshakes = -1;
       report(fault::handshake_failed, from, c.endpoint + " (a sealed port) refused our login (status " +

@@ -74,6 +74,7 @@ struct bridge_error {
   fault kind = fault::malformed;
   peer_info from;
   std::string message;
+  bool retrying = false;  // handshake_failed: libzmq keeps trying, and may get in (a peer at its limit)
 };
 
 struct bridge_options {

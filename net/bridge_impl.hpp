@@ -43,7 +43,8 @@ struct connection {
   std::string server_key;
   std::unique_ptr<socket_monitor> monitor;
   int failed_handshakes = 0;  // since the last one that succeeded; reported once
-  int refused_connects = 0;      // sealed: connection attempts refused in a row (the port is closed)
+  int refused_connects = 0;      // sealed: connection attempts refused before the first one went through
+  bool ever_connected = false;   // a later drop is a peer that went away: its loss is the launcher's news
   bool routed = false;           // a listening ROUTER: messages carry the client's routing id first
   std::shared_ptr<sealer> seal;  // a sealed connection: every message sent is sealed with it
 };
@@ -121,7 +122,7 @@ struct bridge::impl {
   // descriptors (libzmq retries the accept at once, in its I/O thread, until one is free: we can only
   // say so, once, and refuse clients at the handshake so that their connections close).
   void serve_listen_monitor();
-  void report(fault kind, peer_info from, std::string message);
+  void report(fault kind, peer_info from, std::string message, bool retrying = false);
   void set_common_options(zmq::socket_t& s);
   // With a sealer, the payload is encrypted into a new frame (it would be copied by CurveZMQ anyway) and a
   // trailer frame follows. False if sealing failed.

@@ -95,7 +95,10 @@ struct gcm {
 bool pair_key(const key_pair& mine, const std::string& their_public, const std::string& salt_hex, uint64_t job,
               uint32_t a, uint32_t b, seal_key* out, std::string* error) {
   unsigned char secret[32], pub[32], salt[kSealSaltBytes], shared[32];
-  if (!decode_key(mine.secret_key, secret)) return fail(error, "our secret key is not a Z85 key");
+  if (!decode_key(mine.secret_key, secret)) {
+    OPENSSL_cleanse(secret, sizeof secret);  // a bad key may have been decoded in part
+    return fail(error, "our secret key is not a Z85 key");
+  }
   if (!decode_key(their_public, pub) || !decode_hex(salt_hex, salt, sizeof salt)) {
     OPENSSL_cleanse(secret, sizeof secret);
     return fail(error, is_key(their_public) ? "the seal salt is not 64 hex digits" : "the peer's public key is not a Z85 key");

@@ -38,12 +38,16 @@ std::vector<row> rows_of(const std::string& out) {
 }  // namespace
 
 TEST_CASE("allreduce_bench: every transport prints one correct row per size", "[bench]") {
-  for (const std::string args : {"--ranks 2 --transport tcp", "--ranks 3 --transport ipc --small 0",
-                                 "--ranks 2 --transport inproc"}) {
+  // tcp: sealed by default, as nodes train; plain (--security none) as Gloo and MPI run; ipc over CurveZMQ.
+  for (const std::string args : {"--ranks 2 --transport tcp", "--ranks 2 --transport tcp --security none",
+                                 "--ranks 3 --transport ipc --small 0", "--ranks 2 --transport inproc"}) {
     const run_result r = run_bench(args + " --sizes 4K,256K,1M --iters 3 --warmup 1");
     INFO(args << "\n" << r.out);
     REQUIRE(r.status == 0);
     CHECK(r.out.rfind("# allreduce_bench: ", 0) == 0);
+    if (args.find("tcp") != std::string::npos)
+      CHECK(r.out.find(args.find("none") != std::string::npos ? "security none" : "security sealed") != std::string::npos);
+    if (args.find("ipc") != std::string::npos) CHECK(r.out.find("security curve") != std::string::npos);
     CHECK(r.out.find("# memcpy 64 MiB") != std::string::npos);
     const auto rows = rows_of(r.out);
     REQUIRE(rows.size() == 3);
@@ -73,6 +77,9 @@ TEST_CASE("allreduce_bench: bad flags exit 2 with a clear message", "[bench]") {
       {"--frobnicate", "unknown flag --frobnicate"},
       {"stray", "unexpected argument stray"},
       {"--worker-rank 0", "a worker needs --endpoints with one endpoint per rank"},
+      {"--security tls", "bad value for --security: 'tls' (sealed, curve or none)"},
+      {"--transport ipc --security sealed", "--security sealed needs --transport tcp"},
+      {"--transport tcp --segment 8M", "--segment and --small are at most 4M"},
   };
   for (const auto& [args, want] : cases) {
     const run_result r = run_bench(args);

@@ -385,18 +385,19 @@ std::string sealed_port_of(const std::string& endpoint) {
 TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to, a taken or bad one is a clear error", "[nodes][keys]") {
   const int port = test::free_port();
   test::daemon_process a({RINGMASTER_NODE_BIN, "--sealed-port", std::to_string(port)}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR);
-  test::daemon_process b({RINGMASTER_NODE_BIN}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR);
+  logged_node b("node-b");
   std::this_thread::sleep_for(300ms);
   CHECK(sealed_port_of(a.endpoint) == std::to_string(port));  // what its hello_ack tells launchers
-  // The two train together, a's chunks coming in on that port.
+  // The two train together, b's chunks going to a on that port.
   remote_options ro;
-  ro.nodes = {a.endpoint, b.endpoint};
+  ro.nodes = {a.endpoint, b.node->endpoint()};
   ro.limit_train = 600;
   ro.limit_test = 100;
   train_result r = train_remote(small_job(), ro);
   INFO(r.error);
   CHECK(r.ok);
   CHECK(r.identical);
+  CHECK(b.wait_for("sealed (AES-256-GCM) at tcp://127.0.0.1:" + std::to_string(port)) != "");
 
   const test::run_result taken = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
                                            " --sealed-port " + std::to_string(port));
@@ -405,6 +406,10 @@ TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to, a take
   const test::run_result bad = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --sealed-port 70000");
   CHECK(bad.status == 2);
   CHECK(bad.out.find("--sealed-port must be a port number") != std::string::npos);
+  const test::run_result plain = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
+                                           " --insecure --sealed-port " + std::to_string(port));
+  CHECK(plain.status == 2);
+  CHECK(plain.out.find("--sealed-port needs keys") != std::string::npos);
 }
 
 TEST_CASE("a node names the bad field of a plan, tells a stranger only that it is busy, and takes no chunk from a stranger",

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <zmq.h>
@@ -138,6 +140,25 @@ TEST_CASE("process_ring: with keys, over CurveZMQ or sealed, sums exactly, and e
       for (const auto& e : allreduce_all(rings, bufs)) REQUIRE(e == "");
       for (int r = 0; r < n; ++r) CHECK(bufs[size_t(r)] == want);
     }
+    // Rank 1 holds a key of this ring, but rank 0 lets in only its left neighbour's (rank 2's).
+    net::bridge_options bo;
+    bo.keys = keys[1];
+    net::bridge intruder(bo);
+    std::mutex mu;
+    std::condition_variable cv;
+    std::string refused;
+    intruder.set_error_handler([&](const net::bridge_error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (e.kind == net::fault::handshake_failed) refused = e.message;
+      cv.notify_all();
+    });
+    REQUIRE(intruder.start("", &err));
+    REQUIRE(intruder.connect(eps[0], publics[0], &err) >= 0);
+    std::unique_lock<std::mutex> lock(mu);
+    CHECK(cv.wait_for(lock, 5s, [&] { return !refused.empty(); }));
+    CHECK(refused.find("refused our key") != std::string::npos);
+    lock.unlock();
+    intruder.stop();
   }
   // A rank that holds another key than the ring expects never gets in: its right neighbour refuses it.
   process_ring_options o = small_segments();

@@ -373,3 +373,33 @@ TEST_CASE("a sealed connection to a closed port is reported within seconds, nami
   CHECK(seconds < 5);
   ba.stop();
 }
+
+TEST_CASE("a sealed peer that goes away after it was reached is not reported as a closed port") {
+  // Its loss is the launcher's news (a node lost, an elastic job going on): not a link to fail at once.
+  const auto a = fresh_keys();
+  auto server = std::make_unique<sealed_server>();
+  const std::string salt = net::make_seal_salt();
+  const auto key = derive(a, server->keys.public_key, salt, 9, 0, 1);
+  server->br->add_opener(9, 0, std::make_shared<net::opener>(key, 9, 0), a.public_key);
+  net::bridge_options oa;
+  oa.keys = a;
+  net::bridge ba(oa);
+  inbox at_a;
+  at_a.attach(ba);
+  std::string err;
+  REQUIRE(ba.start("", &err));
+  const int peer = ba.connect_sealed(server->endpoint, std::make_shared<net::sealer>(key, 9, 0), &err);
+  REQUIRE(peer >= 0);
+  wire::header h;
+  h.type = wire::msg_type::chunk;
+  h.job_id = 9;
+  h.sender_rank = 0;
+  h.elements = 2;
+  REQUIRE(ba.send(peer, h, net::payload::of(std::make_shared<std::vector<float>>(2, 1.0f)), &err));
+  REQUIRE(server->got.wait([&] { return !server->got.got.empty(); }));
+  server.reset();  // gone: its port now refuses every reconnect
+  std::this_thread::sleep_for(3500ms);  // well past the ~2 s a never-reached port is given
+  std::lock_guard<std::mutex> lock(at_a.mu);
+  for (const auto& e : at_a.errors) CHECK(e.message.find("cannot reach") == std::string::npos);
+  ba.stop();
+}

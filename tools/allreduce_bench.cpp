@@ -182,6 +182,9 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
     return "a worker needs --endpoints with one endpoint per rank";
   if (o->security.empty()) o->security = o->transport == "tcp" ? "sealed" : "curve";
   if (o->security == "sealed" && o->transport == "ipc") return "--security sealed needs --transport tcp (sealed ports are tcp)";
+  if (o->security == "sealed" && o->transport == "tcp" &&
+      (o->segment > ringmaster::net::kMaxSealedPayload || o->small > ringmaster::net::kMaxSealedPayload))
+    return "--security sealed: --segment and --small are at most 4M (a sealed message's limit)";
   return "";
 }
 
@@ -283,7 +286,13 @@ int run_worker(const options& o) {
       return 1;
     }
     const char* salt = std::getenv(kSaltVariable);
-    if (o.security == "sealed") ro.seal_salt = salt ? salt : "";
+    if (o.security == "sealed") {
+      ro.seal_salt = salt ? salt : "";
+      if (!ringmaster::net::is_seal_salt(ro.seal_salt)) {
+        std::fprintf(stderr, "allreduce_bench rank %d: no seal salt in %s\n", rank, kSaltVariable);
+        return 1;
+      }
+    }
   }
   ringmaster::process_ring ring(rank, o.ranks, ro);
   std::string err;
@@ -361,9 +370,12 @@ int run_parent(const options& o, int argc, char** argv) {
   std::string joined;
   for (const auto& e : eps) joined += (joined.empty() ? "" : ",") + e;
   // The seal salt goes to the workers in their environment (readable by us only), not on a command line.
-  if (o.security == "sealed" && setenv(kSaltVariable, ringmaster::net::make_seal_salt().c_str(), 1) != 0) {
-    std::perror("allreduce_bench: setenv");
-    return 1;
+  if (o.security == "sealed") {
+    const std::string salt = ringmaster::net::make_seal_salt();
+    if (salt.empty() || setenv(kSaltVariable, salt.c_str(), 1) != 0) {
+      std::fprintf(stderr, "allreduce_bench: could not make or pass a seal salt\n");
+      return 1;
+    }
   }
   std::vector<pid_t> kids;
   std::fflush(stdout);
