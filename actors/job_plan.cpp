@@ -284,7 +284,7 @@ std::string to_json(const job_plan& p) {
                   {"device", p.device},        {"recipient", p.recipient},
                   {"elastic", p.elastic},      {"generation", p.generation},
                   {"ring", p.ring},            {"start_step", p.start_step},
-                  {"seal_salt", p.seal_salt},
+                  {"seal_salt", p.seal_salt}, {"shared_memory", p.shared_memory},
                   {"nodes", nodes},            {"ranks", ranks}};
   // replace: text that is not UTF-8 (endpoints and ids are ASCII; a model description that is not UTF-8
   // is no model) is changed rather than thrown on.
@@ -416,7 +416,7 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
   reader rd(j, "", error);
   rd.only({"job", "model", "optimizer", "global_batch", "epochs", "seed", "prefetch", "evaluate", "bucket_bytes", "limit_train",
            "limit_test", "first_step", "checkpoints", "checkpoint_every", "device", "recipient", "elastic", "generation",
-           "ring", "start_step", "seal_salt", "nodes", "ranks"});
+           "ring", "start_step", "seal_salt", "shared_memory", "nodes", "ranks"});
   std::string kind;
   const json* opt = rd.object("optimizer");
   if (opt) {
@@ -438,6 +438,7 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
   rd.text("device", &p->device, 16).integer("recipient", &p->recipient, -1, kMaxPlanRanks - 1);
   rd.boolean("elastic", &p->elastic).integer("generation", &p->generation, 0, kMaxGenerations).u64("ring", &p->ring);
   rd.integer("start_step", &p->start_step, 0, INT64_MAX).text("seal_salt", &p->seal_salt, 2 * net::kSealSaltBytes);
+  rd.boolean("shared_memory", &p->shared_memory);
   const json* nodes = rd.array("nodes", size_t(kMaxPlanRanks));
   const json* ranks = rd.array("ranks", size_t(kMaxPlanRanks));
   if (!rd.ok()) return false;

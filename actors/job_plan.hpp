@@ -84,6 +84,9 @@ struct job_plan {
   // With keys: random, 64 hex digits; with the job id it makes every pair of nodes' sealing key this
   // job's own (net/seal.hpp's pair_key). Empty: ring chunks go over CurveZMQ (or plain, without keys).
   std::string seal_salt;
+  // Ring chunks between nodes on one host may go through shared memory (net/shm_link.hpp) instead of the
+  // network; false: always the network (to measure it, or where /dev/shm is not to be used).
+  bool shared_memory = true;
   std::vector<plan_node> nodes;
   std::vector<rank_plan> ranks;  // index = rank
   // The node a copy was sent to (an index into nodes): set by the launcher for each node; -1 otherwise.

@@ -67,6 +67,8 @@ void node_job::make_pair_keys() {
 }
 
 node_job::~node_job() {
+  shm_in_.clear();  // their threads hand chunks to our ports: they stop first
+  shm_out_.clear();
   for (auto* group : {&replicas_, &loaders_, &reducers_})
     for (auto& [r, a] : *group) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   if (launcher_link_) caf::anon_send_exit(launcher_link_, caf::exit_reason::user_shutdown);
@@ -114,6 +116,7 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
     replicas_[mine_[i]] = local.replicas[i];
     loaders_[mine_[i]] = local.loaders[i];
   }
+  open_shm_receivers();  // before the job_ack: the launcher starts no rank (so no sender wires) before it
   // The ring is wired at the first start, not now: a node with a key of its own lets our connection in
   // only once it has the plan naming our key, and the launcher starts ranks only when every node has it.
   // The launcher hears of any of them failing.
@@ -145,6 +148,8 @@ bool node_job::wire_ring(std::string* error) {
     link_ptr link;
     if (reducers_.count(right)) {
       link = make_port_link(ports_[right]);
+    } else if (auto shm = open_shm_sender(r, right, plan_.nodes[size_t(plan_.ranks[size_t(right)].node)].endpoint)) {
+      link = make_shm_link(std::move(shm));
     } else {
       const int node = plan_.ranks[size_t(right)].node;
       std::string endpoint = plan_.ranks[size_t(right)].endpoint;
@@ -169,6 +174,56 @@ bool node_job::wire_ring(std::string* error) {
     join(*ports_[r], std::move(link));
   }
   return true;
+}
+
+void node_job::open_shm_receivers() {
+  if (!plan_.shared_memory) return;
+  const uint64_t ring_id = plan_.ring_id();
+  const std::string job = "job " + std::to_string(plan_.job_id);
+  for (int r : mine_) {
+    const int left = plan_.left(r);
+    if (reducers_.count(left) || shm_in_.count(r)) continue;  // a neighbour in this process
+    std::string error;
+    auto in = net::shm_receiver::create({ring_id, left, r}, &error);
+    if (!in) {  // the left node sends over the network then, as it would from another host
+      ctx_.log(job + ": no shared memory for rank " + std::to_string(r) + "'s chunks: " + error);
+      continue;
+    }
+    // On the segment's thread, which only hands chunks on: log lines go to the bridge thread.
+    net::bridge* br = ctx_.br;
+    auto log = [br, say = ctx_.log, job](std::string line) { br->post([say, line = job + ": " + line] { say(line); }); };
+    std::shared_ptr<reducer_port> port = ports_[r];
+    auto strays = std::make_shared<int>(0);
+    in->start(
+        [port, left, ring_id, log, strays](const wire::header& h, net::payload p) {
+          if (h.type == wire::msg_type::chunk && h.job_id == ring_id && h.sender_rank == left)
+            return deliver(*port, from_wire(h, std::move(p)));
+          if ((*strays)++ == 0)  // the ring's checks catch the rest; one line is enough for a bug this plain
+            log(std::string("dropped a ") + wire::type_name(h.type) + " from rank " + std::to_string(h.sender_rank) +
+                " on the shared-memory link from rank " + std::to_string(left));
+        },
+        [port, log](const std::string& why) {
+          log(why);
+          fail(*port, why);
+        });
+    shm_in_[r] = std::move(in);
+  }
+}
+
+std::shared_ptr<net::shm_sender> node_job::open_shm_sender(int rank, int right, const std::string& node) {
+  if (!plan_.shared_memory) return nullptr;
+  std::string error;
+  bool missing = false;
+  std::shared_ptr<net::shm_sender> out = net::shm_sender::open({plan_.ring_id(), rank, right}, &error, &missing);
+  const std::string job = "job " + std::to_string(plan_.job_id);
+  if (!out) {
+    // Missing: the node runs on another host (or made no segment): the network it is, silently.
+    if (!missing) ctx_.log(job + ": no shared memory with node " + node + " (" + error + "); ring chunks go over the network");
+    return nullptr;
+  }
+  ctx_.log(job + ": ring chunks to node " + node + " through shared memory (same host, same user)");
+  shm_out_.push_back(out);
+  return out;
 }
 
 // A chunk arrives on our listening socket from the node that runs its sender's rank, for the sender's
@@ -231,6 +286,7 @@ void node_job::pause(int gen) {
   // The replicas hear first, so that the ends of their all-reduces (failed as the reducers leave) find
   // them paused: they apply nothing more and answer with what they applied.
   for (auto& [r, a] : replicas_) caf::anon_send(a, pause_atom::value, gen);
+  shm_in_.clear();  // no more chunks from this ring's shared memory
   for (auto& [r, port] : ports_) leave(*port);  // waits for ring work under way: the buffers are free
   for (auto& [r, a] : reducers_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   reducers_.clear();
@@ -238,6 +294,7 @@ void node_job::pause(int gen) {
   // Chunks still queued for a node (a lost one, say) go with their buffers; the new ring connects afresh.
   for (auto& [endpoint, peer] : peers_) ctx_.br->disconnect(peer);
   peers_.clear();
+  shm_out_.clear();
   ctx_.log("job " + std::to_string(plan_.job_id) + ": a node was lost; paused for ring generation " + std::to_string(gen));
 }
 
@@ -267,6 +324,9 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
     reducers_[r] = a;
     watch.push_back(a);
   }
+  // The other nodes wire as they re-form, in no fixed order: a sender that finds no segment yet uses the
+  // network for this generation.
+  open_shm_receivers();
   if (!wire_ring(error)) return false;
   wired_ = true;
   ring_open_ = true;

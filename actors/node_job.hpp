@@ -19,6 +19,7 @@
 #include "kernels/dataset.hpp"
 #include "kernels/registry.hpp"
 #include "net/bridge.hpp"
+#include "net/shm_link.hpp"
 
 namespace ringmaster {
 
@@ -89,6 +90,10 @@ class node_job {
  private:
   bool wire_ring(std::string* error);
   void make_pair_keys();
+  // Shared memory (plan shared_memory): for each rank here whose left neighbour runs on another node, a
+  // segment that node may send through if it runs on this host as our user (net/shm_link.hpp).
+  void open_shm_receivers();
+  std::shared_ptr<net::shm_sender> open_shm_sender(int rank, int right, const std::string& node);
 
   node_context ctx_;
   net::peer_info launcher_;
@@ -100,6 +105,10 @@ class node_job {
   // Sealed ring chunks (plan seal_salt): for each other node, the sealer of what we send it. Made once
   // for the job, so its counters (nonces) never start again with the same key, whatever the ring does.
   std::map<int, std::shared_ptr<net::sealer>> sealers_;
+  // Shared-memory links of the ring wired now: receiving rank -> its segment (whose thread hands chunks to
+  // the rank's port), and the sending side of ours, held by their links too.
+  std::map<int, std::unique_ptr<net::shm_receiver>> shm_in_;
+  std::vector<std::shared_ptr<net::shm_sender>> shm_out_;
   caf::actor launcher_link_;
   std::chrono::steady_clock::time_point last_heard_;
   size_t param_count_ = 0;                       // the model's, once started

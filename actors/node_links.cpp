@@ -13,6 +13,26 @@ void send_kv(net::bridge* br, const net::peer_info& to, wire::header h, const wi
   br->reply(to, h, net::payload::copy_of(text));
 }
 
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
+
+// Step reports not sent yet, and whether a flush is on its way.
+struct report_queue {
+  std::vector<step_report> reports;
+  bool flush_due = false;
+
+  void flush(net::bridge* br, const net::peer_info& launcher, uint64_t job) {
+    for (const step_report& r : reports) {
+      wire::header h;
+      h.type = wire::msg_type::report;
+      h.job_id = job;
+      h.step = r.step;
+      h.sender_rank = r.rank;
+      send_kv(br, launcher, h, to_kv(r));  // kind=step
+    }
+    reports.clear();
+  }
+};
+
 }  // namespace
 
 caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::peer_info launcher,
@@ -20,7 +40,10 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
                             std::string node_name) {
   for (auto& a : watched) self->monitor(a);
   auto ranks = std::make_shared<std::map<int, caf::actor>>(std::move(replicas));  // rank -> replica, now
-  self->set_down_handler([self, br, launcher, job, node_name, ranks](caf::down_msg& dm) {
+  auto queue = std::make_shared<report_queue>();
+  // Before anything else goes to the launcher: the step reports before it.
+  auto flush = [queue, br, launcher, job] { queue->flush(br, launcher, job); };
+  self->set_down_handler([self, br, launcher, job, node_name, ranks, flush](caf::down_msg& dm) {
     if (dm.reason == caf::exit_reason::user_shutdown || !dm.reason) return;  // torn down on purpose
     std::string who = "an actor";
     for (auto& [rank, a] : *ranks)
@@ -28,18 +51,24 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
     wire::header h;
     h.type = wire::msg_type::abort;
     h.job_id = job;
+    flush();
     send_kv(br, launcher, h, {{"reason", who + " on node " + node_name + " failed: " + self->system().render(dm.reason)}});
   });
   return {
-      [br, launcher, job](const step_report& r) {
-        wire::header h;
-        h.type = wire::msg_type::report;
-        h.job_id = job;
-        h.step = r.step;
-        h.sender_rank = r.rank;
-        send_kv(br, launcher, h, to_kv(r));  // kind=step
+      [self, queue, flush](const step_report& r) {
+        queue->reports.push_back(r);
+        if (queue->reports.size() >= kReportBatch) return flush();
+        if (!queue->flush_due) {
+          queue->flush_due = true;
+          self->delayed_send(self, kReportFlush, flush_atom::value);
+        }
       },
-      [br, launcher, job](const eval_report& r) {
+      [queue, flush](flush_atom) {
+        queue->flush_due = false;
+        flush();
+      },
+      [br, launcher, job, flush](const eval_report& r) {
+        flush();
         wire::header h;
         h.type = wire::msg_type::report;
         h.job_id = job;
@@ -47,7 +76,8 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         send_kv(br, launcher, h, to_kv(r));  // kind=eval
       },
       // After the replica's last report of the ring being given up on: the launcher counts on that.
-      [br, launcher, job](const pause_report& r) {
+      [br, launcher, job, flush](const pause_report& r) {
+        flush();
         wire::header h;
         h.type = wire::msg_type::report;
         h.job_id = job;
@@ -58,14 +88,16 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         *ranks = std::move(replicas);
         for (auto& a : watch) self->monitor(a);
       },
-      [br, launcher, job](done_atom, int rank) {
+      [br, launcher, job, flush](done_atom, int rank) {
+        flush();
         wire::header h;
         h.type = wire::msg_type::done;
         h.job_id = job;
         h.sender_rank = rank;
         br->reply(launcher, h);
       },
-      [br, launcher, job](checkpt_atom, state_ptr s) {  // rank 0's state for a checkpoint: one message a buffer
+      [br, launcher, job, flush](checkpt_atom, state_ptr s) {  // rank 0's state for a checkpoint: one message a buffer
+        flush();
         const std::vector<float>* buffers[] = {&s->params, &s->m1, &s->m2};
         for (int32_t b = 0; b < wire::kStateBuffers && !buffers[b]->empty(); ++b) {
           wire::header h;
@@ -78,10 +110,11 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
           br->reply(launcher, h, net::payload::of(chunk_ptr(s, buffers[b])));
         }
       },
-      [self, br, launcher, job, ranks](weights_atom, int rank) {
+      [self, br, launcher, job, ranks, flush](weights_atom, int rank) {
         auto it = ranks->find(rank);
         if (it == ranks->end()) return;
-        self->request(it->second, std::chrono::seconds(60), weights_atom::value).then([br, launcher, job, rank](chunk_ptr w) {
+        self->request(it->second, std::chrono::seconds(60), weights_atom::value).then([br, launcher, job, rank, flush](chunk_ptr w) {
+          flush();
           wire::header h;
           h.type = wire::msg_type::weights;
           h.job_id = job;

@@ -2,18 +2,23 @@
 // reducers and the coordinator never know whether their peer is local or remote.
 #pragma once
 #include <caf/all.hpp>
+#include <chrono>
 #include <map>
 
 #include "net/bridge.hpp"
 
 namespace ringmaster {
 
-// On a node: the coordinator as the node's replicas see it. Ships step and eval reports, pause reports,
+// On a node: the coordinator as the node's replicas see it. Ships step reports (gathered for up to
+// kReportFlush or kReportBatch reports, so a fast job does not wake three threads per step for them; any
+// other message sends them first, so the launcher sees everything in order), eval reports, pause reports,
 // done and rank 0's states for checkpoints (checkpoint messages, one per buffer) to the launcher; answers
 // {weights_atom, rank} by fetching that replica's weights and sending them; watches the job's local
 // actors and tells the launcher (abort message) when one fails.
 // {reform_atom, map<int, actor> replicas, vector<actor> watch}: the ranks' new numbers after a
 // re-forming (actors/reform.hpp), and the new reducers to watch.
+constexpr std::chrono::milliseconds kReportFlush{50};
+constexpr size_t kReportBatch = 64;
 caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::peer_info launcher,
                             uint64_t job, std::map<int, caf::actor> replicas, std::vector<caf::actor> watched,
                             std::string node_name);

@@ -60,6 +60,7 @@ struct staging_link : ring::link {
     }
     return inner->send(std::move(m));
   }
+  bool copies_at_send() const override { return inner && inner->copies_at_send(); }
 };
 
 struct job {

@@ -461,6 +461,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   while (L.job_id == 0) L.job_id = uint64_t(rd()) | uint64_t(rd()) << 32;
   L.plan.job_id = L.job_id;
   L.plan.elastic = !ro.abort_on_node_loss;
+  L.plan.shared_memory = ro.shared_memory;
   L.last_heard.reset(new std::atomic<int64_t>[ro.nodes.size()]);
   L.gone.reset(new std::atomic<bool>[ro.nodes.size()]);
   for (size_t i = 0; i < ro.nodes.size(); ++i) {

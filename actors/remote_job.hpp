@@ -32,6 +32,9 @@ struct remote_options {
   // With keys: ring chunks between nodes are sealed with AES-256-GCM (net/seal.hpp) on plain connections,
   // several times faster than CurveZMQ; false sends them over CurveZMQ (for comparison).
   bool seal_chunks = true;
+  // Nodes on one host pass ring chunks through shared memory (net/shm_link.hpp: same user only, nothing
+  // leaves the host, so nothing is encrypted); false: through the network like nodes on other hosts.
+  bool shared_memory = true;
   // Nodes heartbeat every 100 ms from their bridge thread, which no training work holds up for long, so
   // 1.5 s of silence is a dead or stopped node, not a busy one.
   std::chrono::milliseconds heartbeat{100};

@@ -15,26 +15,46 @@ struct port_link : ring::link {
   }
 };
 
-struct bridge_link : ring::link {
+wire::header to_wire(const ring::message& m) {
+  wire::header h;
+  h.type = wire::msg_type::chunk;
+  h.job_id = m.job;
+  h.step = m.seq;
+  h.sender_rank = m.sender;
+  h.round = m.round;
+  h.segment = m.segment;
+  h.flags = m.whole ? wire::kFlagWhole : 0;
+  h.elements = m.count;
+  return h;
+}
+
+// Both links to another process: host memory only.
+struct process_link : ring::link {};
+
+struct bridge_link : process_link {
   net::bridge* br;
   int peer;
   bridge_link(net::bridge* b, int p) : br(b), peer(p) {}
   std::string send(ring::message m) override {
     if (m.device >= 0) return "a chunk in device memory reached the link to another process";
-    wire::header h;
-    h.type = wire::msg_type::chunk;
-    h.job_id = m.job;
-    h.step = m.seq;
-    h.sender_rank = m.sender;
-    h.round = m.round;
-    h.segment = m.segment;
-    h.flags = m.whole ? wire::kFlagWhole : 0;
-    h.elements = m.count;
     std::string err;
-    if (!br->send(peer, h, net::payload{m.data, m.count * sizeof(float), std::move(m.owner)}, &err))
+    if (!br->send(peer, to_wire(m), net::payload{m.data, m.count * sizeof(float), std::move(m.owner)}, &err))
       return "send to the next node: " + err;
     return "";
   }
+};
+
+struct shm_link : process_link {
+  std::shared_ptr<net::shm_sender> out;
+  explicit shm_link(std::shared_ptr<net::shm_sender> o) : out(std::move(o)) {}
+  std::string send(ring::message m) override {
+    if (m.device >= 0) return "a chunk in device memory reached the link to another process";
+    std::string err;
+    if (!out->send(to_wire(m), net::payload{m.data, m.count * sizeof(float), std::move(m.owner)}, &err))
+      return "send to the next node through shared memory: " + err;
+    return "";
+  }
+  bool copies_at_send() const override { return true; }
 };
 
 }  // namespace
@@ -43,7 +63,8 @@ link_ptr make_port_link(std::shared_ptr<reducer_port> port) {
   return std::make_shared<port_link>(std::move(port));
 }
 link_ptr make_bridge_link(net::bridge* br, int peer) { return std::make_shared<bridge_link>(br, peer); }
-bool host_only(const ring::link& l) { return dynamic_cast<const bridge_link*>(&l) != nullptr; }
+link_ptr make_shm_link(std::shared_ptr<net::shm_sender> out) { return std::make_shared<shm_link>(std::move(out)); }
+bool host_only(const ring::link& l) { return dynamic_cast<const process_link*>(&l) != nullptr; }
 
 ring::message from_wire(const wire::header& h, net::payload p) {
   return {h.job_id, h.step, h.sender_rank, h.round, h.segment, (h.flags & wire::kFlagWhole) != 0,

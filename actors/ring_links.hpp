@@ -7,6 +7,7 @@
 
 #include "net/bridge.hpp"
 #include "net/ring_driver.hpp"
+#include "net/shm_link.hpp"
 
 namespace ringmaster {
 
@@ -19,6 +20,9 @@ link_ptr make_port_link(std::shared_ptr<reducer_port> port);
 // Messages for the rank on the other end of a bridge connection (from bridge::connect). Host memory
 // only: a reducer stages device memory before it gets here.
 link_ptr make_bridge_link(net::bridge* br, int peer);
+// To the rank on another process of this host through a shared-memory segment (net/shm_link.hpp). Host
+// memory only, as through the bridge.
+link_ptr make_shm_link(std::shared_ptr<net::shm_sender> out);
 // Whether a link carries only host memory (it leaves the process).
 bool host_only(const ring::link& l);
 

@@ -38,6 +38,7 @@ struct options {
   int64_t limit_train = 0, limit_test = 0;
   std::string nodes, key_dir;
   bool insecure = false;
+  bool no_shared_memory = false;
   int replicas_per_node = 1;
   std::string on_node_loss = "continue";
   bool quiet = false, no_eval = false;
@@ -219,6 +220,8 @@ int main(int argc, char** argv) {
        "recorded in known_nodes on first use")
       ("key-dir", po::value(&o.key_dir), "our key pair and known_nodes, with --nodes (default ~/.ringmaster)")
       ("insecure", po::bool_switch(&o.insecure), "no keys, no encryption, with --nodes (the nodes run --insecure too)")
+      ("no-shared-memory", po::bool_switch(&o.no_shared_memory),
+       "with --nodes: nodes on one host send ring chunks over the network, not through shared memory (/dev/shm)")
       ("replicas-per-node", po::value(&o.replicas_per_node)->default_value(1), "replicas on each node, with --nodes")
       ("on-node-loss", po::value(&o.on_node_loss)->default_value(o.on_node_loss), "with --nodes, when a node dies or "
        "falls silent (named within 2 s): continue (the other nodes re-form the ring and finish the job, the global "
@@ -360,6 +363,7 @@ int main(int argc, char** argv) {
     ro.key_dir = o.key_dir;
     ro.node_keys = node_keys;
     ro.insecure = o.insecure;
+    ro.shared_memory = !o.no_shared_memory;
     ro.abort_on_node_loss = o.on_node_loss == "abort";
     if (!o.quiet)
       ro.on_event = [tty](const std::string& line) {

@@ -74,6 +74,9 @@ class link {
   virtual ~link() = default;
   // Carries m to the right neighbour. Returns "" or what failed (the all-reduce then fails).
   virtual std::string send(message m) = 0;
+  // Whether send() is done with m.data when it returns (a link that copies, as shared memory does): the
+  // driver then sends its own buffer where it would otherwise send a copy of it.
+  virtual bool copies_at_send() const { return false; }
 };
 
 struct driver_options {

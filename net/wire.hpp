@@ -40,8 +40,9 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // name their kind in the payload and weights their rank in sender_rank, so round is only a ring round.
 // 4: elastic jobs: pause and reform messages, reports name their ring generation, plans their ring.
 // 5: plans name each node's sealed port and a seal salt: ring chunks between nodes may be sealed
-// (net/seal.hpp) and then carry a trailer frame.
-constexpr uint16_t kProtocolVersion = 5;
+// (net/seal.hpp) and then carry a trailer frame. 6: plans say whether nodes on one host may send ring
+// chunks through shared memory (net/shm_link.hpp).
+constexpr uint16_t kProtocolVersion = 6;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -391,6 +392,7 @@ TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to, a take
   // The two train together, b's chunks going to a on that port.
   remote_options ro;
   ro.nodes = {a.endpoint, b.node->endpoint()};
+  ro.shared_memory = false;  // as between hosts
   ro.limit_train = 600;
   ro.limit_test = 100;
   train_result r = train_remote(small_job(), ro);
@@ -429,6 +431,7 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   c.on_progress = [&](const progress&) { training = true; };
   remote_options ro;
   ro.nodes = {a.node->endpoint(), b.node->endpoint()};  // rank 0 on a, rank 1 on b
+  ro.shared_memory = false;  // chunks between the nodes over the network, as between hosts
   ro.limit_train = 6000;
   ro.limit_test = 200;
   train_result r;
@@ -789,6 +792,48 @@ TEST_CASE("a lying node that answers the job with train=abc gets a clear error, 
   liar.stop();
 }
 
+TEST_CASE("nodes on one host pass ring chunks through shared memory, bit for bit as over the network and as local",
+          "[nodes][shm]") {
+  logged_node a("node-a"), b("node-b"), c("node-c");
+  logged_node* nodes[] = {&a, &b, &c};
+  remote_options ro;
+  for (logged_node* n : nodes) ro.nodes.push_back(n->node->endpoint());
+  ro.limit_train = 1200;
+  ro.limit_test = 200;
+  train_result shm = train_remote(small_job(), ro);
+  INFO(shm.error);
+  REQUIRE(shm.ok);
+  CHECK(shm.identical);
+  for (int i = 0; i < 3; ++i)
+    CHECK(nodes[i]->wait_for("ring chunks to node " + ro.nodes[size_t((i + 1) % 3)] + " through shared memory") != "");
+  // The job's segments are gone with it.
+  const std::string started = a.wait_for(" started: ");
+  const size_t at = started.find("job ") + 4;
+  uint64_t id = 0;
+  for (size_t k = at; k < started.size() && started[k] >= '0' && started[k] <= '9'; ++k) id = id * 10 + uint64_t(started[k] - '0');
+  char hex[32];
+  std::snprintf(hex, sizeof hex, ".%016llx.", (unsigned long long)id);
+  std::this_thread::sleep_for(200ms);  // the nodes end the job as the launcher says goodbye
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    CHECK(e.path().filename().string().find(hex) == std::string::npos);
+
+  // Over the network, sealed, as between hosts: the same bits.
+  ro.shared_memory = false;
+  train_result net = train_remote(small_job(), ro);
+  INFO(net.error);
+  REQUIRE(net.ok);
+  CHECK(net.weights == shm.weights);
+  CHECK(a.wait_for("ring chunks to node " + ro.nodes[1] + " sealed (AES-256-GCM)") != "");
+
+  train_config local = small_job();
+  local.replicas = 3;
+  local.train = load("train", 1200);
+  local.test = load("t10k", 200);
+  train_result l = train(local);
+  REQUIRE(l.ok);
+  CHECK(l.weights == shm.weights);
+}
+
 TEST_CASE("keys: nodes with keys of their own train together, each trusting the launcher and, for the job, each other", "[nodes][keys]") {
   char tmpl[] = "/tmp/ringmaster-ownkeys-XXXXXX";
   REQUIRE(mkdtemp(tmpl));
@@ -808,6 +853,7 @@ TEST_CASE("keys: nodes with keys of their own train together, each trusting the 
     ro.node_keys.push_back(nk.public_key);
   }
   ro.key_dir = launcher_dir;
+  ro.shared_memory = false;  // as between hosts: the ring's chunks sealed between them
   ro.limit_train = 600;
   ro.limit_test = 100;
   train_result r = train_remote(small_job(), ro);

@@ -20,11 +20,14 @@
 // per model trains with train_remote over them and with N replicas in this process, same global batch,
 // steps and seed, on the same Fashion-MNIST samples (nodes read their own data, so not synthetic):
 //   local        samples/s of N replicas in one process;
-//   nodes        samples/s of N replicas on N node daemons, ZeroMQ between them, encrypted: commands over
-//                CurveZMQ, ring chunks sealed with AES-256-GCM (net/seal.hpp), as users run them;
+//   nodes        samples/s of N replicas on N node daemons, as users run them: keys, commands over
+//                CurveZMQ, ring chunks through shared memory (net/shm_link.hpp), the daemons being on
+//                one host;
 //   nodes/local  the cost of crossing processes;
-//   insecure     the same over daemons started --insecure, and nodes/insecure the cost of encryption;
-//   curve/insecure  the same with ring chunks over CurveZMQ too (remote_options::seal_chunks false).
+//   tcp          the same with shared memory off (remote_options::shared_memory), so ring chunks take the
+//                network as between hosts: sealed with AES-256-GCM (net/seal.hpp) over TCP;
+//   tcp insecure the same over daemons started --insecure, and tcp/insecure the cost of encryption;
+//   curve/insecure  ring chunks over CurveZMQ instead of sealed (remote_options::seal_chunks false).
 // Both are timed over the epochs after the first (no evaluation), rounds interleaved, medians reported.
 //
 //   train_bench --nodes 2                         # both default MLPs, 2 nodes x 1 replica x 64
@@ -525,10 +528,11 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
               (long long)steps_per_epoch);
   std::printf("# samples/s over the epochs after the first; medians of %d rounds, local and nodes interleaved\n",
               repeat);
-  std::printf("# nodes: encrypted and authenticated (CurveZMQ, ring chunks sealed with AES-256-GCM); insecure: the same "
-              "daemons run --insecure; curve: ring chunks over CurveZMQ too\n");
-  std::printf("# %-16s %12s %12s %12s %12s %16s %16s\n", "model", "local", "nodes", "nodes/local", "insecure", "nodes/insecure",
-              "curve/insecure");
+  std::printf("# nodes: keys, commands over CurveZMQ, ring chunks through shared memory (one host); tcp: shared "
+              "memory off, ring chunks sealed (AES-256-GCM) over TCP; tcp insecure: the same daemons run --insecure; "
+              "curve: ring chunks over CurveZMQ\n");
+  std::printf("# %-16s %10s %10s %11s %10s %12s %12s %14s\n", "model", "local", "nodes", "nodes/local", "tcp",
+              "tcp insecure", "tcp/insecure", "curve/insecure");
   for (const std::string& m : models) {
     train_config c;
     c.model = m;
@@ -554,42 +558,46 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
     ro.nodes = endpoints;
     ro.replicas_per_node = 1;
     ro.limit_train = limit;
-    remote_options plain = ro;
+    remote_options tcp = ro;
+    tcp.shared_memory = false;
+    remote_options plain = tcp;
     plain.nodes = plain_daemons.endpoints();
     plain.insecure = true;
-    remote_options curve = ro;
+    remote_options curve = tcp;
     curve.seal_chunks = false;
+    const remote_options* opts[] = {nullptr, &ro, &tcp, &plain, &curve};
+    const char* names[] = {"local", "nodes", "tcp nodes", "tcp insecure nodes", "tcp curve nodes"};
 
-    std::vector<double> locals, remotes, plains, curves, local_cpus, remote_cpus;
+    std::vector<double> rates[5], local_cpus, remote_cpus;
     for (int k = 0; k < repeat; ++k) {
-      for (const int kind : {0, 1, 2, 3}) {  // local, nodes, insecure nodes, nodes with chunks over CurveZMQ
+      for (const int kind : {0, 1, 2, 3, 4}) {
         const bool remote = kind > 0;
-        const node_daemons& ds = kind == 2 ? plain_daemons : daemons;
-        const char* what = kind == 0 ? "local" : kind == 1 ? "nodes" : kind == 2 ? "insecure nodes" : "curve nodes";
+        const node_daemons& ds = kind == 3 ? plain_daemons : daemons;
         const double c0 = process_cpu(), n0 = remote ? ds.cpu_seconds() : 0;
-        train_result r = kind == 0 ? train(c) : train_remote(c, kind == 1 ? ro : kind == 2 ? plain : curve);
+        train_result r = kind == 0 ? train(c) : train_remote(c, *opts[kind]);
         const double cpu = process_cpu() - c0 + (remote ? ds.cpu_seconds() - n0 : 0);
         if (!r.ok) {
-          std::fprintf(stderr, "train_bench: %s, %s: %s\n", md->label().c_str(), what, r.error.c_str());
+          std::fprintf(stderr, "train_bench: %s, %s: %s\n", md->label().c_str(), names[kind], r.error.c_str());
           if (remote) std::fprintf(stderr, "%s", ds.logs().c_str());
           return 1;  // the daemons are stopped on the way out
         }
         const double rate = steady_rate(r);
-        (kind == 0 ? locals : kind == 1 ? remotes : kind == 2 ? plains : curves).push_back(rate);
+        rates[kind].push_back(rate);
         if (kind < 2) (remote ? remote_cpus : local_cpus).push_back(double(r.train_samples) / std::max(1e-9, cpu));
-        print_breakdown(md->label() + " " + what + " round " + std::to_string(k + 1), r, nodes, total_steps, rate);
+        print_breakdown(md->label() + " " + names[kind] + " round " + std::to_string(k + 1), r, nodes, total_steps, rate);
       }
     }
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    const double local = median(locals), remote = median(remotes), insecure = median(plains), over_curve = median(curves);
+    auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+    const double local = median(rates[0]), remote = median(rates[1]), sealed = median(rates[2]),
+                 insecure = median(rates[3]), over_curve = median(rates[4]);
     std::printf("#   %s samples per CPU-second (whole job, every process): local %.0f, nodes %.0f\n",
                 md->label().c_str(), median(local_cpus), median(remote_cpus));
-    std::printf("  %-16s %12.0f %12.0f %12.2f %12.0f %16.2f %16.2f\n", md->label().c_str(), local, remote,
-                local > 0 ? remote / local : 0.0, insecure, insecure > 0 ? remote / insecure : 0.0,
-                insecure > 0 ? over_curve / insecure : 0.0);
+    std::printf("  %-16s %10.0f %10.0f %11.2f %10.0f %12.0f %12.2f %14.2f\n", md->label().c_str(), local, remote,
+                ratio(remote, local), sealed, insecure, ratio(sealed, insecure), ratio(over_curve, insecure));
     std::fflush(stdout);
   }
   return 0;

@@ -1,0 +1,362 @@
+#include "net/shm_link.hpp"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <new>
+#include <thread>
+
+namespace ringmaster::net {
+namespace {
+
+constexpr uint64_t kShmMagic = 0x4d48535f474e4952ull;  // "RING_SHM"
+constexpr uint32_t kShmVersion = 1;
+constexpr size_t kControlBytes = 4096;
+constexpr size_t kRecordAlign = 64;
+constexpr size_t kRecordHead = 8 + wire::kHeaderSize;  // length and header: payloads start 64-aligned
+constexpr uint64_t kPadRecord = ~uint64_t(0);
+constexpr int kWaitMs = 100;  // futex waits wake this often to see a stop
+static_assert(kRecordHead == kRecordAlign);
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
+
+// The segment's first page. Written once by the receiver before anyone can open it, except the atomics.
+struct control {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t uid;
+  uint64_t job;
+  int32_t sender_rank;
+  int32_t receiver_rank;
+  uint64_t capacity;
+  alignas(64) std::atomic<uint64_t> head;   // bytes written: the sender's
+  std::atomic<uint32_t> head_seq;           // one more per record: the receiver's futex
+  std::atomic<uint32_t> rx_waiting;         // the receiver sleeps (or is about to) on head_seq
+  alignas(64) std::atomic<uint64_t> tail;   // bytes consumed: the receiver's
+  std::atomic<uint32_t> tail_seq;           // one more per record consumed: the sender's futex
+  std::atomic<uint32_t> tx_waiting;
+  alignas(64) std::atomic<uint32_t> closed;  // the receiver is gone or gave up: senders drop messages
+};
+static_assert(sizeof(control) <= kControlBytes);
+
+constexpr size_t kSegmentBytes = kControlBytes + kShmCapacity;
+
+// Shared (not FUTEX_PRIVATE): the word lives in memory two processes map.
+void futex_wait(std::atomic<uint32_t>* word, uint32_t seen) {
+  timespec ts{kWaitMs / 1000, (kWaitMs % 1000) * 1000000L};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+void futex_wake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+std::string sys_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+size_t record_bytes(size_t payload) { return (kRecordHead + payload + kRecordAlign - 1) / kRecordAlign * kRecordAlign; }
+
+// A mapping of a whole segment.
+struct mapping {
+  void* base = MAP_FAILED;
+  control* ctl = nullptr;
+  unsigned char* data = nullptr;
+
+  bool map(int fd, std::string* error) {
+    base = mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) return *error = sys_error("mmap"), false;
+    ctl = static_cast<control*>(base);
+    data = static_cast<unsigned char*>(base) + kControlBytes;
+    return true;
+  }
+  ~mapping() {
+    if (base != MAP_FAILED) munmap(base, kSegmentBytes);
+  }
+};
+
+struct fd_guard {
+  int fd = -1;
+  ~fd_guard() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+}  // namespace
+
+std::string shm_name(const shm_stamp& s) {
+  char name[96];
+  std::snprintf(name, sizeof name, "/ringmaster.%u.%016llx.%d", unsigned(geteuid()), (unsigned long long)s.job,
+                int(s.receiver_rank));
+  return name;
+}
+
+// ---- receiver ----
+
+struct shm_receiver::impl {
+  mapping seg;
+  std::string name;
+  bool unlinked = false;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  handler on_message;
+  error_handler on_error;
+
+  void loop();
+  void consumed(uint64_t tail) {
+    seg.ctl->tail.store(tail, std::memory_order_release);
+    seg.ctl->tail_seq.fetch_add(1, std::memory_order_seq_cst);
+    if (seg.ctl->tx_waiting.load(std::memory_order_seq_cst)) futex_wake(&seg.ctl->tail_seq);
+  }
+  void broken(const std::string& why) {
+    seg.ctl->closed.store(1);
+    futex_wake(&seg.ctl->tail_seq);
+    if (on_error) on_error("shared-memory link " + name + ": " + why);
+  }
+};
+
+shm_receiver::shm_receiver(std::unique_ptr<impl> d) : d_(std::move(d)) {}
+
+std::unique_ptr<shm_receiver> shm_receiver::create(const shm_stamp& stamp, std::string* error) {
+  auto d = std::make_unique<impl>();
+  d->name = shm_name(stamp);
+  fd_guard f;
+  f.fd = shm_open(d->name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (f.fd < 0) return *error = sys_error("create /dev/shm" + d->name), nullptr;
+  // From here on the name is ours: the destructor removes it whatever fails next.
+  auto r = std::unique_ptr<shm_receiver>(new shm_receiver(std::move(d)));
+  impl& s = *r->d_;
+  // posix_fallocate, not ftruncate alone: a full /dev/shm must fail here, not as SIGBUS on a later write.
+  if (fchmod(f.fd, 0600) != 0) return *error = sys_error("chmod " + s.name), nullptr;
+  if (int e = posix_fallocate(f.fd, 0, off_t(kSegmentBytes)); e != 0) {
+    errno = e;
+    return *error = sys_error("reserve " + std::to_string(kSegmentBytes >> 20) + " MiB in /dev/shm"), nullptr;
+  }
+  if (!s.seg.map(f.fd, error)) return nullptr;
+  control* c = new (s.seg.base) control{};
+  c->version = kShmVersion;
+  c->uid = uint32_t(geteuid());
+  c->job = stamp.job;
+  c->sender_rank = stamp.sender_rank;
+  c->receiver_rank = stamp.receiver_rank;
+  c->capacity = kShmCapacity;
+  std::atomic_thread_fence(std::memory_order_release);
+  c->magic = kShmMagic;
+  return r;
+}
+
+void shm_receiver::start(handler h, error_handler e) {
+  d_->on_message = std::move(h);
+  d_->on_error = std::move(e);
+  d_->thread = std::thread([d = d_.get()] { d->loop(); });
+  pthread_setname_np(d_->thread.native_handle(), "rm-shm-recv");
+}
+
+shm_receiver::~shm_receiver() {
+  d_->stop.store(true);
+  if (d_->seg.ctl) futex_wake(&d_->seg.ctl->head_seq);
+  if (d_->thread.joinable()) d_->thread.join();
+  if (d_->seg.ctl) {
+    d_->seg.ctl->closed.store(1);
+    futex_wake(&d_->seg.ctl->tail_seq);  // a sender waiting for room sees it and drops its queue
+  }
+  shm_unlink(d_->name.c_str());  // ENOENT when the sender has removed it
+}
+
+void shm_receiver::impl::loop() {
+  control& c = *seg.ctl;
+  const uint64_t cap = kShmCapacity;
+  uint64_t tail = 0;
+  try {
+    while (!stop.load(std::memory_order_relaxed)) {
+      const uint64_t head = c.head.load(std::memory_order_acquire);
+      if (head == tail) {
+        // Say we sleep, then look again: a sender that wrote before seeing rx_waiting is seen here.
+        c.rx_waiting.store(1, std::memory_order_seq_cst);
+        const uint32_t seq = c.head_seq.load(std::memory_order_seq_cst);
+        if (c.head.load(std::memory_order_acquire) == tail && !stop.load()) futex_wait(&c.head_seq, seq);
+        c.rx_waiting.store(0, std::memory_order_relaxed);
+        continue;
+      }
+      if (head < tail || head - tail > cap) return broken("its write position is outside the buffer");
+      const uint64_t off = tail % cap;
+      uint64_t len = 0;
+      std::memcpy(&len, seg.data + off, sizeof len);
+      if (len == kPadRecord) {
+        if (off == 0) return broken("a padding record at the start of the buffer");
+        tail += cap - off;
+        if (tail > head) return broken("padding past what was written");
+        consumed(tail);
+        continue;
+      }
+      if (len < kRecordHead || len % kRecordAlign || len > cap - off || len > head - tail)
+        return broken("a record of " + std::to_string(len) + " bytes does not fit where it is");
+      unsigned char hb[wire::kHeaderSize];
+      std::memcpy(hb, seg.data + off + 8, sizeof hb);
+      wire::header h;
+      std::string error;
+      if (!wire::decode(hb, sizeof hb, &h, &error)) return broken("bad header: " + error);
+      if (h.payload_bytes > len - kRecordHead || h.payload_bytes > kShmMaxPayload)
+        return broken("a payload of " + std::to_string(h.payload_bytes) + " bytes in a record of " + std::to_string(len));
+      payload p;
+      if (h.payload_bytes > 0) {
+        // Copied out, so what we hand on cannot change under the reader, and the buffer is free at once.
+        std::shared_ptr<float[]> buf(new float[(h.payload_bytes + sizeof(float) - 1) / sizeof(float)]);
+        std::memcpy(buf.get(), seg.data + off + kRecordHead, h.payload_bytes);
+        p = payload{buf.get(), size_t(h.payload_bytes), std::move(buf)};
+      }
+      tail += len;
+      consumed(tail);
+      on_message(h, std::move(p));
+    }
+  } catch (const std::exception& e) {
+    broken(std::string("handing on a message failed: ") + e.what());
+  }
+}
+
+// ---- sender ----
+
+struct shm_sender::impl {
+  mapping seg;
+  std::mutex mu;
+  std::condition_variable wake;
+  std::deque<std::pair<wire::header, payload>> queue;  // waiting for room, in order
+  bool stop = false;
+  uint64_t head = 0;  // ours alone; changed only under mu
+  std::thread thread;
+
+  bool closed() const { return seg.ctl->closed.load(std::memory_order_acquire) != 0; }
+  // Room for a record of `need` bytes (and the padding before it, if it must wrap)?
+  bool fits(size_t need, uint64_t* pad) const {
+    const uint64_t cap = kShmCapacity, off = head % cap;
+    *pad = cap - off < need ? cap - off : 0;
+    return head + *pad + need - seg.ctl->tail.load(std::memory_order_acquire) <= cap;
+  }
+  // Under mu, by whoever may write now (the queue is empty, or this is its front).
+  bool try_write(const wire::header& h, const payload& p) {
+    const size_t need = record_bytes(p.size);
+    uint64_t pad = 0;
+    if (!fits(need, &pad)) return false;
+    if (pad) {
+      std::memcpy(seg.data + head % kShmCapacity, &kPadRecord, sizeof kPadRecord);
+      head += pad;
+    }
+    unsigned char* rec = seg.data + head % kShmCapacity;
+    const uint64_t len = need;
+    const wire::header_bytes hb = wire::encode(h);
+    std::memcpy(rec, &len, sizeof len);
+    std::memcpy(rec + 8, hb.data(), hb.size());
+    if (p.size) std::memcpy(rec + kRecordHead, p.data, p.size);
+    head += need;
+    control& c = *seg.ctl;
+    c.head.store(head, std::memory_order_release);
+    c.head_seq.fetch_add(1, std::memory_order_seq_cst);
+    if (c.rx_waiting.load(std::memory_order_seq_cst)) futex_wake(&c.head_seq);
+    return true;
+  }
+  void loop();
+};
+
+shm_sender::shm_sender(std::unique_ptr<impl> d) : d_(std::move(d)) {}
+
+std::unique_ptr<shm_sender> shm_sender::open(const shm_stamp& stamp, std::string* error, bool* missing) {
+  *missing = false;
+  const std::string name = shm_name(stamp);
+  fd_guard f;
+  f.fd = shm_open(name.c_str(), O_RDWR, 0);  // glibc adds O_NOFOLLOW and O_CLOEXEC
+  if (f.fd < 0) {
+    *missing = errno == ENOENT;
+    return *error = sys_error("open /dev/shm" + name), nullptr;
+  }
+  struct stat st {};
+  if (fstat(f.fd, &st) != 0) return *error = sys_error("stat /dev/shm" + name), nullptr;
+  // Ours alone: another user could have made a file of this name, but not one owned by us.
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0 || st.st_size != off_t(kSegmentBytes)) {
+    *error = "/dev/shm" + name + " is not a segment of ours alone (owner, mode or size)";
+    return nullptr;
+  }
+  auto d = std::make_unique<impl>();
+  if (!d->seg.map(f.fd, error)) return nullptr;
+  const control& c = *d->seg.ctl;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (c.magic != kShmMagic || c.version != kShmVersion || c.uid != geteuid() || c.job != stamp.job ||
+      c.sender_rank != stamp.sender_rank || c.receiver_rank != stamp.receiver_rank || c.capacity != kShmCapacity) {
+    *error = "/dev/shm" + name + " is not the segment for this ring (its stamp differs)";
+    return nullptr;
+  }
+  if (c.head.load() != 0 || c.closed.load() != 0) {
+    *error = "/dev/shm" + name + " is in use already";
+    return nullptr;
+  }
+  shm_unlink(name.c_str());  // no one else may open it now
+  auto s = std::unique_ptr<shm_sender>(new shm_sender(std::move(d)));
+  s->d_->thread = std::thread([d = s->d_.get()] { d->loop(); });
+  pthread_setname_np(s->d_->thread.native_handle(), "rm-shm-send");
+  return s;
+}
+
+bool shm_sender::send(const wire::header& header, payload p, std::string* error) {
+  wire::header h = header;
+  h.payload_bytes = p.size;
+  if (!wire::validate(h, error)) return false;
+  if (p.size > kShmMaxPayload) {
+    *error = "a payload of " + std::to_string(p.size) + " bytes is over the shared-memory link's limit of " +
+             std::to_string(kShmMaxPayload);
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(d_->mu);
+  if (d_->closed()) return true;  // the receiver is gone: as a connection to a vanished peer drops
+  if (d_->queue.empty() && d_->try_write(h, p)) return true;
+  // Copied: the caller may change its buffer once we return (a full buffer is rare: the ring waits for
+  // its neighbours long before 16 MiB are on their way).
+  if (p.size) p = payload::copy_of(std::string_view(static_cast<const char*>(p.data), p.size));
+  d_->queue.emplace_back(h, std::move(p));
+  d_->wake.notify_one();
+  return true;
+}
+
+void shm_sender::impl::loop() {
+  std::unique_lock<std::mutex> lock(mu);
+  while (true) {
+    wake.wait(lock, [&] { return stop || !queue.empty(); });
+    if (stop) return;
+    if (closed()) {
+      queue.clear();
+      continue;
+    }
+    if (try_write(queue.front().first, queue.front().second)) {
+      queue.pop_front();
+      continue;
+    }
+    // Full: wait for the receiver to consume, without the lock (send() only queues meanwhile).
+    const size_t need = record_bytes(queue.front().second.size);
+    lock.unlock();
+    control& c = *seg.ctl;
+    c.tx_waiting.store(1, std::memory_order_seq_cst);
+    const uint32_t seq = c.tail_seq.load(std::memory_order_seq_cst);
+    uint64_t pad = 0;
+    if (!fits(need, &pad) && !closed()) futex_wait(&c.tail_seq, seq);
+    c.tx_waiting.store(0, std::memory_order_relaxed);
+    lock.lock();
+  }
+}
+
+shm_sender::~shm_sender() {
+  {
+    std::lock_guard<std::mutex> lock(d_->mu);
+    d_->stop = true;
+  }
+  d_->wake.notify_one();
+  futex_wake(&d_->seg.ctl->tail_seq);
+  if (d_->thread.joinable()) d_->thread.join();
+}
+
+}  // namespace ringmaster::net

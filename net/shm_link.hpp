@@ -1,0 +1,95 @@
+// A one-way message link in shared memory, for two processes of one user on one host (two node daemons
+// on one machine, say): what the ring sends its right neighbour goes through a ring buffer in a file under
+// /dev/shm instead of through ZeroMQ, TCP and the kernel.
+//
+// Why: across processes on one host a ring message over TCP costs about four thread wake-ups (caller to
+// bridge, bridge to ZeroMQ's I/O thread, the kernel, the peer's I/O thread to its bridge) and three copies;
+// here the sender copies the message into the segment and the receiving thread, woken once (a futex in
+// the segment), copies it out and hands it on. NCCL, Gloo and MPI do the same for ranks on one host.
+//
+// Who may use it: the receiver creates the segment (O_EXCL, mode 0600, owned by its user) under a name
+// both sides derive from the job; the sender opens it only if its owner is the sender's own user, its
+// mode lets no one else in, and its stamp (job, both ranks) is the one expected, then removes the name.
+// So only a process of the same user, which could read our memory anyway, can feed or read it, and no
+// bytes leave the host: the link needs no encryption. A sender that cannot open it (another host, another
+// user, a name already taken) uses the network instead.
+//
+// Segment layout: a control block (kControlBytes) and then `capacity` bytes of records. A record is a
+// u64 length (a multiple of 64, counting itself), the 56-byte wire header (net/wire.hpp) and the payload,
+// so payloads are 64-byte aligned; a length of kPadRecord skips to the start of the buffer. The sender
+// owns `head` (bytes written), the receiver `tail` (bytes consumed); each waits on the other's futex word.
+// The receiver copies every header and payload out before it looks at them and checks every length
+// against the buffer: whatever the other side writes, it can make us drop the link, never read astray.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "net/bridge.hpp"
+#include "net/wire.hpp"
+
+namespace ringmaster::net {
+
+// What a segment is for: both sides must agree on all of it.
+struct shm_stamp {
+  uint64_t job = 0;           // the ring's id (the chunks' job field)
+  int32_t sender_rank = 0;    // the rank that sends on it
+  int32_t receiver_rank = 0;  // its right neighbour, which receives
+};
+
+// 16 MiB: four of the ring's largest messages (1 MiB of floats a segment, net/ring_driver.hpp) fit.
+constexpr size_t kShmCapacity = size_t(16) << 20;
+// The largest payload one message may carry: a quarter of the buffer, so a message always fits.
+constexpr size_t kShmMaxPayload = kShmCapacity / 4;
+
+// The segment's file name (under /dev/shm) for a stamp: our user's id, the ring and the receiving rank.
+std::string shm_name(const shm_stamp& s);
+
+class shm_receiver {
+ public:
+  using handler = std::function<void(const wire::header&, payload)>;
+  // Called once, on the receiving thread, when the other side broke the segment's rules (the link then
+  // stops taking messages).
+  using error_handler = std::function<void(const std::string&)>;
+
+  // Creates the segment. nullptr with *error when it cannot (the name is taken, no /dev/shm, no memory).
+  static std::unique_ptr<shm_receiver> create(const shm_stamp& stamp, std::string* error);
+  // Starts the thread that hands every message, copied out of the segment, to h (on that thread, in order).
+  void start(handler h, error_handler e);
+  // Stops and joins the thread, marks the segment closed (a sender then drops what it sends) and removes
+  // its name if the sender has not.
+  ~shm_receiver();
+  shm_receiver(const shm_receiver&) = delete;
+  shm_receiver& operator=(const shm_receiver&) = delete;
+
+  struct impl;
+
+ private:
+  explicit shm_receiver(std::unique_ptr<impl> d);
+  std::unique_ptr<impl> d_;
+};
+
+class shm_sender {
+ public:
+  // Opens the segment a receiver created for this stamp. nullptr with *error when there is none (*missing:
+  // no such name, the usual case on another host) or it is not ours alone or not for this stamp.
+  static std::unique_ptr<shm_sender> open(const shm_stamp& stamp, std::string* error, bool* missing);
+  // From any thread. Done with p's bytes when it returns, and never waits for the receiver: the message
+  // is copied into the segment, or, when the buffer is full, into a queue for the sender's thread. False with *error only for a message that can never go
+  // (a bad header, a payload over kShmMaxPayload). Once the receiver has closed the segment, messages are
+  // dropped, as a connection to a vanished peer drops them; the job's heartbeats tell who is gone.
+  bool send(const wire::header& h, payload p, std::string* error);
+  ~shm_sender();  // drops what is still queued
+  shm_sender(const shm_sender&) = delete;
+  shm_sender& operator=(const shm_sender&) = delete;
+
+  struct impl;
+
+ private:
+  explicit shm_sender(std::unique_ptr<impl> d);
+  std::unique_ptr<impl> d_;
+};
+
+}  // namespace ringmaster::net

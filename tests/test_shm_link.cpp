@@ -1,0 +1,281 @@
+// The shared-memory link (net/shm_link.hpp): messages go through whole and in order, a full buffer never
+// blocks a sender, a segment that is not ours alone or not for this ring is refused, and whatever the
+// other side writes into the segment, the receiver drops the link with a clear error instead of reading
+// astray.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "net/shm_link.hpp"
+
+using namespace ringmaster;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A stamp no other test run uses (segment names are per user, job and rank).
+net::shm_stamp fresh_stamp() {
+  std::random_device rd;
+  return {uint64_t(rd()) << 32 | rd(), 3, 4};
+}
+
+wire::header chunk_header(const net::shm_stamp& s, int64_t step, size_t floats) {
+  wire::header h;
+  h.type = wire::msg_type::chunk;
+  h.job_id = s.job;
+  h.step = step;
+  h.sender_rank = s.sender_rank;
+  h.elements = floats;
+  return h;
+}
+
+net::payload floats_of(size_t n, float first) {
+  auto v = std::make_shared<std::vector<float>>(n);
+  for (size_t i = 0; i < n; ++i) (*v)[i] = first + float(i);
+  return net::payload::of(v);
+}
+
+// What a receiver got, for a test to wait on.
+struct inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<wire::header, std::vector<float>>> got;
+  std::vector<std::string> errors;
+
+  void start(net::shm_receiver& r) {
+    r.start(
+        [this](const wire::header& h, net::payload p) {
+          std::lock_guard<std::mutex> lock(mu);
+          got.emplace_back(h, std::vector<float>(p.floats(), p.floats() + h.elements));
+          cv.notify_all();
+        },
+        [this](const std::string& why) {
+          std::lock_guard<std::mutex> lock(mu);
+          errors.push_back(why);
+          cv.notify_all();
+        });
+  }
+  bool wait_messages(size_t n, std::chrono::milliseconds t = 10s) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, t, [&] { return got.size() >= n; });
+  }
+  std::string wait_error(std::chrono::milliseconds t = 5s) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, t, [&] { return !errors.empty(); }) ? errors[0] : "";
+  }
+};
+
+// The segment as a test maps it, to write into it as a broken or hostile sender would. Offsets of the
+// control block's fields (net/shm_link.cpp): head at 64, head_seq at 72; records from 4096.
+struct raw_segment {
+  void* base = MAP_FAILED;
+  size_t bytes = 4096 + net::kShmCapacity;
+  explicit raw_segment(const net::shm_stamp& s) {
+    const int fd = shm_open(net::shm_name(s).c_str(), O_RDWR, 0);
+    REQUIRE(fd >= 0);
+    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    REQUIRE(base != MAP_FAILED);
+  }
+  ~raw_segment() { munmap(base, bytes); }
+  unsigned char* at(size_t off) { return static_cast<unsigned char*>(base) + off; }
+  void set_head(uint64_t head) {
+    reinterpret_cast<std::atomic<uint64_t>*>(at(64))->store(head);
+    reinterpret_cast<std::atomic<uint32_t>*>(at(72))->fetch_add(1);  // the receiver looks at least every 100 ms
+  }
+  void record(size_t off, uint64_t len, const wire::header& h) {
+    std::memcpy(at(4096 + off), &len, 8);
+    const wire::header_bytes hb = wire::encode(h);
+    std::memcpy(at(4096 + off + 8), hb.data(), hb.size());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("shm link: messages of every size arrive whole and in order, many times round the buffer", "[shm]") {
+  const net::shm_stamp s = fresh_stamp();
+  std::string error;
+  auto rx = net::shm_receiver::create(s, &error);
+  REQUIRE(rx);
+  inbox in;
+  in.start(*rx);
+  bool missing = true;
+  auto tx = net::shm_sender::open(s, &error, &missing);
+  INFO(error);
+  REQUIRE(tx);
+  CHECK_FALSE(missing);
+  // The sender removed the name: no one else can open the segment now.
+  CHECK_FALSE(net::shm_sender::open(s, &error, &missing));
+  CHECK(missing);
+
+  // Sizes from empty to the largest a message may carry, 100 MiB in all: the buffer (16 MiB) wraps often.
+  std::vector<size_t> sizes = {0, 1, 15, 16, 17, 1000, 4096, 100000, net::kShmMaxPayload / 4};
+  std::mt19937 gen(7);
+  while (sizes.size() < 120) sizes.push_back(std::uniform_int_distribution<size_t>(0, net::kShmMaxPayload / 4)(gen));
+  for (size_t i = 0; i < sizes.size(); ++i)
+    REQUIRE(tx->send(chunk_header(s, int64_t(i), sizes[i]), floats_of(sizes[i], float(i)), &error));
+  REQUIRE(in.wait_messages(sizes.size()));
+  CHECK(in.errors.empty());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto& [h, v] = in.got[i];
+    CHECK(h.step == int64_t(i));
+    CHECK(h.sender_rank == s.sender_rank);
+    REQUIRE(v.size() == sizes[i]);
+    if (!v.empty()) CHECK((v.front() == float(i) && v.back() == float(i) + float(v.size() - 1)));
+  }
+}
+
+TEST_CASE("shm link: a sender never waits for a slow receiver, and its queue drains in order", "[shm]") {
+  const net::shm_stamp s = fresh_stamp();
+  std::string error;
+  auto rx = net::shm_receiver::create(s, &error);
+  REQUIRE(rx);
+  bool missing = false;
+  auto tx = net::shm_sender::open(s, &error, &missing);
+  REQUIRE(tx);
+  // 24 messages of 4 MiB before anyone reads: 96 MiB into a 16 MiB buffer.
+  const size_t n = net::kShmMaxPayload / sizeof(float);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 24; ++i) REQUIRE(tx->send(chunk_header(s, i, n), floats_of(n, float(i)), &error));
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);  // copies, never a wait for the receiver
+  inbox in;
+  in.start(*rx);
+  REQUIRE(in.wait_messages(24, 30s));
+  for (int i = 0; i < 24; ++i) {
+    CHECK(in.got[size_t(i)].first.step == i);
+    CHECK(in.got[size_t(i)].second[n - 1] == float(i) + float(n - 1));
+  }
+  // Too large for the link: refused at once, nothing sent.
+  CHECK_FALSE(tx->send(chunk_header(s, 99, n + 1), floats_of(n + 1, 0), &error));
+  CHECK(error.find("over the shared-memory link's limit") != std::string::npos);
+}
+
+TEST_CASE("shm link: when the receiver is gone, sends are dropped and nothing hangs", "[shm]") {
+  const net::shm_stamp s = fresh_stamp();
+  std::string error;
+  auto rx = net::shm_receiver::create(s, &error);
+  REQUIRE(rx);
+  bool missing = false;
+  auto tx = net::shm_sender::open(s, &error, &missing);
+  REQUIRE(tx);
+  const size_t n = net::kShmMaxPayload / sizeof(float);
+  for (int i = 0; i < 8; ++i) REQUIRE(tx->send(chunk_header(s, i, n), floats_of(n, 0), &error));  // 4 wait in the queue
+  const auto t0 = std::chrono::steady_clock::now();
+  rx.reset();
+  CHECK(tx->send(chunk_header(s, 9, 10), floats_of(10, 0), &error));  // dropped, as to a vanished peer
+  tx.reset();
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+}
+
+TEST_CASE("shm link: a segment that is not ours alone or not for this ring is refused", "[shm]") {
+  std::string error;
+  bool missing = false;
+  // None at all: the usual case when the receiver runs on another host.
+  CHECK_FALSE(net::shm_sender::open(fresh_stamp(), &error, &missing));
+  CHECK(missing);
+
+  // The right name, made by someone else's rules: readable by others.
+  const net::shm_stamp s = fresh_stamp();
+  const std::string name = net::shm_name(s);
+  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644);
+  REQUIRE(fd >= 0);
+  fchmod(fd, 0644);
+  REQUIRE(ftruncate(fd, off_t(4096 + net::kShmCapacity)) == 0);
+  close(fd);
+  CHECK_FALSE(net::shm_sender::open(s, &error, &missing));
+  CHECK_FALSE(missing);
+  CHECK(error.find("not a segment of ours alone") != std::string::npos);
+  // A receiver cannot take a name that is there already.
+  CHECK_FALSE(net::shm_receiver::create(s, &error));
+  CHECK(error.find("File exists") != std::string::npos);
+  shm_unlink(name.c_str());
+
+  // A real segment, but for another sender rank.
+  auto rx = net::shm_receiver::create(s, &error);
+  REQUIRE(rx);
+  net::shm_stamp other = s;
+  other.sender_rank = 5;
+  CHECK_FALSE(net::shm_sender::open(other, &error, &missing));
+  CHECK(error.find("not the segment for this ring") != std::string::npos);
+  // The name is gone with the receiver.
+  rx.reset();
+  CHECK_FALSE(net::shm_sender::open(s, &error, &missing));
+  CHECK(missing);
+}
+
+TEST_CASE("shm link: whatever a broken sender writes, the receiver says so and reads nothing astray", "[shm]") {
+  struct broken_case {
+    const char* what;
+    std::function<void(raw_segment&, const net::shm_stamp&)> write;
+    const char* expect;
+  };
+  const std::vector<broken_case> cases = {
+      {"head past the buffer", [](raw_segment& r, const net::shm_stamp&) { r.set_head(net::kShmCapacity + 64); },
+       "outside the buffer"},
+      {"a record length not a multiple of 64",
+       [](raw_segment& r, const net::shm_stamp& s) {
+         r.record(0, 100, chunk_header(s, 0, 0));
+         r.set_head(128);
+       },
+       "does not fit"},
+      {"a record longer than what was written",
+       [](raw_segment& r, const net::shm_stamp& s) {
+         r.record(0, 1 << 20, chunk_header(s, 0, 0));
+         r.set_head(64);
+       },
+       "does not fit"},
+      {"a bad header",
+       [](raw_segment& r, const net::shm_stamp& s) {
+         wire::header h = chunk_header(s, 0, 0);
+         h.step = -1;
+         r.record(0, 64, h);
+         r.set_head(64);
+       },
+       "bad header"},
+      {"a payload larger than its record",
+       [](raw_segment& r, const net::shm_stamp& s) {
+         wire::header h = chunk_header(s, 0, 1000);
+         h.payload_bytes = 4000;
+         r.record(0, 128, h);
+         r.set_head(128);
+       },
+       "in a record of 128"},
+      {"padding at the start", [](raw_segment& r, const net::shm_stamp&) {
+         const uint64_t pad = ~uint64_t(0);
+         std::memcpy(r.at(4096), &pad, 8);
+         r.set_head(64);
+       },
+       "padding record at the start"},
+  };
+  for (const broken_case& c : cases) {
+    SECTION(c.what) {
+      const net::shm_stamp s = fresh_stamp();
+      std::string error;
+      auto rx = net::shm_receiver::create(s, &error);
+      REQUIRE(rx);
+      inbox in;
+      in.start(*rx);
+      raw_segment raw(s);
+      c.write(raw, s);
+      const std::string why = in.wait_error();
+      INFO(why);
+      CHECK(why.find(c.expect) != std::string::npos);
+      CHECK(in.got.empty());
+      // A sender that comes now finds the segment in use or closed, never a half-read one.
+      bool missing = false;
+      CHECK_FALSE(net::shm_sender::open(s, &error, &missing));
+    }
+  }
+}
