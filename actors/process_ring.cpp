@@ -23,6 +23,10 @@ struct process_ring::impl {
   std::unique_ptr<caf::actor_system> sys;
   caf::actor red;
   std::shared_ptr<reducer_port> port;  // chunks from the bridge go straight in
+  // shared_memory: our segment for the left neighbour's chunks (its thread hands them to port, so it goes
+  // before port does), and the right neighbour's, which our link sends through.
+  std::unique_ptr<net::shm_receiver> shm_in;
+  std::shared_ptr<net::shm_sender> shm_out;
 
   std::mutex mu;  // guards the handshake flags and failure
   std::condition_variable cv;
@@ -51,6 +55,13 @@ struct process_ring::impl {
     port = spawn_reducer(*sys, rc, &red);
   }
   bool keys() const { return !opt.bridge.keys.empty(); }
+  // A segment's stamp: the job and the receiving rank's endpoint (unique on a host while it is bound), so
+  // two rings of one job id on one host (tests, benchmarks) never meet.
+  net::shm_stamp stamp(int from, int to, const std::string& receiver_endpoint) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : receiver_endpoint) h = (h ^ c) * 1099511628211ull;
+    return {opt.job_id ^ h, from, to};
+  }
   const std::string& key_of(int r) const {
     return opt.public_keys.empty() ? opt.bridge.keys.public_key : opt.public_keys[size_t(r)];
   }
@@ -225,6 +236,7 @@ process_ring::~process_ring() = default;
 int process_ring::rank() const { return d_->rank; }
 int process_ring::size() const { return d_->size; }
 std::string process_ring::endpoint() const { return d_->br.endpoint(); }
+bool process_ring::through_shared_memory() const { return d_->shm_out != nullptr; }
 
 bool process_ring::listen(const std::string& endpoint, std::string* error) {
   auto failed = [error](std::string why) {
@@ -240,9 +252,25 @@ bool process_ring::listen(const std::string& endpoint, std::string* error) {
       return failed("sealed chunks are at most " + std::to_string(net::kMaxSealedPayload) + " bytes: segment_bytes " +
                     std::to_string(d_->opt.segment_bytes) + ", small_bytes " + std::to_string(d_->opt.small_bytes));
   }
+  if (d_->opt.shared_memory && (d_->opt.segment_bytes > net::kShmMaxPayload || d_->opt.small_bytes > net::kShmMaxPayload))
+    return failed("shared-memory chunks are at most " + std::to_string(net::kShmMaxPayload) + " bytes: segment_bytes " +
+                  std::to_string(d_->opt.segment_bytes) + ", small_bytes " + std::to_string(d_->opt.small_bytes));
   if (d_->keys() && !d_->opt.public_keys.empty() && d_->opt.public_keys.size() != size_t(d_->size))
     return failed(std::to_string(d_->opt.public_keys.size()) + " public keys for a ring of " + std::to_string(d_->size));
   if (d_->keys() && !d_->opt.seal_salt.empty() && d_->size > 1 && !d_->make_seals(error)) return false;
+  // Before the bridge starts, so before any hello is answered: the left neighbour looks for the segment
+  // once we have. Named by the endpoint as given, which is the one the left neighbour connects to.
+  if (d_->opt.shared_memory && d_->size > 1) {
+    std::string why;
+    d_->shm_in = net::shm_receiver::create(d_->stamp(d_->left, d_->rank, endpoint), &why);
+    if (!d_->shm_in) d_->log("no shared memory for the left neighbour's chunks: " + why);
+    else
+      d_->shm_in->start(
+          [d = d_.get()](const wire::header& h, net::payload p) {
+            if (h.type == msg_type::chunk) deliver(*d->port, from_wire(h, std::move(p)));  // the reducer checks the rest
+          },
+          [d = d_.get()](const std::string& why) { fail(*d->port, why); });
+  }
   if (!d_->br.start(endpoint, error)) return false;
   if (d_->seal) {  // in place before we return: the left neighbour may log in to our sealed port at once
     d_->br.add_opener(d_->opt.job_id, uint32_t(d_->left), d_->unseal, d_->key_of(d_->left));
@@ -305,7 +333,13 @@ bool process_ring::connect(const std::vector<std::string>& endpoints, std::strin
     link = d_->br.connect_sealed(right_ep.substr(0, right_ep.rfind(':') + 1) + std::to_string(port), d_->seal, error);
     if (link < 0) return false;
   }
-  join(*d_->port, make_bridge_link(&d_->br, link));
+  bool missing = false;
+  std::string why;
+  if (d_->opt.shared_memory && (d_->shm_out = net::shm_sender::open(d_->stamp(d_->rank, d_->right, right_ep), &why, &missing)))
+    join(*d_->port, make_shm_link(d_->shm_out));
+  else
+    join(*d_->port, make_bridge_link(&d_->br, link));
+  if (d_->opt.shared_memory && !d_->shm_out && !missing) d_->log("no shared memory with the right neighbour: " + why);
   lock.lock();
   if (!d_->failure.empty()) return failed(d_->failure);
   d_->connected = true;

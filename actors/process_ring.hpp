@@ -15,7 +15,7 @@
 //
 // With keys (options.bridge.keys) the links are CurveZMQ, each rank letting in only its left neighbour's
 // key; with a seal salt too, chunks are sealed with AES-256-GCM on a plain port instead (net/seal.hpp),
-// as node daemons send them.
+// as node daemons send them. With shared_memory, chunks between ranks on one host go through /dev/shm.
 //
 // listen() and connect() are separate so a launcher can bind port 0, publish endpoint() and hand out
 // the full list afterwards. Every rank calls allreduce the same number of times with the same length.
@@ -43,6 +43,10 @@ struct process_ring_options {
   // directory). seal_salt (net/seal.hpp, the same on every rank): chunks sealed with AES-256-GCM.
   std::vector<std::string> public_keys;
   std::string seal_salt;
+  // Ranks on one host, as one user, pass chunks through shared memory (net/shm_link.hpp), as node daemons
+  // do; the bridge still carries the handshake and aborts. A rank that finds no segment of its right
+  // neighbour's (another host) sends over the bridge.
+  bool shared_memory = false;
   net::bridge::error_handler on_error;  // invalid frames and dropped chunks; default: stderr
 };
 
@@ -57,6 +61,9 @@ class process_ring {
   int size() const;
   bool listen(const std::string& endpoint, std::string* error);
   std::string endpoint() const;
+  // After connect: whether chunks to the right neighbour go through shared memory (shared_memory, and a
+  // segment of the right neighbour's found on this host).
+  bool through_shared_memory() const;
   bool connect(const std::vector<std::string>& endpoints, std::string* error);
   bool start(const std::vector<std::string>& endpoints, std::string* error);  // listen, then connect
   // Sums buf[0..len) over all ranks into every rank's buf. "" or what failed. Nobody else may touch the

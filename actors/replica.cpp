@@ -200,7 +200,6 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     st->rep.compute = since(t0);
     st->reduce_start = std::chrono::steady_clock::now();
     issue(0);
-    st->model->save_undo();  // elastic: the state before this update, copied while the ring sums
   };
 
   // A bucket's all-reduce ended; once all have, the update and the next step. Paused, it applies nothing:

@@ -172,6 +172,32 @@ void sgd_update(float* __restrict w, float* __restrict vel, const float* __restr
   }
 }
 
+// The expressions are those of the loops above, so the bits are too.
+void adam_update_to(float* __restrict w_out, float* __restrict m_out, float* __restrict v_out, const float* __restrict w,
+                    const float* __restrict m, const float* __restrict v, const float* __restrict g, size_t n, float lr,
+                    float b1, float b2, float eps, int64_t t) {
+  const double b1t = std::pow(double(b1), double(t)), b2t = std::pow(double(b2), double(t));
+  const float alpha = float(lr * std::sqrt(1.0 - b2t) / (1.0 - b1t));
+  const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = m[i] + (gi - m[i]) * c1;
+    const float vi = v[i] + (gi * gi - v[i]) * c2;
+    m_out[i] = mi;
+    v_out[i] = vi;
+    w_out[i] = w[i] - alpha * mi / (std::sqrt(vi) + eps);
+  }
+}
+
+void sgd_update_to(float* __restrict w_out, float* __restrict vel_out, const float* __restrict w,
+                   const float* __restrict vel, const float* __restrict g, size_t n, float lr, float momentum) {
+  for (size_t i = 0; i < n; ++i) {
+    const float vi = momentum * vel[i] - lr * g[i];
+    vel_out[i] = vi;
+    w_out[i] = w[i] + vi;
+  }
+}
+
 void add_inplace(float* __restrict dst, const float* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }

@@ -154,24 +154,20 @@ class network {
   bool load_state(const network_state& s, std::string* error);
   int max_batch() const { return max_batch_; }
   // Makes room for batches of up to max_batch samples (activations and workspaces only: parameters,
-  // gradients and optimizer state stay where they are, so views of them remain valid). A smaller
+  // gradients and optimizer state stay put: a gradient view remains valid). A smaller
   // max_batch keeps what there is.
   void reserve(int max_batch);
   // A one-step undo, for elastic jobs (actors/reform.hpp): with keep_undo(true), the state before each
   // update (parameters, optimizer state, step count) is kept, and undo() takes the last update back bit
-  // for bit: a step that some ranks applied and others never did. save_undo() copies the state aside
-  // for the next apply() (on the device, enqueued like a kernel); call it while the ring sums the
-  // gradients and the copy costs no step time. apply() makes the copy itself if it was not made.
-  // On the host (slow copies, ample memory) two copies alternate, so the one for the next update is
-  // taken while the last update can still be undone; a device keeps one, taken in apply().
+  // for bit: a step that some ranks applied and others never did. apply() writes the update into a
+  // second set of buffers and swaps the two (backend::adam_update_to), so keeping it costs no copy.
   void keep_undo(bool on);
-  void save_undo();
   bool can_undo() const;
   void undo();
 
  private:
   void allocate_batch(int max_batch);
-  void save_state();
+  void swap_undo();
   const float* forward(const float* x, int B, bool training, const sample_key& key);
   layer_io io(size_t l, const float* x, int B, bool training, const sample_key& key);
   backend& be_;
@@ -190,7 +186,7 @@ class network {
     int64_t step = -1;  // the step count it was saved at; -1: nothing saved
   };
   bool keep_undo_ = false;
-  std::vector<saved_state> undo_;  // keep_undo: the state before update k is undo_[k % size]
+  saved_state undo_;  // keep_undo: the state before the last update (step: the count before it)
 };
 
 }  // namespace ringmaster

@@ -40,7 +40,8 @@ std::vector<row> rows_of(const std::string& out) {
 TEST_CASE("allreduce_bench: every transport prints one correct row per size", "[bench]") {
   // tcp: sealed by default, as nodes train; plain (--security none) as Gloo and MPI run; ipc over CurveZMQ.
   for (const std::string args : {"--ranks 2 --transport tcp", "--ranks 2 --transport tcp --security none",
-                                 "--ranks 3 --transport ipc --small 0", "--ranks 2 --transport inproc"}) {
+                                 "--ranks 3 --transport ipc --small 0", "--ranks 2 --transport inproc",
+                                 "--ranks 3 --transport shm --security none"}) {
     const run_result r = run_bench(args + " --sizes 4K,256K,1M --iters 3 --warmup 1");
     INFO(args << "\n" << r.out);
     REQUIRE(r.status == 0);
@@ -68,7 +69,8 @@ TEST_CASE("allreduce_bench: every transport prints one correct row per size", "[
 
 TEST_CASE("allreduce_bench: bad flags exit 2 with a clear message", "[bench]") {
   const std::vector<std::pair<std::string, std::string>> cases{
-      {"--transport carrier-pigeon", "bad value for --transport: 'carrier-pigeon' (inproc, ipc or tcp)"},
+      {"--transport carrier-pigeon", "bad value for --transport: 'carrier-pigeon' (inproc, ipc, tcp or shm)"},
+      {"--transport shm --security sealed", "--transport shm: chunks stay on this host and are not sealed"},
       {"--sizes 4K,3", "'3' is not a byte count divisible by 4"},
       {"--sizes 1X", "'1X' is not a byte count divisible by 4"},
       {"--ranks 0", "bad value for --ranks: '0' (1-64)"},

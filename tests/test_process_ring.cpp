@@ -12,6 +12,7 @@
 #include <zmq.hpp>
 
 #include "actors/process_ring.hpp"
+#include "tests/test_util.hpp"
 #include "net/seal.hpp"
 
 using namespace ringmaster;
@@ -38,9 +39,11 @@ std::vector<std::unique_ptr<process_ring>> make_rings(int n, const std::string& 
   std::string err;
   for (int r = 0; r < n; ++r) {
     rings.push_back(std::make_unique<process_ring>(r, n, o));
+    // shm: a port of our choosing, as the segment is named by the endpoint the left neighbour connects to.
     const std::string ep = transport == "ipc" ? "ipc:///tmp/ringmaster-ring-" + std::to_string(getpid()) +
                                                     "-" + std::to_string(r) + ".ipc"
-                                              : "tcp://127.0.0.1:0";
+                           : transport == "shm" ? test::free_endpoint()
+                                                : "tcp://127.0.0.1:0";
     REQUIRE(rings[r]->listen(ep, &err));
     eps.push_back(rings[r]->endpoint());
   }
@@ -68,14 +71,16 @@ std::vector<std::string> allreduce_all(std::vector<std::unique_ptr<process_ring>
 }  // namespace
 
 TEST_CASE("process_ring: sums exactly for 1-4 ranks, many lengths, repeated steps", "[process_ring]") {
-  for (const std::string transport : {"tcp", "ipc"})
+  for (const std::string transport : {"tcp", "ipc", "shm"})
     for (size_t small_bytes : {size_t(0), size_t(8192)})
     for (int n = 1; n <= 4; ++n) {
-      if (transport == "ipc" && n != 3) continue;  // ipc once is enough
+      if (transport != "tcp" && n != 3 && !(transport == "shm" && n == 2)) continue;  // ipc once, shm twice
       // small_bytes 0: always the segmented ring; 8192: buffers up to 2048 floats go whole.
       process_ring_options o = small_segments();
       o.small_bytes = small_bytes;
+      o.shared_memory = transport == "shm";
       auto rings = make_rings(n, transport, o);
+      for (auto& ring : rings) CHECK(ring->through_shared_memory() == (transport == "shm"));
       // 0 and 1 (empty chunks), fewer than n, one piece, many pieces with a ragged end.
       for (size_t len : {size_t(0), size_t(1), size_t(n + 1), size_t(1000), size_t(2048), size_t(2049),
                          size_t(100003)}) {
@@ -200,6 +205,24 @@ TEST_CASE("process_ring: a dead peer makes allreduce fail within the timeout", "
   CHECK(e0.find("no progress for") != std::string::npos);
   CHECK(e0.find("waits for rank 2 (the left neighbour)") != std::string::npos);
   CHECK(rings[0]->allreduce(buf.data(), buf.size()).rfind("ring failed earlier: ", 0) == 0);
+}
+
+TEST_CASE("process_ring: through shared memory, a dead peer makes allreduce fail within the timeout", "[process_ring][shm]") {
+  process_ring_options o = small_segments();
+  o.timeout = 1s;
+  o.on_error = quiet;
+  o.shared_memory = true;
+  auto rings = make_rings(3, "shm", o);
+  for (auto& ring : rings) REQUIRE(ring->through_shared_memory());
+  std::vector<float> buf(50000, 1.0f), buf1(50000, 1.0f);
+  rings[2].reset();  // rank 2 dies after the handshake: its segment goes, rank 1's sends are dropped
+  const auto t0 = clock_type::now();
+  auto f0 = std::async(std::launch::async, [&] { return rings[0]->allreduce(buf.data(), buf.size()); });
+  const std::string e1 = rings[1]->allreduce(buf1.data(), buf1.size());
+  const std::string e0 = f0.get();
+  CHECK(std::chrono::duration<double>(clock_type::now() - t0).count() < 8.0);
+  CHECK(e0.find("waits for rank 2 (the left neighbour)") != std::string::npos);
+  CHECK_FALSE(e1.empty());
 }
 
 TEST_CASE("process_ring: a neighbour that never joins the all-reduce is a timeout", "[process_ring]") {

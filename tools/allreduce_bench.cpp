@@ -5,7 +5,8 @@
 // inproc: N reducer actors in this process (ringmaster::local_ring). ipc / tcp: this program starts
 // itself N times as workers (--worker-rank r --endpoints e0,e1,...) running ringmaster::process_ring (reducer actors over the
 // ZeroMQ link: the path node daemons train with), on free
-// ports of 127.0.0.1 or ipc sockets in /tmp; rank 0 prints the rows. Rank r's element i is
+// ports of 127.0.0.1 or ipc sockets in /tmp; rank 0 prints the rows. shm: as tcp, but the chunks go
+// through shared memory (net/shm_link.hpp), as node daemons on one host send them. Rank r's element i is
 // (r + 1) + (i % 64), so every sum is an exactly known integer and wrong elements are counted.
 // The time is rank 0's median over --iters all-reduces; ranks meet at a one-float all-reduce before
 // each timed one so that refilling the buffers is not timed.
@@ -33,6 +34,7 @@
 #include "actors/process_ring.hpp"
 #include "net/keys.hpp"
 #include "net/seal.hpp"
+#include "net/shm_link.hpp"
 
 namespace {
 
@@ -58,13 +60,14 @@ struct options {
 constexpr const char* kSaltVariable = "RINGMASTER_BENCH_SEAL_SALT";
 
 const char* kUsage =
-    "usage: allreduce_bench [--ranks N] [--transport inproc|ipc|tcp] [--sizes 4K,1M,64M]\n"
+    "usage: allreduce_bench [--ranks N] [--transport inproc|ipc|tcp|shm] [--sizes 4K,1M,64M]\n"
     "                       [--iters N] [--warmup N] [--segment BYTES] [--small BYTES] [--io-threads N]\n"
     "                       [--spin-us N] [--pin on|off] [--timeout-ms N] [--security sealed|curve|none]\n"
     "                       [--key-dir DIR]\n"
     "Ring all-reduce of float buffers; prints: size_bytes median_us algbw_GBps busbw_GBps wrong\n"
     "  --ranks N         ranks in the ring (default 2)\n"
-    "  --transport T     inproc: actors in one process; ipc, tcp: one process per rank (default tcp)\n"
+    "  --transport T     inproc: actors in one process; ipc, tcp: one process per rank (default tcp);\n"
+    "                    shm: one process per rank, chunks through shared memory, handshakes over tcp\n"
     "  --sizes LIST      buffer sizes in bytes, suffixes K M G (x1024), multiples of 4\n"
     "  --iters N         timed all-reduces per size (default 20); --warmup N untimed first (default 5)\n"
     "  --segment BYTES   bytes per chunk message, ipc/tcp (default 1M)\n"
@@ -141,7 +144,7 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
     if (flag == "--ranks") {
       if (!parse_int(v, 1, 64, &o->ranks)) return bad + " (1-64)";
     } else if (flag == "--transport") {
-      if (v != "inproc" && v != "ipc" && v != "tcp") return bad + " (inproc, ipc or tcp)";
+      if (v != "inproc" && v != "ipc" && v != "tcp" && v != "shm") return bad + " (inproc, ipc, tcp or shm)";
       o->transport = v;
     } else if (flag == "--sizes") {
       o->sizes.clear();
@@ -181,6 +184,10 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   if (o->worker_rank >= 0 && (o->endpoints.size() != size_t(o->ranks) || o->worker_rank >= o->ranks))
     return "a worker needs --endpoints with one endpoint per rank";
   if (o->security.empty()) o->security = o->transport == "tcp" ? "sealed" : "curve";
+  if (o->security == "sealed" && o->transport == "shm")
+    return "--transport shm: chunks stay on this host and are not sealed (--security curve or none)";
+  if (o->transport == "shm" && (o->segment > ringmaster::net::kShmMaxPayload || o->small > ringmaster::net::kShmMaxPayload))
+    return "--transport shm: --segment and --small are at most 4M (a shared-memory message's limit)";
   if (o->security == "sealed" && o->transport == "ipc") return "--security sealed needs --transport tcp (sealed ports are tcp)";
   if (o->security == "sealed" && o->transport == "tcp" &&
       (o->segment > ringmaster::net::kMaxSealedPayload || o->small > ringmaster::net::kMaxSealedPayload))
@@ -278,6 +285,7 @@ int run_worker(const options& o) {
   ro.bridge.io_threads = o.io_threads;
   ro.bridge.spin = std::chrono::microseconds(o.spin_us);
   ro.small_bytes = o.small;
+  ro.shared_memory = o.transport == "shm";
   if (o.security != "none") {  // every rank shares the key pair; the parent made the salt
     std::string err;
     if (!ringmaster::net::load_or_create_keys(o.key_dir.empty() ? ringmaster::net::default_key_dir() : o.key_dir,
@@ -355,7 +363,7 @@ bool free_ports(int n, std::vector<int>* ports, std::string* error) {
 
 int run_parent(const options& o, int argc, char** argv) {
   std::vector<std::string> eps;
-  if (o.transport == "tcp") {
+  if (o.transport == "tcp" || o.transport == "shm") {
     std::vector<int> ports;
     std::string err;
     if (!free_ports(o.ranks, &ports, &err)) {
