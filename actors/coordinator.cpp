@@ -89,6 +89,7 @@ struct coordinator_state {
   std::shared_ptr<train_result> result = std::make_shared<train_result>();
   std::map<int64_t, epoch_acc> epochs;
   std::map<int64_t, pending_checkpoint> checkpoints;  // by steps done
+  int64_t written = -1;  // the last checkpoint written (they come in step order): states up to it are late
   int64_t current_epoch = 0;
   int done = 0, weights_in = 0;
   bool finished = false;
@@ -153,6 +154,7 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   if (it == st.checkpoints.end() || !it->second.state || !it->second.have_progress) return;
   const pending_checkpoint c = std::move(it->second);
   st.checkpoints.erase(it);
+  st.written = std::max(st.written, done);
   if (std::string error = st.cfg.on_checkpoint(c.progress, *c.state); !error.empty())
     finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error);
 }
@@ -287,6 +289,10 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
     complete_step(self, st, e, step);
     if (st.finished) return;
   }
+  // A state the old rank 0 owed for an earlier step went with it (a surviving one sent its states before
+  // it paused): that checkpoint is given up. One due at `start` comes from the new rank 0 as it goes on.
+  for (auto it = st.checkpoints.begin(); it != st.checkpoints.end();)
+    it = it->first < start && !it->second.state ? st.checkpoints.erase(it) : std::next(it);
   // An epoch that ended before `start` and still lacks a lost rank's evaluation will not get it.
   for (auto& [e, a] : st.epochs)
     if ((e + 1) * spe < start) maybe_close_epoch(self, st, e, true);
@@ -361,7 +367,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       },
       [self, st](checkpt_atom, state_ptr s) {
         const int64_t spe = st->cfg.steps_per_epoch, done = s ? s->steps : -1;
-        if (!st->cfg.on_checkpoint || done <= st->cfg.start.step ||
+        if (!st->cfg.on_checkpoint || done <= st->cfg.start.step || done <= st->written ||
             !checkpoint_due(done, st->cfg.checkpoint_every, spe, spe * st->cfg.epochs))
           return;  // none asked for then
         st->checkpoints[done].state = std::move(s);

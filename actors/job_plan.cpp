@@ -76,6 +76,8 @@ bool check_nodes(const job_plan& p, std::string* error) {
       return fail(error, "'" + at + ".endpoint' must be at most 256 printable ASCII characters without spaces");
     if (!printable(nd.id, kMaxNodeIdBytes, true))
       return fail(error, "'" + at + ".id' must be at most 255 printable ASCII characters");
+    if (!printable(nd.host, kMaxHostIdBytes, false))
+      return fail(error, "'" + at + ".host' must be at most 64 printable ASCII characters without spaces");
     if (nd.endpoint.empty() && k > 1)
       return fail(error, "'" + at + ".endpoint' is empty (this process) in a plan of " + std::to_string(k) + " nodes");
     if (nd.endpoint.empty() && !nd.id.empty()) return fail(error, "'" + at + ".id' is set for this process");
@@ -262,7 +264,7 @@ train_config plan_train_config(const job_plan& p) {
 std::string to_json(const job_plan& p) {
   json nodes = json::array(), ranks = json::array();
   for (const plan_node& nd : p.nodes)
-    nodes.push_back({{"endpoint", nd.endpoint}, {"id", nd.id}, {"key", nd.key}, {"sealed_port", nd.sealed_port}});
+    nodes.push_back({{"endpoint", nd.endpoint}, {"id", nd.id}, {"key", nd.key}, {"host", nd.host}, {"sealed_port", nd.sealed_port}});
   for (const rank_plan& r : p.ranks)
     ranks.push_back({{"rank", r.rank}, {"node", r.node}, {"device", r.device}, {"left", r.left}, {"right", r.right},
                      {"batch_begin", r.batch_begin}, {"batch_end", r.batch_end}, {"was", r.was}});
@@ -447,7 +449,8 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
     if (!(*nodes)[i].is_object()) return fail(error, "'" + at + "' must be an object, got " + shown((*nodes)[i]));
     plan_node nd;
     reader rn((*nodes)[i], at, error);
-    rn.only({"endpoint", "id", "key", "sealed_port"}).text("endpoint", &nd.endpoint, kMaxEndpointBytes);
+    rn.only({"endpoint", "id", "key", "host", "sealed_port"}).text("endpoint", &nd.endpoint, kMaxEndpointBytes);
+    rn.text("host", &nd.host, kMaxHostIdBytes);
     rn.text("id", &nd.id, kMaxNodeIdBytes).text("key", &nd.key, net::kKeyChars).integer("sealed_port", &nd.sealed_port, 0, 65535);
     if (!rn.ok()) return false;
     p->nodes.push_back(std::move(nd));

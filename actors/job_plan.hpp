@@ -29,6 +29,7 @@ constexpr int kMaxPlanRanks = 1024;
 constexpr size_t kMaxPlanModelBytes = 64 * 1024;  // the model description (kernels/model.cpp's limit)
 constexpr size_t kMaxEndpointBytes = 256;
 constexpr size_t kMaxNodeIdBytes = 255;            // a ZeroMQ routing id
+constexpr size_t kMaxHostIdBytes = 64;             // net::host_id(): a boot id and a user id
 constexpr int kMaxPlanDepth = 3;                   // JSON nesting of a plan: {"ranks": [{...}]}
 
 struct rank_plan {
@@ -54,6 +55,9 @@ struct plan_node {
   // Its daemon's public key (Z85), with CurveZMQ: nodes connect to each other with it, and take ring chunks
   // only from a connection that proved it holds the key of the node running the sender. "" without keys.
   std::string key;
+  // Its host and user as its daemon says (net::host_id()); nodes with equal ones pass ring chunks through
+  // shared memory when the plan allows. "": unknown.
+  std::string host;
   // With keys: the port of its bridge's sealed listener (net/seal.hpp) on its endpoint's host, where ring
   // chunks sealed with AES-256-GCM go; 0: none, chunks go over CurveZMQ.
   int sealed_port = 0;

@@ -68,7 +68,6 @@ void node_job::make_pair_keys() {
 
 node_job::~node_job() {
   shm_in_.clear();  // their threads hand chunks to our ports: they stop first
-  shm_out_.clear();
   for (auto* group : {&replicas_, &loaders_, &reducers_})
     for (auto& [r, a] : *group) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   if (launcher_link_) caf::anon_send_exit(launcher_link_, caf::exit_reason::user_shutdown);
@@ -148,7 +147,7 @@ bool node_job::wire_ring(std::string* error) {
     link_ptr link;
     if (reducers_.count(right)) {
       link = make_port_link(ports_[right]);
-    } else if (auto shm = open_shm_sender(r, right, plan_.nodes[size_t(plan_.ranks[size_t(right)].node)].endpoint)) {
+    } else if (auto shm = open_shm_sender(r, right)) {
       link = make_shm_link(std::move(shm));
     } else {
       const int node = plan_.ranks[size_t(right)].node;
@@ -176,13 +175,18 @@ bool node_job::wire_ring(std::string* error) {
   return true;
 }
 
+// Whether node `node` runs on this host as our user, so that a segment between us may work.
+bool node_job::same_host(int node) const {
+  return plan_.shared_memory && !host_.empty() && plan_.nodes[size_t(node)].host == host_;
+}
+
 void node_job::open_shm_receivers() {
-  if (!plan_.shared_memory) return;
   const uint64_t ring_id = plan_.ring_id();
   const std::string job = "job " + std::to_string(plan_.job_id);
   for (int r : mine_) {
     const int left = plan_.left(r);
     if (reducers_.count(left) || shm_in_.count(r)) continue;  // a neighbour in this process
+    if (!same_host(plan_.ranks[size_t(left)].node)) continue;  // another host: the network
     std::string error;
     auto in = net::shm_receiver::create({ring_id, left, r}, &error);
     if (!in) {  // the left node sends over the network then, as it would from another host
@@ -210,19 +214,19 @@ void node_job::open_shm_receivers() {
   }
 }
 
-std::shared_ptr<net::shm_sender> node_job::open_shm_sender(int rank, int right, const std::string& node) {
-  if (!plan_.shared_memory) return nullptr;
+std::shared_ptr<net::shm_sender> node_job::open_shm_sender(int rank, int right) {
+  const int right_node = plan_.ranks[size_t(right)].node;
+  if (!same_host(right_node)) return nullptr;
+  const std::string& node = plan_.nodes[size_t(right_node)].endpoint;
   std::string error;
-  bool missing = false;
+  bool missing = false;  // worth a line too: a node on our host should have made it
   std::shared_ptr<net::shm_sender> out = net::shm_sender::open({plan_.ring_id(), rank, right}, &error, &missing);
   const std::string job = "job " + std::to_string(plan_.job_id);
-  if (!out) {
-    // Missing: the node runs on another host (or made no segment): the network it is, silently.
-    if (!missing) ctx_.log(job + ": no shared memory with node " + node + " (" + error + "); ring chunks go over the network");
+  if (!out) {  // on this host by its word, but no segment of its own that we could use
+    ctx_.log(job + ": no shared memory with node " + node + " (" + error + "); ring chunks go over the network");
     return nullptr;
   }
   ctx_.log(job + ": ring chunks to node " + node + " through shared memory (same host, same user)");
-  shm_out_.push_back(out);
   return out;
 }
 
@@ -294,7 +298,6 @@ void node_job::pause(int gen) {
   // Chunks still queued for a node (a lost one, say) go with their buffers; the new ring connects afresh.
   for (auto& [endpoint, peer] : peers_) ctx_.br->disconnect(peer);
   peers_.clear();
-  shm_out_.clear();
   ctx_.log("job " + std::to_string(plan_.job_id) + ": a node was lost; paused for ring generation " + std::to_string(gen));
 }
 
@@ -324,11 +327,10 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
     reducers_[r] = a;
     watch.push_back(a);
   }
-  // The other nodes wire as they re-form, in no fixed order: a sender that finds no segment yet uses the
-  // network for this generation.
+  // Wired at the first start of a rank, as at the job's start: the launcher starts none before every node
+  // has re-formed, so every segment of the new ring is there by then.
   open_shm_receivers();
-  if (!wire_ring(error)) return false;
-  wired_ = true;
+  wired_ = false;
   ring_open_ = true;
   caf::anon_send(launcher_link_, reform_atom::value, replicas_, watch);
   for (int r : mine_) {

@@ -93,7 +93,8 @@ class node_job {
   // Shared memory (plan shared_memory): for each rank here whose left neighbour runs on another node, a
   // segment that node may send through if it runs on this host as our user (net/shm_link.hpp).
   void open_shm_receivers();
-  std::shared_ptr<net::shm_sender> open_shm_sender(int rank, int right, const std::string& node);
+  std::shared_ptr<net::shm_sender> open_shm_sender(int rank, int right);
+  bool same_host(int node) const;
 
   node_context ctx_;
   net::peer_info launcher_;
@@ -105,10 +106,10 @@ class node_job {
   // Sealed ring chunks (plan seal_salt): for each other node, the sealer of what we send it. Made once
   // for the job, so its counters (nonces) never start again with the same key, whatever the ring does.
   std::map<int, std::shared_ptr<net::sealer>> sealers_;
-  // Shared-memory links of the ring wired now: receiving rank -> its segment (whose thread hands chunks to
-  // the rank's port), and the sending side of ours, held by their links too.
+  // The segments of the ring now, by receiving rank: their threads hand chunks to the rank's port. (The
+  // sending sides belong to the ranks' links.)
   std::map<int, std::unique_ptr<net::shm_receiver>> shm_in_;
-  std::vector<std::shared_ptr<net::shm_sender>> shm_out_;
+  std::string host_ = net::host_id();  // ours, to compare with the plan's nodes
   caf::actor launcher_link_;
   std::chrono::steady_clock::time_point last_heard_;
   size_t param_count_ = 0;                       // the model's, once started

@@ -17,6 +17,7 @@
 #include "actors/job_plan.hpp"
 #include "actors/node_job.hpp"
 #include "net/bridge.hpp"
+#include "net/shm_link.hpp"
 
 namespace ringmaster {
 
@@ -64,6 +65,7 @@ struct node_service::impl {
   // Keys, loaded before the bridge is made (start() reports key_error).
   std::string key_dir, key_error;
   net::key_pair keys;
+  const std::string host = net::host_id();  // in hello_ack: nodes with equal ones share memory
   std::set<std::string> authorized;  // authorized_keys, read again at each handshake (bridge thread)
   net::bridge br;
   data_cache data;
@@ -291,7 +293,7 @@ struct node_service::impl {
       case msg_type::hello:
         send_kv(from, msg_type::hello_ack, h.job_id,
                 {{"name", name()}, {"id", br.name()}, {"devices", opt.devices}, {"sealed_port", std::to_string(br.sealed_port())},
-                 {"version", std::to_string(wire::kProtocolVersion)}});
+                 {"host", host}, {"version", std::to_string(wire::kProtocolVersion)}});
         return;
       case msg_type::job:
         setup(from, h, p);
@@ -385,6 +387,9 @@ bool node_service::start(std::string* error) {
   d->log("listening on " + d->br.endpoint() +
          (d->br.sealed_port() ? " (sealed ring chunks on port " + std::to_string(d->br.sealed_port()) + ")" : "") +
          ", offering " + d->opt.devices + ", data from " + d->opt.data_dir);
+  // Segments a daemon killed with SIGKILL left behind (their memory stays reserved until removed).
+  if (const int swept = net::sweep_segments())
+    d->log("removed " + std::to_string(swept) + " shared-memory segment(s) of processes that are gone");
   if (d->opt.insecure)
     d->log("--insecure: no keys, no encryption; anyone who can reach " + d->br.endpoint() + " can command this node");
   else

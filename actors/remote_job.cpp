@@ -426,7 +426,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   // The plan, computed once: every rank's node, device, neighbours and shard. The nodes' routing ids are
   // added once they have said them (hello_ack).
   job_placement where;
-  for (const std::string& node : ro.nodes) where.nodes.push_back({node, "", ""});
+  for (const std::string& node : ro.nodes) where.nodes.push_back({node, "", "", ""});
   where.rank_node = ro.rank_node;
   if (where.rank_node.empty())
     for (int r = 0; r < int(ro.nodes.size()) * ro.replicas_per_node; ++r) where.rank_node.push_back(r / ro.replicas_per_node);
@@ -507,6 +507,14 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   // A node takes ring chunks for a rank only from the node that runs its left neighbour, known by the
   // routing id it sends with.
   for (size_t i = 0; i < ro.nodes.size(); ++i) L.plan.nodes[i].id = replies[i]["id"];
+  // Nodes on one host as one user pass ring chunks through shared memory (net/shm_link.hpp). A host id
+  // that would not make a valid plan is no host id: that node uses the network.
+  for (size_t i = 0; i < ro.nodes.size(); ++i) {
+    const std::string& host = replies[i]["host"];
+    const bool fits = host.size() <= kMaxHostIdBytes &&
+                      std::all_of(host.begin(), host.end(), [](char c) { return c > ' ' && c < 127; });
+    L.plan.nodes[i].host = fits ? host : "";
+  }
   // With keys, ring chunks between nodes are sealed (net/seal.hpp) and go to each node's sealed port.
   if (!ro.insecure && ro.seal_chunks) {
     L.plan.seal_salt = net::make_seal_salt();

@@ -107,6 +107,14 @@ void continue_in(caf::event_based_actor* self, replica_state& st, const rank_ref
   st.buckets_left = 0;
   self->send(st.loader, reform_atom::value, rf.gen, rf.start_step, rf.batch_begin, rf.batch_end);
   const int64_t steps = st.cfg.steps_per_epoch;
+  // The new rank 0 has the state after start_step: a checkpoint due then whose state went with a lost
+  // rank 0 gets it from here (the coordinator ignores it if it has one already).
+  if (rf.rank == 0 && st.cfg.checkpoints && rf.start_step > 0 &&
+      checkpoint_due(rf.start_step, st.cfg.checkpoint_every, steps, steps * st.cfg.epochs)) {
+    auto state = std::make_shared<network_state>();
+    st.model->save_state(state.get());
+    self->send(st.coordinator, checkpt_atom::value, state_ptr(std::move(state)));
+  }
   if (rf.start_step > 0 && rf.start_step % steps == 0 && st.cfg.test)
     self->send(st.coordinator, evaluate(st, rf.start_step / steps - 1));
   if (st.done_steps == steps * st.cfg.epochs) self->send(st.coordinator, done_atom::value, st.cfg.rank);

@@ -222,7 +222,8 @@ std::string driver::apply_whole(const message& m) {
 // Every window is here: sum each ring chunk in the ring's order, starting at the chunk's own rank.
 void driver::finish_whole() {
   if (size_ == 2) {
-    // Each chunk is the sum of the two windows, and a + b == b + a exactly: ours takes the other's in place.
+    // Each chunk is the sum of the two windows, and a + b == b + a exactly (only which NaN's payload a sum
+    // of two NaNs keeps may differ, and training has failed by then): ours takes the other's in place.
     ops_->add(buf_ + lo_, whole_[size_t(1 - rank_)].data, hi_ - lo_, -1);
     whole_.assign(whole_.size(), message{});
     state_->rounds_done = true;

@@ -12,11 +12,17 @@
 #include <cerrno>
 #include <climits>
 #include <condition_variable>
+#include <cstddef>
 #include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <signal.h>
 #include <deque>
 #include <mutex>
 #include <new>
 #include <thread>
+
+#include "net/ring_driver.hpp"
 
 namespace ringmaster::net {
 namespace {
@@ -31,15 +37,17 @@ constexpr int kWaitMs = 100;  // futex waits wake this often to see a stop
 static_assert(kRecordHead == kRecordAlign);
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
-// The segment's first page. Written once by the receiver before anyone can open it, except the atomics.
+// The segment's first page. The receiver writes the stamp, then publishes it with magic (release); a
+// sender that sees no magic yet (acquire) found a segment still being made.
 struct control {
-  uint64_t magic;
+  std::atomic<uint64_t> magic;
   uint32_t version;
   uint32_t uid;
   uint64_t job;
   int32_t sender_rank;
   int32_t receiver_rank;
   uint64_t capacity;
+  int32_t pid;  // the receiver's process: sweep_segments removes segments whose maker is gone
   alignas(64) std::atomic<uint64_t> head;   // bytes written: the sender's
   std::atomic<uint32_t> head_seq;           // one more per record: the receiver's futex
   std::atomic<uint32_t> rx_waiting;         // the receiver sleeps (or is about to) on head_seq
@@ -49,8 +57,13 @@ struct control {
   alignas(64) std::atomic<uint32_t> closed;  // the receiver is gone or gave up: senders drop messages
 };
 static_assert(sizeof(control) <= kControlBytes);
+// tests/test_shm_link.cpp writes a broken sender's records at these offsets.
+static_assert(offsetof(control, head) == 64 && offsetof(control, head_seq) == 72 && offsetof(control, pid) == 40);
 
 constexpr size_t kSegmentBytes = kControlBytes + kShmCapacity;
+// The ring's messages must fit, or a job would fail where the network would carry it.
+static_assert(ring::driver_options{}.segment_elems * sizeof(float) <= kShmMaxPayload &&
+              ring::driver_options{}.pair_small_bytes <= kShmMaxPayload);
 
 // Shared (not FUTEX_PRIVATE): the word lives in memory two processes map.
 void futex_wait(std::atomic<uint32_t>* word, uint32_t seen) {
@@ -104,7 +117,6 @@ std::string shm_name(const shm_stamp& s) {
 struct shm_receiver::impl {
   mapping seg;
   std::string name;
-  bool unlinked = false;
   std::thread thread;
   std::atomic<bool> stop{false};
   handler on_message;
@@ -116,10 +128,16 @@ struct shm_receiver::impl {
     seg.ctl->tail_seq.fetch_add(1, std::memory_order_seq_cst);
     if (seg.ctl->tx_waiting.load(std::memory_order_seq_cst)) futex_wake(&seg.ctl->tail_seq);
   }
-  void broken(const std::string& why) {
+  // The other side broke the segment's rules: close it (a waiting sender wakes and drops its queue) and
+  // say so, once. Nothing thrown here may leave the thread.
+  void broken(const std::string& why) noexcept {
     seg.ctl->closed.store(1);
+    seg.ctl->tail_seq.fetch_add(1);
     futex_wake(&seg.ctl->tail_seq);
-    if (on_error) on_error("shared-memory link " + name + ": " + why);
+    try {
+      if (on_error) on_error("shared-memory link " + name + ": " + why);
+    } catch (...) {
+    }
   }
 };
 
@@ -148,24 +166,30 @@ std::unique_ptr<shm_receiver> shm_receiver::create(const shm_stamp& stamp, std::
   c->sender_rank = stamp.sender_rank;
   c->receiver_rank = stamp.receiver_rank;
   c->capacity = kShmCapacity;
-  std::atomic_thread_fence(std::memory_order_release);
-  c->magic = kShmMagic;
+  c->pid = int32_t(getpid());
+  c->magic.store(kShmMagic, std::memory_order_release);
   return r;
 }
 
 void shm_receiver::start(handler h, error_handler e) {
   d_->on_message = std::move(h);
   d_->on_error = std::move(e);
-  d_->thread = std::thread([d = d_.get()] { d->loop(); });
-  pthread_setname_np(d_->thread.native_handle(), "rm-shm-recv");
+  try {
+    d_->thread = std::thread([d = d_.get()] { d->loop(); });
+    pthread_setname_np(d_->thread.native_handle(), "rm-shm-recv");
+  } catch (const std::exception& x) {  // no thread to be had: the link is dead, the ring's watchdog names it
+    d_->broken(std::string("cannot start its thread: ") + x.what());
+  }
 }
 
 shm_receiver::~shm_receiver() {
   d_->stop.store(true);
-  if (d_->seg.ctl) futex_wake(&d_->seg.ctl->head_seq);
+  // The words change before the wake, so a thread about to sleep on the old value does not.
+  if (d_->seg.ctl) d_->seg.ctl->head_seq.fetch_add(1), futex_wake(&d_->seg.ctl->head_seq);
   if (d_->thread.joinable()) d_->thread.join();
   if (d_->seg.ctl) {
     d_->seg.ctl->closed.store(1);
+    d_->seg.ctl->tail_seq.fetch_add(1);
     futex_wake(&d_->seg.ctl->tail_seq);  // a sender waiting for room sees it and drops its queue
   }
   shm_unlink(d_->name.c_str());  // ENOENT when the sender has removed it
@@ -279,15 +303,22 @@ std::unique_ptr<shm_sender> shm_sender::open(const shm_stamp& stamp, std::string
   struct stat st {};
   if (fstat(f.fd, &st) != 0) return *error = sys_error("stat /dev/shm" + name), nullptr;
   // Ours alone: another user could have made a file of this name, but not one owned by us.
-  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0 || st.st_size != off_t(kSegmentBytes)) {
-    *error = "/dev/shm" + name + " is not a segment of ours alone (owner, mode or size)";
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+    *error = "/dev/shm" + name + " is not a segment of ours alone (owner or mode)";
+    return nullptr;
+  }
+  if (st.st_size != off_t(kSegmentBytes)) {  // being made (or not one of ours): not ready, try the network
+    *error = "/dev/shm" + name + " is not ready (" + std::to_string(st.st_size) + " bytes)";
     return nullptr;
   }
   auto d = std::make_unique<impl>();
   if (!d->seg.map(f.fd, error)) return nullptr;
   const control& c = *d->seg.ctl;
-  std::atomic_thread_fence(std::memory_order_acquire);
-  if (c.magic != kShmMagic || c.version != kShmVersion || c.uid != geteuid() || c.job != stamp.job ||
+  if (c.magic.load(std::memory_order_acquire) != kShmMagic) {
+    *error = "/dev/shm" + name + " is not ready (no stamp yet)";
+    return nullptr;
+  }
+  if (c.version != kShmVersion || c.uid != geteuid() || c.job != stamp.job ||
       c.sender_rank != stamp.sender_rank || c.receiver_rank != stamp.receiver_rank || c.capacity != kShmCapacity) {
     *error = "/dev/shm" + name + " is not the segment for this ring (its stamp differs)";
     return nullptr;
@@ -296,10 +327,15 @@ std::unique_ptr<shm_sender> shm_sender::open(const shm_stamp& stamp, std::string
     *error = "/dev/shm" + name + " is in use already";
     return nullptr;
   }
-  shm_unlink(name.c_str());  // no one else may open it now
   auto s = std::unique_ptr<shm_sender>(new shm_sender(std::move(d)));
-  s->d_->thread = std::thread([d = s->d_.get()] { d->loop(); });
-  pthread_setname_np(s->d_->thread.native_handle(), "rm-shm-send");
+  try {
+    s->d_->thread = std::thread([d = s->d_.get()] { d->loop(); });
+    pthread_setname_np(s->d_->thread.native_handle(), "rm-shm-send");
+  } catch (const std::exception& x) {  // the name stays: the receiver removes it; we use the network
+    *error = std::string("cannot start the sender's thread: ") + x.what();
+    return nullptr;
+  }
+  shm_unlink(name.c_str());  // no one else may open it now
   return s;
 }
 
@@ -355,8 +391,42 @@ shm_sender::~shm_sender() {
     d_->stop = true;
   }
   d_->wake.notify_one();
+  d_->seg.ctl->tail_seq.fetch_add(1);  // not ours to bump, but harmless: the receiver only counts on it
   futex_wake(&d_->seg.ctl->tail_seq);
   if (d_->thread.joinable()) d_->thread.join();
+}
+
+// ---- hosts and leftovers ----
+
+std::string host_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  if (!std::getline(in, boot) || boot.size() < 32 || boot.size() > 40) return "";
+  return boot + "/" + std::to_string(geteuid());
+}
+
+int sweep_segments() {
+  const std::string prefix = "ringmaster." + std::to_string(geteuid()) + ".";
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return 0;
+  int removed = 0;
+  while (dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    fd_guard f;
+    f.fd = shm_open(("/" + name).c_str(), O_RDONLY, 0);
+    struct stat st {};
+    if (f.fd < 0 || fstat(f.fd, &st) != 0 || st.st_uid != geteuid() || st.st_size < off_t(sizeof(control))) continue;
+    unsigned char raw[sizeof(control)];  // only the stamp: read, not mapped
+    uint64_t magic = 0;
+    int32_t pid = 0;
+    if (pread(f.fd, raw, sizeof raw, 0) != ssize_t(sizeof raw)) continue;
+    std::memcpy(&magic, raw + offsetof(control, magic), sizeof magic);
+    std::memcpy(&pid, raw + offsetof(control, pid), sizeof pid);
+    if (magic == kShmMagic && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) removed += shm_unlink(("/" + name).c_str()) == 0;
+  }
+  closedir(dir);
+  return removed;
 }
 
 }  // namespace ringmaster::net

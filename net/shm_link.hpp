@@ -10,9 +10,11 @@
 // Who may use it: the receiver creates the segment (O_EXCL, mode 0600, owned by its user) under a name
 // both sides derive from the job; the sender opens it only if its owner is the sender's own user, its
 // mode lets no one else in, and its stamp (job, both ranks) is the one expected, then removes the name.
-// So only a process of the same user, which could read our memory anyway, can feed or read it, and no
-// bytes leave the host: the link needs no encryption. A sender that cannot open it (another host, another
-// user, a name already taken) uses the network instead.
+// So only a process of the same user, which can read that user's key files (~/.ringmaster) anyway, can
+// feed or read it, and no bytes leave the host: the link needs no encryption. A sender that cannot open
+// it (another host, another user, a name already taken) uses the network instead. Node daemons make
+// segments only for a neighbour whose host_id() is theirs, and sweep_segments() removes those of dead
+// processes (a daemon killed with SIGKILL leaves its segments behind).
 //
 // Segment layout: a control block (kControlBytes) and then `capacity` bytes of records. A record is a
 // u64 length (a multiple of 64, counting itself), the 56-byte wire header (net/wire.hpp) and the payload,
@@ -39,13 +41,19 @@ struct shm_stamp {
   int32_t receiver_rank = 0;  // its right neighbour, which receives
 };
 
-// 16 MiB: four of the ring's largest messages (1 MiB of floats a segment, net/ring_driver.hpp) fit.
-constexpr size_t kShmCapacity = size_t(16) << 20;
+// 8 MiB: the ring's largest messages are 1 MiB (net/ring_driver.hpp), so seven fit, and the buffer takes
+// little of a container's /dev/shm (64 MiB by default in Docker).
+constexpr size_t kShmCapacity = size_t(8) << 20;
 // The largest payload one message may carry: a quarter of the buffer, so a message always fits.
 constexpr size_t kShmMaxPayload = kShmCapacity / 4;
 
 // The segment's file name (under /dev/shm) for a stamp: our user's id, the ring and the receiving rank.
 std::string shm_name(const shm_stamp& s);
+// Who could share a segment with us: this boot of this machine and our user ("<boot id>/<uid>"), or ""
+// when the boot id cannot be read. Equal ids are worth trying; open() still decides.
+std::string host_id();
+// Removes our user's segments whose creating process is gone. Returns how many.
+int sweep_segments();
 
 class shm_receiver {
  public:
@@ -77,9 +85,10 @@ class shm_sender {
   // no such name, the usual case on another host) or it is not ours alone or not for this stamp.
   static std::unique_ptr<shm_sender> open(const shm_stamp& stamp, std::string* error, bool* missing);
   // From any thread. Done with p's bytes when it returns, and never waits for the receiver: the message
-  // is copied into the segment, or, when the buffer is full, into a queue for the sender's thread. False with *error only for a message that can never go
-  // (a bad header, a payload over kShmMaxPayload). Once the receiver has closed the segment, messages are
-  // dropped, as a connection to a vanished peer drops them; the job's heartbeats tell who is gone.
+  // is copied into the segment, or, when the buffer is full, into a queue for the sender's thread. False
+  // with *error only for a message that can never go (a bad header, a payload over kShmMaxPayload). Once
+  // the receiver has closed the segment, messages are dropped, as a connection to a vanished peer drops
+  // them; the job's heartbeats tell who is gone.
   bool send(const wire::header& h, payload p, std::string* error);
   ~shm_sender();  // drops what is still queued
   shm_sender(const shm_sender&) = delete;

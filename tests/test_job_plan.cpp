@@ -249,6 +249,10 @@ TEST_CASE("job plan: hostile JSON is refused naming the field", "[plan]") {
         "job plan: 'nodes[1].key' is set, unlike 'nodes[0].key' (all nodes use keys or none)");
   // Sealed ring chunks: a port in range, and only with keys; a salt of 64 lowercase hex digits, only with keys.
   CHECK(refusal([](json& j) { j["nodes"][0]["sealed_port"] = 70000; }) == "job plan: 'nodes[0].sealed_port' is 70000, expected 0..65535");
+  CHECK(refusal([](json& j) { j["nodes"][1]["host"] = "a host"; }) ==
+        "job plan: 'nodes[1].host' must be at most 64 printable ASCII characters without spaces");
+  CHECK(refusal([](json& j) { j["nodes"][1]["host"] = std::string(65, 'a'); }).find("'nodes[1].host' is") != std::string::npos);
+  CHECK(refusal([](json& j) { j["shared_memory"] = 1; }) == "job plan: 'shared_memory' must be true or false, got 1");
   CHECK(refusal([](json& j) { j["nodes"][0]["sealed_port"] = 5000; }) == "job plan: 'nodes[0].sealed_port' is set for a node without a key");
   CHECK(refusal([](json& j) { j["seal_salt"] = "00"; }) == "job plan: 'seal_salt' must be 64 lowercase hex digits or empty");
   CHECK(refusal([](json& j) { j["seal_salt"] = std::string(64, 'a'); }) == "job plan: 'seal_salt' is set for nodes without keys");
@@ -264,7 +268,7 @@ TEST_CASE("job plan: hostile JSON is refused naming the field", "[plan]") {
         "job plan: 'nodes[0]' and 'nodes[2]' are both 'tcp://10.0.0.1:5601'");
   CHECK(refusal([](json& j) { j["nodes"][2]["id"] = "b:2:beef"; }) == "job plan: 'nodes[1]' and 'nodes[2]' have the same id 'b:2:beef'");
   CHECK(refusal([](json& j) { j["nodes"][1]["endpoint"] = ""; }) == "job plan: 'nodes[1].endpoint' is empty (this process) in a plan of 3 nodes");
-  CHECK(refusal([](json& j) { j["nodes"].push_back({{"endpoint", "tcp://idle:1"}, {"id", "idle"}, {"key", ""}, {"sealed_port", 0}}); }) == "job plan: 'nodes[3]' runs no rank");
+  CHECK(refusal([](json& j) { j["nodes"].push_back({{"endpoint", "tcp://idle:1"}, {"id", "idle"}, {"key", ""}, {"host", ""}, {"sealed_port", 0}}); }) == "job plan: 'nodes[3]' runs no rank");
   CHECK(refusal([](json& j) { j["nodes"] = json::array(); }) == "job plan: 'nodes' lists 0 nodes, expected 1..1024");
 
   // Ranks: exactly 0..N-1 once each, on nodes that exist, in ring order, with their shards.

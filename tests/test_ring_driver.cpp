@@ -12,12 +12,21 @@ using namespace ringmaster;
 
 namespace {
 
+// copying: done with the sender's floats when send returns (as the shared-memory link is), so the
+// driver may send its own buffer and change it at once.
 struct queue_link : ring::link {
   std::deque<ring::message> q;
+  bool copying = false;
   std::string send(ring::message m) override {
+    if (copying) {
+      auto v = std::make_shared<std::vector<float>>(m.data, m.data + m.count);
+      m.data = v->data();
+      m.owner = v;
+    }
     q.push_back(std::move(m));
     return "";
   }
+  bool copies_at_send() const override { return copying; }
 };
 
 // The ring's order: element i of chunk c is ((x_c + x_c+1) + x_c+2) + ...
@@ -38,8 +47,9 @@ std::vector<float> ring_order_sum(const std::vector<std::vector<float>>& x, size
 struct ring_of_drivers {
   std::vector<std::unique_ptr<queue_link>> links;
   std::vector<std::unique_ptr<ring::driver>> d;
-  ring_of_drivers(int n, ring::driver_options o) {
+  ring_of_drivers(int n, ring::driver_options o, bool copying = false) {
     for (int r = 0; r < n; ++r) links.push_back(std::make_unique<queue_link>());
+    for (auto& l : links) l->copying = copying;
     for (int r = 0; r < n; ++r)
       d.push_back(std::make_unique<ring::driver>(r, n, links[size_t(r)].get(), std::make_unique<ring::host_loop_ops>(), o));
   }
@@ -66,8 +76,9 @@ TEST_CASE("ring driver: any buckets, segments and path give the ring's bits", "[
   for (int n = 1; n <= 5; ++n)
     for (size_t total : {size_t(0), size_t(1), size_t(n + 1), size_t(1000), size_t(40000)})
       for (size_t segment : {size_t(3), size_t(1000), size_t(1) << 18})
-        for (size_t small : {size_t(0), size_t(1) << 20}) {
-          INFO("ranks " << n << " length " << total << " segment " << segment << " small " << small);
+        for (size_t small : {size_t(0), size_t(1) << 20})
+        for (bool copying : {false, true}) {
+          INFO("ranks " << n << " length " << total << " segment " << segment << " small " << small << " copying " << copying);
           std::vector<std::vector<float>> x(static_cast<size_t>(n), std::vector<float>(total));
           std::normal_distribution<float> g(0.f, 1.f);
           for (auto& v : x)
@@ -81,7 +92,7 @@ TEST_CASE("ring driver: any buckets, segments and path give the ring's bits", "[
           o.segment_elems = segment;
           o.small_bytes = o.pair_small_bytes = small;
           o.copy_below = (n % 2) ? 0 : 1024;
-          ring_of_drivers ring(n, o);
+          ring_of_drivers ring(n, o, copying);
           int64_t seq = 0;
           for (size_t b = cuts.size() - 1; b > 0; --b, ++seq) {
             // Ranks start in a random order: messages for a rank not there yet wait.

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -278,4 +279,34 @@ TEST_CASE("shm link: whatever a broken sender writes, the receiver says so and r
       CHECK_FALSE(net::shm_sender::open(s, &error, &missing));
     }
   }
+}
+
+TEST_CASE("shm link: segments whose maker is gone are swept, live ones stay", "[shm]") {
+  std::string error;
+  const net::shm_stamp live = fresh_stamp(), dead = fresh_stamp();
+  auto keep = net::shm_receiver::create(live, &error);
+  auto gone = net::shm_receiver::create(dead, &error);
+  REQUIRE(keep);
+  REQUIRE(gone);
+  // Stamp `dead` with the pid of a process that has exited (its pid is free: waited for).
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(0);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  {
+    raw_segment raw(dead);
+    const int32_t pid = int32_t(child);
+    std::memcpy(raw.at(40), &pid, sizeof pid);  // control.pid (net/shm_link.cpp)
+  }
+  CHECK(net::sweep_segments() >= 1);
+  bool missing = false;
+  CHECK_FALSE(net::shm_sender::open(dead, &error, &missing));
+  CHECK(missing);
+  auto tx = net::shm_sender::open(live, &error, &missing);
+  CHECK(tx);
+  // Ours: this boot of this machine and our user.
+  const std::string host = net::host_id();
+  CHECK(host.size() > 33);
+  CHECK(host.substr(host.rfind('/') + 1) == std::to_string(geteuid()));
 }

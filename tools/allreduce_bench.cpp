@@ -187,7 +187,8 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   if (o->security == "sealed" && o->transport == "shm")
     return "--transport shm: chunks stay on this host and are not sealed (--security curve or none)";
   if (o->transport == "shm" && (o->segment > ringmaster::net::kShmMaxPayload || o->small > ringmaster::net::kShmMaxPayload))
-    return "--transport shm: --segment and --small are at most 4M (a shared-memory message's limit)";
+    return "--transport shm: --segment and --small are at most " + std::to_string(ringmaster::net::kShmMaxPayload >> 20) +
+           "M (a shared-memory message's limit)";
   if (o->security == "sealed" && o->transport == "ipc") return "--security sealed needs --transport tcp (sealed ports are tcp)";
   if (o->security == "sealed" && o->transport == "tcp" &&
       (o->segment > ringmaster::net::kMaxSealedPayload || o->small > ringmaster::net::kMaxSealedPayload))
