@@ -24,6 +24,7 @@
 //                CurveZMQ, ring chunks through shared memory (net/shm_link.hpp), the daemons being on
 //                one host;
 //   nodes/local  the cost of crossing processes;
+//   insecure     the same over daemons started --insecure, and nodes/insecure the cost of keys;
 //   tcp          the same with shared memory off (remote_options::shared_memory), so ring chunks take the
 //                network as between hosts: sealed with AES-256-GCM (net/seal.hpp) over TCP;
 //   tcp insecure the same over daemons started --insecure, and tcp/insecure the cost of encryption;
@@ -528,11 +529,11 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
               (long long)steps_per_epoch);
   std::printf("# samples/s over the epochs after the first; medians of %d rounds, local and nodes interleaved\n",
               repeat);
-  std::printf("# nodes: keys, commands over CurveZMQ, ring chunks through shared memory (one host); tcp: shared "
-              "memory off, ring chunks sealed (AES-256-GCM) over TCP; tcp insecure: the same daemons run --insecure; "
-              "curve: ring chunks over CurveZMQ\n");
-  std::printf("# %-16s %10s %10s %11s %10s %12s %12s %14s\n", "model", "local", "nodes", "nodes/local", "tcp",
-              "tcp insecure", "tcp/insecure", "curve/insecure");
+  std::printf("# nodes: keys, commands over CurveZMQ, ring chunks through shared memory (one host); insecure: the "
+              "same, daemons run --insecure; tcp: shared memory off, ring chunks sealed (AES-256-GCM) over TCP; tcp "
+              "insecure: that, --insecure; curve: ring chunks over CurveZMQ\n");
+  std::printf("# %-16s %9s %9s %11s %9s %14s %9s %12s %12s %14s\n", "model", "local", "nodes", "nodes/local", "insecure",
+              "nodes/insecure", "tcp", "tcp insecure", "tcp/insecure", "curve/insecure");
   for (const std::string& m : models) {
     train_config c;
     c.model = m;
@@ -565,14 +566,17 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
     plain.insecure = true;
     remote_options curve = tcp;
     curve.seal_chunks = false;
-    const remote_options* opts[] = {nullptr, &ro, &tcp, &plain, &curve};
-    const char* names[] = {"local", "nodes", "tcp nodes", "tcp insecure nodes", "tcp curve nodes"};
+    remote_options open = ro;
+    open.nodes = plain_daemons.endpoints();
+    open.insecure = true;
+    const remote_options* opts[] = {nullptr, &ro, &tcp, &plain, &curve, &open};
+    const char* names[] = {"local", "nodes", "tcp nodes", "tcp insecure nodes", "tcp curve nodes", "insecure nodes"};
 
-    std::vector<double> rates[5], local_cpus, remote_cpus;
+    std::vector<double> rates[6], local_cpus, remote_cpus;
     for (int k = 0; k < repeat; ++k) {
-      for (const int kind : {0, 1, 2, 3, 4}) {
+      for (const int kind : {0, 1, 5, 2, 3, 4}) {
         const bool remote = kind > 0;
-        const node_daemons& ds = kind == 3 ? plain_daemons : daemons;
+        const node_daemons& ds = kind == 3 || kind == 5 ? plain_daemons : daemons;
         const double c0 = process_cpu(), n0 = remote ? ds.cpu_seconds() : 0;
         train_result r = kind == 0 ? train(c) : train_remote(c, *opts[kind]);
         const double cpu = process_cpu() - c0 + (remote ? ds.cpu_seconds() - n0 : 0);
@@ -593,11 +597,12 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
     };
     auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
     const double local = median(rates[0]), remote = median(rates[1]), sealed = median(rates[2]),
-                 insecure = median(rates[3]), over_curve = median(rates[4]);
+                 insecure = median(rates[3]), over_curve = median(rates[4]), open_rate = median(rates[5]);
     std::printf("#   %s samples per CPU-second (whole job, every process): local %.0f, nodes %.0f\n",
                 md->label().c_str(), median(local_cpus), median(remote_cpus));
-    std::printf("  %-16s %10.0f %10.0f %11.2f %10.0f %12.0f %12.2f %14.2f\n", md->label().c_str(), local, remote,
-                ratio(remote, local), sealed, insecure, ratio(sealed, insecure), ratio(over_curve, insecure));
+    std::printf("  %-16s %9.0f %9.0f %11.2f %9.0f %14.2f %9.0f %12.0f %12.2f %14.2f\n", md->label().c_str(), local, remote,
+                ratio(remote, local), open_rate, ratio(remote, open_rate), sealed, insecure, ratio(sealed, insecure),
+                ratio(over_curve, insecure));
     std::fflush(stdout);
   }
   return 0;
