@@ -289,13 +289,14 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
     complete_step(self, st, e, step);
     if (st.finished) return;
   }
-  // A state the old rank 0 owed for an earlier step went with it (a surviving one sent its states before
-  // it paused): that checkpoint is given up. One due at `start` comes from the new rank 0 as it goes on.
-  for (auto it = st.checkpoints.begin(); it != st.checkpoints.end();)
-    it = it->first < start && !it->second.state ? st.checkpoints.erase(it) : std::next(it);
   // An epoch that ended before `start` and still lacks a lost rank's evaluation will not get it.
   for (auto& [e, a] : st.epochs)
     if ((e + 1) * spe < start) maybe_close_epoch(self, st, e, true);
+  // Last, once the steps and epochs above have added their halves: a state the old rank 0 owed for an
+  // earlier step went with it (a surviving one sent its states before it paused), so that checkpoint is
+  // given up. One due at `start` comes from the new rank 0 as it goes on.
+  for (auto it = st.checkpoints.begin(); it != st.checkpoints.end();)
+    it = it->first < start && !it->second.state ? st.checkpoints.erase(it) : std::next(it);
 }
 
 }  // namespace

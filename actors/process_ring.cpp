@@ -55,12 +55,26 @@ struct process_ring::impl {
     port = spawn_reducer(*sys, rc, &red);
   }
   bool keys() const { return !opt.bridge.keys.empty(); }
-  // A segment's stamp: the job and the receiving rank's endpoint (unique on a host while it is bound), so
-  // two rings of one job id on one host (tests, benchmarks) never meet.
+  // A segment's stamp: the job and where the receiving rank listens (its tcp port or ipc path, unique on
+  // a host while bound, whatever host name or address either side writes), so two rings of one job id on
+  // one host (tests, benchmarks) never meet.
   net::shm_stamp stamp(int from, int to, const std::string& receiver_endpoint) const {
+    const bool tcp = receiver_endpoint.rfind("tcp://", 0) == 0;
+    const std::string where = tcp ? receiver_endpoint.substr(receiver_endpoint.rfind(':') + 1) : receiver_endpoint;
     uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (unsigned char c : receiver_endpoint) h = (h ^ c) * 1099511628211ull;
+    for (unsigned char c : where) h = (h ^ c) * 1099511628211ull;
     return {opt.job_id ^ h, from, to};
+  }
+  // Our segment for the left neighbour's chunks, named by the endpoint we are bound to.
+  void make_segment(const std::string& bound) {
+    std::string why;
+    shm_in = net::shm_receiver::create(stamp(left, rank, bound), &why);
+    if (!shm_in) return log("no shared memory for the left neighbour's chunks: " + why);
+    shm_in->start(
+        [this](const wire::header& h, net::payload p) {
+          if (h.type == msg_type::chunk) deliver(*port, from_wire(h, std::move(p)));  // the reducer checks the rest
+        },
+        [this](const std::string& why) { ringmaster::fail(*port, why); });
   }
   const std::string& key_of(int r) const {
     return opt.public_keys.empty() ? opt.bridge.keys.public_key : opt.public_keys[size_t(r)];
@@ -258,20 +272,14 @@ bool process_ring::listen(const std::string& endpoint, std::string* error) {
   if (d_->keys() && !d_->opt.public_keys.empty() && d_->opt.public_keys.size() != size_t(d_->size))
     return failed(std::to_string(d_->opt.public_keys.size()) + " public keys for a ring of " + std::to_string(d_->size));
   if (d_->keys() && !d_->opt.seal_salt.empty() && d_->size > 1 && !d_->make_seals(error)) return false;
-  // Before the bridge starts, so before any hello is answered: the left neighbour looks for the segment
-  // once we have. Named by the endpoint as given, which is the one the left neighbour connects to.
-  if (d_->opt.shared_memory && d_->size > 1) {
-    std::string why;
-    d_->shm_in = net::shm_receiver::create(d_->stamp(d_->left, d_->rank, endpoint), &why);
-    if (!d_->shm_in) d_->log("no shared memory for the left neighbour's chunks: " + why);
-    else
-      d_->shm_in->start(
-          [d = d_.get()](const wire::header& h, net::payload p) {
-            if (h.type == msg_type::chunk) deliver(*d->port, from_wire(h, std::move(p)));  // the reducer checks the rest
-          },
-          [d = d_.get()](const std::string& why) { fail(*d->port, why); });
-  }
+  // The segment exists before any hello is answered: the left neighbour looks for it once we have. With
+  // a port of our choosing, before the bridge starts; with port 0, once it is bound (then nobody knows
+  // where we listen, so nobody says hello, until listen() has returned).
+  const bool any_port = endpoint.rfind("tcp://", 0) == 0 && endpoint.substr(endpoint.rfind(':') + 1) == "0";
+  const bool shm = d_->opt.shared_memory && d_->size > 1;
+  if (shm && !any_port) d_->make_segment(endpoint);
   if (!d_->br.start(endpoint, error)) return false;
+  if (shm && any_port) d_->make_segment(d_->br.endpoint());
   if (d_->seal) {  // in place before we return: the left neighbour may log in to our sealed port at once
     d_->br.add_opener(d_->opt.job_id, uint32_t(d_->left), d_->unseal, d_->key_of(d_->left));
     std::promise<void> added;

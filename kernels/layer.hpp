@@ -54,7 +54,9 @@ struct layer_io {
   shape in, out;
   const float* x = nullptr;            // (batch, in)
   float* y = nullptr;                  // (batch, out)
-  const float* const* params = nullptr;  // one per declared parameter, in declaration order
+  // One per declared parameter, in declaration order. Valid for this call only: an elastic job's
+  // parameters move between two buffers at every update (network::keep_undo), so keep no pointer.
+  const float* const* params = nullptr;
   float* const* grads = nullptr;       // same offsets in the gradient buffer; backward overwrites them
   float* work = nullptr;               // workspace(batch) floats, kept from forward to backward
   bool training = false;               // false: evaluation (dropout passes everything through)

@@ -132,7 +132,7 @@ class network {
   network(backend& be, std::shared_ptr<const model> m, int max_batch, optimizer_config opt);
   const model& def() const { return *m_; }
   size_t size() const { return m_->param_count(); }
-  float* params() { return params_.data(); }
+  float* params() { return params_.data(); }  // until the next apply() or undo() (keep_undo moves it)
   float* grads() { return grads_.data(); }
   void set_params(const float* host);
   void get_params(float* host) const;
@@ -160,7 +160,8 @@ class network {
   // A one-step undo, for elastic jobs (actors/reform.hpp): with keep_undo(true), the state before each
   // update (parameters, optimizer state, step count) is kept, and undo() takes the last update back bit
   // for bit: a step that some ranks applied and others never did. apply() writes the update into a
-  // second set of buffers and swaps the two (backend::adam_update_to), so keeping it costs no copy.
+  // second set of buffers and swaps the two (backend::adam_update_to): on the CPU keeping it costs no
+  // copy; a backend without such a kernel (CUDA today) copies first, as before.
   void keep_undo(bool on);
   bool can_undo() const;
   void undo();

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -47,7 +48,7 @@ struct control {
   int32_t sender_rank;
   int32_t receiver_rank;
   uint64_t capacity;
-  int32_t pid;  // the receiver's process: sweep_segments removes segments whose maker is gone
+  int32_t pid;  // the receiver's process, for whoever looks
   alignas(64) std::atomic<uint64_t> head;   // bytes written: the sender's
   std::atomic<uint32_t> head_seq;           // one more per record: the receiver's futex
   std::atomic<uint32_t> rx_waiting;         // the receiver sleeps (or is about to) on head_seq
@@ -116,6 +117,7 @@ std::string shm_name(const shm_stamp& s) {
 
 struct shm_receiver::impl {
   mapping seg;
+  fd_guard lock;  // the segment's fd, flock()ed while we live: sweep_segments leaves it alone
   std::string name;
   std::thread thread;
   std::atomic<bool> stop{false};
@@ -159,6 +161,8 @@ std::unique_ptr<shm_receiver> shm_receiver::create(const shm_stamp& stamp, std::
     return *error = sys_error("reserve " + std::to_string(kSegmentBytes >> 20) + " MiB in /dev/shm"), nullptr;
   }
   if (!s.seg.map(f.fd, error)) return nullptr;
+  if (flock(f.fd, LOCK_EX | LOCK_NB) != 0) return *error = sys_error("lock " + s.name), nullptr;
+  std::swap(s.lock.fd, f.fd);
   control* c = new (s.seg.base) control{};
   c->version = kShmVersion;
   c->uid = uint32_t(geteuid());
@@ -295,7 +299,8 @@ std::unique_ptr<shm_sender> shm_sender::open(const shm_stamp& stamp, std::string
   *missing = false;
   const std::string name = shm_name(stamp);
   fd_guard f;
-  f.fd = shm_open(name.c_str(), O_RDWR, 0);  // glibc adds O_NOFOLLOW and O_CLOEXEC
+  // glibc adds O_NOFOLLOW and O_CLOEXEC; O_NONBLOCK: a FIFO someone put there does not hold us up.
+  f.fd = shm_open(name.c_str(), O_RDWR | O_NONBLOCK, 0);
   if (f.fd < 0) {
     *missing = errno == ENOENT;
     return *error = sys_error("open /dev/shm" + name), nullptr;
@@ -401,8 +406,12 @@ shm_sender::~shm_sender() {
 std::string host_id() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string boot;
-  if (!std::getline(in, boot) || boot.size() < 32 || boot.size() > 40) return "";
-  return boot + "/" + std::to_string(geteuid());
+  struct stat shm {};
+  if (!std::getline(in, boot) || boot.size() < 32 || boot.size() > 40 || stat("/dev/shm", &shm) != 0) return "";
+  // Containers share the boot id; their /dev/shm mounts tell them apart.
+  char dev[48];
+  std::snprintf(dev, sizeof dev, "%llx.%llx", (unsigned long long)shm.st_dev, (unsigned long long)shm.st_ino);
+  return boot + "/" + dev + "/" + std::to_string(geteuid());
 }
 
 int sweep_segments() {
@@ -413,17 +422,19 @@ int sweep_segments() {
   while (dirent* e = readdir(dir)) {
     const std::string name = e->d_name;
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    // Non-blocking (a FIFO of this name must not hang us), ours and a plain file, before anything is read.
     fd_guard f;
-    f.fd = shm_open(("/" + name).c_str(), O_RDONLY, 0);
+    f.fd = shm_open(("/" + name).c_str(), O_RDONLY | O_NONBLOCK, 0);
     struct stat st {};
-    if (f.fd < 0 || fstat(f.fd, &st) != 0 || st.st_uid != geteuid() || st.st_size < off_t(sizeof(control))) continue;
+    if (f.fd < 0 || fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        st.st_size < off_t(sizeof(control)))
+      continue;
     unsigned char raw[sizeof(control)];  // only the stamp: read, not mapped
     uint64_t magic = 0;
-    int32_t pid = 0;
     if (pread(f.fd, raw, sizeof raw, 0) != ssize_t(sizeof raw)) continue;
     std::memcpy(&magic, raw + offsetof(control, magic), sizeof magic);
-    std::memcpy(&pid, raw + offsetof(control, pid), sizeof pid);
-    if (magic == kShmMagic && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) removed += shm_unlink(("/" + name).c_str()) == 0;
+    // Its receiver holds a lock on it while it lives (whatever pid namespace it is in): none, it is gone.
+    if (magic == kShmMagic && flock(f.fd, LOCK_EX | LOCK_NB) == 0) removed += shm_unlink(("/" + name).c_str()) == 0;
   }
   closedir(dir);
   return removed;

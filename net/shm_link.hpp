@@ -49,10 +49,11 @@ constexpr size_t kShmMaxPayload = kShmCapacity / 4;
 
 // The segment's file name (under /dev/shm) for a stamp: our user's id, the ring and the receiving rank.
 std::string shm_name(const shm_stamp& s);
-// Who could share a segment with us: this boot of this machine and our user ("<boot id>/<uid>"), or ""
-// when the boot id cannot be read. Equal ids are worth trying; open() still decides.
+// Who could share a segment with us: this boot of this machine, its /dev/shm mount and our user
+// ("<boot id>/<dev>.<inode>/<uid>"), or "" when unknown. Equal ids are worth trying; open() still decides.
 std::string host_id();
-// Removes our user's segments whose creating process is gone. Returns how many.
+// Removes our user's segments whose receiver is gone (it holds a lock on the segment while it lives).
+// Returns how many.
 int sweep_segments();
 
 class shm_receiver {

@@ -281,32 +281,34 @@ TEST_CASE("shm link: whatever a broken sender writes, the receiver says so and r
   }
 }
 
-TEST_CASE("shm link: segments whose maker is gone are swept, live ones stay", "[shm]") {
+TEST_CASE("shm link: segments whose receiver is gone are swept, live ones and strangers' files stay", "[shm]") {
   std::string error;
-  const net::shm_stamp live = fresh_stamp(), dead = fresh_stamp();
+  const net::shm_stamp live = fresh_stamp(), dead = fresh_stamp(), fifo = fresh_stamp();
   auto keep = net::shm_receiver::create(live, &error);
-  auto gone = net::shm_receiver::create(dead, &error);
   REQUIRE(keep);
-  REQUIRE(gone);
-  // Stamp `dead` with the pid of a process that has exited (its pid is free: waited for).
-  const pid_t child = fork();
-  REQUIRE(child >= 0);
-  if (child == 0) _exit(0);
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
+  // What a receiver killed with SIGKILL leaves: a stamped segment that nobody holds a lock on.
   {
-    raw_segment raw(dead);
-    const int32_t pid = int32_t(child);
-    std::memcpy(raw.at(40), &pid, sizeof pid);  // control.pid (net/shm_link.cpp)
+    const int fd = shm_open(net::shm_name(dead).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, off_t(4096 + net::kShmCapacity)) == 0);
+    const uint64_t magic = 0x4d48535f474e4952ull;  // "RING_SHM" (net/shm_link.cpp)
+    REQUIRE(pwrite(fd, &magic, sizeof magic, 0) == ssize_t(sizeof magic));
+    close(fd);
   }
+  // A FIFO under one of our names (anyone may make one in /dev/shm): no hang, left alone.
+  const std::string fifo_path = "/dev/shm" + net::shm_name(fifo);
+  REQUIRE(mkfifo(fifo_path.c_str(), 0600) == 0);
   CHECK(net::sweep_segments() >= 1);
   bool missing = false;
   CHECK_FALSE(net::shm_sender::open(dead, &error, &missing));
   CHECK(missing);
+  CHECK_FALSE(net::shm_sender::open(fifo, &error, &missing));  // not a plain file: refused, not hung
+  CHECK(error.find("not a segment of ours alone") != std::string::npos);
+  unlink(fifo_path.c_str());
   auto tx = net::shm_sender::open(live, &error, &missing);
   CHECK(tx);
-  // Ours: this boot of this machine and our user.
+  // Ours: this boot of this machine, its /dev/shm and our user.
   const std::string host = net::host_id();
-  CHECK(host.size() > 33);
+  CHECK(host.size() > 36);
   CHECK(host.substr(host.rfind('/') + 1) == std::to_string(geteuid()));
 }

@@ -309,6 +309,10 @@ int run_worker(const options& o) {
     std::fprintf(stderr, "allreduce_bench rank %d: %s\n", rank, err.c_str());
     return 1;
   }
+  if (o.transport == "shm" && o.ranks > 1 && !ring.through_shared_memory()) {  // else the rows would be tcp's
+    std::fprintf(stderr, "allreduce_bench rank %d: no shared memory with the next rank (is /dev/shm full?)\n", rank);
+    return 1;
+  }
   float token = 0;
   for (size_t bytes : o.sizes) {
     const size_t len = bytes / sizeof(float);
