@@ -144,7 +144,7 @@ bool node_job::wire_ring(std::string* error) {
   // (one connection per node). That node takes our chunks because the plan names our routing id.
   for (int r : mine_) {
     const int right = plan_.right(r);
-    if (!ports_[r]) return *error = "rank " + std::to_string(r) + " has no reducer", false;
+    if (auto p = ports_.find(r); p == ports_.end() || !p->second) return *error = "rank " + std::to_string(r) + " has no reducer", false;
     link_ptr link;
     if (reducers_.count(right)) {
       link = make_port_link(ports_[right]);
@@ -365,8 +365,12 @@ void node_job::heard() { last_heard_ = clock_type::now(); }
 
 void node_job::run_rank(int rank) {
   auto it = replicas_.find(rank);
-  if (it == replicas_.end() || !launcher_link_ || !ring_open_) {  // paused: a start of the ring given up on
+  if (it == replicas_.end() || !launcher_link_) {
     ctx_.log("ignored a start for rank " + std::to_string(rank) + ", which does not run here");
+    return;
+  }
+  if (!ring_open_) {  // paused: a start for the ring given up on
+    ctx_.log("ignored a start for rank " + std::to_string(rank) + ": the job is paused for a re-formed ring");
     return;
   }
   if (!wired_) {
