@@ -363,6 +363,12 @@ void node_job::link_failed(int peer, const std::string& why) {
 
 void node_job::heard() { last_heard_ = clock_type::now(); }
 
+void node_job::flush_reports(std::chrono::milliseconds wait) {
+  if (!launcher_link_) return;
+  caf::scoped_actor self{*ctx_.sys};
+  self->request(launcher_link_, wait, flush_atom::value, true).receive([](bool) {}, [](caf::error&) {});
+}
+
 void node_job::run_rank(int rank) {
   auto it = replicas_.find(rank);
   if (it == replicas_.end() || !launcher_link_) {

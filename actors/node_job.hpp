@@ -59,6 +59,9 @@ class node_job {
   bool start(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, wire::kv_map* ack,
              std::string* error, bool* invalid);
 
+  // Sends the step reports the job holds back (actors/node_links.hpp), waiting up to `wait` for them to
+  // be queued: on the bridge thread they then leave before anything it sends next.
+  void flush_reports(std::chrono::milliseconds wait);
   // The launcher's word: it is alive; start a rank; send a rank's weights.
   void heard();
   void run_rank(int rank);

@@ -13,8 +13,6 @@ void send_kv(net::bridge* br, const net::peer_info& to, wire::header h, const wi
   br->reply(to, h, net::payload::copy_of(text));
 }
 
-using flush_atom = caf::atom_constant<caf::atom("flush")>;
-
 // Step reports not sent yet, and whether a flush is on its way.
 struct report_queue {
   std::vector<step_report> reports;
@@ -63,9 +61,13 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
           self->delayed_send(self, kReportFlush, flush_atom::value);
         }
       },
-      [queue, flush](flush_atom) {
+      [queue, flush](flush_atom) {  // the timer's
         queue->flush_due = false;
         flush();
+      },
+      [flush](flush_atom, bool) {  // the node's as it stops: it waits for the answer
+        flush();
+        return true;
       },
       [br, launcher, job, flush](const eval_report& r) {
         flush();

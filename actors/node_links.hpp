@@ -18,6 +18,9 @@ namespace ringmaster {
 // {reform_atom, map<int, actor> replicas, vector<actor> watch}: the ranks' new numbers after a
 // re-forming (actors/reform.hpp), and the new reducers to watch.
 constexpr std::chrono::milliseconds kReportFlush{50};
+// Request {flush_atom, true} -> true: the step reports held so far are on their way (a node stopping
+// sends them before its abort). {flush_atom} alone is the batch's timer.
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
 constexpr size_t kReportBatch = 64;
 caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::peer_info launcher,
                             uint64_t job, std::map<int, caf::actor> replicas, std::vector<caf::actor> watched,

@@ -414,6 +414,7 @@ void node_service::stop(const std::string& why) {
         // The launcher hears it from us, not from silence: a stopped node is not a lost network.
         if (d->job) {
           told = true;
+          d->job->flush_reports(std::chrono::milliseconds(200));  // the steps it did, before it says it stops
           wire::header h;
           h.type = wire::msg_type::abort;
           h.job_id = d->job->id();
