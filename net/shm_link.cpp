@@ -22,6 +22,7 @@
 #include <mutex>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "net/ring_driver.hpp"
 
@@ -123,6 +124,25 @@ struct shm_receiver::impl {
   std::atomic<bool> stop{false};
   handler on_message;
   error_handler on_error;
+  // Buffers messages are copied into, reused once their readers let go (as ring::driver::copy_of's): no
+  // allocation per message once the ring runs. The receiving thread's alone.
+  std::vector<std::shared_ptr<std::vector<float>>> buffers;
+
+  std::shared_ptr<std::vector<float>> buffer(size_t floats) {
+    std::shared_ptr<std::vector<float>> b;
+    for (auto& c : buffers)
+      if (c.use_count() == 1) {
+        std::atomic_thread_fence(std::memory_order_acquire);  // after the last reader let go
+        b = c;
+        break;
+      }
+    if (!b) {
+      b = std::make_shared<std::vector<float>>();
+      if (buffers.size() < 16) buffers.push_back(b);  // more held at once: plain allocations
+    }
+    b->resize(floats);
+    return b;
+  }
 
   void loop();
   void consumed(uint64_t tail) {
@@ -237,9 +257,9 @@ void shm_receiver::impl::loop() {
       payload p;
       if (h.payload_bytes > 0) {
         // Copied out, so what we hand on cannot change under the reader, and the buffer is free at once.
-        std::shared_ptr<float[]> buf(new float[(h.payload_bytes + sizeof(float) - 1) / sizeof(float)]);
-        std::memcpy(buf.get(), seg.data + off + kRecordHead, h.payload_bytes);
-        p = payload{buf.get(), size_t(h.payload_bytes), std::move(buf)};
+        auto buf = buffer((h.payload_bytes + sizeof(float) - 1) / sizeof(float));
+        std::memcpy(buf->data(), seg.data + off + kRecordHead, h.payload_bytes);
+        p = payload{buf->data(), size_t(h.payload_bytes), std::move(buf)};
       }
       tail += len;
       consumed(tail);

@@ -54,6 +54,17 @@ train_config small_job() {
 
 using test::load;
 
+// The job id in a node's "job N started: ..." line.
+std::string job_id_text(const std::string& started) {
+  const size_t at = started.find("job ") + 4;
+  return started.substr(at, started.find(' ', at) - at);
+}
+uint64_t job_id_of(const std::string& started) {
+  uint64_t id = 0;
+  for (char ch : job_id_text(started)) id = id * 10 + uint64_t(ch - '0');
+  return id;
+}
+
 // A bare socket that authenticates with the key every test process and daemon shares (~/.ringmaster: a
 // daemon accepts its own key): a hostile peer that got past authentication, for the tests of what a
 // node still refuses such a peer. server_key: the daemon's, which is the same.
@@ -438,10 +449,8 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   std::thread launcher([&] { r = train_remote(c, ro); });
   for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(50ms);
   const std::string started = a.wait_for(" started: ");
-  const size_t at = started.find("job ") + 4;
-  const std::string id_text = started.substr(at, started.find(' ', at) - at);
-  uint64_t id = 0;
-  for (char ch : id_text) id = id * 10 + uint64_t(ch - '0');
+  const std::string id_text = job_id_text(started);
+  const uint64_t id = job_id_of(started);
 
   // Another launcher's job: refused without a word about the running one.
   train_config other = small_job();
@@ -807,12 +816,8 @@ TEST_CASE("nodes on one host pass ring chunks through shared memory, bit for bit
   for (int i = 0; i < 3; ++i)
     CHECK(nodes[i]->wait_for("ring chunks to node " + ro.nodes[size_t((i + 1) % 3)] + " through shared memory") != "");
   // The job's segments are gone with it.
-  const std::string started = a.wait_for(" started: ");
-  const size_t at = started.find("job ") + 4;
-  uint64_t id = 0;
-  for (size_t k = at; k < started.size() && started[k] >= '0' && started[k] <= '9'; ++k) id = id * 10 + uint64_t(started[k] - '0');
   char hex[32];
-  std::snprintf(hex, sizeof hex, ".%016llx.", (unsigned long long)id);
+  std::snprintf(hex, sizeof hex, ".%016llx.", (unsigned long long)job_id_of(a.wait_for(" started: ")));
   std::this_thread::sleep_for(200ms);  // the nodes end the job as the launcher says goodbye
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
     CHECK(e.path().filename().string().find(hex) == std::string::npos);

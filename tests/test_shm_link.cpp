@@ -78,6 +78,22 @@ struct inbox {
   }
 };
 
+// A receiver's segment and the sender on it, not yet started.
+struct pair_link {
+  net::shm_stamp stamp = fresh_stamp();
+  std::unique_ptr<net::shm_receiver> rx;
+  std::unique_ptr<net::shm_sender> tx;
+  pair_link() {
+    std::string error;
+    bool missing = false;
+    rx = net::shm_receiver::create(stamp, &error);
+    REQUIRE(rx);
+    tx = net::shm_sender::open(stamp, &error, &missing);
+    INFO(error);
+    REQUIRE(tx);
+  }
+};
+
 // The segment as a test maps it, to write into it as a broken or hostile sender would. Offsets of the
 // control block's fields (net/shm_link.cpp): head at 64, head_seq at 72; records from 4096.
 struct raw_segment {
@@ -139,14 +155,12 @@ TEST_CASE("shm link: messages of every size arrive whole and in order, many time
 }
 
 TEST_CASE("shm link: a sender never waits for a slow receiver, and its queue drains in order", "[shm]") {
-  const net::shm_stamp s = fresh_stamp();
+  pair_link l;
+  const net::shm_stamp& s = l.stamp;
+  auto& rx = l.rx;
+  auto& tx = l.tx;
   std::string error;
-  auto rx = net::shm_receiver::create(s, &error);
-  REQUIRE(rx);
-  bool missing = false;
-  auto tx = net::shm_sender::open(s, &error, &missing);
-  REQUIRE(tx);
-  // 24 messages of 4 MiB before anyone reads: 96 MiB into a 16 MiB buffer.
+  // 24 of the largest messages before anyone reads: six times the buffer.
   const size_t n = net::kShmMaxPayload / sizeof(float);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 24; ++i) REQUIRE(tx->send(chunk_header(s, i, n), floats_of(n, float(i)), &error));
@@ -164,15 +178,13 @@ TEST_CASE("shm link: a sender never waits for a slow receiver, and its queue dra
 }
 
 TEST_CASE("shm link: when the receiver is gone, sends are dropped and nothing hangs", "[shm]") {
-  const net::shm_stamp s = fresh_stamp();
+  pair_link l;
+  const net::shm_stamp& s = l.stamp;
+  auto& rx = l.rx;
+  auto& tx = l.tx;
   std::string error;
-  auto rx = net::shm_receiver::create(s, &error);
-  REQUIRE(rx);
-  bool missing = false;
-  auto tx = net::shm_sender::open(s, &error, &missing);
-  REQUIRE(tx);
   const size_t n = net::kShmMaxPayload / sizeof(float);
-  for (int i = 0; i < 8; ++i) REQUIRE(tx->send(chunk_header(s, i, n), floats_of(n, 0), &error));  // 4 wait in the queue
+  for (int i = 0; i < 8; ++i) REQUIRE(tx->send(chunk_header(s, i, n), floats_of(n, 0), &error));  // most wait in the queue
   const auto t0 = std::chrono::steady_clock::now();
   rx.reset();
   CHECK(tx->send(chunk_header(s, 9, 10), floats_of(10, 0), &error));  // dropped, as to a vanished peer
