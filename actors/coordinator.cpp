@@ -274,6 +274,7 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   st.result->checksums.clear();
   st.recovering = st.result->losses.size();
   st.last_word = note.last_word;
+  st.result->joins.insert(st.result->joins.end(), note.joins.begin(), note.joins.end());
   for (node_loss l : note.losses) {
     l.generation = note.gen;
     l.survivors = int(note.ranks.size());

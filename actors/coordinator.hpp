@@ -46,6 +46,15 @@ struct node_loss {
   std::chrono::steady_clock::time_point next_step;  // when that step was complete
 };
 
+// A lost node that came back and joined the ring again at an epoch's end (actors/reform.hpp).
+struct node_join {
+  std::string node;   // its endpoint
+  std::string ranks;  // the ranks it runs in the grown ring ("4-5")
+  int generation = 0; // of that ring
+  int replicas = 0;   // ranks in it
+  int64_t epoch = 0;  // the first epoch it trains in (0-based)
+};
+
 struct train_result {
   bool ok = false;
   std::string error;                   // set when !ok: which actor failed and why
@@ -61,6 +70,7 @@ struct train_result {
   // Replica time summed over all replicas and steps (seconds): where the time went.
   double wait_batch = 0, compute = 0, wait_ring = 0, update = 0;
   std::vector<node_loss> losses;  // nodes lost on the way (elastic jobs went on without them)
+  std::vector<node_join> joins;   // lost nodes that came back and joined again
   // Samples trained whose loss and accuracy were lost with their node (a report in flight when it
   // died): counted in train_samples, not in the means.
   int64_t unmeasured = 0;
@@ -93,14 +103,15 @@ struct coordinator_config {
   std::function<void(const std::string&)> on_event;  // a line about the job (a lost node), same thread
 };
 
-// {reform_atom, reform_note}: the ring was re-formed without lost nodes' ranks (elastic jobs,
-// actors/reform.hpp). Reports of earlier generations are dropped from then on; the steps before
+// {reform_atom, reform_note}: the ring was re-formed without lost nodes' ranks, or with a node that
+// came back (elastic jobs, actors/reform.hpp). Reports of earlier generations are dropped from then on; the steps before
 // start_step are complete, those from it on are done again by the new ranks.
 struct reform_note {
   int gen = 0;
   int64_t start_step = 0;          // the global step (epoch * steps per epoch + step) they continue from
   std::vector<caf::actor> ranks;   // the new ranks' actors (replica, loader and reducer alike), index = rank
   std::vector<node_loss> losses;   // the nodes lost since the last re-forming
+  std::vector<node_join> joins;    // the nodes that join with this ring
   std::chrono::steady_clock::time_point last_word;  // the earliest last message of those nodes
 };
 

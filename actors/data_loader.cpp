@@ -73,6 +73,7 @@ caf::behavior data_loader(caf::event_based_actor* self, loader_config cfg) {
   auto st = std::make_shared<loader_state>();
   st->steps = int64_t(steps_per_epoch(cfg.data->count, size_t(cfg.global_batch)));
   st->credits = std::max(1, cfg.prefetch);
+  st->gen = cfg.gen;
   if (st->steps > 0) {
     st->epoch = cfg.first_step / st->steps;
     st->step = cfg.first_step % st->steps;

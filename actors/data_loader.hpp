@@ -19,6 +19,7 @@ struct loader_config {
   // Steps of the job already done (a resumed job): the first batch is step first_step % steps of epoch
   // first_step / steps, cut from that epoch's order as an uninterrupted job would have.
   int64_t first_step = 0;
+  int gen = 0;  // the ring generation its batches are for (a node that joins a re-formed ring: that one's)
 };
 
 // Receives {run_atom, replica}: starts pushing {batch_atom, batch_ptr} there; {credit_atom} for more.

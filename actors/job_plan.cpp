@@ -109,6 +109,7 @@ bool check_ranks(const job_plan& p, std::string* error) {
   if (p.global_batch < n) return fail(error, "'global_batch' is " + std::to_string(p.global_batch) + ", less than " + std::to_string(n) + " ranks");
   const int b = p.global_batch / n;
   std::vector<int> per_node(p.nodes.size(), 0);
+  int last_was = -1;
   for (int r = 0; r < n; ++r) {
     const rank_plan& rp = p.ranks[size_t(r)];
     const std::string at = "ranks[" + std::to_string(r) + "]";
@@ -131,9 +132,11 @@ bool check_ranks(const job_plan& p, std::string* error) {
     const int size = rp.batch_end - rp.batch_begin;
     if (reformed ? size < b || size > b + 1 : size != b)
       return fail(error, is(at + ".batch_end", rp.batch_end, reformed ? range(rp.batch_begin + b, rp.batch_begin + b + 1) : std::to_string((r + 1) * b)));
-    // Generation 0: each rank is itself; later ones list the previous generation's survivors in ring order.
-    if (reformed ? rp.was < (r ? p.ranks[size_t(r) - 1].was + 1 : 0) || rp.was >= kMaxPlanRanks : rp.was != r)
-      return fail(error, is(at + ".was", rp.was, reformed ? "more than the rank before's" : std::to_string(r)));
+    // Generation 0: each rank is itself; later ones list the previous generation's survivors in ring
+    // order, and ranks that join (-1) anywhere.
+    if (reformed ? rp.was != -1 && (rp.was <= last_was || rp.was >= kMaxPlanRanks) : rp.was != r)
+      return fail(error, is(at + ".was", rp.was, reformed ? "-1 or more than the last rank before's" : std::to_string(r)));
+    if (rp.was >= 0) last_was = rp.was;
   }
   if (p.ranks.back().batch_end != p.global_batch)
     return fail(error, is("ranks[" + std::to_string(n - 1) + "].batch_end", p.ranks.back().batch_end, std::to_string(p.global_batch)));
@@ -464,7 +467,7 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
     rr.integer("rank", &r.rank, 0, kMaxPlanRanks - 1).integer("node", &r.node, 0, kMaxPlanRanks - 1);
     rr.text("device", &r.device, 33).integer("left", &r.left, 0, kMaxPlanRanks - 1).integer("right", &r.right, 0, kMaxPlanRanks - 1);
     rr.integer("batch_begin", &r.batch_begin, 0, kMaxBatch).integer("batch_end", &r.batch_end, 0, kMaxBatch);
-    rr.integer("was", &r.was, 0, kMaxPlanRanks - 1);
+    rr.integer("was", &r.was, -1, kMaxPlanRanks - 1);
     if (!rr.ok()) return false;
     if (r.node < int(p->nodes.size())) r.endpoint = p->nodes[size_t(r.node)].endpoint;  // else validate names it
     p->ranks.push_back(std::move(r));

@@ -43,7 +43,7 @@ struct rank_plan {
   // The loader's shard: samples [batch_begin, batch_end) of every global batch of the epoch's order.
   // Even shards as a job starts; a re-formed ring (generation > 0) may give some ranks one more sample.
   int batch_begin = 0, batch_end = 0;
-  int was = 0;  // this rank's number in the previous generation (itself in generation 0)
+  int was = 0;  // this rank's number in the previous generation (itself in generation 0; -1: it joins)
 };
 
 struct plan_node {

@@ -49,7 +49,9 @@ node_job::node_job(const node_context& ctx, net::peer_info launcher, job_plan pl
 // and its public key, net/seal.hpp), a sealer for what we send it and an opener for what it sends us. A
 // node whose key does not work gets neither: chunks to and from it go over CurveZMQ.
 void node_job::make_pair_keys() {
-  if (plan_.seal_salt.empty() || ctx_.keys.empty()) return;
+  // A node without a sealed port seals nothing either: one that joins a job again (reform.hpp) would
+  // start its counters again under the same keys.
+  if (plan_.seal_salt.empty() || ctx_.keys.empty() || plan_.nodes[size_t(plan_.recipient)].sealed_port == 0) return;
   const uint32_t me = uint32_t(plan_.recipient);
   for (size_t j = 0; j < plan_.nodes.size(); ++j) {
     if (j == me) continue;
@@ -283,14 +285,26 @@ bool node_job::take_state(const wire::header& h, const net::payload& p, std::str
   return true;
 }
 
-void node_job::pause(int gen) {
+void node_job::pause(int gen, int64_t at) {
   if (gen <= paused_gen_ || gen <= plan_.generation) return;  // old news: a later pause came first
   paused_gen_ = gen;
-  ring_open_ = false;
   resume_.clear();  // a re-formed ring that never started
+  const std::string job = "job " + std::to_string(plan_.job_id);
+  planned_ = at >= 0 && ring_open_;
+  if (planned_) {  // every rank stops after the same step, so the ring is idle when the new plan comes
+    for (auto& [r, a] : replicas_) caf::anon_send(a, pause_atom::value, gen, at);
+    ctx_.log(job + ": a node rejoins; pausing after step " + std::to_string(at) + " for ring generation " + std::to_string(gen));
+    return;
+  }
   // The replicas hear first, so that the ends of their all-reduces (failed as the reducers leave) find
   // them paused: they apply nothing more and answer with what they applied.
   for (auto& [r, a] : replicas_) caf::anon_send(a, pause_atom::value, gen);
+  close_ring();
+  ctx_.log(job + ": a node was lost; paused for ring generation " + std::to_string(gen));
+}
+
+void node_job::close_ring() {
+  ring_open_ = false;
   shm_in_.clear();  // no more chunks from this ring's shared memory
   for (auto& [r, port] : ports_) leave(*port);  // waits for ring work under way: the buffers are free
   for (auto& [r, a] : reducers_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
@@ -299,16 +313,17 @@ void node_job::pause(int gen) {
   // Chunks still queued for a node (a lost one, say) go with their buffers; the new ring connects afresh.
   for (auto& [endpoint, peer] : peers_) ctx_.br->disconnect(peer);
   peers_.clear();
-  ctx_.log("job " + std::to_string(plan_.job_id) + ": a node was lost; paused for ring generation " + std::to_string(gen));
 }
 
 bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
   *dropped = false;
-  if (next.generation != paused_gen_ || ring_open_)
+  if (next.generation != paused_gen_ || (ring_open_ && !planned_))
     return *error = "ring generation " + std::to_string(next.generation) + " without a pause for it", false;
   if (*error = check_reform(plan_, next); !error->empty()) return false;
   std::vector<int> mine = next.ranks_on(plan_.recipient);
   if (mine.empty()) return *dropped = true, false;
+  if (ring_open_) close_ring();  // after a planned pause: every rank has stopped after its step
+  planned_ = false;
   // Our ranks keep their actors and devices under their new numbers.
   std::map<int, caf::actor> replicas, loaders;
   for (int r : mine) {
@@ -393,6 +408,10 @@ void node_job::run_rank(int rank) {
     return;
   }
   caf::anon_send(it->second, run_atom::value, loaders_[rank], reducers_[rank], launcher_link_);
+}
+
+void node_job::send_state(int rank) {
+  if (launcher_link_ && replicas_.count(rank)) caf::anon_send(launcher_link_, checkpt_atom::value, rank);
 }
 
 void node_job::send_weights(int rank) {

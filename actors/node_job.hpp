@@ -79,7 +79,11 @@ class node_job {
 
   // Elastic jobs. pause: the ring of generation `gen` is being formed: the replicas stop (each tells the
   // launcher how many steps it applied), the reducers leave the ring, the connections to other nodes go.
-  void pause(int gen);
+  // With at >= 0 (a node rejoins): the replicas stop once they have applied `at` steps, and the ring
+  // stays until the re-formed plan comes.
+  void pause(int gen, int64_t at = -1);
+  // Rank `rank`'s state (it is paused) to the launcher, for a node that joins the ring.
+  void send_state(int rank);
   // The re-formed plan (valid, from the launcher): spawns reducers for the new ring and wires it; the
   // replicas go on when the launcher starts their ranks. False with *error when it does not fit (then
   // the job ends); *dropped when this node has no rank in it.
@@ -92,6 +96,7 @@ class node_job {
 
  private:
   bool wire_ring(std::string* error);
+  void close_ring();  // the reducers leave, the ring's segments and connections go
   void make_pair_keys();
   // Shared memory (plan shared_memory): for each rank here whose left neighbour runs on another node, a
   // segment that node may send through if it runs on this host as our user (net/shm_link.hpp).
@@ -121,6 +126,7 @@ class node_job {
   bool wired_ = false;     // the ring's links are made at the first start (or a re-forming)
   bool ring_open_ = true;  // false from a pause until the re-formed ring is wired
   int paused_gen_ = 0;     // the last generation a pause was for
+  bool planned_ = false;   // that pause waits for a step (its ring is open until the re-formed plan)
   size_t test_count_ = 0;  // test samples, for the ranks' shards of a re-formed ring
   std::map<int, rank_reform> resume_;  // rank -> its part in the re-formed ring, until it starts
 };

@@ -13,6 +13,21 @@ void send_kv(net::bridge* br, const net::peer_info& to, wire::header h, const wi
   br->reply(to, h, net::payload::copy_of(text));
 }
 
+// A rank's training state, one checkpoint message a buffer.
+void send_state(net::bridge* br, const net::peer_info& to, uint64_t job, int rank, const state_ptr& s) {
+  const std::vector<float>* buffers[] = {&s->params, &s->m1, &s->m2};
+  for (int32_t b = 0; b < wire::kStateBuffers && !buffers[b]->empty(); ++b) {
+    wire::header h;
+    h.type = wire::msg_type::checkpoint;
+    h.job_id = job;
+    h.step = s->steps;
+    h.sender_rank = rank;
+    h.segment = b;
+    h.elements = buffers[b]->size();
+    br->reply(to, h, net::payload::of(chunk_ptr(s, buffers[b])));
+  }
+}
+
 // Step reports not sent yet, and whether a flush is on its way.
 struct report_queue {
   std::vector<step_report> reports;
@@ -98,19 +113,21 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         h.sender_rank = rank;
         br->reply(launcher, h);
       },
-      [br, launcher, job, flush](checkpt_atom, state_ptr s) {  // rank 0's state for a checkpoint: one message a buffer
+      [br, launcher, job, flush](checkpt_atom, state_ptr s) {  // rank 0's state for a checkpoint
         flush();
-        const std::vector<float>* buffers[] = {&s->params, &s->m1, &s->m2};
-        for (int32_t b = 0; b < wire::kStateBuffers && !buffers[b]->empty(); ++b) {
-          wire::header h;
-          h.type = wire::msg_type::checkpoint;
-          h.job_id = job;
-          h.step = s->steps;
-          h.sender_rank = 0;
-          h.segment = b;
-          h.elements = buffers[b]->size();
-          br->reply(launcher, h, net::payload::of(chunk_ptr(s, buffers[b])));
-        }
+        send_state(br, launcher, job, 0, s);
+      },
+      // The launcher asks a paused rank for its state, for a node that joins the ring.
+      [self, br, launcher, job, ranks, flush](checkpt_atom, int rank) {
+        auto it = ranks->find(rank);
+        if (it == ranks->end()) return;
+        self->request(it->second, std::chrono::seconds(60), checkpt_atom::value)
+            .then(
+                [br, launcher, job, rank, flush](state_ptr s) {
+                  flush();
+                  send_state(br, launcher, job, rank, s);
+                },
+                [](caf::error&) {});  // not paused: the launcher gives the join up after its time
       },
       [self, br, launcher, job, ranks, flush](weights_atom, int rank) {
         auto it = ranks->find(rank);

@@ -206,7 +206,11 @@ struct node_service::impl {
                                         std::to_string(h.job_id), true);
     // Which job, and whose, is none of the asker's business.
     if (job) return refuse(from, plan.job_id, "busy with another job");
-    if (past_jobs.count(plan.job_id)) return refuse(from, plan.job_id, "this node already ran a job with this id", true);
+    // A node may join a job it left (reform.hpp) only without sealing: it no longer knows its counters.
+    const bool seals = !plan.seal_salt.empty() && plan.recipient >= 0 && size_t(plan.recipient) < plan.nodes.size() &&
+                       plan.nodes[size_t(plan.recipient)].sealed_port != 0;
+    if (past_jobs.count(plan.job_id) && (seals || plan.generation == 0))
+      return refuse(from, plan.job_id, "this node already ran a job with this id", true);
     if (!opt.insecure && (plan.recipient < 0 || size_t(plan.recipient) >= plan.nodes.size() ||
                           plan.nodes[size_t(plan.recipient)].key != keys.public_key))
       return refuse(from, h.job_id, "the job plan names another key for this node", true);
@@ -247,16 +251,22 @@ struct node_service::impl {
     refuse(launcher, id, error, invalid);
   }
 
-  // Elastic jobs (actors/reform.hpp): the launcher lost a node and re-forms the ring.
+  // Elastic jobs (actors/reform.hpp): the launcher lost a node, or one rejoins (`at`: after which step),
+  // and re-forms the ring.
   void pause(const net::payload& p) {
     wire::kv_map kv;
     std::string error;
-    int64_t gen = 0;
-    const std::string g = wire::decode_kv(p.text(), &kv, &error) && kv.count("gen") ? kv["gen"] : "";
-    auto [end, ec] = std::from_chars(g.data(), g.data() + g.size(), gen);
-    if (g.empty() || ec != std::errc() || end != g.data() + g.size() || gen < 1 || gen > (1 << 20))
-      return log("ignored a pause without a good generation ('" + g.substr(0, 20) + "')");
-    job->pause(int(gen));
+    auto number = [&kv](const char* key, int64_t lo, int64_t hi, int64_t* out) {
+      const std::string& v = kv[key];
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
+      return !v.empty() && ec == std::errc() && end == v.data() + v.size() && *out >= lo && *out <= hi;
+    };
+    int64_t gen = 0, at = -1;
+    if (!wire::decode_kv(p.text(), &kv, &error) || !number("gen", 1, 1 << 20, &gen))
+      return log("ignored a pause without a good generation ('" + kv["gen"].substr(0, 20) + "')");
+    if (kv.count("at") && !number("at", 1, INT64_MAX, &at))
+      return log("ignored a pause with a bad step ('" + kv["at"].substr(0, 20) + "')");
+    job->pause(int(gen), at);
   }
 
   void reform(const net::peer_info& from, const wire::header& h, const net::payload& p) {
@@ -322,6 +332,7 @@ struct node_service::impl {
         if (launcher) reform(from, h, p);
         return;
       case msg_type::checkpoint:
+        if (launcher && h.elements == 0 && p.empty()) return job->send_state(h.sender_rank);  // a request
         if (launcher) {
           std::string error;
           if (!job->take_state(h, p, &error)) {

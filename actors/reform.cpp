@@ -2,32 +2,66 @@
 
 namespace ringmaster {
 
-bool make_reform(const job_plan& current, const std::vector<bool>& lost, int generation, uint64_t ring,
-                 int64_t start, job_plan* next, std::string* error) {
-  std::vector<int> survivors;
-  for (const rank_plan& r : current.ranks)
-    if (size_t(r.node) >= lost.size() || !lost[size_t(r.node)]) survivors.push_back(r.rank);
-  if (survivors.empty()) return *error = "no rank is left to continue the job", false;
-  const int m = int(survivors.size()), b = current.global_batch / m, extra = current.global_batch % m;
+namespace {
+
+// `ranks` (was: their number in current, or -1) as the ring of generation `generation`: renumbered in
+// this order, neighbours, and the global batch cut into contiguous shards (the first B % M one larger).
+bool make_ring(const job_plan& current, std::vector<rank_plan> ranks, int generation, uint64_t ring, int64_t start,
+               job_plan* next, std::string* error) {
+  if (ranks.empty()) return *error = "no rank is left to continue the job", false;
+  const int m = int(ranks.size()), b = current.global_batch / m, extra = current.global_batch % m;
   job_plan p = current;
   p.generation = generation;
   p.ring = ring;
   p.start_step = start;
   p.recipient = -1;
-  p.ranks.clear();
+  p.ranks = std::move(ranks);
   for (int i = 0, begin = 0; i < m; ++i) {
-    rank_plan r = current.ranks[size_t(survivors[size_t(i)])];
-    r.was = r.rank;
+    rank_plan& r = p.ranks[size_t(i)];
     r.rank = i;
     r.left = (i + m - 1) % m;
     r.right = (i + 1) % m;
     r.batch_begin = begin;
     r.batch_end = begin += b + (i < extra ? 1 : 0);
-    p.ranks.push_back(std::move(r));
   }
   if (!validate(p, error)) return false;
   *next = std::move(p);
   return true;
+}
+
+}  // namespace
+
+bool make_reform(const job_plan& current, const std::vector<bool>& lost, int generation, uint64_t ring,
+                 int64_t start, job_plan* next, std::string* error) {
+  std::vector<rank_plan> survivors;
+  for (const rank_plan& r : current.ranks)
+    if (size_t(r.node) >= lost.size() || !lost[size_t(r.node)]) {
+      survivors.push_back(r);
+      survivors.back().was = r.rank;
+    }
+  return make_ring(current, std::move(survivors), generation, ring, start, next, error);
+}
+
+bool make_grow(const job_plan& current, int node, int ranks, const plan_node& entry, int generation, uint64_t ring,
+               int64_t start, job_plan* next, std::string* error) {
+  if (node < 0 || size_t(node) >= current.nodes.size() || !current.ranks_on(node).empty() || ranks < 1)
+    return *error = "node " + std::to_string(node) + " cannot join with " + std::to_string(ranks) + " ranks", false;
+  std::vector<rank_plan> all = current.ranks;
+  for (rank_plan& r : all) r.was = r.rank;
+  for (int i = 0; i < ranks; ++i) {
+    rank_plan r;
+    r.node = node;
+    r.endpoint = current.nodes[size_t(node)].endpoint;
+    r.device = current.device;
+    r.was = -1;
+    all.push_back(std::move(r));
+  }
+  job_plan grown = current;
+  plan_node& nd = grown.nodes[size_t(node)];
+  nd.id = entry.id;
+  nd.host = entry.host;
+  nd.sealed_port = 0;  // it never seals (reform.hpp): nobody seals to it either
+  return make_ring(grown, std::move(all), generation, ring, start, next, error);
 }
 
 std::string check_reform(const job_plan& current, const job_plan& next) {
@@ -37,17 +71,32 @@ std::string check_reform(const job_plan& current, const job_plan& next) {
   if (next.ring_id() == current.ring_id()) return "the re-formed ring has the id of the ring it replaces";
   if (next.recipient != current.recipient)
     return "the re-formed plan is addressed to node " + std::to_string(next.recipient) + ", this is node " + std::to_string(current.recipient);
-  // Everything but the ranks and what names the generation must be as it was.
-  auto settings = [](job_plan p) {
+  if (next.nodes.size() != current.nodes.size()) return "the re-formed plan changes the job's nodes";
+  // Nodes that run ranks now and none before join the ring: as they came back, with a new routing id or
+  // host, maybe. They never seal (reform.hpp).
+  std::vector<bool> joins(current.nodes.size(), false);
+  for (const rank_plan& r : next.ranks)
+    if (r.node >= 0 && size_t(r.node) < joins.size()) joins[size_t(r.node)] = current.ranks_on(r.node).empty();
+  for (size_t i = 0; i < joins.size(); ++i)
+    if (joins[i] && next.nodes[i].sealed_port != 0)
+      return "node " + next.nodes[i].endpoint + " joins the ring with a sealed port: it must not seal again";
+  // Everything but the ranks, what names the generation and a joining node's id and host must be as it was.
+  auto settings = [&joins](job_plan p) {
     p.generation = 0;
     p.ring = 0;
     p.start_step = 0;
     p.ranks.clear();
+    for (size_t i = 0; i < joins.size() && i < p.nodes.size(); ++i)
+      if (joins[i]) p.nodes[i].id = p.nodes[i].host = "", p.nodes[i].sealed_port = 0;
     return to_json(p);
   };
   if (settings(current) != settings(next)) return "the re-formed plan changes the job's settings or nodes";
   std::vector<int> kept(current.nodes.size(), 0);
   for (const rank_plan& r : next.ranks) {
+    if ((r.was < 0) != joins[size_t(r.node)])
+      return "rank " + std::to_string(r.rank) + (r.was < 0 ? " joins on node " : " was running before on node ") +
+             next.nodes[size_t(r.node)].endpoint + (r.was < 0 ? ", which runs ranks already" : ", which joins the ring");
+    if (r.was < 0) continue;
     if (r.was >= current.replicas()) return "rank " + std::to_string(r.rank) + " was rank " + std::to_string(r.was) + ", which did not exist";
     if (current.ranks[size_t(r.was)].node != r.node)
       return "rank " + std::to_string(r.rank) + " (rank " + std::to_string(r.was) + " before) moved to another node";

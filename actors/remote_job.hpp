@@ -44,6 +44,9 @@ struct remote_options {
                                                     // heartbeats meanwhile; silence fails sooner)
   // A lost node: false: the others go on without it (elastic); true: the job fails.
   bool abort_on_node_loss = false;
+  // Elastic: a lost node that answers again (started again, or awake) joins the ring at the next epoch's
+  // end that leaves it time to load its data (actors/reform.hpp); false: it stays out.
+  bool rejoin = true;
   // A line about the job as it happens (a node lost, the job going on); any thread, one call at a time.
   std::function<void(const std::string&)> on_event;
 };

@@ -26,6 +26,9 @@ struct replica_state {
   // Elastic jobs: the ring generation it works in, and whether it is paused (for generation pause_gen).
   int gen = 0, pause_gen = 0;
   bool paused = false;
+  // A pause planned for once `pause_at` steps are applied (-1: none), for generation planned_gen.
+  int64_t pause_at = -1;
+  int planned_gen = 0;
   std::chrono::steady_clock::time_point idle_since = std::chrono::steady_clock::now();
 };
 
@@ -70,6 +73,14 @@ bool restore(replica_state& st, const network_state& s, std::string* error) {
     return false;
   }
   return st.restored = st.model->load_state(s, error);
+}
+
+// Stops for ring generation `gen`: nothing more is applied; the launcher hears how far it got.
+void pause_now(caf::event_based_actor* self, replica_state& st, int gen) {
+  st.paused = true;
+  st.pause_gen = gen;
+  st.pause_at = -1;
+  self->send(st.coordinator, pause_report{st.cfg.rank, gen, st.done_steps});
 }
 
 // Continues in a re-formed ring (actors/reform.hpp) from global step rf.start_step: the last update is
@@ -162,6 +173,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     return {};
   }
   st->cfg = std::move(cfg);
+  st->gen = st->cfg.gen;
   st->done_steps = st->cfg.first_step;
   if (st->cfg.resume && !restore(*st, *st->cfg.resume, &error)) {
     self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st->cfg.rank) + ": " + error));
@@ -233,6 +245,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     if (rep.step + 1 == st->cfg.steps_per_epoch && st->cfg.test) self->send(st->coordinator, evaluate(*st, rep.epoch));
     st->busy = false;
     if (st->done_steps == total) self->send(st->coordinator, done_atom::value, st->cfg.rank);
+    if (st->pause_at >= 0 && st->done_steps >= st->pause_at) return pause_now(self, *st, st->planned_gen);
     (*try_step)();
   };
 
@@ -265,10 +278,19 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
         (*try_step)();
       },
       [self, st](pause_atom, int gen) {
-        if (gen <= st->pause_gen) return;
-        st->paused = true;
-        st->pause_gen = gen;
-        self->send(st->coordinator, pause_report{st->cfg.rank, gen, st->done_steps});
+        if (gen > st->pause_gen && gen >= st->planned_gen) pause_now(self, *st, gen);
+      },
+      [self, st](pause_atom, int gen, int64_t at) {  // planned: a node joins the ring after step `at`
+        if (gen <= st->pause_gen || gen <= st->planned_gen) return;
+        st->planned_gen = gen;
+        st->pause_at = at;
+        if (st->done_steps >= at) pause_now(self, *st, gen);
+      },
+      [st](checkpt_atom) -> caf::result<state_ptr> {
+        if (!st->paused) return caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st->cfg.rank) + " is not paused");
+        auto state = std::make_shared<network_state>();
+        st->model->save_state(state.get());
+        return state_ptr(std::move(state));
       },
       [self, st](reform_atom, const rank_reform& rf) { continue_in(self, *st, rf); },
       [st](weights_atom) {

@@ -42,6 +42,7 @@ struct replica_config {
   int shard_begin = 0;  // where its shard starts in every global batch (dropout masks: the samples' places)
   // An elastic job's replica keeps a one-step undo (network::keep_undo) and answers pause and reform.
   bool elastic = false;
+  int gen = 0;  // the ring generation it starts in (a node that joins a re-formed ring: that one's)
 };
 
 // A rank's part in a re-formed ring (actors/reform.hpp), from its node: the replica takes its last step
@@ -61,7 +62,9 @@ std::vector<size_t> gradient_buckets(const model& m, size_t bucket_floats);
 // the coordinator step_report after every step, eval_report after every epoch, {done_atom, rank} at the
 // end. Answers {weights_atom} with its parameters (chunk_ptr). {restore_atom, state_ptr} before run sets
 // its parameters and optimizer state (a resumed job). Elastic: {pause_atom, gen} stops it (it answers the
-// coordinator with a pause_report) until {reform_atom, rank_reform} lets it go on.
+// coordinator with a pause_report) until {reform_atom, rank_reform} lets it go on; {pause_atom, gen, at}
+// stops it so once it has applied `at` steps (at once if it has already). Paused, it answers
+// {checkpt_atom} with its state (a node that joins the ring starts from it).
 caf::behavior replica(caf::event_based_actor* self, replica_config cfg);
 
 }  // namespace ringmaster

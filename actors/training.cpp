@@ -107,7 +107,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
   for (int r : ranks) {
     const rank_plan& rp = plan.ranks[size_t(r)];
     loader_config lc{cfg.train, rp.batch_begin, rp.batch_end, plan.global_batch, plan.seed, plan.epochs, plan.prefetch,
-                     plan.first_step};
+                     plan.first_step, plan.generation};
     out.loaders.push_back(sys.spawn(data_loader, lc));
     caf::actor a;
     out.ports.push_back(spawn_reducer(sys, plan_reducer_config(plan, r), &a));
@@ -132,6 +132,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     rc.checkpoint_every = plan.checkpoint_every;
     rc.shard_begin = rp.batch_begin;
     rc.elastic = plan.elastic;
+    rc.gen = plan.generation;
     if (plan.evaluate && cfg.test) {
       rc.test = cfg.test;
       std::tie(rc.test_begin, rc.test_end) = plan.test_shard(r, cfg.test->count);  // sums are exact

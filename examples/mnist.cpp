@@ -41,6 +41,7 @@ struct options {
   bool no_shared_memory = false;
   int replicas_per_node = 1;
   std::string on_node_loss = "continue";
+  bool no_rejoin = false;
   bool quiet = false, no_eval = false;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
@@ -154,7 +155,13 @@ bool write_report(const std::string& path, const options& o, const train_result&
       << ", \"survivors\": " << l.survivors << ", \"epoch\": " << l.epoch + 1 << ", \"step\": " << l.step + 1
       << ", \"recovered_seconds\": " << num(l.recovered) << "}";
   }
-  j << (r.losses.empty() ? "]" : "\n  ]") << ",\n  \"unmeasured_samples\": " << r.unmeasured << "\n}\n";
+  j << (r.losses.empty() ? "]" : "\n  ]") << ",\n  \"node_rejoins\": [";
+  for (size_t i = 0; i < r.joins.size(); ++i) {
+    const node_join& n = r.joins[i];
+    j << (i ? "," : "") << "\n    {\"node\": " << json(n.node).dump() << ", \"ranks\": " << json(n.ranks).dump()
+      << ", \"replicas\": " << n.replicas << ", \"epoch\": " << n.epoch + 1 << "}";
+  }
+  j << (r.joins.empty() ? "]" : "\n  ]") << ",\n  \"unmeasured_samples\": " << r.unmeasured << "\n}\n";
   std::ofstream f(path, std::ios::trunc);
   if (!(f << j.str()) || !f.flush()) {
     *error = path + ": cannot write the report";
@@ -225,7 +232,9 @@ int main(int argc, char** argv) {
       ("replicas-per-node", po::value(&o.replicas_per_node)->default_value(1), "replicas on each node, with --nodes")
       ("on-node-loss", po::value(&o.on_node_loss)->default_value(o.on_node_loss), "with --nodes, when a node dies or "
        "falls silent (named within 2 s): continue (the other nodes re-form the ring and finish the job, the global "
-       "batch cut among them) or abort (the job fails, naming the node)")
+       "batch cut among them; a lost node that is started again rejoins at an epoch's end) or abort (the job fails, "
+       "naming the node)")
+      ("no-rejoin", po::bool_switch(&o.no_rejoin), "with --nodes: a lost node that comes back is not taken into the job again")
       ("limit-train", po::value(&o.limit_train), "use only the first N training samples")
       ("limit-test", po::value(&o.limit_test), "use only the first N test samples")
       ("no-eval", po::bool_switch(&o.no_eval), "skip the test-set evaluation after each epoch")
@@ -293,6 +302,8 @@ int main(int argc, char** argv) {
     return usage_error("--replicas-per-node needs --nodes");
   } else if (!vm["on-node-loss"].defaulted()) {
     return usage_error("--on-node-loss needs --nodes");
+  } else if (o.no_rejoin) {
+    return usage_error("--no-rejoin needs --nodes");
   }
   if (o.on_node_loss != "continue" && o.on_node_loss != "abort")
     return usage_error("--on-node-loss must be continue or abort, not '" + o.on_node_loss + "'");
@@ -365,6 +376,7 @@ int main(int argc, char** argv) {
     ro.insecure = o.insecure;
     ro.shared_memory = !o.no_shared_memory;
     ro.abort_on_node_loss = o.on_node_loss == "abort";
+    ro.rejoin = !o.no_rejoin;
     if (!o.quiet)
       ro.on_event = [tty](const std::string& line) {
         std::printf("%sringmaster-mnist: %s\n", tty ? "\r\033[K" : "", line.c_str());
@@ -424,6 +436,9 @@ int finish(const options& o, const train_result& r) {
     if (std::isnan(l.recovered)) std::printf(" (no step was left to run)\n");
     else std::printf("; the next step was complete %.2f s after its last message\n", l.recovered);
   }
+  for (const node_join& n : r.joins)
+    std::printf("Node %s came back and rejoined as ranks %s: %d ranks went on from epoch %lld\n", n.node.c_str(),
+                n.ranks.c_str(), n.replicas, (long long)n.epoch + 1);
   if (r.unmeasured)
     std::printf("%lld training samples of lost nodes count without their loss and accuracy (reports lost with them)\n",
                 (long long)r.unmeasured);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -131,6 +132,54 @@ TEST_CASE("elastic: a node busy with steps longer than the node timeout is not t
   CHECK(r.losses.empty());
 }
 
+TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoch's end, every sample once an epoch", "[nodes][elastic][rejoin]") {
+  auto nodes = start_nodes(3, "cpu:1");
+  remote_options ro;
+  ro.nodes = test::endpoints(nodes);
+  ro.limit_train = 6000;
+  ro.limit_test = 500;
+  std::mutex mu;
+  std::vector<std::string> events;
+  std::atomic<bool> lost{false};
+  ro.on_event = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(line);
+    if (line.rfind("lost node", 0) == 0) lost = true;
+  };
+  train_config c = small_job(90);  // some 12 s: time to notice the loss, start again and load the data
+  std::atomic<bool> go{false};
+  c.on_progress = [&](const progress& p) {
+    if (p.epoch == 0 && p.step >= 30) go = true;
+  };
+  // Killed 30 steps in; started again on the same endpoint once the launcher has named it lost.
+  std::thread restarter([&] {
+    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
+    nodes[1]->stop(SIGKILL);
+    for (int i = 0; i < 1000 && !lost; ++i) std::this_thread::sleep_for(10ms);
+    nodes[1] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, ro.nodes[1], "cpu:1",
+                                                      RINGMASTER_DATA_DIR);
+  });
+  train_result r = train_remote(c, ro);
+  restarter.join();
+  INFO(r.error);
+  for (auto& e : events) INFO(e);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  REQUIRE(r.history.size() == 90);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.losses.size() == 1);
+  CHECK(r.losses[0].node == nodes[1]->endpoint);
+  REQUIRE(r.joins.size() == 1);
+  const node_join& j = r.joins[0];
+  CHECK(j.node == nodes[1]->endpoint);
+  CHECK(j.ranks == "2");  // after the two that went on
+  CHECK(j.replicas == 3);
+  CHECK(j.generation == 2);
+  CHECK(j.epoch > 0);
+  CHECK(r.checksums.size() == 3);  // every rank of the grown ring, bit-identical
+  WARN("the node rejoined at the start of epoch " << j.epoch + 1 << " of 90");
+}
+
 namespace {
 
 // The launcher with `args`, its output read line by line; `on_line` sees each as it comes.
@@ -235,4 +284,36 @@ TEST_CASE("elastic with checkpoints: the node running rank 0 is killed, the job 
   // The last checkpoint is the finished job's: the new rank 0 sent it.
   CHECK(r.out.find("Last checkpoint: " + dir + "/ckpt-2-0.safetensors") != std::string::npos);
   test::run(std::string("rm -rf ") + dir);
+}
+
+TEST_CASE("elastic: ringmaster-mnist takes a node started again back in and says so", "[nodes][elastic][launcher][rejoin]") {
+  const std::string json_path = "/tmp/ringmaster-rejoin-test.json";
+  auto nodes = start_nodes(3, "cpu:1");
+  std::remove(json_path.c_str());
+  std::thread killer, starter;
+  test::run_result r = run_launcher("--nodes " + test::node_list(nodes) +
+                                        " --model 784-64-10 --batch 60 --epochs 90 --limit-train 6000 --limit-test 500 --report-json " + json_path,
+                                    [&](const std::string& line) {
+                                      if (line.find("Epoch 1/90") != std::string::npos && !killer.joinable())
+                                        killer = std::thread([&] { nodes[1]->stop(SIGKILL); });
+                                      if (line.find("lost node " + nodes[1]->endpoint) != std::string::npos && !starter.joinable())
+                                        starter = std::thread([&] {
+                                          killer.join();
+                                          nodes[1] = std::make_unique<test::daemon_process>(
+                                              std::vector<std::string>{RINGMASTER_NODE_BIN}, nodes[1]->endpoint, "cpu:1", RINGMASTER_DATA_DIR);
+                                        });
+                                    });
+  if (starter.joinable()) starter.join();
+  if (killer.joinable()) killer.join();
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("is back; it rejoins after step") != std::string::npos);
+  CHECK(r.out.find("Node " + nodes[1]->endpoint + " came back and rejoined as ranks 2: 3 ranks went on from epoch") != std::string::npos);
+  const nlohmann::json j = report(json_path);
+  REQUIRE(j["history"].size() == 90);
+  for (const auto& e : j["history"]) CHECK(e["samples"] == 6000);
+  REQUIRE(j["node_rejoins"].size() == 1);
+  CHECK(j["node_rejoins"][0]["node"] == nodes[1]->endpoint);
+  CHECK(j["node_rejoins"][0]["replicas"] == 3);
+  CHECK(j["replicas_identical"] == true);
 }

@@ -3,6 +3,7 @@
 // Whole jobs with a node killed: test_elastic.cpp.
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "actors/coordinator.hpp"
@@ -136,6 +137,61 @@ TEST_CASE("reform: a node takes only a plan that follows its own", "[reform]") {
   CHECK(check_reform(p, half) == "node tcp://10.0.0.3:5601 keeps 1 of its 2 ranks");
 }
 
+TEST_CASE("reform: a lost node joins again with its ranks last, a new id and no sealed port, which nodes check", "[reform][rejoin]") {
+  job_plan p = six_ranks();
+  p.seal_salt = std::string(64, 'a');
+  for (plan_node& n : p.nodes) n.key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7", n.sealed_port = 7000;
+  const job_plan q = reformed(p, {false, true, false});  // node 1 lost
+  plan_node back = q.nodes[1];
+  back.id = "b2";
+  back.host = "host-2";
+  back.sealed_port = 7001;  // what it says now: not used, it never seals again
+  job_plan g;
+  std::string err;
+  REQUIRE(make_grow(q, 1, 2, back, 2, 2002, 300, &g, &err));
+  REQUIRE(g.replicas() == 6);
+  CHECK(g.generation == 2);
+  CHECK(g.ring_id() == 2002);
+  CHECK(g.start_step == 300);
+  const int node[] = {0, 0, 2, 2, 1, 1}, was[] = {0, 1, 2, 3, -1, -1};
+  for (int r = 0; r < 6; ++r) {
+    CHECK(g.ranks[size_t(r)].node == node[r]);
+    CHECK(g.ranks[size_t(r)].was == was[r]);
+    CHECK(g.ranks[size_t(r)].batch_begin == 10 * r);
+    CHECK(g.ranks[size_t(r)].batch_end == 10 * r + 10);
+  }
+  CHECK(g.nodes[1].id == "b2");
+  CHECK(g.nodes[1].host == "host-2");
+  CHECK(g.nodes[1].sealed_port == 0);
+  CHECK(g.nodes[0].sealed_port == 7000);
+  CHECK(check_reform(q, g).empty());
+  // Through JSON, as it travels.
+  job_plan read;
+  REQUIRE(from_json(to_json(g), &read, &err));
+  CHECK(to_json(read) == to_json(g));
+  // A survivor refuses a grown plan that would have the newcomer seal, renames a node that stays, or
+  // puts new ranks on a node that runs some already.
+  auto refused = [&](const std::function<void(job_plan&)>& change) {
+    job_plan bad = g;
+    change(bad);
+    return check_reform(q, bad);
+  };
+  CHECK(refused([](job_plan& b) { b.nodes[1].sealed_port = 7001; }) ==
+        "node tcp://10.0.0.2:5601 joins the ring with a sealed port: it must not seal again");
+  CHECK(refused([](job_plan& b) { b.nodes[0].id = "x"; }) == "the re-formed plan changes the job's settings or nodes");
+  CHECK(refused([](job_plan& b) { b.nodes[1].key = "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID"; }) ==
+        "the re-formed plan changes the job's settings or nodes");
+  CHECK(refused([](job_plan& b) { b.ranks[1].was = -1; }) ==
+        "rank 1 joins on node tcp://10.0.0.1:5601, which runs ranks already");
+  CHECK(refused([](job_plan& b) { b.ranks[5].was = 4; }) ==
+        "rank 5 was running before on node tcp://10.0.0.2:5601, which joins the ring");
+  // Only a node without ranks joins, with at least one.
+  job_plan none;
+  CHECK_FALSE(make_grow(q, 0, 2, q.nodes[0], 2, 2002, 300, &none, &err));
+  CHECK(err == "node 0 cannot join with 2 ranks");
+  CHECK_FALSE(make_grow(q, 1, 0, back, 2, 2002, 300, &none, &err));
+}
+
 TEST_CASE("reform: validate keeps generation 0 strict and checks a re-formed plan's shards and history", "[reform]") {
   job_plan p = six_ranks();
   std::string err;
@@ -158,7 +214,7 @@ TEST_CASE("reform: validate keeps generation 0 strict and checks a re-formed pla
   job_plan order = q;
   order.ranks[2].was = 1;
   CHECK_FALSE(validate(order, &err));
-  CHECK(err == "job plan: 'ranks[2].was' is 1, expected more than the rank before's");
+  CHECK(err == "job plan: 'ranks[2].was' is 1, expected -1 or more than the last rank before's");
   job_plan same_ring = q;
   same_ring.ring = same_ring.job_id;
   CHECK_FALSE(validate(same_ring, &err));

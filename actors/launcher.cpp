@@ -1,0 +1,534 @@
+#include "actors/launcher.hpp"
+
+#include <algorithm>
+#include <random>
+#include <thread>
+
+#include "actors/messages.hpp"
+#include "actors/reform.hpp"
+#include "actors/report_kv.hpp"
+
+namespace ringmaster {
+namespace {
+
+using clock_type = launcher::clock_type;
+
+struct rank_proxy_state {
+  caf::response_promise weights;
+};
+
+uint64_t fresh_ring_id(uint64_t job_id) {
+  std::random_device rd;
+  uint64_t ring = 0;
+  while (ring == 0 || ring == job_id) ring = uint64_t(rd()) | uint64_t(rd()) << 32;
+  return ring;
+}
+
+}  // namespace
+
+std::string host_of(const std::string& host) {
+  const bool fits = host.size() <= kMaxHostIdBytes && std::all_of(host.begin(), host.end(), [](char c) { return c > ' ' && c < 127; });
+  return fits ? host : "";
+}
+
+caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer, uint64_t job, int rank) {
+  auto st = std::make_shared<rank_proxy_state>();
+  return {
+      [br, peer, job, rank](run_atom, caf::actor, caf::actor, caf::actor) {
+        wire::header h;
+        h.type = wire::msg_type::start;
+        h.job_id = job;
+        h.sender_rank = rank;  // the rank addressed
+        br->send(peer, h);
+      },
+      [self, st, br, peer, job, rank](weights_atom) {
+        st->weights = self->make_response_promise();
+        wire::header h;
+        h.type = wire::msg_type::weights;
+        h.job_id = job;
+        h.sender_rank = rank;  // the rank addressed; no payload: a request
+        br->send(peer, h);
+        return st->weights;
+      },
+      [st](weights_atom, chunk_ptr w) { st->weights.deliver(std::move(w)); },
+      [self](fail_atom, const std::string& why) { self->quit(caf::make_error(caf::sec::runtime_error, why)); },
+  };
+}
+
+bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& h, const net::payload& p,
+                      size_t param_count, int32_t buffers) {
+  const size_t filled = into ? size_t(!into->params.empty()) + size_t(!into->m1.empty()) + size_t(!into->m2.empty()) : 0;
+  const bool next = h.segment == 0 || (into && h.step == into->steps && h.segment == int32_t(filled));
+  const size_t expected = param_count ? param_count : h.segment > 0 && into ? into->params.size() : h.elements;
+  if (!next || h.segment < 0 || h.segment >= buffers || h.elements == 0 || h.elements != expected) {
+    into.reset();
+    return false;
+  }
+  if (h.segment == 0) into = std::make_shared<network_state>();
+  into->steps = h.step;
+  std::vector<float>* dst[] = {&into->params, &into->m1, &into->m2};
+  dst[h.segment]->assign(p.floats(), p.floats() + h.elements);
+  return h.segment + 1 == buffers;
+}
+
+void launcher::event(const std::string& line) {
+  std::lock_guard<std::mutex> lock(event_mu);
+  if (ro.on_event) ro.on_event(line);
+}
+
+int launcher::node_of(const net::peer_info& from) const {
+  for (size_t i = 0; i < peer.size(); ++i)
+    if (peer[i] == from.peer) return int(i);
+  return -1;
+}
+
+void launcher::kill_node(int node, const std::string& why) {
+  bool any = false;
+  for (size_t r = 0; r < proxies.size(); ++r)
+    if (proxy_node[r] == node) any = true, caf::anon_send(proxies[r], fail_atom::value, why);
+  for (size_t r = 0; r < proxies.size() && !any; ++r) caf::anon_send(proxies[r], fail_atom::value, why);
+}
+
+std::string launcher::ranks_of(int node) const { return rank_list(plan.ranks_on(node)); }
+
+void launcher::send(int node, wire::msg_type type, const std::string& text, int rank) {
+  wire::header h;
+  h.type = type;
+  h.job_id = job_id;
+  h.sender_rank = rank;
+  br.send(peer[size_t(node)], h, text.empty() ? net::payload{} : net::payload::copy_of(text));
+}
+
+void launcher::send_kv(int node, wire::msg_type type, const wire::kv_map& kv) {
+  std::string text, err;
+  if (wire::encode_kv(kv, &text, &err)) send(node, type, text);
+}
+
+void launcher::broadcast(wire::msg_type type, const wire::kv_map& kv, bool skip_gone) {
+  std::string text, err;
+  wire::encode_kv(kv, &text, &err);
+  for (size_t i = 0; i < peer.size(); ++i) {
+    if (skip_gone && gone && gone[i] && int(i) != joining.load()) continue;
+    wire::header h;
+    h.type = type;
+    h.job_id = job_id;
+    br.send(peer[i], h, kv.empty() ? net::payload{} : net::payload::copy_of(text));
+  }
+}
+
+void launcher::abort_all(const std::string& reason) {
+  broadcast(wire::msg_type::abort, {{"reason", reason}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
+                                std::chrono::milliseconds silence) {
+  replies->assign(ro.nodes.size(), {});
+  std::vector<bool> got(ro.nodes.size(), false);
+  size_t n = 0;
+  const auto start = clock_type::now(), deadline = start + limit;
+  auto beat = start;
+  std::unique_lock<std::mutex> lock(mu);
+  while (n < ro.nodes.size()) {
+    if (!cv.wait_for(lock, std::chrono::milliseconds(50), [this] { return !inbox.empty(); })) {
+      const auto now = clock_type::now();
+      // Heartbeats while the nodes set up, too: a node whose launcher died frees itself within seconds.
+      if (job_id != 0 && now - beat >= ro.heartbeat) {
+        beat = now;
+        broadcast(wire::msg_type::heartbeat, {});
+      }
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (got[i]) continue;
+        const auto quiet = now - std::max(heard(int(i)), start);
+        if (now > deadline || quiet > silence)
+          return "node " + ro.nodes[i] + " did not answer within " +
+                 std::to_string(std::chrono::duration<double>(now > deadline ? limit : silence).count()).substr(0, 4) +
+                 " s (is ringmaster-node running there? A node that does not hold the key we expect, or runs "
+                 "--insecure while we do not, stays silent)";
+      }
+      continue;
+    }
+    control_msg m = std::move(inbox.front());
+    inbox.pop_front();
+    if (m.h.type == wire::msg_type::error) {
+      refused_invalid = m.kv.count("invalid") && m.kv["invalid"] == "1";  // a bad model or settings
+      return m.kv.count("error") ? m.kv["error"] : "node " + ro.nodes[m.node] + " refused the job";
+    }
+    if (m.h.type != type || got[m.node]) continue;
+    got[m.node] = true;
+    (*replies)[m.node] = std::move(m.kv);
+    ++n;
+  }
+  return "";
+}
+
+// A buffer of rank 0's state after a step; once whole it goes to the coordinator. One out of order or
+// of the wrong size is dropped (and the coordinator then ends the job saying the checkpoint never came).
+void launcher::take_checkpoint(const wire::header& h, const net::payload& p) {
+  if (add_state_buffer(incoming, h, p, param_count, state_buffers))
+    caf::anon_send(coordinator, checkpt_atom::value, state_ptr(std::move(incoming)));
+}
+
+std::vector<int> launcher::survivors() const {
+  std::vector<int> out;
+  for (size_t i = 0; i < ro.nodes.size(); ++i)
+    if (!gone[i] && !plan.ranks_on(int(i)).empty()) out.push_back(int(i));
+  return out;
+}
+
+void launcher::node_lost(int node, const std::string& why) {
+  const std::string said = (why.rfind("no heartbeat", 0) == 0 ? "stopped answering: " : "") + why;
+  if (gone[node]) {  // lost already; if it was joining again, that is off
+    if (node == joining) give_up_join("it " + said);
+    return;
+  }
+  if (!plan.elastic) return kill_node(node, "node " + ro.nodes[node] + " (ranks " + ranks_of(node) + ") " + said);
+  gone[node] = true;
+  node_loss l;
+  l.node = ro.nodes[node];
+  l.ranks = ranks_of(node);
+  l.why = why;
+  l.detected = std::chrono::duration<double>(clock_type::now() - heard(node)).count();
+  losses.push_back(l);
+  last_word = std::min(last_word, heard(node));
+  send_kv(node, wire::msg_type::abort, {{"reason", "dropped from the job: " + l.why}});  // if it lives
+  const std::vector<int> left = survivors();
+  if (left.empty()) return kill_node(node, "node " + l.node + " (ranks " + l.ranks + ") " + said + ", and no node is left");
+  if (joining >= 0) give_up_join("node " + l.node + " was lost meanwhile");
+  event("lost node " + l.node + " (ranks " + l.ranks + "): " + why + "; re-forming the ring from " +
+        std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : ""));
+  pause_survivors({});
+}
+
+// A new generation: the survivors stop (at once, or with "at" after that step) and say how far they got.
+void launcher::pause_survivors(const wire::kv_map& extra) {
+  ++gen;
+  applied.clear();
+  if (now == phase::running) forming_since = clock_type::now();
+  now = phase::pausing;
+  wire::kv_map kv = extra;
+  kv["gen"] = std::to_string(gen);
+  for (int i : survivors()) send_kv(i, wire::msg_type::pause, kv);
+}
+
+void launcher::tick() {
+  const auto t = clock_type::now();
+  if (t - rate_since >= std::chrono::seconds(1)) {
+    // The fastest second so far: a second with a pause in it says little about how soon a step comes.
+    step_rate = std::max(step_rate, double(seen_step - rate_mark) / std::chrono::duration<double>(t - rate_since).count());
+    rate_mark = seen_step;
+    rate_since = t;
+  }
+  // Re-forming waits for every survivor's answer; a replica busy with a long step answers late, but one
+  // that never does must not hold the job forever. (Steps on the way to a planned pause count as news.)
+  if (now != phase::running && t - forming_since >= ro.setup_timeout) {
+    now = phase::running;  // once
+    kill_node(-1, "the ring could not be re-formed within " + std::to_string(ro.setup_timeout.count() / 1000) + " s of a node's loss");
+    return;
+  }
+  if (joining >= 0) {
+    const auto limit = joins == join_step::setting_up ? ro.setup_timeout
+                                                       : std::max<std::chrono::milliseconds>(ro.node_timeout * 4, std::chrono::seconds(5));
+    if (joins != join_step::pausing && t - join_since > limit)
+      give_up_join("it did not get through joining within " + std::to_string(limit.count() / 1000) + " s");
+    return;
+  }
+  if (!plan.elastic || !ro.rejoin || now != phase::running || t - last_hello < kHelloEvery) return;
+  last_hello = t;
+  for (size_t i = 0; i < ro.nodes.size(); ++i)
+    if (gone[i] && original_ranks[i] > 0 && join_failures[i] < kJoinTries)
+      send_kv(int(i), wire::msg_type::hello, {{"role", "launcher"}});
+}
+
+// A replica stopped for generation `gen` after applying some steps. Once every surviving rank has
+// answered, the ring is re-formed from the smallest count (reform.hpp says why that is the one); for a
+// node that joins, they all stopped after its step, and one rank's state is fetched for it first.
+void launcher::on_paused(int node, int rank, const pause_report& r) {
+  if (now != phase::pausing || r.gen != gen || rank < 0 || rank >= kMaxPlanRanks) return;
+  applied[{node, rank}] = r.applied;
+  const std::vector<int> left = survivors();
+  for (int i : left) {
+    size_t answers = 0;
+    for (auto& [who, n] : applied) answers += who.first == i;
+    if (answers < plan.ranks_on(i).size()) return;
+  }
+  int64_t lo = INT64_MAX, hi = 0;
+  for (auto& [who, n] : applied) lo = std::min(lo, n), hi = std::max(hi, n);
+  if (joins == join_step::pausing) {
+    if (lo == join_at && hi == join_at) {
+      joins = join_step::state;
+      join_since = clock_type::now();
+      join_state.reset();
+      join_state_rank = 0;
+      send(plan.ranks[0].node, wire::msg_type::checkpoint, "", 0);  // no payload: a request for rank 0's state
+      return;
+    }
+    give_up_join("the ranks stopped after steps " + std::to_string(lo) + " to " + std::to_string(hi) + ", not after step " +
+                 std::to_string(join_at));  // they go on among themselves
+  }
+  if (hi - lo > 1) return kill_node(-1, "the survivors applied " + std::to_string(lo) + " to " + std::to_string(hi) + " steps: cannot go on together");
+  reform_survivors(lo);
+}
+
+// The ring of the survivors (of generation `gen`, which they paused for) from global step `start`.
+void launcher::reform_survivors(int64_t start) {
+  std::vector<bool> lost(ro.nodes.size());
+  for (size_t i = 0; i < lost.size(); ++i) lost[i] = gone[i];
+  job_plan next;
+  std::string error;
+  if (!make_reform(plan, lost, gen, fresh_ring_id(job_id), start, &next, &error)) return kill_node(-1, "cannot re-form the ring: " + error);
+  for (int i : survivors()) {
+    next.recipient = i;
+    send(i, wire::msg_type::reform, to_json(next));
+  }
+  next.recipient = -1;
+  plan = std::move(next);
+  taken_back = 0;
+  for (auto& [who, n] : applied) taken_back += n > start;
+  acked.assign(ro.nodes.size(), false);
+  now = phase::reforming;
+}
+
+// A node took the re-formed plan. Once all have, its ranks start: every node has its new reducers
+// by then, so no chunk of the new ring finds nobody to take it.
+void launcher::on_reformed(int node, const wire::kv_map& kv) {
+  auto g = kv.find("generation");
+  if (now != phase::reforming || g == kv.end() || g->second != std::to_string(gen)) return;
+  acked[size_t(node)] = true;
+  for (int i : survivors())
+    if (!acked[size_t(i)]) return;
+  if (joins == join_step::reforming) {  // the newcomer is in
+    const int j = joining;
+    gone[j] = false;
+    last_heard[j] = clock_type::now().time_since_epoch().count();
+    joined.push_back({ro.nodes[size_t(j)], ranks_of(j), gen, plan.replicas(), plan.start_step / steps_per_epoch});
+    join_failures[size_t(j)] = 0;
+    joining = -1;
+    joins = join_step::none;
+    event("node " + ro.nodes[size_t(j)] + " rejoined the job as ranks " + ranks_of(j));
+  }
+  reform_note note;
+  note.gen = gen;
+  note.start_step = plan.start_step;
+  retired.insert(retired.end(), proxies.begin(), proxies.end());
+  proxies.clear();
+  proxy_node.clear();
+  for (const rank_plan& r : plan.ranks) {
+    proxies.push_back(sys->spawn(rank_proxy, &br, peer[size_t(r.node)], job_id, r.rank));
+    proxy_node.push_back(r.node);
+  }
+  note.ranks = proxies;
+  note.losses = std::move(losses);
+  note.joins = std::move(joined);
+  note.last_word = last_word;
+  losses.clear();
+  joined.clear();
+  last_word = clock_type::time_point::max();
+  event("ring generation " + std::to_string(gen) + ": " + std::to_string(plan.replicas()) + " ranks go on from step " +
+        std::to_string(plan.start_step + 1) + " of the job" + (taken_back ? " (" + std::to_string(taken_back) + " took their last step back)" : ""));
+  caf::anon_send(coordinator, reform_atom::value, note);  // before any report of the new ranks
+  ring_since = clock_type::now();
+  ring_from = plan.start_step;
+  for (const rank_plan& r : plan.ranks) send(r.node, wire::msg_type::start, "", r.rank);
+  now = phase::running;
+}
+
+// A lost node answered a hello: it is back (started again, or awake and idle). It gets the grown ring's
+// plan, to join after the first epoch's end that leaves it time to load its data: 3 s of steps, or half as
+// long again as its last try took.
+void launcher::on_back(int node, wire::kv_map& kv) {
+  if (!plan.elastic || !ro.rejoin || now != phase::running || joining >= 0 || original_ranks[size_t(node)] == 0 ||
+      join_failures[size_t(node)] >= kJoinTries)
+    return;
+  const std::string& name = ro.nodes[size_t(node)];
+  const int64_t spe = steps_per_epoch;
+  // Steps a second: the fastest second so far, or the ring's own pace since it started (the first
+  // seconds after a loss have a pause in them), once it has run a second: it is asked again meanwhile.
+  const double ran = std::chrono::duration<double>(clock_type::now() - ring_since).count();
+  if (ran < 1.0) return;
+  const double rate = std::max(step_rate, double(seen_step - ring_from) / ran);
+  const int64_t ahead = std::max<int64_t>(16, int64_t(rate * std::max(3.0, 1.5 * join_setup[size_t(node)])));
+  const int64_t at = (seen_step + ahead + spe - 1) / spe * spe;
+  if (at >= total_steps) {
+    join_failures[size_t(node)] = kJoinTries;
+    return event("node " + name + " is back, but no epoch's end is left for it to rejoin at");
+  }
+  plan_node entry = plan.nodes[size_t(node)];
+  entry.id = kv["id"];
+  entry.host = host_of(kv["host"]);
+  std::string error;
+  job_plan theirs;
+  if (!make_grow(plan, node, original_ranks[size_t(node)], entry, gen + 1, fresh_ring_id(job_id), at, &join_plan, &error) ||
+      !(theirs = join_plan, theirs.recipient = node, theirs.first_step = at, validate(theirs, &error))) {
+    join_failures[size_t(node)] = kJoinTries;
+    return event("node " + name + " is back, but cannot rejoin: " + error);
+  }
+  const std::string text = to_json(theirs);
+  if (text.size() > wire::kMaxJobBytes) {
+    join_failures[size_t(node)] = kJoinTries;
+    return event("node " + name + " is back, but its plan is over the size limit");
+  }
+  joining = node;
+  joins = join_step::setting_up;
+  join_at = at;
+  join_since = clock_type::now();
+  last_heard[size_t(node)] = join_since.time_since_epoch().count();
+  send(node, wire::msg_type::job, text);
+  event("node " + name + " is back; it rejoins after step " + std::to_string(at) + " (epoch " + std::to_string(at / spe) +
+        "'s end) once it has loaded its data");
+}
+
+// The newcomer has its data and model: the survivors pause after step join_at, unless they are about to
+// pass it already (then it tries again at a later epoch's end).
+void launcher::on_join_ack(wire::kv_map& kv) {
+  if (joins != join_step::setting_up) return;
+  join_setup[size_t(joining.load())] = std::chrono::duration<double>(clock_type::now() - join_since).count();
+  if (kv["train"] != train_count || kv["model"] != model_layout) {
+    join_failures[size_t(joining.load())] = kJoinTries;
+    return give_up_join("it has " + kv["train"].substr(0, 12) + " training samples and model layout " + kv["model"].substr(0, 24) +
+                        ", the job " + train_count + " and " + model_layout);
+  }
+  if (seen_step + std::max<int64_t>(2, int64_t(step_rate * 0.2)) >= join_at)
+    return give_up_join("it was ready only as the job reached step " + std::to_string(join_at), true);
+  if (gen + 1 != join_plan.generation) return give_up_join("the ring changed meanwhile");
+  joins = join_step::pausing;
+  join_since = clock_type::now();
+  pause_survivors({{"at", std::to_string(join_at)}});
+}
+
+// Rank 0's state after join_at, for the newcomer. Once whole it goes on to it (before its start: one
+// connection keeps the order), and the survivors take the grown plan.
+void launcher::take_join_state(const wire::header& h, const net::payload& p) {
+  if (!add_state_buffer(join_state, h, p, 0, state_buffers)) {
+    if (!join_state) give_up_join("rank 0's state came broken");
+    return;
+  }
+  const state_ptr s = std::move(join_state);
+  if (s->steps != join_at) return give_up_join("rank 0's state is after step " + std::to_string(s->steps));
+  const std::vector<float>* buffers[] = {&s->params, &s->m1, &s->m2};
+  for (int32_t b = 0; b < state_buffers; ++b) {
+    wire::header out;
+    out.type = wire::msg_type::checkpoint;
+    out.job_id = job_id;
+    out.step = s->steps;
+    out.segment = b;
+    out.elements = buffers[b]->size();
+    br.send(peer[size_t(joining.load())], out, net::payload::of(chunk_ptr(s, buffers[b])));
+  }
+  job_plan next = join_plan;
+  for (int i : survivors()) {
+    next.recipient = i;
+    send(i, wire::msg_type::reform, to_json(next));
+  }
+  plan = join_plan;
+  taken_back = 0;
+  acked.assign(ro.nodes.size(), false);
+  joins = join_step::reforming;
+  join_since = clock_type::now();
+  now = phase::reforming;
+}
+
+// The join is off: the newcomer drops the job, and the survivors go on among themselves (re-formed once
+// more if they are waiting for a plan already, or took the grown one).
+void launcher::give_up_join(const std::string& why, bool late) {
+  const int j = joining;
+  if (j < 0) return;
+  const join_step was = joins;
+  send_kv(j, wire::msg_type::abort, {{"reason", "could not rejoin: " + why}});
+  const bool again = late || ++join_failures[size_t(j)] < kJoinTries;
+  event("node " + ro.nodes[size_t(j)] + " could not rejoin: " + why + (again ? "; it is asked again" : "; it stays out"));
+  joining = -1;
+  joins = join_step::none;
+  join_state.reset();
+  last_hello = clock_type::now();
+  if (was == join_step::state) reform_survivors(join_at);    // paused after join_at, waiting
+  if (was == join_step::reforming) pause_survivors({});       // they hold a plan with its ranks
+}
+
+void launcher::on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
+  const int node = node_of(from);
+  if (node < 0 || (h.job_id != job_id && h.type != wire::msg_type::hello_ack)) return;
+  using wire::msg_type;
+  wire::kv_map kv;
+  std::string error;
+  const bool running = started.load(std::memory_order_acquire);
+  if (gone && gone[node]) {  // lost: whether it is back is all that counts, and what it says as it joins
+    if (h.type == msg_type::hello_ack && running && wire::decode_kv(p.text(), &kv, &error)) return on_back(node, kv);
+    if (node != joining) return;
+  }
+  last_heard[node] = clock_type::now().time_since_epoch().count();
+  // Reports, weights and aborts concern the proxies and the coordinator, which exist once started.
+  const bool setup_reply = h.type == msg_type::hello_ack || h.type == msg_type::job_ack || h.type == msg_type::error;
+  if (!setup_reply && !running) return;
+  switch (h.type) {
+    case msg_type::hello_ack:
+    case msg_type::job_ack:
+    case msg_type::error: {
+      wire::decode_kv(p.text(), &kv, &error);
+      if (running && node == joining) {
+        if (h.type == msg_type::job_ack) return on_join_ack(kv);
+        if (h.type == msg_type::error) give_up_join(kv.count("error") ? kv["error"] : "it refused");
+        return;
+      }
+      if (h.type == msg_type::job_ack && running) return on_reformed(node, kv);
+      const std::string why = kv.count("error") ? kv["error"] : "node " + ro.nodes[node] + " reported an error";
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        inbox.push_back({node, h, std::move(kv)});
+        cv.notify_all();
+      }
+      if (h.type == msg_type::error && running) kill_node(node, why);
+      return;
+    }
+    case msg_type::report: {
+      if (!wire::decode_kv(p.text(), &kv, &error)) return;
+      const std::string kind = report_kind(kv);
+      if (kind == "paused") {  // numbered as the replica knew itself: counted per node
+        pause_report r;
+        if (from_kv(kv, &r, &error)) on_paused(node, h.sender_rank, r);
+        return;
+      }
+      if (!reports_to_us(node, h.sender_rank)) return;
+      if (kind == "step") {
+        step_report r;
+        r.rank = h.sender_rank;
+        if (!from_kv(kv, &r, &error)) return;
+        if (r.epoch >= 0 && r.step >= 0 && r.epoch * steps_per_epoch + r.step + 1 > seen_step) {
+          seen_step = r.epoch * steps_per_epoch + r.step + 1;
+          if (joins == join_step::pausing) forming_since = clock_type::now();  // on the way to the pause
+        }
+        caf::anon_send(coordinator, r);
+      } else if (kind == "eval") {
+        eval_report r;
+        r.rank = h.sender_rank;
+        if (from_kv(kv, &r, &error)) caf::anon_send(coordinator, r);
+      }
+      return;
+    }
+    case msg_type::done:
+      if (reports_to_us(node, h.sender_rank)) caf::anon_send(coordinator, done_atom::value, int(h.sender_rank));
+      return;
+    case msg_type::weights:
+      if (reports_to_us(node, h.sender_rank)) {
+        auto w = std::make_shared<std::vector<float>>(p.floats(), p.floats() + h.elements);
+        caf::anon_send(proxies[size_t(h.sender_rank)], weights_atom::value, chunk_ptr(std::move(w)));
+      }
+      return;
+    case msg_type::checkpoint:
+      if (joins == join_step::state && h.sender_rank == join_state_rank && reports_to_us(node, join_state_rank))
+        return take_join_state(h, p);
+      if (h.sender_rank == 0 && reports_to_us(node, 0)) take_checkpoint(h, p);
+      return;
+    case msg_type::abort:
+      wire::decode_kv(p.text(), &kv, &error);
+      if (node == joining) return give_up_join(kv.count("reason") ? kv["reason"] : "it aborted");
+      // A node stopped by a signal is a lost node (elastic jobs go on without it); other aborts end the job.
+      if (kv["stopped"] == "SIGTERM" || kv["stopped"] == "SIGINT") return node_lost(node, "was stopped (" + kv["stopped"] + ")");
+      kill_node(node, kv.count("reason") ? kv["reason"] : "node " + ro.nodes[node] + " aborted the job");
+      return;
+    default:
+      return;
+  }
+}
+
+}  // namespace ringmaster

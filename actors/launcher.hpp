@@ -1,0 +1,156 @@
+// The launcher's side of a job on node daemons (actors/remote_job.hpp), as its bridge thread runs it:
+// what each node's message means, the proxies that stand for remote ranks before the coordinator,
+// losing a node and re-forming the ring without it, and taking a lost node back in at an epoch's end
+// (actors/reform.hpp). train_remote sets the job up and waits for its end; everything here after setup
+// runs on the bridge thread, but what the watchdog thread reads (last_heard, gone, joining).
+#pragma once
+#include <caf/all.hpp>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "actors/coordinator.hpp"
+#include "actors/job_plan.hpp"
+#include "actors/remote_job.hpp"
+#include "net/bridge.hpp"
+
+namespace ringmaster {
+
+// A remote rank as the coordinator sees it: run starts the rank on its node, weights are fetched from
+// it, reports arrive from the bridge. It quits with an error when its node fails or falls silent. The
+// nodes wire the ring themselves, from the job plan.
+caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer, uint64_t job, int rank);
+
+struct launcher {
+  using clock_type = std::chrono::steady_clock;
+  struct control_msg {
+    int node;
+    wire::header h;
+    wire::kv_map kv;
+  };
+
+  launcher(remote_options o, net::bridge_options bo) : ro(std::move(o)), br(std::move(bo)) {}
+  remote_options ro;
+  net::bridge br;
+  std::vector<int> peer;  // node index -> connection
+  uint64_t job_id = 0;
+  job_plan plan;  // the plan the nodes hold: set before any job message goes out; then on the bridge thread
+  // Control replies during setup, for the main thread.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<control_msg> inbox;
+  // After setup: where reports go (set before the nodes start, then read and changed on the bridge thread).
+  caf::actor_system* sys = nullptr;
+  std::vector<caf::actor> proxies;  // the coordinator's ranks, index = rank
+  std::vector<int> proxy_node;      // the node each of them runs on
+  std::vector<caf::actor> retired;  // proxies of rings given up on, stopped when the job ends
+  caf::actor coordinator;
+  std::atomic<bool> started{false};  // proxies and coordinator are set (the bridge thread reads them)
+  std::unique_ptr<std::atomic<int64_t>[]> last_heard;  // per node, steady-clock ticks
+  bool refused_invalid = false;  // a node refused the job's description or settings as invalid
+  // What every node said in its job_ack: a node that comes back must say the same.
+  std::string train_count, model_layout;
+  int64_t steps_per_epoch = 0, total_steps = 0;
+  // Checkpoints: rank 0's state arrives one buffer at a time (set before start: sizes; then the bridge
+  // thread's alone).
+  size_t param_count = 0;
+  int32_t state_buffers = 0;  // 3 for Adam, 2 for SGD
+  std::shared_ptr<network_state> incoming;
+  // Elastic continuation (actors/reform.hpp), on the bridge thread but `gone` (the watchdog reads it).
+  std::unique_ptr<std::atomic<bool>[]> gone;  // per node: lost, no part of the job any more
+  enum class phase { running, pausing, reforming } now = phase::running;
+  int gen = 0;                                 // the ring generation being formed or running
+  std::map<std::pair<int, int>, int64_t> applied;  // pause answers: (node, rank) -> steps applied
+  std::vector<bool> acked;                     // per node: took the re-formed plan
+  int taken_back = 0;                          // ranks that were one step ahead
+  clock_type::time_point forming_since;
+  std::vector<node_loss> losses;               // since the last re-forming, for the coordinator
+  clock_type::time_point last_word = clock_type::time_point::max();  // the earliest last message of those
+  std::mutex event_mu;
+
+  // Rejoining (reform.hpp). A lost node is asked every kHelloEvery whether it is back; one that answers
+  // gets the grown ring's plan (join_plan) and, once it has loaded its data, the others pause after step
+  // join_at and one of them sends its state, which goes on to the newcomer.
+  static constexpr std::chrono::seconds kHelloEvery{1};
+  static constexpr int kJoinTries = 3;  // failed joins of one node before it is left out for good
+  std::vector<int> original_ranks;      // per node: ranks it ran as the job started
+  std::vector<int> join_failures;       // per node
+  std::vector<double> join_setup;       // per node: seconds its last try took to load (0: none yet)
+  std::atomic<int> joining{-1};         // the node joining; its messages are heard, it gets heartbeats
+  enum class join_step { none, setting_up, pausing, state, reforming } joins = join_step::none;
+  job_plan join_plan;                   // the grown ring's (recipient -1; first_step as the others')
+  int64_t join_at = 0;
+  int join_state_rank = -1;             // the rank whose state the newcomer starts from
+  std::shared_ptr<network_state> join_state;
+  clock_type::time_point join_since, last_hello;
+  std::vector<node_join> joined;        // since the last re-forming, for the coordinator
+  int64_t seen_step = 0;                // the most steps a report said were applied
+  double step_rate = 0;                 // steps a second: the most in any second so far
+  int64_t rate_mark = 0;
+  clock_type::time_point rate_since = clock_type::now();
+  clock_type::time_point ring_since = clock_type::now();  // when the ring now running started
+  int64_t ring_from = 0;                                    // and at which step
+
+  void event(const std::string& line);
+  clock_type::time_point heard(int node) const { return clock_type::time_point(clock_type::duration(last_heard[node].load())); }
+  int node_of(const net::peer_info& from) const;
+  // Fails the job: the coordinator's ranks on `node` (all of them if none) stop with `why`.
+  void kill_node(int node, const std::string& why);
+  // Whether node `node` runs the coordinator's rank r: what a node says about a rank is heard only from
+  // the node running it. (While the ring is re-formed the nodes' plan is ahead of the coordinator's.)
+  bool reports_to_us(int node, int r) const { return r >= 0 && size_t(r) < proxies.size() && proxy_node[size_t(r)] == node; }
+  // "2-3" or "1,4" : the ranks a node runs, for messages.
+  std::string ranks_of(int node) const;
+  void send(int node, wire::msg_type type, const std::string& text, int rank = -1);
+  void send_kv(int node, wire::msg_type type, const wire::kv_map& kv);
+  // To every node (but lost ones, the joining one excepted, when skip_gone).
+  void broadcast(wire::msg_type type, const wire::kv_map& kv, bool skip_gone = false);
+  // Tells every node to drop the job, and gives the bridge a moment to send that before it stops.
+  void abort_all(const std::string& reason);
+  // Waits for one reply of `type` from every node; "" or what went wrong. A node that says nothing at all
+  // (not even a heartbeat) for `silence` is given up on before the deadline.
+  std::string await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
+                        std::chrono::milliseconds silence);
+
+  // After setup, on the bridge thread.
+  void on_message(const net::peer_info& from, const wire::header& h, net::payload p);
+  // Surviving nodes that run ranks of the plan.
+  std::vector<int> survivors() const;
+  // Node `node` is lost: dead or silent (why: "no heartbeat for 1.6 s"), or stopped by a signal ("was
+  // stopped (SIGTERM)"). Elastic: the survivors pause, and the ring is re-formed once they have said how
+  // far they got (on_paused).
+  void node_lost(int node, const std::string& why);
+  // Each heartbeat: a re-forming that takes too long fails the job; lost nodes are asked whether they
+  // are back, and a join that takes too long is given up.
+  void tick();
+
+ private:
+  void take_checkpoint(const wire::header& h, const net::payload& p);
+  void pause_survivors(const wire::kv_map& extra);
+  void on_paused(int node, int rank, const pause_report& r);
+  void reform_survivors(int64_t start);
+  void on_reformed(int node, const wire::kv_map& kv);
+  void on_back(int node, wire::kv_map& kv);
+  void on_join_ack(wire::kv_map& kv);
+  void take_join_state(const wire::header& h, const net::payload& p);
+  // late: it was ready too late for its step, which is no failure of its own: it tries again, aiming as
+  // far ahead as that try took to load (its data is cached by then).
+  void give_up_join(const std::string& why, bool late = false);
+};
+
+// A node's host id as its hello_ack says it: one that would not make a valid plan is none (that node
+// uses the network, not shared memory).
+std::string host_of(const std::string& said);
+
+// One buffer of a state after `h.step` steps into *into (a fresh state for segment 0; one out of order,
+// of another step or of the wrong size drops what came before). True once all `buffers` are in.
+bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& h, const net::payload& p,
+                      size_t param_count, int32_t buffers);
+
+}  // namespace ringmaster
