@@ -53,6 +53,7 @@ struct node_join {
   int generation = 0; // of that ring
   int replicas = 0;   // ranks in it
   int64_t epoch = 0;  // the first epoch it trains in (0-based)
+  double paused = 0;  // seconds the others stood still for it: from the last one's stop to the new ring's start
 };
 
 struct train_result {

@@ -1,6 +1,7 @@
 #include "actors/launcher.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <thread>
 
@@ -257,7 +258,7 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
   if (joins == join_step::pausing) {
     if (lo == join_at && hi == join_at) {
       joins = join_step::state;
-      join_since = clock_type::now();
+      join_since = join_paused = clock_type::now();
       join_state.reset();
       join_state_rank = 0;
       send(plan.ranks[0].node, wire::msg_type::checkpoint, "", 0);  // no payload: a request for rank 0's state
@@ -301,11 +302,14 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
     const int j = joining;
     gone[j] = false;
     last_heard[j] = clock_type::now().time_since_epoch().count();
-    joined.push_back({ro.nodes[size_t(j)], ranks_of(j), gen, plan.replicas(), plan.start_step / steps_per_epoch});
+    const double paused = std::chrono::duration<double>(clock_type::now() - join_paused).count();
+    joined.push_back({ro.nodes[size_t(j)], ranks_of(j), gen, plan.replicas(), plan.start_step / steps_per_epoch, paused});
     join_failures[size_t(j)] = 0;
     joining = -1;
     joins = join_step::none;
-    event("node " + ro.nodes[size_t(j)] + " rejoined the job as ranks " + ranks_of(j));
+    char took[32];
+    std::snprintf(took, sizeof took, "%.2f", paused);
+    event("node " + ro.nodes[size_t(j)] + " rejoined the job as ranks " + ranks_of(j) + "; the others stood still for " + took + " s");
   }
   reform_note note;
   note.gen = gen;

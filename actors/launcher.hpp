@@ -89,6 +89,7 @@ struct launcher {
   int join_state_rank = -1;             // the rank whose state the newcomer starts from
   std::shared_ptr<network_state> join_state;
   clock_type::time_point join_since, last_hello;
+  clock_type::time_point join_paused;   // when the last of the others stopped for it
   std::vector<node_join> joined;        // since the last re-forming, for the coordinator
   int64_t seen_step = 0;                // the most steps a report said were applied
   double step_rate = 0;                 // steps a second: the most in any second so far

@@ -159,7 +159,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
   for (size_t i = 0; i < r.joins.size(); ++i) {
     const node_join& n = r.joins[i];
     j << (i ? "," : "") << "\n    {\"node\": " << json(n.node).dump() << ", \"ranks\": " << json(n.ranks).dump()
-      << ", \"replicas\": " << n.replicas << ", \"epoch\": " << n.epoch + 1 << "}";
+      << ", \"replicas\": " << n.replicas << ", \"epoch\": " << n.epoch + 1 << ", \"paused_seconds\": " << num(n.paused) << "}";
   }
   j << (r.joins.empty() ? "]" : "\n  ]") << ",\n  \"unmeasured_samples\": " << r.unmeasured << "\n}\n";
   std::ofstream f(path, std::ios::trunc);
@@ -437,8 +437,8 @@ int finish(const options& o, const train_result& r) {
     else std::printf("; the next step was complete %.2f s after its last message\n", l.recovered);
   }
   for (const node_join& n : r.joins)
-    std::printf("Node %s came back and rejoined as ranks %s: %d ranks went on from epoch %lld\n", n.node.c_str(),
-                n.ranks.c_str(), n.replicas, (long long)n.epoch + 1);
+    std::printf("Node %s came back and rejoined as ranks %s: %d ranks went on from epoch %lld (the others stood still "
+                "for %.2f s)\n", n.node.c_str(), n.ranks.c_str(), n.replicas, (long long)n.epoch + 1, n.paused);
   if (r.unmeasured)
     std::printf("%lld training samples of lost nodes count without their loss and accuracy (reports lost with them)\n",
                 (long long)r.unmeasured);

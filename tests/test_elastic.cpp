@@ -315,5 +315,9 @@ TEST_CASE("elastic: ringmaster-mnist takes a node started again back in and says
   REQUIRE(j["node_rejoins"].size() == 1);
   CHECK(j["node_rejoins"][0]["node"] == nodes[1]->endpoint);
   CHECK(j["node_rejoins"][0]["replicas"] == 3);
+  CHECK(j["node_rejoins"][0]["paused_seconds"] < 2.0);
   CHECK(j["replicas_identical"] == true);
+  test::run_result here = run_launcher("--no-rejoin", [](const std::string&) {});
+  CHECK(here.status == 2);
+  CHECK(here.out.find("--no-rejoin needs --nodes") != std::string::npos);
 }
