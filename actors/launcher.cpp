@@ -25,6 +25,14 @@ uint64_t fresh_ring_id(uint64_t job_id) {
   return ring;
 }
 
+// What another node says, for our events: at most 300 characters, no control characters.
+std::string clean(const std::string& said) {
+  std::string out = said.substr(0, 300);
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < ' ' || c == 127) c = '?';
+  return out;
+}
+
 }  // namespace
 
 std::string host_of(const std::string& host) {
@@ -180,7 +188,7 @@ std::vector<int> launcher::survivors() const {
 void launcher::node_lost(int node, const std::string& why) {
   const std::string said = (why.rfind("no heartbeat", 0) == 0 ? "stopped answering: " : "") + why;
   if (gone[node]) {  // lost already; if it was joining again, that is off
-    if (node == joining) give_up_join("it " + said);
+    if (node == joining) give_up_join("it " + clean(said));
     return;
   }
   if (!plan.elastic) return kill_node(node, "node " + ro.nodes[node] + " (ranks " + ranks_of(node) + ") " + said);
@@ -195,7 +203,7 @@ void launcher::node_lost(int node, const std::string& why) {
   send_kv(node, wire::msg_type::abort, {{"reason", "dropped from the job: " + l.why}});  // if it lives
   const std::vector<int> left = survivors();
   if (left.empty()) return kill_node(node, "node " + l.node + " (ranks " + l.ranks + ") " + said + ", and no node is left");
-  if (joining >= 0) give_up_join("node " + l.node + " was lost meanwhile");
+  if (joining >= 0) give_up_join("node " + l.node + " was lost meanwhile", true, true);
   event("lost node " + l.node + " (ranks " + l.ranks + "): " + why + "; re-forming the ring from " +
         std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : ""));
   pause_survivors({});
@@ -205,7 +213,7 @@ void launcher::node_lost(int node, const std::string& why) {
 void launcher::pause_survivors(const wire::kv_map& extra) {
   ++gen;
   applied.clear();
-  if (now == phase::running) forming_since = clock_type::now();
+  forming_since = clock_type::now();
   now = phase::pausing;
   wire::kv_map kv = extra;
   kv["gen"] = std::to_string(gen);
@@ -224,7 +232,10 @@ void launcher::tick() {
   // that never does must not hold the job forever. (Steps on the way to a planned pause count as news.)
   if (now != phase::running && t - forming_since >= ro.setup_timeout) {
     now = phase::running;  // once
-    kill_node(-1, "the ring could not be re-formed within " + std::to_string(ro.setup_timeout.count() / 1000) + " s of a node's loss");
+    const std::string s = std::to_string(ro.setup_timeout.count() / 1000) + " s";
+    kill_node(-1, joins == join_step::pausing ? "the ranks made no step for " + s + " on their way to step " + std::to_string(join_at) +
+                                                    ", where node " + ro.nodes[size_t(joining.load())] + " was to rejoin"
+                                              : "the ring could not be re-formed within " + s + " of a node's loss");
     return;
   }
   if (joining >= 0) {
@@ -245,7 +256,9 @@ void launcher::tick() {
 // answered, the ring is re-formed from the smallest count (reform.hpp says why that is the one); for a
 // node that joins, they all stopped after its step, and one rank's state is fetched for it first.
 void launcher::on_paused(int node, int rank, const pause_report& r) {
-  if (now != phase::pausing || r.gen != gen || rank < 0 || rank >= kMaxPlanRanks) return;
+  if (now != phase::pausing || r.gen != gen || gone[node]) return;
+  const std::vector<int> ranks = plan.ranks_on(node);
+  if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) return;
   applied[{node, rank}] = r.applied;
   const std::vector<int> left = survivors();
   for (int i : left) {
@@ -265,7 +278,8 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
       return;
     }
     give_up_join("the ranks stopped after steps " + std::to_string(lo) + " to " + std::to_string(hi) + ", not after step " +
-                 std::to_string(join_at));  // they go on among themselves
+                     std::to_string(join_at),
+                 true);  // they were past it already; they go on among themselves
   }
   if (hi - lo > 1) return kill_node(-1, "the survivors applied " + std::to_string(lo) + " to " + std::to_string(hi) + " steps: cannot go on together");
   reform_survivors(lo);
@@ -298,8 +312,10 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
   acked[size_t(node)] = true;
   for (int i : survivors())
     if (!acked[size_t(i)]) return;
+  if (joins == join_step::reforming && !acked[size_t(joining.load())]) return;  // it has not taken its state yet
   if (joins == join_step::reforming) {  // the newcomer is in
     const int j = joining;
+    fresh = j;
     gone[j] = false;
     last_heard[j] = clock_type::now().time_since_epoch().count();
     const double paused = std::chrono::duration<double>(clock_type::now() - join_paused).count();
@@ -338,8 +354,8 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
 }
 
 // A lost node answered a hello: it is back (started again, or awake and idle). It gets the grown ring's
-// plan, to join after the first epoch's end that leaves it time to load its data: 3 s of steps, or half as
-// long again as its last try took.
+// plan, to join after the first epoch's end that leaves it time to load its data: rejoin_lead's worth of
+// steps, or half as long again as its last try took.
 void launcher::on_back(int node, wire::kv_map& kv) {
   if (!plan.elastic || !ro.rejoin || now != phase::running || joining >= 0 || original_ranks[size_t(node)] == 0 ||
       join_failures[size_t(node)] >= kJoinTries)
@@ -347,11 +363,12 @@ void launcher::on_back(int node, wire::kv_map& kv) {
   const std::string& name = ro.nodes[size_t(node)];
   const int64_t spe = steps_per_epoch;
   // Steps a second: the fastest second so far, or the ring's own pace since it started (the first
-  // seconds after a loss have a pause in them), once it has run a second: it is asked again meanwhile.
+  // seconds after a loss have a pause in them), once it has run half a second: it is asked again meanwhile.
   const double ran = std::chrono::duration<double>(clock_type::now() - ring_since).count();
-  if (ran < 1.0) return;
+  if (ran < 0.5) return;
   const double rate = std::max(step_rate, double(seen_step - ring_from) / ran);
-  const int64_t ahead = std::max<int64_t>(16, int64_t(rate * std::max(3.0, 1.5 * join_setup[size_t(node)])));
+  const double lead = std::max(std::chrono::duration<double>(ro.rejoin_lead).count(), 1.5 * join_setup[size_t(node)]);
+  const int64_t ahead = std::max<int64_t>(16, int64_t(rate * lead));
   const int64_t at = (seen_step + ahead + spe - 1) / spe * spe;
   if (at >= total_steps) {
     join_failures[size_t(node)] = kJoinTries;
@@ -403,6 +420,7 @@ void launcher::on_join_ack(wire::kv_map& kv) {
 // Rank 0's state after join_at, for the newcomer. Once whole it goes on to it (before its start: one
 // connection keeps the order), and the survivors take the grown plan.
 void launcher::take_join_state(const wire::header& h, const net::payload& p) {
+  join_since = clock_type::now();  // the time limit is per buffer: a large model's state takes its time
   if (!add_state_buffer(join_state, h, p, 0, state_buffers)) {
     if (!join_state) give_up_join("rank 0's state came broken");
     return;
@@ -434,16 +452,17 @@ void launcher::take_join_state(const wire::header& h, const net::payload& p) {
 
 // The join is off: the newcomer drops the job, and the survivors go on among themselves (re-formed once
 // more if they are waiting for a plan already, or took the grown one).
-void launcher::give_up_join(const std::string& why, bool late) {
+void launcher::give_up_join(const std::string& why, bool late, bool others_pause) {
   const int j = joining;
   if (j < 0) return;
-  const join_step was = joins;
+  const join_step was = others_pause ? join_step::none : joins;
   send_kv(j, wire::msg_type::abort, {{"reason", "could not rejoin: " + why}});
   const bool again = late || ++join_failures[size_t(j)] < kJoinTries;
   event("node " + ro.nodes[size_t(j)] + " could not rejoin: " + why + (again ? "; it is asked again" : "; it stays out"));
   joining = -1;
   joins = join_step::none;
   join_state.reset();
+  join_state_rank = -1;
   last_hello = clock_type::now();
   if (was == join_step::state) reform_survivors(join_at);    // paused after join_at, waiting
   if (was == join_step::reforming) pause_survivors({});       // they hold a plan with its ranks
@@ -459,6 +478,14 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
   if (gone && gone[node]) {  // lost: whether it is back is all that counts, and what it says as it joins
     if (h.type == msg_type::hello_ack && running && wire::decode_kv(p.text(), &kv, &error)) return on_back(node, kv);
     if (node != joining) return;
+    // The newcomer: its answers (data loaded; state taken), a refusal or an abort, heartbeats. Nothing it
+    // says touches the ring's ranks before it is in.
+    last_heard[node] = clock_type::now().time_since_epoch().count();
+    wire::decode_kv(p.text(), &kv, &error);
+    if (h.type == msg_type::job_ack) return joins == join_step::setting_up ? on_join_ack(kv) : on_reformed(node, kv);
+    if (h.type == msg_type::error) give_up_join("it refused: " + clean(kv["error"]));
+    if (h.type == msg_type::abort) give_up_join("it gave up: " + clean(kv["reason"]));
+    return;
   }
   last_heard[node] = clock_type::now().time_since_epoch().count();
   // Reports, weights and aborts concern the proxies and the coordinator, which exist once started.
@@ -469,12 +496,8 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
     case msg_type::job_ack:
     case msg_type::error: {
       wire::decode_kv(p.text(), &kv, &error);
-      if (running && node == joining) {
-        if (h.type == msg_type::job_ack) return on_join_ack(kv);
-        if (h.type == msg_type::error) give_up_join(kv.count("error") ? kv["error"] : "it refused");
-        return;
-      }
       if (h.type == msg_type::job_ack && running) return on_reformed(node, kv);
+      if (h.type == msg_type::error && running && node == fresh) return node_lost(node, "failed as it rejoined: " + clean(kv["error"]));
       const std::string why = kv.count("error") ? kv["error"] : "node " + ro.nodes[node] + " reported an error";
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -497,6 +520,7 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
         step_report r;
         r.rank = h.sender_rank;
         if (!from_kv(kv, &r, &error)) return;
+        if (node == fresh) fresh = -1;  // it runs
         if (r.epoch >= 0 && r.step >= 0 && r.epoch * steps_per_epoch + r.step + 1 > seen_step) {
           seen_step = r.epoch * steps_per_epoch + r.step + 1;
           if (joins == join_step::pausing) forming_since = clock_type::now();  // on the way to the pause
@@ -525,7 +549,7 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       return;
     case msg_type::abort:
       wire::decode_kv(p.text(), &kv, &error);
-      if (node == joining) return give_up_join(kv.count("reason") ? kv["reason"] : "it aborted");
+      if (node == fresh) return node_lost(node, "failed as it rejoined: " + clean(kv["reason"]));
       // A node stopped by a signal is a lost node (elastic jobs go on without it); other aborts end the job.
       if (kv["stopped"] == "SIGTERM" || kv["stopped"] == "SIGINT") return node_lost(node, "was stopped (" + kv["stopped"] + ")");
       kill_node(node, kv.count("reason") ? kv["reason"] : "node " + ro.nodes[node] + " aborted the job");

@@ -91,6 +91,8 @@ struct launcher {
   clock_type::time_point join_since, last_hello;
   clock_type::time_point join_paused;   // when the last of the others stopped for it
   std::vector<node_join> joined;        // since the last re-forming, for the coordinator
+  int fresh = -1;                       // the node that joined last, until its first step report: if it
+                                        // fails before, it is lost, not the job
   int64_t seen_step = 0;                // the most steps a report said were applied
   double step_rate = 0;                 // steps a second: the most in any second so far
   int64_t rate_mark = 0;
@@ -140,9 +142,10 @@ struct launcher {
   void on_back(int node, wire::kv_map& kv);
   void on_join_ack(wire::kv_map& kv);
   void take_join_state(const wire::header& h, const net::payload& p);
-  // late: it was ready too late for its step, which is no failure of its own: it tries again, aiming as
-  // far ahead as that try took to load (its data is cached by then).
-  void give_up_join(const std::string& why, bool late = false);
+  // late: no failure of its own (ready too late for its step, the others past it, another node lost):
+  // it tries again, aiming as far ahead as its last try took to load (its data is cached by then).
+  // others_pause: the caller pauses the others next (a node lost), so they are left as they are here.
+  void give_up_join(const std::string& why, bool late = false, bool others_pause = false);
 };
 
 // A node's host id as its hello_ack says it: one that would not make a valid plan is none (that node

@@ -1,5 +1,6 @@
 #include "actors/node_job.hpp"
 
+#include <algorithm>
 #include <tuple>
 
 #include "actors/messages.hpp"
@@ -23,6 +24,12 @@ std::string check_plan(const job_plan& plan, const node_context& ctx, bool* inva
       *invalid = true;
       return "the job plan does not name the id of node " + plan.nodes[i].endpoint;
     }
+  // A plan past generation 0 as a job is a node joining a running ring: it must not seal, whatever the
+  // launcher says (its pair keys' counters would start again at 0 under the same keys: reform.hpp).
+  if (plan.generation > 0 && !plan.seal_salt.empty() && plan.nodes[size_t(plan.recipient)].sealed_port != 0) {
+    *invalid = true;
+    return "the job plan has this node join ring generation " + std::to_string(plan.generation) + " with a sealed port";
+  }
   const size_t mine = plan.ranks_on(plan.recipient).size();
   if (mine > ctx.slots.size())
     return "job asks for " + std::to_string(mine) + " replicas, this node offers " + ctx.offers;
@@ -49,8 +56,8 @@ node_job::node_job(const node_context& ctx, net::peer_info launcher, job_plan pl
 // and its public key, net/seal.hpp), a sealer for what we send it and an opener for what it sends us. A
 // node whose key does not work gets neither: chunks to and from it go over CurveZMQ.
 void node_job::make_pair_keys() {
-  // A node without a sealed port seals nothing either: one that joins a job again (reform.hpp) would
-  // start its counters again under the same keys.
+  // A node without a sealed port in the plan seals nothing either (its chunks go over CurveZMQ, still
+  // encrypted): one that joins a job again (reform.hpp) would start its counters again under the same keys.
   if (plan_.seal_salt.empty() || ctx_.keys.empty() || plan_.nodes[size_t(plan_.recipient)].sealed_port == 0) return;
   const uint32_t me = uint32_t(plan_.recipient);
   for (size_t j = 0; j < plan_.nodes.size(); ++j) {
@@ -262,7 +269,8 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
   deliver(*ports_[dest], from_wire(h, std::move(p)));
 }
 
-bool node_job::take_state(const wire::header& h, const net::payload& p, std::string* error) {
+bool node_job::take_state(const wire::header& h, const net::payload& p, std::string* error, bool* complete) {
+  *complete = false;
   const int32_t buffers = plan_.opt.kind == optimizer_config::adam ? 3 : 2;
   if (!running() || plan_.first_step == 0 || resume_buffers_ == buffers) {
     *error = "a state to resume from came for a job that does not resume, or has its state";
@@ -282,7 +290,7 @@ bool node_job::take_state(const wire::header& h, const net::payload& p, std::str
   // Before their start: both go from this thread, so every replica has its state when it runs.
   const state_ptr whole = std::move(resume_state_);
   for (auto& [rank, replica] : replicas_) caf::anon_send(replica, restore_atom::value, whole);
-  return true;
+  return *complete = true;
 }
 
 void node_job::pause(int gen, int64_t at) {
@@ -324,6 +332,7 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
   if (mine.empty()) return *dropped = true, false;
   if (ring_open_) close_ring();  // after a planned pause: every rank has stopped after its step
   planned_ = false;
+  const bool grows = std::any_of(next.ranks.begin(), next.ranks.end(), [](const rank_plan& r) { return r.was < 0; });
   // Our ranks keep their actors and devices under their new numbers.
   std::map<int, caf::actor> replicas, loaders;
   for (int r : mine) {
@@ -360,6 +369,7 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
     go.batch_end = rp.batch_end;
     std::tie(go.test_begin, go.test_end) = plan_.test_shard(r, test_count_);
     go.port = ports_[r];
+    go.evaluate_again = !grows;
   }
   ctx_.log("job " + std::to_string(plan_.job_id) + ": ring generation " + std::to_string(plan_.generation) + " of " +
            std::to_string(plan_.replicas()) + " ranks, ranks " + rank_list(mine_) + " here, from step " +

@@ -92,7 +92,8 @@ class node_job {
   // One buffer of the state a resumed job starts from (checkpoint message from the launcher, after
   // job_ack and before start); once all are in, every replica here gets it. False with *error when it
   // does not fit the job: the job cannot go on then.
-  bool take_state(const wire::header& h, const net::payload& p, std::string* error);
+  // *complete: that was the last buffer.
+  bool take_state(const wire::header& h, const net::payload& p, std::string* error, bool* complete);
 
  private:
   bool wire_ring(std::string* error);

@@ -335,9 +335,12 @@ struct node_service::impl {
         if (launcher && h.elements == 0 && p.empty()) return job->send_state(h.sender_rank);  // a request
         if (launcher) {
           std::string error;
-          if (!job->take_state(h, p, &error)) {
+          bool complete = false;
+          if (!job->take_state(h, p, &error, &complete)) {
             refuse(from, h.job_id, error);
             end_job("its state to resume from did not fit: " + error);
+          } else if (complete && job->plan().generation > 0) {  // a node joining a ring: the launcher waits for this
+            send_kv(from, msg_type::job_ack, h.job_id, {{"generation", std::to_string(job->plan().generation)}});
           }
         }
         return;

@@ -47,6 +47,9 @@ struct remote_options {
   // Elastic: a lost node that answers again (started again, or awake) joins the ring at the next epoch's
   // end that leaves it time to load its data (actors/reform.hpp); false: it stays out.
   bool rejoin = true;
+  // How far ahead it is asked to join: an epoch's end at least this many seconds of steps away (longer if
+  // its last try took longer to load its data). The others stand still only if it is not ready by then.
+  std::chrono::milliseconds rejoin_lead{3000};
   // A line about the job as it happens (a node lost, the job going on); any thread, one call at a time.
   std::function<void(const std::string&)> on_event;
 };

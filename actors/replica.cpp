@@ -126,7 +126,7 @@ void continue_in(caf::event_based_actor* self, replica_state& st, const rank_ref
     st.model->save_state(state.get());
     self->send(st.coordinator, checkpt_atom::value, state_ptr(std::move(state)));
   }
-  if (rf.start_step > 0 && rf.start_step % steps == 0 && st.cfg.test)
+  if (rf.evaluate_again && rf.start_step > 0 && rf.start_step % steps == 0 && st.cfg.test)
     self->send(st.coordinator, evaluate(st, rf.start_step / steps - 1));
   if (st.done_steps == steps * st.cfg.epochs) self->send(st.coordinator, done_atom::value, st.cfg.rank);
   st.idle_since = std::chrono::steady_clock::now();

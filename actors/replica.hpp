@@ -53,6 +53,9 @@ struct rank_reform {
   int batch_begin = 0, batch_end = 0;   // its shard of every global batch
   size_t test_begin = 0, test_end = 0;  // its shard of the test set
   std::shared_ptr<reducer_port> port;   // its new reducer's
+  // An epoch that ended at start_step is evaluated again (a lost rank's share of it may be missing);
+  // not when the ring only grew (every rank evaluated it before the pause).
+  bool evaluate_again = true;
 };
 
 // The buckets' first offsets, from the last bucket (the last layers') to the first (ending at 0).

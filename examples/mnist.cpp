@@ -159,7 +159,8 @@ bool write_report(const std::string& path, const options& o, const train_result&
   for (size_t i = 0; i < r.joins.size(); ++i) {
     const node_join& n = r.joins[i];
     j << (i ? "," : "") << "\n    {\"node\": " << json(n.node).dump() << ", \"ranks\": " << json(n.ranks).dump()
-      << ", \"replicas\": " << n.replicas << ", \"epoch\": " << n.epoch + 1 << ", \"paused_seconds\": " << num(n.paused) << "}";
+      << ", \"generation\": " << n.generation << ", \"replicas\": " << n.replicas << ", \"epoch\": " << n.epoch + 1
+      << ", \"paused_seconds\": " << num(n.paused) << "}";
   }
   j << (r.joins.empty() ? "]" : "\n  ]") << ",\n  \"unmeasured_samples\": " << r.unmeasured << "\n}\n";
   std::ofstream f(path, std::ios::trunc);
@@ -307,6 +308,8 @@ int main(int argc, char** argv) {
   }
   if (o.on_node_loss != "continue" && o.on_node_loss != "abort")
     return usage_error("--on-node-loss must be continue or abort, not '" + o.on_node_loss + "'");
+  if (o.no_rejoin && o.on_node_loss == "abort")
+    return usage_error("--no-rejoin is for --on-node-loss continue (with abort no lost node comes back)");
   if (!nodes.empty()) {
     if (o.device == "cuda") c.devices = {"cuda"};
   } else if (std::string e = parse_device(o.device, !vm["replicas"].defaulted(), &c); !e.empty()) {

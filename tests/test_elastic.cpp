@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -32,6 +33,23 @@ train_config small_job(int64_t epochs) {
   c.global_batch = 60;
   c.epochs = epochs;
   return c;
+}
+
+// Rejoining tests: long enough (some 9 s here) for a node to be named lost, come back, load its data and
+// join 1.5 s of steps ahead; a model whose step is mostly compute, so its pace is steady.
+constexpr int64_t kRejoinEpochs = 40;
+train_config rejoin_job() {
+  train_config c = small_job(kRejoinEpochs);
+  c.model = "784-256-10";
+  return c;
+}
+remote_options rejoin_options(const test::daemons& nodes) {
+  remote_options ro;
+  ro.nodes = test::endpoints(nodes);
+  ro.limit_train = 6000;
+  ro.limit_test = 500;
+  ro.rejoin_lead = std::chrono::milliseconds(1500);
+  return ro;
 }
 
 // Runs `cfg` on the nodes, signalling node `victim` with `sig` once `after` steps of epoch `epoch` are
@@ -134,10 +152,7 @@ TEST_CASE("elastic: a node busy with steps longer than the node timeout is not t
 
 TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoch's end, every sample once an epoch", "[nodes][elastic][rejoin]") {
   auto nodes = start_nodes(3, "cpu:1");
-  remote_options ro;
-  ro.nodes = test::endpoints(nodes);
-  ro.limit_train = 6000;
-  ro.limit_test = 500;
+  remote_options ro = rejoin_options(nodes);
   std::mutex mu;
   std::vector<std::string> events;
   std::atomic<bool> lost{false};
@@ -146,7 +161,7 @@ TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoc
     events.push_back(line);
     if (line.rfind("lost node", 0) == 0) lost = true;
   };
-  train_config c = small_job(90);  // some 12 s: time to notice the loss, start again and load the data
+  train_config c = rejoin_job();
   std::atomic<bool> go{false};
   c.on_progress = [&](const progress& p) {
     if (p.epoch == 0 && p.step >= 30) go = true;
@@ -165,7 +180,7 @@ TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoc
   for (auto& e : events) INFO(e);
   REQUIRE(r.ok);
   CHECK(r.identical);
-  REQUIRE(r.history.size() == 90);
+  REQUIRE(r.history.size() == size_t(kRejoinEpochs));
   for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
   REQUIRE(r.losses.size() == 1);
   CHECK(r.losses[0].node == nodes[1]->endpoint);
@@ -177,7 +192,72 @@ TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoc
   CHECK(j.generation == 2);
   CHECK(j.epoch > 0);
   CHECK(r.checksums.size() == 3);  // every rank of the grown ring, bit-identical
-  WARN("the node rejoined at the start of epoch " << j.epoch + 1 << " of 90");
+  WARN("the node rejoined at the start of epoch " << j.epoch + 1 << " of " << kRejoinEpochs);
+}
+
+TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job it was dropped from, unsealed", "[nodes][elastic][rejoin]") {
+  auto nodes = start_nodes(3, "cpu:1");
+  remote_options ro = rejoin_options(nodes);
+  std::atomic<bool> lost{false};
+  std::mutex mu;
+  std::vector<std::string> events;
+  ro.on_event = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(line);
+    if (line.rfind("lost node", 0) == 0 && !lost.exchange(true)) kill(nodes[2]->pid, SIGCONT);
+  };
+  clock_type::time_point stopped;
+  // The same job id again, on a node that ran it: taken only because the plan has it seal nothing.
+  train_result r = run_killing(rejoin_job(), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
+  INFO(r.error);
+  for (auto& e : events) INFO(e);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.losses.size() == 1);
+  REQUIRE(r.joins.size() == 1);
+  CHECK(r.joins[0].node == nodes[2]->endpoint);
+  CHECK(r.checksums.size() == 3);
+}
+
+TEST_CASE("elastic: a node that dies while it rejoins is given up, and the others finish without it", "[nodes][elastic][rejoin]") {
+  auto nodes = start_nodes(3, "cpu:1");
+  remote_options ro = rejoin_options(nodes);
+  std::atomic<int> phase{0};  // 1: lost, 2: back (its new life is killed then)
+  std::mutex mu;
+  std::vector<std::string> events;
+  ro.on_event = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(line);
+    if (line.rfind("lost node", 0) == 0) phase = std::max(phase.load(), 1);
+    if (line.find("is back; it rejoins") != std::string::npos) phase = 2;
+  };
+  train_config c = rejoin_job();
+  std::atomic<bool> go{false};
+  c.on_progress = [&](const progress& p) {
+    if (p.epoch == 0 && p.step >= 30) go = true;
+  };
+  std::thread restarter([&] {
+    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
+    nodes[1]->stop(SIGKILL);
+    for (int i = 0; i < 1000 && phase < 1; ++i) std::this_thread::sleep_for(10ms);
+    nodes[1] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, ro.nodes[1], "cpu:1",
+                                                      RINGMASTER_DATA_DIR);
+    for (int i = 0; i < 1000 && phase < 2; ++i) std::this_thread::sleep_for(10ms);
+    nodes[1]->stop(SIGKILL);  // while it loads its data, or the others pause for it
+  });
+  train_result r = train_remote(c, ro);
+  restarter.join();
+  INFO(r.error);
+  for (auto& e : events) INFO(e);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  CHECK(r.joins.empty());
+  CHECK(r.checksums.size() == 2);
+  bool given_up = false;
+  for (auto& e : events) given_up = given_up || e.find("could not rejoin: it stopped answering") != std::string::npos;
+  CHECK(given_up);
 }
 
 namespace {
@@ -292,9 +372,9 @@ TEST_CASE("elastic: ringmaster-mnist takes a node started again back in and says
   std::remove(json_path.c_str());
   std::thread killer, starter;
   test::run_result r = run_launcher("--nodes " + test::node_list(nodes) +
-                                        " --model 784-64-10 --batch 60 --epochs 90 --limit-train 6000 --limit-test 500 --report-json " + json_path,
+                                        " --model 784-256-10 --batch 60 --epochs 50 --limit-train 6000 --limit-test 500 --report-json " + json_path,
                                     [&](const std::string& line) {
-                                      if (line.find("Epoch 1/90") != std::string::npos && !killer.joinable())
+                                      if (line.find("Epoch 1/50") != std::string::npos && !killer.joinable())
                                         killer = std::thread([&] { nodes[1]->stop(SIGKILL); });
                                       if (line.find("lost node " + nodes[1]->endpoint) != std::string::npos && !starter.joinable())
                                         starter = std::thread([&] {
@@ -310,7 +390,7 @@ TEST_CASE("elastic: ringmaster-mnist takes a node started again back in and says
   CHECK(r.out.find("is back; it rejoins after step") != std::string::npos);
   CHECK(r.out.find("Node " + nodes[1]->endpoint + " came back and rejoined as ranks 2: 3 ranks went on from epoch") != std::string::npos);
   const nlohmann::json j = report(json_path);
-  REQUIRE(j["history"].size() == 90);
+  REQUIRE(j["history"].size() == 50);
   for (const auto& e : j["history"]) CHECK(e["samples"] == 6000);
   REQUIRE(j["node_rejoins"].size() == 1);
   CHECK(j["node_rejoins"][0]["node"] == nodes[1]->endpoint);
