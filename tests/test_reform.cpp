@@ -8,6 +8,7 @@
 
 #include "actors/coordinator.hpp"
 #include "actors/messages.hpp"
+#include "actors/node_job.hpp"
 #include "actors/reform.hpp"
 #include "actors/report_kv.hpp"
 #include "actors/training.hpp"
@@ -185,6 +186,18 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and no 
         "rank 1 joins on node tcp://10.0.0.1:5601, which runs ranks already");
   CHECK(refused([](job_plan& b) { b.ranks[5].was = 4; }) ==
         "rank 5 was running before on node tcp://10.0.0.2:5601, which joins the ring");
+  // The newcomer itself refuses a plan that would have it seal, whoever sent it.
+  node_context ctx;
+  ctx.slots = {"cpu", "cpu"};
+  ctx.offers = "cpu:2";
+  job_plan theirs = g;
+  theirs.recipient = 1;
+  theirs.first_step = 300;
+  bool invalid = false;
+  CHECK(check_plan(theirs, ctx, &invalid).empty());
+  theirs.nodes[1].sealed_port = 7001;
+  CHECK(check_plan(theirs, ctx, &invalid) == "the job plan has this node join ring generation 2 with a sealed port");
+  CHECK(invalid);
   // Only a node without ranks joins, with at least one.
   job_plan none;
   CHECK_FALSE(make_grow(q, 0, 2, q.nodes[0], 2, 2002, 300, &none, &err));
