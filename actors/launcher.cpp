@@ -193,6 +193,7 @@ void launcher::node_lost(int node, const std::string& why) {
   }
   if (!plan.elastic) return kill_node(node, "node " + ro.nodes[node] + " (ranks " + ranks_of(node) + ") " + said);
   gone[node] = true;
+  if (node == fresh) ++join_failures[size_t(node)], fresh = -1;  // it rejoined, and was lost before its first step
   node_loss l;
   l.node = ro.nodes[node];
   l.ranks = ranks_of(node);
@@ -256,9 +257,9 @@ void launcher::tick() {
 // answered, the ring is re-formed from the smallest count (reform.hpp says why that is the one); for a
 // node that joins, they all stopped after its step, and one rank's state is fetched for it first.
 void launcher::on_paused(int node, int rank, const pause_report& r) {
-  if (now != phase::pausing || r.gen != gen || gone[node]) return;
-  const std::vector<int> ranks = plan.ranks_on(node);
-  if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) return;
+  // Replicas number themselves as in the ring last started (a re-formed one renumbers them as it starts),
+  // as the proxies do; a lost or joining node has no say.
+  if (now != phase::pausing || r.gen != gen || gone[node] || !reports_to_us(node, rank)) return;
   applied[{node, rank}] = r.applied;
   const std::vector<int> left = survivors();
   for (int i : left) {
@@ -315,12 +316,11 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
   if (joins == join_step::reforming && !acked[size_t(joining.load())]) return;  // it has not taken its state yet
   if (joins == join_step::reforming) {  // the newcomer is in
     const int j = joining;
-    fresh = j;
+    fresh = j;  // its tries count as failed until its first step is in
     gone[j] = false;
     last_heard[j] = clock_type::now().time_since_epoch().count();
     const double paused = std::chrono::duration<double>(clock_type::now() - join_paused).count();
     joined.push_back({ro.nodes[size_t(j)], ranks_of(j), gen, plan.replicas(), plan.start_step / steps_per_epoch, paused});
-    join_failures[size_t(j)] = 0;
     joining = -1;
     joins = join_step::none;
     char took[32];
@@ -355,7 +355,7 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
 
 // A lost node answered a hello: it is back (started again, or awake and idle). It gets the grown ring's
 // plan, to join after the first epoch's end that leaves it time to load its data: rejoin_lead's worth of
-// steps, or half as long again as its last try took.
+// steps, or half as long again as its last try took; more after tries that came too late.
 void launcher::on_back(int node, wire::kv_map& kv) {
   if (!plan.elastic || !ro.rejoin || now != phase::running || joining >= 0 || original_ranks[size_t(node)] == 0 ||
       join_failures[size_t(node)] >= kJoinTries)
@@ -367,7 +367,8 @@ void launcher::on_back(int node, wire::kv_map& kv) {
   const double ran = std::chrono::duration<double>(clock_type::now() - ring_since).count();
   if (ran < 0.5) return;
   const double rate = std::max(step_rate, double(seen_step - ring_from) / ran);
-  const double lead = std::max(std::chrono::duration<double>(ro.rejoin_lead).count(), 1.5 * join_setup[size_t(node)]);
+  const double lead = std::max(std::chrono::duration<double>(ro.rejoin_lead).count(), 1.5 * join_setup[size_t(node)]) *
+                      double(1 + std::min(join_late[size_t(node)], 4));
   const int64_t ahead = std::max<int64_t>(16, int64_t(rate * lead));
   const int64_t at = (seen_step + ahead + spe - 1) / spe * spe;
   if (at >= total_steps) {
@@ -406,8 +407,8 @@ void launcher::on_join_ack(wire::kv_map& kv) {
   join_setup[size_t(joining.load())] = std::chrono::duration<double>(clock_type::now() - join_since).count();
   if (kv["train"] != train_count || kv["model"] != model_layout) {
     join_failures[size_t(joining.load())] = kJoinTries;
-    return give_up_join("it has " + kv["train"].substr(0, 12) + " training samples and model layout " + kv["model"].substr(0, 24) +
-                        ", the job " + train_count + " and " + model_layout);
+    return give_up_join("it has " + clean(kv["train"].substr(0, 12)) + " training samples and model layout " +
+                        clean(kv["model"].substr(0, 24)) + ", the job " + train_count + " and " + model_layout);
   }
   if (seen_step + std::max<int64_t>(2, int64_t(step_rate * 0.2)) >= join_at)
     return give_up_join("it was ready only as the job reached step " + std::to_string(join_at), true);
@@ -420,7 +421,7 @@ void launcher::on_join_ack(wire::kv_map& kv) {
 // Rank 0's state after join_at, for the newcomer. Once whole it goes on to it (before its start: one
 // connection keeps the order), and the survivors take the grown plan.
 void launcher::take_join_state(const wire::header& h, const net::payload& p) {
-  join_since = clock_type::now();  // the time limit is per buffer: a large model's state takes its time
+  join_since = forming_since = clock_type::now();  // the limits are per buffer: a large model's state takes its time
   if (!add_state_buffer(join_state, h, p, 0, state_buffers)) {
     if (!join_state) give_up_join("rank 0's state came broken");
     return;
@@ -457,7 +458,7 @@ void launcher::give_up_join(const std::string& why, bool late, bool others_pause
   if (j < 0) return;
   const join_step was = others_pause ? join_step::none : joins;
   send_kv(j, wire::msg_type::abort, {{"reason", "could not rejoin: " + why}});
-  const bool again = late || ++join_failures[size_t(j)] < kJoinTries;
+  const bool again = late ? ++join_late[size_t(j)] > 0 : ++join_failures[size_t(j)] < kJoinTries;
   event("node " + ro.nodes[size_t(j)] + " could not rejoin: " + why + (again ? "; it is asked again" : "; it stays out"));
   joining = -1;
   joins = join_step::none;
@@ -481,7 +482,8 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
     // The newcomer: its answers (data loaded; state taken), a refusal or an abort, heartbeats. Nothing it
     // says touches the ring's ranks before it is in.
     last_heard[node] = clock_type::now().time_since_epoch().count();
-    wire::decode_kv(p.text(), &kv, &error);
+    const bool answer = h.type == msg_type::job_ack || h.type == msg_type::error || h.type == msg_type::abort;
+    if (!answer || !wire::decode_kv(p.text(), &kv, &error)) return;
     if (h.type == msg_type::job_ack) return joins == join_step::setting_up ? on_join_ack(kv) : on_reformed(node, kv);
     if (h.type == msg_type::error) give_up_join("it refused: " + clean(kv["error"]));
     if (h.type == msg_type::abort) give_up_join("it gave up: " + clean(kv["reason"]));
@@ -497,7 +499,8 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
     case msg_type::error: {
       wire::decode_kv(p.text(), &kv, &error);
       if (h.type == msg_type::job_ack && running) return on_reformed(node, kv);
-      if (h.type == msg_type::error && running && node == fresh) return node_lost(node, "failed as it rejoined: " + clean(kv["error"]));
+      if (h.type == msg_type::error && running && node == fresh)
+        return node_lost(node, "failed before its first step after it rejoined: " + clean(kv["error"]));
       const std::string why = kv.count("error") ? kv["error"] : "node " + ro.nodes[node] + " reported an error";
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -520,7 +523,7 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
         step_report r;
         r.rank = h.sender_rank;
         if (!from_kv(kv, &r, &error)) return;
-        if (node == fresh) fresh = -1;  // it runs
+        if (node == fresh) fresh = -1, join_failures[size_t(node)] = join_late[size_t(node)] = 0;  // it runs
         if (r.epoch >= 0 && r.step >= 0 && r.epoch * steps_per_epoch + r.step + 1 > seen_step) {
           seen_step = r.epoch * steps_per_epoch + r.step + 1;
           if (joins == join_step::pausing) forming_since = clock_type::now();  // on the way to the pause
@@ -549,9 +552,10 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       return;
     case msg_type::abort:
       wire::decode_kv(p.text(), &kv, &error);
-      if (node == fresh) return node_lost(node, "failed as it rejoined: " + clean(kv["reason"]));
-      // A node stopped by a signal is a lost node (elastic jobs go on without it); other aborts end the job.
+      // A node stopped by a signal is a lost node (elastic jobs go on without it), and so is one that fails
+      // before its first step after it rejoined; other aborts end the job.
       if (kv["stopped"] == "SIGTERM" || kv["stopped"] == "SIGINT") return node_lost(node, "was stopped (" + kv["stopped"] + ")");
+      if (node == fresh) return node_lost(node, "failed before its first step after it rejoined: " + clean(kv["reason"]));
       kill_node(node, kv.count("reason") ? kv["reason"] : "node " + ro.nodes[node] + " aborted the job");
       return;
     default:

@@ -82,6 +82,7 @@ struct launcher {
   std::vector<int> original_ranks;      // per node: ranks it ran as the job started
   std::vector<int> join_failures;       // per node
   std::vector<double> join_setup;       // per node: seconds its last try took to load (0: none yet)
+  std::vector<int> join_late;           // per node: tries since it last ran that came too late (each aims further)
   std::atomic<int> joining{-1};         // the node joining; its messages are heard, it gets heartbeats
   enum class join_step { none, setting_up, pausing, state, reforming } joins = join_step::none;
   job_plan join_plan;                   // the grown ring's (recipient -1; first_step as the others')

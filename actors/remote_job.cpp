@@ -224,6 +224,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   L.total_steps = steps * cfg.epochs;
   L.join_failures.assign(ro.nodes.size(), 0);
   L.join_setup.assign(ro.nodes.size(), 0.0);
+  L.join_late.assign(ro.nodes.size(), 0);
   for (size_t i = 0; i < ro.nodes.size(); ++i) L.original_ranks.push_back(int(L.plan.ranks_on(int(i)).size()));
 
   caf::actor_system_config sys_cfg;
