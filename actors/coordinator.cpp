@@ -296,8 +296,15 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   // Last, once the steps and epochs above have added their halves: a state the old rank 0 owed for an
   // earlier step went with it (a surviving one sent its states before it paused), so that checkpoint is
   // given up. One due at `start` comes from the new rank 0 as it goes on.
-  for (auto it = st.checkpoints.begin(); it != st.checkpoints.end();)
-    it = it->first < start && !it->second.state ? st.checkpoints.erase(it) : std::next(it);
+  for (auto it = st.checkpoints.begin(); it != st.checkpoints.end();) {
+    if (it->first >= start || it->second.state) {
+      ++it;
+      continue;
+    }
+    if (st.cfg.on_event)
+      st.cfg.on_event("the checkpoint after step " + std::to_string(it->first) + " is skipped: its state went with rank 0's node");
+    it = st.checkpoints.erase(it);
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // one-step undo of an update, the coordinator's accounting across a re-forming, and the reports' generation.
 // Whole jobs with a node killed: test_elastic.cpp.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -442,6 +443,8 @@ TEST_CASE("reform: a checkpoint whose state went with a lost rank 0 is given up,
     written.push_back(p.step);
     return std::string();
   };
+  std::vector<std::string> events;  // the coordinator's own thread, read once it is done
+  cc.on_event = [&](const std::string& line) { events.push_back(line); };
   auto coord = sys.spawn(coordinator, cc);
   rank_actors all;
   for (int r = 0; r < 2; ++r) all.replicas.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
@@ -490,4 +493,5 @@ TEST_CASE("reform: a checkpoint whose state went with a lost rank 0 is given up,
   CHECK(result->ok);
   CHECK(written == std::vector<int64_t>{8});  // step 4's state never came: given up, not waited for
   CHECK(result->history.size() == 2);
+  CHECK(std::count(events.begin(), events.end(), "the checkpoint after step 4 is skipped: its state went with rank 0's node") == 1);
 }
