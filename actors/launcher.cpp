@@ -214,6 +214,8 @@ void launcher::node_lost(int node, const std::string& why) {
 void launcher::pause_survivors(const wire::kv_map& extra) {
   ++gen;
   applied.clear();
+  forwarding = false;
+  forward_state.reset();
   forming_since = clock_type::now();
   now = phase::pausing;
   wire::kv_map kv = extra;
@@ -283,7 +285,45 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
                  true);  // they were past it already; they go on among themselves
   }
   if (hi - lo > 1) return kill_node(-1, "the survivors applied " + std::to_string(lo) + " to " + std::to_string(hi) + " steps: cannot go on together");
-  reform_survivors(lo);
+  if (hi == lo) return reform_survivors(lo);
+  // Some finished step hi and the others did not: the sum was whole where it was finished, so all go on
+  // from there with the state of one that has it (no undo kept per step).
+  for (auto& [who, n] : applied)
+    if (n == hi) {
+      forwarding = true;
+      forward_node = who.first, forward_rank = who.second, forward_to = hi;
+      forward_state.reset();
+      send(forward_node, wire::msg_type::checkpoint, "", forward_rank);  // no payload: a request
+      return;
+    }
+}
+
+// The state after forward_to from a survivor that finished that step: to every node with a rank that did
+// not (its replicas take it while paused), then the re-formed plan from that step.
+void launcher::take_forward_state(const wire::header& h, const net::payload& p) {
+  forming_since = clock_type::now();  // the re-forming's limit is per buffer: a large model's state takes its time
+  if (!add_state_buffer(forward_state, h, p, 0, state_buffers)) {
+    if (!forward_state) kill_node(-1, "the state after step " + std::to_string(forward_to) + " came broken from node " +
+                                          ro.nodes[size_t(forward_node)] + ": the survivors cannot go on together");
+    return;
+  }
+  forwarding = false;
+  const state_ptr s = std::move(forward_state);
+  if (s->steps != forward_to) return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ", not " + std::to_string(forward_to));
+  std::vector<bool> behind(ro.nodes.size(), false);
+  for (auto& [who, n] : applied) behind[size_t(who.first)] = behind[size_t(who.first)] || n < forward_to;
+  const std::vector<float>* buffers[] = {&s->params, &s->m1, &s->m2};
+  for (size_t i = 0; i < behind.size(); ++i)
+    for (int32_t b = 0; behind[i] && b < state_buffers; ++b) {
+      wire::header out;
+      out.type = wire::msg_type::checkpoint;
+      out.job_id = job_id;
+      out.step = s->steps;
+      out.segment = b;
+      out.elements = buffers[b]->size();
+      br.send(peer[i], out, net::payload::of(chunk_ptr(s, buffers[b])));
+    }
+  reform_survivors(forward_to);
 }
 
 // The ring of the survivors (of generation `gen`, which they paused for) from global step `start`.
@@ -299,8 +339,8 @@ void launcher::reform_survivors(int64_t start) {
   }
   next.recipient = -1;
   plan = std::move(next);
-  taken_back = 0;
-  for (auto& [who, n] : applied) taken_back += n > start;
+  brought_forward = 0;
+  for (auto& [who, n] : applied) brought_forward += n < start;
   acked.assign(ro.nodes.size(), false);
   now = phase::reforming;
 }
@@ -345,7 +385,7 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
   joined.clear();
   last_word = clock_type::time_point::max();
   event("ring generation " + std::to_string(gen) + ": " + std::to_string(plan.replicas()) + " ranks go on from step " +
-        std::to_string(plan.start_step + 1) + " of the job" + (taken_back ? " (" + std::to_string(taken_back) + " took their last step back)" : ""));
+        std::to_string(plan.start_step + 1) + " of the job" + (brought_forward ? " (" + std::to_string(brought_forward) + " took the state after a step the others finished)" : ""));
   caf::anon_send(coordinator, reform_atom::value, note);  // before any report of the new ranks
   ring_since = clock_type::now();
   ring_from = plan.start_step;
@@ -444,7 +484,7 @@ void launcher::take_join_state(const wire::header& h, const net::payload& p) {
     send(i, wire::msg_type::reform, to_json(next));
   }
   plan = join_plan;
-  taken_back = 0;
+  brought_forward = 0;
   acked.assign(ro.nodes.size(), false);
   joins = join_step::reforming;
   join_since = clock_type::now();
@@ -546,6 +586,8 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       }
       return;
     case msg_type::checkpoint:
+      if (forwarding && node == forward_node && h.sender_rank == forward_rank && reports_to_us(node, forward_rank))
+        return take_forward_state(h, p);
       if (joins == join_step::state && h.sender_rank == join_state_rank && reports_to_us(node, join_state_rank))
         return take_join_state(h, p);
       if (h.sender_rank == 0 && reports_to_us(node, 0)) take_checkpoint(h, p);

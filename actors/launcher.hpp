@@ -68,7 +68,12 @@ struct launcher {
   int gen = 0;                                 // the ring generation being formed or running
   std::map<std::pair<int, int>, int64_t> applied;  // pause answers: (node, rank) -> steps applied
   std::vector<bool> acked;                     // per node: took the re-formed plan
-  int taken_back = 0;                          // ranks that were one step ahead
+  int brought_forward = 0;                     // ranks that were one step behind and took the others' state
+  // Survivors one step apart (reform.hpp): the state of one that finished the step goes to the others.
+  bool forwarding = false;
+  int forward_node = -1, forward_rank = -1;
+  int64_t forward_to = 0;
+  std::shared_ptr<network_state> forward_state;
   clock_type::time_point forming_since;
   std::vector<node_loss> losses;               // since the last re-forming, for the coordinator
   clock_type::time_point last_word = clock_type::time_point::max();  // the earliest last message of those
@@ -139,6 +144,7 @@ struct launcher {
   void pause_survivors(const wire::kv_map& extra);
   void on_paused(int node, int rank, const pause_report& r);
   void reform_survivors(int64_t start);
+  void take_forward_state(const wire::header& h, const net::payload& p);
   void on_reformed(int node, const wire::kv_map& kv);
   void on_back(int node, wire::kv_map& kv);
   void on_join_ack(wire::kv_map& kv);

@@ -272,6 +272,24 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
 bool node_job::take_state(const wire::header& h, const net::payload& p, std::string* error, bool* complete) {
   *complete = false;
   const int32_t buffers = plan_.opt.kind == optimizer_config::adam ? 3 : 2;
+  if (paused_gen_ > plan_.generation) {  // paused: the state after the step the others finished (reform.hpp)
+    if (h.segment == 0) forward_ = std::make_shared<network_state>(), forward_buffers_ = 0;
+    if (!forward_ || h.segment != forward_buffers_ || h.elements != param_count_ || h.step < 1 ||
+        (h.segment > 0 && h.step != forward_->steps)) {
+      *error = "state buffer " + std::to_string(h.segment) + " after step " + std::to_string(h.step) + " with " +
+               std::to_string(h.elements) + " floats does not fit a paused job of " + std::to_string(param_count_);
+      forward_.reset();
+      return false;
+    }
+    forward_->steps = h.step;
+    std::vector<float>* into[] = {&forward_->params, &forward_->m1, &forward_->m2};
+    into[h.segment]->assign(p.floats(), p.floats() + h.elements);
+    if (++forward_buffers_ < buffers) return true;
+    // Each replica one step behind takes it; the others are there already. Before the re-formed plan.
+    const state_ptr whole = std::move(forward_);
+    for (auto& [rank, replica] : replicas_) caf::anon_send(replica, restore_atom::value, whole);
+    return true;
+  }
   if (!running() || plan_.first_step == 0 || resume_buffers_ == buffers) {
     *error = "a state to resume from came for a job that does not resume, or has its state";
     return false;

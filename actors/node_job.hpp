@@ -90,8 +90,9 @@ class node_job {
   bool reform(job_plan next, std::string* error, bool* dropped);
 
   // One buffer of the state a resumed job starts from (checkpoint message from the launcher, after
-  // job_ack and before start); once all are in, every replica here gets it. False with *error when it
-  // does not fit the job: the job cannot go on then.
+  // job_ack and before start), or, paused, of the state after the step some survivors finished and ours
+  // did not (reform.hpp); once all are in, every replica here gets it. False with *error when it does not
+  // fit the job: the job cannot go on then.
   // *complete: that was the last buffer.
   bool take_state(const wire::header& h, const net::payload& p, std::string* error, bool* complete);
 
@@ -124,6 +125,8 @@ class node_job {
   size_t param_count_ = 0;                       // the model's, once started
   std::shared_ptr<network_state> resume_state_;  // a resumed job's state, as its buffers arrive
   int32_t resume_buffers_ = 0;                   // buffers in so far
+  std::shared_ptr<network_state> forward_;       // paused: the state the others reached, as it arrives
+  int32_t forward_buffers_ = 0;
   bool wired_ = false;     // the ring's links are made at the first start (or a re-forming)
   bool ring_open_ = true;  // false from a pause until the re-formed ring is wired
   int paused_gen_ = 0;     // the last generation a pause was for

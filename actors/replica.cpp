@@ -83,19 +83,15 @@ void pause_now(caf::event_based_actor* self, replica_state& st, int gen) {
   self->send(st.coordinator, pause_report{st.cfg.rank, gen, st.done_steps});
 }
 
-// Continues in a re-formed ring (actors/reform.hpp) from global step rf.start_step: the last update is
-// taken back if this replica is one step ahead, the new shard goes to the loader, and a finished epoch
-// the lost ranks may not have evaluated is evaluated again.
+// Continues in a re-formed ring (actors/reform.hpp) from global step rf.start_step (one step behind, it
+// was sent the state after it first), the new shard goes to the loader, and a finished epoch the lost
+// ranks may not have evaluated is evaluated again.
 void continue_in(caf::event_based_actor* self, replica_state& st, const rank_reform& rf) {
   auto fail = [&](const std::string& why) {
     self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st.cfg.rank) + ": " + why));
   };
   if (!st.paused || rf.gen != st.pause_gen)
     return fail("re-formed ring " + std::to_string(rf.gen) + " without a pause for it");
-  if (st.done_steps == rf.start_step + 1 && st.model->can_undo()) {
-    st.model->undo();
-    --st.done_steps;
-  }
   if (st.done_steps != rf.start_step)
     return fail("cannot continue from step " + std::to_string(rf.start_step) + ": it applied " + std::to_string(st.done_steps));
   const int b = rf.batch_end - rf.batch_begin;
@@ -167,7 +163,6 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
       st->x = device_buffer<float>(*st->be, size_t(b) * cfg.def->input().size());
       st->y = device_buffer<int32_t>(*st->be, size_t(b));
     }
-    st->model->keep_undo(cfg.elastic);
   } catch (const std::exception& e) {
     self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(cfg.rank) + " on " + cfg.device + ": " + e.what()));
     return {};
@@ -268,7 +263,15 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
       [reduced](reduce_atom, const std::string& error, int gen) { reduced(error, gen); },
       [self, st](restore_atom, state_ptr s) {
         std::string error;
-        if (st->loader || !s || !restore(*st, *s, &error))  // never once it runs
+        // Paused one step behind the others (elastic, actors/reform.hpp): it goes forward to their state.
+        if (st->paused && s && s->steps == st->done_steps) return;  // there already
+        if (st->paused && s && s->steps == st->done_steps + 1) {
+          if (!st->model->load_state(*s, &error))
+            self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st->cfg.rank) + ": " + error));
+          st->done_steps = s->steps;
+          return;
+        }
+        if (st->loader || !s || !restore(*st, *s, &error))  // a resumed job's: never once it runs
           self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st->cfg.rank) + ": cannot resume: " +
                                                                   (error.empty() ? "it is running already" : error)));
       },

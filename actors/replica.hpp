@@ -40,7 +40,8 @@ struct replica_config {
   bool checkpoints = false;
   int64_t checkpoint_every = 0;
   int shard_begin = 0;  // where its shard starts in every global batch (dropout masks: the samples' places)
-  // An elastic job's replica keeps a one-step undo (network::keep_undo) and answers pause and reform.
+  // An elastic job's replica answers pause and reform, and paused it takes {restore_atom, state} of the
+  // step after its own (the others finished a step it did not).
   bool elastic = false;
   int gen = 0;  // the ring generation it starts in (a node that joins a re-formed ring: that one's)
 };

@@ -5,15 +5,18 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 
 #include "actors/coordinator.hpp"
 #include "actors/messages.hpp"
 #include "actors/node_job.hpp"
 #include "actors/reform.hpp"
+#include "actors/ring_links.hpp"
 #include "actors/report_kv.hpp"
 #include "actors/training.hpp"
 #include "kernels/model.hpp"
+#include "tests/test_data.hpp"
 
 using namespace ringmaster;
 
@@ -494,4 +497,84 @@ TEST_CASE("reform: a checkpoint whose state went with a lost rank 0 is given up,
   CHECK(written == std::vector<int64_t>{8});  // step 4's state never came: given up, not waited for
   CHECK(result->history.size() == 2);
   CHECK(std::count(events.begin(), events.end(), "the checkpoint after step 4 is skipped: its state went with rank 0's node") == 1);
+}
+
+namespace {
+
+// One replica in a ring of its own, on the first 100 training samples (10 steps of 10), run by `self` as
+// its coordinator.
+struct lone_rank {
+  rank_actors a;
+  lone_rank(caf::actor_system& sys, caf::scoped_actor& self, const train_config& c, std::shared_ptr<const model> m) {
+    job_plan plan;
+    std::string err;
+    REQUIRE(make_local_plan(c, &plan, &err));
+    plan.elastic = true;
+    a = spawn_ranks(sys, plan, c, m, {0});
+    join(*a.ports[0], make_port_link(a.ports[0]));
+    self->send(a.replicas[0], run_atom::value, a.loaders[0], a.reducers[0], caf::actor_cast<caf::actor>(self));
+  }
+  ~lone_rank() {
+    leave(*a.ports[0]);
+    for (auto* g : {&a.replicas, &a.loaders, &a.reducers}) caf::anon_send_exit((*g)[0], caf::exit_reason::user_shutdown);
+  }
+};
+
+std::vector<float> weights_of(caf::scoped_actor& self, const caf::actor& replica) {
+  std::vector<float> w;
+  self->request(replica, std::chrono::seconds(10), weights_atom::value)
+      .receive([&](chunk_ptr p) { w = *p; }, [&](caf::error& e) { FAIL(self->system().render(e)); });
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("reform: a replica paused a step behind takes the state of one that finished it, bit for bit", "[reform]") {
+  caf::actor_system_config cfg;
+  configure(cfg, 2);
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  train_config c;
+  c.model = "784-16-10";
+  c.replicas = 1;
+  c.global_batch = 10;
+  c.train = test::load("train", 100);
+  std::string err;
+  auto m = build_model(c, &err);
+  REQUIRE(m);
+  // Two copies of one job: a stops after step 3, b after step 4 (planned pauses), as survivors a step
+  // apart after a lost node.
+  lone_rank a(sys, self, c, m), b(sys, self, c, m);
+  self->send(a.a.replicas[0], pause_atom::value, 1, int64_t(3));
+  self->send(b.a.replicas[0], pause_atom::value, 1, int64_t(4));
+  std::map<int64_t, int> paused_at;  // steps applied -> replicas
+  int steps_seen = 0;
+  for (int got = 0; got < 2;)
+    self->receive([&](const pause_report& r) { ++paused_at[r.applied], ++got; }, [&](const step_report&) { ++steps_seen; },
+
+                  caf::after(std::chrono::seconds(10)) >> [&] { FAIL("no pause report after " << steps_seen << " steps"); });
+  CHECK(paused_at == std::map<int64_t, int>{{3, 1}, {4, 1}});
+  // b's state (a paused replica answers with it) goes to a; a now holds b's weights and moments exactly.
+  state_ptr s;
+  self->request(b.a.replicas[0], std::chrono::seconds(10), checkpt_atom::value)
+      .receive([&](state_ptr x) { s = std::move(x); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  REQUIRE(s);
+  CHECK(s->steps == 4);
+  CHECK(weights_of(self, a.a.replicas[0]) != weights_of(self, b.a.replicas[0]));
+  self->send(a.a.replicas[0], restore_atom::value, s);
+  CHECK(weights_of(self, a.a.replicas[0]) == s->params);
+  CHECK(weights_of(self, b.a.replicas[0]) == s->params);
+  // Sent again (it is there already), it changes nothing; a state two steps ahead is refused: the replica
+  // stops with the reason, and so does its job.
+  self->send(a.a.replicas[0], restore_atom::value, s);
+  CHECK(weights_of(self, a.a.replicas[0]) == s->params);
+  auto ahead = std::make_shared<network_state>(*s);
+  ahead->steps = 6;
+  self->monitor(a.a.replicas[0]);
+  self->send(a.a.replicas[0], restore_atom::value, state_ptr(ahead));
+  bool down = false;
+  self->receive([&](caf::down_msg& d) { down = true, err = sys.render(d.reason); },
+                caf::after(std::chrono::seconds(10)) >> [] {});
+  CHECK(down);
+  CHECK(err.find("cannot resume") != std::string::npos);
 }
