@@ -78,7 +78,7 @@ class backend {
                            float b2, float eps, int64_t t) = 0;
   virtual void sgd_update(float* w, float* vel, const float* g, size_t n, float lr, float momentum) = 0;
   // The same updates into other buffers, the inputs left as they were: what a one-step undo keeps
-  // (network::keep_undo). The default copies and updates in place; the CPU and CUDA backends write once.
+  // (network::keep_undo). The default copies and updates in place; the CPU's writes once, no copy.
   virtual void adam_update_to(float* w_out, float* m_out, float* v_out, const float* w, const float* m,
                               const float* v, const float* g, size_t n, float lr, float b1, float b2, float eps,
                               int64_t t) {

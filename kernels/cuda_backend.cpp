@@ -169,16 +169,6 @@ class cuda_backend final : public backend {
     use_device();
     cuda::sgd_update(ctx_, w, vel, g, n, lr, mom);
   }
-  void adam_update_to(float* wo, float* mo, float* vo, const float* w, const float* m, const float* v, const float* g,
-                      size_t n, float lr, float b1, float b2, float eps, int64_t t) override {
-    use_device();
-    cuda::adam_update_to(ctx_, wo, mo, vo, w, m, v, g, n, lr, b1, b2, eps, t);
-  }
-  void sgd_update_to(float* wo, float* velo, const float* w, const float* vel, const float* g, size_t n, float lr,
-                     float mom) override {
-    use_device();
-    cuda::sgd_update_to(ctx_, wo, velo, w, vel, g, n, lr, mom);
-  }
   void add_inplace(float* dst, const float* src, size_t n) override {
     use_device();
     cuda::add_inplace(ctx_, dst, src, n);

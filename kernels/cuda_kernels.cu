@@ -204,19 +204,14 @@ __device__ __forceinline__ void adam_one(float& w, float& m, float& v, float g, 
   w -= alpha * mi / (sqrtf(vi) + eps);
 }
 
-// The updates read (w, m, v) and write (wo, mo, vo): the same buffers for an update in place, others for
-// one that keeps its inputs (a one-step undo). Each element is read before it is written, so both agree.
-__global__ void adam_kernel(float* wo, float* mo, float* vo, const float* w, const float* m, const float* v,
-                            const float* g, size_t n, float alpha, float c1, float c2, float eps) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float wi = w[i], mi = m[i], vi = v[i];
-    adam_one(wi, mi, vi, g[i], alpha, c1, c2, eps);
-    wo[i] = wi, mo[i] = mi, vo[i] = vi;
-  }
+__global__ void adam_kernel(float* w, float* m, float* v, const float* g, size_t n, float alpha, float c1, float c2,
+                            float eps) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    adam_one(w[i], m[i], v[i], g[i], alpha, c1, c2, eps);
 }
 
-__global__ void adam_kernel4(float4* wo, float4* mo, float4* vo, const float4* w, const float4* m, const float4* v,
-                             const float4* g, size_t n4, float alpha, float c1, float c2, float eps) {
+__global__ void adam_kernel4(float4* w, float4* m, float4* v, const float4* g, size_t n4, float alpha, float c1,
+                             float c2, float eps) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
     float4 wi = w[i], mi = m[i], vi = v[i];
     const float4 gi = g[i];
@@ -224,7 +219,7 @@ __global__ void adam_kernel4(float4* wo, float4* mo, float4* vo, const float4* w
     adam_one(wi.y, mi.y, vi.y, gi.y, alpha, c1, c2, eps);
     adam_one(wi.z, mi.z, vi.z, gi.z, alpha, c1, c2, eps);
     adam_one(wi.w, mi.w, vi.w, gi.w, alpha, c1, c2, eps);
-    wo[i] = wi, mo[i] = mi, vo[i] = vi;
+    w[i] = wi, m[i] = mi, v[i] = vi;
   }
 }
 
@@ -233,17 +228,12 @@ __device__ __forceinline__ void sgd_one(float& w, float& vel, float g, float lr,
   w += vel;
 }
 
-__global__ void sgd_kernel(float* wo, float* velo, const float* w, const float* vel, const float* g, size_t n, float lr,
-                           float momentum) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float wi = w[i], vi = vel[i];
-    sgd_one(wi, vi, g[i], lr, momentum);
-    wo[i] = wi, velo[i] = vi;
-  }
+__global__ void sgd_kernel(float* w, float* vel, const float* g, size_t n, float lr, float momentum) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    sgd_one(w[i], vel[i], g[i], lr, momentum);
 }
 
-__global__ void sgd_kernel4(float4* wo, float4* velo, const float4* w, const float4* vel, const float4* g, size_t n4,
-                            float lr, float momentum) {
+__global__ void sgd_kernel4(float4* w, float4* vel, const float4* g, size_t n4, float lr, float momentum) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
     float4 wi = w[i], vi = vel[i];
     const float4 gi = g[i];
@@ -251,7 +241,7 @@ __global__ void sgd_kernel4(float4* wo, float4* velo, const float4* w, const flo
     sgd_one(wi.y, vi.y, gi.y, lr, momentum);
     sgd_one(wi.z, vi.z, gi.z, lr, momentum);
     sgd_one(wi.w, vi.w, gi.w, lr, momentum);
-    wo[i] = wi, velo[i] = vi;
+    w[i] = wi, vel[i] = vi;
   }
 }
 
@@ -330,53 +320,41 @@ void softmax_xent(const cuda_context& ctx, float* dlogits, double* loss_sum, int
 
 void adam_update(const cuda_context& ctx, float* w, float* m, float* v, const float* g, size_t n, float lr,
                  float b1, float b2, float eps, int64_t t) {
-  adam_update_to(ctx, w, m, v, w, m, v, g, n, lr, b1, b2, eps, t);
-}
-
-void adam_update_to(const cuda_context& ctx, float* wo, float* mo, float* vo, const float* w, const float* m,
-                    const float* v, const float* g, size_t n, float lr, float b1, float b2, float eps, int64_t t) {
   if (!n) return;
   // Bias corrections folded into one step size, in double on the host exactly as cpu::adam_update.
   const double b1t = std::pow(double(b1), double(t)), b2t = std::pow(double(b2), double(t));
   const float alpha = float(lr * std::sqrt(1.0 - b2t) / (1.0 - b1t));
   const float c1 = 1.0f - b1, c2 = 1.0f - b2;
   size_t done = 0;
-  if (aligned16(wo) && aligned16(mo) && aligned16(vo) && aligned16(w) && aligned16(m) && aligned16(v) && aligned16(g) &&
-      n >= 4) {
+  if (aligned16(w) && aligned16(m) && aligned16(v) && aligned16(g) && n >= 4) {
     const size_t n4 = n / 4;
     adam_kernel4<<<grid_for(ctx, n4), threads_per_block, 0, ctx.stream>>>(
-        reinterpret_cast<float4*>(wo), reinterpret_cast<float4*>(mo), reinterpret_cast<float4*>(vo),
-        reinterpret_cast<const float4*>(w), reinterpret_cast<const float4*>(m), reinterpret_cast<const float4*>(v),
+        reinterpret_cast<float4*>(w), reinterpret_cast<float4*>(m), reinterpret_cast<float4*>(v),
         reinterpret_cast<const float4*>(g), n4, alpha, c1, c2, eps);
     RM_CUDA_CHECK(cudaGetLastError());
     done = n4 * 4;
   }
   if (done < n) {
-    adam_kernel<<<grid_for(ctx, n - done), threads_per_block, 0, ctx.stream>>>(
-        wo + done, mo + done, vo + done, w + done, m + done, v + done, g + done, n - done, alpha, c1, c2, eps);
+    adam_kernel<<<grid_for(ctx, n - done), threads_per_block, 0, ctx.stream>>>(w + done, m + done, v + done, g + done,
+                                                                               n - done, alpha, c1, c2, eps);
     RM_CUDA_CHECK(cudaGetLastError());
   }
 }
 
 void sgd_update(const cuda_context& ctx, float* w, float* vel, const float* g, size_t n, float lr, float momentum) {
-  sgd_update_to(ctx, w, vel, w, vel, g, n, lr, momentum);
-}
-
-void sgd_update_to(const cuda_context& ctx, float* wo, float* velo, const float* w, const float* vel, const float* g,
-                   size_t n, float lr, float momentum) {
   if (!n) return;
   size_t done = 0;
-  if (aligned16(wo) && aligned16(velo) && aligned16(w) && aligned16(vel) && aligned16(g) && n >= 4) {
+  if (aligned16(w) && aligned16(vel) && aligned16(g) && n >= 4) {
     const size_t n4 = n / 4;
     sgd_kernel4<<<grid_for(ctx, n4), threads_per_block, 0, ctx.stream>>>(
-        reinterpret_cast<float4*>(wo), reinterpret_cast<float4*>(velo), reinterpret_cast<const float4*>(w),
-        reinterpret_cast<const float4*>(vel), reinterpret_cast<const float4*>(g), n4, lr, momentum);
+        reinterpret_cast<float4*>(w), reinterpret_cast<float4*>(vel), reinterpret_cast<const float4*>(g), n4, lr,
+        momentum);
     RM_CUDA_CHECK(cudaGetLastError());
     done = n4 * 4;
   }
   if (done < n) {
-    sgd_kernel<<<grid_for(ctx, n - done), threads_per_block, 0, ctx.stream>>>(
-        wo + done, velo + done, w + done, vel + done, g + done, n - done, lr, momentum);
+    sgd_kernel<<<grid_for(ctx, n - done), threads_per_block, 0, ctx.stream>>>(w + done, vel + done, g + done,
+                                                                              n - done, lr, momentum);
     RM_CUDA_CHECK(cudaGetLastError());
   }
 }

@@ -70,12 +70,6 @@ void adam_update(const cuda_context& ctx, float* w, float* m, float* v, const fl
 // Keras SGD with momentum: vel = momentum * vel - lr * g; w += vel.
 void sgd_update(const cuda_context& ctx, float* w, float* vel, const float* g, size_t n, float lr,
                 float momentum);
-// The same updates into (wo, mo, vo) / (wo, velo), the inputs kept (a one-step undo): the same kernels,
-// so the bits equal an update in place.
-void adam_update_to(const cuda_context& ctx, float* wo, float* mo, float* vo, const float* w, const float* m,
-                    const float* v, const float* g, size_t n, float lr, float b1, float b2, float eps, int64_t t);
-void sgd_update_to(const cuda_context& ctx, float* wo, float* velo, const float* w, const float* vel, const float* g,
-                   size_t n, float lr, float momentum);
 // dst += src. Bandwidth-bound: grid-stride, float4 when both pointers are 16-byte aligned.
 void add_inplace(const cuda_context& ctx, float* dst, const float* src, size_t n);
 
