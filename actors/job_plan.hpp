@@ -80,7 +80,7 @@ struct job_plan {
   int64_t checkpoint_every = 0;
   std::string device = "cpu";              // the kind of device every rank runs on
   // Elastic continuation (actors/reform.hpp): when a node is lost the survivors continue in a re-formed
-  // ring. elastic: ranks keep a one-step undo so that all can continue from one step.
+  // ring. elastic: ranks answer pause and reform (and a paused one takes the state of a step it missed).
   bool elastic = false;
   int generation = 0;      // 0 as the job starts, one more each time the ring is re-formed
   uint64_t ring = 0;       // the ring's id, in its chunks' job field (0: the job id; generation 0 only)

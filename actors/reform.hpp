@@ -8,10 +8,13 @@
 //      dropped from then on) and its replicas stop and say how many steps they have applied.
 //   2. The survivors' counts differ by at most one: a replica computes step s+1 only after applying
 //      step s, and step s+1's all-reduce needs every rank. Some may have applied step s and others not
-//      (the ring broke during its last rounds). All continue from the smallest count R; those that
-//      applied step R take it back (network::keep_undo keeps the state before the last update, so the
-//      weights and optimizer states are bit-identical again). Making every update wait for the
-//      launcher's word instead would cost each step a round trip.
+//      (the ring broke during its last rounds). A rank that finished the all-reduce of step s had its
+//      whole sum, lost ranks' gradients included, so all continue from the largest count R: the launcher
+//      fetches the state (weights, optimizer state, step count) of one rank that applied step R and
+//      sends it to the nodes of those that did not; their paused replicas take it, and all are
+//      bit-identical again. Nothing is kept per step for this (an undo cost a second set of buffers and
+//      ~2x the update's memory traffic), and making every update wait for the launcher's word would
+//      cost each step a round trip.
 //   3. reform: the launcher sends the plan of generation g (make_reform): survivors renumbered in ring
 //      order, shards, start step R, a new ring id. Each node checks it (check_reform), spawns reducers
 //      for the new ring and answers; once all have, the launcher starts the ranks again (start).

@@ -40,14 +40,11 @@ struct replica_config {
   bool checkpoints = false;
   int64_t checkpoint_every = 0;
   int shard_begin = 0;  // where its shard starts in every global batch (dropout masks: the samples' places)
-  // An elastic job's replica answers pause and reform, and paused it takes {restore_atom, state} of the
-  // step after its own (the others finished a step it did not).
-  bool elastic = false;
   int gen = 0;  // the ring generation it starts in (a node that joins a re-formed ring: that one's)
 };
 
-// A rank's part in a re-formed ring (actors/reform.hpp), from its node: the replica takes its last step
-// back if it is one ahead, and passes the shard on to its loader.
+// A rank's part in a re-formed ring (actors/reform.hpp), from its node: the replica goes on from
+// start_step (one step behind, it took the others' state before) and passes the shard on to its loader.
 struct rank_reform {
   int gen = 0, rank = 0, replicas = 1;
   int64_t start_step = 0;               // the global step every rank continues from
@@ -68,7 +65,8 @@ std::vector<size_t> gradient_buckets(const model& m, size_t bucket_floats);
 // its parameters and optimizer state (a resumed job). Elastic: {pause_atom, gen} stops it (it answers the
 // coordinator with a pause_report) until {reform_atom, rank_reform} lets it go on; {pause_atom, gen, at}
 // stops it so once it has applied `at` steps (at once if it has already). Paused, it answers
-// {checkpt_atom} with its state (a node that joins the ring starts from it).
+// {checkpt_atom} with its state (for a node that joins the ring, or survivors a step behind), and takes
+// {restore_atom, state_ptr} of the step after its own (the others finished a step it did not).
 caf::behavior replica(caf::event_based_actor* self, replica_config cfg);
 
 }  // namespace ringmaster

@@ -131,7 +131,6 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     rc.checkpoints = plan.checkpoints;  // the coordinator writes rank 0's state (rank 0 may change: elastic)
     rc.checkpoint_every = plan.checkpoint_every;
     rc.shard_begin = rp.batch_begin;
-    rc.elastic = plan.elastic;
     rc.gen = plan.generation;
     if (plan.evaluate && cfg.test) {
       rc.test = cfg.test;

@@ -77,19 +77,6 @@ class backend {
   virtual void adam_update(float* w, float* m, float* v, const float* g, size_t n, float lr, float b1,
                            float b2, float eps, int64_t t) = 0;
   virtual void sgd_update(float* w, float* vel, const float* g, size_t n, float lr, float momentum) = 0;
-  // The same updates into other buffers, the inputs left as they were: what a one-step undo keeps
-  // (network::keep_undo). The default copies and updates in place; the CPU's writes once, no copy.
-  virtual void adam_update_to(float* w_out, float* m_out, float* v_out, const float* w, const float* m,
-                              const float* v, const float* g, size_t n, float lr, float b1, float b2, float eps,
-                              int64_t t) {
-    copy(w_out, w, n * sizeof(float)), copy(m_out, m, n * sizeof(float)), copy(v_out, v, n * sizeof(float));
-    adam_update(w_out, m_out, v_out, g, n, lr, b1, b2, eps, t);
-  }
-  virtual void sgd_update_to(float* w_out, float* vel_out, const float* w, const float* vel, const float* g, size_t n,
-                             float lr, float momentum) {
-    copy(w_out, w, n * sizeof(float)), copy(vel_out, vel, n * sizeof(float));
-    sgd_update(w_out, vel_out, g, n, lr, momentum);
-  }
   virtual void add_inplace(float* dst, const float* src, size_t n) = 0;
   // The queue kernels go on, for user layers with kernels of their own (CUDA: the cudaStream_t); null
   // for host backends, whose kernels run at once on the calling thread.

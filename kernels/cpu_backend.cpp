@@ -75,16 +75,6 @@ class cpu_backend final : public backend {
     cpu::flush_denormals_on_this_thread();  // as for Adam: whichever thread runs it, the same bits
     cpu::sgd_update(w, vel, g, n, lr, mom);
   }
-  void adam_update_to(float* wo, float* mo, float* vo, const float* w, const float* m, const float* v, const float* g,
-                      size_t n, float lr, float b1, float b2, float eps, int64_t t) override {
-    cpu::flush_denormals_on_this_thread();
-    cpu::adam_update_to(wo, mo, vo, w, m, v, g, n, lr, b1, b2, eps, t);
-  }
-  void sgd_update_to(float* wo, float* velo, const float* w, const float* vel, const float* g, size_t n, float lr,
-                     float mom) override {
-    cpu::flush_denormals_on_this_thread();
-    cpu::sgd_update_to(wo, velo, w, vel, g, n, lr, mom);
-  }
   void add_inplace(float* dst, const float* src, size_t n) override { cpu::add_inplace(dst, src, n); }
 
  private:

@@ -151,7 +151,7 @@ void softmax_xent(float* dlogits, double* loss_sum, int64_t* correct, const floa
 // vectorization, which made the Adam step half as slow as the whole forward/backward).
 namespace {
 
-// One element of each update, shared by the in-place and the _to loops so that their bits cannot part.
+// One element of the Adam update: its coefficients folded once per call, in double as Keras does.
 struct adam_coeffs {
   float alpha, c1, c2, eps;
   adam_coeffs(float lr, float b1, float b2, float eps_, int64_t t) : c1(1.0f - b1), c2(1.0f - b2), eps(eps_) {
@@ -183,22 +183,6 @@ void sgd_update(float* __restrict w, float* __restrict vel, const float* __restr
   for (size_t i = 0; i < n; ++i) {
     vel[i] = sgd_velocity(vel[i], g[i], lr, momentum);
     w[i] += vel[i];
-  }
-}
-
-void adam_update_to(float* __restrict w_out, float* __restrict m_out, float* __restrict v_out, const float* __restrict w,
-                    const float* __restrict m, const float* __restrict v, const float* __restrict g, size_t n, float lr,
-                    float b1, float b2, float eps, int64_t t) {
-  const adam_coeffs a(lr, b1, b2, eps, t);
-  for (size_t i = 0; i < n; ++i) a.step(w[i], m[i], v[i], g[i], &w_out[i], &m_out[i], &v_out[i]);
-}
-
-void sgd_update_to(float* __restrict w_out, float* __restrict vel_out, const float* __restrict w,
-                   const float* __restrict vel, const float* __restrict g, size_t n, float lr, float momentum) {
-  for (size_t i = 0; i < n; ++i) {
-    const float vi = sgd_velocity(vel[i], g[i], lr, momentum);
-    vel_out[i] = vi;
-    w_out[i] = w[i] + vi;
   }
 }
 

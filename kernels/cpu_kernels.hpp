@@ -37,12 +37,6 @@ void adam_update(float* w, float* m, float* v, const float* g, size_t n, float l
                  float eps, int64_t t);
 // Keras SGD with momentum: vel = momentum * vel - lr * g; w += vel.
 void sgd_update(float* w, float* vel, const float* g, size_t n, float lr, float momentum);
-// The same updates written to other buffers, the inputs left as they were (bit for bit the results of
-// the in-place ones): a one-step undo without a copy (network::keep_undo).
-void adam_update_to(float* w_out, float* m_out, float* v_out, const float* w, const float* m, const float* v,
-                    const float* g, size_t n, float lr, float b1, float b2, float eps, int64_t t);
-void sgd_update_to(float* w_out, float* vel_out, const float* w, const float* vel, const float* g, size_t n, float lr,
-                   float momentum);
 // dst += src (the ring all-reduce's reduction).
 void add_inplace(float* dst, const float* src, size_t n);
 

@@ -54,8 +54,7 @@ struct layer_io {
   shape in, out;
   const float* x = nullptr;            // (batch, in)
   float* y = nullptr;                  // (batch, out)
-  // One per declared parameter, in declaration order. Valid for this call only: an elastic job's
-  // parameters move between two buffers at every update (network::keep_undo), so keep no pointer.
+  // One per declared parameter, in declaration order. Valid for this call only: keep no pointer.
   const float* const* params = nullptr;
   float* const* grads = nullptr;       // same offsets in the gradient buffer; backward overwrites them
   float* work = nullptr;               // workspace(batch) floats, kept from forward to backward

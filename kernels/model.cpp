@@ -343,36 +343,6 @@ void network::reserve(int max_batch) {
   allocate_batch(max_batch);
 }
 
-void network::keep_undo(bool on) {
-  keep_undo_ = on;
-  undo_ = saved_state{};
-  if (!on) return;
-  undo_.params = device_buffer<float>(be_, size());
-  undo_.m1 = device_buffer<float>(be_, size());
-  if (m2_.data()) undo_.m2 = device_buffer<float>(be_, size());
-}
-
-// The buffers moved between the live state and the undo: the layers' views follow the parameters.
-void network::swap_undo() {
-  std::swap(params_, undo_.params);  // device_buffer moves by swapping: no copy, no allocation
-  std::swap(m1_, undo_.m1);
-  std::swap(m2_, undo_.m2);
-  size_t l = 0;
-  for (const model::entry& e : m_->layers()) {
-    for (size_t p = 0; p < e.param_count; ++p) pviews_[l][p] = params_.data() + m_->params()[e.first_param + p].offset;
-    ++l;
-  }
-}
-
-bool network::can_undo() const { return keep_undo_ && step_ > 0 && undo_.step == step_ - 1; }
-
-void network::undo() {
-  if (!can_undo()) return;
-  swap_undo();
-  step_ = undo_.step;
-  undo_.step = -1;  // used up
-}
-
 void network::set_params(const float* host) { be_.copy_in(params(), host, size() * sizeof(float)); }
 void network::get_params(float* host) const { be_.copy_out(host, params_.data(), size() * sizeof(float)); }
 
@@ -459,25 +429,10 @@ bool network::load_state(const network_state& s, std::string* error) {
   be_.copy_in(m1_.data(), s.m1.data(), n * sizeof(float));
   if (moments) be_.copy_in(m2_.data(), s.m2.data(), n * sizeof(float));
   step_ = s.steps;
-  undo_.step = -1;  // nothing before a loaded state to go back to
   return true;
 }
 
 void network::apply(const float* g) {
-  if (keep_undo_) {
-    // The update goes into the undo's buffers, which then swap with the live ones: the state before it
-    // stays where it was, with no copy (on the CPU; a backend without such kernels copies first).
-    const int64_t t = step_ + 1;
-    if (opt_.kind == optimizer_config::adam)
-      be_.adam_update_to(undo_.params.data(), undo_.m1.data(), undo_.m2.data(), params_.data(), m1_.data(), m2_.data(), g,
-                         size(), opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, t);
-    else
-      be_.sgd_update_to(undo_.params.data(), undo_.m1.data(), params_.data(), m1_.data(), g, size(), opt_.lr, opt_.momentum);
-    swap_undo();
-    undo_.step = step_;
-    step_ = t;
-    return;
-  }
   ++step_;
   if (opt_.kind == optimizer_config::adam)
     be_.adam_update(params(), m1_.data(), m2_.data(), g, size(), opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, step_);

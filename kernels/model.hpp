@@ -132,7 +132,7 @@ class network {
   network(backend& be, std::shared_ptr<const model> m, int max_batch, optimizer_config opt);
   const model& def() const { return *m_; }
   size_t size() const { return m_->param_count(); }
-  float* params() { return params_.data(); }  // until the next apply() or undo() (keep_undo moves it)
+  float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
   void set_params(const float* host);
   void get_params(float* host) const;
@@ -157,18 +157,8 @@ class network {
   // gradients and optimizer state stay put: a gradient view remains valid). A smaller
   // max_batch keeps what there is.
   void reserve(int max_batch);
-  // A one-step undo, for elastic jobs (actors/reform.hpp): with keep_undo(true), the state before each
-  // update (parameters, optimizer state, step count) is kept, and undo() takes the last update back bit
-  // for bit: a step that some ranks applied and others never did. apply() writes the update into a
-  // second set of buffers and swaps the two (backend::adam_update_to): on the CPU keeping it costs no
-  // copy; a backend without such a kernel (CUDA today) copies first, as before.
-  void keep_undo(bool on);
-  bool can_undo() const;
-  void undo();
-
  private:
   void allocate_batch(int max_batch);
-  void swap_undo();
   const float* forward(const float* x, int B, bool training, const sample_key& key);
   layer_io io(size_t l, const float* x, int B, bool training, const sample_key& key);
   backend& be_;
@@ -182,12 +172,6 @@ class network {
   std::vector<std::vector<const float*>> pviews_;
   std::vector<std::vector<float*>> gviews_;
   device_buffer<float> dbuf_a_, dbuf_b_;  // activation gradients, ping-pong
-  struct saved_state {
-    device_buffer<float> params, m1, m2;
-    int64_t step = -1;  // the step count it was saved at; -1: nothing saved
-  };
-  bool keep_undo_ = false;
-  saved_state undo_;  // keep_undo: the state before the last update (step: the count before it)
 };
 
 }  // namespace ringmaster
