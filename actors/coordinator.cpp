@@ -61,7 +61,8 @@ struct step_acc {
 struct epoch_acc {
   double loss = 0;
   int64_t correct = 0, count = 0;
-  int64_t unmeasured = 0;  // of count: samples whose loss and accuracy were lost with their node
+  int64_t unmeasured = 0;  // of count: samples whose loss and accuracy were never reported (a lost node's,
+                           // or a survivor's that took the others' state for that step)
   int64_t steps_done = 0;
   int64_t first_step = 0, first_count = 0;  // a resumed epoch's steps and samples from before this run
   std::map<int64_t, step_acc> pending;  // step -> reports so far
@@ -237,10 +238,11 @@ void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t 
   maybe_close_epoch(self, st, e);
 }
 
-// The ring was re-formed: the steps before note.start_step are complete (every survivor applied them,
-// and the lost ranks' gradients were in them: their samples count even if their reports went with
-// them), the reports of the steps from it on are dropped (those steps run again), and so are the
-// evaluations of epochs that end from it on (the survivors evaluate them again).
+// The ring was re-formed: the steps before note.start_step are complete (every survivor applied them or
+// took the state of one that did, and the lost ranks' gradients were in them: their samples count even
+// if their reports went with them, unmeasured), the reports of the steps from it on are dropped (those
+// steps run again), and so are the evaluations of epochs that end from it on (the survivors evaluate
+// them again).
 void reform(caf::event_based_actor* self, coordinator_state& st, const reform_note& note) {
   const int64_t spe = st.cfg.steps_per_epoch, start = note.start_step;
   std::vector<std::pair<int64_t, int64_t>> before;  // (epoch, step) to complete

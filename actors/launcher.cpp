@@ -256,9 +256,11 @@ void launcher::tick() {
 }
 
 // A replica stopped for generation `gen` after applying some steps. Once every surviving rank has
-// answered, the ring is re-formed from the smallest count (reform.hpp says why that is the one); for a
-// node that joins, they all stopped after its step, and one rank's state is fetched for it first.
+// answered, the ring is re-formed from the largest count (reform.hpp says why that is the one: those
+// behind get the state of one that has it first); for a node that joins, they all stopped after its
+// step, and one rank's state is fetched for it first.
 void launcher::on_paused(int node, int rank, const pause_report& r) {
+  if (forwarding) return;  // decided already: a second answer must not start it again
   // Replicas number themselves as in the ring last started (a re-formed one renumbers them as it starts),
   // as the proxies do; a lost or joining node has no say.
   if (now != phase::pausing || r.gen != gen || gone[node] || !reports_to_us(node, rank)) return;
@@ -302,7 +304,7 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
 // not (its replicas take it while paused), then the re-formed plan from that step.
 void launcher::take_forward_state(const wire::header& h, const net::payload& p) {
   forming_since = clock_type::now();  // the re-forming's limit is per buffer: a large model's state takes its time
-  if (!add_state_buffer(forward_state, h, p, 0, state_buffers)) {
+  if (!add_state_buffer(forward_state, h, p, param_count, state_buffers)) {
     if (!forward_state) kill_node(-1, "the state after step " + std::to_string(forward_to) + " came broken from node " +
                                           ro.nodes[size_t(forward_node)] + ": the survivors cannot go on together");
     return;
@@ -462,7 +464,7 @@ void launcher::on_join_ack(wire::kv_map& kv) {
 // connection keeps the order), and the survivors take the grown plan.
 void launcher::take_join_state(const wire::header& h, const net::payload& p) {
   join_since = forming_since = clock_type::now();  // the limits are per buffer: a large model's state takes its time
-  if (!add_state_buffer(join_state, h, p, 0, state_buffers)) {
+  if (!add_state_buffer(join_state, h, p, param_count, state_buffers)) {
     if (!join_state) give_up_join("rank 0's state came broken");
     return;
   }

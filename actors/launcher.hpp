@@ -57,8 +57,8 @@ struct launcher {
   // What every node said in its job_ack: a node that comes back must say the same.
   std::string train_count, model_layout;
   int64_t steps_per_epoch = 0, total_steps = 0;
-  // Checkpoints: rank 0's state arrives one buffer at a time (set before start: sizes; then the bridge
-  // thread's alone).
+  // States travel one buffer at a time, each param_count floats (the nodes' job_acks said it): rank 0's
+  // for checkpoints (incoming), and those of a rejoin or of survivors a step apart. Set before start.
   size_t param_count = 0;
   int32_t state_buffers = 0;  // 3 for Adam, 2 for SGD
   std::shared_ptr<network_state> incoming;

@@ -6,7 +6,7 @@
 //   (a chunk is a ring::message, net/ring_driver.hpp; to another process it goes through a link)
 //   replica ──metrics / eval / done──▶ coordinator
 //   replica 0 ──checkpoint(state)──▶ coordinator                  (after the steps checkpoint_due names)
-//   whoever starts a resumed rank ──restore(state)──▶ replica      (before run)
+//   whoever starts a resumed rank ──restore(state)──▶ replica      (before run; or paused, a step behind)
 //   elastic jobs (actors/reform.hpp): pause ──▶ replica ──pause_report──▶ coordinator's side;
 //   reform ──▶ replica ──reform──▶ data_loader; reports carry the ring's generation
 #pragma once

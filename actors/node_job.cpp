@@ -143,6 +143,7 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
   *ack = {{"train", std::to_string(cfg.train->count)},
           {"test", std::to_string(cfg.test ? cfg.test->count : 0)},
           {"model", std::to_string(m->fingerprint())},
+          {"params", std::to_string(m->param_count())},
           {"description", m->description()}};
   return true;
 }

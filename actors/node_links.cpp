@@ -117,7 +117,8 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         flush();
         send_state(br, launcher, job, 0, s);
       },
-      // The launcher asks a paused rank for its state, for a node that joins the ring.
+      // The launcher asks a paused rank for its state: for a node that joins the ring, or for survivors a
+      // step behind it.
       [self, br, launcher, job, ranks, flush](checkpt_atom, int rank) {
         auto it = ranks->find(rank);
         if (it == ranks->end()) return;
@@ -127,7 +128,7 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
                   flush();
                   send_state(br, launcher, job, rank, s);
                 },
-                [](caf::error&) {});  // not paused: the launcher gives the join up after its time
+                [](caf::error&) {});  // not paused: the launcher's time limits act
       },
       [self, br, launcher, job, ranks, flush](weights_atom, int rank) {
         auto it = ranks->find(rank);

@@ -338,7 +338,7 @@ struct node_service::impl {
           bool complete = false;
           if (!job->take_state(h, p, &error, &complete)) {
             refuse(from, h.job_id, error);
-            end_job("its state to resume from did not fit: " + error);
+            end_job("a state it was sent did not fit: " + error);
           } else if (complete && job->plan().generation > 0) {  // a node joining a ring: the launcher waits for this
             send_kv(from, msg_type::job_ack, h.job_id, {{"generation", std::to_string(job->plan().generation)}});
           }

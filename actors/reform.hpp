@@ -19,7 +19,8 @@
 //      order, shards, start step R, a new ring id. Each node checks it (check_reform), spawns reducers
 //      for the new ring and answers; once all have, the launcher starts the ranks again (start).
 //   4. The coordinator drops reports of earlier generations for step R on, completes the steps before R
-//      (the lost ranks' samples were in their gradients) and counts on.
+//      (the lost ranks' samples were in their gradients; samples whose reports never came count as
+//      unmeasured) and counts on.
 //
 // A lost node that is started again (or wakes) may rejoin at an epoch boundary (make_grow): the launcher
 // gives it the job as the grown ring's plan, starting after step S; once it has loaded its data, a planned

@@ -176,12 +176,22 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
       return failed;
     }
     // Every node built the description into the same layout (same layer code, same data shape).
-    if (replies[i]["model"] != replies[0]["model"]) {
+    if (replies[i]["model"] != replies[0]["model"] || replies[i]["params"] != replies[0]["params"]) {
       failed.error = "nodes disagree on the model: " + ro.nodes[0] + " built layout " + replies[0]["model"] + ", " +
                      ro.nodes[i] + " built " + replies[i]["model"] + " (different ringmaster or layer versions?)";
       L.abort_all("nodes disagree on the model");
       return failed;
     }
+  }
+  // The parameter count: the size of every state that travels (checkpoints, a rejoin, survivors a step
+  // apart). A node's word, so checked, never std::stoull.
+  const std::string& params = replies[0]["params"];
+  const auto [params_end, params_ec] = std::from_chars(params.data(), params.data() + params.size(), L.param_count);
+  if (params.empty() || params_ec != std::errc() || params_end != params.data() + params.size() || L.param_count == 0 ||
+      L.param_count > wire::kMaxPayloadBytes / sizeof(float)) {  // a state buffer travels in one message
+    failed.error = "node " + ro.nodes[0] + " sent a bad parameter count '" + params.substr(0, 20) + "'";
+    L.abort_all("bad reply");
+    return failed;
   }
   char* end = nullptr;  // a node's word, not ours: checked, never std::stoull
   const unsigned long long samples = std::strtoull(train_count.c_str(), &end, 10);
@@ -209,12 +219,13 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     if (auto named = m ? model::build(cfg.model, reg, m->input(), &ignored) : nullptr; named && named->description() == m->description())
       m = named;
     if (m && cfg.resume) failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(samples));
+    if (m && failed.error.empty() && m->param_count() != L.param_count)
+      failed.error = "the nodes built " + params + " parameters, this launcher " + std::to_string(m->param_count());
     if (!failed.error.empty()) {
       failed.invalid = true;
       L.abort_all("the job cannot resume or checkpoint");
       return failed;
     }
-    L.param_count = m->param_count();
   }
   // What a node that comes back must say too, and what its plan starts from (actors/launcher.hpp).
   L.state_buffers = cfg.opt.kind == optimizer_config::adam ? 3 : 2;

@@ -264,12 +264,13 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
       [self, st](restore_atom, state_ptr s) {
         std::string error;
         // Paused one step behind the others (elastic, actors/reform.hpp): it goes forward to their state.
-        if (st->paused && s && s->steps == st->done_steps) return;  // there already
-        if (st->paused && s && s->steps == st->done_steps + 1) {
-          if (!st->model->load_state(*s, &error))
-            self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st->cfg.rank) + ": " + error));
-          st->done_steps = s->steps;
-          return;
+        if (st->paused && s) {
+          if (s->steps == st->done_steps) return;  // there already
+          if (s->steps != st->done_steps + 1)
+            error = "paused after " + std::to_string(st->done_steps) + " steps, it was sent the state after " + std::to_string(s->steps);
+          else if (st->model->load_state(*s, &error))
+            return void(st->done_steps = s->steps);
+          return self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st->cfg.rank) + ": " + error));
         }
         if (st->loader || !s || !restore(*st, *s, &error))  // a resumed job's: never once it runs
           self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st->cfg.rank) + ": cannot resume: " +

@@ -368,7 +368,8 @@ TEST_CASE("reform: the coordinator completes the steps before the restart, drops
   caf::scoped_actor self{sys};
   auto running = self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers);
   // Steps 0 and 1 complete; rank 2 (lost) never reported step 2, which ranks 0 and 1 applied; rank 0
-  // also reported step 3, but the ring re-forms from step 3: that report is dropped, the step runs again.
+  // also applied step 3, which rank 1 never finished: rank 1 takes rank 0's state and the ring re-forms
+  // after step 3 (4 steps done), so step 3 counts with rank 1's and rank 2's samples unmeasured.
   for (int64_t s = 0; s < 2; ++s)
     for (int r = 0; r < 3; ++r) caf::anon_send(coord, report(r, 0, 0, s, 10));
   caf::anon_send(coord, report(0, 0, 0, 2, 10));
@@ -376,7 +377,7 @@ TEST_CASE("reform: the coordinator completes the steps before the restart, drops
   caf::anon_send(coord, report(0, 0, 0, 3, 10));
   reform_note note;
   note.gen = 1;
-  note.start_step = 3;
+  note.start_step = 4;
   for (int r = 0; r < 2; ++r) note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{4, 5, 6}));
   node_loss l;
   l.node = "tcp://lost:1";
@@ -384,9 +385,19 @@ TEST_CASE("reform: the coordinator completes the steps before the restart, drops
   note.losses = {l};
   note.last_word = std::chrono::steady_clock::now();
   caf::anon_send(coord, reform_atom::value, note);
-  // A late report of the old ring is dropped; the new ranks (15 samples each) run steps 3 to 7.
+  // A late report of the old ring is dropped; the new ranks (15 samples each) evaluate epoch 0 again (it
+  // ended at the restart), then run steps 4 to 7.
   caf::anon_send(coord, report(1, 0, 0, 3, 10));
-  for (int64_t g = 3; g < 8; ++g) {
+  for (int r = 0; r < 2; ++r) {
+    eval_report e;
+    e.rank = r;
+    e.gen = 1;
+    e.epoch = 0;
+    e.count = 50;
+    e.correct = 40;
+    caf::anon_send(coord, e);
+  }
+  for (int64_t g = 4; g < 8; ++g) {
     for (int r = 0; r < 2; ++r) caf::anon_send(coord, report(r, 1, g / 4, g % 4, 15));
     if (g % 4 == 3)
       for (int r = 0; r < 2; ++r) {
@@ -406,16 +417,16 @@ TEST_CASE("reform: the coordinator completes the steps before the restart, drops
   INFO(result->error);
   REQUIRE(result->ok);
   REQUIRE(result->history.size() == 2);
-  CHECK(result->history[0].samples == 120);  // 4 steps of 30: rank 2's 10 of step 2 without their loss
+  CHECK(result->history[0].samples == 120);  // 4 steps of 30: 10 of step 2 and 20 of step 3 without their loss
   CHECK(result->history[1].samples == 120);
-  CHECK(result->unmeasured == 10);
+  CHECK(result->unmeasured == 30);
   CHECK(result->history[0].val_accuracy == Approx(0.8));
   CHECK(result->checksums.size() == 2);
   CHECK(result->weights == std::vector<float>{4, 5, 6});
   REQUIRE(result->losses.size() == 1);
   CHECK(result->losses[0].survivors == 2);
-  CHECK(result->losses[0].epoch == 0);
-  CHECK(result->losses[0].step == 3);
+  CHECK(result->losses[0].epoch == 1);
+  CHECK(result->losses[0].step == 0);
   CHECK(result->losses[0].recovered >= 0);
   CHECK(events.size() == 1);
 }
@@ -561,5 +572,5 @@ TEST_CASE("reform: a replica paused a step behind takes the state of one that fi
   self->receive([&](caf::down_msg& d) { down = true, err = sys.render(d.reason); },
                 caf::after(std::chrono::seconds(10)) >> [] {});
   CHECK(down);
-  CHECK(err.find("cannot resume") != std::string::npos);
+  CHECK(err.find("paused after 4 steps, it was sent the state after 6") != std::string::npos);
 }
