@@ -183,6 +183,13 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
       return failed;
     }
   }
+  char* end = nullptr;  // a node's word, not ours: checked, never std::stoull
+  const unsigned long long samples = std::strtoull(train_count.c_str(), &end, 10);
+  if (train_count.empty() || *end || train_count.size() > 12) {
+    failed.error = "node " + ro.nodes[0] + " sent a bad sample count '" + train_count.substr(0, 20) + "'";
+    L.abort_all("bad reply");
+    return failed;
+  }
   // The parameter count: the size of every state that travels (checkpoints, a rejoin, survivors a step
   // apart). A node's word, so checked, never std::stoull.
   const std::string& params = replies[0]["params"];
@@ -190,13 +197,6 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   if (params.empty() || params_ec != std::errc() || params_end != params.data() + params.size() || L.param_count == 0 ||
       L.param_count > wire::kMaxPayloadBytes / sizeof(float)) {  // a state buffer travels in one message
     failed.error = "node " + ro.nodes[0] + " sent a bad parameter count '" + params.substr(0, 20) + "'";
-    L.abort_all("bad reply");
-    return failed;
-  }
-  char* end = nullptr;  // a node's word, not ours: checked, never std::stoull
-  const unsigned long long samples = std::strtoull(train_count.c_str(), &end, 10);
-  if (train_count.empty() || *end || train_count.size() > 12) {
-    failed.error = "node " + ro.nodes[0] + " sent a bad sample count '" + train_count.substr(0, 20) + "'";
     L.abort_all("bad reply");
     return failed;
   }

@@ -768,13 +768,14 @@ TEST_CASE("a node stopped with SIGTERM tells the launcher so", "[nodes]") {
   CHECK(r.error.find("node " + more[1]->endpoint + " (ranks 1) was stopped (SIGTERM)") != std::string::npos);
 }
 
-TEST_CASE("a lying node that answers the job with train=abc gets a clear error, not a crash", "[nodes]") {
+TEST_CASE("a lying node that answers the job with train=abc or params=-1 gets a clear error, not a crash", "[nodes]") {
+  std::string train = "abc", params = "1000";
   net::bridge_options bo;
   std::string err;
   REQUIRE(net::load_or_create_keys(net::default_key_dir(), &bo.keys, &err));
   bo.authorize = [](const std::string&) { return true; };
   net::bridge liar(bo);
-  liar.set_handler([&liar](const net::peer_info& from, const wire::header& h, net::payload) {
+  liar.set_handler([&](const net::peer_info& from, const wire::header& h, net::payload) {
     wire::kv_map kv;
     wire::header r;
     r.job_id = h.job_id;
@@ -783,7 +784,7 @@ TEST_CASE("a lying node that answers the job with train=abc gets a clear error, 
       kv = {{"name", "liar"}, {"id", "liar"}, {"devices", "cpu:1"}, {"version", "3"}};
     } else if (h.type == wire::msg_type::job) {
       r.type = wire::msg_type::job_ack;
-      kv = {{"train", "abc"}, {"test", "1"}, {"model", "1"}, {"description", "784-64-10"}};
+      kv = {{"train", train}, {"test", "1"}, {"model", "1"}, {"params", params}, {"description", "784-64-10"}};
     } else {
       return;
     }
@@ -798,6 +799,11 @@ TEST_CASE("a lying node that answers the job with train=abc gets a clear error, 
   train_result r = train_remote(small_job(), ro);
   CHECK_FALSE(r.ok);
   CHECK(r.error == "node " + liar.endpoint() + " sent a bad sample count 'abc'");
+  train = "100";
+  params = "-1";  // the size of every state the job sends around
+  r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error == "node " + liar.endpoint() + " sent a bad parameter count '-1'");
   liar.stop();
 }
 
