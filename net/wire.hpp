@@ -41,8 +41,10 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // 4: elastic jobs: pause and reform messages, reports name their ring generation, plans their ring.
 // 5: plans name each node's sealed port and a seal salt: ring chunks between nodes may be sealed
 // (net/seal.hpp) and then carry a trailer frame. 6: plans say whether nodes on one host may send ring
-// chunks through shared memory (net/shm_link.hpp).
-constexpr uint16_t kProtocolVersion = 6;
+// chunks through shared memory (net/shm_link.hpp). 7: lost nodes rejoin (a pause may name the step to
+// stop after; a checkpoint message without payload asks a paused rank for its state; plans past
+// generation 0 may be jobs, with ranks that join); job_ack says the parameter count.
+constexpr uint16_t kProtocolVersion = 7;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small
@@ -70,9 +72,11 @@ enum class msg_type : uint16_t {
   start,       // the launcher's go for rank sender_rank, once every node has taken the job (or a reform)
   // One buffer of a training state after `step` steps (float payload), `segment` saying which: 0 the
   // weights, 1 Adam's first moment or SGD's velocity, 2 Adam's second moment. From a node: rank
-  // sender_rank's, for a checkpoint; from a launcher: the state a resumed job starts from.
+  // sender_rank's, for a checkpoint or asked for; from a launcher: the state a resumed job or a node
+  // that rejoins starts from, or the one paused ranks a step behind go on from. From a launcher without
+  // payload: a request for paused rank sender_rank's state.
   checkpoint,
-  pause,       // a node was lost: drop the ring, stop, say how far (kv payload: gen)
+  pause,       // the ring is re-formed: stop (after step `at` if given), say how far (kv payload: gen[, at])
   reform,      // continue in a re-formed ring (JSON plan of the new generation); answered by job_ack
 };
 constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::reform);
