@@ -113,6 +113,19 @@ void launcher::send_kv(int node, wire::msg_type type, const wire::kv_map& kv) {
   if (wire::encode_kv(kv, &text, &err)) send(node, type, text);
 }
 
+void launcher::send_state(int node, const state_ptr& s) {
+  const std::vector<float>* buffers[] = {&s->params, &s->m1, &s->m2};
+  for (int32_t b = 0; b < state_buffers; ++b) {
+    wire::header h;
+    h.type = wire::msg_type::checkpoint;
+    h.job_id = job_id;
+    h.step = s->steps;
+    h.segment = b;
+    h.elements = buffers[b]->size();
+    br.send(peer[size_t(node)], h, net::payload::of(chunk_ptr(s, buffers[b])));
+  }
+}
+
 void launcher::broadcast(wire::msg_type type, const wire::kv_map& kv, bool skip_gone) {
   std::string text, err;
   wire::encode_kv(kv, &text, &err);
@@ -314,17 +327,8 @@ void launcher::take_forward_state(const wire::header& h, const net::payload& p) 
   if (s->steps != forward_to) return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ", not " + std::to_string(forward_to));
   std::vector<bool> behind(ro.nodes.size(), false);
   for (auto& [who, n] : applied) behind[size_t(who.first)] = behind[size_t(who.first)] || n < forward_to;
-  const std::vector<float>* buffers[] = {&s->params, &s->m1, &s->m2};
   for (size_t i = 0; i < behind.size(); ++i)
-    for (int32_t b = 0; behind[i] && b < state_buffers; ++b) {
-      wire::header out;
-      out.type = wire::msg_type::checkpoint;
-      out.job_id = job_id;
-      out.step = s->steps;
-      out.segment = b;
-      out.elements = buffers[b]->size();
-      br.send(peer[i], out, net::payload::of(chunk_ptr(s, buffers[b])));
-    }
+    if (behind[i]) send_state(int(i), s);
   reform_survivors(forward_to);
 }
 
@@ -470,16 +474,7 @@ void launcher::take_join_state(const wire::header& h, const net::payload& p) {
   }
   const state_ptr s = std::move(join_state);
   if (s->steps != join_at) return give_up_join("rank 0's state is after step " + std::to_string(s->steps));
-  const std::vector<float>* buffers[] = {&s->params, &s->m1, &s->m2};
-  for (int32_t b = 0; b < state_buffers; ++b) {
-    wire::header out;
-    out.type = wire::msg_type::checkpoint;
-    out.job_id = job_id;
-    out.step = s->steps;
-    out.segment = b;
-    out.elements = buffers[b]->size();
-    br.send(peer[size_t(joining.load())], out, net::payload::of(chunk_ptr(s, buffers[b])));
-  }
+  send_state(joining, s);
   job_plan next = join_plan;
   for (int i : survivors()) {
     next.recipient = i;

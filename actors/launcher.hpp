@@ -118,6 +118,8 @@ struct launcher {
   std::string ranks_of(int node) const;
   void send(int node, wire::msg_type type, const std::string& text, int rank = -1);
   void send_kv(int node, wire::msg_type type, const wire::kv_map& kv);
+  // A training state, one checkpoint message a buffer (the node takes them in this order).
+  void send_state(int node, const state_ptr& s);
   // To every node (but lost ones, the joining one excepted, when skip_gone).
   void broadcast(wire::msg_type type, const wire::kv_map& kv, bool skip_gone = false);
   // Tells every node to drop the job, and gives the bridge a moment to send that before it stops.

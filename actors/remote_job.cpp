@@ -259,20 +259,8 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   L.started.store(true, std::memory_order_release);
   // A resumed job's state to every node, before any start (the same connection keeps the order); a node
   // that cannot take it answers with an error, which fails the job.
-  if (cfg.resume) {
-    const auto& c = cfg.resume;
-    const std::vector<float>* buffers[] = {&c->state.params, &c->state.m1, &c->state.m2};
-    for (size_t i = 0; i < ro.nodes.size(); ++i)
-      for (int32_t b = 0; b < L.state_buffers; ++b) {
-        wire::header h;
-        h.type = wire::msg_type::checkpoint;
-        h.job_id = L.job_id;
-        h.step = c->state.steps;
-        h.segment = b;
-        h.elements = buffers[b]->size();
-        L.br.send(L.peer[i], h, net::payload::of(chunk_ptr(c, buffers[b])));
-      }
-  }
+  if (cfg.resume)
+    for (size_t i = 0; i < ro.nodes.size(); ++i) L.send_state(int(i), state_ptr(cfg.resume, &cfg.resume->state));
 
   // Heartbeats out, silence detection in; what a lost node means is worked out on the bridge thread.
   std::atomic<bool> running{true};

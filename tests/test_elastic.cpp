@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -52,7 +53,51 @@ remote_options rejoin_options(const test::daemons& nodes) {
   return ro;
 }
 
-// Runs `cfg` on the nodes, signalling node `victim` with `sig` once `after` steps of epoch `epoch` are
+// A rejoining test's job: node `victim` is killed once `after` steps of the first epoch are done and
+// started again (same endpoint, same key) once the launcher has named it lost; once the launcher says
+// it is back, `when_back` runs (if given). The launcher's events are kept.
+struct rejoin_run {
+  std::mutex mu;
+  std::vector<std::string> events;
+
+  bool said(const std::string& part) {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::any_of(events.begin(), events.end(), [&](const std::string& e) { return e.find(part) != std::string::npos; });
+  }
+
+  train_result run(train_config c, remote_options ro, test::daemons& nodes, size_t victim, int64_t after,
+                   const std::function<void()>& when_back = nullptr) {
+    const std::string who = nodes[victim]->endpoint;
+    std::atomic<bool> go{false}, lost{false}, back{false};
+    ro.on_event = [&](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(line);
+      if (line.rfind("lost node " + who, 0) == 0) lost = true;
+      if (line.find(who + " is back; it rejoins") != std::string::npos) back = true;
+    };
+    c.on_progress = [&](const progress& p) {
+      if (p.epoch == 0 && p.step >= after) go = true;
+    };
+    auto wait = [](std::atomic<bool>& flag) {
+      for (int i = 0; i < 6000 && !flag; ++i) std::this_thread::sleep_for(10ms);
+    };
+    std::thread chaos([&] {
+      wait(go);
+      nodes[victim]->stop(SIGKILL);
+      wait(lost);
+      nodes[victim] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, who, "cpu:1",
+                                                             RINGMASTER_DATA_DIR);
+      if (!when_back) return;
+      wait(back);
+      when_back();
+    });
+    train_result r = train_remote(c, ro);
+    chaos.join();
+    return r;
+  }
+};
+
+// Runs `cfg` on the nodes, signalling// Runs `cfg` on the nodes, signalling node `victim` with `sig` once `after` steps of epoch `epoch` are
 // done; *at is when.
 train_result run_killing(train_config cfg, const remote_options& ro, test::daemons& nodes, size_t victim, int sig,
                          int64_t epoch, int64_t after, clock_type::time_point* at) {
@@ -152,32 +197,10 @@ TEST_CASE("elastic: a node busy with steps longer than the node timeout is not t
 
 TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoch's end, every sample once an epoch", "[nodes][elastic][rejoin]") {
   auto nodes = start_nodes(3, "cpu:1");
-  remote_options ro = rejoin_options(nodes);
-  std::mutex mu;
-  std::vector<std::string> events;
-  std::atomic<bool> lost{false};
-  ro.on_event = [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.push_back(line);
-    if (line.rfind("lost node", 0) == 0) lost = true;
-  };
-  train_config c = rejoin_job();
-  std::atomic<bool> go{false};
-  c.on_progress = [&](const progress& p) {
-    if (p.epoch == 0 && p.step >= 30) go = true;
-  };
-  // Killed 30 steps in; started again on the same endpoint once the launcher has named it lost.
-  std::thread restarter([&] {
-    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
-    nodes[1]->stop(SIGKILL);
-    for (int i = 0; i < 1000 && !lost; ++i) std::this_thread::sleep_for(10ms);
-    nodes[1] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, ro.nodes[1], "cpu:1",
-                                                      RINGMASTER_DATA_DIR);
-  });
-  train_result r = train_remote(c, ro);
-  restarter.join();
+  rejoin_run job;
+  train_result r = job.run(rejoin_job(), rejoin_options(nodes), nodes, 1, 30);
   INFO(r.error);
-  for (auto& e : events) INFO(e);
+  for (auto& e : job.events) INFO(e);
   REQUIRE(r.ok);
   CHECK(r.identical);
   REQUIRE(r.history.size() == size_t(kRejoinEpochs));
@@ -222,83 +245,34 @@ TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job 
 
 TEST_CASE("elastic: a node that dies while it rejoins is given up, and the others finish without it", "[nodes][elastic][rejoin]") {
   auto nodes = start_nodes(3, "cpu:1");
-  remote_options ro = rejoin_options(nodes);
-  std::atomic<int> phase{0};  // 1: lost, 2: back (its new life is killed then)
-  std::mutex mu;
-  std::vector<std::string> events;
-  ro.on_event = [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.push_back(line);
-    if (line.rfind("lost node", 0) == 0) phase = std::max(phase.load(), 1);
-    if (line.find("is back; it rejoins") != std::string::npos) phase = 2;
-  };
-  train_config c = rejoin_job();
-  std::atomic<bool> go{false};
-  c.on_progress = [&](const progress& p) {
-    if (p.epoch == 0 && p.step >= 30) go = true;
-  };
-  std::thread restarter([&] {
-    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
-    nodes[1]->stop(SIGKILL);
-    for (int i = 0; i < 1000 && phase < 1; ++i) std::this_thread::sleep_for(10ms);
-    nodes[1] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, ro.nodes[1], "cpu:1",
-                                                      RINGMASTER_DATA_DIR);
-    for (int i = 0; i < 1000 && phase < 2; ++i) std::this_thread::sleep_for(10ms);
-    nodes[1]->stop(SIGKILL);  // while it loads its data, or the others pause for it
-  });
-  train_result r = train_remote(c, ro);
-  restarter.join();
+  rejoin_run job;
+  // Its second life is killed while it loads its data, or while the others pause for it.
+  train_result r = job.run(rejoin_job(), rejoin_options(nodes), nodes, 1, 30, [&] { nodes[1]->stop(SIGKILL); });
   INFO(r.error);
-  for (auto& e : events) INFO(e);
+  for (auto& e : job.events) INFO(e);
   REQUIRE(r.ok);
   CHECK(r.identical);
   for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
   CHECK(r.joins.empty());
   CHECK(r.checksums.size() == 2);
-  bool given_up = false;
-  for (auto& e : events) given_up = given_up || e.find("could not rejoin: it stopped answering") != std::string::npos;
-  CHECK(given_up);
+  CHECK(job.said("could not rejoin: it stopped answering"));
 }
 
 TEST_CASE("elastic: another node lost while one rejoins: the join is given up, the job goes on and finishes", "[nodes][elastic][rejoin]") {
   auto nodes = start_nodes(4, "cpu:1");
-  remote_options ro = rejoin_options(nodes);
-  std::atomic<int> phase{0};  // 1: node 1 lost, 2: node 1 back (node 3 is killed then)
-  std::mutex mu;
-  std::vector<std::string> events;
-  ro.on_event = [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.push_back(line);
-    if (line.rfind("lost node " + ro.nodes[1], 0) == 0) phase = std::max(phase.load(), 1);
-    if (line.find(ro.nodes[1] + " is back; it rejoins") != std::string::npos) phase = 2;
-  };
+  rejoin_run job;
   train_config c = rejoin_job();
   c.global_batch = 120;  // 4, 3 and 2 ranks
-  std::atomic<bool> go{false};
-  c.on_progress = [&](const progress& p) {
-    if (p.epoch == 0 && p.step >= 10) go = true;
-  };
-  std::thread chaos([&] {
-    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
-    nodes[1]->stop(SIGKILL);
-    for (int i = 0; i < 1000 && phase < 1; ++i) std::this_thread::sleep_for(10ms);
-    nodes[1] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, ro.nodes[1], "cpu:1",
-                                                      RINGMASTER_DATA_DIR);
-    for (int i = 0; i < 1000 && phase < 2; ++i) std::this_thread::sleep_for(10ms);
-    nodes[3]->stop(SIGKILL);  // a survivor, while node 1 loads its data
-  });
-  train_result r = train_remote(c, ro);
-  chaos.join();
+  // A survivor is killed while node 1 loads its data.
+  train_result r = job.run(c, rejoin_options(nodes), nodes, 1, 10, [&] { nodes[3]->stop(SIGKILL); });
   INFO(r.error);
-  for (auto& e : events) INFO(e);
+  for (auto& e : job.events) INFO(e);
   REQUIRE(r.ok);
   CHECK(r.identical);
   for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
   REQUIRE(r.losses.size() == 2);
   CHECK(r.losses[1].node == nodes[3]->endpoint);
-  bool given_up = false;
-  for (auto& e : events) given_up = given_up || e.find("could not rejoin: node " + nodes[3]->endpoint + " was lost meanwhile") != std::string::npos;
-  CHECK(given_up);
+  CHECK(job.said("could not rejoin: node " + nodes[3]->endpoint + " was lost meanwhile"));
   // Asked again, it may still rejoin the two that are left before the job ends.
   CHECK(r.checksums.size() == 2 + r.joins.size());
 }
