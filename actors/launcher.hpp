@@ -1,7 +1,7 @@
 // The launcher's side of a job on node daemons (actors/remote_job.hpp), as its bridge thread runs it:
 // what each node's message means, the proxies that stand for remote ranks before the coordinator,
-// losing a node and re-forming the ring without it, and taking a lost node back in at an epoch's end
-// (actors/reform.hpp). train_remote sets the job up and waits for its end; everything here after setup
+// losing a node and re-forming the ring without it (launcher.cpp), and taking a lost node back in at an
+// epoch's end (launcher_rejoin.cpp; actors/reform.hpp). train_remote sets the job up and waits for its end; everything here after setup
 // runs on the bridge thread, but what the watchdog thread reads (last_heard, gone, joining).
 #pragma once
 #include <caf/all.hpp>
@@ -156,6 +156,11 @@ struct launcher {
   // others_pause: the caller pauses the others next (a node lost), so they are left as they are here.
   void give_up_join(const std::string& why, bool late = false, bool others_pause = false);
 };
+
+// A new ring id: random, never 0 nor the job's id.
+uint64_t fresh_ring_id(uint64_t job_id);
+// What another node says, for our events: at most 300 characters, no control characters.
+std::string node_text(const std::string& said);
 
 // A node's host id as its hello_ack says it: one that would not make a valid plan is none (that node
 // uses the network, not shared memory).

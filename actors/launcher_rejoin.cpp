@@ -1,0 +1,124 @@
+// The launcher taking a lost node back (actors/launcher.hpp, actors/reform.hpp): asked whether it is back
+// (tick), it gets the grown ring's plan, loads its data, the others pause after an epoch's last step,
+// rank 0's state goes to it, and the grown ring starts (on_reformed). Bridge thread.
+#include <algorithm>
+#include <cstdio>
+
+#include "actors/launcher.hpp"
+#include "actors/reform.hpp"
+
+namespace ringmaster {
+namespace {
+
+using clock_type = launcher::clock_type;
+
+}  // namespace
+
+// A lost node answered a hello: it is back (started again, or awake and idle). It gets the grown ring's
+// plan, to join after the first epoch's end that leaves it time to load its data: rejoin_lead's worth of
+// steps, or half as long again as its last try took; more after tries that came too late.
+void launcher::on_back(int node, wire::kv_map& kv) {
+  if (!plan.elastic || !ro.rejoin || now != phase::running || joining >= 0 || original_ranks[size_t(node)] == 0 ||
+      join_failures[size_t(node)] >= kJoinTries)
+    return;
+  const std::string& name = ro.nodes[size_t(node)];
+  const int64_t spe = steps_per_epoch;
+  // Steps a second: the fastest second so far, or the ring's own pace since it started (the first
+  // seconds after a loss have a pause in them), once it has run half a second: it is asked again meanwhile.
+  const double ran = std::chrono::duration<double>(clock_type::now() - ring_since).count();
+  if (ran < 0.5) return;
+  const double rate = std::max(step_rate, double(seen_step - ring_from) / ran);
+  const double lead = std::max(std::chrono::duration<double>(ro.rejoin_lead).count(), 1.5 * join_setup[size_t(node)]) *
+                      double(1 + std::min(join_late[size_t(node)], 4));
+  const int64_t ahead = std::max<int64_t>(16, int64_t(rate * lead));
+  const int64_t at = (seen_step + ahead + spe - 1) / spe * spe;
+  if (at >= total_steps) {
+    join_failures[size_t(node)] = kJoinTries;
+    return event("node " + name + " is back, but no epoch's end is left for it to rejoin at");
+  }
+  plan_node entry = plan.nodes[size_t(node)];
+  entry.id = kv["id"];
+  entry.host = host_of(kv["host"]);
+  std::string error;
+  job_plan theirs;
+  if (!make_grow(plan, node, original_ranks[size_t(node)], entry, gen + 1, fresh_ring_id(job_id), at, &join_plan, &error) ||
+      !(theirs = join_plan, theirs.recipient = node, theirs.first_step = at, validate(theirs, &error))) {
+    join_failures[size_t(node)] = kJoinTries;
+    return event("node " + name + " is back, but cannot rejoin: " + error);
+  }
+  const std::string text = to_json(theirs);
+  if (text.size() > wire::kMaxJobBytes) {
+    join_failures[size_t(node)] = kJoinTries;
+    return event("node " + name + " is back, but its plan is over the size limit");
+  }
+  joining = node;
+  joins = join_step::setting_up;
+  join_at = at;
+  join_since = clock_type::now();
+  last_heard[size_t(node)] = join_since.time_since_epoch().count();
+  send(node, wire::msg_type::job, text);
+  event("node " + name + " is back; it rejoins after step " + std::to_string(at) + " (epoch " + std::to_string(at / spe) +
+        "'s end) once it has loaded its data");
+}
+
+// The newcomer has its data and model: the survivors pause after step join_at, unless they are about to
+// pass it already (then it tries again at a later epoch's end).
+void launcher::on_join_ack(wire::kv_map& kv) {
+  if (joins != join_step::setting_up) return;
+  join_setup[size_t(joining.load())] = std::chrono::duration<double>(clock_type::now() - join_since).count();
+  if (kv["train"] != train_count || kv["model"] != model_layout) {
+    join_failures[size_t(joining.load())] = kJoinTries;
+    return give_up_join("it has " + node_text(kv["train"].substr(0, 12)) + " training samples and model layout " +
+                        node_text(kv["model"].substr(0, 24)) + ", the job " + train_count + " and " + model_layout);
+  }
+  if (seen_step + std::max<int64_t>(2, int64_t(step_rate * 0.2)) >= join_at)
+    return give_up_join("it was ready only as the job reached step " + std::to_string(join_at), true);
+  if (gen + 1 != join_plan.generation) return give_up_join("the ring changed meanwhile");
+  joins = join_step::pausing;
+  join_since = clock_type::now();
+  pause_survivors({{"at", std::to_string(join_at)}});
+}
+
+// Rank 0's state after join_at, for the newcomer. Once whole it goes on to it (before its start: one
+// connection keeps the order), and the survivors take the grown plan.
+void launcher::take_join_state(const wire::header& h, const net::payload& p) {
+  join_since = forming_since = clock_type::now();  // the limits are per buffer: a large model's state takes its time
+  if (!add_state_buffer(join_state, h, p, param_count, state_buffers)) {
+    if (!join_state) give_up_join("rank 0's state came broken");
+    return;
+  }
+  const state_ptr s = std::move(join_state);
+  if (s->steps != join_at) return give_up_join("rank 0's state is after step " + std::to_string(s->steps));
+  send_state(joining, s);
+  job_plan next = join_plan;
+  for (int i : survivors()) {
+    next.recipient = i;
+    send(i, wire::msg_type::reform, to_json(next));
+  }
+  plan = join_plan;
+  brought_forward = 0;
+  acked.assign(ro.nodes.size(), false);
+  joins = join_step::reforming;
+  join_since = clock_type::now();
+  now = phase::reforming;
+}
+
+// The join is off: the newcomer drops the job, and the survivors go on among themselves (re-formed once
+// more if they are waiting for a plan already, or took the grown one).
+void launcher::give_up_join(const std::string& why, bool late, bool others_pause) {
+  const int j = joining;
+  if (j < 0) return;
+  const join_step was = others_pause ? join_step::none : joins;
+  send_kv(j, wire::msg_type::abort, {{"reason", "could not rejoin: " + why}});
+  const bool again = late ? ++join_late[size_t(j)] > 0 : ++join_failures[size_t(j)] < kJoinTries;
+  event("node " + ro.nodes[size_t(j)] + " could not rejoin: " + why + (again ? "; it is asked again" : "; it stays out"));
+  joining = -1;
+  joins = join_step::none;
+  join_state.reset();
+  join_state_rank = -1;
+  last_hello = clock_type::now();
+  if (was == join_step::state) reform_survivors(join_at);    // paused after join_at, waiting
+  if (was == join_step::reforming) pause_survivors({});       // they hold a plan with its ranks
+}
+
+}  // namespace ringmaster
