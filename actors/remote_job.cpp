@@ -3,7 +3,6 @@
 #include <atomic>
 #include <charconv>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <thread>
 
@@ -177,15 +176,17 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     }
     // Every node built the description into the same layout (same layer code, same data shape).
     if (replies[i]["model"] != replies[0]["model"] || replies[i]["params"] != replies[0]["params"]) {
-      failed.error = "nodes disagree on the model: " + ro.nodes[0] + " built layout " + replies[0]["model"] + ", " +
-                     ro.nodes[i] + " built " + replies[i]["model"] + " (different ringmaster or layer versions?)";
+      auto built = [&](size_t k) { return replies[k]["model"].substr(0, 24) + " (" + replies[k]["params"].substr(0, 20) + " parameters)"; };
+      failed.error = "nodes disagree on the model: " + ro.nodes[0] + " built layout " + built(0) + ", " + ro.nodes[i] +
+                     " built " + built(i) + " (different ringmaster or layer versions?)";
       L.abort_all("nodes disagree on the model");
       return failed;
     }
   }
-  char* end = nullptr;  // a node's word, not ours: checked, never std::stoull
-  const unsigned long long samples = std::strtoull(train_count.c_str(), &end, 10);
-  if (train_count.empty() || *end || train_count.size() > 12) {
+  uint64_t samples = 0;  // a node's word, not ours: checked, never std::stoull (nor strtoull, which takes "-1")
+  const auto [samples_end, samples_ec] = std::from_chars(train_count.data(), train_count.data() + train_count.size(), samples);
+  if (train_count.empty() || samples_ec != std::errc() || samples_end != train_count.data() + train_count.size() ||
+      samples > uint64_t(1e12)) {
     failed.error = "node " + ro.nodes[0] + " sent a bad sample count '" + train_count.substr(0, 20) + "'";
     L.abort_all("bad reply");
     return failed;

@@ -48,7 +48,8 @@ struct remote_options {
   // end that leaves it time to load its data (actors/reform.hpp); false: it stays out.
   bool rejoin = true;
   // How far ahead it is asked to join: an epoch's end at least this many seconds of steps away (longer if
-  // its last try took longer to load its data). The others stand still only if it is not ready by then.
+  // its last try took longer to load its data). The others pause there only once it is ready (for the
+  // state's transfer); if it is late it tries again further ahead.
   std::chrono::milliseconds rejoin_lead{3000};
   // A line about the job as it happens (a node lost, the job going on); any thread, one call at a time.
   std::function<void(const std::string&)> on_event;

@@ -68,7 +68,7 @@ struct rejoin_run {
   train_result run(train_config c, remote_options ro, test::daemons& nodes, size_t victim, int64_t after,
                    const std::function<void()>& when_back = nullptr) {
     const std::string who = nodes[victim]->endpoint;
-    std::atomic<bool> go{false}, lost{false}, back{false};
+    std::atomic<bool> go{false}, lost{false}, back{false}, over{false};
     ro.on_event = [&](const std::string& line) {
       std::lock_guard<std::mutex> lock(mu);
       events.push_back(line);
@@ -78,26 +78,26 @@ struct rejoin_run {
     c.on_progress = [&](const progress& p) {
       if (p.epoch == 0 && p.step >= after) go = true;
     };
-    auto wait = [](std::atomic<bool>& flag) {
-      for (int i = 0; i < 6000 && !flag; ++i) std::this_thread::sleep_for(10ms);
+    auto wait = [&over](std::atomic<bool>& flag) {  // false once the job is over, or after a minute
+      for (int i = 0; i < 6000 && !flag && !over; ++i) std::this_thread::sleep_for(10ms);
+      return flag.load();
     };
     std::thread chaos([&] {
-      wait(go);
+      if (!wait(go)) return;
       nodes[victim]->stop(SIGKILL);
-      wait(lost);
+      if (!wait(lost)) return;
       nodes[victim] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, who, "cpu:1",
                                                              RINGMASTER_DATA_DIR);
-      if (!when_back) return;
-      wait(back);
-      when_back();
+      if (when_back && wait(back)) when_back();
     });
     train_result r = train_remote(c, ro);
+    over = true;
     chaos.join();
     return r;
   }
 };
 
-// Runs `cfg` on the nodes, signalling// Runs `cfg` on the nodes, signalling node `victim` with `sig` once `after` steps of epoch `epoch` are
+// Runs `cfg` on the nodes, signalling node `victim` with `sig` once `after` steps of epoch `epoch` are
 // done; *at is when.
 train_result run_killing(train_config cfg, const remote_options& ro, test::daemons& nodes, size_t victim, int sig,
                          int64_t epoch, int64_t after, clock_type::time_point* at) {
