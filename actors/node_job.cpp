@@ -124,6 +124,7 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
     replicas_[mine_[i]] = local.replicas[i];
     loaders_[mine_[i]] = local.loaders[i];
   }
+  started_ = replicas_;
   open_shm_receivers();  // before the job_ack: the launcher starts no rank (so no sender wires) before it
   // The ring is wired at the first start, not now: a node with a key of its own lets our connection in
   // only once it has the plan naming our key, and the launcher starts ranks only when every node has it.
@@ -431,16 +432,19 @@ void node_job::run_rank(int rank) {
       for (auto& [r, port] : ports_) fail(*port, error);
     }
   }
-  if (auto go = resume_.find(rank); go != resume_.end()) {  // on in the re-formed ring
+  if (auto go = resume_.find(rank); go != resume_.end()) {  // on in the re-formed ring, by its new number
     caf::anon_send(it->second, reform_atom::value, go->second);
     resume_.erase(go);
+    for (auto s = started_.begin(); s != started_.end();) s = s->second == it->second ? started_.erase(s) : std::next(s);
+    started_[rank] = it->second;
     return;
   }
   caf::anon_send(it->second, run_atom::value, loaders_[rank], reducers_[rank], launcher_link_);
 }
 
 void node_job::send_state(int rank) {
-  if (launcher_link_ && replicas_.count(rank)) caf::anon_send(launcher_link_, checkpt_atom::value, rank);
+  auto it = started_.find(rank);
+  if (launcher_link_ && it != started_.end()) caf::anon_send(launcher_link_, checkpt_atom::value, rank, it->second);
 }
 
 void node_job::send_weights(int rank) {

@@ -82,7 +82,8 @@ class node_job {
   // With at >= 0 (a node rejoins): the replicas stop once they have applied `at` steps, and the ring
   // stays until the re-formed plan comes.
   void pause(int gen, int64_t at = -1);
-  // Rank `rank`'s state (it is paused) to the launcher, for a node that joins the ring.
+  // Rank `rank`'s state (it is paused; numbered as in the ring last started) to the launcher: for a node
+  // that joins the ring, or survivors a step behind.
   void send_state(int rank);
   // The re-formed plan (valid, from the launcher): spawns reducers for the new ring and wires it; the
   // replicas go on when the launcher starts their ranks. False with *error when it does not fit (then
@@ -111,6 +112,9 @@ class node_job {
   job_plan plan_;          // this node's ranks on this node's devices
   std::vector<int> mine_;  // the ranks this node runs
   std::map<int, caf::actor> reducers_, replicas_, loaders_;
+  // The replicas by the numbers they go by: the ring's last started (a re-formed ring renumbers each as
+  // it starts it), as in their pause reports and the launcher's requests.
+  std::map<int, caf::actor> started_;
   std::map<int, std::shared_ptr<reducer_port>> ports_;
   std::map<std::string, int> peers_;      // node endpoint -> our connection
   // Sealed ring chunks (plan seal_salt): for each other node, the sealer of what we send it. Made once

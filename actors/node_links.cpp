@@ -119,10 +119,8 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
       },
       // The launcher asks a paused rank for its state: for a node that joins the ring, or for survivors a
       // step behind it.
-      [self, br, launcher, job, ranks, flush](checkpt_atom, int rank) {
-        auto it = ranks->find(rank);
-        if (it == ranks->end()) return;
-        self->request(it->second, std::chrono::seconds(60), checkpt_atom::value)
+      [self, br, launcher, job, flush](checkpt_atom, int rank, caf::actor replica) {
+        self->request(replica, std::chrono::seconds(60), checkpt_atom::value)
             .then(
                 [br, launcher, job, rank, flush](state_ptr s) {
                   flush();

@@ -13,8 +13,8 @@ namespace ringmaster {
 // kReportFlush or kReportBatch reports, so a fast job does not wake three threads per step for them; any
 // other message sends them first, so the launcher sees everything in order), eval reports, pause reports,
 // done and rank 0's states for checkpoints (checkpoint messages, one per buffer) to the launcher; answers
-// {weights_atom, rank} by fetching that replica's weights and sending them, and {checkpt_atom, rank} by
-// sending that (paused) replica's state as checkpoint messages from it; watches the job's local
+// {weights_atom, rank} by fetching that replica's weights and sending them, and {checkpt_atom, rank,
+// replica} by sending that (paused) replica's state as checkpoint messages from rank; watches the job's local
 // actors and tells the launcher (abort message) when one fails.
 // {reform_atom, map<int, actor> replicas, vector<actor> watch}: the ranks' new numbers after a
 // re-forming (actors/reform.hpp), and the new reducers to watch.
