@@ -501,4 +501,20 @@ coordinator_config job_coordinator_config(const train_config& cfg, std::shared_p
   return cc;
 }
 
+bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& h, const net::payload& p,
+                      size_t param_count, int32_t buffers) {
+  const size_t filled = into ? size_t(!into->params.empty()) + size_t(!into->m1.empty()) + size_t(!into->m2.empty()) : 0;
+  const bool next = h.segment == 0 || (into && h.step == into->steps && h.segment == int32_t(filled));
+  const size_t expected = param_count ? param_count : h.segment > 0 && into ? into->params.size() : h.elements;
+  if (!next || h.segment < 0 || h.segment >= buffers || h.elements == 0 || h.elements != expected) {
+    into.reset();
+    return false;
+  }
+  if (h.segment == 0) into = std::make_shared<network_state>();
+  into->steps = h.step;
+  std::vector<float>* dst[] = {&into->params, &into->m1, &into->m2};
+  dst[h.segment]->assign(p.floats(), p.floats() + h.elements);
+  return h.segment + 1 == buffers;
+}
+
 }  // namespace ringmaster

@@ -26,6 +26,7 @@
 #include "actors/training.hpp"
 #include "kernels/model.hpp"
 #include "kernels/registry.hpp"
+#include "net/bridge.hpp"
 
 namespace ringmaster {
 
@@ -87,5 +88,11 @@ std::function<std::string(const job_progress&, const network_state&)> checkpoint
 coordinator_config job_coordinator_config(const train_config& cfg, std::shared_ptr<const model> m, int replicas,
                                           bool evaluate, int64_t train_samples, int64_t steps_per_epoch,
                                           std::shared_ptr<std::string> last);
+
+// A state as it travels, one checkpoint message a buffer (net/wire.hpp): one buffer of a state after
+// `h.step` steps into *into (a fresh state for segment 0; one out of order, of another step or of the
+// wrong size drops what came before and leaves *into empty). True once all `buffers` are in.
+bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& h, const net::payload& p,
+                      size_t param_count, int32_t buffers);
 
 }  // namespace ringmaster

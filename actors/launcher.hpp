@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/checkpoint.hpp"
 #include "actors/coordinator.hpp"
 #include "actors/job_plan.hpp"
 #include "actors/remote_job.hpp"
@@ -167,9 +168,5 @@ std::string node_text(const std::string& said);
 // uses the network, not shared memory).
 std::string host_of(const std::string& said);
 
-// One buffer of a state after `h.step` steps into *into (a fresh state for segment 0; one out of order,
-// of another step or of the wrong size drops what came before). True once all `buffers` are in.
-bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& h, const net::payload& p,
-                      size_t param_count, int32_t buffers);
 
 }  // namespace ringmaster

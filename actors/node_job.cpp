@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "actors/checkpoint.hpp"
 #include "actors/messages.hpp"
 #include "actors/node_links.hpp"
 #include "actors/reform.hpp"
@@ -274,43 +275,28 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
 bool node_job::take_state(const wire::header& h, const net::payload& p, std::string* error, bool* complete) {
   *complete = false;
   const int32_t buffers = plan_.opt.kind == optimizer_config::adam ? 3 : 2;
-  if (paused_gen_ > plan_.generation) {  // paused: the state after the step the others finished (reform.hpp)
-    if (h.segment == 0) forward_ = std::make_shared<network_state>(), forward_buffers_ = 0;
-    if (!forward_ || h.segment != forward_buffers_ || h.elements != param_count_ || h.step < 1 ||
-        (h.segment > 0 && h.step != forward_->steps)) {
-      *error = "state buffer " + std::to_string(h.segment) + " after step " + std::to_string(h.step) + " with " +
-               std::to_string(h.elements) + " floats does not fit a paused job of " + std::to_string(param_count_);
-      forward_.reset();
-      return false;
-    }
-    forward_->steps = h.step;
-    std::vector<float>* into[] = {&forward_->params, &forward_->m1, &forward_->m2};
-    into[h.segment]->assign(p.floats(), p.floats() + h.elements);
-    if (++forward_buffers_ < buffers) return true;
-    // Each replica one step behind takes it; the others are there already. Before the re-formed plan.
-    const state_ptr whole = std::move(forward_);
-    for (auto& [rank, replica] : replicas_) caf::anon_send(replica, restore_atom::value, whole);
-    return true;
-  }
-  if (!running() || plan_.first_step == 0 || resume_buffers_ == buffers) {
+  // Paused: the state after the step the others finished (reform.hpp). Else a resumed job's, before start.
+  const bool paused = paused_gen_ > plan_.generation;
+  if (!paused && (!running() || plan_.first_step == 0 || resumed_)) {
     *error = "a state to resume from came for a job that does not resume, or has its state";
     return false;
   }
-  if (h.step != plan_.first_step || h.segment != resume_buffers_ || h.elements != param_count_) {
+  std::shared_ptr<network_state>& into = paused ? forward_ : resume_state_;
+  const bool whole = add_state_buffer(into, h, p, param_count_, buffers);
+  if (!into || (!paused && h.step != plan_.first_step) || (paused && h.step < 1)) {
     *error = "state buffer " + std::to_string(h.segment) + " after step " + std::to_string(h.step) + " with " +
-             std::to_string(h.elements) + " floats does not fit: expected buffer " + std::to_string(resume_buffers_) +
-             " after step " + std::to_string(plan_.first_step) + " with " + std::to_string(param_count_);
+             std::to_string(h.elements) + " floats does not fit: expected " + std::to_string(param_count_) + " floats" +
+             (paused ? std::string(", buffers in order") : " after step " + std::to_string(plan_.first_step) + ", buffers in order");
+    into.reset();
     return false;
   }
-  if (!resume_state_) resume_state_ = std::make_shared<network_state>();
-  resume_state_->steps = h.step;
-  std::vector<float>* into[] = {&resume_state_->params, &resume_state_->m1, &resume_state_->m2};
-  into[h.segment]->assign(p.floats(), p.floats() + h.elements);
-  if (++resume_buffers_ < buffers) return true;
-  // Before their start: both go from this thread, so every replica has its state when it runs.
-  const state_ptr whole = std::move(resume_state_);
-  for (auto& [rank, replica] : replicas_) caf::anon_send(replica, restore_atom::value, whole);
-  return *complete = true;
+  if (!whole) return true;
+  // Every replica here gets it from this thread, so before anything sent after it (a start, a re-formed
+  // ring): resumed, each starts from it; paused, each a step behind takes it and the others are there.
+  const state_ptr state = std::move(into);
+  for (auto& [rank, replica] : replicas_) caf::anon_send(replica, restore_atom::value, state);
+  if (!paused) resumed_ = *complete = true;
+  return true;
 }
 
 void node_job::pause(int gen, int64_t at) {

@@ -128,9 +128,8 @@ class node_job {
   std::chrono::steady_clock::time_point last_heard_;
   size_t param_count_ = 0;                       // the model's, once started
   std::shared_ptr<network_state> resume_state_;  // a resumed job's state, as its buffers arrive
-  int32_t resume_buffers_ = 0;                   // buffers in so far
+  bool resumed_ = false;                         // and it was whole
   std::shared_ptr<network_state> forward_;       // paused: the state the others reached, as it arrives
-  int32_t forward_buffers_ = 0;
   bool wired_ = false;     // the ring's links are made at the first start (or a re-forming)
   bool ring_open_ = true;  // false from a pause until the re-formed ring is wired
   int paused_gen_ = 0;     // the last generation a pause was for
