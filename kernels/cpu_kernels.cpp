@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/counter_rng.hpp"
@@ -30,20 +31,46 @@ void flush_denormals_on_this_thread() {
 
 namespace {
 
-// C (M, N) = op(A) (M, K) * op(B) (K, N), row-major; op transposes when ta / tb.
-// OpenBLAS's sgemm measured 20-25% faster than Eigen's on our shapes (64x784x512 and friends, one
-// thread, AVX-512 here), so the backward pass uses it where available; Eigen otherwise.
-void gemm(bool ta, bool tb, int M, int N, int K, const float* A, const float* B, float* C) {
-#if RINGMASTER_HAVE_CBLAS
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A,
-              ta ? M : K, B, tb ? K : N, 0.0f, C, N);
-#else
+void eigen_gemm(bool ta, bool tb, int M, int N, int K, const float* A, const float* B, float* C) {
   map c(C, M, N);
   if (ta && tb) c.noalias() = cmap(A, K, M).transpose() * cmap(B, N, K).transpose();
   else if (ta) c.noalias() = cmap(A, K, M).transpose() * cmap(B, K, N);
   else if (tb) c.noalias() = cmap(A, M, K) * cmap(B, N, K).transpose();
   else c.noalias() = cmap(A, M, K) * cmap(B, K, N);
+}
+
+#if RINGMASTER_HAVE_CBLAS
+// Whether OpenBLAS's kernel is the faster one for this CPU and this build of Eigen. OpenBLAS picks its
+// kernel when it loads, by CPU model: Debian 12's 0.3.21 does not know newer CPUs (Xeon family 6 model
+// 207 here, AVX-512) and falls back to its SSE3 "Prescott" kernel, 18-28 GFLOP/s on our backward shapes
+// against Eigen's 92-111 (AVX-512, one thread, same run): training took 1.7x longer. Measured here too,
+// Eigen's AVX-512 code matched or beat OpenBLAS's own AVX-512 kernels (SkylakeX 86-91, Cooperlake 88-105
+// GFLOP/s); on AVX2 machines OpenBLAS's Haswell and Zen kernels measured 20-25% faster than Eigen's.
+bool openblas_is_faster() {
+#if defined(__AVX512F__)
+  return false;
+#elif defined(__AVX2__)
+  const std::string core = openblas_get_corename();
+  for (const char* k : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (core == k) return true;
+  return false;  // a fallback older than the vectors Eigen was built for
+#else
+  return true;  // Eigen built without AVX2: OpenBLAS's kernel is at least as wide
 #endif
+}
+#endif
+
+// C (M, N) = op(A) (M, K) * op(B) (K, N), row-major; op transposes when ta / tb. The backward pass's
+// GEMMs: OpenBLAS's where it is faster (above), else Eigen's. The choice depends only on the CPU and the
+// build, so reruns on one machine stay bit-identical.
+void gemm(bool ta, bool tb, int M, int N, int K, const float* A, const float* B, float* C) {
+#if RINGMASTER_HAVE_CBLAS
+  static const bool blas = openblas_is_faster();  // a property of the machine, fixed while the process runs
+  if (blas)
+    return cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A,
+                       ta ? M : K, B, tb ? K : N, 0.0f, C, N);
+#endif
+  eigen_gemm(ta, tb, M, N, K, A, B, C);
 }
 
 }  // namespace
@@ -51,8 +78,10 @@ void gemm(bool ta, bool tb, int M, int N, int K, const float* A, const float* B,
 #if RINGMASTER_HAVE_CBLAS
 extern "C" void openblas_set_num_threads(int);
 void use_one_blas_thread() { openblas_set_num_threads(1); }
+std::string gemm_name() { return openblas_is_faster() ? std::string("openblas (") + openblas_get_corename() + ")" : "eigen"; }
 #else
 void use_one_blas_thread() {}
+std::string gemm_name() { return "eigen"; }
 #endif
 
 // The forward pass must be batch-invariant: a sample's activations must not depend on how many other

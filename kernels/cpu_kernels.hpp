@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/backend.hpp"
 
@@ -13,6 +14,8 @@ namespace ringmaster::cpu {
 void flush_denormals_on_this_thread();
 // Keeps OpenBLAS (when built with it) from starting its own threads.
 void use_one_blas_thread();
+// Whose GEMM the backward pass runs on this machine: "eigen", or "openblas (KERNEL)" (see gemm()).
+std::string gemm_name();
 
 // out (B, OUT) = in (B, IN) * w (IN, OUT) + b (OUT)
 void dense_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT);

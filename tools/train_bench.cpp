@@ -58,6 +58,7 @@
 
 #include "actors/remote_job.hpp"
 #include "actors/training.hpp"
+#include "kernels/cpu_kernels.hpp"
 
 using namespace ringmaster;
 using clk = std::chrono::steady_clock;
@@ -684,7 +685,8 @@ int main(int argc, char** argv) {
     return nodes_main(models, nodes, per_replica, steps, repeat, data_dir, node_bin);
   }
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  std::printf("# train_bench: %d replicas, batch %d per replica, %d cores, Adam\n", replicas, per_replica, cores);
+  std::printf("# train_bench: %d replicas, batch %d per replica, %d cores, Adam, backward GEMM: %s\n", replicas,
+              per_replica, cores, cpu::gemm_name().c_str());
   std::printf("# %-16s %12s %12s %12s %10s %12s %10s\n", "model", "ringmaster", "kernel_1t", "ideal",
               "efficiency", "torch_ddp", "vs_torch");
   for (const std::string& m : models) {
