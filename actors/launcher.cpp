@@ -1,6 +1,7 @@
 #include "actors/launcher.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <random>
 #include <thread>
@@ -37,6 +38,12 @@ std::string node_text(const std::string& said) {
 std::string host_of(const std::string& host) {
   const bool fits = host.size() <= kMaxHostIdBytes && std::all_of(host.begin(), host.end(), [](char c) { return c > ' ' && c < 127; });
   return fits ? host : "";
+}
+
+int sealed_port_of(const std::string& said) {  // a node's word: checked, never std::stoi
+  int v = 0;
+  const auto [end, ec] = std::from_chars(said.data(), said.data() + said.size(), v);
+  return ec == std::errc() && end == said.data() + said.size() && v > 0 && v <= 65535 ? v : 0;
 }
 
 caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer, uint64_t job, int rank) {

@@ -25,11 +25,14 @@ std::string check_plan(const job_plan& plan, const node_context& ctx, bool* inva
       *invalid = true;
       return "the job plan does not name the id of node " + plan.nodes[i].endpoint;
     }
-  // A plan past generation 0 as a job is a node joining a running ring: it must not seal, whatever the
-  // launcher says (its pair keys' counters would start again at 0 under the same keys: reform.hpp).
-  if (plan.generation > 0 && !plan.seal_salt.empty() && plan.nodes[size_t(plan.recipient)].sealed_port != 0) {
+  // A plan past generation 0 as a job is a node joining a running ring: if it seals, it does so with the
+  // keys of a new life (joined = this generation), whatever the launcher says: under the keys of an
+  // earlier one, its counters, which start again at 0, would reuse nonces.
+  const plan_node& me = plan.nodes[size_t(plan.recipient)];
+  if (plan.generation > 0 && !plan.seal_salt.empty() && me.sealed_port != 0 && me.joined != plan.generation) {
     *invalid = true;
-    return "the job plan has this node join ring generation " + std::to_string(plan.generation) + " with a sealed port";
+    return "the job plan has this node join ring generation " + std::to_string(plan.generation) +
+           " with the sealing keys of generation " + std::to_string(me.joined);
   }
   const size_t mine = plan.ranks_on(plan.recipient).size();
   if (mine > ctx.slots.size())
@@ -58,22 +61,28 @@ node_job::node_job(const node_context& ctx, net::peer_info launcher, job_plan pl
 // node whose key does not work gets neither: chunks to and from it go over CurveZMQ.
 void node_job::make_pair_keys() {
   // A node without a sealed port in the plan seals nothing either (its chunks go over CurveZMQ, still
-  // encrypted): one that joins a job again (reform.hpp) would start its counters again under the same keys.
+  // encrypted).
   if (plan_.seal_salt.empty() || ctx_.keys.empty() || plan_.nodes[size_t(plan_.recipient)].sealed_port == 0) return;
+  for (size_t j = 0; j < plan_.nodes.size(); ++j)
+    if (j != size_t(plan_.recipient)) make_pair_key(j);
+}
+
+// The pair key with node j for the lives both are in (plan_node::joined): made again, with its sealer and
+// opener replacing the old ones, when j comes back (reform).
+void node_job::make_pair_key(size_t j) {
   const uint32_t me = uint32_t(plan_.recipient);
-  for (size_t j = 0; j < plan_.nodes.size(); ++j) {
-    if (j == me) continue;
-    net::seal_key key;
-    std::string error;
-    if (!net::pair_key(ctx_.keys, plan_.nodes[j].key, plan_.seal_salt, plan_.job_id, me, uint32_t(j), &key, &error)) {
-      ctx_.log("job " + std::to_string(plan_.job_id) + ": no sealing key for node " + plan_.nodes[j].endpoint + ": " + error);
-      continue;
-    }
-    sealers_[int(j)] = std::make_shared<net::sealer>(key, plan_.job_id, me);
-    ctx_.br->add_opener(plan_.job_id, uint32_t(j), std::make_shared<net::opener>(key, plan_.job_id, uint32_t(j)),
-                        plan_.nodes[j].key);
-    net::wipe(key);
+  net::seal_key key;
+  std::string error;
+  sealers_.erase(int(j));
+  if (!net::pair_key(ctx_.keys, plan_.nodes[j].key, plan_.seal_salt, plan_.job_id, me, uint32_t(j),
+                     uint32_t(plan_.nodes[me].joined), uint32_t(plan_.nodes[j].joined), &key, &error)) {
+    ctx_.log("job " + std::to_string(plan_.job_id) + ": no sealing key for node " + plan_.nodes[j].endpoint + ": " + error);
+    return;
   }
+  sealers_[int(j)] = std::make_shared<net::sealer>(key, plan_.job_id, me);
+  ctx_.br->add_opener(plan_.job_id, uint32_t(j), std::make_shared<net::opener>(key, plan_.job_id, uint32_t(j)),
+                      plan_.nodes[j].key);
+  net::wipe(key);
 }
 
 node_job::~node_job() {
@@ -350,7 +359,12 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
   replicas_ = std::move(replicas);
   loaders_ = std::move(loaders);
   mine_ = std::move(mine);
+  std::vector<size_t> joined;  // nodes that come back: their pair keys are new (check_reform saw to it)
+  for (size_t j = 0; j < next.nodes.size(); ++j)
+    if (next.nodes[j].joined != plan_.nodes[j].joined) joined.push_back(j);
   plan_ = std::move(next);
+  if (!sealers_.empty())
+    for (size_t j : joined) make_pair_key(j);
   std::vector<caf::actor> watch;
   for (int r : mine_) {
     caf::actor a;

@@ -101,6 +101,7 @@ class node_job {
   bool wire_ring(std::string* error);
   void close_ring();  // the reducers leave, the ring's segments and connections go
   void make_pair_keys();
+  void make_pair_key(size_t node);
   // Shared memory (plan shared_memory): for each rank here whose left neighbour runs on another node, a
   // segment that node may send through if it runs on this host as our user (net/shm_link.hpp).
   void open_shm_receivers();

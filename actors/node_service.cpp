@@ -76,10 +76,11 @@ struct node_service::impl {
   std::atomic<int> jobs_done{0};
   std::atomic<bool> busy{false};
   std::unique_ptr<node_job> job;  // at most one; touched only on the bridge thread
-  // The ids of the last jobs taken: a plan delivered again would start the same sealing keys' counters
-  // (net/seal.hpp) from 0, reusing nonces; it is refused. Bounded: ids are random 64-bit numbers.
-  std::set<uint64_t> past_jobs;
-  std::deque<uint64_t> past_order;
+  // The jobs taken lately, with the generation this node joined each at (plan_node::joined): a plan for
+  // one of them delivered again would start the same sealing keys' counters (net/seal.hpp) from 0,
+  // reusing nonces; it is refused. Bounded: job ids are random 64-bit numbers.
+  std::set<std::pair<uint64_t, int>> past_jobs;
+  std::deque<std::pair<uint64_t, int>> past_order;
   // The bridge's complaints, per kind: at most kFaultLines lines per kFaultWindow, the rest counted and
   // summed up in the next window's first line (a dead peer must not flood the log). Bridge thread only.
   static constexpr int kFaultLines = 5;
@@ -206,18 +207,19 @@ struct node_service::impl {
                                         std::to_string(h.job_id), true);
     // Which job, and whose, is none of the asker's business.
     if (job) return refuse(from, plan.job_id, "busy with another job");
-    // A node may join a job it left (reform.hpp) only without sealing: it no longer knows its counters.
-    const bool seals = !plan.seal_salt.empty() && plan.recipient >= 0 && size_t(plan.recipient) < plan.nodes.size() &&
-                       plan.nodes[size_t(plan.recipient)].sealed_port != 0;
-    if (past_jobs.count(plan.job_id) && (seals || plan.generation == 0))
+    // A node may join a job it left (reform.hpp) in a new life (new pair keys), or without sealing.
+    const bool known = plan.recipient >= 0 && size_t(plan.recipient) < plan.nodes.size();
+    const int life = known ? plan.nodes[size_t(plan.recipient)].joined : 0;
+    const bool seals = !plan.seal_salt.empty() && known && plan.nodes[size_t(plan.recipient)].sealed_port != 0;
+    if (past_jobs.count({plan.job_id, life}) && (seals || plan.generation == 0))
       return refuse(from, plan.job_id, "this node already ran a job with this id", true);
     if (!opt.insecure && (plan.recipient < 0 || size_t(plan.recipient) >= plan.nodes.size() ||
                           plan.nodes[size_t(plan.recipient)].key != keys.public_key))
       return refuse(from, h.job_id, "the job plan names another key for this node", true);
     bool invalid = false;
     if (std::string why = check_plan(plan, context(), &invalid); !why.empty()) return refuse(from, plan.job_id, why, invalid);
-    past_jobs.insert(plan.job_id);
-    past_order.push_back(plan.job_id);
+    past_jobs.insert({plan.job_id, life});
+    past_order.push_back({plan.job_id, life});
     if (past_order.size() > 4096) {
       past_jobs.erase(past_order.front());
       past_order.pop_front();

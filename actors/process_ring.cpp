@@ -91,11 +91,11 @@ struct process_ring::impl {
   // The pair keys with both neighbours (sealed chunks). False with *error.
   bool make_seals(std::string* error) {
     net::seal_key k;
-    if (!net::pair_key(opt.bridge.keys, key_of(right), opt.seal_salt, opt.job_id, uint32_t(rank), uint32_t(right), &k, error))
+    if (!net::pair_key(opt.bridge.keys, key_of(right), opt.seal_salt, opt.job_id, uint32_t(rank), uint32_t(right), 0, 0, &k, error))
       return false;
     seal = std::make_shared<net::sealer>(k, opt.job_id, uint32_t(rank));
     net::wipe(k);
-    if (!net::pair_key(opt.bridge.keys, key_of(left), opt.seal_salt, opt.job_id, uint32_t(rank), uint32_t(left), &k, error))
+    if (!net::pair_key(opt.bridge.keys, key_of(left), opt.seal_salt, opt.job_id, uint32_t(rank), uint32_t(left), 0, 0, &k, error))
       return false;
     unseal = std::make_shared<net::opener>(k, opt.job_id, uint32_t(left));
     net::wipe(k);

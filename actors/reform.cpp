@@ -60,7 +60,8 @@ bool make_grow(const job_plan& current, int node, int ranks, const plan_node& en
   plan_node& nd = grown.nodes[size_t(node)];
   nd.id = entry.id;
   nd.host = entry.host;
-  nd.sealed_port = 0;  // it never seals (reform.hpp): nobody seals to it either
+  nd.sealed_port = current.seal_salt.empty() ? 0 : entry.sealed_port;
+  nd.joined = generation;  // a new life: its pair keys are new (net/seal.hpp)
   return make_ring(grown, std::move(all), generation, ring, start, next, error);
 }
 
@@ -72,22 +73,24 @@ std::string check_reform(const job_plan& current, const job_plan& next) {
   if (next.recipient != current.recipient)
     return "the re-formed plan is addressed to node " + std::to_string(next.recipient) + ", this is node " + std::to_string(current.recipient);
   if (next.nodes.size() != current.nodes.size()) return "the re-formed plan changes the job's nodes";
-  // Nodes that run ranks now and none before join the ring: as they came back, with a new routing id or
-  // host, maybe. They never seal (reform.hpp).
+  // Nodes that run ranks now and none before join the ring: as they came back, with a new routing id,
+  // host or sealed port, maybe, and always in a new life, whose pair keys are new (net/seal.hpp).
   std::vector<bool> joins(current.nodes.size(), false);
   for (const rank_plan& r : next.ranks)
     if (r.node >= 0 && size_t(r.node) < joins.size()) joins[size_t(r.node)] = current.ranks_on(r.node).empty();
   for (size_t i = 0; i < joins.size(); ++i)
-    if (joins[i] && next.nodes[i].sealed_port != 0)
-      return "node " + next.nodes[i].endpoint + " joins the ring with a sealed port: it must not seal again";
-  // Everything but the ranks, what names the generation and a joining node's id and host must be as it was.
+    if (joins[i] && next.nodes[i].joined != next.generation)
+      return "node " + next.nodes[i].endpoint + " joins ring generation " + std::to_string(next.generation) +
+             " with the sealing keys of generation " + std::to_string(next.nodes[i].joined);
+  // Everything but the ranks, what names the generation and a joining node's id, host, port and life
+  // must be as it was.
   auto settings = [&joins](job_plan p) {
     p.generation = 0;
     p.ring = 0;
     p.start_step = 0;
     p.ranks.clear();
     for (size_t i = 0; i < joins.size() && i < p.nodes.size(); ++i)
-      if (joins[i]) p.nodes[i].id = p.nodes[i].host = "", p.nodes[i].sealed_port = 0;
+      if (joins[i]) p.nodes[i].id = p.nodes[i].host = "", p.nodes[i].sealed_port = p.nodes[i].joined = 0;
     return to_json(p);
   };
   if (settings(current) != settings(next)) return "the re-formed plan changes the job's settings or nodes";

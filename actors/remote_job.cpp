@@ -130,12 +130,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   // With keys, ring chunks between nodes are sealed (net/seal.hpp) and go to each node's sealed port.
   if (!ro.insecure && ro.seal_chunks) {
     L.plan.seal_salt = net::make_seal_salt();
-    for (size_t i = 0; i < ro.nodes.size(); ++i) {
-      const std::string& port = replies[i]["sealed_port"];  // a node's word: checked, never std::stoi
-      int v = 0;
-      const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), v);
-      L.plan.nodes[i].sealed_port = ec == std::errc() && end == port.data() + port.size() && v > 0 && v <= 65535 ? v : 0;
-    }
+    for (size_t i = 0; i < ro.nodes.size(); ++i) L.plan.nodes[i].sealed_port = sealed_port_of(replies[i]["sealed_port"]);
   }
   if (!validate(L.plan, &failed.error)) {
     failed.error = "node answers do not make a job: " + failed.error;

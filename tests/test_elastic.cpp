@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -37,11 +39,13 @@ train_config small_job(int64_t epochs) {
 }
 
 // Rejoining tests: long enough (some 9 s here) for a node to be named lost, come back, load its data and
-// join 1.5 s of steps ahead; a model whose step is mostly compute, so its pace is steady.
+// join 1.5 s of steps ahead, with two test suites on the 2 cores; a model whose step is mostly compute, so
+// its pace is steady. (784-256-10 ran half as long once the backward pass got 2x faster, and a join that
+// came too late found no epoch's end left to try again at.)
 constexpr int64_t kRejoinEpochs = 40;
 train_config rejoin_job() {
   train_config c = small_job(kRejoinEpochs);
-  c.model = "784-256-10";
+  c.model = "784-512-10";
   return c;
 }
 remote_options rejoin_options(const test::daemons& nodes) {
@@ -218,9 +222,18 @@ TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoc
   WARN("the node rejoined at the start of epoch " << j.epoch + 1 << " of " << kRejoinEpochs);
 }
 
-TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job it was dropped from, unsealed", "[nodes][elastic][rejoin]") {
-  auto nodes = start_nodes(3, "cpu:1");
+TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job it was dropped from, sealing with new keys", "[nodes][elastic][rejoin]") {
+  // Ring chunks over the network, sealed (AES-256-GCM), as between hosts; each node's log in a file.
+  char tmpl[] = "/tmp/ringmaster-rejoin-sealed-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string dir = tmpl;
+  test::daemons nodes;
+  for (int i = 0; i < 3; ++i)
+    nodes.push_back(std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, test::free_endpoint(),
+                                                           "cpu:1", RINGMASTER_DATA_DIR, dir + "/node" + std::to_string(i) + ".log"));
+  std::this_thread::sleep_for(300ms);
   remote_options ro = rejoin_options(nodes);
+  ro.shared_memory = false;
   std::atomic<bool> lost{false};
   std::mutex mu;
   std::vector<std::string> events;
@@ -230,7 +243,8 @@ TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job 
     if (line.rfind("lost node", 0) == 0 && !lost.exchange(true)) kill(nodes[2]->pid, SIGCONT);
   };
   clock_type::time_point stopped;
-  // The same job id again, on a node that ran it: taken only because the plan has it seal nothing.
+  // The same job id again, on a node that ran it: taken because the plan has it join in a new life, whose
+  // pair keys are new (its old keys' counters went on in the life it was dropped from).
   train_result r = run_killing(rejoin_job(), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
   INFO(r.error);
   for (auto& e : events) INFO(e);
@@ -241,6 +255,22 @@ TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job 
   REQUIRE(r.joins.size() == 1);
   CHECK(r.joins[0].node == nodes[2]->endpoint);
   CHECK(r.checksums.size() == 3);
+  nodes.clear();  // the logs are complete
+  auto log_of = [&](int i) {
+    std::ifstream in(dir + "/node" + std::to_string(i) + ".log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto count = [](const std::string& text, const std::string& part) {  // non-overlapping occurrences
+    size_t n = 0;
+    for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+    return n;
+  };
+  // Node 2 (rank 2) sends to node 0 (rank 0) in the first ring and in the grown one, sealed both times;
+  // node 1 (rank 1) sends to it sealed in the first ring and again once it is back.
+  const std::string sealed_to = "sealed (AES-256-GCM)";
+  CHECK(count(log_of(2), "ring chunks to node " + ro.nodes[0] + " " + sealed_to) == 2);
+  CHECK(count(log_of(1), "ring chunks to node " + ro.nodes[2] + " " + sealed_to) == 2);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("elastic: a node that dies while it rejoins is given up, and the others finish without it", "[nodes][elastic][rejoin]") {
@@ -389,7 +419,7 @@ TEST_CASE("elastic: ringmaster-mnist takes a node started again back in and says
   std::remove(json_path.c_str());
   std::thread killer, starter;
   test::run_result r = run_launcher("--nodes " + test::node_list(nodes) +
-                                        " --model 784-256-10 --batch 60 --epochs 50 --limit-train 6000 --limit-test 500 --report-json " + json_path,
+                                        " --model 784-512-10 --batch 60 --epochs 50 --limit-train 6000 --limit-test 500 --report-json " + json_path,
                                     [&](const std::string& line) {
                                       if (line.find("Epoch 1/50") != std::string::npos && !killer.joinable())
                                         killer = std::thread([&] { nodes[1]->stop(SIGKILL); });

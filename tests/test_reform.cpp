@@ -142,7 +142,7 @@ TEST_CASE("reform: a node takes only a plan that follows its own", "[reform]") {
   CHECK(check_reform(p, half) == "node tcp://10.0.0.3:5601 keeps 1 of its 2 ranks");
 }
 
-TEST_CASE("reform: a lost node joins again with its ranks last, a new id and no sealed port, which nodes check", "[reform][rejoin]") {
+TEST_CASE("reform: a lost node joins again with its ranks last, a new id and sealed port, and the keys of a new life, which nodes check", "[reform][rejoin]") {
   job_plan p = six_ranks();
   p.seal_salt = std::string(64, 'a');
   for (plan_node& n : p.nodes) n.key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7", n.sealed_port = 7000;
@@ -150,7 +150,7 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and no 
   plan_node back = q.nodes[1];
   back.id = "b2";
   back.host = "host-2";
-  back.sealed_port = 7001;  // what it says now: not used, it never seals again
+  back.sealed_port = 7001;  // what it says now
   job_plan g;
   std::string err;
   REQUIRE(make_grow(q, 1, 2, back, 2, 2002, 300, &g, &err));
@@ -167,22 +167,27 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and no 
   }
   CHECK(g.nodes[1].id == "b2");
   CHECK(g.nodes[1].host == "host-2");
-  CHECK(g.nodes[1].sealed_port == 0);
+  CHECK(g.nodes[1].sealed_port == 7001);
+  CHECK(g.nodes[1].joined == 2);  // a new life: its pair keys are new
   CHECK(g.nodes[0].sealed_port == 7000);
+  CHECK(g.nodes[0].joined == 0);
   CHECK(check_reform(q, g).empty());
   // Through JSON, as it travels.
   job_plan read;
   REQUIRE(from_json(to_json(g), &read, &err));
   CHECK(to_json(read) == to_json(g));
-  // A survivor refuses a grown plan that would have the newcomer seal, renames a node that stays, or
-  // puts new ranks on a node that runs some already.
+  // A survivor refuses a grown plan that would have the newcomer seal with the keys of an earlier life,
+  // renames a node that stays or changes its life, or puts new ranks on a node that runs some already.
   auto refused = [&](const std::function<void(job_plan&)>& change) {
     job_plan bad = g;
     change(bad);
     return check_reform(q, bad);
   };
-  CHECK(refused([](job_plan& b) { b.nodes[1].sealed_port = 7001; }) ==
-        "node tcp://10.0.0.2:5601 joins the ring with a sealed port: it must not seal again");
+  CHECK(refused([](job_plan& b) { b.nodes[1].joined = 1; }) ==
+        "node tcp://10.0.0.2:5601 joins ring generation 2 with the sealing keys of generation 1");
+  CHECK(refused([](job_plan& b) { b.nodes[1].joined = 0; }) ==
+        "node tcp://10.0.0.2:5601 joins ring generation 2 with the sealing keys of generation 0");
+  CHECK(refused([](job_plan& b) { b.nodes[2].joined = 1; }) == "the re-formed plan changes the job's settings or nodes");
   CHECK(refused([](job_plan& b) { b.nodes[0].id = "x"; }) == "the re-formed plan changes the job's settings or nodes");
   CHECK(refused([](job_plan& b) { b.nodes[1].key = "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID"; }) ==
         "the re-formed plan changes the job's settings or nodes");
@@ -190,7 +195,7 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and no 
         "rank 1 joins on node tcp://10.0.0.1:5601, which runs ranks already");
   CHECK(refused([](job_plan& b) { b.ranks[5].was = 4; }) ==
         "rank 5 was running before on node tcp://10.0.0.2:5601, which joins the ring");
-  // The newcomer itself refuses a plan that would have it seal, whoever sent it.
+  // The newcomer itself refuses a plan that would have it seal with an earlier life's keys, whoever sent it.
   node_context ctx;
   ctx.slots = {"cpu", "cpu"};
   ctx.offers = "cpu:2";
@@ -199,9 +204,16 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and no 
   theirs.first_step = 300;
   bool invalid = false;
   CHECK(check_plan(theirs, ctx, &invalid).empty());
-  theirs.nodes[1].sealed_port = 7001;
-  CHECK(check_plan(theirs, ctx, &invalid) == "the job plan has this node join ring generation 2 with a sealed port");
+  theirs.nodes[1].joined = 0;
+  CHECK(check_plan(theirs, ctx, &invalid) == "the job plan has this node join ring generation 2 with the sealing keys of generation 0");
   CHECK(invalid);
+  theirs.nodes[1].sealed_port = 0;  // sealing nothing, it may join whatever its life
+  CHECK(check_plan(theirs, ctx, &invalid).empty());
+  // A plan that says a node joined after the plan's own generation does not validate.
+  job_plan future = g;
+  future.nodes[0].joined = 3;
+  CHECK_FALSE(validate(future, &err));
+  CHECK(err == "job plan: 'nodes[0].joined' is 3, expected 0..2 (it joined at a generation up to this one)");
   // Only a node without ranks joins, with at least one.
   job_plan none;
   CHECK_FALSE(make_grow(q, 0, 2, q.nodes[0], 2, 2002, 300, &none, &err));

@@ -28,11 +28,11 @@ net::key_pair fresh_keys() {
 }
 
 net::seal_key derive(const net::key_pair& mine, const std::string& theirs, const std::string& salt, uint64_t job,
-                     uint32_t a, uint32_t b) {
+                     uint32_t a, uint32_t b, uint32_t joined_a = 0, uint32_t joined_b = 0) {
   net::seal_key k{};
   std::string err;
   INFO(err);
-  REQUIRE(net::pair_key(mine, theirs, salt, job, a, b, &k, &err));
+  REQUIRE(net::pair_key(mine, theirs, salt, job, a, b, joined_a, joined_b, &k, &err));
   return k;
 }
 
@@ -76,20 +76,26 @@ TEST_CASE("seal: two nodes derive one pair key, which is the job's and the pair'
   CHECK(derive(a, b.public_key, other_salt, 7, 0, 1) != ab);  // another salt
   CHECK(derive(a, b.public_key, salt, 8, 0, 1) != ab);  // another job
   CHECK(derive(a, b.public_key, salt, 7, 0, 2) != ab);  // other node numbers
+  // A node that rejoined at generation 3 has keys of its own life with each other node, both ends agree.
+  const auto rejoined = derive(a, b.public_key, salt, 7, 0, 1, 0, 3);
+  CHECK(rejoined != ab);
+  CHECK(derive(b, a.public_key, salt, 7, 1, 0, 3, 0) == rejoined);
+  CHECK(derive(a, b.public_key, salt, 7, 0, 1, 3, 0) != rejoined);  // the generation goes with its node
+  CHECK(derive(a, b.public_key, salt, 7, 0, 1, 0, 5) != rejoined);  // a later life: other keys again
   // Nodes sharing one key pair (a shared home) still get a key per pair of node numbers.
   CHECK(derive(a, a.public_key, salt, 7, 0, 1) != derive(a, a.public_key, salt, 7, 0, 2));
 
   net::seal_key k;
   std::string err;
-  CHECK_FALSE(net::pair_key(a, "not a key", salt, 7, 0, 1, &k, &err));
+  CHECK_FALSE(net::pair_key(a, "not a key", salt, 7, 0, 1, 0, 0, &k, &err));
   CHECK(err == "the peer's public key is not a Z85 key");
-  CHECK_FALSE(net::pair_key(a, b.public_key, "00", 7, 0, 1, &k, &err));
+  CHECK_FALSE(net::pair_key(a, b.public_key, "00", 7, 0, 1, 0, 0, &k, &err));
   CHECK(err == "the seal salt is not 64 hex digits");
   // A public key of small order (all zeros) would make the shared secret known: refused.
   char zero_z85[41];
   const unsigned char zeros[32] = {};
   REQUIRE(zmq_z85_encode(zero_z85, zeros, 32) != nullptr);
-  CHECK_FALSE(net::pair_key(a, zero_z85, salt, 7, 0, 1, &k, &err));
+  CHECK_FALSE(net::pair_key(a, zero_z85, salt, 7, 0, 1, 0, 0, &k, &err));
 }
 
 TEST_CASE("seal: a sealed message opens once, unaltered, and nothing forged, altered or replayed opens") {

@@ -3,6 +3,7 @@
 // child processes. Header-only and without the ringmaster library, so every test target can use it.
 #pragma once
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -81,13 +82,19 @@ inline std::string free_endpoint() { return "tcp://127.0.0.1:" + std::to_string(
 struct daemon_process {
   pid_t pid = -1;
   std::string endpoint;
+  // log: a file its output goes to (appended to, so a daemon started again adds its second life), or ""
+  // for the test's own output.
   daemon_process(std::vector<std::string> argv, const std::string& ep, const std::string& devices,
-                 const std::string& data_dir)
+                 const std::string& data_dir, const std::string& log = "")
       : endpoint(ep) {
     for (const std::string& a : {std::string("--listen"), ep, std::string("--devices"), devices, std::string("--data"), data_dir})
       argv.push_back(a);
     pid = fork();
     if (pid == 0) {
+      if (!log.empty()) {
+        const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+      }
       std::vector<char*> args;
       for (auto& a : argv) args.push_back(a.data());
       args.push_back(nullptr);
