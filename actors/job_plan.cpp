@@ -86,8 +86,8 @@ bool check_nodes(const job_plan& p, std::string* error) {
       return fail(error, "'" + at + ".key' is " + (nd.key.empty() ? "missing" : "set") + ", unlike 'nodes[0].key' (all nodes use keys or none)");
     if (nd.sealed_port < 0 || nd.sealed_port > 65535) return fail(error, is("" + at + ".sealed_port", nd.sealed_port, range(0, 65535)));
     if (nd.sealed_port > 0 && nd.key.empty()) return fail(error, "'" + at + ".sealed_port' is set for a node without a key");
-    if (nd.joined < 0 || nd.joined > p.generation)
-      return fail(error, is("" + at + ".joined", nd.joined, range(0, p.generation) + " (it joined at a generation up to this one)"));
+    if (p.generation == 0 && nd.life != 0)
+      return fail(error, is("" + at + ".life", nd.life, "0 in generation 0 (a job starts with first lives)"));
     for (size_t j = 0; j < i; ++j) {
       if (p.nodes[j].endpoint == nd.endpoint)
         return fail(error, "'nodes[" + std::to_string(j) + "]' and '" + at + "' are both " + ringmaster::quoted(nd.endpoint));
@@ -270,7 +270,7 @@ std::string to_json(const job_plan& p) {
   json nodes = json::array(), ranks = json::array();
   for (const plan_node& nd : p.nodes)
     nodes.push_back({{"endpoint", nd.endpoint}, {"id", nd.id}, {"key", nd.key}, {"host", nd.host}, {"sealed_port", nd.sealed_port},
-                     {"joined", nd.joined}});
+                     {"life", nd.life}});
   for (const rank_plan& r : p.ranks)
     ranks.push_back({{"rank", r.rank}, {"node", r.node}, {"device", r.device}, {"left", r.left}, {"right", r.right},
                      {"batch_begin", r.batch_begin}, {"batch_end", r.batch_end}, {"was", r.was}});
@@ -455,8 +455,8 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
     if (!(*nodes)[i].is_object()) return fail(error, "'" + at + "' must be an object, got " + shown((*nodes)[i]));
     plan_node nd;
     reader rn((*nodes)[i], at, error);
-    rn.only({"endpoint", "id", "key", "host", "sealed_port", "joined"}).text("endpoint", &nd.endpoint, kMaxEndpointBytes);
-    rn.integer("joined", &nd.joined, 0, kMaxGenerations);
+    rn.only({"endpoint", "id", "key", "host", "sealed_port", "life"}).text("endpoint", &nd.endpoint, kMaxEndpointBytes);
+    rn.integer("life", &nd.life, 0, kMaxGenerations);
     rn.text("host", &nd.host, kMaxHostIdBytes);
     rn.text("id", &nd.id, kMaxNodeIdBytes).text("key", &nd.key, net::kKeyChars).integer("sealed_port", &nd.sealed_port, 0, 65535);
     if (!rn.ok()) return false;

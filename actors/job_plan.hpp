@@ -61,9 +61,10 @@ struct plan_node {
   // With keys: the port of its bridge's sealed listener (net/seal.hpp) on its endpoint's host, where ring
   // chunks sealed with AES-256-GCM go; 0: none, chunks go over CurveZMQ.
   int sealed_port = 0;
-  // The ring generation at which it (re)joined the job: 0 for the nodes it started with. Its pair keys
-  // (net/seal.hpp) are those of this life, so a node that comes back seals with fresh keys.
-  int joined = 0;
+  // Which of its lives in the job this is: 0 for the nodes the job started with; each time the launcher
+  // tries to take a lost node back, it gives it a new one, larger than any before. Its pair keys
+  // (net/seal.hpp) are those of this life, so a node that comes back seals with keys nobody used.
+  int life = 0;
 };
 
 struct job_plan {

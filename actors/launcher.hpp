@@ -99,6 +99,7 @@ struct launcher {
   clock_type::time_point join_since, last_hello;
   clock_type::time_point join_paused;   // when the last of the others stopped for it
   std::vector<node_join> joined;        // since the last re-forming, for the coordinator
+  int lives = 0;                        // lives given to nodes taken back (plan_node::life): one per try
   int fresh = -1;                       // the node that joined last, until its first step report: if it
                                         // fails before, it is lost, not the job
   int64_t seen_step = 0;                // the most steps a report said were applied

@@ -25,14 +25,14 @@ std::string check_plan(const job_plan& plan, const node_context& ctx, bool* inva
       *invalid = true;
       return "the job plan does not name the id of node " + plan.nodes[i].endpoint;
     }
-  // A plan past generation 0 as a job is a node joining a running ring: if it seals, it does so with the
-  // keys of a new life (joined = this generation), whatever the launcher says: under the keys of an
-  // earlier one, its counters, which start again at 0, would reuse nonces.
+  // A plan past generation 0 as a job is a node joining a running ring: if it seals, it does so in a life
+  // after its first, whatever the launcher says: under its first life's keys its counters, which start
+  // again at 0, would reuse nonces. (The daemon refuses a (job, life) it has run before.)
   const plan_node& me = plan.nodes[size_t(plan.recipient)];
-  if (plan.generation > 0 && !plan.seal_salt.empty() && me.sealed_port != 0 && me.joined != plan.generation) {
+  if (plan.generation > 0 && !plan.seal_salt.empty() && me.sealed_port != 0 && me.life == 0) {
     *invalid = true;
     return "the job plan has this node join ring generation " + std::to_string(plan.generation) +
-           " with the sealing keys of generation " + std::to_string(me.joined);
+           " with the sealing keys of its first life";
   }
   const size_t mine = plan.ranks_on(plan.recipient).size();
   if (mine > ctx.slots.size())
@@ -67,7 +67,7 @@ void node_job::make_pair_keys() {
     if (j != size_t(plan_.recipient)) make_pair_key(j);
 }
 
-// The pair key with node j for the lives both are in (plan_node::joined): made again, with its sealer and
+// The pair key with node j for the lives both are in (plan_node::life): made again, with its sealer and
 // opener replacing the old ones, when j comes back (reform).
 void node_job::make_pair_key(size_t j) {
   const uint32_t me = uint32_t(plan_.recipient);
@@ -75,7 +75,7 @@ void node_job::make_pair_key(size_t j) {
   std::string error;
   sealers_.erase(int(j));
   if (!net::pair_key(ctx_.keys, plan_.nodes[j].key, plan_.seal_salt, plan_.job_id, me, uint32_t(j),
-                     uint32_t(plan_.nodes[me].joined), uint32_t(plan_.nodes[j].joined), &key, &error)) {
+                     uint32_t(plan_.nodes[me].life), uint32_t(plan_.nodes[j].life), &key, &error)) {
     ctx_.log("job " + std::to_string(plan_.job_id) + ": no sealing key for node " + plan_.nodes[j].endpoint + ": " + error);
     return;
   }
@@ -361,7 +361,7 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
   mine_ = std::move(mine);
   std::vector<size_t> joined;  // nodes that come back: their pair keys are new (check_reform saw to it)
   for (size_t j = 0; j < next.nodes.size(); ++j)
-    if (next.nodes[j].joined != plan_.nodes[j].joined) joined.push_back(j);
+    if (next.nodes[j].life != plan_.nodes[j].life) joined.push_back(j);
   plan_ = std::move(next);
   if (!sealers_.empty())
     for (size_t j : joined) make_pair_key(j);

@@ -76,9 +76,9 @@ struct node_service::impl {
   std::atomic<int> jobs_done{0};
   std::atomic<bool> busy{false};
   std::unique_ptr<node_job> job;  // at most one; touched only on the bridge thread
-  // The jobs taken lately, with the generation this node joined each at (plan_node::joined): a plan for
-  // one of them delivered again would start the same sealing keys' counters (net/seal.hpp) from 0,
-  // reusing nonces; it is refused. Bounded: job ids are random 64-bit numbers.
+  // The jobs taken lately, with the life this node had in each (plan_node::life): a plan for one of them
+  // delivered again would start the same sealing keys' counters (net/seal.hpp) from 0, reusing nonces;
+  // it is refused. Bounded: job ids are random 64-bit numbers.
   std::set<std::pair<uint64_t, int>> past_jobs;
   std::deque<std::pair<uint64_t, int>> past_order;
   // The bridge's complaints, per kind: at most kFaultLines lines per kFaultWindow, the rest counted and
@@ -209,7 +209,7 @@ struct node_service::impl {
     if (job) return refuse(from, plan.job_id, "busy with another job");
     // A node may join a job it left (reform.hpp) in a new life (new pair keys), or without sealing.
     const bool known = plan.recipient >= 0 && size_t(plan.recipient) < plan.nodes.size();
-    const int life = known ? plan.nodes[size_t(plan.recipient)].joined : 0;
+    const int life = known ? plan.nodes[size_t(plan.recipient)].life : 0;
     const bool seals = !plan.seal_salt.empty() && known && plan.nodes[size_t(plan.recipient)].sealed_port != 0;
     if (past_jobs.count({plan.job_id, life}) && (seals || plan.generation == 0))
       return refuse(from, plan.job_id, "this node already ran a job with this id", true);

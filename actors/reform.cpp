@@ -61,7 +61,10 @@ bool make_grow(const job_plan& current, int node, int ranks, const plan_node& en
   nd.id = entry.id;
   nd.host = entry.host;
   nd.sealed_port = current.seal_salt.empty() ? 0 : entry.sealed_port;
-  nd.joined = generation;  // a new life: its pair keys are new (net/seal.hpp)
+  if (entry.life <= nd.life)
+    return *error = "node " + nd.endpoint + " cannot join in life " + std::to_string(entry.life) + ", not after its life " +
+                    std::to_string(nd.life), false;
+  nd.life = entry.life;  // a new life: its pair keys are new (net/seal.hpp)
   return make_ring(grown, std::move(all), generation, ring, start, next, error);
 }
 
@@ -79,9 +82,9 @@ std::string check_reform(const job_plan& current, const job_plan& next) {
   for (const rank_plan& r : next.ranks)
     if (r.node >= 0 && size_t(r.node) < joins.size()) joins[size_t(r.node)] = current.ranks_on(r.node).empty();
   for (size_t i = 0; i < joins.size(); ++i)
-    if (joins[i] && next.nodes[i].joined != next.generation)
-      return "node " + next.nodes[i].endpoint + " joins ring generation " + std::to_string(next.generation) +
-             " with the sealing keys of generation " + std::to_string(next.nodes[i].joined);
+    if (joins[i] && next.nodes[i].life <= current.nodes[i].life)
+      return "node " + next.nodes[i].endpoint + " joins the ring in life " + std::to_string(next.nodes[i].life) +
+             ", not after its life " + std::to_string(current.nodes[i].life) + ": it would seal with an earlier life's keys";
   // Everything but the ranks, what names the generation and a joining node's id, host, port and life
   // must be as it was.
   auto settings = [&joins](job_plan p) {
@@ -90,7 +93,7 @@ std::string check_reform(const job_plan& current, const job_plan& next) {
     p.start_step = 0;
     p.ranks.clear();
     for (size_t i = 0; i < joins.size() && i < p.nodes.size(); ++i)
-      if (joins[i]) p.nodes[i].id = p.nodes[i].host = "", p.nodes[i].sealed_port = p.nodes[i].joined = 0;
+      if (joins[i]) p.nodes[i].id = p.nodes[i].host = "", p.nodes[i].sealed_port = p.nodes[i].life = 0;
     return to_json(p);
   };
   if (settings(current) != settings(next)) return "the re-formed plan changes the job's settings or nodes";

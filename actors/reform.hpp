@@ -25,11 +25,11 @@
 // A lost node that is started again (or wakes) may rejoin at an epoch boundary (make_grow): the launcher
 // gives it the job as the grown ring's plan, starting after step S; once it has loaded its data, a planned
 // pause (pause with `at` S) stops every rank right after step S, one rank's state goes to the newcomer,
-// and the survivors take the same plan as a reform. The newcomer comes back in a new life: its entry
-// says `joined` = this generation, which goes into every pair key it has (net/seal.hpp), so it seals with
-// keys nobody used before (it no longer knows the counters of its first life's keys, whose nonces would
-// come again from 0). The survivors make their keys with it again; nodes check the rule (check_reform,
-// and check_plan on the newcomer).
+// and the survivors take the same plan as a reform. The newcomer comes back in a new life: every attempt
+// to take it back gives its entry a `life` larger than any before, which goes into every pair key it has
+// (net/seal.hpp), so it seals with keys nobody used (it no longer knows the counters of an earlier life's
+// keys, whose nonces would come again from 0). The survivors make their keys with it again; nodes check
+// the rule (check_reform; check_plan on the newcomer; the daemon refuses a (job, life) it has run).
 //
 // Reports, batches and all-reduce completions carry the generation, so nothing of an earlier ring is
 // taken for the new one, and a chunk of an earlier ring is dropped by its ring id.
@@ -52,16 +52,15 @@ bool make_reform(const job_plan& current, const std::vector<bool>& lost, int gen
 // The plan of the ring grown from `current` by node `node` (which runs no rank of it) running `ranks`
 // ranks: generation `generation`, ring `ring`, from global step `start`; the newcomer's ranks come last
 // (was -1), the global batch is cut again, and the node's entry becomes `entry` (its routing id and host
-// and sealed port as it now says them; joined = generation). False with *error when that does not make
-// a valid plan.
+// and sealed port as it now says them, and a life after its last). False with *error when that does not
+// make a valid plan.
 bool make_grow(const job_plan& current, int node, int ranks, const plan_node& entry, int generation, uint64_t ring,
                int64_t start, job_plan* next, std::string* error);
 
 // Whether `next` (a valid plan from the network) can follow `current` on a node: the same job and
 // settings, a later generation, a new ring, every rank one of current's on the same node, each node's
 // ranks kept or dropped together; or ranks that join (was -1), all of a node that ran none, whose entry
-// may name a new routing id, host and sealed port, and must be joined at `next`'s generation. "" or what
-// does not fit.
+// may name a new routing id, host and sealed port, and must name a later life. "" or what does not fit.
 std::string check_reform(const job_plan& current, const job_plan& next);
 
 // "2-3" or "1,4": a list of ranks as messages show it.

@@ -6,6 +6,7 @@
 #include <cblas.h>
 #endif
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -50,8 +51,9 @@ bool openblas_is_faster() {
 #if defined(__AVX512F__)
   return false;
 #elif defined(__AVX2__)
-  const std::string core = openblas_get_corename();
-  for (const char* k : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
+  std::string core = openblas_get_corename();  // "Haswell" in a DYNAMIC_ARCH build, "HASWELL" in others
+  for (char& c : core) c = char(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* k : {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"})
     if (core == k) return true;
   return false;  // a fallback older than the vectors Eigen was built for
 #else

@@ -93,7 +93,7 @@ struct gcm {
 }  // namespace
 
 bool pair_key(const key_pair& mine, const std::string& their_public, const std::string& salt_hex, uint64_t job,
-              uint32_t a, uint32_t b, uint32_t joined_a, uint32_t joined_b, seal_key* out, std::string* error) {
+              uint32_t a, uint32_t b, uint32_t life_a, uint32_t life_b, seal_key* out, std::string* error) {
   unsigned char secret[32], pub[32], salt[kSealSaltBytes], shared[32];
   if (!decode_key(mine.secret_key, secret)) {
     OPENSSL_cleanse(secret, sizeof secret);  // a bad key may have been decoded in part
@@ -113,13 +113,13 @@ bool pair_key(const key_pair& mine, const std::string& their_public, const std::
   if (!dh || EVP_PKEY_derive_init(dh.get()) != 1 || EVP_PKEY_derive_set_peer(dh.get(), theirs.get()) != 1 ||
       EVP_PKEY_derive(dh.get(), shared, &shared_len) != 1 || shared_len != sizeof shared)
     return fail(error, "X25519 with the peer's public key failed");
-  unsigned char info[sizeof kInfo - 1 + 24];  // job, the lower node and the higher, their generations
+  unsigned char info[sizeof kInfo - 1 + 24];  // job, the lower node and the higher, their lives
   std::memcpy(info, kInfo, sizeof kInfo - 1);
   put_u64(info + sizeof kInfo - 1, job);
   put_u32(info + sizeof kInfo - 1 + 8, a < b ? a : b);
   put_u32(info + sizeof kInfo - 1 + 12, a < b ? b : a);
-  put_u32(info + sizeof kInfo - 1 + 16, a < b ? joined_a : joined_b);
-  put_u32(info + sizeof kInfo - 1 + 20, a < b ? joined_b : joined_a);
+  put_u32(info + sizeof kInfo - 1 + 16, a < b ? life_a : life_b);
+  put_u32(info + sizeof kInfo - 1 + 20, a < b ? life_b : life_a);
   pkey_ctx_ptr kdf(EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr));
   size_t key_len = out->size();
   const bool ok = kdf && EVP_PKEY_derive_init(kdf.get()) == 1 && EVP_PKEY_CTX_set_hkdf_md(kdf.get(), EVP_sha256()) == 1 &&

@@ -8,8 +8,7 @@
 // Keys: two nodes of a job share a key without sending it. Each holds its CurveZMQ secret key and knows
 // the other's public key (the job plan names every node's), so X25519 gives both the same secret, and
 // HKDF-SHA256 turns it into the pair's key for this job only (salt: the plan's random seal_salt; info: the
-// job id, both node numbers and the ring generations each joined the job at, so a node that comes back
-// has new keys). A node that does not hold its key cannot make or read the pair's messages.
+// job id, both node numbers and the lives both are in, so a node that comes back has new keys). A node that does not hold its key cannot make or read the pair's messages.
 //
 // A sealed message is the usual header and payload frames plus a trailer frame (kTrailerBytes):
 //   0  u64 job     the job whose pair keys sealed it (the plan's job id)
@@ -44,12 +43,11 @@ constexpr size_t kMaxSealedPayload = size_t(4) << 20;
 using seal_key = std::array<unsigned char, kSealKeyBytes>;
 
 // The key nodes `a` and `b` of job `job` share (the same whichever of them asks). `salt` is the plan's
-// seal_salt, hex (2 * kSealSaltBytes characters). joined_a, joined_b: the ring generations at which a and
-// b (re)joined the job (0 for its first nodes): a node that comes back gets keys of its own, so its
-// counters, which start again at 0, never meet a nonce its first life used. False with *error for a
-// malformed key or salt.
+// seal_salt, hex (2 * kSealSaltBytes characters). life_a, life_b: the lives a and b are in (plan_node::life,
+// 0 for a job's first nodes): a node that comes back gets keys of its own, so its counters, which start
+// again at 0, never meet a nonce an earlier life used. False with *error for a malformed key or salt.
 bool pair_key(const key_pair& mine, const std::string& their_public, const std::string& salt_hex, uint64_t job,
-              uint32_t a, uint32_t b, uint32_t joined_a, uint32_t joined_b, seal_key* out, std::string* error);
+              uint32_t a, uint32_t b, uint32_t life_a, uint32_t life_b, seal_key* out, std::string* error);
 // Overwrites a key in a way the compiler keeps (OPENSSL_cleanse).
 void wipe(seal_key& key);
 // A fresh random salt, hex.

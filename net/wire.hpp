@@ -43,8 +43,8 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // (net/seal.hpp) and then carry a trailer frame. 6: plans say whether nodes on one host may send ring
 // chunks through shared memory (net/shm_link.hpp). 7: lost nodes rejoin (a pause may name the step to
 // stop after; a checkpoint message without payload asks a paused rank for its state; plans past
-// generation 0 may be jobs, with ranks that join); job_ack says the parameter count. 8: plans say the
-// generation each node joined at, which goes into its pair keys: a node that rejoins seals again.
+// generation 0 may be jobs, with ranks that join); job_ack says the parameter count. 8: plans say each
+// node's life in the job, which goes into its pair keys: a node that rejoins seals again.
 constexpr uint16_t kProtocolVersion = 8;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages

@@ -268,10 +268,10 @@ TEST_CASE("job plan: hostile JSON is refused naming the field", "[plan]") {
         "job plan: 'nodes[0]' and 'nodes[2]' are both 'tcp://10.0.0.1:5601'");
   CHECK(refusal([](json& j) { j["nodes"][2]["id"] = "b:2:beef"; }) == "job plan: 'nodes[1]' and 'nodes[2]' have the same id 'b:2:beef'");
   CHECK(refusal([](json& j) { j["nodes"][1]["endpoint"] = ""; }) == "job plan: 'nodes[1].endpoint' is empty (this process) in a plan of 3 nodes");
-  CHECK(refusal([](json& j) { j["nodes"].push_back({{"endpoint", "tcp://idle:1"}, {"id", "idle"}, {"key", ""}, {"host", ""}, {"sealed_port", 0}, {"joined", 0}}); }) == "job plan: 'nodes[3]' runs no rank");
-  CHECK(refusal([](json& j) { j["nodes"][1]["joined"] = -1; }) == "job plan: 'nodes[1].joined' is -1, expected 0..1048576");
-  CHECK(refusal([](json& j) { j["nodes"][1]["joined"] = 1; }) ==
-        "job plan: 'nodes[1].joined' is 1, expected 0..0 (it joined at a generation up to this one)");
+  CHECK(refusal([](json& j) { j["nodes"].push_back({{"endpoint", "tcp://idle:1"}, {"id", "idle"}, {"key", ""}, {"host", ""}, {"sealed_port", 0}, {"life", 0}}); }) == "job plan: 'nodes[3]' runs no rank");
+  CHECK(refusal([](json& j) { j["nodes"][1]["life"] = -1; }) == "job plan: 'nodes[1].life' is -1, expected 0..1048576");
+  CHECK(refusal([](json& j) { j["nodes"][1]["life"] = 1; }) ==
+        "job plan: 'nodes[1].life' is 1, expected 0 in generation 0 (a job starts with first lives)");
   CHECK(refusal([](json& j) { j["nodes"] = json::array(); }) == "job plan: 'nodes' lists 0 nodes, expected 1..1024");
 
   // Ranks: exactly 0..N-1 once each, on nodes that exist, in ring order, with their shards.

@@ -151,6 +151,7 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and sea
   back.id = "b2";
   back.host = "host-2";
   back.sealed_port = 7001;  // what it says now
+  back.life = 2;             // the launcher's second try to take a node back
   job_plan g;
   std::string err;
   REQUIRE(make_grow(q, 1, 2, back, 2, 2002, 300, &g, &err));
@@ -168,9 +169,9 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and sea
   CHECK(g.nodes[1].id == "b2");
   CHECK(g.nodes[1].host == "host-2");
   CHECK(g.nodes[1].sealed_port == 7001);
-  CHECK(g.nodes[1].joined == 2);  // a new life: its pair keys are new
+  CHECK(g.nodes[1].life == 2);  // a new life: its pair keys are new
   CHECK(g.nodes[0].sealed_port == 7000);
-  CHECK(g.nodes[0].joined == 0);
+  CHECK(g.nodes[0].life == 0);
   CHECK(check_reform(q, g).empty());
   // Through JSON, as it travels.
   job_plan read;
@@ -183,11 +184,9 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and sea
     change(bad);
     return check_reform(q, bad);
   };
-  CHECK(refused([](job_plan& b) { b.nodes[1].joined = 1; }) ==
-        "node tcp://10.0.0.2:5601 joins ring generation 2 with the sealing keys of generation 1");
-  CHECK(refused([](job_plan& b) { b.nodes[1].joined = 0; }) ==
-        "node tcp://10.0.0.2:5601 joins ring generation 2 with the sealing keys of generation 0");
-  CHECK(refused([](job_plan& b) { b.nodes[2].joined = 1; }) == "the re-formed plan changes the job's settings or nodes");
+  CHECK(refused([](job_plan& b) { b.nodes[1].life = 0; }) ==
+        "node tcp://10.0.0.2:5601 joins the ring in life 0, not after its life 0: it would seal with an earlier life's keys");
+  CHECK(refused([](job_plan& b) { b.nodes[2].life = 1; }) == "the re-formed plan changes the job's settings or nodes");
   CHECK(refused([](job_plan& b) { b.nodes[0].id = "x"; }) == "the re-formed plan changes the job's settings or nodes");
   CHECK(refused([](job_plan& b) { b.nodes[1].key = "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID"; }) ==
         "the re-formed plan changes the job's settings or nodes");
@@ -204,16 +203,24 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and sea
   theirs.first_step = 300;
   bool invalid = false;
   CHECK(check_plan(theirs, ctx, &invalid).empty());
-  theirs.nodes[1].joined = 0;
-  CHECK(check_plan(theirs, ctx, &invalid) == "the job plan has this node join ring generation 2 with the sealing keys of generation 0");
+  theirs.nodes[1].life = 0;
+  CHECK(check_plan(theirs, ctx, &invalid) == "the job plan has this node join ring generation 2 with the sealing keys of its first life");
   CHECK(invalid);
   theirs.nodes[1].sealed_port = 0;  // sealing nothing, it may join whatever its life
   CHECK(check_plan(theirs, ctx, &invalid).empty());
-  // A plan that says a node joined after the plan's own generation does not validate.
-  job_plan future = g;
-  future.nodes[0].joined = 3;
-  CHECK_FALSE(validate(future, &err));
-  CHECK(err == "job plan: 'nodes[0].joined' is 3, expected 0..2 (it joined at a generation up to this one)");
+  // A job starts with first lives only.
+  job_plan first = p;
+  first.nodes[0].life = 1;
+  CHECK_FALSE(validate(first, &err));
+  CHECK(err == "job plan: 'nodes[0].life' is 1, expected 0 in generation 0 (a job starts with first lives)");
+  // A node taken back again comes in a later life still; the launcher gives none twice.
+  job_plan lost_again = reformed(g, {false, true, false}, 3, 500), again;
+  back.life = 2;
+  CHECK_FALSE(make_grow(lost_again, 1, 2, back, 4, 4004, 600, &again, &err));
+  CHECK(err == "node tcp://10.0.0.2:5601 cannot join in life 2, not after its life 2");
+  back.life = 3;
+  REQUIRE(make_grow(lost_again, 1, 2, back, 4, 4004, 600, &again, &err));
+  CHECK(check_reform(lost_again, again).empty());
   // Only a node without ranks joins, with at least one.
   job_plan none;
   CHECK_FALSE(make_grow(q, 0, 2, q.nodes[0], 2, 2002, 300, &none, &err));
@@ -513,13 +520,16 @@ namespace {
 // its coordinator.
 struct lone_rank {
   rank_actors a;
-  lone_rank(caf::actor_system& sys, caf::scoped_actor& self, const train_config& c, std::shared_ptr<const model> m) {
+  lone_rank(caf::actor_system& sys, const train_config& c, std::shared_ptr<const model> m) {
     job_plan plan;
     std::string err;
     REQUIRE(make_local_plan(c, &plan, &err));
     plan.elastic = true;
     a = spawn_ranks(sys, plan, c, m, {0});
     join(*a.ports[0], make_port_link(a.ports[0]));
+  }
+  // Runs it; what self sent the replica before (a planned pause) comes first.
+  void start(caf::scoped_actor& self) {
     self->send(a.replicas[0], run_atom::value, a.loaders[0], a.reducers[0], caf::actor_cast<caf::actor>(self));
   }
   ~lone_rank() {
@@ -552,9 +562,11 @@ TEST_CASE("reform: a replica paused a step behind takes the state of one that fi
   REQUIRE(m);
   // Two copies of one job: a stops after step 3, b after step 4 (planned pauses), as survivors a step
   // apart after a lost node.
-  lone_rank a(sys, self, c, m), b(sys, self, c, m);
+  lone_rank a(sys, c, m), b(sys, c, m);
   self->send(a.a.replicas[0], pause_atom::value, 1, int64_t(3));
   self->send(b.a.replicas[0], pause_atom::value, 1, int64_t(4));
+  a.start(self);  // after the pauses: a replica's steps take microseconds, it would be past step 3 first
+  b.start(self);
   std::map<int64_t, int> paused_at;  // steps applied -> replicas
   int steps_seen = 0;
   for (int got = 0; got < 2;)

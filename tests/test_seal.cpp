@@ -28,11 +28,11 @@ net::key_pair fresh_keys() {
 }
 
 net::seal_key derive(const net::key_pair& mine, const std::string& theirs, const std::string& salt, uint64_t job,
-                     uint32_t a, uint32_t b, uint32_t joined_a = 0, uint32_t joined_b = 0) {
+                     uint32_t a, uint32_t b, uint32_t life_a = 0, uint32_t life_b = 0) {
   net::seal_key k{};
   std::string err;
   INFO(err);
-  REQUIRE(net::pair_key(mine, theirs, salt, job, a, b, joined_a, joined_b, &k, &err));
+  REQUIRE(net::pair_key(mine, theirs, salt, job, a, b, life_a, life_b, &k, &err));
   return k;
 }
 
@@ -76,11 +76,11 @@ TEST_CASE("seal: two nodes derive one pair key, which is the job's and the pair'
   CHECK(derive(a, b.public_key, other_salt, 7, 0, 1) != ab);  // another salt
   CHECK(derive(a, b.public_key, salt, 8, 0, 1) != ab);  // another job
   CHECK(derive(a, b.public_key, salt, 7, 0, 2) != ab);  // other node numbers
-  // A node that rejoined at generation 3 has keys of its own life with each other node, both ends agree.
+  // A node taken back in its life 3 has keys of that life with each other node, both ends agree.
   const auto rejoined = derive(a, b.public_key, salt, 7, 0, 1, 0, 3);
   CHECK(rejoined != ab);
   CHECK(derive(b, a.public_key, salt, 7, 1, 0, 3, 0) == rejoined);
-  CHECK(derive(a, b.public_key, salt, 7, 0, 1, 3, 0) != rejoined);  // the generation goes with its node
+  CHECK(derive(a, b.public_key, salt, 7, 0, 1, 3, 0) != rejoined);  // the life goes with its node
   CHECK(derive(a, b.public_key, salt, 7, 0, 1, 0, 5) != rejoined);  // a later life: other keys again
   // Nodes sharing one key pair (a shared home) still get a key per pair of node numbers.
   CHECK(derive(a, a.public_key, salt, 7, 0, 1) != derive(a, a.public_key, salt, 7, 0, 2));

@@ -93,7 +93,7 @@ TEST_CASE("N replicas at the same global batch train like one replica", "[traini
       if (n == 1) {
         reference = r.weights;
         ref_sum = r.checksums[0];
-        check_weights_moved(c, reference);  // 50 steps did something
+        check_weights_moved(c, reference);  // the steps did something
       } else {
         // Summation order differs (one GEMM over the batch vs a ring sum of shard GEMMs), so weights
         // agree to float rounding, not bit for bit. Adam divides by sqrt(v), which turns the rounding of
