@@ -86,6 +86,7 @@ bool check_nodes(const job_plan& p, std::string* error) {
       return fail(error, "'" + at + ".key' is " + (nd.key.empty() ? "missing" : "set") + ", unlike 'nodes[0].key' (all nodes use keys or none)");
     if (nd.sealed_port < 0 || nd.sealed_port > 65535) return fail(error, is("" + at + ".sealed_port", nd.sealed_port, range(0, 65535)));
     if (nd.sealed_port > 0 && nd.key.empty()) return fail(error, "'" + at + ".sealed_port' is set for a node without a key");
+    if (nd.life < 0 || nd.life > kMaxGenerations) return fail(error, is("" + at + ".life", nd.life, range(0, kMaxGenerations)));
     if (p.generation == 0 && nd.life != 0)
       return fail(error, is("" + at + ".life", nd.life, "0 in generation 0 (a job starts with first lives)"));
     for (size_t j = 0; j < i; ++j) {

@@ -277,27 +277,22 @@ TEST_CASE("elastic: a node whose try to rejoin failed is taken back at the next,
   auto nodes = start_nodes(3, "cpu:1");
   remote_options ro = rejoin_options(nodes);
   ro.shared_memory = false;  // sealed, as between hosts
-  std::atomic<bool> lost{false}, back{false};
-  std::thread waker;
+  std::atomic<bool> lost{false}, back{false}, woken{false};
   std::mutex mu;
   std::vector<std::string> events;
   ro.on_event = [&](const std::string& line) {
     std::lock_guard<std::mutex> lock(mu);
     events.push_back(line);
     if (line.rfind("lost node", 0) == 0 && !lost.exchange(true)) kill(nodes[2]->pid, SIGCONT);
-    if (line.find("is back; it rejoins") != std::string::npos && !back.exchange(true)) {
-      kill(nodes[2]->pid, SIGSTOP);  // silent again while it sets up: that try is given up
-      waker = std::thread([&] {
-        std::this_thread::sleep_for(4s);
-        kill(nodes[2]->pid, SIGCONT);
-      });
-    }
+    // Silent again while it sets up: that try is given up, and then it wakes.
+    if (line.find("is back; it rejoins") != std::string::npos && !back.exchange(true)) kill(nodes[2]->pid, SIGSTOP);
+    if (line.find("could not rejoin") != std::string::npos && back && !woken.exchange(true)) kill(nodes[2]->pid, SIGCONT);
   };
   clock_type::time_point stopped;
   // The same process takes the job back twice: the try it may have started on was a life of its own, so
   // the next comes with another, which it takes (a daemon refuses only a life it has run).
   train_result r = run_killing(rejoin_job(), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
-  if (waker.joinable()) waker.join();
+  if (back && !woken) kill(nodes[2]->pid, SIGCONT);  // so the daemon can be stopped, whatever happened
   INFO(r.error);
   for (auto& e : events) INFO(e);
   REQUIRE(r.ok);
