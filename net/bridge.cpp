@@ -236,6 +236,24 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
   const bool keys = !d_->opt.keys.empty();
   if (keys && (!curve_available() || !is_key(d_->opt.keys.public_key) || !is_key(d_->opt.keys.secret_key)))
     return fail(error, curve_available() ? "bad key pair (Z85, 40 characters each)" : "this libzmq has no CurveZMQ; use --insecure");
+  // A start that fails part way closes what it opened, every socket before the context (whose end waits
+  // for its sockets), so the ports are free again and nothing hangs.
+  auto undo = [this](std::string* error, const std::string& why) {
+    d_->sealed_monitor.reset();
+    d_->peers.clear();
+    d_->sealed_listener = -1;
+    d_->sealed_port = 0;
+    d_->listen_monitor.reset();
+    d_->listener.socket.reset();
+    d_->zap.reset();
+    d_->ctx.reset();
+    if (d_->wake_fd >= 0) close(d_->wake_fd);
+    d_->wake_fd = -1;
+    std::lock_guard<std::mutex> lock(d_->mu);
+    d_->endpoint.clear();
+    d_->listener.endpoint.clear();
+    return why.empty() ? false : fail(error, why);
+  };
   try {
     d_->ctx = std::make_unique<zmq::context_t>(d_->opt.io_threads);
     if (!listen_endpoint.empty()) {
@@ -260,49 +278,35 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
       try {
         d_->listener.socket->bind(listen_endpoint);
       } catch (const zmq::error_t& e) {
-        std::string why = e.num() == EADDRINUSE ? "address already in use" : e.what();
-        d_->listen_monitor.reset();
-        d_->listener.socket.reset();
-        d_->zap.reset();
-        d_->ctx.reset();
-        return fail(error, listen_endpoint + ": " + why);
+        return undo(error, listen_endpoint + ": " + (e.num() == EADDRINUSE ? "address already in use" : e.what()));
       }
       d_->listener.routed = true;
       std::lock_guard<std::mutex> lock(d_->mu);
       d_->endpoint = d_->listener.socket->get(zmq::sockopt::last_endpoint);
       d_->listener.endpoint = d_->endpoint;
     }
-    if (keys && d_->opt.sealed_listener && d_->endpoint.rfind("tcp://", 0) == 0 && !d_->bind_sealed_listener(error)) {
-      d_->sealed_monitor.reset();
-      d_->peers.clear();
-      d_->listen_monitor.reset();
-      d_->listener.socket.reset();
-      d_->zap.reset();
-      d_->ctx.reset();
-      return false;
-    }
+    if (keys && d_->opt.sealed_listener && d_->endpoint.rfind("tcp://", 0) == 0 && !d_->bind_sealed_listener(error))
+      return undo(error, "");
   } catch (const zmq::error_t& e) {
-    d_->listen_monitor.reset();
-    d_->listener.socket.reset();
-    d_->zap.reset();
-    d_->ctx.reset();
-    return fail(error, listen_endpoint + ": " + e.what());
+    return undo(error, listen_endpoint + ": " + e.what());
   }
   d_->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (d_->wake_fd < 0) {
-    d_->listen_monitor.reset();
-    d_->listener.socket.reset();
-    d_->zap.reset();
-    d_->ctx.reset();
-    return fail(error, std::string("eventfd: ") + std::strerror(errno));
-  }
+  if (d_->wake_fd < 0) return undo(error, std::string("eventfd: ") + std::strerror(errno));
   d_->quit = false;
   {
     std::lock_guard<std::mutex> lock(d_->mu);
     d_->running = true;
   }
   // The sockets move to the new thread; creating the thread is the memory barrier ZeroMQ asks for.
-  d_->thread = std::thread([this] { d_->loop(); });
+  try {
+    d_->thread = std::thread([this] { d_->loop(); });
+  } catch (const std::system_error& e) {  // no thread to be had (a process at its limit)
+    {
+      std::lock_guard<std::mutex> lock(d_->mu);
+      d_->running = false;
+    }
+    return undo(error, std::string("cannot start the bridge's thread: ") + e.what());
+  }
   return true;
 }
 

@@ -217,6 +217,25 @@ struct sealed_server {
 
 }  // namespace
 
+TEST_CASE("a bridge whose sealed port is taken fails to start with the reason and frees its other port") {
+  sealed_server taker;  // holds a sealed port
+  net::bridge_options o;
+  o.keys = fresh_keys();
+  o.authorize = [](const std::string&) { return false; };
+  o.sealed_listener = true;
+  o.sealed_port = taker.br->sealed_port();
+  net::bridge br(o);
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(test::free_port());
+  std::string err;
+  CHECK_FALSE(br.start(ep, &err));  // returns, rather than hanging on a context with a socket left open
+  CHECK(err == taker.endpoint + " (the sealed port): address already in use");
+  CHECK_FALSE(br.running());
+  CHECK(br.sealed_port() == 0);
+  // Its listening port was closed again: another bridge takes it.
+  net::bridge other;
+  CHECK(other.start(ep, &err));
+}
+
 TEST_CASE("a bridge's sealed listener takes what a registered pair sealed, named by its key, and drops the rest") {
   sealed_server server;
   net::bridge& bb = *server.br;
