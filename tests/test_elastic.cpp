@@ -101,6 +101,28 @@ struct rejoin_run {
   }
 };
 
+// The launcher's events of a job in which node `victim` is stopped (SIGSTOP): kept, and the node woken
+// (SIGCONT) once the launcher names it lost; `also` sees every line too.
+struct stop_wake_events {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::atomic<bool> lost{false};
+
+  bool said(const std::string& part) {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::any_of(lines.begin(), lines.end(), [&](const std::string& e) { return e.find(part) != std::string::npos; });
+  }
+  std::function<void(const std::string&)> hook(test::daemons& nodes, size_t victim,
+                                               std::function<void(const std::string&)> also = nullptr) {
+    return [this, &nodes, victim, also](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu);
+      lines.push_back(line);
+      if (line.rfind("lost node", 0) == 0 && !lost.exchange(true)) kill(nodes[victim]->pid, SIGCONT);
+      if (also) also(line);
+    };
+  }
+};
+
 // Runs `cfg` on the nodes, signalling node `victim` with `sig` once `after` steps of epoch `epoch` are
 // done; *at is when.
 train_result run_killing(train_config cfg, const remote_options& ro, test::daemons& nodes, size_t victim, int sig,
@@ -234,20 +256,14 @@ TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job 
   std::this_thread::sleep_for(300ms);
   remote_options ro = rejoin_options(nodes);
   ro.shared_memory = false;
-  std::atomic<bool> lost{false};
-  std::mutex mu;
-  std::vector<std::string> events;
-  ro.on_event = [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.push_back(line);
-    if (line.rfind("lost node", 0) == 0 && !lost.exchange(true)) kill(nodes[2]->pid, SIGCONT);
-  };
+  stop_wake_events events;
+  ro.on_event = events.hook(nodes, 2);
   clock_type::time_point stopped;
   // The same job id again, on a node that ran it: taken because the plan has it join in a new life, whose
   // pair keys are new (its old keys' counters went on in the life it was dropped from).
   train_result r = run_killing(rejoin_job(), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
   INFO(r.error);
-  for (auto& e : events) INFO(e);
+  for (auto& e : events.lines) INFO(e);
   REQUIRE(r.ok);
   CHECK(r.identical);
   for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
@@ -277,29 +293,25 @@ TEST_CASE("elastic: a node whose try to rejoin failed is taken back at the next,
   auto nodes = start_nodes(3, "cpu:1");
   remote_options ro = rejoin_options(nodes);
   ro.shared_memory = false;  // sealed, as between hosts
-  std::atomic<bool> lost{false}, back{false}, woken{false};
-  std::mutex mu;
-  std::vector<std::string> events;
-  ro.on_event = [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.push_back(line);
-    if (line.rfind("lost node", 0) == 0 && !lost.exchange(true)) kill(nodes[2]->pid, SIGCONT);
+  std::atomic<bool> back{false}, woken{false};
+  stop_wake_events events;
+  ro.on_event = events.hook(nodes, 2, [&](const std::string& line) {
     // Silent again while it sets up: that try is given up, and then it wakes.
     if (line.find("is back; it rejoins") != std::string::npos && !back.exchange(true)) kill(nodes[2]->pid, SIGSTOP);
     if (line.find("could not rejoin") != std::string::npos && back && !woken.exchange(true)) kill(nodes[2]->pid, SIGCONT);
-  };
+  });
   clock_type::time_point stopped;
   // The same process takes the job back twice: the try it may have started on was a life of its own, so
   // the next comes with another, which it takes (a daemon refuses only a life it has run).
   train_result r = run_killing(rejoin_job(), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
   if (back && !woken) kill(nodes[2]->pid, SIGCONT);  // so the daemon can be stopped, whatever happened
   INFO(r.error);
-  for (auto& e : events) INFO(e);
+  for (auto& e : events.lines) INFO(e);
   REQUIRE(r.ok);
   CHECK(r.identical);
   for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
-  CHECK(std::any_of(events.begin(), events.end(), [](const std::string& e) { return e.find("could not rejoin") != std::string::npos; }));
-  CHECK(std::none_of(events.begin(), events.end(), [](const std::string& e) { return e.find("already ran a job") != std::string::npos; }));
+  CHECK(events.said("could not rejoin"));
+  CHECK_FALSE(events.said("already ran a job"));
   REQUIRE(r.joins.size() == 1);
   CHECK(r.joins[0].node == nodes[2]->endpoint);
   CHECK(r.checksums.size() == 3);
