@@ -28,6 +28,8 @@ std::shared_ptr<const dataset> data_cache::load(const std::string& prefix, int64
   part->cols = whole->cols;
   part->pixels.assign(whole->pixels.begin(), whole->pixels.begin() + ptrdiff_t(size_t(limit) * whole->features()));
   part->labels.assign(whole->labels.begin(), whole->labels.begin() + limit);
+  if (!whole->bytes.empty())
+    part->bytes.assign(whole->bytes.begin(), whole->bytes.begin() + ptrdiff_t(size_t(limit) * whole->features()));
   return part;
 }
 

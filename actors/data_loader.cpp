@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 
 #include "actors/messages.hpp"
 
@@ -44,12 +43,7 @@ batch_ptr cut(loader_state& st) {
   out->x.resize(size_t(b) * d.features());
   out->y.resize(b);
   const size_t first = size_t(st.step) * st.cfg.global_batch + size_t(st.cfg.shard_begin);
-  for (int i = 0; i < b; ++i) {
-    const uint32_t s = st.order[first + i];
-    std::memcpy(out->x.data() + size_t(i) * d.features(), d.pixels.data() + size_t(s) * d.features(),
-                d.features() * sizeof(float));
-    out->y[i] = d.labels[s];
-  }
+  gather_samples(d, st.order.data() + first, size_t(b), out->x.data(), out->y.data());
   return out;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 namespace ringmaster {
@@ -100,6 +101,11 @@ bool exists(const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (f) std::fclose(f);
   return f != nullptr;
+}
+
+// The one conversion of image bytes to [0, 1]: load_mnist and the batch gather must give the same bits.
+void bytes_to_unit(const uint8_t* in, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = float(in[i]) * (1.0f / 255.0f);
 }
 
 }  // namespace
@@ -207,15 +213,30 @@ bool load_mnist(const std::string& dir, const std::string& prefix, int classes, 
     d.labels[i] = lbytes[i];
   }
   d.pixels.resize(ibytes.size());
-  for (size_t i = 0; i < ibytes.size(); ++i) d.pixels[i] = float(ibytes[i]) * (1.0f / 255.0f);
+  bytes_to_unit(ibytes.data(), ibytes.size(), d.pixels.data());
+  d.bytes = std::move(ibytes);
   *out = std::move(d);
   return true;
+}
+
+void gather_samples(const dataset& d, const uint32_t* idx, size_t n, float* x, int32_t* y) {
+  const size_t f = d.features();
+  const bool from_bytes = d.bytes.size() == d.pixels.size();
+  for (size_t i = 0; i < n; ++i) {
+    const size_t s = idx[i];
+    if (from_bytes)
+      bytes_to_unit(d.bytes.data() + s * f, f, x + i * f);
+    else
+      std::memcpy(x + i * f, d.pixels.data() + s * f, f * sizeof(float));
+    y[i] = d.labels[s];
+  }
 }
 
 void truncate(dataset& d, size_t n) {
   if (n >= d.count) return;
   d.count = n;
   d.pixels.resize(n * d.features());
+  if (!d.bytes.empty()) d.bytes.resize(n * d.features());
   d.labels.resize(n);
 }
 
@@ -234,6 +255,22 @@ std::vector<uint32_t> epoch_permutation(size_t n, uint64_t seed, int64_t epoch) 
 }  // namespace ringmaster
 
 namespace ringmaster {
+namespace {
+
+// The bytes behind features that are all byte images (v == b * (1/255.f), bit for bit); else empty.
+std::vector<uint8_t> as_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!(v[i] >= 0.0f && v[i] <= 1.0f)) return {};
+    b[i] = uint8_t(v[i] * 255.0f + 0.5f);
+    float back;
+    bytes_to_unit(&b[i], 1, &back);
+    if (std::memcmp(&back, &v[i], sizeof back) != 0) return {};
+  }
+  return b;
+}
+
+}  // namespace
 
 bool make_dataset(const shape& sample, std::vector<float> features, std::vector<int32_t> labels, int classes,
                   dataset* out, std::string* error) {
@@ -256,6 +293,7 @@ bool make_dataset(const shape& sample, std::vector<float> features, std::vector<
   out->channels = sample.c;
   out->rows = sample.h;
   out->cols = sample.w;
+  out->bytes = as_bytes(features);
   out->pixels = std::move(features);
   out->labels = std::move(labels);
   return true;

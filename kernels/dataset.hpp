@@ -17,12 +17,16 @@ struct dataset {
   int channels = 1, rows = 0, cols = 0;
   std::vector<float> pixels;     // (count, channels, rows, cols); images scaled to [0, 1]
   std::vector<int32_t> labels;   // (count)
+  // Optional, for byte images (load_mnist and make_dataset fill it): the same samples as bytes, pixels[i]
+  // being exactly bytes[i] * (1/255.f). Batches are gathered from these: a quarter of the memory traffic, the same bits.
+  std::vector<uint8_t> bytes;
   size_t features() const { return size_t(channels) * rows * cols; }
   shape sample() const { return shape{channels, rows, cols}; }
 };
 
 // An in-memory data set from arrays a program already has: features (count, C, H, W) and labels in
-// [0, classes). False with *error when the sizes disagree or a label is out of range.
+// [0, classes). False with *error when the sizes disagree or a label is out of range. Features that are all
+// byte images (each exactly b * (1/255.f), b in 0..255) are kept as `bytes` too.
 bool make_dataset(const shape& sample, std::vector<float> features, std::vector<int32_t> labels, int classes,
                   dataset* out, std::string* error);
 
@@ -40,6 +44,9 @@ bool read_idx_bytes(const std::string& name, const void* bytes, size_t size, int
 // Checks that the counts agree and that every label is below `classes`.
 bool load_mnist(const std::string& dir, const std::string& prefix, int classes, dataset* out,
                 std::string* error);
+
+// Copies samples idx[0..n) into x (n, features) and y (n): from `bytes` when the data set has them.
+void gather_samples(const dataset& d, const uint32_t* idx, size_t n, float* x, int32_t* y);
 
 // Keeps the first n samples (for quick runs and tests).
 void truncate(dataset& d, size_t n);

@@ -2,7 +2,9 @@
 #include <zlib.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -76,6 +78,8 @@ TEST_CASE("IDX files load raw and gzipped, scaled to [0,1]", "[data]") {
     CHECK(ds.cols == 3);
     CHECK(ds.pixels[6 * 5] == Approx(5.0 / 255));
     CHECK(ds.labels[13] == 3);
+    REQUIRE(ds.bytes.size() == ds.pixels.size());
+    CHECK(ds.pixels[6 * 5] == float(ds.bytes[6 * 5]) * (1.0f / 255.0f));
   }
 }
 
@@ -301,6 +305,43 @@ TEST_CASE("make_dataset wraps arrays of any sample shape, checking sizes and lab
   CHECK_FALSE(make_dataset(shape{1 << 14, 1 << 14, 1}, {}, {0}, 3, &bad, &err));  // 2^28 values a sample
   CHECK(err.find("bad sample shape") != std::string::npos);
   CHECK(bad.count == 0);  // untouched on failure
+}
+
+TEST_CASE("byte images are kept as bytes too, and batches gathered from them have the same bits", "[data]") {
+  // As load_mnist scales them: b * (1/255.f). 300 samples of (1, 2, 2) with every byte value.
+  std::vector<float> f(300 * 4);
+  std::vector<int32_t> labels(300);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = float((i * 37) % 256) * (1.0f / 255.0f);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = int32_t(i % 10);
+  dataset d;
+  std::string err;
+  REQUIRE(make_dataset(shape{1, 2, 2}, f, labels, 10, &d, &err));
+  REQUIRE(d.bytes.size() == f.size());
+  CHECK(d.bytes[5] == (5 * 37) % 256);
+
+  dataset plain = d;  // the same samples without bytes: gathered by copying floats
+  plain.bytes.clear();
+  const auto idx = epoch_permutation(d.count, 3, 0);
+  std::vector<float> xb(64 * 4, -1.0f), xf(64 * 4, -2.0f);
+  std::vector<int32_t> yb(64, -1), yf(64, -2);
+  gather_samples(d, idx.data() + 100, 64, xb.data(), yb.data());
+  gather_samples(plain, idx.data() + 100, 64, xf.data(), yf.data());
+  CHECK(std::memcmp(xb.data(), xf.data(), xb.size() * sizeof(float)) == 0);
+  CHECK(yb == yf);
+  CHECK(xf[4 * 7 + 1] == f[idx[107] * 4 + 1]);
+  CHECK(yf[7] == labels[idx[107]]);
+
+  truncate(d, 10);
+  CHECK(d.bytes.size() == d.pixels.size());
+
+  // One value that is no byte image (0.3f, -0.0f, 2, NaN) and the data set has no bytes.
+  for (float odd : {0.3f, -0.0f, 2.0f, std::nanf("")}) {
+    auto g = f;
+    g[123] = odd;
+    dataset e;
+    REQUIRE(make_dataset(shape{1, 2, 2}, g, labels, 10, &e, &err));
+    CHECK(e.bytes.empty());
+  }
 }
 
 TEST_CASE("loaders hand out whole multi-channel samples in NCHW order", "[data][actors]") {

@@ -51,6 +51,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -65,17 +66,16 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
+// Random byte images, as load_mnist gives (so batches are gathered from bytes, as in real runs).
 std::shared_ptr<dataset> synthetic(size_t n, const shape& sample, int classes) {
-  auto d = std::make_shared<dataset>();
-  d->count = n;
-  d->channels = sample.c;
-  d->rows = sample.h;
-  d->cols = sample.w;
-  d->pixels.resize(n * d->features());
-  d->labels.resize(n);
+  std::vector<float> x(n * sample.size());
+  std::vector<int32_t> y(n);
   std::mt19937 rng(1);
-  for (auto& p : d->pixels) p = float(rng() % 256) / 255.0f;
-  for (auto& l : d->labels) l = int32_t(rng() % unsigned(classes));
+  for (auto& p : x) p = float(rng() % 256) * (1.0f / 255.0f);
+  for (auto& l : y) l = int32_t(rng() % unsigned(classes));
+  auto d = std::make_shared<dataset>();
+  std::string error;
+  if (!make_dataset(sample, std::move(x), std::move(y), classes, d.get(), &error)) throw std::runtime_error(error);
   return d;
 }
 
