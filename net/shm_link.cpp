@@ -125,22 +125,23 @@ struct shm_receiver::impl {
   handler on_message;
   error_handler on_error;
   // Buffers messages are copied into, reused once their readers let go (as ring::driver::copy_of's): no
-  // allocation per message once the ring runs. The receiving thread's alone.
+  // allocation per message once the ring runs. The receiving thread's alone. A buffer never shrinks (the
+  // payload says how much of it is the message): growing it again would zero-fill what the copy overwrites.
   std::vector<std::shared_ptr<std::vector<float>>> buffers;
 
   std::shared_ptr<std::vector<float>> buffer(size_t floats) {
     std::shared_ptr<std::vector<float>> b;
     for (auto& c : buffers)
-      if (c.use_count() == 1) {
+      if (c.use_count() == 1 && (!b || (b->size() < floats && c->size() > b->size()))) {
         std::atomic_thread_fence(std::memory_order_acquire);  // after the last reader let go
-        b = c;
-        break;
+        b = c;  // the first free one that is large enough, else the largest free one
+        if (b->size() >= floats) break;
       }
     if (!b) {
       b = std::make_shared<std::vector<float>>();
       if (buffers.size() < 16) buffers.push_back(b);  // more held at once: plain allocations
     }
-    b->resize(floats);
+    if (b->size() < floats) b->resize(floats);
     return b;
   }
 

@@ -150,7 +150,10 @@ TEST_CASE("shm link: messages of every size arrive whole and in order, many time
     CHECK(h.step == int64_t(i));
     CHECK(h.sender_rank == s.sender_rank);
     REQUIRE(v.size() == sizes[i]);
-    if (!v.empty()) CHECK((v.front() == float(i) && v.back() == float(i) + float(v.size() - 1)));
+    // Every float: the receiver reuses its buffers for messages of other sizes (never shrinking them).
+    size_t wrong = 0;
+    for (size_t k = 0; k < v.size(); ++k) wrong += v[k] != float(i) + float(k);
+    CHECK(wrong == 0);
   }
 }
 
