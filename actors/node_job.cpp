@@ -258,13 +258,14 @@ std::shared_ptr<net::shm_sender> node_job::open_shm_sender(int rank, int right) 
 void node_job::route_chunk(const net::peer_info& from, const wire::header& h, net::payload p) {
   const int sender = h.sender_rank;
   if (sender < 0 || sender >= plan_.replicas()) {
-    ctx_.log("dropped a chunk from rank " + std::to_string(sender) + " of a job of " + std::to_string(plan_.replicas()));
+    ctx_.fault({net::fault::malformed, from,
+                "a chunk from rank " + std::to_string(sender) + " of a job of " + std::to_string(plan_.replicas())});
     return;
   }
   const int dest = plan_.right(sender);
   auto it = reducers_.find(dest);
   if (it == reducers_.end()) {
-    ctx_.log("dropped a chunk for rank " + std::to_string(dest) + ", which does not run here");
+    ctx_.fault({net::fault::malformed, from, "a chunk for rank " + std::to_string(dest) + ", which does not run here"});
     return;
   }
   const int node = plan_.ranks[size_t(sender)].node;
@@ -273,8 +274,9 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
   const plan_node& nd = plan_.nodes[size_t(node)];
   const bool proven = from.key == nd.key && (from.sealed ? from.sealed_sender == node : from.peer < 0 && from.identity == nd.id);
   if (node == plan_.recipient || !proven) {
-    ctx_.log("dropped a chunk said to be from rank " + std::to_string(sender) + ": it did not come from node " +
-             plan_.nodes[size_t(node)].endpoint + ", which runs that rank");
+    ctx_.fault({net::fault::unauthorized, from,
+                "dropped a chunk said to be from rank " + std::to_string(sender) + ": it did not come from node " +
+                    plan_.nodes[size_t(node)].endpoint + ", which runs that rank"});
     return;
   }
   // Added (and passed on) right here on the bridge thread: no hop to the reducer's thread per chunk.
@@ -417,11 +419,11 @@ void node_job::flush_reports(std::chrono::milliseconds wait) {
 void node_job::run_rank(int rank) {
   auto it = replicas_.find(rank);
   if (it == replicas_.end() || !launcher_link_) {
-    ctx_.log("ignored a start for rank " + std::to_string(rank) + ", which does not run here");
+    ctx_.fault({net::fault::malformed, {}, "a start for rank " + std::to_string(rank) + ", which does not run here"});
     return;
   }
   if (!ring_open_) {  // paused: a start for the ring given up on
-    ctx_.log("ignored a start for rank " + std::to_string(rank) + ": the job is paused for a re-formed ring");
+    ctx_.fault({net::fault::malformed, {}, "a start for rank " + std::to_string(rank) + ": the job is paused for a re-formed ring"});
     return;
   }
   if (!wired_) {

@@ -34,6 +34,9 @@ struct node_context {
   std::shared_ptr<const layer_registry> layers;
   std::function<void(const std::string&)> log;
   net::key_pair keys;  // the node's own (empty: --insecure), for the keys it shares with other nodes
+  // What a peer made us drop: logged a few lines per kind and 10 s, the rest counted (a node of the job or a
+  // stranger must not flood the log).
+  std::function<void(const net::bridge_error&)> fault;
 };
 
 // Whether this node can take a (valid) plan: "" or why not. *invalid: the job itself is bad (its model,

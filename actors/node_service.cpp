@@ -166,7 +166,8 @@ struct node_service::impl {
   }
 
   node_context context() {
-    return {sys.get(), &br, name(), opt.devices, slots, opt.make_backend, opt.layers, [this](const std::string& l) { log(l); }, keys};
+    return {sys.get(), &br, name(), opt.devices, slots, opt.make_backend, opt.layers, [this](const std::string& l) { log(l); }, keys,
+            [this](const net::bridge_error& e) { log_fault(e); }};
   }
 
   void send_kv(const net::peer_info& to, wire::msg_type type, uint64_t job_id, const wire::kv_map& kv) {
@@ -349,7 +350,7 @@ struct node_service::impl {
       case msg_type::heartbeat:
         return;
       default:
-        log(std::string("ignored a ") + wire::type_name(h.type) + " message");
+        log_fault({net::fault::unauthorized, from, std::string("ignored a ") + wire::type_name(h.type) + " message"});
     }
   }
 

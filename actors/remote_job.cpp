@@ -53,6 +53,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   where.limit_test = ro.limit_test;
   // Keys: ours, and the one each node must prove it holds.
   net::bridge_options bo;
+  bo.connection_ids = true;  // a node of the job cannot take over our link to another
   std::vector<bool> record(ro.nodes.size(), false);
   const std::string key_dir = ro.key_dir.empty() ? net::default_key_dir() : ro.key_dir;
   if (!ro.insecure) {

@@ -185,10 +185,12 @@ bool bridge::impl::bind_sealed_listener(std::string* error) {
   c.socket->set(zmq::sockopt::maxmsgsize, int64_t(kMaxSealedPayload));  // sealed payloads are ring segments
   c.socket->set(zmq::sockopt::handshake_ivl, 3000);
   // Clients log in (PLAIN) with a pair's token through the ZAP handler, which also holds them to
-  // max_connections. Few messages queued per connection: a sender waits for us, as TCP would make it.
+  // max_connections. Few messages queued per connection: a sender waits for us, as TCP would make it, and
+  // whoever read a token off the wire (PLAIN sends it in clear) can make us hold at most 8 x 4 MiB a
+  // connection (64 let 8 such connections pin 1.3 GB in a hostile test).
   c.socket->set(zmq::sockopt::plain_server, 1);
   c.socket->set(zmq::sockopt::zap_domain, zap_handler::kSealedDomain);
-  c.socket->set(zmq::sockopt::rcvhwm, 64);
+  c.socket->set(zmq::sockopt::rcvhwm, 8);
   const std::string at = ep.substr(0, colon + 1) + std::to_string(opt.sealed_port);
   try {
     c.socket->bind(at);

@@ -79,6 +79,11 @@ struct bridge_error {
 
 struct bridge_options {
   std::string name;  // routing id on our connections; empty: "<host>:<pid>:<random>"
+  // Each connection its own routing id, name + ":" + 64 random bits. A peer then learns only the id we
+  // use with it, so it cannot connect to another of our peers under that id and, as ROUTERs hand an id
+  // over to its newest connection, take our link there and read what that peer answers us. Launchers set
+  // it; a node cannot, as plans name the routing id its ring chunks come with.
+  bool connection_ids = false;
   int io_threads = 1;
   int hwm = 100000;                        // messages queued per connection before sends back up
   int kernel_buffer_bytes = 0;             // SO_SNDBUF / SO_RCVBUF; 0 keeps the OS default

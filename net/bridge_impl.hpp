@@ -58,13 +58,19 @@ struct sealed_pair {
 inline constexpr size_t kMaxRefusedKeys = 1024;  // remembered to report each stranger once, bounded
 inline constexpr int kSealedConnectRetries = 20;  // a sealed port refusing this many connects is reported
 
+// 64 random bits as 16 hex digits.
+inline std::string random_hex64() {
+  std::random_device rd;
+  char b[17];
+  std::snprintf(b, sizeof b, "%08x%08x", rd(), rd());
+  return b;
+}
+
 inline std::string default_name() {
   char host[256] = "host";
   gethostname(host, sizeof host - 1);
-  std::random_device rd;
-  char b[320];
-  std::snprintf(b, sizeof b, "%s:%d:%08x%08x", host, int(getpid()), rd(), rd());
-  return b;
+  host[200] = '\0';  // a routing id is at most 255 bytes, with room for a connection's own suffix
+  return std::string(host) + ":" + std::to_string(getpid()) + ":" + random_hex64();
 }
 
 inline void release_owner(void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }

@@ -118,7 +118,7 @@ int bridge::impl::do_connect(const std::string& ep, const std::string& server_ke
       s.set(zmq::sockopt::rcvhwm, 16);
       c.seal = std::move(seal);
     } else {
-      s.set(zmq::sockopt::routing_id, opt.name);
+      s.set(zmq::sockopt::routing_id, opt.connection_ids ? opt.name.substr(0, 230) + ":" + random_hex64() : opt.name);
     }
     if (!opt.keys.empty()) {
       if (!c.seal) {

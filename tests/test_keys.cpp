@@ -233,6 +233,70 @@ TEST_CASE("encrypted bridges: an accepted key talks and is named, a refused or w
   server.stop();
 }
 
+TEST_CASE("a launcher's links carry routing ids of their own: a peer cannot take over its link to another", "[keys]") {
+  // A ROUTER hands a routing id to the newest connection that shows it. Were a launcher's id the same on
+  // every link, a node of its job (which sees it) could connect to another node under it, with any key that
+  // node accepts, and read that node's answers to the launcher (heartbeats, reports, weights).
+  REQUIRE(net::curve_available());
+  const auto a_keys = fresh_keys(), b_keys = fresh_keys(), launcher_keys = fresh_keys(), mole_keys = fresh_keys();
+  auto node = [&](const net::key_pair& keys) {
+    net::bridge_options o;
+    o.keys = keys;
+    o.authorize = [&](const std::string& k) { return k == launcher_keys.public_key || k == mole_keys.public_key; };
+    return std::make_unique<net::bridge>(o);
+  };
+  auto a = node(a_keys), b = node(b_keys);
+  net::bridge_options lo;
+  lo.keys = launcher_keys;
+  lo.connection_ids = true;
+  net::bridge launcher(lo);
+  collected at_a, at_b, at_launcher, at_mole;
+  at_a.attach(*a);
+  at_b.attach(*b);
+  at_launcher.attach(launcher);
+  std::string err;
+  REQUIRE(a->start("tcp://127.0.0.1:0", &err));
+  REQUIRE(b->start("tcp://127.0.0.1:0", &err));
+  REQUIRE(launcher.start("", &err));
+  const int to_a = launcher.connect(a->endpoint(), a_keys.public_key, &err);
+  const int to_b = launcher.connect(b->endpoint(), b_keys.public_key, &err);
+  REQUIRE((to_a >= 0 && to_b >= 0));
+  REQUIRE(launcher.send(to_a, hello(), {}, &err));
+  REQUIRE(launcher.send(to_b, hello(), {}, &err));
+  REQUIRE(at_a.wait([&] { return !at_a.messages.empty(); }));
+  REQUIRE(at_b.wait([&] { return !at_b.messages.empty(); }));
+  const net::peer_info seen_by_a = at_a.messages[0].first, seen_by_b = at_b.messages[0].first;
+  CHECK(seen_by_a.identity.rfind(launcher.name() + ":", 0) == 0);
+  CHECK(seen_by_b.identity.rfind(launcher.name() + ":", 0) == 0);
+  CHECK(seen_by_a.identity != seen_by_b.identity);
+
+  // Node a's operator turns mole: it connects to b under the id the launcher uses with a.
+  net::bridge_options mo;
+  mo.keys = mole_keys;
+  mo.name = seen_by_a.identity;
+  net::bridge mole(mo);
+  at_mole.attach(mole);
+  REQUIRE(mole.start("", &err));
+  const int m = mole.connect(b->endpoint(), b_keys.public_key, &err);
+  REQUIRE(m >= 0);
+  REQUIRE(mole.send(m, hello(), {}, &err));
+  REQUIRE(at_b.wait([&] { return at_b.messages.size() >= 2; }));
+  CHECK(at_b.messages[1].first.key == mole_keys.public_key);
+
+  // b's answer to the launcher still reaches the launcher, and only it.
+  wire::header ack;
+  ack.type = wire::msg_type::hello_ack;
+  REQUIRE(b->reply(seen_by_b, ack, {}, &err));
+  REQUIRE(at_launcher.wait([&] { return !at_launcher.messages.empty(); }));
+  CHECK(at_launcher.messages[0].first.key == b_keys.public_key);
+  std::this_thread::sleep_for(200ms);
+  {
+    std::lock_guard<std::mutex> lock(at_mole.mu);
+    CHECK(at_mole.messages.empty());
+  }
+  for (net::bridge* x : {&mole, &launcher, b.get(), a.get()}) x->stop();
+}
+
 TEST_CASE("a bridge with a connection limit refuses clients over it at the handshake, saying so once", "[keys]") {
   const auto server_keys = fresh_keys(), client_keys = fresh_keys();
   net::bridge_options so;

@@ -225,6 +225,18 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
     for (const std::string& l : b.lines) UNSCOPED_INFO(l);
   }
   CHECK(dropped != "");
+  // The same by the thousand, from a rank no job has: a few lines, not a flood.
+  chunk.sender_rank = -1;
+  for (int i = 0; i < 2000; ++i) test::send_raw(s, chunk, {zmq::buffer(junk, sizeof junk)});
+  chunk.sender_rank = 0;
+  CHECK(b.wait_for("dropped a message (malformed message): a chunk from rank -1 of a job of 2") != "");
+  std::this_thread::sleep_for(500ms);
+  {
+    std::lock_guard<std::mutex> lock(b.mu);
+    int chunk_lines = 0;
+    for (const std::string& l : b.lines) chunk_lines += l.find("a chunk from rank -1") != std::string::npos;
+    CHECK(chunk_lines <= 5);
+  }
   // Between the nodes, ring chunks are sealed (AES-256-GCM) and go to each node's sealed port. A stranger
   // there cannot log in without the pair's token, and what it tries to send never arrives.
   CHECK(a.wait_for("ring chunks to node " + b.node->endpoint() + " sealed (AES-256-GCM)") != "");
