@@ -1,7 +1,12 @@
 #include "actors/report_kv.hpp"
 
+#include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+
+#include "kernels/registry.hpp"
 
 namespace ringmaster {
 namespace {
@@ -12,7 +17,8 @@ std::string hexf(double v) {
   return b;
 }
 
-// Reads kv[key] into *out; false (with *error) if missing or not a number in range.
+// Reads kv[key] into *out; false (with *error) if missing or not a number in range. The text is a node's:
+// the whole of it must be the number (no spaces, no NUL, no sign or base the writer does not use).
 struct reader {
   const wire::kv_map& kv;
   std::string* error;
@@ -26,28 +32,29 @@ struct reader {
     }
     return &it->second;
   }
+  void bad(const char* key, const std::string& v) {
+    if (ok) *error = "bad value " + quoted(v, 24) + " for '" + key + "'";
+    ok = false;
+  }
   void num(const char* key, int64_t* out, int64_t lo, int64_t hi) {
     const std::string* v = get(key);
     if (!v) return;
-    char* end = nullptr;
-    long long x = std::strtoll(v->c_str(), &end, 10);
-    if (v->empty() || *end || x < lo || x > hi) {
-      if (ok) *error = std::string("bad value '") + *v + "' for '" + key + "'";
-      ok = false;
-      return;
-    }
+    int64_t x = 0;
+    const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), x);
+    if (v->empty() || ec != std::errc() || end != v->data() + v->size() || x < lo || x > hi) return bad(key, *v);
     *out = x;
   }
-  void real(const char* key, double* out) {
+  // time: seconds, 0 to a year; else a loss, which may be NaN or infinite (the coordinator stops such a
+  // job and says why).
+  void real(const char* key, double* out, bool time) {
     const std::string* v = get(key);
     if (!v) return;
     char* end = nullptr;
-    double x = std::strtod(v->c_str(), &end);
-    if (v->empty() || *end) {
-      if (ok) *error = std::string("bad value '") + *v + "' for '" + key + "'";
-      ok = false;
-      return;
-    }
+    // strtod, not from_chars: the writer uses %a (hex with 0x), which from_chars does not read.
+    const double x = v->empty() || v->find('\0') != std::string::npos || std::isspace(static_cast<unsigned char>((*v)[0]))
+                         ? NAN
+                         : std::strtod(v->c_str(), &end);
+    if (!end || end != v->c_str() + v->size() || (time && !(x >= 0 && x <= 3.2e7))) return bad(key, *v);
     *out = x;
   }
 };
@@ -90,13 +97,13 @@ bool from_kv(const wire::kv_map& kv, step_report* r, std::string* error) {
   gen(rd, &r->gen);
   rd.num("epoch", &r->epoch, 0, INT64_MAX);
   rd.num("step", &r->step, 0, INT64_MAX);
-  rd.real("loss", &r->loss_sum);
+  rd.real("loss", &r->loss_sum, false);
   rd.num("correct", &r->correct, 0, INT64_MAX);
   rd.num("count", &r->count, 0, INT64_MAX);
-  rd.real("wait_batch", &r->wait_batch);
-  rd.real("compute", &r->compute);
-  rd.real("wait_ring", &r->wait_ring);
-  rd.real("update", &r->update);
+  rd.real("wait_batch", &r->wait_batch, true);
+  rd.real("compute", &r->compute, true);
+  rd.real("wait_ring", &r->wait_ring, true);
+  rd.real("update", &r->update, true);
   return rd.ok;
 }
 
@@ -104,10 +111,10 @@ bool from_kv(const wire::kv_map& kv, eval_report* r, std::string* error) {
   reader rd{kv, error};
   gen(rd, &r->gen);
   rd.num("epoch", &r->epoch, 0, INT64_MAX);
-  rd.real("loss", &r->loss_sum);
+  rd.real("loss", &r->loss_sum, false);
   rd.num("correct", &r->correct, 0, INT64_MAX);
   rd.num("count", &r->count, 0, INT64_MAX);
-  rd.real("seconds", &r->seconds);
+  rd.real("seconds", &r->seconds, true);
   return rd.ok;
 }
 

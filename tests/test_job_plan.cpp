@@ -358,3 +358,36 @@ TEST_CASE("reports name their kind in the payload", "[plan][wire]") {
   CHECK(back.step == 17);
   CHECK(back.loss_sum == s.loss_sum);
 }
+
+TEST_CASE("a node's report is read strictly: the whole value is the number, times are times", "[plan][wire]") {
+  step_report s;
+  s.step = 17;
+  s.loss_sum = 0.5;
+  s.compute = 0.25;
+  const wire::kv_map good = to_kv(s);
+  auto read = [&](const char* key, const std::string& value, std::string* err) {
+    wire::kv_map kv = good;
+    kv[key] = value;
+    step_report r;
+    return from_kv(kv, &r, err);
+  };
+  std::string err;
+  for (const std::string& v : {std::string(" 17"), std::string("17 "), std::string("+17"), std::string("0x11"),
+                               std::string("1e1"), std::string("9223372036854775808"), std::string("17\0" "9", 4),
+                               std::string(""), std::string("-")}) {
+    CHECK_FALSE(read("step", v, &err));
+    CHECK(err.find("for 'step'") != std::string::npos);
+  }
+  for (const std::string& v : {std::string("-0x1p+0"), std::string("nan"), std::string("inf"), std::string("0x1p+30"),
+                               std::string(" 0x1p-2"), std::string("0x1p-2\n"), std::string("0x1p-2\0", 7)}) {
+    CHECK_FALSE(read("compute", v, &err));
+    CHECK(err.find("for 'compute'") != std::string::npos);
+  }
+  // Control characters in a bad value are escaped in the message, and it is cut short.
+  CHECK_FALSE(read("step", "1\n" + std::string(500, 'x'), &err));
+  CHECK(err.find('\n') == std::string::npos);
+  CHECK(err.size() < 80);
+  // A loss may be NaN: the coordinator stops that job with its own message.
+  CHECK(read("loss", "nan", &err));
+  CHECK(read("compute", "0x1p-2", &err));
+}
