@@ -101,7 +101,8 @@ zap_handler::verdict bridge::impl::admit_sealed(const std::string& user, const s
                   (r = std::from_chars(r.ptr + 1, end, sender)).ec == std::errc() && r.ptr == end;
   auto it = ok ? openers.find({job, sender}) : openers.end();
   if (it == openers.end() || !it->second.open->admits(token)) {
-    if (refused.size() < kMaxRefusedKeys && refused.insert("sealed " + address).second)
+    if (refused.size() >= kMaxRefusedKeys) refused.clear();  // strangers after the first 1024 are said too
+    if (refused.insert("sealed " + address).second)
       report(fault::unauthorized, {}, "refused a client at " + address + " on the sealed port: it is no node of a job "
                                       "here (further attempts from this address are not logged)");
     return {"400", "not authorized"};
@@ -123,7 +124,8 @@ zap_handler::verdict bridge::impl::admit(const std::string& key, const std::stri
     ok = false;
   }
   if (!ok) {
-    if (refused.size() < kMaxRefusedKeys && refused.insert(key).second)
+    if (refused.size() >= kMaxRefusedKeys) refused.clear();
+    if (refused.insert(key).second)
       report(fault::unauthorized, {}, "refused a client at " + address + ": its key " + key +
                                           " is not authorized (further attempts with this key are not logged)");
     return {"400", "not authorized"};

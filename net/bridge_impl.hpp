@@ -55,7 +55,9 @@ struct sealed_pair {
   std::string who;
 };
 
-inline constexpr size_t kMaxRefusedKeys = 1024;  // remembered to report each stranger once, bounded
+// Strangers remembered to report each once; past this many the memory starts afresh (the node's log then
+// holds them to a few lines per 10 s, as every fault).
+inline constexpr size_t kMaxRefusedKeys = 1024;
 inline constexpr int kSealedConnectRetries = 20;  // a sealed port refusing this many connects is reported
 
 // 64 random bits as 16 hex digits.
