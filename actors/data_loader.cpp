@@ -43,7 +43,7 @@ batch_ptr cut(loader_state& st) {
   out->x.resize(size_t(b) * d.features());
   out->y.resize(b);
   const size_t first = size_t(st.step) * st.cfg.global_batch + size_t(st.cfg.shard_begin);
-  gather_samples(d, st.order.data() + first, size_t(b), out->x.data(), out->y.data());
+  gather_samples(d, st.order.data() + first, size_t(b), out->x.data(), out->y.data(), st.cfg.from_bytes);
   return out;
 }
 

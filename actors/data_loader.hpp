@@ -20,6 +20,7 @@ struct loader_config {
   // first_step / steps, cut from that epoch's order as an uninterrupted job would have.
   int64_t first_step = 0;
   int gen = 0;  // the ring generation its batches are for (a node that joins a re-formed ring: that one's)
+  bool from_bytes = false;  // gather from data->bytes: bytes_agree(*data), checked once per run
 };
 
 // Receives {run_atom, replica}: starts pushing {batch_atom, batch_ptr} there; {credit_atom} for more.

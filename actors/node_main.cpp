@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -104,6 +105,11 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     return 2;
   }
 
+  // The name is the routing id of our links to other nodes, which plans carry: 1..255 printable bytes.
+  if (o.name.size() > 200 || std::any_of(o.name.begin(), o.name.end(), [](char c) { return c < 0x20 || c > 0x7e; })) {
+    std::fprintf(stderr, "%s: --name must be at most 200 printable ASCII characters\n", prog.c_str());
+    return 2;
+  }
   if (o.max_connections < 1) {
     std::fprintf(stderr, "%s: --max-connections must be at least 1\n", prog.c_str());
     return 2;

@@ -219,9 +219,21 @@ bool load_mnist(const std::string& dir, const std::string& prefix, int classes, 
   return true;
 }
 
-void gather_samples(const dataset& d, const uint32_t* idx, size_t n, float* x, int32_t* y) {
+bool bytes_agree(const dataset& d) {
+  if (d.bytes.size() != d.pixels.size() || d.pixels.size() != d.count * d.features()) return false;
+  constexpr size_t kBlock = 4096;
+  float block[kBlock];
+  for (size_t at = 0; at < d.bytes.size(); at += kBlock) {
+    const size_t n = std::min(kBlock, d.bytes.size() - at);
+    bytes_to_unit(d.bytes.data() + at, n, block);
+    if (std::memcmp(block, d.pixels.data() + at, n * sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+void gather_samples(const dataset& d, const uint32_t* idx, size_t n, float* x, int32_t* y, bool from_bytes) {
   const size_t f = d.features();
-  const bool from_bytes = d.bytes.size() == d.pixels.size();
+  from_bytes = from_bytes && d.bytes.size() == d.pixels.size();
   const size_t row = from_bytes ? f : f * sizeof(float);
   const auto* base = from_bytes ? static_cast<const char*>(static_cast<const void*>(d.bytes.data()))
                                 : static_cast<const char*>(static_cast<const void*>(d.pixels.data()));
@@ -240,9 +252,12 @@ void gather_samples(const dataset& d, const uint32_t* idx, size_t n, float* x, i
 
 void truncate(dataset& d, size_t n) {
   if (n >= d.count) return;
+  if (d.bytes.size() == d.pixels.size())
+    d.bytes.resize(n * d.features());
+  else
+    d.bytes.clear();  // they did not hold the samples pixels hold: padding them would make it look so
   d.count = n;
   d.pixels.resize(n * d.features());
-  if (!d.bytes.empty()) d.bytes.resize(n * d.features());
   d.labels.resize(n);
 }
 

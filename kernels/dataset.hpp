@@ -18,7 +18,9 @@ struct dataset {
   std::vector<float> pixels;     // (count, channels, rows, cols); images scaled to [0, 1]
   std::vector<int32_t> labels;   // (count)
   // Optional, for byte images (load_mnist and make_dataset fill it): the same samples as bytes, pixels[i]
-  // being exactly bytes[i] * (1/255.f). Batches are gathered from these: a quarter of the memory traffic, the same bits.
+  // being exactly bytes[i] * (1/255.f). Batches are gathered from these (a quarter of the memory traffic,
+  // the same bits) once bytes_agree says they still hold what pixels hold: a program may have changed
+  // pixels since (normalized them, say); then batches come from pixels.
   std::vector<uint8_t> bytes;
   size_t features() const { return size_t(channels) * rows * cols; }
   shape sample() const { return shape{channels, rows, cols}; }
@@ -45,8 +47,10 @@ bool read_idx_bytes(const std::string& name, const void* bytes, size_t size, int
 bool load_mnist(const std::string& dir, const std::string& prefix, int classes, dataset* out,
                 std::string* error);
 
-// Copies samples idx[0..n) into x (n, features) and y (n): from `bytes` when the data set has them.
-void gather_samples(const dataset& d, const uint32_t* idx, size_t n, float* x, int32_t* y);
+// Whether d.bytes hold exactly the samples d.pixels hold (one pass over them).
+bool bytes_agree(const dataset& d);
+// Copies samples idx[0..n) into x (n, features) and y (n); from d.bytes if from_bytes (bytes_agree(d)).
+void gather_samples(const dataset& d, const uint32_t* idx, size_t n, float* x, int32_t* y, bool from_bytes);
 
 // Keeps the first n samples (for quick runs and tests).
 void truncate(dataset& d, size_t n);

@@ -188,8 +188,9 @@ bool bridge::impl::bind_sealed_listener(std::string* error) {
   c.socket->set(zmq::sockopt::handshake_ivl, 3000);
   // Clients log in (PLAIN) with a pair's token through the ZAP handler, which also holds them to
   // max_connections. Few messages queued per connection: a sender waits for us, as TCP would make it, and
-  // whoever read a token off the wire (PLAIN sends it in clear) can make us hold at most 8 x 4 MiB a
-  // connection (64 let 8 such connections pin 1.3 GB in a hostile test).
+  // whoever read a token off the wire (PLAIN sends it in clear) makes us hold fewer (64 let 8 connections
+  // pin 1.3 GB in a hostile test). Not a bound in bytes: ZeroMQ holds a message's frames, however many,
+  // until its last one has come (README: keep this port to the nodes' network).
   c.socket->set(zmq::sockopt::plain_server, 1);
   c.socket->set(zmq::sockopt::zap_domain, zap_handler::kSealedDomain);
   c.socket->set(zmq::sockopt::rcvhwm, 8);

@@ -324,15 +324,28 @@ TEST_CASE("byte images are kept as bytes too, and batches gathered from them hav
   const auto idx = epoch_permutation(d.count, 3, 0);
   std::vector<float> xb(64 * 4, -1.0f), xf(64 * 4, -2.0f);
   std::vector<int32_t> yb(64, -1), yf(64, -2);
-  gather_samples(d, idx.data() + 100, 64, xb.data(), yb.data());
-  gather_samples(plain, idx.data() + 100, 64, xf.data(), yf.data());
+  CHECK(bytes_agree(d));
+  CHECK_FALSE(bytes_agree(plain));
+  gather_samples(d, idx.data() + 100, 64, xb.data(), yb.data(), true);
+  gather_samples(plain, idx.data() + 100, 64, xf.data(), yf.data(), true);  // no bytes: from pixels
   CHECK(std::memcmp(xb.data(), xf.data(), xb.size() * sizeof(float)) == 0);
   CHECK(yb == yf);
   CHECK(xf[4 * 7 + 1] == f[idx[107] * 4 + 1]);
   CHECK(yf[7] == labels[idx[107]]);
 
+  // Pixels changed after loading (normalized, say): the bytes no longer agree, and batches must not use them.
+  dataset changed = d;
+  changed.pixels[4 * 7 + 2] = 0.25f;
+  CHECK_FALSE(bytes_agree(changed));
+
   truncate(d, 10);
   CHECK(d.bytes.size() == d.pixels.size());
+  CHECK(bytes_agree(d));
+  // Samples appended to pixels alone: truncating drops the bytes rather than padding them to look whole.
+  dataset grown = plain;
+  grown.bytes = d.bytes;
+  truncate(grown, 20);
+  CHECK(grown.bytes.empty());
 
   // One value that is no byte image (0.3f, -0.0f, 2, NaN) and the data set has no bytes.
   for (float odd : {0.3f, -0.0f, 2.0f, std::nanf("")}) {

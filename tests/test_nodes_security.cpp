@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -161,6 +162,11 @@ TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to, a take
                                            " --insecure --sealed-port " + std::to_string(port));
   CHECK(plain.status == 2);
   CHECK(plain.out.find("--sealed-port needs keys") != std::string::npos);
+  // The name is our links' routing id, which plans carry: too long a one is refused at once.
+  const test::run_result named = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --name " +
+                                           std::string(201, 'n'));
+  CHECK(named.status == 2);
+  CHECK(named.out.find("--name must be at most 200 printable ASCII characters") != std::string::npos);
 }
 
 TEST_CASE("a node names the bad field of a plan, tells a stranger only that it is busy, and takes no chunk from a stranger",
@@ -230,7 +236,16 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   for (int i = 0; i < 2000; ++i) test::send_raw(s, chunk, {zmq::buffer(junk, sizeof junk)});
   chunk.sender_rank = 0;
   CHECK(b.wait_for("dropped a message (malformed message): a chunk from rank -1 of a job of 2") != "");
-  std::this_thread::sleep_for(500ms);
+  // Then one more chunk said to be rank 0's, on the same connection: once its (second) line is logged,
+  // all 2000 before it have been handled.
+  test::send_raw(s, chunk, {zmq::buffer(junk, sizeof junk)});
+  auto said_twice = [&] {
+    std::lock_guard<std::mutex> lock(b.mu);
+    return std::count_if(b.lines.begin(), b.lines.end(),
+                         [](const std::string& l) { return l.find("dropped a chunk said to be from rank 0") != std::string::npos; }) >= 2;
+  };
+  for (int i = 0; i < 500 && !said_twice(); ++i) std::this_thread::sleep_for(20ms);
+  CHECK(said_twice());
   {
     std::lock_guard<std::mutex> lock(b.mu);
     int chunk_lines = 0;
