@@ -42,15 +42,21 @@ using test::logged_node;
 using test::small_job;
 using test::start_nodes;
 
-// A peer that is no part of the job: a bare DEALER that sends one message and reads the error reply.
-std::string send_and_read_error(const std::string& endpoint, wire::header h, const std::string& payload) {
-  h.payload_bytes = payload.size();
-  zmq::context_t ctx;
+// A bare DEALER with an accepted key, connected to `endpoint`, that waits at most 5 s for a reply.
+zmq::socket_t client(zmq::context_t& ctx, const std::string& endpoint) {
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 0);
   s.set(zmq::sockopt::rcvtimeo, 5000);
   authenticate(s);
   s.connect(endpoint);
+  return s;
+}
+
+// A peer that is no part of the job: a bare DEALER that sends one message and reads the error reply.
+std::string send_and_read_error(const std::string& endpoint, wire::header h, const std::string& payload) {
+  h.payload_bytes = payload.size();
+  zmq::context_t ctx;
+  zmq::socket_t s = client(ctx, endpoint);
   test::send_raw(s, h, {zmq::buffer(payload)});
   zmq::message_t head, body;
   if (!s.recv(head, zmq::recv_flags::none) || !s.recv(body, zmq::recv_flags::none)) return "no reply";
@@ -65,11 +71,7 @@ std::string send_and_read_error(const std::string& endpoint, wire::header h, con
 // The port a node's hello_ack names for sealed ring chunks ("" if it did not answer).
 std::string sealed_port_of(const std::string& endpoint) {
   zmq::context_t ctx;
-  zmq::socket_t s(ctx, zmq::socket_type::dealer);
-  s.set(zmq::sockopt::linger, 0);
-  s.set(zmq::sockopt::rcvtimeo, 5000);
-  authenticate(s);
-  s.connect(endpoint);
+  zmq::socket_t s = client(ctx, endpoint);
   wire::header h;
   h.type = wire::msg_type::hello;
   test::send_raw(s, h);
