@@ -225,8 +225,8 @@ void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t 
       node_loss& l = st.result->losses[i];
       l.next_step = a.last_step;
       l.recovered = secs(st.last_word, a.last_step);
-      std::snprintf(line, sizeof line, "the next step was complete %.2f s after the last message of node %s",
-                    l.recovered, l.node.c_str());
+      std::snprintf(line, sizeof line, "the next step was complete %.2f s after %s node %s", l.recovered,
+                    l.hung ? "the last step before the ring stalled on" : "the last message of", l.node.c_str());
       if (st.cfg.on_event) st.cfg.on_event(line);
     }
     st.recovering = SIZE_MAX;

@@ -38,11 +38,14 @@ struct node_loss {
   std::string node;             // its endpoint
   std::string ranks;            // the ranks it ran ("2-3")
   std::string why;              // "no heartbeat for 1.6 s"
-  double detected = 0;          // seconds from its last message to its loss being declared
+  // A rank of it hung while the node still answered: the times below count from the ring's last step
+  // before the stall, not from the node's last message.
+  bool hung = false;
+  double detected = 0;          // seconds from its last message (hung: the last step) to its loss being declared
   int generation = 0;           // of the ring re-formed without it
   int survivors = 0;            // ranks in that ring
   int64_t epoch = 0, step = 0;  // where the survivors went on from (0-based)
-  double recovered = NAN;       // seconds from its last message to the next completed step
+  double recovered = NAN;       // seconds from its last message (hung: the last step) to the next completed step
   std::chrono::steady_clock::time_point next_step;  // when that step was complete
 };
 

@@ -18,6 +18,7 @@ constexpr int64_t kMaxEpochs = 1 << 20;
 constexpr int kMaxPrefetch = 64;
 constexpr int64_t kMaxSteps = int64_t(1) << 50;  // steps of a job (first_step, checkpoint_every)
 constexpr int kMaxGenerations = 1 << 20;
+constexpr int64_t kMinRingTimeoutMs = 100, kMaxRingTimeoutMs = int64_t(7) * 24 * 3600 * 1000;  // 0.1 s to a week
 
 bool fail(std::string* error, const std::string& what) {
   *error = "job plan: " + what;
@@ -177,6 +178,8 @@ bool validate(const job_plan& p, std::string* error) {
   if (p.prefetch < 1 || p.prefetch > kMaxPrefetch) return fail(error, is("prefetch", p.prefetch, range(1, kMaxPrefetch)));
   if (p.bucket_bytes < 0 || p.bucket_bytes > (int64_t(1) << 32))
     return fail(error, is("bucket_bytes", p.bucket_bytes, range(0, int64_t(1) << 32)));
+  if (p.ring_timeout_ms < kMinRingTimeoutMs || p.ring_timeout_ms > kMaxRingTimeoutMs)
+    return fail(error, is("ring_timeout_ms", p.ring_timeout_ms, range(kMinRingTimeoutMs, kMaxRingTimeoutMs)));
   if (p.limit_train < 0) return fail(error, is("limit_train", p.limit_train, "0 or more"));
   if (p.limit_test < 0) return fail(error, is("limit_test", p.limit_test, "0 or more"));
   if (p.first_step < 0 || p.first_step > kMaxSteps) return fail(error, is("first_step", p.first_step, range(0, kMaxSteps)));
@@ -215,6 +218,7 @@ bool make_job_plan(const train_config& cfg, const job_placement& where, job_plan
   p.seed = cfg.seed;
   p.prefetch = cfg.prefetch;
   p.bucket_bytes = int64_t(cfg.bucket_bytes);
+  p.ring_timeout_ms = int64_t(cfg.ring_timeout.count());
   p.evaluate = cfg.evaluate;
   p.limit_train = where.limit_train;
   p.limit_test = where.limit_test;
@@ -260,6 +264,7 @@ train_config plan_train_config(const job_plan& p) {
   c.seed = p.seed;
   c.prefetch = p.prefetch;
   c.bucket_bytes = size_t(p.bucket_bytes);
+  c.ring_timeout = std::chrono::milliseconds(p.ring_timeout_ms);
   c.evaluate = p.evaluate;
   c.checkpoint_every = p.checkpoint_every;
   c.devices.clear();
@@ -286,7 +291,7 @@ std::string to_json(const job_plan& p) {
                   {"optimizer", opt},          {"global_batch", p.global_batch},
                   {"epochs", p.epochs},        {"seed", p.seed},
                   {"prefetch", p.prefetch},    {"evaluate", p.evaluate},
-                  {"bucket_bytes", p.bucket_bytes},
+                  {"bucket_bytes", p.bucket_bytes}, {"ring_timeout_ms", p.ring_timeout_ms},
                   {"limit_train", p.limit_train}, {"limit_test", p.limit_test},
                   {"first_step", p.first_step}, {"checkpoints", p.checkpoints},
                   {"checkpoint_every", p.checkpoint_every},
@@ -423,7 +428,7 @@ class reader {
 bool read_plan(const json& j, job_plan* p, std::string* error) {
   if (!j.is_object()) return fail(error, "the text is not a JSON object");
   reader rd(j, "", error);
-  rd.only({"job", "model", "optimizer", "global_batch", "epochs", "seed", "prefetch", "evaluate", "bucket_bytes", "limit_train",
+  rd.only({"job", "model", "optimizer", "global_batch", "epochs", "seed", "prefetch", "evaluate", "bucket_bytes", "ring_timeout_ms", "limit_train",
            "limit_test", "first_step", "checkpoints", "checkpoint_every", "device", "recipient", "elastic", "generation",
            "ring", "start_step", "seal_salt", "shared_memory", "nodes", "ranks"});
   std::string kind;
@@ -441,6 +446,7 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
   rd.integer("global_batch", &p->global_batch, 1, kMaxBatch).integer("epochs", &p->epochs, 1, kMaxEpochs);
   rd.u64("seed", &p->seed).integer("prefetch", &p->prefetch, 1, kMaxPrefetch).boolean("evaluate", &p->evaluate);
   rd.integer("bucket_bytes", &p->bucket_bytes, 0, int64_t(1) << 32);
+  rd.integer("ring_timeout_ms", &p->ring_timeout_ms, kMinRingTimeoutMs, kMaxRingTimeoutMs);
   rd.integer("limit_train", &p->limit_train, 0, INT64_MAX).integer("limit_test", &p->limit_test, 0, INT64_MAX);
   rd.integer("first_step", &p->first_step, 0, kMaxSteps).boolean("checkpoints", &p->checkpoints);
   rd.integer("checkpoint_every", &p->checkpoint_every, 0, kMaxSteps);

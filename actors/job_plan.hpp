@@ -77,6 +77,7 @@ struct job_plan {
   int prefetch = 2;
   bool evaluate = true;
   int64_t bucket_bytes = int64_t(1) << 20;  // gradient buckets (train_config::bucket_bytes): alike on every rank
+  int64_t ring_timeout_ms = 60000;           // train_config::ring_timeout
   int64_t limit_train = 0, limit_test = 0;  // each node uses only its first N samples (0: all)
   int64_t first_step = 0;  // steps already done (a resumed job: the launcher sends rank 0's state)
   // Rank 0 sends its state after every checkpoint_every steps (0: at each epoch's end) and the last.

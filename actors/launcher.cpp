@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdio>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "actors/messages.hpp"
@@ -188,7 +189,7 @@ std::vector<int> launcher::survivors() const {
   return out;
 }
 
-void launcher::node_lost(int node, const std::string& why) {
+void launcher::node_lost(int node, const std::string& why, std::optional<clock_type::time_point> hung_since) {
   const std::string said = (why.rfind("no heartbeat", 0) == 0 ? "stopped answering: " : "") + why;
   if (gone[node]) {  // lost already; if it was joining again, that is off
     if (node == joining) give_up_join("it " + node_text(said));
@@ -201,9 +202,11 @@ void launcher::node_lost(int node, const std::string& why) {
   l.node = ro.nodes[node];
   l.ranks = ranks_of(node);
   l.why = why;
-  l.detected = std::chrono::duration<double>(clock_type::now() - heard(node)).count();
+  l.hung = hung_since.has_value();
+  const clock_type::time_point since = hung_since.value_or(heard(node));
+  l.detected = std::chrono::duration<double>(clock_type::now() - since).count();
   losses.push_back(l);
-  last_word = std::min(last_word, heard(node));
+  last_word = std::min(last_word, since);
   send_kv(node, wire::msg_type::abort, {{"reason", "dropped from the job: " + l.why}});  // if it lives
   const std::vector<int> left = survivors();
   if (left.empty()) return kill_node(node, "node " + l.node + " (ranks " + l.ranks + ") " + said + ", and no node is left");
@@ -216,6 +219,7 @@ void launcher::node_lost(int node, const std::string& why) {
 // A new generation: the survivors stop (at once, or with "at" after that step) and say how far they got.
 void launcher::pause_survivors(const wire::kv_map& extra) {
   ++gen;
+  stalls.clear();
   applied.clear();
   forwarding = false;
   forward_state.reset();
@@ -244,6 +248,10 @@ void launcher::tick() {
                                               : "the ring could not be re-formed within " + s + " of a node's loss");
     return;
   }
+  // Ranks give up on a stalled ring within a second of each other (their reducers look once a second),
+  // give or take a step's work: then every rank that waits has said so.
+  const auto window = std::chrono::seconds(2) + (step_rate > 0 ? std::chrono::duration<double>(2 / step_rate) : std::chrono::duration<double>(0));
+  if (!stalls.empty() && now == phase::running && t - stall_since >= window) judge_stall();
   if (joining >= 0) {
     const auto limit = joins == join_step::setting_up ? ro.setup_timeout
                                                        : std::max<std::chrono::milliseconds>(ro.node_timeout * 4, std::chrono::seconds(5));
@@ -256,6 +264,31 @@ void launcher::tick() {
   for (size_t i = 0; i < ro.nodes.size(); ++i)
     if (gone[i] && original_ranks[i] > 0 && join_failures[i] < kJoinTries)
       send_kv(int(i), wire::msg_type::hello, {{"role", "launcher"}});
+}
+
+void launcher::on_stall(int node, int rank, const stall_report& r) {
+  if (now != phase::running || r.gen != gen || gone[node]) return;
+  if (stalls.empty()) stall_since = clock_type::now();
+  stalls[rank] = {r.waiting_for, node_text(r.why)};
+}
+
+// Each rank that waits names the rank it waits for. Followed from any of them, the names end at a rank
+// that does not wait: the one that stopped the ring, on a node that still answers (a stuck device, a
+// deadlock, a lost process's thread). Its node is dropped as lost, and the others go on. If the names go
+// round in a circle, every rank waits for another (a message lost between nodes, say): nobody can be
+// blamed, and the job fails with what the ranks said.
+void launcher::judge_stall() {
+  std::map<int, stall> s;
+  s.swap(stalls);
+  int r = s.begin()->first, waiter = -1;
+  std::set<int> seen;
+  while (s.count(r) && seen.insert(r).second) waiter = r, r = s[r].waiting_for;
+  if (s.count(r) || size_t(r) >= proxy_node.size())
+    return kill_node(-1, "the ring stalled with every rank waiting for another: rank " + std::to_string(s.begin()->first) + ": " +
+                             s.begin()->second.why);
+  node_lost(proxy_node[size_t(r)], "its rank " + std::to_string(r) + " stopped taking part in the ring while its node still answered (rank " +
+                                       std::to_string(waiter) + ": " + s[waiter].why + ")",
+            seen_step_at);
 }
 
 // A replica stopped for generation `gen` after applying some steps. Once every surviving rank has
@@ -439,6 +472,11 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
         return;
       }
       if (!reports_to_us(node, h.sender_rank)) return;
+      if (kind == "stall") {
+        stall_report r;
+        if (from_kv(kv, &r, int(proxies.size()), &error)) on_stall(node, h.sender_rank, r);
+        return;
+      }
       if (kind == "step") {
         step_report r;
         r.rank = h.sender_rank;
@@ -446,6 +484,7 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
         if (node == fresh) fresh = -1, join_failures[size_t(node)] = join_late[size_t(node)] = 0;  // it runs
         if (r.epoch >= 0 && r.step >= 0 && r.epoch * steps_per_epoch + r.step + 1 > seen_step) {
           seen_step = r.epoch * steps_per_epoch + r.step + 1;
+          seen_step_at = clock_type::now();
           if (joins == join_step::pausing) forming_since = clock_type::now();  // on the way to the pause
         }
         caf::anon_send(coordinator, r);

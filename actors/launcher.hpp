@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,11 +104,20 @@ struct launcher {
   int fresh = -1;                       // the node that joined last, until its first step report: if it
                                         // fails before, it is lost, not the job
   int64_t seen_step = 0;                // the most steps a report said were applied
+  clock_type::time_point seen_step_at = clock_type::now();  // when seen_step last grew
   double step_rate = 0;                 // steps a second: the most in any second so far
   int64_t rate_mark = 0;
   clock_type::time_point rate_since = clock_type::now();
   clock_type::time_point ring_since = clock_type::now();  // when the ring now running started
   int64_t ring_from = 0;                                    // and at which step
+  // A stalled ring (elastic): the ranks whose all-reduce waited past the ring's timeout, each with the
+  // rank it waited for, since stall_since. Judged (judge_stall) once every waiting rank has had time to say so.
+  struct stall {
+    int waiting_for;
+    std::string why;
+  };
+  std::map<int, stall> stalls;  // by rank
+  clock_type::time_point stall_since;
 
   void event(const std::string& line);
   clock_type::time_point heard(int node) const { return clock_type::time_point(clock_type::duration(last_heard[node].load())); }
@@ -139,7 +149,9 @@ struct launcher {
   // Node `node` is lost: dead or silent (why: "no heartbeat for 1.6 s"), or stopped by a signal ("was
   // stopped (SIGTERM)"). Elastic: the survivors pause, and the ring is re-formed once they have said how
   // far they got (on_paused).
-  void node_lost(int node, const std::string& why);
+  // hung_since: a node dropped as its rank hung (judge_stall): the ring's last step before, which the
+  // figures of its loss count from instead of its last message.
+  void node_lost(int node, const std::string& why, std::optional<clock_type::time_point> hung_since = std::nullopt);
   // Each heartbeat: a re-forming that takes too long fails the job; lost nodes are asked whether they
   // are back, and a join that takes too long is given up.
   void tick();
@@ -148,6 +160,8 @@ struct launcher {
   void take_checkpoint(const wire::header& h, const net::payload& p);
   void pause_survivors(const wire::kv_map& extra);
   void on_paused(int node, int rank, const pause_report& r);
+  void on_stall(int node, int rank, const stall_report& r);
+  void judge_stall();
   void reform_survivors(int64_t start);
   void take_forward_state(const wire::header& h, const net::payload& p);
   void on_reformed(int node, const wire::kv_map& kv);

@@ -8,11 +8,13 @@
 //   replica 0 ──checkpoint(state)──▶ coordinator                  (after the steps checkpoint_due names)
 //   whoever starts a resumed rank ──restore(state)──▶ replica      (before run; or paused, a step behind)
 //   elastic jobs (actors/reform.hpp): pause ──▶ replica ──pause_report──▶ coordinator's side;
+//   replica ──stall_report──▶ coordinator's side (its ring waited past the timeout);
 //   reform ──▶ replica ──reform──▶ data_loader; reports carry the ring's generation
 #pragma once
 #include <caf/all.hpp>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -102,6 +104,16 @@ struct pause_report {
   int64_t applied = 0;
 };
 
+// Elastic jobs: a replica's all-reduce made no progress for the ring's timeout, waiting for rank
+// `waiting_for`. The replica stays, as for a pause; its launcher works out from these which rank stopped
+// the ring (actors/launcher.hpp) and drops that rank's node.
+struct stall_report {
+  int rank = 0;
+  int gen = 0;
+  int waiting_for = 0;
+  std::string why;
+};
+
 // For set_exception_handler: an exception thrown in a handler (a user layer, a CUDA error, a simulated
 // device's broken rule) ends the actor with its message, prefixed by who it was, instead of a bare code.
 inline auto error_from_exception(std::string who) {
@@ -127,3 +139,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<ringmaster::ring::link>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::step_report)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::eval_report)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::pause_report)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::stall_report)

@@ -37,6 +37,7 @@ struct node_context {
   // What a peer made us drop: logged a few lines per kind and 10 s, the rest counted (a node of the job or a
   // stranger must not flood the log).
   std::function<void(const net::bridge_error&)> fault;
+  int64_t stall_after_steps = -1;  // testing (node_options::stall_after_steps)
 };
 
 // Whether this node can take a (valid) plan: "" or why not. *invalid: the job itself is bad (its model,

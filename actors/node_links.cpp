@@ -101,6 +101,14 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         h.sender_rank = r.rank;
         send_kv(br, launcher, h, to_kv(r));  // kind=paused
       },
+      [br, launcher, job, flush](const stall_report& r) {  // elastic: the launcher decides who is to blame
+        flush();
+        wire::header h;
+        h.type = wire::msg_type::report;
+        h.job_id = job;
+        h.sender_rank = r.rank;
+        send_kv(br, launcher, h, to_kv(r));  // kind=stall
+      },
       [self, ranks](reform_atom, std::map<int, caf::actor> replicas, std::vector<caf::actor> watch) {
         *ranks = std::move(replicas);
         for (auto& a : watch) self->monitor(a);

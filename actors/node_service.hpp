@@ -41,6 +41,9 @@ struct node_options {
   std::chrono::milliseconds heartbeat{100};
   std::chrono::milliseconds launcher_timeout{4000};  // abort a job whose launcher is silent this long
   int threads = 0;
+  // Testing: this node's replicas take no step once this many are done, while the node goes on answering
+  // (a hung rank, as a stuck device makes one); -1: never (train_config::stall_after_steps).
+  int64_t stall_after_steps = -1;
 };
 
 class node_service {

@@ -1,5 +1,6 @@
 #include "actors/reducer.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <future>
@@ -96,6 +97,7 @@ class reducer_port {
   std::atomic<bool> closed{false};     // the reducer has ended: nobody will run queued work
   std::atomic<bool> ticking{false};    // the reducer's watchdog ticks
   std::atomic<size_t> queued{0};       // jobs.size(), for the watchdog
+  std::atomic<int> stalled_on{-1};     // the rank the watchdog gave up waiting for (-1: it did not)
   caf::weak_actor_ptr owner;           // the reducer actor
 
   // Runs f in the strand; an exception fails the ring instead of vanishing (a CUDA error, no memory).
@@ -199,9 +201,10 @@ class reducer_port {
   void watchdog() {
     if (!broken.empty() || jobs.empty() || !drv || !drv->active()) return;
     const auto quiet = clock_type::now() - drv->last_progress();
-    if (quiet > cfg.timeout)
-      fail("no progress for " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count()) +
-           " ms: " + drv->waiting_for());
+    if (quiet <= cfg.timeout) return;
+    stalled_on = drv->waiting_rank();  // before fail(): whoever hears of the failure may ask
+    fail("no progress for " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count()) +
+         " ms: " + drv->waiting_for());
   }
   // Gives everything back: the ring's buffers, the staging buffers to their backends, the links (which
   // hold the neighbours' ports: an in-process ring is a cycle until its reducers end).
@@ -258,6 +261,8 @@ void join(reducer_port& port, std::shared_ptr<ring::link> right) {
   });
 }
 
+int stalled_on(const reducer_port& port) { return port.stalled_on.load(); }
+
 void fail(reducer_port& port, const std::string& why) {
   port.run([&port, why] { port.fail(why); });
 }
@@ -293,7 +298,9 @@ caf::behavior reducer(caf::event_based_actor* self, reducer_config cfg) {
     port->closed = true;
     port->run([port] { port->leave("the reducer stopped"); });
   });
-  const auto period = std::max(std::chrono::milliseconds(10), cfg.timeout / 4);
+  // At least once a second: the ranks of a stalled ring then give up within a second of each other, and
+  // a launcher that hears them (actors/launcher.hpp) can tell which rank they all waited for.
+  const auto period = std::clamp<std::chrono::milliseconds>(cfg.timeout / 4, std::chrono::milliseconds(10), std::chrono::seconds(1));
 
   return {
       [port](ring_atom, link_ptr right) { join(*port, std::move(right)); },

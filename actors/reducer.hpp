@@ -14,7 +14,7 @@
 // The reducer actor looks after the port:
 //   {ring_atom, link_ptr right}   join (below), as a message
 //   {release_atom, int64_t}       run the port's queued work (what other threads handed over)
-// and ticks the watchdog every timeout / 4 while all-reduces are asked for.
+// and ticks the watchdog every timeout / 4 (at most a second) while all-reduces are asked for.
 #pragma once
 #include <caf/all.hpp>
 #include <chrono>
@@ -43,6 +43,9 @@ void join(reducer_port& port, std::shared_ptr<ring::link> right);
 void leave(reducer_port& port);
 // Fails the running and every later all-reduce with `why` (a neighbour said the job is over).
 void fail(reducer_port& port, const std::string& why);
+// The rank an all-reduce waited for when the watchdog failed it (no progress for `timeout`); -1 when the
+// port has not failed that way. Any thread, once the failure was heard of.
+int stalled_on(const reducer_port& port);
 // Hands a chunk from the left neighbour to the reducer whose port this is; any thread, no wait for the
 // reducer's thread (when this thread is already deep in a chain of such calls, a long ring in one
 // process, the chunk is queued in order and the reducer actor runs it).

@@ -26,6 +26,7 @@ struct replica_state {
   // Elastic jobs: the ring generation it works in, and whether it is paused (for generation pause_gen).
   int gen = 0, pause_gen = 0;
   bool paused = false;
+  bool stalled = false;  // this generation's ring stalled (reported once; a pause comes next)
   // A pause planned for once `pause_at` steps are applied (-1: none), for generation planned_gen.
   int64_t pause_at = -1;
   int planned_gen = 0;
@@ -110,7 +111,7 @@ void continue_in(caf::event_based_actor* self, replica_state& st, const rank_ref
   st.cfg.test_begin = rf.test_begin;
   st.cfg.test_end = rf.test_end;
   st.ready.clear();
-  st.busy = st.paused = false;
+  st.busy = st.paused = st.stalled = false;
   st.buckets_left = 0;
   self->send(st.loader, reform_atom::value, rf.gen, rf.start_step, rf.batch_begin, rf.batch_end);
   const int64_t steps = st.cfg.steps_per_epoch;
@@ -181,6 +182,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   auto try_step = std::make_shared<std::function<void()>>();
   *try_step = [self, st, try_step] {
     if (st->busy || st->paused || st->ready.empty()) return;
+    if (st->cfg.stall_after_steps >= 0 && st->done_steps >= st->cfg.stall_after_steps) return;  // testing: hung
     batch_ptr bt = std::move(st->ready.front());
     st->ready.pop_front();
     st->busy = true;
@@ -221,7 +223,16 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   // the steps it said it applied are all it applies.
   auto reduced = [self, st, try_step](const std::string& error, int gen) {
     if (gen != st->gen || st->paused) return;
-    if (!error.empty()) return self->quit(caf::make_error(caf::sec::runtime_error, error));
+    if (!error.empty()) {
+      // Elastic: a ring that waited too long for one rank goes on without that rank's node. The launcher
+      // works out which rank that is from every rank's report, and pauses the others (this one among them).
+      if (const int waited = stalled_on(*st->cfg.port); st->cfg.elastic && waited >= 0) {
+        if (!st->stalled) self->send(st->coordinator, stall_report{st->cfg.rank, st->gen, waited, error});
+        st->stalled = true;
+        return;
+      }
+      return self->quit(caf::make_error(caf::sec::runtime_error, error));
+    }
     if (st->buckets_left == 0 || --st->buckets_left > 0) return;
     step_report& rep = st->rep;
     const auto t2 = std::chrono::steady_clock::now();

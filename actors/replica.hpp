@@ -41,6 +41,10 @@ struct replica_config {
   int64_t checkpoint_every = 0;
   int shard_begin = 0;  // where its shard starts in every global batch (dropout masks: the samples' places)
   int gen = 0;  // the ring generation it starts in (a node that joins a re-formed ring: that one's)
+  // Elastic: an all-reduce that stalls (its reducer's watchdog gave up) is reported with a stall_report,
+  // and the replica waits to be paused, rather than failing the job.
+  bool elastic = false;
+  int64_t stall_after_steps = -1;  // testing (train_config::stall_after_steps)
 };
 
 // A rank's part in a re-formed ring (actors/reform.hpp), from its node: the replica goes on from

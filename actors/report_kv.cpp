@@ -1,5 +1,6 @@
 #include "actors/report_kv.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -87,9 +88,16 @@ wire::kv_map to_kv(const pause_report& r) {
   return {{"kind", "paused"}, {"gen", std::to_string(r.gen)}, {"applied", std::to_string(r.applied)}};
 }
 
+wire::kv_map to_kv(const stall_report& r) {
+  return {{"kind", "stall"}, {"gen", std::to_string(r.gen)}, {"waiting_for", std::to_string(r.waiting_for)}, {"why", r.why.substr(0, 1000)}};
+}
+
 std::string report_kind(const wire::kv_map& kv) {
   auto it = kv.find("kind");
-  return it != kv.end() && (it->second == "step" || it->second == "eval" || it->second == "paused") ? it->second : "";
+  if (it == kv.end()) return "";
+  for (const char* k : {"step", "eval", "paused", "stall"})
+    if (it->second == k) return it->second;
+  return "";
 }
 
 bool from_kv(const wire::kv_map& kv, step_report* r, std::string* error) {
@@ -122,6 +130,19 @@ bool from_kv(const wire::kv_map& kv, pause_report* r, std::string* error) {
   reader rd{kv, error};
   gen(rd, &r->gen);
   rd.num("applied", &r->applied, 0, INT64_MAX);
+  return rd.ok;
+}
+
+bool from_kv(const wire::kv_map& kv, stall_report* r, int replicas, std::string* error) {
+  reader rd{kv, error};
+  gen(rd, &r->gen);
+  int64_t w = 0;
+  rd.num("waiting_for", &w, 0, std::max(0, replicas - 1));
+  r->waiting_for = int(w);
+  if (const std::string* why = rd.get("why")) {
+    if (why->size() > 1000) rd.bad("why", *why);
+    else r->why = *why;
+  }
   return rd.ok;
 }
 

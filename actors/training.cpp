@@ -88,6 +88,7 @@ reducer_config plan_reducer_config(const job_plan& plan, int rank) {
   red.rank = rank;
   red.size = plan.replicas();
   red.ring.job = plan.ring_id();
+  red.timeout = std::chrono::milliseconds(plan.ring_timeout_ms);
   // The one-hop path pays for its copies only where a hop is expensive: when the ring leaves a process.
   // Every rank of a job decides alike, from the plan.
   if (plan.nodes.size() <= 1) red.ring.pair_small_bytes = red.ring.small_bytes;
@@ -135,6 +136,8 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     rc.checkpoint_every = plan.checkpoint_every;
     rc.shard_begin = rp.batch_begin;
     rc.gen = plan.generation;
+    rc.elastic = plan.elastic;
+    rc.stall_after_steps = cfg.stall_after_steps;
     if (plan.evaluate && cfg.test) {
       rc.test = cfg.test;
       std::tie(rc.test_begin, rc.test_end) = plan.test_shard(r, cfg.test->count);  // sums are exact

@@ -35,6 +35,13 @@ struct train_config {
   // result is bit-identical either way. It travels to node daemons in the job plan.
   size_t bucket_bytes = size_t(1) << 20;
   bool evaluate = true;
+  // An all-reduce that waits this long for a neighbour without any message fails (naming the neighbour);
+  // in an elastic node job the launcher then drops the node of the rank the ring waited for. It travels
+  // to node daemons in the job plan.
+  std::chrono::milliseconds ring_timeout{60000};
+  // Testing only: replicas take no step once this many are done, as a stuck GPU or a deadlock would stop
+  // them, while the rest of the process goes on. -1: never. (ringmaster-node --stall-after-steps.)
+  int64_t stall_after_steps = -1;
   std::shared_ptr<const dataset> train, test;  // test may be null
   std::shared_ptr<const std::vector<float>> init_params;  // null: Glorot from seed
   std::function<void(const progress&)> on_progress;

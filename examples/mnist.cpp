@@ -42,6 +42,7 @@ struct options {
   int replicas_per_node = 1;
   std::string on_node_loss = "continue";
   bool no_rejoin = false;
+  double ring_timeout = 60;  // seconds
   bool quiet = false, no_eval = false;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
@@ -236,6 +237,9 @@ int main(int argc, char** argv) {
        "batch cut among them; a lost node that is started again rejoins at an epoch's end) or abort (the job fails, "
        "naming the node)")
       ("no-rejoin", po::bool_switch(&o.no_rejoin), "with --nodes: a lost node that comes back is not taken into the job again")
+      ("ring-timeout", po::value(&o.ring_timeout)->default_value(o.ring_timeout), "seconds an all-reduce may wait for a "
+       "neighbour without a message before it fails, naming the rank it waited for; with --nodes and continue, the "
+       "node of the rank every other waited for (hung while its node still answers) is dropped like a lost one")
       ("limit-train", po::value(&o.limit_train), "use only the first N training samples")
       ("limit-test", po::value(&o.limit_test), "use only the first N test samples")
       ("no-eval", po::bool_switch(&o.no_eval), "skip the test-set evaluation after each epoch")
@@ -280,6 +284,9 @@ int main(int argc, char** argv) {
     return usage_error(std::string(o.resume ? "--resume" : vm.count("checkpoint-every") ? "--checkpoint-every" : "--crash-after-checkpoint") +
                        " needs --checkpoint-dir");
   if (vm.count("checkpoint-every") && o.checkpoint_every < 1) return usage_error("--checkpoint-every must be at least 1");
+  if (!(o.ring_timeout >= 0.1 && o.ring_timeout <= 7 * 24 * 3600.0))
+    return usage_error("--ring-timeout must be between 0.1 and 604800 seconds");
+  c.ring_timeout = std::chrono::milliseconds(int64_t(o.ring_timeout * 1000));
   if (vm.count("crash-after-checkpoint") && o.crash_after < 1) return usage_error("--crash-after-checkpoint must be at least 1");
   if (!o.checkpoint_dir.empty()) {
     if (std::string why = check_checkpoint_dir(o.checkpoint_dir); !why.empty()) return usage_error("--checkpoint-dir: " + why);
@@ -433,11 +440,12 @@ int finish(const options& o, const train_result& r) {
   std::printf("; replicas %s (fnv1a64 %s)\n", r.identical ? "bit-identical" : "DIFFER",
               hex(r.checksums[0]).c_str());
   for (const node_loss& l : r.losses) {
-    std::printf("Lost node %s (ranks %s): %s, named %.2f s after its last message; %d ranks went on from epoch %lld, "
-                "step %lld", l.node.c_str(), l.ranks.c_str(), l.why.c_str(), l.detected, l.survivors,
+    const char* since = l.hung ? "the ring's last step" : "its last message";
+    std::printf("Lost node %s (ranks %s): %s, named %.2f s after %s; %d ranks went on from epoch %lld, "
+                "step %lld", l.node.c_str(), l.ranks.c_str(), l.why.c_str(), l.detected, since, l.survivors,
                 (long long)l.epoch + 1, (long long)l.step + 1);
     if (std::isnan(l.recovered)) std::printf(" (no step was left to run)\n");
-    else std::printf("; the next step was complete %.2f s after its last message\n", l.recovered);
+    else std::printf("; the next step was complete %.2f s after %s\n", l.recovered, since);
   }
   for (const node_join& n : r.joins)
     std::printf("Node %s came back and rejoined as ranks %s: %d ranks went on from epoch %lld (the others stood still "

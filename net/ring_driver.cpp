@@ -252,6 +252,14 @@ int64_t driver::finish() {
   return seq_;
 }
 
+int driver::waiting_rank() const {  // as waiting_for() says
+  if (!active_) return -1;
+  if (small()) return left();
+  for (const segment_state& s : segs_)
+    if (s.round < rounds(size_)) return left();
+  return state_->outstanding.load() > 0 ? mod(rank_ + 1, size_) : left();
+}
+
 std::string driver::waiting_for() const {
   if (!active_) return "no all-reduce running";
   std::string s = "all-reduce " + std::to_string(seq_) + " waits for rank " + std::to_string(left()) + " (the left neighbour)";

@@ -123,6 +123,9 @@ class driver {
   std::chrono::steady_clock::time_point last_progress() const { return last_progress_; }
   // What the current all-reduce waits for, for an error message.
   std::string waiting_for() const;
+  // The rank it waits for (the left neighbour's message, or the right one letting go of our buffer); -1
+  // when no all-reduce runs.
+  int waiting_rank() const;
 
  private:
   struct segment_state {

@@ -203,6 +203,68 @@ TEST_CASE("elastic: a node that falls silent (SIGSTOP) is dropped, the others fi
   CHECK(next.losses.empty());
 }
 
+// A rank that hangs while its node still answers (a stuck GPU, a deadlock): heartbeats do not show it,
+// the ring does. Every other rank waits for it past the ring's timeout and says whom it waits for.
+TEST_CASE("elastic: a node whose rank hangs while the node still answers is dropped, the others finish", "[nodes][elastic][stall]") {
+  test::daemons nodes = start_nodes(3, "cpu:1");
+  const std::string hung = nodes[1]->endpoint;
+  nodes[1]->stop(SIGKILL);  // the same endpoint again, its replicas stopping after 15 steps
+  nodes[1] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN, "--stall-after-steps", "15"}, hung,
+                                                    "cpu:1", RINGMASTER_DATA_DIR);
+  std::this_thread::sleep_for(300ms);
+  remote_options ro;
+  ro.nodes = test::endpoints(nodes);
+  ro.limit_train = 3000;
+  ro.limit_test = 300;
+  ro.rejoin = false;  // it would hang again
+  train_config c = small_job(2);
+  c.ring_timeout = 1000ms;
+  const auto t0 = clock_type::now();
+  train_result r = train_remote(c, ro);
+  const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  REQUIRE(r.history.size() == 2);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 3000);
+  REQUIRE(r.losses.size() == 1);
+  CHECK(r.losses[0].node == hung);
+  CHECK(r.losses[0].ranks == "1");
+  CHECK(r.losses[0].why.find("its rank 1 stopped taking part in the ring") != std::string::npos);
+  CHECK(r.losses[0].why.find("waits for rank 1") != std::string::npos);  // what the rank after it said
+  CHECK(r.losses[0].epoch == 0);
+  CHECK(r.losses[0].step == 15);  // nothing was lost: the others go on from where it stopped
+  CHECK(r.losses[0].survivors == 2);
+  // The hung node was told it is out of the job, and is still there.
+  CHECK(kill(nodes[1]->pid, 0) == 0);
+  WARN("job with a rank hung after step 15, ring timeout 1 s: " << took << " s");
+  CHECK(took < 30);
+}
+
+TEST_CASE("a rank that hangs fails a job that aborts on node loss within the ring timeout, naming it", "[nodes][elastic][stall]") {
+  test::daemons nodes = start_nodes(2, "cpu:1");
+  const std::string hung = nodes[0]->endpoint;
+  nodes[0]->stop(SIGKILL);
+  nodes[0] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN, "--stall-after-steps", "5"}, hung,
+                                                    "cpu:1", RINGMASTER_DATA_DIR);
+  std::this_thread::sleep_for(300ms);
+  remote_options ro;
+  ro.nodes = test::endpoints(nodes);
+  ro.limit_train = 3000;
+  ro.limit_test = 300;
+  ro.abort_on_node_loss = true;
+  train_config c = small_job(1);
+  c.ring_timeout = 1000ms;
+  const auto t0 = clock_type::now();
+  train_result r = train_remote(c, ro);
+  const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  INFO(r.error);
+  REQUIRE_FALSE(r.ok);
+  CHECK(r.error.find("no progress for") != std::string::npos);
+  CHECK(r.error.find("waits for rank 0") != std::string::npos);
+  CHECK(took < 20);
+}
+
 TEST_CASE("elastic: a node busy with steps longer than the node timeout is not taken for lost", "[nodes][elastic]") {
   auto nodes = start_nodes(2, "cpu:1");
   remote_options ro;

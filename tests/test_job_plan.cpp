@@ -29,6 +29,7 @@ job_plan sample_plan() {
   c.seed = (uint64_t(1) << 63) + 5;
   c.prefetch = 3;
   c.bucket_bytes = 12345;
+  c.ring_timeout = std::chrono::milliseconds(4321);
   c.evaluate = false;
   c.checkpoint_dir = "/checkpoints";  // the folder stays with the launcher; nodes learn only the schedule
   c.checkpoint_every = 17;
@@ -159,6 +160,8 @@ TEST_CASE("job plan: JSON round trip keeps every field, 64-bit seeds and job ids
   CHECK(q.prefetch == 3);
   CHECK(q.bucket_bytes == 12345);
   CHECK(plan_train_config(q).bucket_bytes == 12345);
+  CHECK(q.ring_timeout_ms == 4321);
+  CHECK(plan_train_config(q).ring_timeout == std::chrono::milliseconds(4321));
   CHECK_FALSE(q.evaluate);
   CHECK(q.limit_train == 3000);
   CHECK(q.limit_test == 500);
@@ -221,6 +224,8 @@ TEST_CASE("job plan: hostile JSON is refused naming the field", "[plan]") {
   CHECK(refusal([](json& j) { j["global_batch"] = 60.0; }) == "job plan: 'global_batch' must be an integer in 1..16777216, got 60.0");
   CHECK(refusal([](json& j) { j["prefetch"] = nullptr; }) == "job plan: 'prefetch' must be an integer in 1..64, got null");
   CHECK(refusal([](json& j) { j["bucket_bytes"] = -1; }).find("'bucket_bytes'") != std::string::npos);
+  CHECK(refusal([](json& j) { j["ring_timeout_ms"] = 0; }) == "job plan: 'ring_timeout_ms' is 0, expected 100..604800000");
+  CHECK(refusal([](json& j) { j.erase("ring_timeout_ms"); }) == "job plan: 'ring_timeout_ms' is missing");
   CHECK(refusal([](json& j) { j["limit_test"] = -5; }) == "job plan: 'limit_test' is -5, expected 0..9223372036854775807");
   CHECK(refusal([](json& j) { j["limit_train"] = uint64_t(1) << 63; }) == "job plan: 'limit_train' is 9223372036854775808, expected 0..9223372036854775807");
   CHECK(refusal([](json& j) { j["evaluate"] = 1; }) == "job plan: 'evaluate' must be true or false, got 1");
@@ -390,4 +395,35 @@ TEST_CASE("a node's report is read strictly: the whole value is the number, time
   // A loss may be NaN: the coordinator stops that job with its own message.
   CHECK(read("loss", "nan", &err));
   CHECK(read("compute", "0x1p-2", &err));
+}
+
+TEST_CASE("a stall report names a rank of the job and says why in at most 1000 bytes", "[plan][wire][stall]") {
+  stall_report s;
+  s.gen = 2;
+  s.waiting_for = 3;
+  s.why = "no progress for 1000 ms: all-reduce 7 waits for rank 3";
+  const wire::kv_map good = to_kv(s);
+  CHECK(report_kind(good) == "stall");
+  stall_report r;
+  std::string err;
+  REQUIRE(from_kv(good, &r, 4, &err));
+  CHECK(r.gen == 2);
+  CHECK(r.waiting_for == 3);
+  CHECK(r.why == s.why);
+  CHECK_FALSE(from_kv(good, &r, 3, &err));  // rank 3 of 3 ranks: none such
+  CHECK(err.find("for 'waiting_for'") != std::string::npos);
+  for (const std::string& v : {std::string("-1"), std::string(" 1"), std::string("1x"), std::string("")}) {
+    wire::kv_map kv = good;
+    kv["waiting_for"] = v;
+    CHECK_FALSE(from_kv(kv, &r, 4, &err));
+  }
+  wire::kv_map kv = good;
+  kv["why"] = std::string(1001, 'x');
+  CHECK_FALSE(from_kv(kv, &r, 4, &err));
+  CHECK(err.find("for 'why'") != std::string::npos);
+  kv.erase("why");
+  CHECK_FALSE(from_kv(kv, &r, 4, &err));
+  CHECK(err == "missing key 'why'");
+  s.why = std::string(5000, 'y');  // a long reason is cut, not refused, as it is sent
+  CHECK(to_kv(s).at("why").size() == 1000);
 }
