@@ -181,6 +181,23 @@ class meta_reader {
   bool ok_ = true;
 };
 
+// "" when a checkpoint's metrics could be a job's: epochs in order, rates in [0, 1], losses and times not
+// negative, no more samples than the steps hold. (The checksum catches accidents, not a careful forger.)
+std::string progress_fault(const checkpoint& c) {
+  const auto rate = [](double v) { return std::isnan(v) || (v >= 0 && v <= 1); };
+  const auto positive = [](double v) { return std::isnan(v) || v >= 0; };
+  const int64_t per_epoch = c.steps_per_epoch * int64_t(c.global_batch);
+  for (size_t i = 0; i < c.progress.history.size(); ++i) {
+    const epoch_stats& e = c.progress.history[i];
+    if (e.epoch != int64_t(i) || !rate(e.accuracy) || !rate(e.val_accuracy) || !positive(e.loss) || !positive(e.val_loss) ||
+        e.samples > per_epoch || !(e.seconds >= 0) || !(e.eval_seconds >= 0))
+      return "epoch " + std::to_string(i + 1) + " of its history cannot be";
+  }
+  if (c.progress.count > c.epoch_step() * int64_t(c.global_batch) || c.progress.correct > c.progress.count || !positive(c.progress.loss))
+    return "the open epoch's sums cannot be";
+  return "";
+}
+
 // The progress JSON back; false when any field is missing or of the wrong type.
 bool read_progress(const std::string& text, job_progress* p) {
   if (json_depth(text) > 4) return false;
@@ -292,7 +309,8 @@ bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& 
 }
 
 bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO under a checkpoint's name must not hang us in open() (a file reads as ever).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return *error = path + ": cannot open: " + std::strerror(errno), false;
   struct closer {
     int fd;
@@ -333,8 +351,9 @@ bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpo
   checkpoint c;
   const std::string *model_text = rd.text("model"), *kind = rd.text("optimizer"), *fingerprint = rd.text("model_fingerprint");
   rd.number("seed", &c.seed, uint64_t(0), UINT64_MAX).number("global_batch", &c.global_batch, 1, 1 << 24);
-  rd.number("replicas", &c.replicas, 1, 1 << 20).number("train_samples", &c.train_samples, int64_t(1), INT64_MAX);
-  rd.number("steps_per_epoch", &c.steps_per_epoch, int64_t(1), INT64_MAX).number("epochs", &c.epochs, int64_t(1), INT64_MAX);
+  rd.number("replicas", &c.replicas, 1, 1 << 20).number("train_samples", &c.train_samples, int64_t(1), int64_t(1) << 40);
+  // Bounded so that steps_per_epoch * epochs cannot overflow (2^40 samples, 2^20 epochs: a job plan's limit).
+  rd.number("steps_per_epoch", &c.steps_per_epoch, int64_t(1), int64_t(1) << 40).number("epochs", &c.epochs, int64_t(1), int64_t(1) << 20);
   rd.number("step", &c.progress.step, int64_t(1), INT64_MAX);
   for (auto [key, v] : {std::pair<const char*, float*>{"lr", &c.opt.lr}, {"beta1", &c.opt.beta1}, {"beta2", &c.opt.beta2},
                         {"eps", &c.opt.eps}, {"momentum", &c.opt.momentum}})
@@ -382,6 +401,10 @@ bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpo
   c.state.steps = c.progress.step;
   if (c.progress.step > c.steps_per_epoch * c.epochs || c.progress.count < 0 || int64_t(c.progress.history.size()) != c.epoch())
     return *error = path + ": its step and history do not agree", false;
+  if (c.steps_per_epoch != c.train_samples / c.global_batch)
+    return *error = path + ": " + std::to_string(c.steps_per_epoch) + " steps per epoch do not follow from its " +
+                    std::to_string(c.train_samples) + " samples in batches of " + std::to_string(c.global_batch) + " (damaged?)", false;
+  if (std::string bad = progress_fault(c); !bad.empty()) return *error = path + ": " + bad + " (damaged?)", false;
   *out = std::move(c);
   return true;
 }
@@ -499,6 +522,16 @@ coordinator_config job_coordinator_config(const train_config& cfg, std::shared_p
   cc.checkpoint_every = cfg.checkpoint_every;
   if (!cfg.checkpoint_dir.empty()) cc.on_checkpoint = checkpoint_writer(cfg, m, train_samples, steps_per_epoch, last);
   return cc;
+}
+
+std::string state_fault(const network_state& s) {
+  const auto finite = [](const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  };
+  if (!finite(s.params)) return "its parameters hold NaN or infinite values";
+  if (!finite(s.m1) || !finite(s.m2)) return "its optimizer state holds NaN or infinite values";
+  if (std::any_of(s.m2.begin(), s.m2.end(), [](float x) { return x < 0; })) return "its second moments hold negative values";
+  return "";
 }
 
 bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& h, const net::payload& p,

@@ -92,6 +92,9 @@ coordinator_config job_coordinator_config(const train_config& cfg, std::shared_p
 // A state as it travels, one checkpoint message a buffer (net/wire.hpp): one buffer of a state after
 // `h.step` steps into *into (a fresh state for segment 0; one out of order, of another step or of the
 // wrong size drops what came before and leaves *into empty). True once all `buffers` are in.
+// "" when every value of a state could come from training: finite, and Adam's second moments not
+// negative; else what is wrong (a state from another process is checked before it is written or used).
+std::string state_fault(const network_state& s);
 bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& h, const net::payload& p,
                       size_t param_count, int32_t buffers);
 

@@ -54,8 +54,10 @@ namespace {
 struct step_acc {
   std::vector<double> losses;  // per rank: added in rank order, so the epoch's loss has the same bits
                                // whatever order the reports arrived in
+  std::vector<char> seen;      // per rank: its report is in
   int64_t correct = 0, count = 0;
   int reports = 0;
+  clock_type::time_point first;  // when the first report came
 };
 
 struct epoch_acc {
@@ -70,6 +72,8 @@ struct epoch_acc {
   double val_loss = 0;
   int64_t val_correct = 0, val_count = 0;
   int evals = 0;
+  std::vector<char> evaluated;  // per rank
+  clock_type::time_point first_eval;
   double eval_seconds = 0;
   clock_type::time_point start, last_step;
   bool closed = false;
@@ -93,8 +97,11 @@ struct coordinator_state {
   int64_t written = -1;  // the last checkpoint written (they come in step order): states up to it are late
   int64_t current_epoch = 0;
   int done = 0, weights_in = 0;
+  std::vector<char> done_ranks;  // per rank: said it is done
+  clock_type::time_point first_done;
   bool finished = false;
   int gen = 0;              // the ring generation: reports of others are dropped
+  int holding = 0;          // a ring generation being formed (the launcher paused the ranks for it)
   size_t recovering = SIZE_MAX;  // result->losses from here on wait for the next completed step
   clock_type::time_point last_word;
   clock_type::time_point start, last_print;
@@ -273,7 +280,13 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   st.cfg.replicas = int(note.ranks.size());
   st.gen = note.gen;
   st.done = st.weights_in = 0;
+  st.done_ranks.clear();
   st.result->checksums.clear();
+  for (auto& [e, a] : st.epochs) {  // what the new ranks owe is counted from now
+    a.evaluated.clear();
+    a.first_eval = clock_type::now();
+    for (auto& [k, s] : a.pending) s.first = clock_type::now();
+  }
   st.recovering = st.result->losses.size();
   st.last_word = note.last_word;
   st.result->joins.insert(st.result->joins.end(), note.joins.begin(), note.joins.end());
@@ -307,6 +320,81 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
       st.cfg.on_event("the checkpoint after step " + std::to_string(it->first) + " is skipped: its state went with rank 0's node");
     it = st.checkpoints.erase(it);
   }
+}
+
+// How far ahead of the steps complete a report may be: honest ranks are at most a batch of reports
+// (actors/node_links.cpp) apart; this only bounds what a lying node can make us hold.
+constexpr int64_t kMaxReportLead = 100000;
+
+// Steps complete so far in the whole job: those of the closed epochs and the first open one's (a later
+// epoch may be open already: a fast rank's reports of it come before a slow one's of this one).
+int64_t steps_complete(const coordinator_state& st) {
+  const int64_t spe = st.cfg.steps_per_epoch;
+  int64_t n = 0;
+  for (const auto& [e, a] : st.epochs) {
+    if (!a.closed) return std::max(n, e * spe + a.steps_done);  // steps_done counts a resumed epoch's first steps
+    n = (e + 1) * spe;
+  }
+  return n;
+}
+
+// "" if a rank's report fits the job and what came before; else what is wrong with it. Reports come from
+// other processes (actors/launcher.cpp): a node may lie, and its lies must neither crash, hang nor fool us.
+std::string check_report(const coordinator_state& st, const step_report& r) {
+  const int64_t spe = st.cfg.steps_per_epoch;
+  const std::string what = "step " + std::to_string(r.step + 1) + " of epoch " + std::to_string(r.epoch + 1);
+  if (r.epoch < 0 || r.epoch >= st.cfg.epochs || r.step < 0 || r.step >= spe)
+    return what + ", which the job (" + std::to_string(st.cfg.epochs) + " epochs of " + std::to_string(spe) + " steps) does not have";
+  const int64_t at = r.epoch * spe + r.step;
+  if (at < steps_complete(st)) return what + " again: it is complete";
+  if (at - steps_complete(st) > kMaxReportLead) return what + ", far ahead of the steps complete (" + std::to_string(steps_complete(st)) + ")";
+  if (r.count < 0 || r.count > st.cfg.global_batch || r.correct < 0 || r.correct > r.count || r.loss_sum < 0)
+    return what + " with " + std::to_string(r.correct) + " of " + std::to_string(r.count) + " samples right, loss sum " +
+           std::to_string(r.loss_sum) + ": not a batch of at most " + std::to_string(st.cfg.global_batch);
+  auto e = st.epochs.find(r.epoch);
+  if (e != st.epochs.end()) {
+    auto s = e->second.pending.find(r.step);
+    if (s != e->second.pending.end() && size_t(r.rank) < s->second.seen.size() && s->second.seen[size_t(r.rank)])
+      return what + " twice";
+  }
+  return "";
+}
+
+std::string check_report(const coordinator_state& st, const eval_report& r) {
+  const std::string what = "an evaluation of epoch " + std::to_string(r.epoch + 1);
+  if (!st.cfg.evaluate || r.epoch < 0 || r.epoch >= st.cfg.epochs) return what + ", which the job does not have";
+  auto e = st.epochs.find(r.epoch);
+  if (e != st.epochs.end() && size_t(r.rank) < e->second.evaluated.size() && e->second.evaluated[size_t(r.rank)])
+    return what + " twice";
+  if (r.epoch * st.cfg.steps_per_epoch > steps_complete(st) + kMaxReportLead) return what + " before its steps";
+  if (r.count < 0 || r.correct < 0 || r.correct > r.count || r.loss_sum < 0)
+    return what + " with " + std::to_string(r.correct) + " of " + std::to_string(r.count) + " samples right, loss sum " +
+           std::to_string(r.loss_sum);
+  return "";
+}
+
+// Ranks that have not reported what the others have, for report_timeout; "" if none is late.
+std::string late_ranks(const coordinator_state& st, clock_type::time_point now) {
+  const auto limit = st.cfg.report_timeout;
+  auto missing = [&](const std::vector<char>& seen) {
+    std::string s;
+    for (int r = 0; r < st.cfg.replicas; ++r)
+      if (size_t(r) >= seen.size() || !seen[size_t(r)]) s += (s.empty() ? "" : ", ") + std::to_string(r);
+    return s;
+  };
+  const std::string secs_text = std::to_string(limit.count() / 1000) + " s";
+  for (const auto& [e, a] : st.epochs) {
+    for (const auto& [k, s] : a.pending)
+      if (s.reports > 0 && now - s.first > limit)
+        return "rank(s) " + missing(s.seen) + " sent no report of step " + std::to_string(k + 1) + " of epoch " +
+               std::to_string(e + 1) + " in " + secs_text + " after the others did";
+    if (a.evals > 0 && !a.closed && now - a.first_eval > limit)
+      return "rank(s) " + missing(a.evaluated) + " sent no evaluation of epoch " + std::to_string(e + 1) + " in " + secs_text +
+             " after the others did";
+  }
+  if (st.done > 0 && now - st.first_done > limit)
+    return "rank(s) " + missing(st.done_ranks) + " did not say they were done in " + secs_text + " after the others did";
+  return "";
 }
 
 }  // namespace
@@ -350,25 +438,42 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         for (int r = 0; r < n; ++r)
           self->send(st->replicas[r], run_atom::value, st->loaders[r], st->reducers[r],
                      caf::actor_cast<caf::actor>(self));
+        if (st->cfg.report_timeout.count() > 0) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
         return st->reply;
       },
       [self, st](const step_report& r) {
-        if (r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;  // of a ring given up on
+        if (st->finished || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;  // of a ring given up on
+        if (std::string bad = check_report(*st, r); !bad.empty())
+          return finish(self, *st, "rank " + std::to_string(r.rank) + " reported " + bad);
         st->result->wait_batch += r.wait_batch;
         st->result->compute += r.compute;
         st->result->wait_ring += r.wait_ring;
         st->result->update += r.update;
         step_acc& s = st->epochs[r.epoch].pending[r.step];
+        if (s.reports == 0) s.first = clock_type::now();
         s.losses.resize(size_t(st->cfg.replicas), 0.0);
+        s.seen.resize(size_t(st->cfg.replicas), 0);
         s.losses[size_t(r.rank)] = r.loss_sum;
+        s.seen[size_t(r.rank)] = 1;
         s.correct += r.correct;
         s.count += r.count;
-        if (++s.reports == st->cfg.replicas) complete_step(self, *st, r.epoch, r.step);
+        if (++s.reports < st->cfg.replicas) return;
+        if (s.count != st->cfg.global_batch)
+          return finish(self, *st, "the ranks reported " + std::to_string(s.count) + " samples for step " + std::to_string(r.step + 1) +
+                                       " of epoch " + std::to_string(r.epoch + 1) + ", not the global batch of " +
+                                       std::to_string(st->cfg.global_batch));
+        complete_step(self, *st, r.epoch, r.step);
       },
       [self, st](const eval_report& r) {
+        if (st->finished || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;
+        if (auto e = st->epochs.find(r.epoch); e != st->epochs.end() && e->second.closed) return;  // a lost rank's share
+        if (std::string bad = check_report(*st, r); !bad.empty())
+          return finish(self, *st, "rank " + std::to_string(r.rank) + " reported " + bad);
         epoch_acc& a = st->epochs[r.epoch];
-        if (r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas || a.closed) return;
+        if (a.evals == 0) a.first_eval = clock_type::now();
         a.val_losses.resize(size_t(st->cfg.replicas), 0.0);
+        a.evaluated.resize(size_t(st->cfg.replicas), 0);
+        a.evaluated[size_t(r.rank)] = 1;
         a.val_losses[size_t(r.rank)] = r.loss_sum;
         a.val_correct += r.correct;
         a.val_count += r.count;
@@ -387,8 +492,27 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       [self, st](reform_atom, const reform_note& note) {
         if (!st->finished) reform(self, *st, note);
       },
-      [self, st](done_atom, int) {
-        if (++st->done < st->cfg.replicas) return;
+      [st](pause_atom, int gen) { st->holding = std::max(st->holding, gen); },  // the launcher forms ring `gen`
+      [self, st](tick_atom) {
+        if (st->finished) return;
+        if (st->holding <= st->gen)
+          if (std::string late = late_ranks(*st, clock_type::now()); !late.empty())
+            return finish(self, *st, late + " (their nodes still answer)");
+        self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+      },
+      [self, st](done_atom, int rank) {
+        if (st->finished || rank < 0 || rank >= st->cfg.replicas) return;
+        st->done_ranks.resize(size_t(st->cfg.replicas), 0);
+        if (st->done_ranks[size_t(rank)]) return;  // said twice
+        st->done_ranks[size_t(rank)] = 1;
+        if (st->done++ == 0) st->first_done = clock_type::now();
+        if (st->done < st->cfg.replicas) return;
+        // Every rank sends its reports before it says it is done: all of them are in, so every epoch is
+        // closed, unless a rank said so before its last step.
+        if (int64_t(st->result->history.size()) < st->cfg.epochs)
+          return finish(self, *st, "every rank said it was done, but the job's " + std::to_string(steps_complete(*st)) +
+                                       " steps complete and " + std::to_string(st->result->history.size()) + " epochs closed are short of its " +
+                                       std::to_string(st->cfg.epochs) + " epochs of " + std::to_string(st->cfg.steps_per_epoch) + " steps");
         const size_t n = st->replicas.size();
         st->result->checksums.assign(n, 0);
         for (size_t r = 0; r < n; ++r) {

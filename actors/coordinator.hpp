@@ -105,6 +105,11 @@ struct coordinator_config {
   int64_t checkpoint_every = 0;  // 0: at the end of every epoch
   std::function<std::string(const job_progress&, const network_state&)> on_checkpoint;
   std::function<void(const std::string&)> on_event;  // a line about the job (a lost node), same thread
+  // Ranks in other processes (nodes): once one rank has reported a step, an evaluation or its end, the
+  // others must too within this long, or the job fails naming them (a node that still answers but sends
+  // no reports would hold the job forever). 0: no limit (ranks in this process). While the launcher
+  // forms a new ring ({pause_atom, gen} until {reform_atom, note} of that gen) the clock stands still.
+  std::chrono::milliseconds report_timeout{0};
 };
 
 // {reform_atom, reform_note}: the ring was re-formed without lost nodes' ranks, or with a node that

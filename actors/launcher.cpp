@@ -175,11 +175,17 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
   return "";
 }
 
-// A buffer of rank 0's state after a step; once whole it goes to the coordinator. One out of order or
-// of the wrong size is dropped (and the coordinator then ends the job saying the checkpoint never came).
-void launcher::take_checkpoint(const wire::header& h, const net::payload& p) {
-  if (add_state_buffer(incoming, h, p, param_count, state_buffers))
-    caf::anon_send(coordinator, checkpt_atom::value, state_ptr(std::move(incoming)));
+// A buffer of rank 0's state after a step; once whole it goes to the coordinator. One out of order or of
+// the wrong size, or a whole state holding a value no training makes (NaN, infinite, a negative second
+// moment), fails the job at once naming the node: a checkpoint must never be written from it.
+void launcher::take_checkpoint(int node, const wire::header& h, const net::payload& p) {
+  const bool whole = add_state_buffer(incoming, h, p, param_count, state_buffers);
+  const std::string from = "node " + ro.nodes[size_t(node)] + " sent rank 0's state after step " + std::to_string(h.step);
+  if (!incoming) return kill_node(node, from + " out of order or of the wrong size (buffer " + std::to_string(h.segment) + ", " +
+                                            std::to_string(h.elements) + " floats)");
+  if (!whole) return;
+  if (std::string bad = state_fault(*incoming); !bad.empty()) return kill_node(node, from + ": " + bad);
+  caf::anon_send(coordinator, checkpt_atom::value, state_ptr(std::move(incoming)));
 }
 
 std::vector<int> launcher::survivors() const {
@@ -225,6 +231,7 @@ void launcher::pause_survivors(const wire::kv_map& extra) {
   forward_state.reset();
   forming_since = clock_type::now();
   now = phase::pausing;
+  if (coordinator) caf::anon_send(coordinator, pause_atom::value, gen);  // its report clock stands still meanwhile
   wire::kv_map kv = extra;
   kv["gen"] = std::to_string(gen);
   for (int i : survivors()) send_kv(i, wire::msg_type::pause, kv);
@@ -348,6 +355,8 @@ void launcher::take_forward_state(const wire::header& h, const net::payload& p) 
   forwarding = false;
   const state_ptr s = std::move(forward_state);
   if (s->steps != forward_to) return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ", not " + std::to_string(forward_to));
+  if (std::string bad = state_fault(*s); !bad.empty())
+    return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ": " + bad);
   std::vector<bool> behind(ro.nodes.size(), false);
   for (auto& [who, n] : applied) behind[size_t(who.first)] = behind[size_t(who.first)] || n < forward_to;
   for (size_t i = 0; i < behind.size(); ++i)
@@ -509,7 +518,7 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
         return take_forward_state(h, p);
       if (joins == join_step::state && h.sender_rank == join_state_rank && reports_to_us(node, join_state_rank))
         return take_join_state(h, p);
-      if (h.sender_rank == 0 && reports_to_us(node, 0)) take_checkpoint(h, p);
+      if (h.sender_rank == 0 && reports_to_us(node, 0)) take_checkpoint(node, h, p);
       return;
     case msg_type::abort:
       wire::decode_kv(p.text(), &kv, &error);

@@ -157,7 +157,7 @@ struct launcher {
   void tick();
 
  private:
-  void take_checkpoint(const wire::header& h, const net::payload& p);
+  void take_checkpoint(int node, const wire::header& h, const net::payload& p);
   void pause_survivors(const wire::kv_map& extra);
   void on_paused(int node, int rank, const pause_report& r);
   void on_stall(int node, int rank, const stall_report& r);

@@ -89,6 +89,7 @@ void launcher::take_join_state(const wire::header& h, const net::payload& p) {
   }
   const state_ptr s = std::move(join_state);
   if (s->steps != join_at) return give_up_join("rank 0's state is after step " + std::to_string(s->steps));
+  if (std::string bad = state_fault(*s); !bad.empty()) return give_up_join("rank 0's state: " + bad);
   send_state(joining, s);
   job_plan next = join_plan;
   for (int i : survivors()) {

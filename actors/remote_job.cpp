@@ -249,6 +249,9 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   auto last = std::make_shared<std::string>();
   coordinator_config cc = job_coordinator_config(cfg, m, n, cfg.evaluate, int64_t(samples), steps, last);
   cc.on_event = [&L](const std::string& line) { L.event(line); };
+  // Longer than the ring may wait for a hung rank, and than its node's loss takes to be named: those are
+  // handled as lost nodes; this catches a node that answers and trains but holds back its reports.
+  cc.report_timeout = std::max<std::chrono::milliseconds>(std::chrono::seconds(30), cfg.ring_timeout + std::chrono::seconds(10));
   auto coord = sys.spawn(coordinator, cc);
   L.coordinator = coord;
   L.rate_since = L.ring_since = clock_type::now();
@@ -263,8 +266,21 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   std::atomic<bool> running{true};
   std::thread watchdog([&] {
     std::vector<bool> dead(ro.nodes.size(), false);
+    auto woke = clock_type::now();
     while (running) {
       std::this_thread::sleep_for(ro.heartbeat);
+      // This process itself was stopped (SIGSTOP, a debugger) or starved: the silence was ours, not the
+      // nodes'. They are heard afresh; one that gave the job up meanwhile (it waits 4 s for us) says so.
+      const auto slept = clock_type::now() - woke;
+      woke = clock_type::now();
+      if (slept > ro.node_timeout) {
+        for (size_t i = 0; i < ro.nodes.size(); ++i) L.last_heard[i] = woke.time_since_epoch().count();
+        char line[120];
+        std::snprintf(line, sizeof line, "this launcher was stopped or starved for %.1f s; the nodes are heard afresh",
+                      std::chrono::duration<double>(slept).count());
+        L.br.post([&L, line = std::string(line)] { L.event(line); });
+        continue;
+      }
       L.broadcast(wire::msg_type::heartbeat, {}, true);
       const int64_t now = clock_type::now().time_since_epoch().count();
       for (size_t i = 0; i < ro.nodes.size(); ++i) {

@@ -15,6 +15,7 @@
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -176,16 +177,28 @@ bool write_report(const std::string& path, const options& o, const train_result&
 
 int finish(const options& o, const train_result& r);
 
-// --model @FILE reads the description from a file.
+// --model @FILE reads the description from a file: a regular one (not a FIFO or /dev/zero, which would
+// hang or fill memory), read no further than a description may be long (64 KiB; the model says so).
 bool model_text(std::string* model, std::string* error) {
   if (model->empty() || (*model)[0] != '@') return true;
-  std::ifstream f(model->substr(1));
-  std::stringstream text;
-  if (!f || !(text << f.rdbuf())) {
-    *error = "--model " + *model + ": cannot read " + model->substr(1);
+  const std::string path = model->substr(1);
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    *error = "--model " + *model + ": cannot read " + path + ": " + std::strerror(errno);
     return false;
   }
-  *model = text.str();
+  if (!S_ISREG(st.st_mode)) {
+    *error = "--model " + *model + ": " + path + " is not a regular file";
+    return false;
+  }
+  std::ifstream f(path, std::ios::binary);
+  std::string text(size_t(64 * 1024 + 1), '\0');
+  if (!f.read(text.data(), std::streamsize(text.size())) && !f.eof()) {
+    *error = "--model " + *model + ": cannot read " + path;
+    return false;
+  }
+  text.resize(size_t(f.gcount()));
+  *model = std::move(text);
   return true;
 }
 
@@ -428,6 +441,10 @@ int finish(const options& o, const train_result& r) {
   if (!r.ok && r.invalid) return usage_error(r.error);
   if (!r.ok) {
     std::fprintf(stderr, "ringmaster-mnist: training failed: %s\n", r.error.c_str());
+    return 1;
+  }
+  if (r.history.empty()) {  // a job that trained nothing has no summary (the coordinator refuses that)
+    std::fprintf(stderr, "ringmaster-mnist: training failed: no epoch was completed\n");
     return 1;
   }
   const epoch_stats& last = r.history.back();

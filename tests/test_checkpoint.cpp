@@ -1,10 +1,14 @@
 // Checkpoints and --resume: the file on its own (read back exactly, damage noticed, older files pruned),
 // then through the real launcher, killed after a checkpoint and resumed, locally and on node daemons.
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -93,8 +97,8 @@ checkpoint sample(const model& m, optimizer_config::kind_t kind, int64_t step) {
     c.progress.history.push_back(s);
   }
   c.progress.loss = 12.345678901234567;
-  c.progress.correct = 17;
   c.progress.count = 64 * (step % 10);
+  c.progress.correct = std::min<int64_t>(17, c.progress.count);  // a file with more right than seen is refused
   c.state.steps = step;
   c.state.params = test::randv(m.param_count(), rng);
   c.state.m1 = test::randv(m.param_count(), rng);
@@ -214,6 +218,35 @@ TEST_CASE("checkpoint: a write keeps the newest older one, and the newest good o
   fs::create_directories(dir);
   CHECK_FALSE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error));
   CHECK(error == "no checkpoint (ckpt-E-S.safetensors) in " + dir);
+}
+
+TEST_CASE("checkpoint: a file whose numbers no job makes is refused, and a FIFO in its place does not hang", "[checkpoint]") {
+  const auto m = mlp("784-8-10");
+  const std::string dir = fresh_dir("lies");
+  std::string path, error;
+  checkpoint back;
+  const std::vector<std::pair<std::function<void(checkpoint&)>, std::string>> lies = {
+      {[](checkpoint& c) { c.steps_per_epoch = 11; }, "11 steps per epoch do not follow from its 640 samples in batches of 64"},
+      {[](checkpoint& c) { c.progress.history[1].accuracy = 7.5; }, "epoch 2 of its history cannot be"},
+      {[](checkpoint& c) { c.progress.history[0].epoch = 100; }, "epoch 1 of its history cannot be"},
+      {[](checkpoint& c) { c.progress.history[1].samples = 641; }, "epoch 2 of its history cannot be"},
+      {[](checkpoint& c) { c.progress.correct = c.progress.count + 1; }, "the open epoch's sums cannot be"},
+      {[](checkpoint& c) { c.progress.loss = -3.2; }, "the open epoch's sums cannot be"},
+  };
+  for (const auto& [lie, says] : lies) {
+    checkpoint c = sample(*m, optimizer_config::adam, 23);
+    lie(c);
+    REQUIRE(write_checkpoint(dir, *m, c, &path, &error));  // written as the job's own files are: with a good checksum
+    CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+    INFO(error);
+    CHECK(error.find(says) != std::string::npos);
+    fs::remove(path);
+  }
+  // A FIFO under a checkpoint's name: open() must not wait for a writer.
+  REQUIRE(::mkfifo((dir + "/ckpt-2-3.safetensors").c_str(), 0600) == 0);
+  CHECK_FALSE(read_checkpoint(dir + "/ckpt-2-3.safetensors", layer_registry::with_builtins(), &back, &error));
+  CHECK(error.find("not a regular file") != std::string::npos);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("checkpoint: a job of other settings may not resume from it", "[checkpoint]") {

@@ -1,0 +1,105 @@
+// The coordinator against ranks that lie: reports of nodes arrive as messages, and a node of the job may
+// send anything a report can hold (actors/launcher.cpp passes on what parses). Stand-in ranks here: the
+// test sends the coordinator what a lying node's reports would become.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/coordinator.hpp"
+#include "actors/messages.hpp"
+#include "actors/training.hpp"
+
+using namespace ringmaster;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A rank that takes whatever it is sent and answers a weights request with 3 zeros.
+caf::behavior stand_in(caf::event_based_actor* self) {
+  self->set_default_handler(caf::drop);
+  return {[](weights_atom) { return chunk_ptr(std::make_shared<std::vector<float>>(3, 0.0f)); }};
+}
+
+struct job {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{(configure(cfg, 2), cfg)};
+  std::vector<caf::actor> ranks;
+  caf::actor coord;
+  caf::scoped_actor self{sys};
+
+  // 2 ranks, a global batch of 4, 2 epochs of 3 steps, no evaluation.
+  job() {
+    coordinator_config cc;
+    cc.replicas = 2;
+    cc.global_batch = 4;
+    cc.steps_per_epoch = 3;
+    cc.epochs = 2;
+    cc.evaluate = false;
+    for (int r = 0; r < 2; ++r) ranks.push_back(sys.spawn(stand_in));
+    coord = sys.spawn(coordinator, cc);
+  }
+  ~job() {
+    caf::anon_send_exit(coord, caf::exit_reason::kill);
+    for (auto& r : ranks) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  }
+  // Starts the job, runs `send`, and returns its result (a request_timeout error after `wait`).
+  template <class Send>
+  train_result run(Send send, std::chrono::milliseconds wait = 10000ms) {
+    train_result out;
+    auto pending = self->request(coord, wait, run_atom::value, ranks, ranks, ranks);
+    send(*this);
+    pending.receive([&](std::shared_ptr<train_result> r) { out = *r; }, [&](caf::error& e) { out.error = sys.render(e); });
+    return out;
+  }
+  void step(int rank, int64_t epoch, int64_t s, int64_t count = 2, int64_t correct = 1, double loss = 0.5) {
+    step_report r;
+    r.rank = rank;
+    r.epoch = epoch;
+    r.step = s;
+    r.count = count;
+    r.correct = correct;
+    r.loss_sum = loss;
+    caf::anon_send(coord, r);
+  }
+  void done(int rank) { caf::anon_send(coord, done_atom::value, rank); }
+};
+
+}  // namespace
+
+TEST_CASE("coordinator: every rank done before the job's steps is an error, not a short success", "[coordinator]") {
+  job j;
+  train_result r = j.run([](job& j) {
+    j.step(0, 0, 0), j.step(1, 0, 0);
+    j.done(1), j.done(1), j.done(0);  // the first done twice: it still counts once
+  });
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("every rank said it was done, but the job's 1 steps complete") != std::string::npos);
+}
+
+TEST_CASE("coordinator: reports outside the job, twice, or of impossible batches end it naming the rank", "[coordinator]") {
+  struct lie {
+    std::function<void(job&)> send;
+    std::string says;
+  };
+  const std::vector<lie> lies = {
+      {[](job& j) { j.step(1, 2, 0); }, "rank 1 reported step 1 of epoch 3, which the job (2 epochs of 3 steps) does not have"},
+      {[](job& j) { j.step(1, 0, 3); }, "rank 1 reported step 4 of epoch 1, which the job"},
+      {[](job& j) { j.step(0, -1, 0); }, "rank 0 reported step 1 of epoch 0, which the job"},
+      {[](job& j) { j.step(1, 0, 0), j.step(1, 0, 0); }, "rank 1 reported step 1 of epoch 1 twice"},
+      {[](job& j) { j.step(0, 0, 0), j.step(1, 0, 0), j.step(1, 0, 0); }, "rank 1 reported step 1 of epoch 1 again: it is complete"},
+      {[](job& j) { j.step(0, 0, 0, 2, 3); }, "rank 0 reported step 1 of epoch 1 with 3 of 2 samples right"},
+      {[](job& j) { j.step(0, 0, 0, 5, 1); }, "not a batch of at most 4"},
+      {[](job& j) { j.step(0, 0, 0, 2, 1, -3.0); }, "loss sum -3"},
+      {[](job& j) { j.step(0, 0, 0, 1), j.step(1, 0, 0, 2); }, "the ranks reported 3 samples for step 1 of epoch 1, not the global batch of 4"},
+  };
+  for (const lie& l : lies) {
+    job j;
+    train_result r = j.run(l.send);
+    INFO(l.says << " / got: " << r.error);
+    CHECK_FALSE(r.ok);
+    CHECK(r.error.find(l.says) != std::string::npos);
+  }
+}
