@@ -10,6 +10,7 @@
 #include "actors/job_plan.hpp"
 #include "actors/launcher.hpp"
 #include "actors/messages.hpp"
+#include "actors/node_service.hpp"
 
 namespace ringmaster {
 
@@ -270,9 +271,16 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     while (running) {
       std::this_thread::sleep_for(ro.heartbeat);
       // This process itself was stopped (SIGSTOP, a debugger) or starved: the silence was ours, not the
-      // nodes'. They are heard afresh; one that gave the job up meanwhile (it waits 4 s for us) says so.
+      // nodes'. Under their patience they are heard afresh; past it they have dropped the job, and we say why.
       const auto slept = clock_type::now() - woke;
       woke = clock_type::now();
+      if (slept > node_options{}.launcher_timeout) {  // past what nodes wait for us: they dropped the job
+        char why[160];
+        std::snprintf(why, sizeof why, "this launcher was stopped or starved for %.1f s, longer than its nodes wait for it (%.0f s): they dropped the job",
+                      std::chrono::duration<double>(slept).count(), std::chrono::duration<double>(node_options{}.launcher_timeout).count());
+        L.br.post([&L, why = std::string(why)] { L.kill_node(-1, why); });
+        break;
+      }
       if (slept > ro.node_timeout) {
         for (size_t i = 0; i < ro.nodes.size(); ++i) L.last_heard[i] = woke.time_since_epoch().count();
         char line[120];
