@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "actors/coordinator.hpp"
@@ -17,9 +18,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A rank that takes whatever it is sent and answers a weights request with 3 zeros.
+// A rank that takes whatever it is sent and answers a weights request with 3 zeros. (caf::drop would
+// answer the coordinator's messages with an error, and an error it does not expect ends the coordinator.)
 caf::behavior stand_in(caf::event_based_actor* self) {
-  self->set_default_handler(caf::drop);
+  self->set_default_handler([](caf::scheduled_actor*, caf::message_view&) -> caf::result<caf::message> { return caf::message{}; });
   return {[](weights_atom) { return chunk_ptr(std::make_shared<std::vector<float>>(3, 0.0f)); }};
 }
 
@@ -31,13 +33,14 @@ struct job {
   caf::scoped_actor self{sys};
 
   // 2 ranks, a global batch of 4, 2 epochs of 3 steps, no evaluation.
-  job() {
+  explicit job(std::chrono::milliseconds report_timeout = 0ms) {
     coordinator_config cc;
     cc.replicas = 2;
     cc.global_batch = 4;
     cc.steps_per_epoch = 3;
     cc.epochs = 2;
     cc.evaluate = false;
+    cc.report_timeout = report_timeout;
     for (int r = 0; r < 2; ++r) ranks.push_back(sys.spawn(stand_in));
     coord = sys.spawn(coordinator, cc);
   }
@@ -54,9 +57,10 @@ struct job {
     pending.receive([&](std::shared_ptr<train_result> r) { out = *r; }, [&](caf::error& e) { out.error = sys.render(e); });
     return out;
   }
-  void step(int rank, int64_t epoch, int64_t s, int64_t count = 2, int64_t correct = 1, double loss = 0.5) {
+  void step(int rank, int64_t epoch, int64_t s, int64_t count = 2, int64_t correct = 1, double loss = 0.5, int gen = 0) {
     step_report r;
     r.rank = rank;
+    r.gen = gen;
     r.epoch = epoch;
     r.step = s;
     r.count = count;
@@ -65,9 +69,27 @@ struct job {
     caf::anon_send(coord, r);
   }
   void done(int rank) { caf::anon_send(coord, done_atom::value, rank); }
+  void whole_job() {
+    for (int64_t e = 0; e < 2; ++e)
+      for (int64_t s = 0; s < 3; ++s) step(0, e, s), step(1, e, s);
+  }
 };
 
 }  // namespace
+
+TEST_CASE("coordinator: honest reports make a job, a rank's done said twice counts once", "[coordinator]") {
+  job j;
+  train_result r = j.run([](job& j) {
+    j.whole_job();
+    j.done(0), j.done(0), j.done(1);
+  });
+  INFO(r.error);
+  REQUIRE(r.ok);
+  REQUIRE(r.history.size() == 2);
+  CHECK(r.history[1].samples == 12);
+  CHECK(r.history[1].accuracy == Approx(0.5));
+  CHECK(r.identical);
+}
 
 TEST_CASE("coordinator: every rank done before the job's steps is an error, not a short success", "[coordinator]") {
   job j;
@@ -102,4 +124,51 @@ TEST_CASE("coordinator: reports outside the job, twice, or of impossible batches
     CHECK_FALSE(r.ok);
     CHECK(r.error.find(l.says) != std::string::npos);
   }
+}
+
+TEST_CASE("coordinator: a rank that holds back its reports while the others report fails the job in time, naming it", "[coordinator]") {
+  job j(1000ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  train_result r = j.run([](job& j) {
+    j.step(0, 0, 0), j.step(1, 0, 0);
+    j.step(0, 0, 1);  // rank 1 says nothing more
+  });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("rank(s) 1 sent no report of step 2 of epoch 1 in 1 s after the others did") != std::string::npos);
+  CHECK(took < 4);
+
+  job quiet(1000ms);  // the others done, one not
+  r = quiet.run([](job& j) {
+    j.whole_job();
+    j.done(1);
+  });
+  CHECK(r.error.find("rank(s) 0 did not say they were done in 1 s") != std::string::npos);
+}
+
+TEST_CASE("coordinator: while a ring is formed anew its report clock stands still", "[coordinator]") {
+  job j(500ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread launcher;
+  train_result r = j.run(
+      [&launcher](job& j) {
+        j.step(0, 0, 0);
+        caf::anon_send(j.coord, pause_atom::value, 1);  // the launcher pauses the ranks for ring 1
+        launcher = std::thread([&j] {
+          std::this_thread::sleep_for(2000ms);  // 4x the report timeout: no verdict meanwhile
+          reform_note note;                     // ring 1 formed, of the same ranks, from step 0
+          note.gen = 1;
+          note.ranks = j.ranks;
+          caf::anon_send(j.coord, reform_atom::value, note);
+          j.step(0, 0, 0, 2, 1, 0.5, 1);  // then rank 1 falls silent in the new ring
+        });
+      },
+      8000ms);
+  launcher.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("rank(s) 1 sent no report of step 1 of epoch 1") != std::string::npos);
+  CHECK(took > 2.0);
+  CHECK(took < 5.0);
 }
