@@ -184,7 +184,8 @@ void launcher::take_checkpoint(int node, const wire::header& h, const net::paylo
   if (!incoming) return kill_node(node, from + " out of order or of the wrong size (buffer " + std::to_string(h.segment) + ", " +
                                             std::to_string(h.elements) + " floats)");
   if (!whole) return;
-  if (std::string bad = state_fault(*incoming); !bad.empty()) return kill_node(node, from + ": " + bad);
+  if (std::string bad = state_fault(*incoming); !bad.empty())
+    return kill_node(node, from + ": " + bad + " (training diverged: too high a learning rate? or a faulty node)");
   caf::anon_send(coordinator, checkpt_atom::value, state_ptr(std::move(incoming)));
 }
 
@@ -256,9 +257,11 @@ void launcher::tick() {
     return;
   }
   // Ranks give up on a stalled ring within a second of each other (their reducers look once a second),
-  // give or take a step's work: then every rank that waits has said so.
+  // give or take a step's work; one that started waiting later (a longer evaluation) says so later still,
+  // so a verdict waits for every rank off the blamed node, up to another ring timeout.
   const auto window = std::chrono::seconds(2) + (step_rate > 0 ? std::chrono::duration<double>(2 / step_rate) : std::chrono::duration<double>(0));
-  if (!stalls.empty() && now == phase::running && t - stall_since >= window) judge_stall();
+  if (!stalls.empty() && now == phase::running && t - stall_since >= window)
+    judge_stall(t - stall_since >= std::max<std::chrono::duration<double>>(window, std::chrono::milliseconds(plan.ring_timeout_ms)));
   if (joining >= 0) {
     const auto limit = joins == join_step::setting_up ? ro.setup_timeout
                                                        : std::max<std::chrono::milliseconds>(ro.node_timeout * 4, std::chrono::seconds(5));
@@ -275,7 +278,12 @@ void launcher::tick() {
 
 void launcher::on_stall(int node, int rank, const stall_report& r) {
   if (now != phase::running || r.gen != gen || gone[node]) return;
-  if (stalls.empty()) stall_since = clock_type::now();
+  if (stalls.empty()) {
+    stall_since = clock_type::now();
+    // A rank that hung before its report must not be named by the coordinator's report clock first:
+    // it stands still until the stall is judged (a node dropped pauses the ranks; a failure ends it all).
+    if (coordinator) caf::anon_send(coordinator, pause_atom::value, gen + 1);
+  }
   stalls[rank] = {r.waiting_for, node_text(r.why)};
 }
 
@@ -284,18 +292,26 @@ void launcher::on_stall(int node, int rank, const stall_report& r) {
 // deadlock, a lost process's thread). Its node is dropped as lost, and the others go on. If the names go
 // round in a circle, every rank waits for another (a message lost between nodes, say): nobody can be
 // blamed, and the job fails with what the ranks said.
-void launcher::judge_stall() {
-  std::map<int, stall> s;
-  s.swap(stalls);
+void launcher::judge_stall(bool final) {
+  std::map<int, stall>& s = stalls;
   int r = s.begin()->first, waiter = -1;
   std::set<int> seen;
   while (s.count(r) && seen.insert(r).second) waiter = r, r = s[r].waiting_for;
-  if (s.count(r) || size_t(r) >= proxy_node.size())
-    return kill_node(-1, "the ring stalled with every rank waiting for another: rank " + std::to_string(s.begin()->first) + ": " +
-                             s.begin()->second.why);
-  node_lost(proxy_node[size_t(r)], "its rank " + std::to_string(r) + " stopped taking part in the ring while its node still answered (rank " +
-                                       std::to_string(waiter) + ": " + s[waiter].why + ")",
-            seen_step_at);
+  if (s.count(r) || size_t(r) >= proxy_node.size()) {
+    const std::string said = "rank " + std::to_string(s.begin()->first) + ": " + s.begin()->second.why;
+    stalls.clear();
+    return kill_node(-1, "the ring stalled with every rank waiting for another (" + said + ")");
+  }
+  const int culprit = proxy_node[size_t(r)];
+  std::string silent;  // ranks off the culprit's node that have not said whom they wait for
+  for (size_t k = 0; k < proxy_node.size(); ++k)
+    if (proxy_node[k] != culprit && !gone[size_t(proxy_node[k])] && !s.count(int(k))) silent += (silent.empty() ? "" : ", ") + std::to_string(k);
+  if (!silent.empty() && !final) return;  // they may yet: a verdict now could blame an honest node
+  const std::string why = "rank " + std::to_string(waiter) + ": " + s[waiter].why;
+  stalls.clear();
+  if (!silent.empty())
+    return kill_node(-1, "the ring stalled, but ranks " + silent + " never said whom they waited for, so no node can be blamed (" + why + ")");
+  node_lost(culprit, "its rank " + std::to_string(r) + " stopped taking part in the ring while its node still answered (" + why + ")", seen_step_at);
 }
 
 // A replica stopped for generation `gen` after applying some steps. Once every surviving rank has

@@ -161,7 +161,9 @@ struct launcher {
   void pause_survivors(const wire::kv_map& extra);
   void on_paused(int node, int rank, const pause_report& r);
   void on_stall(int node, int rank, const stall_report& r);
-  void judge_stall();
+  // final: the last chance to judge (the ranks that have not reported will not); else a verdict waits
+  // until every rank but those on the blamed node has reported.
+  void judge_stall(bool final);
   void reform_survivors(int64_t start);
   void take_forward_state(const wire::header& h, const net::payload& p);
   void on_reformed(int node, const wire::kv_map& kv);

@@ -290,7 +290,9 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
         continue;
       }
       L.broadcast(wire::msg_type::heartbeat, {}, true);
-      const int64_t now = clock_type::now().time_since_epoch().count();
+      // The time taken before the broadcast: a stop during it shows as our oversleep next time round,
+      // not as every node's silence now.
+      const int64_t now = woke.time_since_epoch().count();
       for (size_t i = 0; i < ro.nodes.size(); ++i) {
         const auto silent = clock_type::duration(now - L.last_heard[i]);
         if (silent <= ro.node_timeout) dead[i] = false;  // heard again: a node that rejoins

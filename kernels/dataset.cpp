@@ -1,10 +1,15 @@
 #include "kernels/dataset.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <random>
 
 namespace ringmaster {
@@ -12,48 +17,67 @@ namespace {
 
 uint32_t be32(const uint8_t* p) { return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3]; }
 
-// Larger files (or their contents, uncompressed) are no MNIST-style data set.
-constexpr size_t kMaxIdxBytes = size_t(4) << 30;
+// Larger files (or their contents, uncompressed) are no MNIST-style data set: 4 GiB, and at most an
+// eighth of this machine's memory, as loading one holds it some 6 times over (the file, its data, the
+// floats). A gzip bomb of a few MB, or a header that lies, is refused before it takes the machine down.
+size_t max_idx_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const size_t cap = size_t(4) << 30;
+  if (pages <= 0 || page <= 0) return cap;
+  return std::min(cap, size_t(pages) / 8 * size_t(page));
+}
 
-// Reads the whole file as it is, compressed or not.
+std::string too_large(size_t limit) {
+  return "more than " + std::to_string(limit >> 20) + " MiB, not an MNIST-style file here (at most 4 GiB and an eighth of "
+         "this machine's memory)";
+}
+
+// Reads the whole file as it is, compressed or not: a regular file (a FIFO would hang us, /dev/zero
+// never end) of at most max_idx_bytes().
 bool slurp(const std::string& path, std::vector<uint8_t>* out, std::string* error) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) {
-    *error = path + ": cannot open file";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    *error = path + ": cannot open file (" + std::strerror(errno) + ")";
     return false;
   }
-  out->clear();
-  for (;;) {
-    const size_t have = out->size();
-    out->resize(have + (size_t(1) << 20));
-    const size_t n = std::fread(out->data() + have, 1, size_t(1) << 20, f);
-    out->resize(have + n);
-    if (n == 0) break;
-    if (out->size() > kMaxIdxBytes) {
-      *error = path + ": larger than 4 GiB, not an MNIST-style file";
-      std::fclose(f);
-      return false;
+  struct stat st {};
+  std::string problem;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) problem = "not a regular file";
+  else if (uint64_t(st.st_size) > max_idx_bytes()) problem = too_large(max_idx_bytes());
+  if (problem.empty()) {
+    out->resize(size_t(st.st_size));
+    size_t have = 0;
+    while (have < out->size()) {
+      const ssize_t n = ::read(fd, out->data() + have, out->size() - have);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      have += size_t(n);
     }
+    if (have != out->size()) problem = "cannot read file (it changed while read?)";
   }
-  const bool failed = std::ferror(f);
-  std::fclose(f);
-  if (failed) {
-    *error = path + ": cannot read file";
-    return false;
-  }
-  return true;
+  ::close(fd);
+  if (problem.empty()) return true;
+  *error = path + ": " + problem;
+  return false;
 }
 
 // Inflates gzip data into *out: one member or several one after another (as `cat a.gz b.gz` makes),
-// at most kMaxIdxBytes; anything else after the last member is refused.
-bool gunzip(const std::string& name, const uint8_t* in, size_t size, std::vector<uint8_t>* out, std::string* error) {
+// at most max_idx_bytes(); anything else after the last member is refused. Once the IDX header is out,
+// only the data it promises is kept: what inflates beyond is only counted (*beyond), up to the same
+// limit, so a small file that inflates to gigabytes takes no memory for them, and the reader refuses
+// it with the words it has for a raw file that size.
+bool gunzip(const std::string& name, const uint8_t* in, size_t size, std::vector<uint8_t>* out, size_t* beyond,
+            std::string* error) {
   z_stream z{};
   if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {  // 16: gzip wrapper only
     *error = name + ": zlib cannot start inflating";
     return false;
   }
   out->clear();
-  size_t fed = 0, used = 0;
+  *beyond = 0;
+  const size_t limit = max_idx_bytes();
+  size_t fed = 0, used = 0, keep = limit;  // keep: what the header promises, once it is out
+  std::vector<uint8_t> scratch;            // where the bytes beyond it go
   std::string problem;
   for (;;) {
     if (z.avail_in == 0 && fed < size) {  // avail_in is 32 bits: feed at most 1 GiB at a time
@@ -62,18 +86,30 @@ bool gunzip(const std::string& name, const uint8_t* in, size_t size, std::vector
       z.avail_in = uInt(n);
       fed += n;
     }
-    if (used == out->size()) {
-      if (used >= kMaxIdxBytes) {
-        problem = "larger than 4 GiB uncompressed, not an MNIST-style file";
-        break;
-      }
-      out->resize(std::min(kMaxIdxBytes, std::max(used * 2, std::max(size * 4, size_t(4096)))));
+    if (used + *beyond >= limit) {
+      problem = "uncompressed, " + too_large(limit);
+      break;
     }
-    const size_t room = std::min(out->size() - used, size_t(1) << 30);
-    z.next_out = out->data() + used;
+    const bool counting = used >= keep;
+    if (!counting && used == out->size())
+      out->resize(std::min(keep, std::max(used * 2, std::max(size * 4, size_t(4096)))));
+    if (counting && scratch.empty()) scratch.resize(size_t(1) << 16);
+    uint8_t* to = counting ? scratch.data() : out->data() + used;
+    const size_t room = counting ? scratch.size() : std::min(out->size() - used, size_t(1) << 30);
+    z.next_out = to;
     z.avail_out = uInt(room);
     const int rc = inflate(&z, Z_NO_FLUSH);
-    used += room - z.avail_out;
+    (counting ? *beyond : used) += room - z.avail_out;
+    // The IDX header says how much data follows (a header that promises too much is the reader's to
+    // refuse; nothing more is inflated for it).
+    const size_t header = used >= 4 ? 4 + 4 * size_t((*out)[3]) : SIZE_MAX;
+    if (keep == limit && used >= header) {
+      size_t total = 1;
+      for (size_t i = 0; i < (*out)[3] && total <= limit; ++i) total *= std::max<size_t>(1, be32(out->data() + 4 + 4 * i));
+      if (total > limit) break;
+      keep = header + total;
+      if (used > keep) *beyond += used - keep, used = keep;
+    }
     const size_t left = size - fed + z.avail_in;  // input not yet inflated
     if (rc == Z_STREAM_END) {
       if (left == 0) break;
@@ -97,10 +133,9 @@ bool gunzip(const std::string& name, const uint8_t* in, size_t size, std::vector
   return false;
 }
 
-bool exists(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f) std::fclose(f);
-  return f != nullptr;
+bool exists(const std::string& path) {  // stat, not open: opening a FIFO would wait for a writer
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
 }
 
 // The one conversion of image bytes to [0, 1]: load_mnist and the batch gather must give the same bits.
@@ -124,8 +159,9 @@ bool read_idx_bytes(const std::string& name, const void* bytes, size_t size, int
   }
   const auto* p = static_cast<const uint8_t*>(bytes);
   std::vector<uint8_t> inflated;
+  size_t beyond = 0;  // gzip: data bytes inflated beyond what the header promises (not kept)
   if (size >= 2 && p[0] == 0x1f && p[1] == 0x8b) {  // gzip; an IDX file starts with two zero bytes
-    if (!gunzip(name, p, size, &inflated, error)) return false;
+    if (!gunzip(name, p, size, &inflated, &beyond, error)) return false;
     p = inflated.data();
     size = inflated.size();
   }
@@ -159,12 +195,12 @@ bool read_idx_bytes(const std::string& name, const void* bytes, size_t size, int
     }
     dims->push_back(d);
     total *= d;
-    if (total > kMaxIdxBytes) {
-      *error = name + ": dimensions describe more than 4 GiB of data";
+    if (total > max_idx_bytes()) {
+      *error = name + ": its dimensions describe " + too_large(max_idx_bytes());
       return false;
     }
   }
-  const size_t have = size - header;
+  const size_t have = size - header + beyond;
   if (have < total) {
     *error = name + ": truncated: header promises " + std::to_string(total) + " data bytes, file has " +
              std::to_string(have);
@@ -179,8 +215,9 @@ bool read_idx_bytes(const std::string& name, const void* bytes, size_t size, int
   return true;
 }
 
-bool load_mnist(const std::string& dir, const std::string& prefix, int classes, dataset* out,
-                std::string* error) {
+namespace {
+
+bool load_files(const std::string& dir, const std::string& prefix, int classes, dataset* out, std::string* error) {
   auto find = [&](const std::string& name) {
     std::string p = dir + "/" + name;
     return exists(p) ? p : (exists(p + ".gz") ? p + ".gz" : std::string());
@@ -217,6 +254,17 @@ bool load_mnist(const std::string& dir, const std::string& prefix, int classes, 
   d.bytes = std::move(ibytes);
   *out = std::move(d);
   return true;
+}
+
+}  // namespace
+
+bool load_mnist(const std::string& dir, const std::string& prefix, int classes, dataset* out, std::string* error) {
+  try {  // the limits above keep a data set under an eighth of the memory; what else runs may still take it
+    return load_files(dir, prefix, classes, out, error);
+  } catch (const std::bad_alloc&) {
+    *error = dir + ": out of memory loading the " + prefix + " set";
+    return false;
+  }
 }
 
 bool bytes_agree(const dataset& d) {

@@ -144,7 +144,7 @@ void bridge::impl::serve_monitor(int id) {
     connection& c = peers[size_t(id)];
     if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       c.failed_handshakes = 0;
-      c.ever_connected = true;
+      c.handshook = true;
       return;
     }
     peer_info from;
@@ -163,7 +163,7 @@ void bridge::impl::serve_monitor(int id) {
     // A peer that let us in before and now refuses us was started again (a killed node back on its port):
     // it is no longer in this job, which is its launcher's to say (elastic jobs go on without it). Failing
     // our side here would end the job for a loss it survives.
-    if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value != 500 && c.ever_connected) return;
+    if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value != 500 && c.handshook) return;
     if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
       c.failed_handshakes = -1;
       report(fault::handshake_failed, from, c.endpoint + " has too many connections open and refused ours", true);

@@ -45,6 +45,7 @@ struct connection {
   int failed_handshakes = 0;  // since the last one that succeeded; reported once
   int refused_connects = 0;      // sealed: connection attempts refused before the first one went through
   bool ever_connected = false;   // a later drop is a peer that went away: its loss is the launcher's news
+  bool handshook = false;        // a handshake (a login) succeeded once: a later refusal is a peer started again
   bool routed = false;           // a listening ROUTER: messages carry the client's routing id first
   std::shared_ptr<sealer> seal;  // a sealed connection: every message sent is sealed with it
 };

@@ -1,3 +1,4 @@
+#include <sys/stat.h>
 // IDX reading and validation, epoch permutations, and the data loader's shards and back-pressure.
 #include <zlib.h>
 
@@ -209,6 +210,29 @@ TEST_CASE("IDX bytes in memory: raw, gzip in one or several members, damaged gzi
   CHECK(err == raw_err);
   CHECK_FALSE(read_idx_bytes("empty", nullptr, 0, 1, &dims, &data, &err));
   CHECK(err == "empty: truncated: 0 bytes, too short for an IDX header");
+  // A gzip bomb: a few KB whose header promises 4 GiB is refused at the header, before inflating it.
+  std::vector<uint8_t> bomb = idx_bytes(8, {65536, 256, 256}, std::vector<uint8_t>(100000, 0));
+  const std::vector<uint8_t> bomb_gz = gzip(bomb);
+  CHECK_FALSE(read_idx_bytes("bomb.gz", bomb_gz.data(), bomb_gz.size(), 3, &dims, &data, &err));
+  CHECK(err.find("bomb.gz: its dimensions describe more than") != std::string::npos);
+  // More data than the header promises: what inflates beyond it is counted, not kept, and named as a raw
+  // file's would be.
+  std::vector<uint8_t> more = raw;
+  more.insert(more.end(), 100000, 7);
+  const std::vector<uint8_t> more_gz = gzip(more);
+  CHECK_FALSE(read_idx_bytes("more.gz", more_gz.data(), more_gz.size(), 3, &dims, &data, &err));
+  CHECK(err == "more.gz: inconsistent: 100000 bytes beyond what the header's dimensions describe");
+}
+
+TEST_CASE("IDX files that are not regular files are refused at once", "[data]") {
+  tmpdir d;
+  write_set(d, "train", 20, false);
+  fs::remove(d.p / "train-images-idx3-ubyte");
+  REQUIRE(::mkfifo((d.p / "train-images-idx3-ubyte").c_str(), 0600) == 0);  // would block a plain open()
+  dataset out;
+  std::string err;
+  CHECK_FALSE(load_mnist(d.p.string(), "train", 10, &out, &err));
+  CHECK(err.find("train-images-idx3-ubyte: not a regular file") != std::string::npos);
 }
 
 TEST_CASE("epoch permutations are permutations, reproducible, and differ per epoch", "[data]") {
