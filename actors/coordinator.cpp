@@ -345,9 +345,9 @@ std::string check_report(const coordinator_state& st, const step_report& r) {
   const std::string what = "step " + std::to_string(r.step + 1) + " of epoch " + std::to_string(r.epoch + 1);
   if (r.epoch < 0 || r.epoch >= st.cfg.epochs || r.step < 0 || r.step >= spe)
     return what + ", which the job (" + std::to_string(st.cfg.epochs) + " epochs of " + std::to_string(spe) + " steps) does not have";
-  const int64_t at = r.epoch * spe + r.step;
-  if (at < steps_complete(st)) return what + " again: it is complete";
-  if (at - steps_complete(st) > kMaxReportLead) return what + ", far ahead of the steps complete (" + std::to_string(steps_complete(st)) + ")";
+  const int64_t at = r.epoch * spe + r.step, complete = steps_complete(st);
+  if (at < complete) return what + " again: it is complete";
+  if (at - complete > kMaxReportLead) return what + ", far ahead of the steps complete (" + std::to_string(complete) + ")";
   if (r.count < 0 || r.count > st.cfg.global_batch || r.correct < 0 || r.correct > r.count || r.loss_sum < 0)
     return what + " with " + std::to_string(r.correct) + " of " + std::to_string(r.count) + " samples right, loss sum " +
            std::to_string(r.loss_sum) + ": not a batch of at most " + std::to_string(st.cfg.global_batch);

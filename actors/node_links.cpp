@@ -13,6 +13,15 @@ void send_kv(net::bridge* br, const net::peer_info& to, wire::header h, const wi
   br->reply(to, h, net::payload::copy_of(text));
 }
 
+// One report of rank `rank` (kind=... in kv: actors/report_kv.hpp).
+void send_report(net::bridge* br, const net::peer_info& to, uint64_t job, int rank, const wire::kv_map& kv) {
+  wire::header h;
+  h.type = wire::msg_type::report;
+  h.job_id = job;
+  h.sender_rank = rank;
+  send_kv(br, to, h, kv);
+}
+
 // A rank's training state, one checkpoint message a buffer.
 void send_state(net::bridge* br, const net::peer_info& to, uint64_t job, int rank, const state_ptr& s) {
   const std::vector<float>* buffers[] = {&s->params, &s->m1, &s->m2};
@@ -86,28 +95,16 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
       },
       [br, launcher, job, flush](const eval_report& r) {
         flush();
-        wire::header h;
-        h.type = wire::msg_type::report;
-        h.job_id = job;
-        h.sender_rank = r.rank;
-        send_kv(br, launcher, h, to_kv(r));  // kind=eval
+        send_report(br, launcher, job, r.rank, to_kv(r));  // kind=eval
       },
       // After the replica's last report of the ring being given up on: the launcher counts on that.
       [br, launcher, job, flush](const pause_report& r) {
         flush();
-        wire::header h;
-        h.type = wire::msg_type::report;
-        h.job_id = job;
-        h.sender_rank = r.rank;
-        send_kv(br, launcher, h, to_kv(r));  // kind=paused
+        send_report(br, launcher, job, r.rank, to_kv(r));  // kind=paused
       },
       [br, launcher, job, flush](const stall_report& r) {  // elastic: the launcher decides who is to blame
         flush();
-        wire::header h;
-        h.type = wire::msg_type::report;
-        h.job_id = job;
-        h.sender_rank = r.rank;
-        send_kv(br, launcher, h, to_kv(r));  // kind=stall
+        send_report(br, launcher, job, r.rank, to_kv(r));  // kind=stall
       },
       [self, ranks](reform_atom, std::map<int, caf::actor> replicas, std::vector<caf::actor> watch) {
         *ranks = std::move(replicas);

@@ -274,10 +274,11 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
       // nodes'. Under their patience they are heard afresh; past it they have dropped the job, and we say why.
       const auto slept = clock_type::now() - woke;
       woke = clock_type::now();
-      if (slept > node_options{}.launcher_timeout) {  // past what nodes wait for us: they dropped the job
+      const auto patience = node_options{}.launcher_timeout;  // what a node waits for its launcher
+      if (slept > patience) {  // past it: the nodes dropped the job
         char why[160];
         std::snprintf(why, sizeof why, "this launcher was stopped or starved for %.1f s, longer than its nodes wait for it (%.0f s): they dropped the job",
-                      std::chrono::duration<double>(slept).count(), std::chrono::duration<double>(node_options{}.launcher_timeout).count());
+                      std::chrono::duration<double>(slept).count(), std::chrono::duration<double>(patience).count());
         L.br.post([&L, why = std::string(why)] { L.kill_node(-1, why); });
         break;
       }

@@ -30,6 +30,18 @@ test::daemons start_nodes(int n, const std::string& devices = "cpu:2") {
   return test::start_daemons(n, {RINGMASTER_NODE_BIN}, devices, RINGMASTER_DATA_DIR);
 }
 
+// n daemons (one CPU replica each); node `hung`'s replicas stop after `steps` steps while it answers.
+test::daemons start_nodes_one_hung(int n, size_t hung, int steps) {
+  test::daemons nodes;
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> argv{RINGMASTER_NODE_BIN};
+    if (size_t(i) == hung) argv.insert(argv.end(), {"--stall-after-steps", std::to_string(steps)});
+    nodes.push_back(std::make_unique<test::daemon_process>(argv, test::free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR));
+  }
+  std::this_thread::sleep_for(300ms);
+  return nodes;
+}
+
 train_config small_job(int64_t epochs) {
   train_config c;
   c.model = "784-64-10";
@@ -206,12 +218,8 @@ TEST_CASE("elastic: a node that falls silent (SIGSTOP) is dropped, the others fi
 // A rank that hangs while its node still answers (a stuck GPU, a deadlock): heartbeats do not show it,
 // the ring does. Every other rank waits for it past the ring's timeout and says whom it waits for.
 TEST_CASE("elastic: a node whose rank hangs while the node still answers is dropped, the others finish", "[nodes][elastic][stall]") {
-  test::daemons nodes = start_nodes(3, "cpu:1");
+  test::daemons nodes = start_nodes_one_hung(3, 1, 15);
   const std::string hung = nodes[1]->endpoint;
-  nodes[1]->stop(SIGKILL);  // the same endpoint again, its replicas stopping after 15 steps
-  nodes[1] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN, "--stall-after-steps", "15"}, hung,
-                                                    "cpu:1", RINGMASTER_DATA_DIR);
-  std::this_thread::sleep_for(300ms);
   remote_options ro;
   ro.nodes = test::endpoints(nodes);
   ro.limit_train = 3000;
@@ -242,12 +250,7 @@ TEST_CASE("elastic: a node whose rank hangs while the node still answers is drop
 }
 
 TEST_CASE("a rank that hangs fails a job that aborts on node loss within the ring timeout, naming it", "[nodes][elastic][stall]") {
-  test::daemons nodes = start_nodes(2, "cpu:1");
-  const std::string hung = nodes[0]->endpoint;
-  nodes[0]->stop(SIGKILL);
-  nodes[0] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN, "--stall-after-steps", "5"}, hung,
-                                                    "cpu:1", RINGMASTER_DATA_DIR);
-  std::this_thread::sleep_for(300ms);
+  test::daemons nodes = start_nodes_one_hung(2, 0, 5);
   remote_options ro;
   ro.nodes = test::endpoints(nodes);
   ro.limit_train = 3000;
