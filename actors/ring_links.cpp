@@ -68,7 +68,7 @@ bool host_only(const ring::link& l) { return dynamic_cast<const process_link*>(&
 
 ring::message from_wire(const wire::header& h, net::payload p) {
   return {h.job_id, h.step, h.sender_rank, h.round, h.segment, (h.flags & wire::kFlagWhole) != 0,
-          p.floats(), size_t(h.elements), std::move(p.owner), -1};
+          p.floats(), size_t(h.elements), std::move(p.owner), -1, p.lent};
 }
 
 }  // namespace ringmaster

@@ -41,6 +41,9 @@ struct payload {
   const void* data = nullptr;
   size_t size = 0;
   std::shared_ptr<const void> owner;
+  // The bytes are lent by the link (net/shm_link.hpp: the sender's ring buffer): let go of owner soon, and
+  // copy them before keeping them until later messages of the same link come, which may need the space.
+  bool lent = false;
 
   bool empty() const { return size == 0; }
   std::string_view text() const { return {static_cast<const char*>(data), size}; }

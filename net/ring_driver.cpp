@@ -167,6 +167,8 @@ std::string driver::receive(message m) {
     if (early_.size() >= opt_.max_early || early_bytes_ > opt_.max_early_bytes)
       return "more than " + std::to_string(opt_.max_early) + " messages or " + std::to_string(opt_.max_early_bytes) +
              " bytes ahead of this rank's all-reduce " + std::to_string(seq_);
+    // Kept as it came, lent or not: the left neighbour sent all it had for our all-reduce before this,
+    // so nothing we wait for is behind it on the link.
     early_.push_back(std::move(m));
     return "";
   }
@@ -207,10 +209,17 @@ std::string driver::apply_whole(const message& m) {
     return "all-reduce " + std::to_string(m.seq) + ": unexpected window of rank " + std::to_string(origin) + " after " +
            std::to_string(hop) + " hops with " + std::to_string(m.count) + " floats (expected " + std::to_string(hi_ - lo_) + ")";
   last_progress_ = std::chrono::steady_clock::now();
-  whole_[size_t(origin)] = m;
+  message& w = whole_[size_t(origin)];
+  w = m;
+  if (w.lent && arrived_ + 1 < size_ - 1) {  // kept until windows behind it on the link come: copied
+    auto copy = copy_of(w.data, w.count);
+    w.data = copy->data();
+    w.owner = std::move(copy);
+    w.lent = false;
+  }
   got_[size_t(origin)] = true;
   if (hop < size_ - 2) {  // pass it on unless the next rank is its origin
-    message f = m;
+    message f = w;
     f.sender = rank_;
     f.round = hop + 1;
     if (std::string err = right_->send(std::move(f)); !err.empty()) return err;

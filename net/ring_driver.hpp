@@ -47,6 +47,9 @@ struct message {
   size_t count = 0;
   std::shared_ptr<const void> owner;  // keeps data alive (and, for the sender, counts the reader)
   int device = -1;      // where data lives: -1 host memory, else a device of this process
+  // data is lent by the link (a shared-memory segment's space, net/shm_link.hpp): the driver copies it
+  // before it keeps it waiting for later messages from the left, which may need that space.
+  bool lent = false;
 };
 
 // How a rank's buffer is summed: the host's loops, or a device's kernels. src_device is where the

@@ -116,41 +116,62 @@ std::string shm_name(const shm_stamp& s) {
 
 // ---- receiver ----
 
-struct shm_receiver::impl {
+namespace {
+
+// The segment as the receiver and the payloads it lends share it. Payloads are handed on in place, not
+// copied out: a record's space goes back to the sender (tail) once its reader and the readers of every
+// record before it have let go. The payloads hold this, so the mapping outlives a receiver that is gone
+// before its readers are done.
+struct lent_segment {
   mapping seg;
+  std::mutex mu;
+  std::deque<std::pair<uint64_t, bool>> records;  // read, not given back: (where it ends, let go), in order
+
+  // The receiving thread read a record ending at `end`; `free`: it lends nothing (a header alone, padding).
+  void read(uint64_t end, bool free) {
+    std::lock_guard<std::mutex> lock(mu);
+    records.emplace_back(end, free);
+    give_back();
+  }
+  // A reader let go of the payload of the record ending at `end`. Any thread; from a deleter, so no throw.
+  void let_go(uint64_t end) noexcept {
+    try {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& r : records)
+        if (r.first == end) r.second = true;
+      give_back();
+    } catch (...) {  // a mutex that cannot lock: the space stays taken, the sender waits, the watchdog names it
+    }
+  }
+  // Under mu: the space of the records let go, up to the first one still lent.
+  void give_back() {
+    bool moved = false;
+    uint64_t tail = 0;
+    while (!records.empty() && records.front().second) {
+      tail = records.front().first;
+      records.pop_front();
+      moved = true;
+    }
+    if (!moved) return;
+    seg.ctl->tail.store(tail, std::memory_order_release);
+    seg.ctl->tail_seq.fetch_add(1, std::memory_order_seq_cst);
+    if (seg.ctl->tx_waiting.load(std::memory_order_seq_cst)) futex_wake(&seg.ctl->tail_seq);
+  }
+};
+
+}  // namespace
+
+struct shm_receiver::impl {
+  std::shared_ptr<lent_segment> lent = std::make_shared<lent_segment>();
+  mapping& seg = lent->seg;
   fd_guard lock;  // the segment's fd, flock()ed while we live: sweep_segments leaves it alone
   std::string name;
   std::thread thread;
   std::atomic<bool> stop{false};
   handler on_message;
   error_handler on_error;
-  // Buffers messages are copied into, reused once their readers let go (as ring::driver::copy_of's): no
-  // allocation per message once the ring runs. The receiving thread's alone. A buffer never shrinks (the
-  // payload says how much of it is the message): growing it again would zero-fill what the copy overwrites.
-  std::vector<std::shared_ptr<std::vector<float>>> buffers;
-
-  std::shared_ptr<std::vector<float>> buffer(size_t floats) {
-    std::shared_ptr<std::vector<float>> b;
-    for (auto& c : buffers)
-      if (c.use_count() == 1 && (!b || (b->size() < floats && c->size() > b->size()))) {
-        std::atomic_thread_fence(std::memory_order_acquire);  // after the last reader let go
-        b = c;  // the first free one that is large enough, else the largest free one
-        if (b->size() >= floats) break;
-      }
-    if (!b) {
-      b = std::make_shared<std::vector<float>>();
-      if (buffers.size() < 16) buffers.push_back(b);  // more held at once: plain allocations
-    }
-    if (b->size() < floats) b->resize(floats);
-    return b;
-  }
 
   void loop();
-  void consumed(uint64_t tail) {
-    seg.ctl->tail.store(tail, std::memory_order_release);
-    seg.ctl->tail_seq.fetch_add(1, std::memory_order_seq_cst);
-    if (seg.ctl->tx_waiting.load(std::memory_order_seq_cst)) futex_wake(&seg.ctl->tail_seq);
-  }
   // The other side broke the segment's rules: close it (a waiting sender wakes and drops its queue) and
   // say so, once. Nothing thrown here may leave the thread.
   void broken(const std::string& why) noexcept {
@@ -236,6 +257,7 @@ void shm_receiver::impl::loop() {
         continue;
       }
       if (head < tail || head - tail > cap) return broken("its write position is outside the buffer");
+      if (head - c.tail.load(std::memory_order_acquire) > cap) return broken("it wrote over space still lent out");
       const uint64_t off = tail % cap;
       uint64_t len = 0;
       std::memcpy(&len, seg.data + off, sizeof len);
@@ -243,7 +265,7 @@ void shm_receiver::impl::loop() {
         if (off == 0) return broken("a padding record at the start of the buffer");
         tail += cap - off;
         if (tail > head) return broken("padding past what was written");
-        consumed(tail);
+        lent->read(tail, true);
         continue;
       }
       if (len < kRecordHead || len % kRecordAlign || len > cap - off || len > head - tail)
@@ -255,15 +277,15 @@ void shm_receiver::impl::loop() {
       if (!wire::decode(hb, sizeof hb, &h, &error)) return broken("bad header: " + error);
       if (h.payload_bytes > len - kRecordHead || h.payload_bytes > kShmMaxPayload)
         return broken("a payload of " + std::to_string(h.payload_bytes) + " bytes in a record of " + std::to_string(len));
+      tail += len;
+      lent->read(tail, h.payload_bytes == 0);
       payload p;
       if (h.payload_bytes > 0) {
-        // Copied out, so what we hand on cannot change under the reader, and the buffer is free at once.
-        auto buf = buffer((h.payload_bytes + sizeof(float) - 1) / sizeof(float));
-        std::memcpy(buf->data(), seg.data + off + kRecordHead, h.payload_bytes);
-        p = payload{buf->data(), size_t(h.payload_bytes), std::move(buf)};
+        // Lent in place: the sender can only change floats it sent (it is our user, see the header).
+        const void* data = seg.data + off + kRecordHead;
+        p = payload{data, size_t(h.payload_bytes),
+                    std::shared_ptr<const void>(data, [l = lent, end = tail](const void*) { l->let_go(end); }), true};
       }
-      tail += len;
-      consumed(tail);
       on_message(h, std::move(p));
     }
   } catch (const std::exception& e) {

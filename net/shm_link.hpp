@@ -5,7 +5,8 @@
 // Why: across processes on one host a ring message over TCP costs about four thread wake-ups (caller to
 // bridge, bridge to ZeroMQ's I/O thread, the kernel, the peer's I/O thread to its bridge) and three copies;
 // here the sender copies the message into the segment and the receiving thread, woken once (a futex in
-// the segment), copies it out and hands it on. NCCL, Gloo and MPI do the same for ranks on one host.
+// the segment), hands it on in place: the reducer adds it straight from the segment into its gradients.
+// NCCL, Gloo and MPI do the same for ranks on one host.
 //
 // Who may use it: the receiver creates the segment (O_EXCL, mode 0600, owned by its user) under a name
 // both sides derive from the job; the sender opens it only if its owner is the sender's own user, its
@@ -20,8 +21,10 @@
 // u64 length (a multiple of 64, counting itself), the 56-byte wire header (net/wire.hpp) and the payload,
 // so payloads are 64-byte aligned; a length of kPadRecord skips to the start of the buffer. The sender
 // owns `head` (bytes written), the receiver `tail` (bytes consumed); each waits on the other's futex word.
-// The receiver copies every header and payload out before it looks at them and checks every length
-// against the buffer: whatever the other side writes, it can make us drop the link, never read astray.
+// The receiver copies every header out before it looks at it and checks every length against the buffer:
+// whatever the other side writes, it can make us drop the link, never read astray. Payloads are lent, not
+// copied (payload::lent): a record's space goes back to the sender once its reader and those of every
+// record before it let go. A sender that writes into lent space changes only floats it sent itself.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -65,7 +68,9 @@ class shm_receiver {
 
   // Creates the segment. nullptr with *error when it cannot (the name is taken, no /dev/shm, no memory).
   static std::unique_ptr<shm_receiver> create(const shm_stamp& stamp, std::string* error);
-  // Starts the thread that hands every message, copied out of the segment, to h (on that thread, in order).
+  // Starts the thread that hands every message to h (on that thread, in order), its payload lent in place:
+  // the sender writes over it only once the payload's owner and the owners of all before it are let go.
+  // So hold a payload only briefly, or copy it (ring::driver does, for what it keeps).
   void start(handler h, error_handler e);
   // Stops and joins the thread, marks the segment closed (a sender then drops what it sends) and removes
   // its name if the sender has not.

@@ -140,6 +140,49 @@ TEST_CASE("ring driver: the buffer is busy until the right neighbour lets go of 
   CHECK(b == std::vector<float>(100, 3.f));
 }
 
+// A link that lends what it delivers, as the shared-memory link does (its space goes back to the sender
+// only when let go): the driver must let go of every lent message of the running all-reduce by the time
+// receive() returns, or a long ring's windows would fill the segment and wait behind each other for good.
+TEST_CASE("ring driver: what a link lends is let go of, or copied, before receive returns", "[ring_driver]") {
+  std::mt19937 rng(11);
+  for (int n = 2; n <= 6; ++n)
+    for (size_t small : {size_t(0), size_t(1) << 20}) {
+      INFO("ranks " << n << " small " << small);
+      const size_t total = 3000;
+      ring::driver_options o;
+      o.segment_elems = 700;
+      o.small_bytes = o.pair_small_bytes = small;
+      o.copy_below = 0;
+      ring_of_drivers ring(n, o, true);
+      std::vector<std::vector<float>> x(static_cast<size_t>(n), std::vector<float>(total));
+      std::normal_distribution<float> g(0.f, 1.f);
+      for (auto& v : x)
+        for (auto& f : v) f = g(rng);
+      const std::vector<float> want = ring_order_sum(x, total);
+      for (int r = 0; r < n; ++r) REQUIRE(ring.d[size_t(r)]->start(0, x[size_t(r)].data(), total, 0, total) == "");
+      size_t delivered = 0;
+      for (;;) {
+        std::vector<int> ready;
+        for (int r = 0; r < n; ++r)
+          if (!ring.links[size_t(r)]->q.empty()) ready.push_back(r);
+        if (ready.empty()) break;
+        const int r = ready[rng() % ready.size()];
+        ring::message m = std::move(ring.links[size_t(r)]->q.front());
+        ring.links[size_t(r)]->q.pop_front();
+        m.lent = true;  // the link's copy, lent
+        std::weak_ptr<const void> lent = m.owner;
+        REQUIRE(ring.d[size_t(ring::right(r, n))]->receive(std::move(m)) == "");
+        CHECK(lent.expired());
+        ++delivered;
+      }
+      CHECK(delivered > 0);
+      for (int r = 0; r < n; ++r) {
+        REQUIRE(ring.d[size_t(r)]->finished());
+        CHECK(std::memcmp(x[size_t(r)].data(), want.data(), total * sizeof(float)) == 0);
+      }
+    }
+}
+
 TEST_CASE("ring driver: malformed and misdirected messages are refused with a reason", "[ring_driver]") {
   ring::driver_options o;
   o.job = 9;

@@ -150,7 +150,7 @@ TEST_CASE("shm link: messages of every size arrive whole and in order, many time
     CHECK(h.step == int64_t(i));
     CHECK(h.sender_rank == s.sender_rank);
     REQUIRE(v.size() == sizes[i]);
-    // Every float: the receiver reuses its buffers for messages of other sizes (never shrinking them).
+    // Every float: records of other sizes went through the same space before.
     size_t wrong = 0;
     for (size_t k = 0; k < v.size(); ++k) wrong += v[k] != float(i) + float(k);
     CHECK(wrong == 0);
@@ -193,6 +193,108 @@ TEST_CASE("shm link: when the receiver is gone, sends are dropped and nothing ha
   CHECK(tx->send(chunk_header(s, 9, 10), floats_of(10, 0), &error));  // dropped, as to a vanished peer
   tx.reset();
   CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+}
+
+TEST_CASE("shm link: a payload is lent in place, and its space goes back only once it and those before it are let go", "[shm]") {
+  // Before the link: its receiving thread uses these until the link is gone.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<net::payload> held;  // what the receiver handed on, not let go yet
+  std::vector<std::string> errors;
+  pair_link l;
+  const net::shm_stamp& s = l.stamp;
+  l.rx->start(
+      [&](const wire::header&, net::payload p) {
+        std::lock_guard<std::mutex> lock(mu);
+        held.push_back(std::move(p));
+        cv.notify_all();
+      },
+      [&](const std::string& why) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back(why);
+        cv.notify_all();
+      });
+  const auto arrived = [&](size_t n, std::chrono::milliseconds t) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, t, [&] { return held.size() >= n; });
+  };
+  const auto intact = [](const net::payload& p, float first) {
+    size_t wrong = 0;
+    for (size_t k = 0; k < p.size / sizeof(float); ++k) wrong += p.floats()[k] != first + float(k);
+    return wrong == 0;
+  };
+  // Three of the largest messages take 6 of the 8 MiB; the fourth and fifth wait in the sender's queue.
+  const size_t n = net::kShmMaxPayload / sizeof(float);
+  std::string error;
+  for (int i = 0; i < 5; ++i) REQUIRE(l.tx->send(chunk_header(s, i, n), floats_of(n, float(i) * 10), &error));
+  REQUIRE(arrived(3, 10s));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    REQUIRE(held.size() == 3);
+    CHECK(held[0].lent);
+    CHECK(held[0].owner);
+  }
+  // Letting go of the second frees nothing while the first is still read: the sender goes on waiting.
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    held[1] = net::payload{};
+  }
+  CHECK_FALSE(arrived(4, 300ms));
+  CHECK(intact(held[0], 0));
+  CHECK(intact(held[2], 20));
+  // The first let go: the space of both goes back, and the queue drains.
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    held[0] = net::payload{};
+  }
+  REQUIRE(arrived(5, 10s));
+  CHECK(intact(held[2], 20));  // still lent, never written over
+  CHECK(intact(held[3], 30));
+  CHECK(intact(held[4], 40));
+  CHECK(errors.empty());
+  // A payload outlives its receiver: the mapping goes with the last one.
+  l.tx.reset();
+  l.rx.reset();
+  CHECK(intact(held[4], 40));
+  held.clear();
+}
+
+TEST_CASE("shm link: a sender that writes over space still lent out is refused", "[shm]") {
+  std::mutex mu;  // before the link: its receiving thread uses these until the link is gone
+  std::condition_variable cv;
+  net::payload kept;
+  std::string why;
+  const net::shm_stamp s = fresh_stamp();
+  std::string error;
+  bool missing = false;
+  auto rx = net::shm_receiver::create(s, &error);
+  REQUIRE(rx);
+  raw_segment raw(s);  // before the sender opens it and removes the name
+  auto tx = net::shm_sender::open(s, &error, &missing);
+  REQUIRE(tx);
+  rx->start(
+      [&](const wire::header&, net::payload p) {
+        std::lock_guard<std::mutex> lock(mu);
+        kept = std::move(p);
+        cv.notify_all();
+      },
+      [&](const std::string& w) {
+        std::lock_guard<std::mutex> lock(mu);
+        why = w;
+        cv.notify_all();
+      });
+  REQUIRE(tx->send(chunk_header(s, 0, 1000), floats_of(1000, 0), &error));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    REQUIRE(cv.wait_for(lock, 10s, [&] { return kept.owner != nullptr; }));
+  }
+  // The first record (4064 bytes) is still lent: a head a whole buffer past it writes over it.
+  raw.set_head(net::kShmCapacity + 64);
+  std::unique_lock<std::mutex> lock(mu);
+  REQUIRE(cv.wait_for(lock, 5s, [&] { return !why.empty(); }));
+  CHECK(why.find("wrote over space still lent out") != std::string::npos);
+  lock.unlock();
+  rx.reset();
 }
 
 TEST_CASE("shm link: a segment that is not ours alone or not for this ring is refused", "[shm]") {
