@@ -278,6 +278,7 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   st.replicas = st.loaders = st.reducers = note.ranks;
   for (auto& a : note.ranks) self->monitor(a);
   st.cfg.replicas = int(note.ranks.size());
+  st.cfg.where = note.where;
   st.gen = note.gen;
   st.done = st.weights_in = 0;
   st.done_ranks.clear();
@@ -373,13 +374,19 @@ std::string check_report(const coordinator_state& st, const eval_report& r) {
   return "";
 }
 
+// "3", or "3 (node tcp://10.0.0.2:5601)" when the launcher said where rank 3 runs.
+std::string rank_where(const coordinator_state& st, int r) {
+  const bool known = r >= 0 && size_t(r) < st.cfg.where.size() && !st.cfg.where[size_t(r)].empty();
+  return std::to_string(r) + (known ? " (" + st.cfg.where[size_t(r)] + ")" : "");
+}
+
 // Ranks that have not reported what the others have, for report_timeout; "" if none is late.
 std::string late_ranks(const coordinator_state& st, clock_type::time_point now) {
   const auto limit = st.cfg.report_timeout;
   auto missing = [&](const std::vector<char>& seen) {
     std::string s;
     for (int r = 0; r < st.cfg.replicas; ++r)
-      if (size_t(r) >= seen.size() || !seen[size_t(r)]) s += (s.empty() ? "" : ", ") + std::to_string(r);
+      if (size_t(r) >= seen.size() || !seen[size_t(r)]) s += (s.empty() ? "" : ", ") + rank_where(st, r);
     return s;
   };
   const std::string secs_text = std::to_string(limit.count() / 1000) + " s";
@@ -444,7 +451,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       [self, st](const step_report& r) {
         if (st->finished || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;  // of a ring given up on
         if (std::string bad = check_report(*st, r); !bad.empty())
-          return finish(self, *st, "rank " + std::to_string(r.rank) + " reported " + bad);
+          return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
         st->result->wait_batch += r.wait_batch;
         st->result->compute += r.compute;
         st->result->wait_ring += r.wait_ring;
@@ -468,7 +475,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         if (st->finished || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;
         if (auto e = st->epochs.find(r.epoch); e != st->epochs.end() && e->second.closed) return;  // a lost rank's share
         if (std::string bad = check_report(*st, r); !bad.empty())
-          return finish(self, *st, "rank " + std::to_string(r.rank) + " reported " + bad);
+          return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
         epoch_acc& a = st->epochs[r.epoch];
         if (a.evals == 0) a.first_eval = clock_type::now();
         a.val_losses.resize(size_t(st->cfg.replicas), 0.0);

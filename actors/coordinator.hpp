@@ -110,6 +110,8 @@ struct coordinator_config {
   // no reports would hold the job forever). 0: no limit (ranks in this process). While the launcher
   // forms a new ring ({pause_atom, gen} until {reform_atom, note} of that gen) the clock stands still.
   std::chrono::milliseconds report_timeout{0};
+  // Where each rank runs, for errors that name a rank ("node tcp://10.0.0.2:5601"); empty: this process.
+  std::vector<std::string> where;
 };
 
 // {reform_atom, reform_note}: the ring was re-formed without lost nodes' ranks, or with a node that
@@ -122,6 +124,7 @@ struct reform_note {
   std::vector<node_loss> losses;   // the nodes lost since the last re-forming
   std::vector<node_join> joins;    // the nodes that join with this ring
   std::chrono::steady_clock::time_point last_word;  // the earliest last message of those nodes
+  std::vector<std::string> where;  // coordinator_config::where for the new ranks
 };
 
 // Request {run_atom, replicas, loaders, reducers} (vector<actor> each, index = rank), the reducers already

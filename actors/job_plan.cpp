@@ -151,6 +151,15 @@ bool check_ranks(const job_plan& p, std::string* error) {
 
 }  // namespace
 
+std::vector<std::string> job_plan::rank_nodes() const {
+  std::vector<std::string> out;
+  for (const rank_plan& r : ranks) {
+    const bool remote = r.node >= 0 && size_t(r.node) < nodes.size() && !nodes[size_t(r.node)].endpoint.empty();
+    out.push_back(remote ? "node " + nodes[size_t(r.node)].endpoint : "");
+  }
+  return out;
+}
+
 std::vector<int> job_plan::ranks_on(int node) const {
   std::vector<int> out;
   for (const rank_plan& r : ranks)

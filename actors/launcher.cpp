@@ -432,6 +432,7 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
     proxy_node.push_back(r.node);
   }
   note.ranks = proxies;
+  note.where = plan.rank_nodes();
   note.losses = std::move(losses);
   note.joins = std::move(joined);
   note.last_word = last_word;

@@ -250,6 +250,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   auto last = std::make_shared<std::string>();
   coordinator_config cc = job_coordinator_config(cfg, m, n, cfg.evaluate, int64_t(samples), steps, last);
   cc.on_event = [&L](const std::string& line) { L.event(line); };
+  cc.where = L.plan.rank_nodes();
   // Longer than the ring may wait for a hung rank, and than its node's loss takes to be named: those are
   // handled as lost nodes; this catches a node that answers and trains but holds back its reports.
   cc.report_timeout = std::max<std::chrono::milliseconds>(std::chrono::seconds(30), cfg.ring_timeout + std::chrono::seconds(10));

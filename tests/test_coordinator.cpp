@@ -33,7 +33,8 @@ struct job {
   caf::scoped_actor self{sys};
 
   // 2 ranks, a global batch of 4, 2 epochs of 3 steps, no evaluation.
-  explicit job(std::chrono::milliseconds report_timeout = 0ms) {
+  // where: coordinator_config::where, as a launcher sets it for ranks on nodes.
+  explicit job(std::chrono::milliseconds report_timeout = 0ms, std::vector<std::string> where = {}) {
     coordinator_config cc;
     cc.replicas = 2;
     cc.global_batch = 4;
@@ -41,6 +42,7 @@ struct job {
     cc.epochs = 2;
     cc.evaluate = false;
     cc.report_timeout = report_timeout;
+    cc.where = std::move(where);
     for (int r = 0; r < 2; ++r) ranks.push_back(sys.spawn(stand_in));
     coord = sys.spawn(coordinator, cc);
   }
@@ -124,18 +126,25 @@ TEST_CASE("coordinator: reports outside the job, twice, or of impossible batches
     CHECK_FALSE(r.ok);
     CHECK(r.error.find(l.says) != std::string::npos);
   }
+  // Ranks on nodes: the rank's node is named too.
+  job on_nodes(0ms, {"node tcp://10.0.0.1:5601", "node tcp://10.0.0.2:5601"});
+  train_result r = on_nodes.run([](job& j) { j.step(1, 0, 0), j.step(1, 0, 0); });
+  INFO(r.error);
+  CHECK(r.error.find("rank 1 (node tcp://10.0.0.2:5601) reported step 1 of epoch 1 twice") != std::string::npos);
 }
 
 TEST_CASE("coordinator: a rank that holds back its reports while the others report fails the job in time, naming it", "[coordinator]") {
-  job j(1000ms);
+  job j(1000ms, {"node tcp://10.0.0.1:5601", "node tcp://10.0.0.2:5601"});
   const auto t0 = std::chrono::steady_clock::now();
   train_result r = j.run([](job& j) {
     j.step(0, 0, 0), j.step(1, 0, 0);
     j.step(0, 0, 1);  // rank 1 says nothing more
   });
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.error);
   CHECK_FALSE(r.ok);
-  CHECK(r.error.find("rank(s) 1 sent no report of step 2 of epoch 1 in 1 s after the others did") != std::string::npos);
+  CHECK(r.error.find("rank(s) 1 (node tcp://10.0.0.2:5601) sent no report of step 2 of epoch 1 in 1 s after the others did") !=
+        std::string::npos);
   CHECK(took < 4);
 
   job quiet(1000ms);  // the others done, one not
@@ -159,6 +168,7 @@ TEST_CASE("coordinator: while a ring is formed anew its report clock stands stil
           reform_note note;                     // ring 1 formed, of the same ranks, from step 0
           note.gen = 1;
           note.ranks = j.ranks;
+          note.where = {"node tcp://10.0.0.3:5601", "node tcp://10.0.0.4:5601"};  // where the new ranks run
           caf::anon_send(j.coord, reform_atom::value, note);
           j.step(0, 0, 0, 2, 1, 0.5, 1);  // then rank 1 falls silent in the new ring
         });
@@ -168,7 +178,7 @@ TEST_CASE("coordinator: while a ring is formed anew its report clock stands stil
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.error);
   CHECK_FALSE(r.ok);
-  CHECK(r.error.find("rank(s) 1 sent no report of step 1 of epoch 1") != std::string::npos);
+  CHECK(r.error.find("rank(s) 1 (node tcp://10.0.0.4:5601) sent no report of step 1 of epoch 1") != std::string::npos);
   CHECK(took > 2.0);
   CHECK(took < 5.0);
 }
