@@ -50,6 +50,20 @@ train_config small_job(int64_t epochs) {
   return c;
 }
 
+// The hung-rank tests' run: small_job(epochs) on 3000 samples over `nodes`, a ring timeout of 1 s; *took:
+// its seconds.
+train_result run_with_hung_rank(const test::daemons& nodes, remote_options ro, int64_t epochs, double* took) {
+  ro.nodes = test::endpoints(nodes);
+  ro.limit_train = 3000;
+  ro.limit_test = 300;
+  train_config c = small_job(epochs);
+  c.ring_timeout = 1000ms;
+  const auto t0 = clock_type::now();
+  train_result r = train_remote(c, ro);
+  *took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  return r;
+}
+
 // Rejoining tests: long enough (some 9 s here) for a node to be named lost, come back, load its data and
 // join 1.5 s of steps ahead, with two test suites on the 2 cores; a model whose step is mostly compute, so
 // its pace is steady. (784-256-10 ran half as long once the backward pass got 2x faster, and a join that
@@ -221,15 +235,9 @@ TEST_CASE("elastic: a node whose rank hangs while the node still answers is drop
   test::daemons nodes = start_nodes_one_hung(3, 1, 15);
   const std::string hung = nodes[1]->endpoint;
   remote_options ro;
-  ro.nodes = test::endpoints(nodes);
-  ro.limit_train = 3000;
-  ro.limit_test = 300;
   ro.rejoin = false;  // it would hang again
-  train_config c = small_job(2);
-  c.ring_timeout = 1000ms;
-  const auto t0 = clock_type::now();
-  train_result r = train_remote(c, ro);
-  const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  double took = 0;
+  train_result r = run_with_hung_rank(nodes, ro, 2, &took);
   INFO(r.error);
   REQUIRE(r.ok);
   CHECK(r.identical);
@@ -252,15 +260,9 @@ TEST_CASE("elastic: a node whose rank hangs while the node still answers is drop
 TEST_CASE("a rank that hangs fails a job that aborts on node loss within the ring timeout, naming it", "[nodes][elastic][stall]") {
   test::daemons nodes = start_nodes_one_hung(2, 0, 5);
   remote_options ro;
-  ro.nodes = test::endpoints(nodes);
-  ro.limit_train = 3000;
-  ro.limit_test = 300;
   ro.abort_on_node_loss = true;
-  train_config c = small_job(1);
-  c.ring_timeout = 1000ms;
-  const auto t0 = clock_type::now();
-  train_result r = train_remote(c, ro);
-  const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  double took = 0;
+  train_result r = run_with_hung_rank(nodes, ro, 1, &took);
   INFO(r.error);
   REQUIRE_FALSE(r.ok);
   CHECK(r.error.find("no progress for") != std::string::npos);
