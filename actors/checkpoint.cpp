@@ -24,6 +24,10 @@ namespace fs = std::filesystem;
 constexpr const char* kFormat = "ringmaster-checkpoint";
 constexpr int kVersion = 1;
 constexpr uint64_t kMaxHeaderBytes = uint64_t(1) << 26;  // 64 MiB: three entries per tensor, a long history
+// Keys and values of the header outside its strings: ~10 per tensor, and a model description of at most
+// 64 KiB has no more than ~40,000 tensors with their optimizer state. Parsed, 2^20 of them take ~100 MB.
+constexpr size_t kMaxHeaderItems = size_t(1) << 20;
+constexpr size_t kItemsPerEpoch = 24;  // of the progress text: an epoch's 8 numbers are 17 keys and values
 
 std::string hex64(uint64_t v) {
   char b[20];
@@ -198,9 +202,10 @@ std::string progress_fault(const checkpoint& c) {
   return "";
 }
 
-// The progress JSON back; false when any field is missing or of the wrong type.
-bool read_progress(const std::string& text, job_progress* p) {
-  if (json_depth(text) > 4) return false;
+// The progress JSON back, of a job of at most `epochs` epochs; false when any field is missing or of the
+// wrong type.
+bool read_progress(const std::string& text, int64_t epochs, job_progress* p) {
+  if (json_depth(text) > 4 || json_items(text) > kItemsPerEpoch * size_t(epochs + 1)) return false;
   const json j = json::parse(text, nullptr, false);
   if (!j.is_object()) return false;
   auto num = [](const json& o, const char* k, double* out) {
@@ -328,6 +333,8 @@ bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpo
   std::string text(hn, '\0');
   if (!read_all(fd, text.data(), hn)) return *error = path + ": truncated header", false;
   if (json_depth(text) > 8) return *error = path + ": the header nests deeper than a checkpoint's", false;
+  if (json_items(text) > kMaxHeaderItems)
+    return *error = path + ": the header holds more than " + std::to_string(kMaxHeaderItems) + " keys and values, more than any checkpoint's", false;
   json h = json::parse(text, nullptr, false);
   if (h.is_discarded() || !h.is_object() || !h.contains("__metadata__") || !h["__metadata__"].is_object())
     return *error = path + ": the header is not a safetensors header with metadata (damaged?)", false;
@@ -363,7 +370,7 @@ bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpo
   if (!rd.ok()) return false;
   if (*kind != "adam" && *kind != "sgd") return rd.bad("optimizer '" + kind->substr(0, 20) + "' is neither adam nor sgd").ok();
   c.opt.kind = *kind == "adam" ? optimizer_config::adam : optimizer_config::sgd;
-  if (!read_progress(*progress, &c.progress)) return rd.bad("the progress field is not what a checkpoint writes").ok();
+  if (!read_progress(*progress, c.epochs, &c.progress)) return rd.bad("the progress field is not what a checkpoint writes").ok();
   std::string why;
   auto m = model::build(*model_text, reg, &why);
   if (!m) return *error = path + ": its model does not build here: " + why, false;

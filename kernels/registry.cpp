@@ -32,6 +32,23 @@ int json_depth(const std::string& t) {
   return deepest;
 }
 
+size_t json_items(const std::string& t) {
+  size_t items = 1;
+  bool in_string = false;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const char c = t[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == ',' || c == ':' || c == '[' || c == '{') {
+      ++items;
+    }
+  }
+  return items;
+}
+
 bool layer_registry::add(const std::string& type, layer_factory make, std::string* error) {
   const bool plain = !type.empty() && type.size() <= 32 &&
                      type.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;

@@ -25,6 +25,11 @@ std::string quoted(const std::string& text, size_t max = 40);
 // printing a deeply nested value recurses, and a crafted file can nest 100,000 levels in a few bytes each.
 int json_depth(const std::string& text);
 
+// Keys and values in JSON text (strings skipped), an upper bound counted before parsing as json_depth is:
+// a parsed value costs 16-100 bytes for the 2 bytes of text ("0,") it may take, so a size limit alone
+// lets a crafted 64 MiB header take gigabytes.
+size_t json_items(const std::string& text);
+
 // Makes a layer from its settings (the description's object, "type" included); null with *error.
 using layer_factory = std::function<std::unique_ptr<layer>(const json& settings, std::string* error)>;
 

@@ -87,6 +87,11 @@ bool read_safetensors_bytes(const std::string& name, const void* bytes, size_t s
     *error = name + ": the header nests deeper than a safetensors header does";
     return false;
   }
+  // A parsed value costs far more than its text: bound the count too (~8 per tensor is what we write).
+  if (json_items(text) > (size_t(1) << 20)) {
+    *error = name + ": the header holds more keys and values than a model's safetensors header does";
+    return false;
+  }
   const json h = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (h.is_discarded() || !h.is_object()) {
     *error = name + ": the header is not a JSON object";

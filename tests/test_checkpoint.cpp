@@ -249,6 +249,32 @@ TEST_CASE("checkpoint: a file whose numbers no job makes is refused, and a FIFO 
   fs::remove_all(dir);
 }
 
+TEST_CASE("checkpoint: a header of millions of tiny values is refused before it is parsed", "[checkpoint]") {
+  // "0," is two bytes of text and a parsed value of 16 or more: without a count, 64 MiB of it took 2.3 GB.
+  std::string header = "{\"__metadata__\":{\"format\":\"ringmaster-checkpoint\"},\"x\":[0";
+  for (int i = 0; i < (1 << 20) + 8; ++i) header += ",0";
+  header += "]}";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[size_t(i)] = char(uint64_t(header.size()) >> (8 * i) & 0xff);
+  file += header;
+  const std::string dir = fresh_dir("items");
+  write_bytes(dir + "/ckpt-1-10.safetensors", file);
+  checkpoint back;
+  std::string error;
+  CHECK_FALSE(read_checkpoint(dir + "/ckpt-1-10.safetensors", layer_registry::with_builtins(), &back, &error));
+  CHECK(error.find("more than 1048576 keys and values") != std::string::npos);
+  // The weights reader (--load, and weights a node returns) counts as well.
+  const auto m = mlp("784-8-10");
+  std::vector<float> params;
+  CHECK_FALSE(read_safetensors_bytes("crafted", file.data(), file.size(), *m, &params, &error));
+  CHECK(error.find("more keys and values") != std::string::npos);
+  // A real checkpoint's header is far under the bound.
+  std::string path;
+  REQUIRE(write_checkpoint(dir, *m, sample(*m, optimizer_config::adam, 23), &path, &error));
+  CHECK(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("checkpoint: a job of other settings may not resume from it", "[checkpoint]") {
   const auto m = mlp("784-8-10");
   const checkpoint c = sample(*m, optimizer_config::adam, 23);
