@@ -248,9 +248,14 @@ void launcher::tick() {
   }
   // Re-forming waits for every survivor's answer; a replica busy with a long step answers late, but one
   // that never does must not hold the job forever. (Steps on the way to a planned pause count as news.)
-  if (now != phase::running && t - forming_since >= ro.setup_timeout) {
+  // On the way to a planned pause a hung rank is named by its ring's stall reports (after the ring
+  // timeout): the fallback waits for those.
+  const auto forming_limit = joins == join_step::pausing
+                                 ? std::max<std::chrono::milliseconds>(ro.setup_timeout, std::chrono::milliseconds(plan.ring_timeout_ms) + std::chrono::seconds(10))
+                                 : ro.setup_timeout;
+  if (now != phase::running && t - forming_since >= forming_limit) {
     now = phase::running;  // once
-    const std::string s = std::to_string(ro.setup_timeout.count() / 1000) + " s";
+    const std::string s = std::to_string(forming_limit.count() / 1000) + " s";
     kill_node(-1, joins == join_step::pausing ? "the ranks made no step for " + s + " on their way to step " + std::to_string(join_at) +
                                                     ", where node " + ro.nodes[size_t(joining.load())] + " was to rejoin"
                                               : "the ring could not be re-formed within " + s + " of a node's loss");
@@ -260,7 +265,7 @@ void launcher::tick() {
   // give or take a step's work; one that started waiting later (a longer evaluation) says so later still,
   // so a verdict waits for every rank off the blamed node, up to another ring timeout.
   const auto window = std::chrono::seconds(2) + (step_rate > 0 ? std::chrono::duration<double>(2 / step_rate) : std::chrono::duration<double>(0));
-  if (!stalls.empty() && now == phase::running && t - stall_since >= window)
+  if (!stalls.empty() && stalls_count() && t - stall_since >= window)
     judge_stall(t - stall_since >= std::max<std::chrono::duration<double>>(window, std::chrono::milliseconds(plan.ring_timeout_ms)));
   if (joining >= 0) {
     const auto limit = joins == join_step::setting_up ? ro.setup_timeout
@@ -276,8 +281,13 @@ void launcher::tick() {
       send_kv(int(i), wire::msg_type::hello, {{"role", "launcher"}});
 }
 
+// Whether a stall now is judged: while the ring runs, and on its way to a planned pause for a node that
+// joins (a rank that hangs there stops the ring as anywhere else: the join is given up as it is dropped).
+bool launcher::stalls_count() const { return now == phase::running || joins == join_step::pausing; }
+
 void launcher::on_stall(int node, int rank, const stall_report& r) {
-  if (now != phase::running || r.gen != gen || gone[node]) return;
+  // The ranks work in plan.generation; a planned pause has numbered the ring to come already (gen).
+  if (!stalls_count() || r.gen != plan.generation || gone[node]) return;
   if (stalls.empty()) {
     stall_since = clock_type::now();
     // A rank that hung before its report must not be named by the coordinator's report clock first:

@@ -161,6 +161,7 @@ struct launcher {
   void pause_survivors(const wire::kv_map& extra);
   void on_paused(int node, int rank, const pause_report& r);
   void on_stall(int node, int rank, const stall_report& r);
+  bool stalls_count() const;
   // final: the last chance to judge (the ranks that have not reported will not); else a verdict waits
   // until every rank but those on the blamed node has reported.
   void judge_stall(bool final);

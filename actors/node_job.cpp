@@ -109,6 +109,7 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
   cfg.layers = ctx_.layers;
   cfg.make_backend = ctx_.make_backend;
   cfg.stall_after_steps = ctx_.stall_after_steps;
+  cfg.stall_at_join_pause = ctx_.stall_at_join_pause;
   auto m = build_model(cfg, error);
   if (!m) {
     *error = "bad model: " + *error;

@@ -38,6 +38,7 @@ struct node_context {
   // stranger must not flood the log).
   std::function<void(const net::bridge_error&)> fault;
   int64_t stall_after_steps = -1;  // testing (node_options::stall_after_steps)
+  bool stall_at_join_pause = false;  // testing (node_options::stall_at_join_pause)
 };
 
 // Whether this node can take a (valid) plan: "" or why not. *invalid: the job itself is bad (its model,

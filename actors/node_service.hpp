@@ -44,6 +44,9 @@ struct node_options {
   // Testing: this node's replicas take no step once this many are done, while the node goes on answering
   // (a hung rank, as a stuck device makes one); -1: never (train_config::stall_after_steps).
   int64_t stall_after_steps = -1;
+  // Testing: its replicas take no step once told to pause for a node that rejoins, as if their device
+  // got stuck just then (the ring stalls on the way to the pause).
+  bool stall_at_join_pause = false;
 };
 
 class node_service {

@@ -30,6 +30,7 @@ struct replica_state {
   // A pause planned for once `pause_at` steps are applied (-1: none), for generation planned_gen.
   int64_t pause_at = -1;
   int planned_gen = 0;
+  bool hung = false;  // testing (replica_config::stall_at_join_pause)
   std::chrono::steady_clock::time_point idle_since = std::chrono::steady_clock::now();
 };
 
@@ -182,7 +183,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   auto try_step = std::make_shared<std::function<void()>>();
   *try_step = [self, st, try_step] {
     if (st->busy || st->paused || st->ready.empty()) return;
-    if (st->cfg.stall_after_steps >= 0 && st->done_steps >= st->cfg.stall_after_steps) return;  // testing: hung
+    if (st->hung || (st->cfg.stall_after_steps >= 0 && st->done_steps >= st->cfg.stall_after_steps)) return;  // testing: hung
     batch_ptr bt = std::move(st->ready.front());
     st->ready.pop_front();
     st->busy = true;
@@ -299,6 +300,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
         if (gen <= st->pause_gen || gen <= st->planned_gen) return;
         st->planned_gen = gen;
         st->pause_at = at;
+        st->hung = st->cfg.stall_at_join_pause;
         if (st->done_steps >= at) pause_now(self, *st, gen);
       },
       [st](checkpt_atom) -> caf::result<state_ptr> {

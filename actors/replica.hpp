@@ -45,6 +45,7 @@ struct replica_config {
   // and the replica waits to be paused, rather than failing the job.
   bool elastic = false;
   int64_t stall_after_steps = -1;  // testing (train_config::stall_after_steps)
+  bool stall_at_join_pause = false;  // testing (train_config::stall_at_join_pause)
 };
 
 // A rank's part in a re-formed ring (actors/reform.hpp), from its node: the replica goes on from

@@ -138,6 +138,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     rc.gen = plan.generation;
     rc.elastic = plan.elastic;
     rc.stall_after_steps = cfg.stall_after_steps;
+    rc.stall_at_join_pause = cfg.stall_at_join_pause;
     if (plan.evaluate && cfg.test) {
       rc.test = cfg.test;
       std::tie(rc.test_begin, rc.test_end) = plan.test_shard(r, cfg.test->count);  // sums are exact

@@ -42,6 +42,7 @@ struct train_config {
   // Testing only: replicas take no step once this many are done, as a stuck GPU or a deadlock would stop
   // them, while the rest of the process goes on. -1: never. (ringmaster-node --stall-after-steps.)
   int64_t stall_after_steps = -1;
+  bool stall_at_join_pause = false;  // testing: likewise once told to pause for a node that rejoins
   std::shared_ptr<const dataset> train, test;  // test may be null
   std::shared_ptr<const std::vector<float>> init_params;  // null: Glorot from seed
   std::function<void(const progress&)> on_progress;

@@ -422,6 +422,37 @@ TEST_CASE("elastic: another node lost while one rejoins: the join is given up, t
   CHECK(r.checksums.size() == 2 + r.joins.size());
 }
 
+TEST_CASE("elastic: a rank that hangs while the others pause for a node that rejoins is dropped, the join given up, the job finishes",
+          "[nodes][elastic][rejoin][stall]") {
+  // Node 2's replicas stop as soon as they are told to pause for the join: the ring stalls on its way to
+  // the pause (before, that failed the job once the setup timeout ran out).
+  test::daemons nodes;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> argv{RINGMASTER_NODE_BIN};
+    if (i == 2) argv.push_back("--stall-at-join-pause");
+    nodes.push_back(std::make_unique<test::daemon_process>(argv, test::free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR));
+  }
+  std::this_thread::sleep_for(300ms);
+  rejoin_run job;
+  train_config c = rejoin_job();
+  c.ring_timeout = 1000ms;
+  const auto t0 = clock_type::now();
+  train_result r = job.run(c, rejoin_options(nodes), nodes, 1, 30);
+  const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  INFO(r.error);
+  for (auto& e : job.events) INFO(e);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.losses.size() >= 2);
+  CHECK(r.losses[0].node == nodes[1]->endpoint);
+  CHECK(r.losses[1].node == nodes[2]->endpoint);
+  CHECK(r.losses[1].why.find("stopped taking part in the ring") != std::string::npos);
+  CHECK(job.said("could not rejoin: node " + nodes[2]->endpoint + " was lost meanwhile"));
+  WARN("job with a rank hung on the way to a join's pause, ring timeout 1 s: " << took << " s");
+  CHECK(took < 100);  // the setup timeout alone is 120 s
+}
+
 namespace {
 
 // The launcher with `args`, its output read line by line; `on_line` sees each as it comes.
