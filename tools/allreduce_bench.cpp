@@ -8,8 +8,11 @@
 // ports of 127.0.0.1 or ipc sockets in /tmp; rank 0 prints the rows. shm: as tcp, but the chunks go
 // through shared memory (net/shm_link.hpp), as node daemons on one host send them. Rank r's element i is
 // (r + 1) + (i % 64), so every sum is an exactly known integer and wrong elements are counted.
-// The time is rank 0's median over --iters all-reduces; ranks meet at a one-float all-reduce before
-// each timed one so that refilling the buffers is not timed.
+// Timed as nccl-tests time: the ranks meet at a one-float all-reduce, each times --iters all-reduces back
+// to back, and the row shows the slowest rank's time divided by --iters. (Timing one all-reduce after a
+// barrier instead times the skew the barrier leaves: the rank it let go last finds its neighbour's data
+// there already, and a 4 KB row read anywhere from 2 to 157 us, run to run.) The --warmup all-reduces,
+// at least one, are filled and checked; the timed ones add zeros, and are checked to stay zero.
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <sched.h>
@@ -64,12 +67,14 @@ const char* kUsage =
     "                       [--iters N] [--warmup N] [--segment BYTES] [--small BYTES] [--io-threads N]\n"
     "                       [--spin-us N] [--pin on|off] [--timeout-ms N] [--security sealed|curve|none]\n"
     "                       [--key-dir DIR]\n"
-    "Ring all-reduce of float buffers; prints: size_bytes median_us algbw_GBps busbw_GBps wrong\n"
+    "Ring all-reduce of float buffers; prints: size_bytes time_us algbw_GBps busbw_GBps wrong\n"
+    "(time_us: --iters all-reduces back to back, the slowest rank's time divided by --iters)\n"
     "  --ranks N         ranks in the ring (default 2)\n"
     "  --transport T     inproc: actors in one process; ipc, tcp: one process per rank (default tcp);\n"
     "                    shm: one process per rank, chunks through shared memory, handshakes over tcp\n"
     "  --sizes LIST      buffer sizes in bytes, suffixes K M G (x1024), multiples of 4\n"
-    "  --iters N         timed all-reduces per size (default 20); --warmup N untimed first (default 5)\n"
+    "  --iters N         timed all-reduces per size (default 20); --warmup N untimed and checked first\n"
+    "                    (default 5; at least one runs)\n"
     "  --segment BYTES   bytes per chunk message, ipc/tcp (default 1M)\n"
     "  --small BYTES     ipc/tcp: buffers up to this size go whole round the ring (default 64K; 0: never)\n"
     "  --io-threads N    ZeroMQ I/O threads per process (default 1)\n"
@@ -200,6 +205,10 @@ void fill(float* p, size_t n, int rank) {
   for (size_t i = 0; i < n; ++i) p[i] = float(rank + 1) + float(i % 64);
 }
 
+size_t count_nonzero(const float* p, size_t n) {
+  return size_t(std::count_if(p, p + n, [](float v) { return v != 0.0f; }));
+}
+
 size_t count_wrong(const float* p, size_t n, int ranks) {
   const float base = float(ranks * (ranks + 1) / 2);
   size_t wrong = 0;
@@ -213,10 +222,10 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-void print_row(size_t bytes, double median_s, int ranks, size_t wrong) {
-  const double algbw = double(bytes) / median_s / 1e9;
+void print_row(size_t bytes, double seconds, int ranks, size_t wrong) {
+  const double algbw = double(bytes) / seconds / 1e9;
   const double busbw = algbw * 2.0 * (ranks - 1) / ranks;
-  std::printf("%12zu %12.2f %10.3f %10.3f %8zu\n", bytes, median_s * 1e6, algbw, busbw, wrong);
+  std::printf("%12zu %12.2f %10.3f %10.3f %8zu\n", bytes, seconds * 1e6, algbw, busbw, wrong);
   std::fflush(stdout);
 }
 
@@ -246,22 +255,24 @@ int run_inproc(const options& o) {
     std::vector<std::vector<float>> bufs(o.ranks, std::vector<float>(len));
     std::vector<float*> ptrs;
     for (auto& b : bufs) ptrs.push_back(b.data());
-    std::vector<double> times;
     size_t wrong = 0;
-    for (int it = 0; it < o.warmup + o.iters; ++it) {
-      for (int r = 0; r < o.ranks; ++r) fill(ptrs[r], len, r);
-      const auto t0 = clock_type::now();
+    auto allreduce = [&] {
       const std::string err = ring.allreduce(ptrs, len, std::chrono::milliseconds(o.timeout_ms));
-      const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
-      if (!err.empty()) {
-        std::fprintf(stderr, "allreduce_bench: %zu bytes: %s\n", bytes, err.c_str());
-        return 1;
-      }
-      if (it < o.warmup) continue;
-      times.push_back(s);
+      if (!err.empty()) std::fprintf(stderr, "allreduce_bench: %zu bytes: %s\n", bytes, err.c_str());
+      return err.empty();
+    };
+    for (int it = 0; it < std::max(1, o.warmup); ++it) {
+      for (int r = 0; r < o.ranks; ++r) fill(ptrs[r], len, r);
+      if (!allreduce()) return 1;
       for (int r = 0; r < o.ranks; ++r) wrong += count_wrong(ptrs[r], len, o.ranks);
     }
-    print_row(bytes, median(times), o.ranks, wrong);
+    for (auto& b : bufs) std::fill(b.begin(), b.end(), 0.0f);
+    const auto t0 = clock_type::now();
+    for (int it = 0; it < o.iters; ++it)
+      if (!allreduce()) return 1;
+    const double s = std::chrono::duration<double>(clock_type::now() - t0).count() / o.iters;
+    for (int r = 0; r < o.ranks; ++r) wrong += count_nonzero(ptrs[r], len);
+    print_row(bytes, s, o.ranks, wrong);
   }
   return 0;
 }
@@ -317,31 +328,39 @@ int run_worker(const options& o) {
   for (size_t bytes : o.sizes) {
     const size_t len = bytes / sizeof(float);
     std::vector<float> buf(len);
-    std::vector<double> times;
     size_t wrong = 0;
-    for (int it = 0; it < o.warmup + o.iters; ++it) {
+    auto failed = [&] {
+      if (err.empty()) return false;
+      std::fprintf(stderr, "allreduce_bench rank %d: %zu bytes: %s\n", rank, bytes, err.c_str());
+      return true;
+    };
+    for (int it = 0; it < std::max(1, o.warmup); ++it) {
       fill(buf.data(), len, rank);
-      err = ring.allreduce(&token, 1);  // barrier: every rank has filled its buffer
-      if (err.empty()) {
-        const auto t0 = clock_type::now();
-        err = ring.allreduce(buf.data(), len);
-        times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
-      }
-      if (!err.empty()) {
-        std::fprintf(stderr, "allreduce_bench rank %d: %zu bytes: %s\n", rank, bytes, err.c_str());
-        return 1;
-      }
-      if (it < o.warmup) times.pop_back();
-      else wrong += count_wrong(buf.data(), len, o.ranks);
+      err = ring.allreduce(buf.data(), len);
+      if (failed()) return 1;
+      wrong += count_wrong(buf.data(), len, o.ranks);
     }
-    // Every rank's wrong count, summed exactly (two floats, 2^20 apart, each well below 2^24).
-    float counts[2] = {float(wrong % (1u << 20)), float(wrong >> 20)};
-    if (!(err = ring.allreduce(counts, 2)).empty()) {
+    std::fill(buf.begin(), buf.end(), 0.0f);
+    err = ring.allreduce(&token, 1);  // every rank starts the clock once the others are here
+    if (failed()) return 1;
+    const auto t0 = clock_type::now();
+    for (int it = 0; it < o.iters && err.empty(); ++it) err = ring.allreduce(buf.data(), len);
+    const double mine = std::chrono::duration<double>(clock_type::now() - t0).count() / o.iters;
+    if (failed()) return 1;
+    wrong += count_nonzero(buf.data(), len);
+    // Every rank's time in its own slot (the slowest counts) and wrong count, summed exactly (two floats,
+    // 2^20 apart, each well below 2^24).
+    std::vector<float> shared(size_t(o.ranks) + 2, 0.0f);
+    shared[size_t(rank)] = float(mine);
+    shared[size_t(o.ranks)] = float(wrong % (1u << 20));
+    shared[size_t(o.ranks) + 1] = float(wrong >> 20);
+    if (!(err = ring.allreduce(shared.data(), shared.size())).empty()) {
       std::fprintf(stderr, "allreduce_bench rank %d: %s\n", rank, err.c_str());
       return 1;
     }
-    const size_t total_wrong = size_t(counts[0]) + (size_t(counts[1]) << 20);
-    if (rank == 0) print_row(bytes, median(times), o.ranks, total_wrong);
+    const double slowest = *std::max_element(shared.begin(), shared.begin() + o.ranks);
+    const size_t total_wrong = size_t(shared[size_t(o.ranks)]) + (size_t(shared[size_t(o.ranks) + 1]) << 20);
+    if (rank == 0) print_row(bytes, slowest, o.ranks, total_wrong);
   }
   return 0;
 }
@@ -449,7 +468,7 @@ int main(int argc, char** argv) {
     std::printf(", segment %zu B, whole up to %zu B, io threads %d, spin %d us, pin %s, security %s",
                 o.segment, o.small, o.io_threads, o.spin_us, o.pin ? "on" : "off", o.security.c_str());
   std::printf("\n# memcpy 64 MiB one thread: %.2f GB/s (this machine, this run)\n", memcpy_gbps());
-  std::printf("# %10s %12s %10s %10s %8s\n", "size_bytes", "median_us", "algbw_GBps", "busbw_GBps", "wrong");
+  std::printf("# %10s %12s %10s %10s %8s\n", "size_bytes", "time_us", "algbw_GBps", "busbw_GBps", "wrong");
   std::fflush(stdout);
   return o.transport == "inproc" ? run_inproc(o) : run_parent(o, argc, argv);
 }
