@@ -1,6 +1,8 @@
 // Checkpoints and --resume: the file on its own (read back exactly, damage noticed, older files pruned),
 // then through the real launcher, killed after a checkpoint and resumed, locally and on node daemons.
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <algorithm>
@@ -272,6 +274,55 @@ TEST_CASE("checkpoint: a header of millions of tiny values is refused before it 
   std::string path;
   REQUIRE(write_checkpoint(dir, *m, sample(*m, optimizer_config::adam, 23), &path, &error));
   CHECK(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// Peak and current resident memory of this process, in MiB (Linux).
+long peak_mib() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024;
+}
+long resident_mib() {
+  long pages = 0, resident = 0;
+  std::ifstream("/proc/self/statm") >> pages >> resident;
+  return resident * (sysconf(_SC_PAGESIZE) / 1024) / 1024;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: a progress text of millions of empty epochs is refused without standing parsed, whatever its epochs field says",
+          "[checkpoint]") {
+  // The epochs field bounds nothing: it comes from the same file. 4M "{}," (12 MB) under epochs 2^20
+  // took ~450 MB parsed at once; read entry by entry, the first one is refused and dropped.
+  std::string progress = "{\"history\":[{}";
+  for (int i = 1; i < 4 << 20; ++i) progress += ",{}";
+  progress += "],\"loss\":0,\"correct\":0,\"count\":0}";
+  const nlohmann::json meta = {
+      {"format", "ringmaster-checkpoint"}, {"format_version", "1"}, {"checksum", "crc32:00000000"}, {"model", "784-8-10"},
+      {"optimizer", "adam"}, {"model_fingerprint", "0"}, {"seed", "1"}, {"global_batch", "10"}, {"replicas", "1"},
+      {"train_samples", "100"}, {"steps_per_epoch", "10"}, {"epochs", std::to_string(1 << 20)}, {"step", "10"},
+      {"lr", "0.001"}, {"beta1", "0.9"}, {"beta2", "0.999"}, {"eps", "1e-8"}, {"momentum", "0"},
+      {"progress", progress}, {"model_label", "x"}};
+  progress.clear();
+  progress.shrink_to_fit();
+  const std::string header = nlohmann::json{{"__metadata__", meta}}.dump();
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[size_t(i)] = char(uint64_t(header.size()) >> (8 * i) & 0xff);
+  file += header;
+  const std::string dir = fresh_dir("progress-items");
+  write_bytes(dir + "/ckpt-1-0.safetensors", file);
+  file.clear();
+  file.shrink_to_fit();
+  const long before = resident_mib(), peak_before = peak_mib();
+  checkpoint back;
+  std::string error;
+  CHECK_FALSE(read_checkpoint(dir + "/ckpt-1-0.safetensors", layer_registry::with_builtins(), &back, &error));
+  CHECK(error.find("the progress field is not what a checkpoint writes") != std::string::npos);
+  INFO("resident before " << before << " MiB, peak after " << peak_mib() << " MiB");
+  CHECK(peak_mib() <= std::max(peak_before, before + 200));  // the header's text and copies, not 4M entries parsed
   fs::remove_all(dir);
 }
 
