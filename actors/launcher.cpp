@@ -246,13 +246,19 @@ void launcher::tick() {
     rate_mark = seen_step;
     rate_since = t;
   }
+  // Ranks give up on a stalled ring within a second of each other (their reducers look once a second),
+  // give or take a step's work; one that started waiting later (a longer evaluation) says so later still,
+  // so a verdict waits for every rank off the blamed node, up to another ring timeout.
+  const auto window = std::chrono::seconds(2) + (step_rate > 0 ? std::chrono::duration<double>(2 / step_rate) : std::chrono::duration<double>(0));
   // Re-forming waits for every survivor's answer; a replica busy with a long step answers late, but one
   // that never does must not hold the job forever. (Steps on the way to a planned pause count as news.)
   // On the way to a planned pause a hung rank is named by its ring's stall reports (after the ring
-  // timeout): the fallback waits for those.
-  const auto forming_limit = joins == join_step::pausing
-                                 ? std::max<std::chrono::milliseconds>(ro.setup_timeout, std::chrono::milliseconds(plan.ring_timeout_ms) + std::chrono::seconds(10))
-                                 : ro.setup_timeout;
+  // timeout, and a verdict's window): the fallback waits for those.
+  const auto forming_limit =
+      joins == join_step::pausing
+          ? std::max<std::chrono::milliseconds>(ro.setup_timeout, std::chrono::milliseconds(plan.ring_timeout_ms) + std::chrono::seconds(10) +
+                                                                      std::chrono::duration_cast<std::chrono::milliseconds>(window))
+          : ro.setup_timeout;
   if (now != phase::running && t - forming_since >= forming_limit) {
     now = phase::running;  // once
     const std::string s = std::to_string(forming_limit.count() / 1000) + " s";
@@ -261,10 +267,6 @@ void launcher::tick() {
                                               : "the ring could not be re-formed within " + s + " of a node's loss");
     return;
   }
-  // Ranks give up on a stalled ring within a second of each other (their reducers look once a second),
-  // give or take a step's work; one that started waiting later (a longer evaluation) says so later still,
-  // so a verdict waits for every rank off the blamed node, up to another ring timeout.
-  const auto window = std::chrono::seconds(2) + (step_rate > 0 ? std::chrono::duration<double>(2 / step_rate) : std::chrono::duration<double>(0));
   if (!stalls.empty() && stalls_count() && t - stall_since >= window)
     judge_stall(t - stall_since >= std::max<std::chrono::duration<double>>(window, std::chrono::milliseconds(plan.ring_timeout_ms)));
   if (joining >= 0) {

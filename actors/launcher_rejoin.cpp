@@ -15,7 +15,7 @@ using clock_type = launcher::clock_type;
 // plan, to join after the first epoch's end that leaves it time to load its data: rejoin_lead's worth of
 // steps, or half as long again as its last try took; more after tries that came too late.
 void launcher::on_back(int node, wire::kv_map& kv) {
-  if (!plan.elastic || !ro.rejoin || now != phase::running || joining >= 0 || original_ranks[size_t(node)] == 0 ||
+  if (!plan.elastic || !ro.rejoin || now != phase::running || !stalls.empty() || joining >= 0 || original_ranks[size_t(node)] == 0 ||
       join_failures[size_t(node)] >= kJoinTries)
     return;
   const std::string& name = ro.nodes[size_t(node)];
@@ -74,6 +74,8 @@ void launcher::on_join_ack(wire::kv_map& kv) {
   if (seen_step + std::max<int64_t>(2, int64_t(step_rate * 0.2)) >= join_at)
     return give_up_join("it was ready only as the job reached step " + std::to_string(join_at), true);
   if (gen + 1 != join_plan.generation) return give_up_join("the ring changed meanwhile");
+  // A pause would drop the stall reports in (each rank sends one): the stall is judged first.
+  if (!stalls.empty()) return give_up_join("the ring stalled meanwhile", true);
   joins = join_step::pausing;
   join_since = clock_type::now();
   pause_survivors({{"at", std::to_string(join_at)}});
