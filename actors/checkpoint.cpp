@@ -291,6 +291,9 @@ bool write_file(const std::string& dir, const model& m, const checkpoint& head, 
   h["__metadata__"]["checksum"] = sum;
   std::string text = h.dump();
   while (text.size() % 8) text += ' ';  // the data starts 8-byte aligned
+  if (text.size() > kMaxHeaderBytes)  // a history of some 300,000 epochs: a file no reader would take back
+    return *error = "a checkpoint header of " + std::to_string(text.size()) + " bytes, over the " +
+                    std::to_string(kMaxHeaderBytes >> 20) + " MiB a checkpoint is read back with", false;
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = (unsigned char)(uint64_t(text.size()) >> (8 * i));
 

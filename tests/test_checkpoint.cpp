@@ -326,6 +326,30 @@ TEST_CASE("checkpoint: a progress text of millions of empty epochs is refused wi
   fs::remove_all(dir);
 }
 
+TEST_CASE("checkpoint: a history too long to read back is not written", "[checkpoint]") {
+  const auto m = mlp("784-8-10");
+  checkpoint c = sample(*m, optimizer_config::sgd, 0);
+  c.epochs = 500000;
+  c.progress.step = c.state.steps = c.steps_per_epoch * c.epochs;
+  c.progress.count = c.progress.correct = 0;
+  epoch_stats e;
+  e.loss = 1.0 / 3.0;
+  e.accuracy = e.val_accuracy = 2.0 / 3.0;
+  e.val_loss = 0.1;
+  e.samples = 640;
+  e.seconds = e.eval_seconds = 1.0 / 7.0;
+  for (int64_t i = 0; i < c.epochs; ++i) {
+    e.epoch = i;
+    c.progress.history.push_back(e);
+  }
+  const std::string dir = fresh_dir("long-history");
+  std::string path, error;
+  CHECK_FALSE(write_checkpoint(dir, *m, c, &path, &error));
+  CHECK(error.find("over the 64 MiB a checkpoint is read back with") != std::string::npos);
+  CHECK(names(dir).empty());  // no file, not even a temporary one
+  fs::remove_all(dir);
+}
+
 TEST_CASE("checkpoint: a job of other settings may not resume from it", "[checkpoint]") {
   const auto m = mlp("784-8-10");
   const checkpoint c = sample(*m, optimizer_config::adam, 23);
