@@ -233,20 +233,28 @@ bool read_progress(const std::string& text, int64_t epochs, job_progress* p) {
   bool bad = false;
   const json::parser_callback_t keep = [&](int depth, json::parse_event_t ev, json& v) {
     using event = json::parse_event_t;
-    if (bad) return depth == 0;
+    if (bad) return depth == 0;  // the rest is dropped as it is parsed
     if (depth == 1 && ev == event::key) {
       key = v.get<std::string>();
-      histories += key == "history";
-      if (key != "history" && key != "loss" && key != "correct" && key != "count") return !(bad = true);
+      if (key == "history") ++histories;
+      else if (key != "loss" && key != "correct" && key != "count") bad = true;
+      return !bad;
     }
     if (depth <= 1) return true;
-    if (depth == 2 && key == "history" && ev == event::object_start) return entry_keys = 0, true;
+    if (depth == 2 && key == "history" && ev == event::object_start) {
+      entry_keys = 0;
+      return true;
+    }
     if (depth == 2 && key == "history" && ev == event::object_end) {
       epoch_stats s;
-      if (!(bad = !entry(v, &s) || int64_t(p->history.size()) >= epochs)) p->history.push_back(s);
+      if (entry(v, &s) && int64_t(p->history.size()) < epochs) p->history.push_back(s);
+      else bad = true;
       return false;  // read: dropped from the parsed text
     }
-    if (depth == 3 && ev == event::key) return !(bad = ++entry_keys > 8);
+    if (depth == 3 && ev == event::key) {
+      bad = ++entry_keys > 8;
+      return !bad;
+    }
     if (depth == 3 && ev == event::value) return true;
     bad = true;  // anything else nests where a checkpoint's progress has nothing
     return false;
