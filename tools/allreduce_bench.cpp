@@ -222,10 +222,10 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-void print_row(size_t bytes, double seconds, int ranks, size_t wrong) {
+void print_row(size_t bytes, double seconds, int ranks, uint64_t wrong) {
   const double algbw = double(bytes) / seconds / 1e9;
   const double busbw = algbw * 2.0 * (ranks - 1) / ranks;
-  std::printf("%12zu %12.2f %10.3f %10.3f %8zu\n", bytes, seconds * 1e6, algbw, busbw, wrong);
+  std::printf("%12zu %12.2f %10.3f %10.3f %8llu\n", bytes, seconds * 1e6, algbw, busbw, static_cast<unsigned long long>(wrong));
   std::fflush(stdout);
 }
 
@@ -348,18 +348,18 @@ int run_worker(const options& o) {
     const double mine = std::chrono::duration<double>(clock_type::now() - t0).count() / o.iters;
     if (failed()) return 1;
     wrong += count_nonzero(buf.data(), len);
-    // Every rank's time in its own slot (the slowest counts) and wrong count, summed exactly (two floats,
-    // 2^20 apart, each well below 2^24).
-    std::vector<float> shared(size_t(o.ranks) + 2, 0.0f);
+    // Every rank's time in its own slot (the slowest counts), and its wrong count in four 16-bit digits:
+    // 64 ranks' digits sum to under 2^22, which a float holds exactly.
+    std::vector<float> shared(size_t(o.ranks) + 4, 0.0f);
     shared[size_t(rank)] = float(mine);
-    shared[size_t(o.ranks)] = float(wrong % (1u << 20));
-    shared[size_t(o.ranks) + 1] = float(wrong >> 20);
+    for (size_t d = 0; d < 4; ++d) shared[size_t(o.ranks) + d] = float((uint64_t(wrong) >> (16 * d)) & 0xffff);
     if (!(err = ring.allreduce(shared.data(), shared.size())).empty()) {
       std::fprintf(stderr, "allreduce_bench rank %d: %s\n", rank, err.c_str());
       return 1;
     }
     const double slowest = *std::max_element(shared.begin(), shared.begin() + o.ranks);
-    const size_t total_wrong = size_t(shared[size_t(o.ranks)]) + (size_t(shared[size_t(o.ranks) + 1]) << 20);
+    uint64_t total_wrong = 0;
+    for (size_t d = 0; d < 4; ++d) total_wrong += uint64_t(shared[size_t(o.ranks) + d]) << (16 * d);
     if (rank == 0) print_row(bytes, slowest, o.ranks, total_wrong);
   }
   return 0;
