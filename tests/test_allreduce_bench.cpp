@@ -82,6 +82,8 @@ TEST_CASE("allreduce_bench: bad flags exit 2 with a clear message", "[bench]") {
       {"--security tls", "bad value for --security: 'tls' (sealed, curve or none)"},
       {"--transport ipc --security sealed", "--security sealed needs --transport tcp"},
       {"--transport tcp --segment 8M", "--segment and --small are at most 4M"},
+      {"--compare mpi", "bad value for --compare: 'mpi' (gloo)"},
+      {"--transport inproc --compare gloo", "--compare gloo: with --transport ipc, tcp or shm"},
   };
   for (const auto& [args, want] : cases) {
     const run_result r = run_bench(args);
@@ -93,4 +95,33 @@ TEST_CASE("allreduce_bench: bad flags exit 2 with a clear message", "[bench]") {
   const run_result help = run_bench("--help");
   CHECK(help.status == 0);
   CHECK(help.out.find("busbw_GBps") != std::string::npos);
+}
+
+TEST_CASE("allreduce_bench --compare gloo: Gloo's ring on the same sizes, or a clear error without PyTorch", "[bench]") {
+  const run_result r = run_bench("--ranks 2 --transport tcp --security none --sizes 4K,256K --iters 3 --warmup 1 --compare gloo");
+  INFO(r.out);
+  REQUIRE(rows_of(r.out.substr(0, r.out.find("# gloo"))).size() == 2);  // ours first, whatever follows
+  if (r.out.find("no python3 here imports torch.distributed") != std::string::npos) {  // where python3-torch is not installed
+    CHECK(r.status == 1);
+    CHECK(r.out.find("--compare gloo: Gloo's run gave 0 rows of 2") != std::string::npos);
+    return;
+  }
+  REQUIRE(r.status == 0);
+  std::istringstream in(r.out.substr(r.out.find("# gloo")));
+  std::string line;
+  std::vector<size_t> sizes;
+  while (std::getline(in, line)) {
+    if (line.rfind("gloo ", 0) != 0) continue;
+    std::istringstream l(line.substr(5));
+    size_t bytes = 0;
+    double gloo_us = 0, ours_us = 0;
+    std::string speedup;
+    REQUIRE((l >> bytes >> gloo_us >> ours_us >> speedup));
+    CHECK(gloo_us > 0);
+    CHECK(ours_us > 0);
+    CHECK(speedup.back() == 'x');
+    CHECK(std::stod(speedup) == Approx(gloo_us / ours_us).epsilon(0.01).margin(0.011));
+    sizes.push_back(bytes);
+  }
+  CHECK(sizes == std::vector<size_t>{4096, 256 * 1024});
 }

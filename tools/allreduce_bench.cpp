@@ -14,6 +14,7 @@
 // there already, and a 4 KB row read anywhere from 2 to 157 us, run to run.) The --warmup all-reduces,
 // at least one, are filled and checked; the timed ones add zeros, and are checked to stay zero.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <sched.h>
 #include <netinet/in.h>
@@ -56,6 +57,7 @@ struct options {
   int timeout_ms = 10000;
   std::string security;  // sealed, curve or none; "": sealed over tcp, curve over ipc
   std::string key_dir;   // "": ~/.ringmaster
+  std::string compare;   // "gloo": Gloo's ring on the same sizes after ours, and the ratio
   int worker_rank = -1;  // >= 0: this process is a worker
   std::vector<std::string> endpoints;
 };
@@ -66,7 +68,7 @@ const char* kUsage =
     "usage: allreduce_bench [--ranks N] [--transport inproc|ipc|tcp|shm] [--sizes 4K,1M,64M]\n"
     "                       [--iters N] [--warmup N] [--segment BYTES] [--small BYTES] [--io-threads N]\n"
     "                       [--spin-us N] [--pin on|off] [--timeout-ms N] [--security sealed|curve|none]\n"
-    "                       [--key-dir DIR]\n"
+    "                       [--key-dir DIR] [--compare gloo]\n"
     "Ring all-reduce of float buffers; prints: size_bytes time_us algbw_GBps busbw_GBps wrong\n"
     "(time_us: --iters all-reduces back to back, the slowest rank's time divided by --iters)\n"
     "  --ranks N         ranks in the ring (default 2)\n"
@@ -84,7 +86,9 @@ const char* kUsage =
     "  --security S      ipc/tcp: sealed: CurveZMQ handshakes, chunks sealed with AES-256-GCM, as node\n"
     "                    daemons train (default over tcp); curve: chunks over CurveZMQ too (default over\n"
     "                    ipc, which has no sealed port); none: plain ZeroMQ (--insecure)\n"
-    "  --key-dir DIR     the ranks' shared key pair (default ~/.ringmaster, made on first use)\n";
+    "  --key-dir DIR     the ranks' shared key pair (default ~/.ringmaster, made on first use)\n"
+    "  --compare gloo    ipc/tcp/shm: then Gloo's ring (PyTorch, tools/gloo_allreduce.py) on the same\n"
+    "                    sizes over TCP loopback, timed the same way, and ours against it\n";
 
 bool parse_size(const std::string& s, size_t* out) {
   if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) return false;
@@ -140,6 +144,7 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
     static const char* const known[] = {"--ranks",   "--transport", "--sizes",        "--iters",
                                         "--warmup",  "--segment",   "--small",        "--io-threads",
                                         "--spin-us", "--pin",       "--timeout-ms",   "--security", "--key-dir",
+                                        "--compare",
                                         "--worker-rank", "--endpoints"};
     if (std::find(std::begin(known), std::end(known), flag) == std::end(known))
       return flag.rfind("--", 0) == 0 ? "unknown flag " + flag : "unexpected argument " + flag;
@@ -180,6 +185,9 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
       o->security = v;
     } else if (flag == "--key-dir") {
       o->key_dir = v;
+    } else if (flag == "--compare") {
+      if (v != "gloo") return bad + " (gloo)";
+      o->compare = v;
     } else if (flag == "--worker-rank") {
       if (!parse_int(v, 0, 63, &o->worker_rank)) return bad;
     } else if (flag == "--endpoints") {
@@ -189,6 +197,8 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   if (o->worker_rank >= 0 && (o->endpoints.size() != size_t(o->ranks) || o->worker_rank >= o->ranks))
     return "a worker needs --endpoints with one endpoint per rank";
   if (o->security.empty()) o->security = o->transport == "tcp" ? "sealed" : "curve";
+  if (!o->compare.empty() && o->transport == "inproc")
+    return "--compare gloo: with --transport ipc, tcp or shm (Gloo's ring runs between processes)";
   if (o->security == "sealed" && o->transport == "shm")
     return "--transport shm: chunks stay on this host and are not sealed (--security curve or none)";
   if (o->transport == "shm" && (o->segment > ringmaster::net::kShmMaxPayload || o->small > ringmaster::net::kShmMaxPayload))
@@ -385,6 +395,45 @@ bool free_ports(int n, std::vector<int>* ports, std::string* error) {
   return ok;
 }
 
+// Gloo's ring on the same sizes, timed as ours (tools/gloo_allreduce.py), by the first of python3 and
+// /usr/bin/python3 (Debian's python3-torch) that imports torch; then each size's time against ours.
+int compare_gloo(const options& o, const std::vector<std::pair<size_t, double>>& ours) {
+  std::string sizes;
+  for (size_t b : o.sizes) {
+    if (!sizes.empty()) sizes += ',';
+    sizes += std::to_string(b);
+  }
+  const std::string args = " " RINGMASTER_SOURCE_DIR "/tools/gloo_allreduce.py --ranks " + std::to_string(o.ranks) +
+                           " --sizes " + sizes + " --iters " + std::to_string(o.iters) + " --warmup " +
+                           std::to_string(o.warmup) + " 2>&1";
+  const std::string cmd = "for p in python3 /usr/bin/python3; do if $p -c 'import torch.distributed' 2>/dev/null; then exec $p" +
+                          args + "; fi; done; echo 'no python3 here imports torch.distributed (Debian: python3-torch)'";
+  std::printf("# gloo: PyTorch's Gloo ring over TCP loopback, %d ranks, timed the same way\n", o.ranks);
+  std::fflush(stdout);
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return std::perror("allreduce_bench: popen"), 1;
+  std::vector<std::pair<size_t, double>> theirs;
+  std::string said;  // anything else it printed, for an error
+  char line[512];
+  while (std::fgets(line, sizeof line, p)) {
+    unsigned long long bytes = 0;
+    double us = 0;
+    if (std::sscanf(line, "gloo %llu %lf", &bytes, &us) == 2) theirs.emplace_back(size_t(bytes), us);
+    else if (line[0] != '#' && said.size() < 2000) said += line;
+  }
+  const int st = pclose(p);
+  if (theirs.size() != ours.size() || st != 0) {
+    std::fprintf(stderr, "allreduce_bench: --compare gloo: Gloo's run gave %zu rows of %zu (exit %d): %s", theirs.size(),
+                 ours.size(), WIFEXITED(st) ? WEXITSTATUS(st) : -1, said.c_str());
+    return 1;
+  }
+  std::printf("# %10s %12s %12s %10s\n", "size_bytes", "gloo_us", "ours_us", "speedup");
+  for (size_t i = 0; i < ours.size(); ++i)
+    std::printf("gloo %7zu %12.2f %12.2f %9.2fx\n", theirs[i].first, theirs[i].second, ours[i].second,
+                theirs[i].second / ours[i].second);
+  return 0;
+}
+
 int run_parent(const options& o, int argc, char** argv) {
   std::vector<std::string> eps;
   if (o.transport == "tcp" || o.transport == "shm") {
@@ -409,6 +458,12 @@ int run_parent(const options& o, int argc, char** argv) {
       return 1;
     }
   }
+  // Rank 0 prints the rows into a pipe: echoed as they come, and kept for --compare.
+  int rows[2] = {-1, -1};
+  if (pipe2(rows, O_CLOEXEC) != 0) {
+    std::perror("allreduce_bench: pipe");
+    return 1;
+  }
   std::vector<pid_t> kids;
   std::fflush(stdout);
   for (int r = 0; r < o.ranks; ++r) {
@@ -421,6 +476,7 @@ int run_parent(const options& o, int argc, char** argv) {
       return 1;
     }
     if (pid == 0) {
+      if (r == 0 && dup2(rows[1], STDOUT_FILENO) < 0) _exit(127);
       std::vector<char*> cargs;
       for (auto& a : args) cargs.push_back(a.data());
       cargs.push_back(nullptr);
@@ -430,6 +486,21 @@ int run_parent(const options& o, int argc, char** argv) {
     }
     kids.push_back(pid);
   }
+  close(rows[1]);
+  std::vector<std::pair<size_t, double>> ours;  // bytes, microseconds
+  std::thread reader([&ours, fd = rows[0]] {
+    FILE* in = fdopen(fd, "r");
+    if (!in) return void(close(fd));
+    char line[512];
+    while (std::fgets(line, sizeof line, in)) {
+      std::fputs(line, stdout);
+      std::fflush(stdout);
+      unsigned long long bytes = 0;
+      double us = 0;
+      if (line[0] != '#' && std::sscanf(line, "%llu %lf", &bytes, &us) == 2) ours.emplace_back(size_t(bytes), us);
+    }
+    std::fclose(in);
+  });
   // Workers give up on their own (ring timeouts); if one fails, the others are stopped at once.
   int status_all = 0;
   size_t running = kids.size();
@@ -444,6 +515,8 @@ int run_parent(const options& o, int argc, char** argv) {
         if (k != pid) kill(k, SIGTERM);
     }
   }
+  reader.join();  // the pipe ends with rank 0
+  if (status_all == 0 && o.compare == "gloo") status_all = compare_gloo(o, ours);
   return status_all;
 }
 
