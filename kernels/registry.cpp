@@ -13,8 +13,11 @@ std::string quoted(const std::string& text, size_t max) {
   return out.append(text.size() > max ? "...'" : "'");
 }
 
-int json_depth(const std::string& t) {
-  int depth = 0, deepest = 0;
+namespace {
+
+// Calls f(c) for each character of JSON text outside its strings (escapes skipped with the string).
+template <class F>
+void outside_strings(const std::string& t, F f) {
   bool in_string = false;
   for (size_t i = 0; i < t.size(); ++i) {
     const char c = t[i];
@@ -23,29 +26,26 @@ int json_depth(const std::string& t) {
       else if (c == '"') in_string = false;
     } else if (c == '"') {
       in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      depth = std::max(0, depth - 1);
+    } else {
+      f(c);
     }
   }
+}
+
+}  // namespace
+
+int json_depth(const std::string& t) {
+  int depth = 0, deepest = 0;
+  outside_strings(t, [&](char c) {
+    if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
+    else if (c == ']' || c == '}') depth = std::max(0, depth - 1);
+  });
   return deepest;
 }
 
 size_t json_items(const std::string& t) {
   size_t items = 1;
-  bool in_string = false;
-  for (size_t i = 0; i < t.size(); ++i) {
-    const char c = t[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == ',' || c == ':' || c == '[' || c == '{') {
-      ++items;
-    }
-  }
+  outside_strings(t, [&](char c) { items += c == ',' || c == ':' || c == '[' || c == '{'; });
   return items;
 }
 

@@ -473,6 +473,8 @@ int run_parent(const options& o, int argc, char** argv) {
     if (pid < 0) {
       std::perror("allreduce_bench: fork");
       for (pid_t k : kids) kill(k, SIGKILL);
+      close(rows[0]);
+      close(rows[1]);
       return 1;
     }
     if (pid == 0) {
