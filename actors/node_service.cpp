@@ -380,7 +380,8 @@ bool node_service::start(std::string* error) {
       return false;
     }
   }
-  configure(d_->sys_cfg, d_->opt.threads);
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  configure(d_->sys_cfg, d_->opt.threads > 0 ? d_->opt.threads : std::min(int(d_->slots.size()), cores));
   d_->sys = std::make_unique<caf::actor_system>(d_->sys_cfg);
   impl* d = d_.get();
   d->br.set_handler([d](const net::peer_info& from, const wire::header& h, net::payload p) {

@@ -46,7 +46,7 @@ struct train_config {
   std::shared_ptr<const dataset> train, test;  // test may be null
   std::shared_ptr<const std::vector<float>> init_params;  // null: Glorot from seed
   std::function<void(const progress&)> on_progress;
-  int threads = 0;  // CAF scheduler threads; 0: hardware concurrency
+  int threads = 0;  // CAF scheduler threads; 0: one per replica, at most one per core
   // Checkpoints (actors/checkpoint.hpp): written into checkpoint_dir ("" none) every checkpoint_every steps
   // (0: at the end of every epoch) and after the last step. on_checkpoint hears of each file written.
   std::string checkpoint_dir;
