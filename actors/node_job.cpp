@@ -234,7 +234,14 @@ void node_job::open_shm_receivers() {
           log(why);
           fail(*port, why);
         });
-    shm_in_[r] = std::move(in);
+    // The replica, once it has asked for its all-reduces, may take the chunks itself (poll_briefly).
+    std::shared_ptr<net::shm_receiver> shared = std::move(in);
+    set_poller(*port, [weak = std::weak_ptr<net::shm_receiver>(shared)](std::chrono::steady_clock::time_point until,
+                                                                        const std::function<bool()>& done) {
+      auto in = weak.lock();
+      return in && in->poll(until, done);
+    }, ctx_.ring_poll);
+    shm_in_[r] = std::move(shared);
   }
 }
 

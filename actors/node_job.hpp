@@ -39,6 +39,7 @@ struct node_context {
   std::function<void(const net::bridge_error&)> fault;
   int64_t stall_after_steps = -1;  // testing (node_options::stall_after_steps)
   bool stall_at_join_pause = false;  // testing (node_options::stall_at_join_pause)
+  std::chrono::microseconds ring_poll{0};  // node_options::ring_poll
 };
 
 // Whether this node can take a (valid) plan: "" or why not. *invalid: the job itself is bad (its model,
@@ -128,7 +129,7 @@ class node_job {
   std::map<int, std::shared_ptr<net::sealer>> sealers_;
   // The segments of the ring now, by receiving rank: their threads hand chunks to the rank's port. (The
   // sending sides belong to the ranks' links.)
-  std::map<int, std::unique_ptr<net::shm_receiver>> shm_in_;
+  std::map<int, std::shared_ptr<net::shm_receiver>> shm_in_;
   std::string host_ = net::host_id();  // ours, to compare with the plan's nodes
   caf::actor launcher_link_;
   std::chrono::steady_clock::time_point last_heard_;

@@ -63,6 +63,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
   const std::string prog = program_name(argc, argv);
   node_options o;
   o.layers = layers;
+  int64_t poll_us = o.ring_poll.count();
   po::options_description desc(prog + ": serves training jobs to ringmaster launchers\n\nUsage: " + prog +
                                " --listen ENDPOINT [options]\n\nOptions");
   desc.add_options()
@@ -75,6 +76,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("insecure", po::bool_switch(&o.insecure), "no keys and no encryption: anyone who reaches the port can command this node")
       ("max-connections", po::value(&o.max_connections)->default_value(o.max_connections), "clients connected at once; more are refused at the handshake")
       ("sealed-port", po::value(&o.sealed_port)->default_value(o.sealed_port), "the port other nodes send ring chunks to, sealed with AES-256-GCM, on the --listen host (open it in a firewall); 0: any free port")
+      ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never")
       ("stall-after-steps", po::value(&o.stall_after_steps), "for testing: this node's replicas stop after N steps of a job while the node goes on answering, as a stuck GPU would")
       ("stall-at-join-pause", po::bool_switch(&o.stall_at_join_pause), "for testing: this node's replicas stop once told to pause for a node that rejoins, while the node goes on answering");
   po::variables_map vm;
@@ -112,6 +114,11 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     std::fprintf(stderr, "%s: --name must be at most 200 printable ASCII characters\n", prog.c_str());
     return 2;
   }
+  if (poll_us < 0 || poll_us > 1000000) {
+    std::fprintf(stderr, "%s: --ring-poll-us must be 0-1000000\n", prog.c_str());
+    return 2;
+  }
+  o.ring_poll = std::chrono::microseconds(poll_us);
   if (o.max_connections < 1) {
     std::fprintf(stderr, "%s: --max-connections must be at least 1\n", prog.c_str());
     return 2;

@@ -44,6 +44,9 @@ struct node_options {
   // spare workers only take messages from the busy ones, a thread hop each: two cpu:1 daemons on two
   // cores trained 15-20% slower with two workers each than with one.
   int threads = 0;
+  // A replica waiting for its ring takes the chunks that come through shared memory itself, spinning, for
+  // up to this long per step (actors/reducer.hpp, poll_briefly); 0: it sleeps and a thread wakes it.
+  std::chrono::microseconds ring_poll{300};
   // Testing: this node's replicas take no step once this many are done, while the node goes on answering
   // (a hung rank, as a stuck device makes one); -1: never (train_config::stall_after_steps).
   int64_t stall_after_steps = -1;

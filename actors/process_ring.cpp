@@ -75,6 +75,10 @@ struct process_ring::impl {
           if (h.type == msg_type::chunk) deliver(*port, from_wire(h, std::move(p)));  // the reducer checks the rest
         },
         [this](const std::string& why) { ringmaster::fail(*port, why); });
+    net::shm_receiver* in = shm_in.get();  // lives as long as the port's user, this object
+    set_poller(*port, [in](std::chrono::steady_clock::time_point until, const std::function<bool()>& done) {
+      return in->poll(until, done);
+    }, opt.poll);
   }
   const std::string& key_of(int r) const {
     return opt.public_keys.empty() ? opt.bridge.keys.public_key : opt.public_keys[size_t(r)];
@@ -380,6 +384,7 @@ std::string process_ring::allreduce(float* buf, size_t len) {
     }
     w->cv.notify_all();
   });
+  poll_briefly(*d_->port);
   std::string why;
   {
     std::unique_lock<std::mutex> lock(w->mu);

@@ -47,6 +47,9 @@ struct process_ring_options {
   // do; the bridge still carries the handshake and aborts. A rank that finds no segment of its right
   // neighbour's (another host) sends over the bridge.
   bool shared_memory = false;
+  // allreduce() takes the chunks that come through shared memory on its own thread, spinning, for up
+  // to this long (actors/reducer.hpp, poll_briefly); 0: it sleeps until the receiving thread is done.
+  std::chrono::microseconds poll{300};
   net::bridge::error_handler on_error;  // invalid frames and dropped chunks; default: stderr
 };
 

@@ -99,6 +99,11 @@ class reducer_port {
   std::atomic<size_t> queued{0};       // jobs.size(), for the watchdog
   std::atomic<int> stalled_on{-1};     // the rank the watchdog gave up waiting for (-1: it did not)
   caf::weak_actor_ptr owner;           // the reducer actor
+  struct polling {
+    ring_poller poll;
+    std::chrono::microseconds budget;
+  };
+  std::shared_ptr<const polling> poller;  // set_poller; read and written with atomic_load/atomic_store
 
   // Runs f in the strand; an exception fails the ring instead of vanishing (a CUDA error, no memory).
   template <class F>
@@ -214,6 +219,7 @@ class reducer_port {
     ops = nullptr;
     pool = chunk_pool{};
     out.inner = nullptr;
+    std::atomic_store(&poller, std::shared_ptr<const polling>{});
   }
 };
 
@@ -262,6 +268,18 @@ void join(reducer_port& port, std::shared_ptr<ring::link> right) {
 }
 
 int stalled_on(const reducer_port& port) { return port.stalled_on.load(); }
+
+void set_poller(reducer_port& port, ring_poller p, std::chrono::microseconds budget) {
+  std::shared_ptr<const reducer_port::polling> set;
+  if (p && budget.count() > 0) set = std::make_shared<const reducer_port::polling>(reducer_port::polling{std::move(p), budget});
+  std::atomic_store(&port.poller, std::move(set));
+}
+
+void poll_briefly(reducer_port& port) {
+  const auto p = std::atomic_load(&port.poller);
+  if (!p || port.queued.load() == 0) return;
+  p->poll(clock_type::now() + p->budget, [&port] { return port.queued.load() == 0; });
+}
 
 void fail(reducer_port& port, const std::string& why) {
   port.run([&port, why] { port.fail(why); });

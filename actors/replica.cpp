@@ -290,8 +290,13 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
       },
       [st, try_step](batch_atom, batch_ptr b) {
         if (b->gen != st->gen) return;  // cut for a ring given up on: no credit, the loader starts afresh
+        const bool stepping = st->busy;
         st->ready.push_back(std::move(b));
         (*try_step)();
+        // The next batch came while the ring still runs: nothing else to do here, so take the ring's
+        // chunks on this thread (where the link allows) rather than sleep until a thread hands them on.
+        // Not before the batch is in: on a node with one worker, the loader that sends it would wait.
+        if (stepping) poll_briefly(*st->cfg.port);
       },
       [self, st](pause_atom, int gen) {
         if (gen > st->pause_gen && gen >= st->planned_gen) pause_now(self, *st, gen);

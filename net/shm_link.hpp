@@ -26,6 +26,7 @@
 // copied (payload::lent): a record's space goes back to the sender once its reader and those of every
 // record before it let go. A sender that writes into lent space changes only floats it sent itself.
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -72,6 +73,11 @@ class shm_receiver {
   // the sender writes over it only once the payload's owner and the owners of all before it are let go.
   // So hold a payload only briefly, or copy it (ring::driver does, for what it keeps).
   void start(handler h, error_handler e);
+  // From a thread that waits for this link's messages (a replica whose all-reduce runs): takes and hands
+  // on the messages itself, spinning, until done() or `until`, so that no thread has to be woken for
+  // them. False at once if the receiving thread is handing one on; else done()'s last answer. The thread
+  // takes over again when it returns.
+  bool poll(std::chrono::steady_clock::time_point until, const std::function<bool()>& done);
   // Stops and joins the thread, marks the segment closed (a sender then drops what it sends) and removes
   // its name if the sender has not.
   ~shm_receiver();

@@ -160,6 +160,9 @@ TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to, a take
   const test::run_result bad = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --sealed-port 70000");
   CHECK(bad.status == 2);
   CHECK(bad.out.find("--sealed-port must be a port number") != std::string::npos);
+  const test::run_result spin = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --ring-poll-us -1");
+  CHECK(spin.status == 2);
+  CHECK(spin.out.find("--ring-poll-us must be 0-1000000") != std::string::npos);
   const test::run_result plain = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
                                            " --insecure --sealed-port " + std::to_string(port));
   CHECK(plain.status == 2);

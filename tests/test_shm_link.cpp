@@ -180,6 +180,54 @@ TEST_CASE("shm link: a sender never waits for a slow receiver, and its queue dra
   CHECK(error.find("over the shared-memory link's limit") != std::string::npos);
 }
 
+TEST_CASE("shm link: a waiting thread polls messages in itself, and the receiving thread takes over after", "[shm]") {
+  pair_link l;
+  std::mutex mu;
+  std::vector<std::pair<int64_t, std::thread::id>> got;  // step, and the thread that handed it on
+  l.rx->start(
+      [&](const wire::header& h, net::payload p) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (h.elements == 3 && p.floats()[2] == float(h.step) + 2) got.emplace_back(h.step, std::this_thread::get_id());
+      },
+      [](const std::string&) {});
+  const auto count = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return got.size();
+  };
+  std::string error;
+  // Nothing comes: a poll gives up at its deadline.
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(l.rx->poll(t0 + 20ms, [&] { return count() > 0; }));
+  CHECK(std::chrono::steady_clock::now() - t0 >= 20ms);
+  // Done already: true at once.
+  CHECK(l.rx->poll(std::chrono::steady_clock::now() + 1s, [] { return true; }));
+  // Rounds of one message taken by a poller and one left to the thread. A wake-up the thread misses costs
+  // it 100 ms (its futex's timeout): 40 of them would take 4 s.
+  t0 = std::chrono::steady_clock::now();
+  int polled = 0;
+  for (int64_t i = 0; i < 80; i += 2) {
+    std::thread later([&, i] {
+      std::this_thread::sleep_for(1ms);
+      REQUIRE(l.tx->send(chunk_header(l.stamp, i, 3), floats_of(3, float(i)), &error));
+    });
+    polled += l.rx->poll(std::chrono::steady_clock::now() + 5s, [&] { return count() > size_t(i); });
+    later.join();
+    REQUIRE(l.tx->send(chunk_header(l.stamp, i + 1, 3), floats_of(3, float(i + 1)), &error));
+    for (auto until = std::chrono::steady_clock::now() + 5s; count() < size_t(i) + 2 && std::chrono::steady_clock::now() < until;)
+      std::this_thread::sleep_for(50us);
+    REQUIRE(count() == size_t(i) + 2);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  CHECK(polled >= 30);  // the thread may be handing one on when a poll starts: then it takes that one
+  size_t mine = 0;
+  for (size_t k = 0; k < got.size(); ++k) {
+    CHECK(got[k].first == int64_t(k));
+    mine += got[k].second == std::this_thread::get_id();
+  }
+  CHECK(mine >= 30);
+  CHECK(mine <= 40);  // the odd ones came while nobody polled: the thread's
+}
+
 TEST_CASE("shm link: when the receiver is gone, sends are dropped and nothing hangs", "[shm]") {
   pair_link l;
   const net::shm_stamp& s = l.stamp;
