@@ -281,6 +281,14 @@ void poll_briefly(reducer_port& port) {
   p->poll(clock_type::now() + p->budget, [&port] { return port.queued.load() == 0; });
 }
 
+ring_poller spin_until_done() {
+  return [](clock_type::time_point until, const std::function<bool()>& done) {
+    for (uint32_t i = 1; !done(); ++i)
+      if ((i & 63) == 0 && clock_type::now() >= until) return false;
+    return true;
+  };
+}
+
 void fail(reducer_port& port, const std::string& why) {
   port.run([&port, why] { port.fail(why); });
 }

@@ -2,6 +2,7 @@
 // data loader and reducer, and a coordinator. One call runs a whole job.
 #pragma once
 #include <caf/all.hpp>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -47,6 +48,9 @@ struct train_config {
   std::shared_ptr<const std::vector<float>> init_params;  // null: Glorot from seed
   std::function<void(const progress&)> on_progress;
   int threads = 0;  // CAF scheduler threads; 0: one per replica, at most one per core
+  // When every replica has a thread: how long one whose next batch is in spins for its all-reduces' end
+  // (actors/reducer.hpp, poll_briefly) before it sleeps until they wake it; 0: never.
+  std::chrono::microseconds ring_poll{300};
   // Checkpoints (actors/checkpoint.hpp): written into checkpoint_dir ("" none) every checkpoint_every steps
   // (0: at the end of every epoch) and after the last step. on_checkpoint hears of each file written.
   std::string checkpoint_dir;
