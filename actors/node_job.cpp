@@ -86,7 +86,8 @@ void node_job::make_pair_key(size_t j) {
 }
 
 node_job::~node_job() {
-  shm_in_.clear();  // their threads hand chunks to our ports: they stop first
+  shm_in_.clear();  // their threads hand chunks to our ports: they stop first (one a replica polls, once
+                    // its poll ends: its chunks go to the port it polls for, which the replica holds)
   for (auto* group : {&replicas_, &loaders_, &reducers_})
     for (auto& [r, a] : *group) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   if (launcher_link_) caf::anon_send_exit(launcher_link_, caf::exit_reason::user_shutdown);
@@ -234,13 +235,15 @@ void node_job::open_shm_receivers() {
           log(why);
           fail(*port, why);
         });
-    // The replica, once it has asked for its all-reduces, may take the chunks itself (poll_briefly).
+    // The replica, once it has asked for its all-reduces, may take the chunks itself (poll_briefly), if
+    // its spinning holds no worker another replica here needs. A poll holds the receiver until it ends.
     std::shared_ptr<net::shm_receiver> shared = std::move(in);
+    const auto budget = ctx_.workers >= int(mine_.size()) ? ctx_.ring_poll : std::chrono::microseconds(0);
     set_poller(*port, [weak = std::weak_ptr<net::shm_receiver>(shared)](std::chrono::steady_clock::time_point until,
                                                                         const std::function<bool()>& done) {
       auto in = weak.lock();
       return in && in->poll(until, done);
-    }, ctx_.ring_poll);
+    }, budget);
     shm_in_[r] = std::move(shared);
   }
 }
@@ -339,7 +342,8 @@ void node_job::pause(int gen, int64_t at) {
 
 void node_job::close_ring() {
   ring_open_ = false;
-  shm_in_.clear();  // no more chunks from this ring's shared memory
+  shm_in_.clear();  // no more chunks from this ring's shared memory (a poll under way ends first: leave()
+                    // below fails its port, which drops what still comes)
   for (auto& [r, port] : ports_) leave(*port);  // waits for ring work under way: the buffers are free
   for (auto& [r, a] : reducers_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   reducers_.clear();

@@ -40,6 +40,7 @@ struct node_context {
   int64_t stall_after_steps = -1;  // testing (node_options::stall_after_steps)
   bool stall_at_join_pause = false;  // testing (node_options::stall_at_join_pause)
   std::chrono::microseconds ring_poll{0};  // node_options::ring_poll
+  int workers = 1;  // the actor system's threads, at most one per core: replicas may spin only with one each
 };
 
 // Whether this node can take a (valid) plan: "" or why not. *invalid: the job itself is bad (its model,

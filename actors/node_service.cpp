@@ -62,6 +62,7 @@ struct node_service::impl {
   std::vector<std::string> slots;  // one device per replica this node offers
   caf::actor_system_config sys_cfg;
   std::unique_ptr<caf::actor_system> sys;
+  int workers = 1;  // sys's threads, at most one per core
   // Keys, loaded before the bridge is made (start() reports key_error).
   std::string key_dir, key_error;
   net::key_pair keys;
@@ -167,7 +168,7 @@ struct node_service::impl {
 
   node_context context() {
     return {sys.get(), &br, name(), opt.devices, slots, opt.make_backend, opt.layers, [this](const std::string& l) { log(l); }, keys,
-            [this](const net::bridge_error& e) { log_fault(e); }, opt.stall_after_steps, opt.stall_at_join_pause, opt.ring_poll};
+            [this](const net::bridge_error& e) { log_fault(e); }, opt.stall_after_steps, opt.stall_at_join_pause, opt.ring_poll, workers};
   }
 
   void send_kv(const net::peer_info& to, wire::msg_type type, uint64_t job_id, const wire::kv_map& kv) {
@@ -381,7 +382,9 @@ bool node_service::start(std::string* error) {
     }
   }
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  configure(d_->sys_cfg, d_->opt.threads > 0 ? d_->opt.threads : std::min(int(d_->slots.size()), cores));
+  const int workers = d_->opt.threads > 0 ? d_->opt.threads : std::min(int(d_->slots.size()), cores);
+  configure(d_->sys_cfg, workers);
+  d_->workers = std::min(workers, cores);
   d_->sys = std::make_unique<caf::actor_system>(d_->sys_cfg);
   impl* d = d_.get();
   d->br.set_handler([d](const net::peer_info& from, const wire::header& h, net::payload p) {

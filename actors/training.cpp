@@ -192,7 +192,7 @@ train_result train(const train_config& cfg) {
     join(*all.ports[size_t(r)], make_port_link(all.ports[size_t(plan.right(r))]));
   // With a worker each, a replica whose next batch is in may spin for its ring's end instead of sleeping
   // (784-64-10: 7-12% more samples/s); with fewer, the spin would hold a worker another replica needs.
-  if (workers >= plan.replicas())
+  if (std::min(workers, cores) >= plan.replicas())
     for (auto& p : all.ports) set_poller(*p, spin_until_done(), cfg.ring_poll);
   auto last = std::make_shared<std::string>();
   const coordinator_config cc = job_coordinator_config(cfg, m, cfg.replicas, cfg.evaluate && cfg.test != nullptr,

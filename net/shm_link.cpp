@@ -245,6 +245,8 @@ void shm_receiver::start(handler h, error_handler e) {
     d_->thread = std::thread([d = d_.get()] { d->loop(); });
     pthread_setname_np(d_->thread.native_handle(), "rm-shm-recv");
   } catch (const std::exception& x) {  // no thread to be had: the link is dead, the ring's watchdog names it
+    std::lock_guard<std::mutex> lock(d_->consume);
+    d_->dead = true;
     d_->broken(std::string("cannot start its thread: ") + x.what());
   }
 }
@@ -273,14 +275,17 @@ void shm_receiver::impl::loop() {
         if (n > 0) continue;
       }
     }
-    // Say we sleep, then look again: a sender that wrote before seeing rx_waiting is seen here. While a
-    // poller polls we sleep unannounced: it takes the records, and wakes us when it stops.
+    // The futex word first, then what it guards: whoever changes any of that after this read (a sender's
+    // record, a poller that stops) bumps the word, and the wait returns at once. Then say we sleep and look
+    // again: a sender that wrote before seeing rx_waiting is seen here. While a poller polls we sleep
+    // unannounced: it takes the records, and announces us and wakes us when it stops.
+    const uint32_t seq = c.head_seq.load(std::memory_order_seq_cst);
     const bool poller = polling.load(std::memory_order_seq_cst);
     if (!poller) c.rx_waiting.store(1, std::memory_order_seq_cst);
-    const uint32_t seq = c.head_seq.load(std::memory_order_seq_cst);
-    if ((poller || c.head.load(std::memory_order_acquire) == taken.load(std::memory_order_acquire)) && !stop.load())
+    if ((poller || c.head.load(std::memory_order_seq_cst) == taken.load(std::memory_order_seq_cst)) && !stop.load())
       futex_wait(&c.head_seq, seq);
-    if (!polling.load(std::memory_order_relaxed)) c.rx_waiting.store(0, std::memory_order_relaxed);
+    // Awake: senders need not wake us (only if we announced ourselves: a poller may have since).
+    if (!poller) c.rx_waiting.store(0, std::memory_order_seq_cst);
   }
 }
 
@@ -332,6 +337,8 @@ int shm_receiver::impl::take() {
     return 1;
   } catch (const std::exception& e) {
     return fail(std::string("handing on a message failed: ") + e.what());
+  } catch (...) {
+    return fail("handing on a message failed");
   }
 }
 
@@ -342,6 +349,20 @@ bool shm_receiver::poll(std::chrono::steady_clock::time_point until, const std::
   control& c = *d.seg.ctl;
   d.polling.store(true, std::memory_order_seq_cst);
   c.rx_waiting.store(0, std::memory_order_seq_cst);
+  // However this ends (done() may throw): the thread may sleep unannounced, so announce it, bump the
+  // word it sleeps on (a thread about to sleep then does not), and wake it if a record came meanwhile.
+  struct hand_back {
+    impl& d;
+    control& c;
+    std::unique_lock<std::mutex>& lock;
+    ~hand_back() {
+      d.polling.store(false, std::memory_order_seq_cst);
+      c.rx_waiting.store(1, std::memory_order_seq_cst);
+      lock.unlock();
+      c.head_seq.fetch_add(1, std::memory_order_seq_cst);
+      if (c.head.load(std::memory_order_seq_cst) != d.taken.load(std::memory_order_seq_cst)) futex_wake(&c.head_seq);
+    }
+  } give_back{d, c, lock};
   bool finished = done();
   for (uint32_t idle = 0; !finished && !d.stop.load(std::memory_order_relaxed);) {
     const int n = d.take();
@@ -352,14 +373,6 @@ bool shm_receiver::poll(std::chrono::steady_clock::time_point until, const std::
     }
     if ((++idle & 63) == 0 && std::chrono::steady_clock::now() >= until) break;
     cpu_relax();
-  }
-  // The thread may sleep unannounced: announce it, then wake it if a record came meanwhile.
-  d.polling.store(false, std::memory_order_seq_cst);
-  c.rx_waiting.store(1, std::memory_order_seq_cst);
-  lock.unlock();
-  if (c.head.load(std::memory_order_seq_cst) != d.taken.load(std::memory_order_acquire)) {
-    c.head_seq.fetch_add(1, std::memory_order_seq_cst);
-    futex_wake(&c.head_seq);
   }
   return finished;
 }

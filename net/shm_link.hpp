@@ -63,13 +63,14 @@ int sweep_segments();
 class shm_receiver {
  public:
   using handler = std::function<void(const wire::header&, payload)>;
-  // Called once, on the receiving thread, when the other side broke the segment's rules (the link then
-  // stops taking messages).
+  // Called once, on the receiving thread or a poller's, when the other side broke the segment's rules
+  // (the link then stops taking messages).
   using error_handler = std::function<void(const std::string&)>;
 
   // Creates the segment. nullptr with *error when it cannot (the name is taken, no /dev/shm, no memory).
   static std::unique_ptr<shm_receiver> create(const shm_stamp& stamp, std::string* error);
-  // Starts the thread that hands every message to h (on that thread, in order), its payload lent in place:
+  // Starts the thread that hands every message to h (on that thread, or a poller's: one at a time, in
+  // order), its payload lent in place:
   // the sender writes over it only once the payload's owner and the owners of all before it are let go.
   // So hold a payload only briefly, or copy it (ring::driver does, for what it keeps).
   void start(handler h, error_handler e);
