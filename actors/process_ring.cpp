@@ -384,7 +384,10 @@ std::string process_ring::allreduce(float* buf, size_t len) {
     }
     w->cv.notify_all();
   });
-  poll_briefly(*d_->port);
+  poll_briefly(*d_->port, [&w] {  // until the answer is in: then the wait below does not sleep
+    std::lock_guard<std::mutex> lock(w->mu);
+    return w->done;
+  });
   std::string why;
   {
     std::unique_lock<std::mutex> lock(w->mu);

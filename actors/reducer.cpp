@@ -275,9 +275,11 @@ void set_poller(reducer_port& port, ring_poller p, std::chrono::microseconds bud
   std::atomic_store(&port.poller, std::move(set));
 }
 
-void poll_briefly(reducer_port& port) {
+void poll_briefly(reducer_port& port, const std::function<bool()>& done) {
   const auto p = std::atomic_load(&port.poller);
-  if (!p || port.queued.load() == 0) return;
+  if (!p) return;
+  if (done) return void(p->poll(clock_type::now() + p->budget, done));
+  if (port.queued.load() == 0) return;
   p->poll(clock_type::now() + p->budget, [&port] { return port.queued.load() == 0; });
 }
 

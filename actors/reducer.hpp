@@ -61,8 +61,9 @@ void set_poller(reducer_port& port, ring_poller p, std::chrono::microseconds bud
 // in): takes the left neighbour's messages itself, spinning, for up to the poller's budget or until the
 // all-reduces have ended. A receiving thread would have to be woken for each message, and the waiting
 // thread again at the end: 10-30 us apiece here; a 4 KB all-reduce between processes fell from 41-57 us
-// to 3-13. Returns at once without a poller.
-void poll_briefly(reducer_port& port);
+// to 3-13. Returns at once without a poller. `done`, if given, says when the caller has heard of the
+// end (its own flag, set by the reduce_done it passed), else when the port has no all-reduce left.
+void poll_briefly(reducer_port& port, const std::function<bool()>& done = {});
 // The poller of a port whose left neighbour is in this process: that neighbour's thread brings the chunks
 // and does the work, so the waiting thread only spins until it is done, sparing its own wake-up.
 ring_poller spin_until_done();
