@@ -381,10 +381,9 @@ bool node_service::start(std::string* error) {
       return false;
     }
   }
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int workers = d_->opt.threads > 0 ? d_->opt.threads : std::min(int(d_->slots.size()), cores);
+  const int workers = workers_for(d_->opt.threads, int(d_->slots.size()));
   configure(d_->sys_cfg, workers);
-  d_->workers = std::min(workers, cores);
+  d_->workers = std::min(workers, cpu_cores());
   d_->sys = std::make_unique<caf::actor_system>(d_->sys_cfg);
   impl* d = d_.get();
   d->br.set_handler([d](const net::peer_info& from, const wire::header& h, net::payload p) {

@@ -278,9 +278,8 @@ void set_poller(reducer_port& port, ring_poller p, std::chrono::microseconds bud
 void poll_briefly(reducer_port& port, const std::function<bool()>& done) {
   const auto p = std::atomic_load(&port.poller);
   if (!p) return;
-  if (done) return void(p->poll(clock_type::now() + p->budget, done));
-  if (port.queued.load() == 0) return;
-  p->poll(clock_type::now() + p->budget, [&port] { return port.queued.load() == 0; });
+  const std::function<bool()> ended = done ? done : [&port] { return port.queued.load() == 0; };
+  if (!ended()) p->poll(clock_type::now() + p->budget, ended);
 }
 
 ring_poller spin_until_done() {

@@ -74,6 +74,10 @@ std::string check_config(const train_config& cfg, const model& m) {
   return "";
 }
 
+int cpu_cores() { return int(std::max(1u, std::thread::hardware_concurrency())); }
+
+int workers_for(int threads, int replicas) { return threads > 0 ? threads : std::max(1, std::min(replicas, cpu_cores())); }
+
 void configure(caf::actor_system_config& c, int threads) {
   // A shared queue wakes idle workers at once; work stealing would let them sleep up to 10 ms.
   // Replicas compute inside their handlers, so one worker per core and no other threads: then the
@@ -180,10 +184,8 @@ train_result train(const train_config& cfg) {
   job_plan plan;
   if (!make_local_plan(cfg, &plan, &failed.error)) return failed;
   caf::actor_system_config sys_cfg;
-  // A worker per replica, up to one per core: a spare worker only takes messages from the busy ones (a
-  // thread hop each), so one replica on two workers waited for its reducer 11% of a step, on one 2%.
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int workers = cfg.threads > 0 ? cfg.threads : std::min(cfg.replicas, cores);
+  // One replica on two workers waited for its reducer 11% of a step, on one 2%.
+  const int workers = workers_for(cfg.threads, cfg.replicas);
   configure(sys_cfg, workers);
   caf::actor_system sys{sys_cfg};
   rank_actors all = spawn_ranks(sys, plan, cfg, m, plan.ranks_on(0));
@@ -192,7 +194,7 @@ train_result train(const train_config& cfg) {
     join(*all.ports[size_t(r)], make_port_link(all.ports[size_t(plan.right(r))]));
   // With a worker each, a replica whose next batch is in may spin for its ring's end instead of sleeping
   // (784-64-10: 7-12% more samples/s); with fewer, the spin would hold a worker another replica needs.
-  if (std::min(workers, cores) >= plan.replicas())
+  if (std::min(workers, cpu_cores()) >= plan.replicas())
     for (auto& p : all.ports) set_poller(*p, spin_until_done(), cfg.ring_poll);
   auto last = std::make_shared<std::string>();
   const coordinator_config cc = job_coordinator_config(cfg, m, cfg.replicas, cfg.evaluate && cfg.test != nullptr,

@@ -69,6 +69,11 @@ std::string check_config(const train_config& cfg, const model& m);
 // Building blocks shared by local jobs, node daemons and remote jobs.
 // Scheduler settings for training processes (threads 0: one per core).
 void configure(caf::actor_system_config& c, int threads);
+// This machine's cores (at least 1).
+int cpu_cores();
+// The workers for `replicas` replicas that compute inside their handlers: `threads` if given, else one per
+// replica, at most one per core (a spare worker only takes messages from the busy ones, a thread hop each).
+int workers_for(int threads, int replicas);
 
 // The actors of some ranks of a job, index i belonging to ranks[i] (the reducers not yet in a ring:
 // train() and local_ring link reducers of one process through their ports, a node links its own to
