@@ -345,7 +345,7 @@ int shm_receiver::impl::take() {
 bool shm_receiver::poll(std::chrono::steady_clock::time_point until, const std::function<bool()>& done) {
   impl& d = *d_;
   std::unique_lock<std::mutex> lock(d.consume, std::try_to_lock);
-  if (!lock.owns_lock() || d.dead) return false;
+  if (!lock.owns_lock() || d.dead) return done();  // the thread is handing one on: it may be the last
   control& c = *d.seg.ctl;
   d.polling.store(true, std::memory_order_seq_cst);
   c.rx_waiting.store(0, std::memory_order_seq_cst);
