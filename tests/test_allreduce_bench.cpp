@@ -125,3 +125,47 @@ TEST_CASE("allreduce_bench --compare gloo: Gloo's ring on the same sizes, or a c
   }
   CHECK(sizes == std::vector<size_t>{4096, 256 * 1024});
 }
+
+TEST_CASE("latency_probe: one row per transport with its ratio to blocking TCP, and clear flag errors", "[bench]") {
+  const auto probe = [](const std::string& args) {
+    return ringmaster::test::run("timeout 120 " + std::string(RINGMASTER_LATENCY_PROBE_BIN) + " " + args);
+  };
+  for (const std::string bytes : {"4096", "6"}) {  // 6: not floats, so no bridge row
+    const run_result r = probe("--iters 50 --rounds 2 --bytes " + bytes);
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    std::istringstream in(r.out);
+    std::string line;
+    std::vector<std::string> names;
+    double block_rt = 0;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      std::istringstream l(line);
+      std::string name;
+      double one_way = 0, rt = 0, ratio = 0, round1 = 0, round2 = 0;
+      REQUIRE((l >> name >> one_way >> rt >> ratio >> round1 >> round2));
+      CHECK(one_way > 0);
+      CHECK(one_way == Approx(rt / 2).margin(0.06));
+      if (name == "tcp-block") block_rt = rt;
+      if (block_rt > 0) CHECK(ratio == Approx(rt / block_rt).epsilon(0.01).margin(0.006));
+      names.push_back(name);
+    }
+    if (bytes == "6") CHECK(names == std::vector<std::string>{"tcp-spin", "tcp-block", "zeromq"});
+    else CHECK(names == std::vector<std::string>{"tcp-spin", "tcp-block", "zeromq", "bridge"});
+  }
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"--bytes 0", "bad value for --bytes: '0' (1-1048576)"},
+           {"--iters 1x", "bad value for --iters: '1x' (1-1000000)"},
+           {"--pin maybe", "bad value for --pin: 'maybe' (on or off)"},
+           {"--rounds", "--rounds needs a value"},
+           {"stray", "unexpected argument stray"}}) {
+    const run_result r = probe(args);
+    INFO(args << "\n" << r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(want) != std::string::npos);
+    CHECK(r.out.find("usage: latency_probe") != std::string::npos);
+  }
+  const run_result help = probe("--help");
+  CHECK(help.status == 0);
+  CHECK(help.out.find("tcp-spin") != std::string::npos);
+}
