@@ -242,7 +242,7 @@ void node_job::open_shm_receivers() {
     set_poller(*port, [weak = std::weak_ptr<net::shm_receiver>(shared)](std::chrono::steady_clock::time_point until,
                                                                         const std::function<bool()>& done) {
       auto in = weak.lock();
-      return in && in->poll(until, done);
+      return in ? in->poll(until, done) : done();
     }, budget);
     shm_in_[r] = std::move(shared);
   }
@@ -342,8 +342,9 @@ void node_job::pause(int gen, int64_t at) {
 
 void node_job::close_ring() {
   ring_open_ = false;
-  shm_in_.clear();  // no more chunks from this ring's shared memory (a poll under way ends first: leave()
-                    // below fails its port, which drops what still comes)
+  shm_in_.clear();  // no more chunks from this ring's shared memory (a poll under way keeps its receiver
+                    // until it ends: leave() below fails its port, which drops what still comes, and the
+                    // poll stops once the port has no all-reduce left)
   for (auto& [r, port] : ports_) leave(*port);  // waits for ring work under way: the buffers are free
   for (auto& [r, a] : reducers_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   reducers_.clear();

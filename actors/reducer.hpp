@@ -51,8 +51,8 @@ int stalled_on(const reducer_port& port);
 // process, the chunk is queued in order and the reducer actor runs it).
 void deliver(reducer_port& port, ring::message m);
 
-// Takes the left neighbour's messages on the calling thread until done() or `until`; false if it could
-// not (net/shm_link.hpp's shm_receiver::poll).
+// Takes the left neighbour's messages on the calling thread until done() or `until`, and returns
+// done()'s last answer (net/shm_link.hpp's shm_receiver::poll).
 using ring_poller = std::function<bool(std::chrono::steady_clock::time_point until, const std::function<bool()>& done)>;
 // The port's left link can be polled so, for up to `budget` at a time: set before the ring runs (a
 // shared-memory link). A zero budget or an empty poller: never.

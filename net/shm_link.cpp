@@ -371,7 +371,9 @@ bool shm_receiver::poll(std::chrono::steady_clock::time_point until, const std::
       finished = done();
       continue;
     }
-    if ((++idle & 63) == 0 && std::chrono::steady_clock::now() >= until) break;
+    // Nothing to take: the end may still come from another thread (sends let go, a strand that ran the
+    // last job elsewhere), so ask done() now and then, not only after a record.
+    if ((++idle & 63) == 0 && ((finished = done()) || std::chrono::steady_clock::now() >= until)) break;
     cpu_relax();
   }
   return finished;

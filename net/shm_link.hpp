@@ -76,8 +76,9 @@ class shm_receiver {
   void start(handler h, error_handler e);
   // From a thread that waits for this link's messages (a replica whose all-reduce runs): takes and hands
   // on the messages itself, spinning, until done() or `until`, so that no thread has to be woken for
-  // them. Returns done()'s last answer: at once if the receiving thread holds the link (it is handing one
-  // on, and wakes the waiter when done) or the link is dead. The thread takes over again after.
+  // them. Returns done()'s last answer: at once if the receiving thread holds the link (it is looking
+  // for records or handing one on, and goes on doing so) or the link is dead. The thread takes over
+  // again after.
   bool poll(std::chrono::steady_clock::time_point until, const std::function<bool()>& done);
   // Stops and joins the thread, marks the segment closed (a sender then drops what it sends) and removes
   // its name if the sender has not.

@@ -208,6 +208,20 @@ TEST_CASE("shm link: a waiting thread polls messages in itself, and the receivin
   CHECK(waited);
   // Done already: true at once.
   CHECK(l.rx->poll(std::chrono::steady_clock::now() + 1s, [] { return true; }));
+  // Done by another thread while nothing comes (sends let go, a strand that ran elsewhere): the poll
+  // sees it then, not at its deadline. (A try that meets the thread's brief look returns false at once.)
+  bool ended_early = false;
+  for (int k = 0; k < 5 && !ended_early; ++k) {
+    std::atomic<bool> flag{false};
+    std::thread other([&] {
+      std::this_thread::sleep_for(2ms);
+      flag = true;
+    });
+    t0 = std::chrono::steady_clock::now();
+    ended_early = l.rx->poll(t0 + 300ms, [&] { return flag.load(); }) && std::chrono::steady_clock::now() - t0 < 250ms;
+    other.join();
+  }
+  CHECK(ended_early);
   // Rounds of one message taken by a poller and one left to the thread. A wake-up the thread misses costs
   // it 100 ms (its futex's timeout): 40 of them would take 4 s.
   t0 = std::chrono::steady_clock::now();
