@@ -185,8 +185,7 @@ struct shm_receiver::impl {
   // Records are taken by the thread or, while it waits for them, by a poller (poll()): whoever holds
   // `consume`. While a poller polls, the sender is told nobody sleeps (rx_waiting 0), so it wakes no one.
   std::mutex consume;
-  uint64_t tail = 0;                  // under consume: where the next record starts
-  std::atomic<uint64_t> taken{0};     // tail, for a look without the lock
+  std::atomic<uint64_t> taken{0};     // where the next record starts: written under consume, read by anyone
   std::atomic<bool> polling{false};
   bool dead = false;                  // under consume: broken() was said
 
@@ -299,6 +298,7 @@ int shm_receiver::impl::take() {
     return -1;
   };
   try {
+    uint64_t tail = taken.load(std::memory_order_relaxed);  // ours alone while we hold consume
     const uint64_t head = c.head.load(std::memory_order_acquire);
     if (head == tail) return 0;
     if (head < tail || head - tail > cap) return fail("its write position is outside the buffer");
@@ -345,7 +345,7 @@ int shm_receiver::impl::take() {
 bool shm_receiver::poll(std::chrono::steady_clock::time_point until, const std::function<bool()>& done) {
   impl& d = *d_;
   std::unique_lock<std::mutex> lock(d.consume, std::try_to_lock);
-  if (!lock.owns_lock() || d.dead) return done();  // the thread is handing one on: it may be the last
+  if (!lock.owns_lock() || d.dead) return done();  // the thread holds the link: it goes on taking records
   control& c = *d.seg.ctl;
   d.polling.store(true, std::memory_order_seq_cst);
   c.rx_waiting.store(0, std::memory_order_seq_cst);
