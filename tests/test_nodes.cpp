@@ -291,14 +291,15 @@ TEST_CASE("a node stopped with SIGTERM tells the launcher so", "[nodes]") {
   train_config big;
   big.model = "784-256-10";
   big.global_batch = 60;
-  big.epochs = 4;  // long enough to be stopped in the middle
+  // Stopped once the second epoch runs, with 29 still to go: a fixed time after the start was not
+  // enough once shared-memory rings got fast (the job had ended before the signal came).
+  big.epochs = 30;
   big.evaluate = false;
   ro.limit_train = 12000;
   std::atomic<bool> training{false};
-  big.on_progress = [&](const progress&) { training = true; };
+  big.on_progress = [&](const progress& p) { training = training || p.epoch >= 1; };
   std::thread stopper([&] {
-    for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(100ms);
-    std::this_thread::sleep_for(300ms);
+    for (int i = 0; i < 6000 && !training; ++i) std::this_thread::sleep_for(10ms);
     nodes[1]->stop(SIGTERM);
   });
   train_result r = train_remote(big, ro);
@@ -315,8 +316,7 @@ TEST_CASE("a node stopped with SIGTERM tells the launcher so", "[nodes]") {
   ro.abort_on_node_loss = true;
   training = false;
   std::thread stopper2([&] {
-    for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(100ms);
-    std::this_thread::sleep_for(300ms);
+    for (int i = 0; i < 6000 && !training; ++i) std::this_thread::sleep_for(10ms);
     more[1]->stop(SIGTERM);
   });
   r = train_remote(big, ro);
