@@ -77,6 +77,8 @@ struct job {
 // of our buffer) may be acted on at once, as on any thread but a bridge's, which may be tidying its own
 // queues when it lets go (there it is queued, and the reducer actor runs it).
 thread_local int strand_depth = 0;
+// The port this thread polls in poll_briefly, if any.
+thread_local const reducer_port* polling_port = nullptr;
 
 // A rank's ring state. Touched only inside its strand's tasks, whichever thread runs them.
 class reducer_port {
@@ -98,6 +100,7 @@ class reducer_port {
   std::atomic<bool> ticking{false};    // the reducer's watchdog ticks
   std::atomic<size_t> queued{0};       // jobs.size(), for the watchdog
   std::atomic<int> stalled_on{-1};     // the rank the watchdog gave up waiting for (-1: it did not)
+  std::atomic<bool> polled{false};     // its replica's thread waits in poll_briefly: deliver() leaves news to it
   caf::weak_actor_ptr owner;           // the reducer actor
   struct polling {
     ring_poller poll;
@@ -121,6 +124,17 @@ class reducer_port {
       fail("unknown exception");
     }
     --strand_depth;
+  }
+  // While the port's replica polls for the ring's end (poll_briefly), work other threads have for the
+  // port is left to it: it has nothing else to do. Else, in one process, the rank that finished backward
+  // last would do the ring's adds and copies for every rank (in a 2-replica ring, ~10% of its step),
+  // which kept it last step after step. True when f was left so.
+  template <class F>
+  bool leave_to_poller(F& f) {
+    if (!polled.load() || polling_port == this) return false;
+    strand.post([this, f = std::move(f)]() mutable { guarded(f); });
+    if (!polled.load()) strand.drain();  // the poll ended meanwhile: its last look may have missed f
+    return true;
   }
   // Has the reducer actor run the strand's queued work (when this thread must not).
   void hand_over() {
@@ -163,9 +177,13 @@ class reducer_port {
           auto p = me.lock();
           if (!p) return;
           auto task = [p] { p->check(); };
-          // Inside ring work (a neighbour's thread), or on ZeroMQ's thread: at once. On a bridge thread the
-          // bridge may be tidying its own queues: queue it for the reducer.
-          if (strand_depth > 0 || !net::bridge::on_any_bridge_thread()) return p->run(task);
+          // Inside ring work (a neighbour's thread), or on ZeroMQ's thread: at once, or left to a polling
+          // replica. On a bridge thread the bridge may be tidying its own queues: queue it for the reducer
+          // (or the polling replica, whichever looks first).
+          if (strand_depth > 0 || !net::bridge::on_any_bridge_thread()) {
+            if (!p->leave_to_poller(task)) p->run(task);
+            return;
+          }
           if (p->strand.post([p, task]() mutable { p->guarded(task); })) p->hand_over();
         });
         for (ring::message& m : before)
@@ -238,6 +256,7 @@ void deliver(reducer_port& port, ring::message m) {
   // the next rank, and so on round the ring: past a few ranks, queue it (in order) for another thread.
   thread_local int depth = 0;
   auto task = [&port, mm = std::move(m)]() mutable { port.receive(std::move(mm)); };
+  if (port.leave_to_poller(task)) return;
   if (depth >= 8) {
     if (port.strand.post([&port, task = std::move(task)]() mutable { port.guarded(task); })) port.hand_over();
     return;
@@ -279,7 +298,18 @@ void poll_briefly(reducer_port& port, const std::function<bool()>& done) {
   const auto p = std::atomic_load(&port.poller);
   if (!p) return;
   const std::function<bool()> ended = done ? done : [&port] { return port.queued.load() == 0; };
-  if (!ended()) p->poll(clock_type::now() + p->budget, ended);
+  if (ended()) return;
+  // While this thread polls, chunks that other threads bring for the port are left to it (deliver); it
+  // runs them between its looks, and once more after the poll, for any that came as it ended.
+  polling_port = &port;
+  port.polled = true;
+  p->poll(clock_type::now() + p->budget, [&port, &ended] {
+    port.strand.drain();
+    return ended();
+  });
+  port.polled = false;
+  polling_port = nullptr;
+  port.strand.drain();
 }
 
 ring_poller spin_until_done() {

@@ -5,8 +5,9 @@
 // The ring state lives in the reducer's port. Any thread may hand the port a chunk (deliver: the left
 // neighbour's thread in this process, the bridge thread for another process) or an all-reduce (reduce:
 // the replica's thread); the port's strand runs the work at once on that thread, or on the thread already
-// running it, so a chunk is added and passed on with no hop to another thread and an all-reduce costs
-// its caller one message back when it ends. Every rank must ask for the same all-reduces in the same
+// running it (or, while the port's replica waits in poll_briefly, on the replica's), so a chunk is added
+// and passed on with no hop to a sleeping thread and an all-reduce costs its caller one message back
+// when it ends. Every rank must ask for the same all-reduces in the same
 // order. One ends when every rank holds the sum and no neighbour still reads the buffer. A message that
 // does not fit the ring, or no progress for `timeout`, fails it (and every later one) with a message
 // naming the silent or lying neighbour.
@@ -61,11 +62,12 @@ void set_poller(reducer_port& port, ring_poller p, std::chrono::microseconds bud
 // in): takes the left neighbour's messages itself, spinning, for up to the poller's budget or until the
 // all-reduces have ended. A receiving thread would have to be woken for each message, and the waiting
 // thread again at the end: 10-30 us apiece here; a 4 KB all-reduce between processes fell from 41-57 us
-// to 3-13. Returns at once without a poller. `done`, if given, says when the caller has heard of the
+// to 3-13. Chunks that other threads bring meanwhile are left to this thread, which has nothing else to
+// do. Returns at once without a poller. `done`, if given, says when the caller has heard of the
 // end (its own flag, set by the reduce_done it passed), else when the port has no all-reduce left.
 void poll_briefly(reducer_port& port, const std::function<bool()>& done = {});
-// The poller of a port whose left neighbour is in this process: that neighbour's thread brings the chunks
-// and does the work, so the waiting thread only spins until it is done, sparing its own wake-up.
+// The poller of a port whose left neighbour is in this process: that neighbour's thread brings the chunks,
+// and the waiting thread spins, running them (poll_briefly) until it is done, sparing its own wake-up.
 ring_poller spin_until_done();
 
 struct reducer_config {

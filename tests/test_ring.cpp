@@ -1,9 +1,14 @@
 // Ring all-reduce: the pure schedule (no transport), then N reducer actors in one process.
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <deque>
+#include <future>
 #include <random>
+#include <thread>
 
 #include "actors/local_ring.hpp"
+#include "actors/reducer.hpp"
+#include "actors/ring_links.hpp"
 #include "net/ring.hpp"
 
 using namespace ringmaster;
@@ -123,4 +128,59 @@ TEST_CASE("ring all-reduce between N reducer actors equals the serial sum", "[ri
     REQUIRE(ring.allreduce(ptrs, 12345) == "");
     for (int r = 1; r < n; ++r) CHECK(f[r] == f[0]);
   }
+}
+
+TEST_CASE("ring: a replica that polls for its ring's end adds the chunks into its own buffer itself", "[ring][actors]") {
+  // In one process the rank that finished backward last used to do the adds and copies of every rank;
+  // now a rank whose replica waits in poll_briefly does its own. Its all-reduce then ends on its own
+  // thread, where it ended on the late rank's before.
+  caf::actor_system_config cfg;
+  cfg.set("logger.console", caf::atom("none"));
+  caf::actor_system sys{cfg};
+  caf::actor reducers[2];
+  std::shared_ptr<reducer_port> ports[2];
+  for (int r = 0; r < 2; ++r) {
+    reducer_config rc;
+    rc.rank = r;
+    rc.size = 2;
+    ports[r] = spawn_reducer(sys, rc, &reducers[r]);
+  }
+  join(*ports[0], make_port_link(ports[1]));
+  join(*ports[1], make_port_link(ports[0]));
+  set_poller(*ports[1], spin_until_done(), std::chrono::seconds(10));
+  const size_t len = size_t(1) << 20;  // 4 MiB: the ring, several segments
+  auto bufs = make_inputs(2, len, 11);
+  const auto want = serial_sum(bufs, len);
+
+  std::atomic<bool> asked{false}, done1{false};
+  std::string error1 = "not ended";
+  std::thread::id ended_on;
+  std::thread early([&] {  // rank 1 is early: it asks, then polls
+    reduce(*ports[1], tensor_view{bufs[1].data(), len, nullptr, nullptr}, 0, len, [&](const std::string& e) {
+      error1 = e;
+      ended_on = std::this_thread::get_id();
+      done1 = true;
+    });
+    asked = true;
+    poll_briefly(*ports[1], [&] { return done1.load(); });
+  });
+  while (!asked) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // rank 1 polls by now
+  std::promise<std::string> end0;
+  reduce(*ports[0], tensor_view{bufs[0].data(), len, nullptr, nullptr}, 0, len, [&](const std::string& e) { end0.set_value(e); });
+  auto f = end0.get_future();
+  REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(f.get() == "");
+  const std::thread::id early_id = early.get_id();
+  early.join();
+  REQUIRE(done1);
+  CHECK(error1 == "");
+  CHECK(ended_on == early_id);
+  CHECK(bufs[0] == want);
+  CHECK(bufs[1] == want);
+
+  caf::scoped_actor self{sys};
+  for (auto& p : ports) leave(*p);
+  for (auto& a : reducers) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& a : reducers) self->wait_for(a);
 }
