@@ -125,16 +125,15 @@ class reducer_port {
     }
     --strand_depth;
   }
-  // While the port's replica polls for the ring's end (poll_briefly), work other threads have for the
-  // port is left to it: it has nothing else to do. Else, in one process, the rank that finished backward
-  // last would do the ring's adds and copies for every rank (in a 2-replica ring, ~10% of its step),
-  // which kept it last step after step. True when f was left so.
+  // Runs f in the strand: at once on this thread, or, while the port's replica polls for the ring's end
+  // (poll_briefly), left to the replica's thread, which has nothing else to do. Else, in one process, the
+  // rank that finished backward last would do the ring's adds and copies for every rank (in a 2-replica
+  // ring, ~10% of its step), which kept it last step after step.
   template <class F>
-  bool leave_to_poller(F& f) {
-    if (!polled.load() || polling_port == this) return false;
+  void submit(F f) {
+    if (!polled.load() || polling_port == this) return run(std::move(f));
     strand.post([this, f = std::move(f)]() mutable { guarded(f); });
     if (!polled.load()) strand.drain();  // the poll ended meanwhile: its last look may have missed f
-    return true;
   }
   // Has the reducer actor run the strand's queued work (when this thread must not).
   void hand_over() {
@@ -180,10 +179,7 @@ class reducer_port {
           // Inside ring work (a neighbour's thread), or on ZeroMQ's thread: at once, or left to a polling
           // replica. On a bridge thread the bridge may be tidying its own queues: queue it for the reducer
           // (or the polling replica, whichever looks first).
-          if (strand_depth > 0 || !net::bridge::on_any_bridge_thread()) {
-            if (!p->leave_to_poller(task)) p->run(task);
-            return;
-          }
+          if (strand_depth > 0 || !net::bridge::on_any_bridge_thread()) return p->submit(task);
           if (p->strand.post([p, task]() mutable { p->guarded(task); })) p->hand_over();
         });
         for (ring::message& m : before)
@@ -256,13 +252,12 @@ void deliver(reducer_port& port, ring::message m) {
   // the next rank, and so on round the ring: past a few ranks, queue it (in order) for another thread.
   thread_local int depth = 0;
   auto task = [&port, mm = std::move(m)]() mutable { port.receive(std::move(mm)); };
-  if (port.leave_to_poller(task)) return;
   if (depth >= 8) {
     if (port.strand.post([&port, task = std::move(task)]() mutable { port.guarded(task); })) port.hand_over();
     return;
   }
   ++depth;
-  port.run(std::move(task));
+  port.submit(std::move(task));
   --depth;
 }
 
@@ -300,16 +295,25 @@ void poll_briefly(reducer_port& port, const std::function<bool()>& done) {
   const std::function<bool()> ended = done ? done : [&port] { return port.queued.load() == 0; };
   if (ended()) return;
   // While this thread polls, chunks that other threads bring for the port are left to it (deliver); it
-  // runs them between its looks, and once more after the poll, for any that came as it ended.
-  polling_port = &port;
-  port.polled = true;
+  // runs them between its looks, and once more after the poll (even one that throws), for any that came
+  // as it ended. It looks at the count first: taking the strand's lock on every pass would make the
+  // threads that post sleep on it.
+  struct polling {
+    reducer_port& port;
+    explicit polling(reducer_port& p) : port(p) {
+      polling_port = &p;
+      p.polled = true;
+    }
+    ~polling() {
+      port.polled = false;
+      polling_port = nullptr;
+      port.strand.drain();
+    }
+  } scope(port);
   p->poll(clock_type::now() + p->budget, [&port, &ended] {
-    port.strand.drain();
+    if (port.strand.waiting()) port.strand.drain();
     return ended();
   });
-  port.polled = false;
-  polling_port = nullptr;
-  port.strand.drain();
 }
 
 ring_poller spin_until_done() {
@@ -321,7 +325,7 @@ ring_poller spin_until_done() {
 }
 
 void fail(reducer_port& port, const std::string& why) {
-  port.run([&port, why] { port.fail(why); });
+  port.submit([&port, why] { port.fail(why); });
 }
 
 void leave(reducer_port& port) {
@@ -361,9 +365,9 @@ caf::behavior reducer(caf::event_based_actor* self, reducer_config cfg) {
 
   return {
       [port](ring_atom, link_ptr right) { join(*port, std::move(right)); },
-      [port](release_atom, int64_t) { port->run([] {}); },  // runs what other threads queued
+      [port](release_atom, int64_t) { port->submit([] {}); },  // runs what other threads queued
       [self, port, period](tick_atom) {
-        port->run([port] { port->watchdog(); });
+        port->submit([port] { port->watchdog(); });
         if (port->queued.load() == 0) {  // idle: the next reduce() wakes the watchdog
           port->ticking = false;
           if (port->queued.load() == 0 || port->ticking.exchange(true)) return;

@@ -152,7 +152,8 @@ TEST_CASE("ring: a replica that polls for its ring's end adds the chunks into it
   auto bufs = make_inputs(2, len, 11);
   const auto want = serial_sum(bufs, len);
 
-  std::atomic<bool> asked{false}, done1{false};
+  std::atomic<bool> done1{false};
+  std::atomic<int> looks{0};  // rank 1's looks at its end: from the second on, it polls
   std::string error1 = "not ended";
   std::thread::id ended_on;
   std::thread early([&] {  // rank 1 is early: it asks, then polls
@@ -161,11 +162,12 @@ TEST_CASE("ring: a replica that polls for its ring's end adds the chunks into it
       ended_on = std::this_thread::get_id();
       done1 = true;
     });
-    asked = true;
-    poll_briefly(*ports[1], [&] { return done1.load(); });
+    poll_briefly(*ports[1], [&] {
+      ++looks;
+      return done1.load();
+    });
   });
-  while (!asked) std::this_thread::yield();
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // rank 1 polls by now
+  while (looks < 2) std::this_thread::yield();
   std::promise<std::string> end0;
   reduce(*ports[0], tensor_view{bufs[0].data(), len, nullptr, nullptr}, 0, len, [&](const std::string& e) { end0.set_value(e); });
   auto f = end0.get_future();
