@@ -130,7 +130,9 @@ TEST_CASE("latency_probe: one row per transport with its ratio to blocking TCP, 
   const auto probe = [](const std::string& args) {
     return ringmaster::test::run("timeout 120 " + std::string(RINGMASTER_LATENCY_PROBE_BIN) + " " + args);
   };
-  for (const std::string bytes : {"4096", "6"}) {  // 6: not floats, so no bridge row
+  // 6: not floats, so no bridge row; 1 MiB: the last answer, large, must reach the client before the
+  // server closes its sockets
+  for (const std::string bytes : {"4096", "6", "1048576"}) {
     const run_result r = probe("--iters 50 --rounds 2 --bytes " + bytes);
     INFO(r.out);
     REQUIRE(r.status == 0);

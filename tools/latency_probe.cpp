@@ -125,8 +125,19 @@ void no_delay(int fd) {
 
 // ---- one method: a server in a forked child, a client timing round trips here ----
 
-// The child serves `total` round trips, then exits; it tells its endpoint through `out` first.
-using server_fn = std::function<bool(int out, int total)>;
+// The child serves `total` round trips; it tells its endpoint through `out` first. Then it keeps its
+// sockets open until `hold` reads end of file (the client has its last answer): closing them at once
+// could drop an answer still queued for sending (a large one, over ZeroMQ).
+using server_fn = std::function<bool(int out, int total, int hold)>;
+
+// Waits until the other end of the pipe `fd` closes (at most a minute). Always true.
+bool hold_until_closed(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  char c;
+  while (poll(&p, 1, 60000) == 1 && read(fd, &c, 1) > 0) {
+  }
+  return true;
+}
 // The client times `iters` round trips after `warmup` untimed ones; the seconds, or < 0 on failure.
 using client_fn = std::function<double(const std::string& endpoint, int warmup, int iters)>;
 
@@ -141,7 +152,7 @@ std::vector<method> methods(const options& o) {
   const auto tcp = [n](bool spin) {
     return method{
         spin ? "tcp-spin" : "tcp-block",
-        [n, spin](int out, int total) {
+        [n, spin](int out, int total, int hold) {
           const int l = socket(AF_INET, SOCK_STREAM, 0);
           sockaddr_in a{};
           a.sin_family = AF_INET;
@@ -159,7 +170,7 @@ std::vector<method> methods(const options& o) {
           std::vector<char> buf(n);
           for (int i = 0; i < total; ++i)
             if (!transfer(fd, buf.data(), n, true, spin) || !transfer(fd, buf.data(), n, false, spin)) return false;
-          return true;
+          return hold_until_closed(hold);
         },
         [n, spin](const std::string& ep, int warmup, int iters) {
           long port = 0;
@@ -184,7 +195,7 @@ std::vector<method> methods(const options& o) {
   };
   const method zeromq{
       "zeromq",
-      [n](int out, int total) {
+      [n](int out, int total, int hold) {
         zmq::context_t ctx(1);
         zmq::socket_t s(ctx, zmq::socket_type::dealer);
         s.set(zmq::sockopt::linger, 0);
@@ -198,7 +209,7 @@ std::vector<method> methods(const options& o) {
           if (!s.recv(m) || m.size() != n) return false;
           s.send(m, zmq::send_flags::none);
         }
-        return true;
+        return hold_until_closed(hold);
       },
       [n](const std::string& ep, int warmup, int iters) {
         zmq::context_t ctx(1);
@@ -229,7 +240,7 @@ std::vector<method> methods(const options& o) {
   };
   const method bridge{
       "bridge",
-      [ping](int out, int total) {
+      [ping](int out, int total, int hold) {
         std::mutex mu;
         std::condition_variable cv;
         int answered = 0;
@@ -246,7 +257,9 @@ std::vector<method> methods(const options& o) {
         if (write(out, ep.data(), ep.size()) != ssize_t(ep.size())) return false;
         close(out);
         std::unique_lock<std::mutex> lock(mu);
-        return cv.wait_for(lock, std::chrono::seconds(60), [&] { return answered == total; });
+        if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return answered == total; })) return false;
+        lock.unlock();
+        return hold_until_closed(hold);
       },
       [ping](const std::string& ep, int warmup, int iters) {
         std::mutex mu;
@@ -279,17 +292,20 @@ std::vector<method> methods(const options& o) {
 // round trip, or < 0 with *error.
 double run_once(const method& m, const options& o, std::string* error) {
   const int warmup = std::max(10, o.iters / 10);
-  int fds[2];
+  int fds[2], hold[2];
   if (pipe(fds) != 0) return *error = "pipe failed", -1;
+  if (pipe(hold) != 0) return close(fds[0]), close(fds[1]), *error = "pipe failed", -1;
   const pid_t child = fork();
   if (child < 0) return *error = "fork failed", -1;
   if (child == 0) {
     close(fds[0]);
+    close(hold[1]);
     alarm(120);  // whatever happens to the client
     if (o.pin) pin_to(1);
-    _exit(m.serve(fds[1], warmup + o.iters) ? 0 : 1);
+    _exit(m.serve(fds[1], warmup + o.iters, hold[0]) ? 0 : 1);
   }
   close(fds[1]);
+  close(hold[0]);
   std::string ep;
   char buf[256];
   pollfd p{fds[0], POLLIN, 0};
@@ -298,6 +314,7 @@ double run_once(const method& m, const options& o, std::string* error) {
   double s = -1;
   if (ep.empty()) *error = std::string(m.name) + ": the server process did not start";
   else if ((s = m.time(ep, warmup, o.iters)) < 0) *error = std::string(m.name) + ": a round trip failed";
+  close(hold[1]);  // every answer is in: the server may close its sockets
   if (s < 0) kill(child, SIGKILL);
   int status = 0;
   waitpid(child, &status, 0);
