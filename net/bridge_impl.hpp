@@ -33,10 +33,24 @@ struct pending {
   bool has_body = false, has_trailer = false;
 };
 
+// Replies a listening socket holds for one client that does not take them (ZeroMQ's queue to it is
+// full): at most this many, and this many bytes; later ones are dropped, reported once per client.
+inline constexpr size_t kMaxHeldReplies = 4096;
+inline constexpr size_t kMaxHeldReplyBytes = size_t(256) << 20;
+
+// A listening socket's replies waiting for one client.
+struct held_replies {
+  std::deque<pending> queue;
+  size_t bytes = 0;
+  bool dropping = false;  // over the limits: dropped replies were reported
+};
+
 struct connection {
   std::unique_ptr<zmq::socket_t> socket;  // null once disconnected
   std::string endpoint;
   std::deque<pending> backlog;
+  // A listening ROUTER's replies wait per client: one that does not read must not hold up the others.
+  std::map<std::string, held_replies> held;
   int fd = -1;         // ZMQ_FD: readable when the socket has news for us
   bool dirty = true;   // used since last drained: may hold messages ZMQ_FD will not announce again
   // With keys (connections only): the server's key, and a monitor telling us why a handshake failed.
@@ -48,6 +62,7 @@ struct connection {
   bool handshook = false;        // a handshake (a login) succeeded once: a later refusal is a peer started again
   bool routed = false;           // a listening ROUTER: messages carry the client's routing id first
   std::shared_ptr<sealer> seal;  // a sealed connection: every message sent is sealed with it
+  bool waiting() const { return !backlog.empty() || !held.empty(); }
 };
 
 // A pair whose sealed messages our sealed listener takes, and the node key they prove.
@@ -75,6 +90,19 @@ inline std::string default_name() {
   host[200] = '\0';  // a routing id is at most 255 bytes, with room for a connection's own suffix
   return std::string(host) + ":" + std::to_string(getpid()) + ":" + random_hex64();
 }
+
+// A routing id (any bytes a client chose) fit for a log line: other than printable ASCII as \xNN.
+inline std::string printable(const std::string& id) {
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char ch : id.substr(0, 64)) {
+    if (ch >= 0x20 && ch < 0x7f && ch != '\\') out += char(ch);
+    else out += {'\\', 'x', hex[ch >> 4], hex[ch & 15]};
+  }
+  return id.size() > 64 ? out + "..." : out;
+}
+
+inline size_t bytes_of(const pending& m) { return m.identity.size() + m.header.size() + m.body.size() + m.trailer.size(); }
 
 inline void release_owner(void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }
 
@@ -142,6 +170,8 @@ struct bridge::impl {
   static int try_send(zmq::socket_t& s, pending& m, bool routed);
   void send_now(connection& c, pending m, bool routed, const peer_info& to);
   void flush(zmq::socket_t& s, std::deque<pending>& backlog, bool routed);
+  void hold_or_send(connection& c, pending m, const peer_info& to);  // a reply on the listening socket
+  void flush_held(connection& c);
   void do_send(int peer, const wire::header& h, payload p);
   void do_reply(const peer_info& to, const wire::header& h, payload p);
   int do_connect(const std::string& ep, const std::string& server_key, std::shared_ptr<sealer> seal, std::string* error);

@@ -54,6 +54,7 @@ int bridge::impl::try_send(zmq::socket_t& s, pending& m, bool routed) {
 
 void bridge::impl::send_now(connection& c, pending m, bool routed, const peer_info& to) {
   c.dirty = true;  // a send may consume the socket's notifications: look at it before sleeping
+  if (routed) return hold_or_send(c, std::move(m), to);
   if (!c.backlog.empty()) {  // keep the order: behind what is already waiting
     c.backlog.push_back(std::move(m));
     return;
@@ -63,8 +64,57 @@ void bridge::impl::send_now(connection& c, pending m, bool routed, const peer_in
   if (rc < 0) {
     const int err = errno;
     report(fault::send_failed, to,
-           (routed ? "reply to '" + to.identity + "'" : "send to peer " + std::to_string(to.peer)) + ": " +
+           "send to peer " + std::to_string(to.peer) + ": " +
                (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)));
+  }
+}
+
+// Behind the client's held replies, if it has any: each client's replies keep their order, and one that
+// does not read (ZeroMQ's queue to it full) holds up only its own, up to the limits; later ones go.
+void bridge::impl::hold_or_send(connection& c, pending m, const peer_info& to) {
+  auto it = c.held.find(to.identity);
+  if (it == c.held.end()) {
+    const int rc = try_send(*c.socket, m, true);
+    if (rc > 0) return;
+    if (rc < 0) {
+      const int err = errno;
+      return report(fault::send_failed, to, "reply to '" + printable(to.identity) + "': " +
+                                                (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)));
+    }
+    it = c.held.emplace(to.identity, held_replies{}).first;
+  }
+  held_replies& h = it->second;
+  const size_t bytes = bytes_of(m);
+  if (h.queue.size() >= kMaxHeldReplies || h.bytes + bytes > kMaxHeldReplyBytes) {
+    if (!h.dropping)
+      report(fault::overloaded, to, "client '" + printable(to.identity) + "' does not take its replies: " +
+                                        std::to_string(h.queue.size()) + " (" + std::to_string(h.bytes >> 20) +
+                                        " MiB) held for it; later ones are dropped until it does");
+    h.dropping = true;
+    return;
+  }
+  h.bytes += bytes;
+  h.queue.push_back(std::move(m));
+}
+
+void bridge::impl::flush_held(connection& c) {
+  for (auto it = c.held.begin(); it != c.held.end();) {
+    held_replies& h = it->second;
+    int rc = 1;
+    while (!h.queue.empty() && (rc = try_send(*c.socket, h.queue.front(), true)) > 0) {
+      h.bytes -= bytes_of(h.queue.front());
+      h.queue.pop_front();
+    }
+    if (rc < 0) {  // gone: its replies go, with one line
+      const int err = errno;
+      peer_info to;
+      to.identity = it->first;
+      report(fault::send_failed, to, "replies held for '" + printable(it->first) + "': " +
+                                         (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)) +
+                                         " (" + std::to_string(h.queue.size()) + " dropped)");
+      h.queue.clear();
+    }
+    it = h.queue.empty() ? c.held.erase(it) : std::next(it);
   }
 }
 
@@ -295,6 +345,7 @@ void bridge::impl::serve(int id) {
   if (!c) return;
   c->dirty = false;
   if (!c->backlog.empty()) flush(*c->socket, c->backlog, c->routed);
+  if (!c->held.empty()) flush_held(*c);
   for (int n = 0; n < 64; ++n) {
     c = conn(id);  // a handler may have disconnected it
     if (!c || !receive_one(*c, id)) return;
@@ -326,9 +377,9 @@ void bridge::impl::loop() {
       if (peers[size_t(id)].monitor) serve_monitor(id);
     for (int id = -1; id < int(peers.size()); ++id) {
       connection* c = conn(id);
-      if (c && (c->dirty || !c->backlog.empty())) serve(id);
+      if (c && (c->dirty || c->waiting())) serve(id);
       c = conn(id);
-      busy |= c && (c->dirty || !c->backlog.empty());
+      busy |= c && (c->dirty || c->waiting());
     }
     fds.clear();
     ids.clear();
@@ -391,6 +442,7 @@ void bridge::impl::loop() {
   }
   // Close every socket here, on their own thread; linger 0 drops what is unsent.
   listener.backlog.clear();
+  listener.held.clear();
   listener.socket.reset();
   for (connection& c : peers) {
     c.socket.reset();

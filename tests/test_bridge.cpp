@@ -306,3 +306,58 @@ TEST_CASE("bridge: invalid sends, sends after stop and unknown peers fail cleanl
   CHECK_FALSE(a.running());
   CHECK_FALSE(a.send(0, ok, {}, &err));
 }
+
+TEST_CASE("bridge: a client that never reads its replies holds up only its own, and only so many", "[bridge]") {
+  net::bridge_options o;
+  o.hwm = 4;                         // ZeroMQ's queue to a client is full after a few replies
+  o.kernel_buffer_bytes = 64 << 10;  // and so are the kernel's buffers
+  bridge b(o);
+  std::mutex mu;
+  std::vector<net::bridge_error> errors;
+  const auto reply = pattern(4096, 1.0f);  // 16 KB a reply
+  b.set_handler([&](const peer_info& from, const wire::header&, payload) { b.reply(from, chunk_header(4096), payload::of(reply)); });
+  b.set_error_handler([&](const net::bridge_error& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    errors.push_back(e);
+  });
+  std::string err;
+  REQUIRE(b.start("tcp://127.0.0.1:0", &err));
+
+  zmq::context_t ctx;
+  zmq::socket_t silent(ctx, zmq::socket_type::dealer);  // asks and asks, and never reads
+  silent.set(zmq::sockopt::linger, 0);
+  silent.set(zmq::sockopt::rcvhwm, 1);
+  silent.set(zmq::sockopt::rcvbuf, 64 << 10);
+  silent.connect(b.endpoint());
+  wire::header ask = chunk_header(1);
+  ask.payload_bytes = sizeof(float);
+  const auto ask_bytes = wire::encode(ask);
+  const float one = 1.0f;
+  for (int i = 0; i < 6000; ++i) {
+    silent.send(frame(ask_bytes.data(), ask_bytes.size()), zmq::send_flags::sndmore);
+    silent.send(frame(&one, sizeof one), zmq::send_flags::none);
+  }
+  // Its replies fill what they may: past the limit they are dropped, said once.
+  const auto over = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::count_if(errors.begin(), errors.end(), [](const net::bridge_error& e) {
+      return e.kind == net::fault::overloaded && e.message.find("does not take its replies") != std::string::npos;
+    });
+  };
+  for (int i = 0; i < 1000 && over() == 0; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(over() == 1);
+
+  // Another client is answered at once all the same.
+  zmq::socket_t other(ctx, zmq::socket_type::dealer);
+  other.set(zmq::sockopt::linger, 0);
+  other.set(zmq::sockopt::rcvtimeo, 3000);
+  other.connect(b.endpoint());
+  other.send(frame(ask_bytes.data(), ask_bytes.size()), zmq::send_flags::sndmore);
+  other.send(frame(&one, sizeof one), zmq::send_flags::none);
+  zmq::message_t hdr, body;
+  REQUIRE(other.recv(hdr));
+  REQUIRE(hdr.more());
+  REQUIRE(other.recv(body));
+  CHECK(body.size() == 4096 * sizeof(float));
+  CHECK(over() == 1);
+}
