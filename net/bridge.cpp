@@ -88,7 +88,19 @@ void bridge::impl::set_common_options(zmq::socket_t& s) {
 }
 
 zap_handler::verdict bridge::impl::admit(const zap_handler::request& r) {
+  if (r.null) {  // without keys (a socket with keys never asks for a NULL client): counted, not checked
+    if (!opt.keys.empty()) return {"400", "not authorized"};
+    return within_limit() ? zap_handler::verdict{"200", "OK"} : zap_handler::verdict{"500", "too many connections"};
+  }
   return r.sealed_port ? admit_sealed(r.user, r.password, r.address) : admit(r.key, r.address);
+}
+
+bool bridge::impl::within_limit() {
+  if (opt.max_connections <= 0 || open_connections <= opt.max_connections) return true;
+  ++overloaded_refusals;
+  report_overload(listener.endpoint + ": " + std::to_string(open_connections) + " connections, over the limit of " +
+                  std::to_string(opt.max_connections) + ": refusing new clients");
+  return false;
 }
 
 zap_handler::verdict bridge::impl::admit_sealed(const std::string& user, const std::string& token, const std::string& address) {
@@ -130,12 +142,7 @@ zap_handler::verdict bridge::impl::admit(const std::string& key, const std::stri
                                           " is not authorized (further attempts with this key are not logged)");
     return {"400", "not authorized"};
   }
-  if (opt.max_connections > 0 && open_connections > opt.max_connections) {
-    ++overloaded_refusals;
-    report_overload(listener.endpoint + ": " + std::to_string(open_connections) + " connections, over the limit of " +
-                    std::to_string(opt.max_connections) + ": refusing new clients");
-    return {"500", "too many connections"};  // not 400, which reads as "your key is refused"
-  }
+  if (!within_limit()) return {"500", "too many connections"};  // not 400, which reads as "your key is refused"
   return {"200", "OK"};
 }
 
@@ -267,22 +274,22 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
   try {
     d_->ctx = std::make_unique<zmq::context_t>(d_->opt.io_threads);
     if (!listen_endpoint.empty()) {
-      if (keys) {  // the handler first: a listener bound without one would let any key in
-        d_->zap = std::make_unique<zap_handler>(*d_->ctx);
-      }
+      // The handler first: a listener bound without one would let any key in. Without keys it only
+      // counts clients against max_connections.
+      d_->zap = std::make_unique<zap_handler>(*d_->ctx);
       d_->listener.socket = std::make_unique<zmq::socket_t>(*d_->ctx, zmq::socket_type::router);
       d_->set_common_options(*d_->listener.socket);
       if (keys) {
         d_->listener.socket->set(zmq::sockopt::curve_server, 1);
         d_->listener.socket->set(zmq::sockopt::curve_secretkey, d_->opt.keys.secret_key);
-        d_->listener.socket->set(zmq::sockopt::zap_domain, "ringmaster");
-        // A stranger's half-open handshake holds a file descriptor: not for long. (It also counts towards
-        // max_connections until then: libzmq's monitor cannot tell which connection finished its handshake,
-        // so a flood of strangers can crowd clients out at about max_connections / 3 connections a second.)
-        d_->listener.socket->set(zmq::sockopt::handshake_ivl, 3000);
-        d_->listen_monitor = socket_monitor::attach(*d_->ctx, *d_->listener.socket, "inproc://ringmaster-listener",
-                                                    ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED);
       }
+      d_->listener.socket->set(zmq::sockopt::zap_domain, "ringmaster");
+      // A stranger's half-open handshake holds a file descriptor: not for long. (It also counts towards
+      // max_connections until then: libzmq's monitor cannot tell which connection finished its handshake,
+      // so a flood of strangers can crowd clients out at about max_connections / 3 connections a second.)
+      d_->listener.socket->set(zmq::sockopt::handshake_ivl, 3000);
+      d_->listen_monitor = socket_monitor::attach(*d_->ctx, *d_->listener.socket, "inproc://ringmaster-listener",
+                                                  ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED);
       d_->listener.socket->set(zmq::sockopt::router_mandatory, 1);  // unroutable replies are errors, not silence
       d_->listener.socket->set(zmq::sockopt::router_handover, 1);   // a peer that reconnects keeps its identity
       try {

@@ -98,8 +98,8 @@ struct bridge_options {
   // keys (empty): plain text, anyone who reaches the port may talk (--insecure).
   key_pair keys;
   std::function<bool(const std::string& client_key)> authorize;
-  // With keys: at most this many clients connected to our listening socket at once; more are refused at
-  // the handshake (0: no limit). A stranger's unfinished handshake is dropped after 3 s either way.
+  // At most this many clients connected to our listening socket at once; more are refused at the
+  // handshake (0: no limit), with keys or without. An unfinished handshake is dropped after 3 s either way.
   int max_connections = 0;
   // With keys and a tcp listening endpoint: also bind a plain ZeroMQ ROUTER on an ephemeral port of the
   // same address (sealed_port()) that takes only messages sealed with a registered pair's key

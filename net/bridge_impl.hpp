@@ -172,6 +172,7 @@ struct bridge::impl {
   void flush(zmq::socket_t& s, std::deque<pending>& backlog, bool routed);
   void hold_or_send(connection& c, pending m, const peer_info& to);  // a reply on the listening socket
   void flush_held(connection& c);
+  bool within_limit();  // a client more on the listening socket is within max_connections (else said)
   void do_send(int peer, const wire::header& h, payload p);
   void do_reply(const peer_info& to, const wire::header& h, payload p);
   int do_connect(const std::string& ep, const std::string& server_key, std::shared_ptr<sealer> seal, std::string* error);

@@ -33,8 +33,11 @@ void zap_handler::serve(const decide& d) {
     const bool sealed = req.size() >= 6 && req[2].to_string_view() == kSealedDomain;
     const bool curve = !sealed && req.size() >= 7 && req[5].to_string_view() == "CURVE" && req[6].size() == 32;
     const bool plain = sealed && req.size() >= 8 && req[5].to_string_view() == "PLAIN";
-    if (req.size() >= 6 && req[0].to_string_view() == "1.0" && (curve || plain)) {
-      if (curve) {
+    const bool null = !sealed && req.size() >= 6 && req[5].to_string_view() == "NULL";
+    if (req.size() >= 6 && req[0].to_string_view() == "1.0" && (curve || plain || null)) {
+      if (null) {
+        r.null = true;
+      } else if (curve) {
         char z85[kKeyChars + 1];
         zmq_z85_encode(z85, req[6].data<uint8_t>(), 32);
         r.key = z85;

@@ -1,4 +1,7 @@
 // The bridge: real sockets on 127.0.0.1 (ports chosen at run time) and ipc. Every wait has a deadline.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -360,4 +363,66 @@ TEST_CASE("bridge: a client that never reads its replies holds up only its own, 
   REQUIRE(other.recv(body));
   CHECK(body.size() == 4096 * sizeof(float));
   CHECK(over() == 1);
+}
+
+TEST_CASE("bridge: without keys too, clients past max_connections are refused, and a silent connection is dropped", "[bridge]") {
+  net::bridge_options o;
+  o.max_connections = 2;
+  bridge b(o);
+  std::mutex mu;
+  std::vector<net::bridge_error> errors;
+  b.set_handler([&](const peer_info& from, const wire::header&, payload) { b.reply(from, chunk_header(1), payload::of(pattern(1, 7.0f))); });
+  b.set_error_handler([&](const net::bridge_error& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    errors.push_back(e);
+  });
+  std::string err;
+  REQUIRE(b.start("tcp://127.0.0.1:0", &err));
+  wire::header ask = chunk_header(1);
+  ask.payload_bytes = sizeof(float);
+  const auto ask_bytes = wire::encode(ask);
+  const float one = 1.0f;
+  zmq::context_t ctx;
+  // Whether a new client is answered.
+  const auto answered = [&](zmq::socket_t& s) {
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::rcvtimeo, 1500);
+    s.connect(b.endpoint());
+    s.send(frame(ask_bytes.data(), ask_bytes.size()), zmq::send_flags::sndmore);
+    s.send(frame(&one, sizeof one), zmq::send_flags::none);
+    zmq::message_t m;
+    bool got = bool(s.recv(m));
+    while (got && m.more()) got = bool(s.recv(m));
+    return got;
+  };
+  zmq::socket_t c1(ctx, zmq::socket_type::dealer), c2(ctx, zmq::socket_type::dealer), c3(ctx, zmq::socket_type::dealer);
+  CHECK(answered(c1));
+  CHECK(answered(c2));
+  CHECK_FALSE(answered(c3));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(std::any_of(errors.begin(), errors.end(), [](const net::bridge_error& e) {
+      return e.kind == net::fault::overloaded && e.message.find("over the limit of 2: refusing new clients") != std::string::npos;
+    }));
+  }
+  c3.close();
+
+  // A TCP connection that never says hello holds its file descriptor 3 s at most.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(std::stoi(b.endpoint().substr(b.endpoint().rfind(':') + 1))));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  timeval tv{6, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[256];
+  const auto t0 = std::chrono::steady_clock::now();
+  ssize_t r;
+  while ((r = recv(fd, buf, sizeof buf, 0)) > 0) {  // the greeting comes first; then the close
+  }
+  CHECK(r == 0);
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  close(fd);
 }
