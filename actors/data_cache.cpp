@@ -63,6 +63,12 @@ void data_cache::load_job(int64_t limit_train, int64_t limit_test, bool with_tes
   }), finished});
 }
 
+int data_cache::loading() const {
+  int n = 0;
+  for (const worker& w : workers_) n += w.done->load() ? 0 : 1;
+  return n;
+}
+
 void data_cache::join() {
   for (auto& w : workers_)
     if (w.thread.joinable()) w.thread.join();

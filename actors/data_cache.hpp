@@ -33,6 +33,9 @@ class data_cache {
   // Loads a job's training set (and its test set when with_test) on a thread of its own, then calls
   // done there. Threads that have finished are joined first. Call from one thread (the bridge's).
   void load_job(int64_t limit_train, int64_t limit_test, bool with_test, job_data done);
+  // Data threads still loading (a job stopped while its data loaded leaves one behind). The thread that
+  // calls load_job.
+  int loading() const;
   // Waits for every data thread. Only once nothing calls load_job any more (the bridge has stopped).
   void join();
 

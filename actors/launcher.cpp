@@ -493,7 +493,7 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       if (h.type == msg_type::error && running && node == fresh)
         return node_lost(node, "failed before its first step after it rejoined: " + node_text(kv["error"]));
       const std::string why = kv.count("error") ? kv["error"] : "node " + ro.nodes[node] + " reported an error";
-      {
+      if (!running) {  // for await_all, which nobody calls once the job runs: later ones would pile up
         std::lock_guard<std::mutex> lock(mu);
         inbox.push_back({node, h, std::move(kv)});
         cv.notify_all();

@@ -21,6 +21,10 @@
 
 namespace ringmaster {
 
+// Data threads of stopped jobs still loading, past which a new job is refused for now (each holds a copy
+// of the data it loads).
+constexpr int kMaxDataThreads = 2;
+
 bool parse_devices(const std::string& text, std::vector<std::string>* slots, std::string* error) {
   auto number = [](const std::string& n) {
     return !n.empty() && n.size() <= 4 && n.find_first_not_of("0123456789") == std::string::npos;
@@ -209,6 +213,9 @@ struct node_service::impl {
                                         std::to_string(h.job_id), true);
     // Which job, and whose, is none of the asker's business.
     if (job) return refuse(from, plan.job_id, "busy with another job");
+    // Jobs stopped while their data loaded leave data threads behind, each holding its copy of the data:
+    // a launcher that starts and stops jobs in a loop must not pile them up.
+    if (data.loading() >= kMaxDataThreads) return refuse(from, plan.job_id, "busy loading the data of jobs stopped before they ran");
     // A node may join a job it left (reform.hpp) in a new life (new pair keys), or without sealing.
     const bool known = plan.recipient >= 0 && size_t(plan.recipient) < plan.nodes.size();
     const int life = known ? plan.nodes[size_t(plan.recipient)].life : 0;

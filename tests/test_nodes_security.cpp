@@ -519,3 +519,59 @@ TEST_CASE("keys: nodes with keys of their own train together, each trusting the 
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("refused our key") != std::string::npos);
 }
+
+TEST_CASE("a launcher that starts and stops jobs in a loop is told the node is busy loading, not given a data thread each",
+          "[nodes]") {
+  logged_node a("node-a");
+  net::key_pair mine;
+  std::string err;
+  REQUIRE(net::load_or_create_keys(net::default_key_dir(), &mine, &err));  // the node's key too, in tests
+  zmq::context_t ctx;
+  zmq::socket_t s = client(ctx, a.node->endpoint());
+  s.set(zmq::sockopt::rcvtimeo, 200);
+  train_config c = small_job();
+  job_placement w;
+  w.nodes = {{a.node->endpoint(), "node-a"}};
+  w.rank_node = {0};
+  w.devices = {"cpu"};
+  const std::string reason = "reason=changed my mind\n";
+  std::vector<std::string> refusals;
+  for (int i = 0; i < 8; ++i) {
+    job_plan plan;
+    REQUIRE(make_job_plan(c, w, &plan, &err));
+    plan.job_id = 1000 + uint64_t(i);
+    plan.recipient = 0;
+    plan.nodes[0].key = mine.public_key;
+    plan.limit_train = 50000;  // a copy of 50,000 samples a data thread
+    plan.limit_test = 0;
+    plan.evaluate = false;
+    wire::header job;
+    job.type = wire::msg_type::job;
+    job.job_id = plan.job_id;
+    const std::string text = to_json(plan);
+    job.payload_bytes = text.size();
+    test::send_raw(s, job, {zmq::buffer(text)});
+    wire::header abort_h;
+    abort_h.type = wire::msg_type::abort;
+    abort_h.job_id = plan.job_id;
+    abort_h.payload_bytes = reason.size();
+    test::send_raw(s, abort_h, {zmq::buffer(reason)});
+    for (zmq::message_t head, body; s.recv(head) && head.more() && s.recv(body);) {
+      wire::header rh;
+      wire::kv_map kv;
+      if (wire::decode(head.data(), head.size(), &rh, &err) && rh.type == wire::msg_type::error && wire::decode_kv(body.to_string(), &kv, &err))
+        refusals.push_back(kv["error"]);
+    }
+  }
+  CHECK(std::count(refusals.begin(), refusals.end(), "node node-a: busy loading the data of jobs stopped before they ran") >= 1);
+  // Once they are done, a job is taken again.
+  for (int i = 0; i < 100; ++i) std::this_thread::sleep_for(50ms);
+  train_config again = small_job();
+  remote_options ro;
+  ro.nodes = {a.node->endpoint()};
+  ro.limit_train = 600;
+  ro.limit_test = 100;
+  train_result r = train_remote(again, ro);
+  INFO(r.error);
+  CHECK(r.ok);
+}
