@@ -100,7 +100,7 @@ class reducer_port {
   std::atomic<bool> ticking{false};    // the reducer's watchdog ticks
   std::atomic<size_t> queued{0};       // jobs.size(), for the watchdog
   std::atomic<int> stalled_on{-1};     // the rank the watchdog gave up waiting for (-1: it did not)
-  std::atomic<bool> polled{false};     // its replica's thread waits in poll_briefly: deliver() leaves news to it
+  std::atomic<bool> polled{false};     // its replica's thread waits in poll_briefly: submit() leaves work to it
   caf::weak_actor_ptr owner;           // the reducer actor
   struct polling {
     ring_poller poll;
