@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include <openssl/evp.h>
+
 #include "net/ring_driver.hpp"
 
 namespace ringmaster::net {
@@ -118,9 +120,19 @@ struct fd_guard {
 }  // namespace
 
 std::string shm_name(const shm_stamp& s) {
+  // Anyone may list /dev/shm: the name holds a hash of the ring and the rank, not the job's id.
+  static const char kDomain[] = "ringmaster shm segment";
+  unsigned char msg[sizeof kDomain - 1 + 12];
+  std::memcpy(msg, kDomain, sizeof kDomain - 1);
+  unsigned char* p = msg + sizeof kDomain - 1;
+  for (int i = 0; i < 8; ++i) *p++ = static_cast<unsigned char>(s.job >> (8 * i));
+  for (int i = 0; i < 4; ++i) *p++ = static_cast<unsigned char>(uint32_t(s.receiver_rank) >> (8 * i));
+  unsigned char md[EVP_MAX_MD_SIZE] = {};
+  unsigned int md_len = 0;
+  EVP_Digest(msg, sizeof msg, md, &md_len, EVP_sha256(), nullptr);  // cannot fail short of no memory
   char name[96];
-  std::snprintf(name, sizeof name, "/ringmaster.%u.%016llx.%d", unsigned(geteuid()), (unsigned long long)s.job,
-                int(s.receiver_rank));
+  int n = std::snprintf(name, sizeof name, "/ringmaster.%u.", unsigned(geteuid()));
+  for (int i = 0; i < 12; ++i) n += std::snprintf(name + n, sizeof name - size_t(n), "%02x", md[i]);
   return name;
 }
 

@@ -51,7 +51,8 @@ constexpr size_t kShmCapacity = size_t(8) << 20;
 // The largest payload one message may carry: a quarter of the buffer, so a message always fits.
 constexpr size_t kShmMaxPayload = kShmCapacity / 4;
 
-// The segment's file name (under /dev/shm) for a stamp: our user's id, the ring and the receiving rank.
+// The segment's file name (under /dev/shm) for a stamp: our user's id, then a hash (SHA-256) of the ring
+// and the receiving rank, which shows other local users neither.
 std::string shm_name(const shm_stamp& s);
 // Who could share a segment with us: this boot of this machine, its /dev/shm mount and our user
 // ("<boot id>/<dev>.<inode>/<uid>"), or "" when unknown. Equal ids are worth trying; open() still decides.

@@ -23,6 +23,7 @@
 #include "tests/test_util.hpp"
 #include "tests/test_zmq.hpp"
 #include "net/keys.hpp"
+#include "net/shm_link.hpp"
 #include "net/wire.hpp"
 
 using namespace ringmaster;
@@ -339,10 +340,12 @@ TEST_CASE("nodes on one host pass ring chunks through shared memory, bit for bit
   CHECK(shm.identical);
   for (int i = 0; i < 3; ++i)
     CHECK(nodes[i]->wait_for("ring chunks to node " + ro.nodes[size_t((i + 1) % 3)] + " through shared memory") != "");
-  // The job's segments are gone with it.
+  // The job's segments are gone with it, and no name under /dev/shm (which anyone may list) shows its id.
+  const uint64_t id = job_id_of(a.wait_for(" started: "));
   char hex[32];
-  std::snprintf(hex, sizeof hex, ".%016llx.", (unsigned long long)job_id_of(a.wait_for(" started: ")));
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)id);
   std::this_thread::sleep_for(200ms);  // the nodes end the job as the launcher says goodbye
+  for (int r = 0; r < 3; ++r) CHECK_FALSE(std::filesystem::exists("/dev/shm" + net::shm_name({id, (r + 2) % 3, r})));
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
     CHECK(e.path().filename().string().find(hex) == std::string::npos);
 

@@ -521,3 +521,18 @@ TEST_CASE("shm link: segments whose receiver is gone are swept, live ones and st
   CHECK(host.size() > 36);
   CHECK(host.substr(host.rfind('/') + 1) == std::to_string(geteuid()));
 }
+
+TEST_CASE("shm link: a segment's name shows other local users neither the job's id nor the rank", "[shm]") {
+  const net::shm_stamp s{0x0123456789abcdefull, 3, 4};
+  const std::string name = net::shm_name(s);
+  const std::string prefix = "/ringmaster." + std::to_string(geteuid()) + ".";
+  REQUIRE(name.rfind(prefix, 0) == 0);
+  const std::string rest = name.substr(prefix.size());
+  CHECK(rest.size() == 24);
+  CHECK(rest.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(name.find("0123456789abcdef") == std::string::npos);
+  CHECK(net::shm_name(s) == name);                                      // both ends find it
+  CHECK(net::shm_name({s.job, 3, 5}) != name);                          // each receiver its own
+  CHECK(net::shm_name({s.job + 1, 3, 4}) != name);                      // each ring its own
+  CHECK(net::shm_name({s.job, 7, 4}) == name);                          // the sender is the stamp's, not the name's
+}
