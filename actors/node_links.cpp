@@ -1,5 +1,8 @@
 #include "actors/node_links.hpp"
 
+#include <mutex>
+#include <set>
+
 #include "actors/messages.hpp"
 #include "actors/report_kv.hpp"
 
@@ -37,6 +40,22 @@ void send_state(net::bridge* br, const net::peer_info& to, uint64_t job, int ran
   }
 }
 
+// Ranks whose weights are on their way to the launcher: until ZeroMQ lets go of a copy, more requests for
+// it are dropped, so a launcher that asks again and again without reading holds one copy a rank, not one
+// per request. Set on the link's thread, cleared on whichever thread lets the copy go.
+struct weights_out {
+  std::mutex mu;
+  std::set<int> ranks;
+  bool take(int rank) {
+    std::lock_guard<std::mutex> lock(mu);
+    return ranks.insert(rank).second;
+  }
+  void release(int rank) {
+    std::lock_guard<std::mutex> lock(mu);
+    ranks.erase(rank);
+  }
+};
+
 // Step reports not sent yet, and whether a flush is on its way.
 struct report_queue {
   std::vector<step_report> reports;
@@ -63,6 +82,7 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
   for (auto& a : watched) self->monitor(a);
   auto ranks = std::make_shared<std::map<int, caf::actor>>(std::move(replicas));  // rank -> replica, now
   auto queue = std::make_shared<report_queue>();
+  auto out = std::make_shared<weights_out>();
   // Before anything else goes to the launcher: the step reports before it.
   auto flush = [queue, br, launcher, job] { queue->flush(br, launcher, job); };
   self->set_down_handler([self, br, launcher, job, node_name, ranks, flush](caf::down_msg& dm) {
@@ -133,18 +153,22 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
                 },
                 [](caf::error&) {});  // not paused: the launcher's time limits act
       },
-      [self, br, launcher, job, ranks, flush](weights_atom, int rank) {
+      [self, br, launcher, job, ranks, flush, out](weights_atom, int rank) {
         auto it = ranks->find(rank);
-        if (it == ranks->end()) return;
-        self->request(it->second, std::chrono::seconds(60), weights_atom::value).then([br, launcher, job, rank, flush](chunk_ptr w) {
-          flush();
-          wire::header h;
-          h.type = wire::msg_type::weights;
-          h.job_id = job;
-          h.sender_rank = rank;
-          h.elements = w->size();
-          br->reply(launcher, h, net::payload::of(w));
-        });
+        if (it == ranks->end() || !out->take(rank)) return;
+        self->request(it->second, std::chrono::seconds(60), weights_atom::value).then(
+            [br, launcher, job, rank, flush, out](chunk_ptr w) {
+              flush();
+              wire::header h;
+              h.type = wire::msg_type::weights;
+              h.job_id = job;
+              h.sender_rank = rank;
+              h.elements = w->size();
+              // The same floats, owned so that the rank is free to be asked again once they are sent.
+              chunk_ptr sent(w.get(), [w, out, rank](const std::vector<float>*) { out->release(rank); });
+              br->reply(launcher, h, net::payload::of(std::move(sent)));
+            },
+            [out, rank](caf::error&) { out->release(rank); });
       },
   };
 }

@@ -575,3 +575,68 @@ TEST_CASE("a launcher that starts and stops jobs in a loop is told the node is b
   INFO(r.error);
   CHECK(r.ok);
 }
+
+TEST_CASE("a launcher that asks for the weights again and again without reading makes the node hold one copy, not one each",
+          "[nodes]") {
+  logged_node a("node-a");
+  net::key_pair mine;
+  std::string err;
+  REQUIRE(net::load_or_create_keys(net::default_key_dir(), &mine, &err));
+  zmq::context_t ctx;
+  zmq::socket_t s = client(ctx, a.node->endpoint());  // the job's launcher, as it sends the job
+  s.set(zmq::sockopt::rcvtimeo, 20000);
+  s.set(zmq::sockopt::rcvhwm, 1);  // it reads nothing for now: let the kernel's buffers fill
+  job_placement w;
+  w.nodes = {{a.node->endpoint(), "node-a"}};
+  w.rank_node = {0};
+  w.devices = {"cpu"};
+  job_plan plan;
+  train_config c = small_job();
+  c.model = "784-512-512-10";  // 2.7 MB of weights a copy
+  REQUIRE(make_job_plan(c, w, &plan, &err));
+  plan.job_id = 4242;
+  plan.recipient = 0;
+  plan.nodes[0].key = mine.public_key;
+  plan.limit_train = 600;
+  plan.limit_test = 0;
+  plan.evaluate = false;
+  wire::header job;
+  job.type = wire::msg_type::job;
+  job.job_id = plan.job_id;
+  const std::string text = to_json(plan);
+  job.payload_bytes = text.size();
+  test::send_raw(s, job, {zmq::buffer(text)});
+  wire::header rh;
+  for (zmq::message_t head, body; rh.type != wire::msg_type::job_ack;) {  // heartbeats come too
+    REQUIRE(s.recv(head));
+    REQUIRE(wire::decode(head.data(), head.size(), &rh, &err));
+    if (head.more()) REQUIRE(s.recv(body));
+    INFO(body.to_string());
+    REQUIRE(rh.type != wire::msg_type::error);
+  }
+  wire::header beat;  // the launcher's heartbeats, or the node ends the job
+  beat.type = wire::msg_type::heartbeat;
+  beat.job_id = plan.job_id;
+  wire::header want;
+  want.type = wire::msg_type::weights;
+  want.job_id = plan.job_id;
+  want.sender_rank = 0;
+  for (int i = 0; i < 2000; ++i) test::send_raw(s, want);
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(300ms);
+    test::send_raw(s, beat);
+  }
+  // Now it reads: the copies that were on their way, and no more.
+  s.set(zmq::sockopt::rcvtimeo, 1500);
+  int copies = 0;
+  for (zmq::message_t m; s.recv(m);) {
+    if (m.size() == wire::kHeaderSize && wire::decode(m.data(), m.size(), &rh, &err) && rh.type == wire::msg_type::weights) ++copies;
+  }
+  CHECK(copies >= 1);
+  CHECK(copies < 100);  // one at a time; the kernel's buffers hold a few
+  WARN(copies << " copies of the weights for 2000 requests");
+  wire::header bye;
+  bye.type = wire::msg_type::abort;
+  bye.job_id = plan.job_id;
+  test::send_raw(s, bye);
+}
