@@ -83,6 +83,35 @@ std::string sealed_port_of(const std::string& endpoint) {
   return kv["sealed_port"];
 }
 
+// Sends, as its launcher, a one-node job of `model` to node `name` at `endpoint`: training only, on the
+// first `limit_train` samples. The node's key is the tests' own (the default key directory).
+void send_own_job(zmq::socket_t& s, const std::string& endpoint, const std::string& name, const std::string& model,
+                  uint64_t id, int64_t limit_train) {
+  net::key_pair keys;
+  std::string err;
+  REQUIRE(net::load_or_create_keys(net::default_key_dir(), &keys, &err));
+  train_config c = small_job();
+  c.model = model;
+  job_placement w;
+  w.nodes = {{endpoint, name}};
+  w.rank_node = {0};
+  w.devices = {"cpu"};
+  job_plan plan;
+  REQUIRE(make_job_plan(c, w, &plan, &err));
+  plan.job_id = id;
+  plan.recipient = 0;
+  plan.nodes[0].key = keys.public_key;
+  plan.limit_train = limit_train;
+  plan.limit_test = 0;
+  plan.evaluate = false;
+  wire::header job;
+  job.type = wire::msg_type::job;
+  job.job_id = id;
+  const std::string text = to_json(plan);
+  job.payload_bytes = text.size();
+  test::send_raw(s, job, {zmq::buffer(text)});
+}
+
 }  // namespace
 
 TEST_CASE("a node fed malformed frames keeps serving and refuses other protocol versions", "[nodes]") {
@@ -523,37 +552,18 @@ TEST_CASE("keys: nodes with keys of their own train together, each trusting the 
 TEST_CASE("a launcher that starts and stops jobs in a loop is told the node is busy loading, not given a data thread each",
           "[nodes]") {
   logged_node a("node-a");
-  net::key_pair mine;
   std::string err;
-  REQUIRE(net::load_or_create_keys(net::default_key_dir(), &mine, &err));  // the node's key too, in tests
   zmq::context_t ctx;
   zmq::socket_t s = client(ctx, a.node->endpoint());
   s.set(zmq::sockopt::rcvtimeo, 200);
-  train_config c = small_job();
-  job_placement w;
-  w.nodes = {{a.node->endpoint(), "node-a"}};
-  w.rank_node = {0};
-  w.devices = {"cpu"};
   const std::string reason = "reason=changed my mind\n";
   std::vector<std::string> refusals;
   for (int i = 0; i < 8; ++i) {
-    job_plan plan;
-    REQUIRE(make_job_plan(c, w, &plan, &err));
-    plan.job_id = 1000 + uint64_t(i);
-    plan.recipient = 0;
-    plan.nodes[0].key = mine.public_key;
-    plan.limit_train = 50000;  // a copy of 50,000 samples a data thread
-    plan.limit_test = 0;
-    plan.evaluate = false;
-    wire::header job;
-    job.type = wire::msg_type::job;
-    job.job_id = plan.job_id;
-    const std::string text = to_json(plan);
-    job.payload_bytes = text.size();
-    test::send_raw(s, job, {zmq::buffer(text)});
+    const uint64_t id = 1000 + uint64_t(i);
+    send_own_job(s, a.node->endpoint(), "node-a", "784-64-10", id, 50000);  // a copy of 50,000 samples a data thread
     wire::header abort_h;
     abort_h.type = wire::msg_type::abort;
-    abort_h.job_id = plan.job_id;
+    abort_h.job_id = id;
     abort_h.payload_bytes = reason.size();
     test::send_raw(s, abort_h, {zmq::buffer(reason)});
     for (zmq::message_t head, body; s.recv(head) && head.more() && s.recv(body);) {
@@ -579,33 +589,13 @@ TEST_CASE("a launcher that starts and stops jobs in a loop is told the node is b
 TEST_CASE("a launcher that asks for the weights again and again without reading makes the node hold one copy, not one each",
           "[nodes]") {
   logged_node a("node-a");
-  net::key_pair mine;
   std::string err;
-  REQUIRE(net::load_or_create_keys(net::default_key_dir(), &mine, &err));
   zmq::context_t ctx;
   zmq::socket_t s = client(ctx, a.node->endpoint());  // the job's launcher, as it sends the job
   s.set(zmq::sockopt::rcvtimeo, 20000);
   s.set(zmq::sockopt::rcvhwm, 1);  // it reads nothing for now: let the kernel's buffers fill
-  job_placement w;
-  w.nodes = {{a.node->endpoint(), "node-a"}};
-  w.rank_node = {0};
-  w.devices = {"cpu"};
-  job_plan plan;
-  train_config c = small_job();
-  c.model = "784-512-512-10";  // 2.7 MB of weights a copy
-  REQUIRE(make_job_plan(c, w, &plan, &err));
-  plan.job_id = 4242;
-  plan.recipient = 0;
-  plan.nodes[0].key = mine.public_key;
-  plan.limit_train = 600;
-  plan.limit_test = 0;
-  plan.evaluate = false;
-  wire::header job;
-  job.type = wire::msg_type::job;
-  job.job_id = plan.job_id;
-  const std::string text = to_json(plan);
-  job.payload_bytes = text.size();
-  test::send_raw(s, job, {zmq::buffer(text)});
+  const uint64_t id = 4242;
+  send_own_job(s, a.node->endpoint(), "node-a", "784-512-512-10", id, 600);  // 2.7 MB of weights a copy
   wire::header rh;
   for (zmq::message_t head, body; rh.type != wire::msg_type::job_ack;) {  // heartbeats come too
     REQUIRE(s.recv(head));
@@ -616,10 +606,10 @@ TEST_CASE("a launcher that asks for the weights again and again without reading 
   }
   wire::header beat;  // the launcher's heartbeats, or the node ends the job
   beat.type = wire::msg_type::heartbeat;
-  beat.job_id = plan.job_id;
+  beat.job_id = id;
   wire::header want;
   want.type = wire::msg_type::weights;
-  want.job_id = plan.job_id;
+  want.job_id = id;
   want.sender_rank = 0;
   for (int i = 0; i < 2000; ++i) test::send_raw(s, want);
   for (int i = 0; i < 5; ++i) {
@@ -637,6 +627,6 @@ TEST_CASE("a launcher that asks for the weights again and again without reading 
   WARN(copies << " copies of the weights for 2000 requests");
   wire::header bye;
   bye.type = wire::msg_type::abort;
-  bye.job_id = plan.job_id;
+  bye.job_id = id;
   test::send_raw(s, bye);
 }
