@@ -59,7 +59,7 @@ struct plan_node {
   // shared memory when the plan allows. "": unknown.
   std::string host;
   // With keys: the port of its bridge's sealed listener (net/seal.hpp) on its endpoint's host, where ring
-  // chunks sealed with AES-256-GCM go; 0: none, chunks go over CurveZMQ.
+  // chunks sealed with AES-128-OCB go; 0: none, chunks go over CurveZMQ.
   int sealed_port = 0;
   // Which of its lives in the job this is: 0 for the nodes the job started with; each time the launcher
   // tries to take a lost node back, it gives it a new one, larger than any before. Its pair keys

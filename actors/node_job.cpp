@@ -191,7 +191,7 @@ bool node_job::wire_ring(std::string* error) {
         return false;
       }
       if (sealed && known == peers_.end())
-        ctx_.log("job " + std::to_string(plan_.job_id) + ": ring chunks to node " + nd.endpoint + " sealed (AES-256-GCM) at " + endpoint);
+        ctx_.log("job " + std::to_string(plan_.job_id) + ": ring chunks to node " + nd.endpoint + " sealed (" + net::kSealCipher + ") at " + endpoint);
       peers_[endpoint] = peer;
       link = make_bridge_link(ctx_.br, peer);
     }

@@ -14,7 +14,7 @@
 //   err = ring.allreduce(grads.data(), grads.size());   // "" or what failed
 //
 // With keys (options.bridge.keys) the links are CurveZMQ, each rank letting in only its left neighbour's
-// key; with a seal salt too, chunks are sealed with AES-256-GCM on a plain port instead (net/seal.hpp),
+// key; with a seal salt too, chunks are sealed with AES-128-OCB on a plain port instead (net/seal.hpp),
 // as node daemons send them. With shared_memory, chunks between ranks on one host go through /dev/shm.
 //
 // listen() and connect() are separate so a launcher can bind port 0, publish endpoint() and hand out
@@ -40,7 +40,7 @@ struct process_ring_options {
   int threads = 2;  // the actor system's
   net::bridge_options bridge;  // with keys: CurveZMQ (bridge.authorize is set to the left neighbour's key)
   // With keys: rank r's public key is public_keys[r] (empty: every rank holds bridge.keys, a shared key
-  // directory). seal_salt (net/seal.hpp, the same on every rank): chunks sealed with AES-256-GCM.
+  // directory). seal_salt (net/seal.hpp, the same on every rank): chunks sealed with AES-128-OCB.
   std::vector<std::string> public_keys;
   std::string seal_salt;
   // Ranks on one host, as one user, pass chunks through shared memory (net/shm_link.hpp), as node daemons

@@ -29,7 +29,7 @@ struct remote_options {
   std::string key_dir;
   std::vector<std::string> node_keys;
   bool insecure = false;
-  // With keys: ring chunks between nodes are sealed with AES-256-GCM (net/seal.hpp) on plain connections,
+  // With keys: ring chunks between nodes are sealed with AES-128-OCB (net/seal.hpp) on plain connections,
   // several times faster than CurveZMQ; false sends them over CurveZMQ (for comparison).
   bool seal_chunks = true;
   // Nodes on one host pass ring chunks through shared memory (net/shm_link.hpp: same user only, nothing

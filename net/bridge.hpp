@@ -103,7 +103,7 @@ struct bridge_options {
   int max_connections = 0;
   // With keys and a tcp listening endpoint: also bind a plain ZeroMQ ROUTER on an ephemeral port of the
   // same address (sealed_port()) that takes only messages sealed with a registered pair's key
-  // (net/seal.hpp: AES-256-GCM, several times faster than CurveZMQ). Ring chunks between nodes go there.
+  // (net/seal.hpp: AES-128-OCB, several times faster than CurveZMQ). Ring chunks between nodes go there.
   // Clients log in with a registered pair's token (ZeroMQ PLAIN) and count towards max_connections.
   bool sealed_listener = false;
   int sealed_port = 0;  // its port (for a firewall); 0: an ephemeral one. A fixed port that is taken fails start()

@@ -11,7 +11,7 @@
 namespace ringmaster::net {
 namespace {
 
-constexpr char kInfo[] = "ringmaster seal v2";
+constexpr char kInfo[] = "ringmaster seal v3";  // v3: AES-128-OCB (v2 was AES-256-GCM)
 constexpr size_t kNonceBytes = 12;
 constexpr size_t kAuthenticatedTrailer = 20;  // job, sender, count: the rest is the tag
 
@@ -71,23 +71,58 @@ struct pkey_ctx_free {
 using pkey_ptr = std::unique_ptr<EVP_PKEY, pkey_free>;
 using pkey_ctx_ptr = std::unique_ptr<EVP_PKEY_CTX, pkey_ctx_free>;
 
-// The GCM nonce: the sender's number and its counter, so the two directions of a pair never share one.
+// The nonce: the sender's number and its counter, so the two directions of a pair never share one.
 void make_nonce(unsigned char nonce[kNonceBytes], uint32_t sender, uint64_t count) {
   put_u32(nonce, sender);
   put_u64(nonce + 4, count);
 }
 
-// One AES-256-GCM context keyed once; each message only sets its nonce.
-struct gcm {
+// HKDF-SHA256 of `key` into out_len bytes. False if OpenSSL fails.
+bool hkdf(const unsigned char* key, size_t key_len, const unsigned char* salt, size_t salt_len, const unsigned char* info,
+          size_t info_len, unsigned char* out, size_t out_len) {
+  pkey_ctx_ptr kdf(EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr));
+  size_t len = out_len;
+  return kdf && EVP_PKEY_derive_init(kdf.get()) == 1 && EVP_PKEY_CTX_set_hkdf_md(kdf.get(), EVP_sha256()) == 1 &&
+         (salt_len == 0 || EVP_PKEY_CTX_set1_hkdf_salt(kdf.get(), salt, int(salt_len)) == 1) &&
+         EVP_PKEY_CTX_set1_hkdf_key(kdf.get(), key, int(key_len)) == 1 &&
+         EVP_PKEY_CTX_add1_hkdf_info(kdf.get(), info, int(info_len)) == 1 && EVP_PKEY_derive(kdf.get(), out, &len) == 1 &&
+         len == out_len;
+}
+
+// An AES-128-OCB context; each message only sets its nonce (12 bytes, OCB's default). The pair key seals
+// nothing itself: message `count` is sealed with key number count / per_key, derived from it, as TLS 1.3
+// moves on to a new traffic key, so that no key seals so much that the mode's margin wears thin.
+struct ocb {
   EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
-  bool ok = false;
-  gcm(const gcm&) = delete;
-  gcm& operator=(const gcm&) = delete;
-  gcm(const seal_key& key, bool encrypt) {
-    ok = ctx && (encrypt ? EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, key.data(), nullptr)
-                         : EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, key.data(), nullptr)) == 1;
+  seal_key base;
+  uint64_t per_key;
+  bool encrypt;
+  uint64_t number = UINT64_MAX;  // the key ctx holds
+  ocb(const ocb&) = delete;
+  ocb& operator=(const ocb&) = delete;
+  ocb(const seal_key& key, uint64_t messages_per_key, bool enc)
+      : base(key), per_key(messages_per_key ? messages_per_key : 1), encrypt(enc) {
+    static_assert(kSealKeyBytes == 16, "AES-128");
   }
-  ~gcm() { EVP_CIPHER_CTX_free(ctx); }
+  ~ocb() {
+    EVP_CIPHER_CTX_free(ctx);
+    OPENSSL_cleanse(base.data(), base.size());
+  }
+  // Keyed for message `count`. False if OpenSSL fails.
+  bool key_for(uint64_t count) {
+    if (!ctx) return false;
+    if (count / per_key == number) return true;
+    static const char label[] = "ringmaster seal key";
+    unsigned char info[sizeof label - 1 + 8], key[kSealKeyBytes];
+    std::memcpy(info, label, sizeof label - 1);
+    put_u64(info + sizeof label - 1, count / per_key);
+    const bool ok = hkdf(base.data(), base.size(), nullptr, 0, info, sizeof info, key, sizeof key) &&
+                    (encrypt ? EVP_EncryptInit_ex(ctx, EVP_aes_128_ocb(), nullptr, key, nullptr)
+                             : EVP_DecryptInit_ex(ctx, EVP_aes_128_ocb(), nullptr, key, nullptr)) == 1;
+    OPENSSL_cleanse(key, sizeof key);
+    number = ok ? count / per_key : UINT64_MAX;
+    return ok;
+  }
 };
 
 }  // namespace
@@ -120,13 +155,7 @@ bool pair_key(const key_pair& mine, const std::string& their_public, const std::
   put_u32(info + sizeof kInfo - 1 + 12, a < b ? b : a);
   put_u32(info + sizeof kInfo - 1 + 16, a < b ? life_a : life_b);
   put_u32(info + sizeof kInfo - 1 + 20, a < b ? life_b : life_a);
-  pkey_ctx_ptr kdf(EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr));
-  size_t key_len = out->size();
-  const bool ok = kdf && EVP_PKEY_derive_init(kdf.get()) == 1 && EVP_PKEY_CTX_set_hkdf_md(kdf.get(), EVP_sha256()) == 1 &&
-                  EVP_PKEY_CTX_set1_hkdf_salt(kdf.get(), salt, sizeof salt) == 1 &&
-                  EVP_PKEY_CTX_set1_hkdf_key(kdf.get(), shared, sizeof shared) == 1 &&
-                  EVP_PKEY_CTX_add1_hkdf_info(kdf.get(), info, sizeof info) == 1 &&
-                  EVP_PKEY_derive(kdf.get(), out->data(), &key_len) == 1 && key_len == out->size();
+  const bool ok = hkdf(shared, sizeof shared, salt, sizeof salt, info, sizeof info, out->data(), out->size());
   OPENSSL_cleanse(shared, sizeof shared);
   return ok || fail(error, "HKDF failed");
 }
@@ -157,23 +186,26 @@ bool read_trailer(const void* data, size_t size, trailer* out) {
 }
 
 struct sealer::impl {
-  gcm cipher;
+  ocb cipher;
   uint64_t job;
   uint32_t sender;
   uint64_t count = 0;
   std::string token;
-  impl(const seal_key& k, uint64_t j, uint32_t s) : cipher(k, true), job(j), sender(s), token(port_token(k)) {}
+  impl(const seal_key& k, uint64_t j, uint32_t s, uint64_t per_key)
+      : cipher(k, per_key, true), job(j), sender(s), token(port_token(k)) {}
 };
 
 std::string sealer::user() const { return std::to_string(d_->job) + ":" + std::to_string(d_->sender); }
 std::string sealer::token() const { return d_->token; }
 
-sealer::sealer(const seal_key& key, uint64_t job, uint32_t sender) : d_(std::make_unique<impl>(key, job, sender)) {}
+sealer::sealer(const seal_key& key, uint64_t job, uint32_t sender, uint64_t messages_per_key)
+    : d_(std::make_unique<impl>(key, job, sender, messages_per_key)) {}
 sealer::~sealer() = default;
 
 bool sealer::seal(const void* header, size_t header_bytes, const void* in, void* out, size_t n,
                   unsigned char trailer_out[kTrailerBytes]) {
-  if (!d_->cipher.ok || n > size_t(INT_MAX) || header_bytes > size_t(INT_MAX) || d_->count == UINT64_MAX) return false;
+  if (n > size_t(INT_MAX) || header_bytes > size_t(INT_MAX) || d_->count == UINT64_MAX || !d_->cipher.key_for(d_->count))
+    return false;
   put_u64(trailer_out, d_->job);
   put_u32(trailer_out + 8, d_->sender);
   put_u64(trailer_out + 12, d_->count);
@@ -185,19 +217,22 @@ bool sealer::seal(const void* header, size_t header_bytes, const void* in, void*
       EVP_EncryptUpdate(c, nullptr, &len, static_cast<const unsigned char*>(header), int(header_bytes)) != 1 ||
       EVP_EncryptUpdate(c, nullptr, &len, trailer_out, int(kAuthenticatedTrailer)) != 1)
     return false;
-  if (n > 0 && EVP_EncryptUpdate(c, static_cast<unsigned char*>(out), &len, static_cast<const unsigned char*>(in), int(n)) != 1)
-    return false;
-  return EVP_EncryptFinal_ex(c, static_cast<unsigned char*>(out) + n, &len) == 1 &&
-         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, int(kSealTagBytes), trailer_out + kAuthenticatedTrailer) == 1;
+  // OCB holds a partial last block back until Final: the two together write all n bytes.
+  int head = 0, tail = 0;
+  auto* o = static_cast<unsigned char*>(out);
+  if (n > 0 && EVP_EncryptUpdate(c, o, &head, static_cast<const unsigned char*>(in), int(n)) != 1) return false;
+  return EVP_EncryptFinal_ex(c, o + head, &tail) == 1 && size_t(head) + size_t(tail) == n &&
+         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, int(kSealTagBytes), trailer_out + kAuthenticatedTrailer) == 1;
 }
 
 struct opener::impl {
-  gcm cipher;
+  ocb cipher;
   uint64_t job;
   uint32_t sender;
   uint64_t next = 0;  // the lowest counter still acceptable
   std::string token;
-  impl(const seal_key& k, uint64_t j, uint32_t s) : cipher(k, false), job(j), sender(s), token(port_token(k)) {}
+  impl(const seal_key& k, uint64_t j, uint32_t s, uint64_t per_key)
+      : cipher(k, per_key, false), job(j), sender(s), token(port_token(k)) {}
 };
 
 bool opener::admits(const std::string& token) const {
@@ -205,7 +240,8 @@ bool opener::admits(const std::string& token) const {
          CRYPTO_memcmp(token.data(), d_->token.data(), token.size()) == 0;
 }
 
-opener::opener(const seal_key& key, uint64_t job, uint32_t sender) : d_(std::make_unique<impl>(key, job, sender)) {}
+opener::opener(const seal_key& key, uint64_t job, uint32_t sender, uint64_t messages_per_key)
+    : d_(std::make_unique<impl>(key, job, sender, messages_per_key)) {}
 opener::~opener() = default;
 
 bool opener::open(const void* header, size_t header_bytes, void* data, size_t n, const void* trailer_bytes,
@@ -215,21 +251,21 @@ bool opener::open(const void* header, size_t header_bytes, void* data, size_t n,
     return fail(error, "sealed for another job or sender");
   if (t.count < d_->next || t.count == UINT64_MAX)
     return fail(error, "replayed or reordered message (counter " + std::to_string(t.count) + ")");
-  if (!d_->cipher.ok || n > size_t(INT_MAX) || header_bytes > size_t(INT_MAX)) return fail(error, "cannot open");
+  if (n > size_t(INT_MAX) || header_bytes > size_t(INT_MAX) || !d_->cipher.key_for(t.count)) return fail(error, "cannot open");
   unsigned char nonce[kNonceBytes];
   make_nonce(nonce, t.sender, t.count);
   EVP_CIPHER_CTX* c = d_->cipher.ctx;
   const auto* tb = static_cast<const unsigned char*>(trailer_bytes);
   unsigned char tag[kSealTagBytes];
   std::memcpy(tag, tb + kAuthenticatedTrailer, sizeof tag);
-  int len = 0;
+  int len = 0, head = 0, tail = 0;
   auto* bytes = static_cast<unsigned char*>(data);
   const bool ok = EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, nonce) == 1 &&
                   EVP_DecryptUpdate(c, nullptr, &len, static_cast<const unsigned char*>(header), int(header_bytes)) == 1 &&
                   EVP_DecryptUpdate(c, nullptr, &len, tb, int(kAuthenticatedTrailer)) == 1 &&
-                  (n == 0 || EVP_DecryptUpdate(c, bytes, &len, bytes, int(n)) == 1) &&
-                  EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, int(sizeof tag), tag) == 1 &&
-                  EVP_DecryptFinal_ex(c, bytes + n, &len) == 1;
+                  (n == 0 || EVP_DecryptUpdate(c, bytes, &head, bytes, int(n)) == 1) &&
+                  EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, int(sizeof tag), tag) == 1 &&
+                  EVP_DecryptFinal_ex(c, bytes + head, &tail) == 1 && size_t(head) + size_t(tail) == n;
   if (!ok) return fail(error, "bad tag: forged or altered, or sealed with another key");
   d_->next = t.count + 1;
   return true;

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/remote_job.hpp"
+#include "net/seal.hpp"
 #include "tests/test_util.hpp"
 
 using namespace ringmaster;
@@ -316,7 +317,7 @@ TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoc
 }
 
 TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job it was dropped from, sealing with new keys", "[nodes][elastic][rejoin]") {
-  // Ring chunks over the network, sealed (AES-256-GCM), as between hosts; each node's log in a file.
+  // Ring chunks over the network, sealed (net/seal.hpp), as between hosts; each node's log in a file.
   char tmpl[] = "/tmp/ringmaster-rejoin-sealed-XXXXXX";
   REQUIRE(mkdtemp(tmpl));
   const std::string dir = tmpl;
@@ -354,7 +355,7 @@ TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job 
   };
   // Node 2 (rank 2) sends to node 0 (rank 0) in the first ring and in the grown one, sealed both times;
   // node 1 (rank 1) sends to it sealed in the first ring and again once it is back.
-  const std::string sealed_to = "sealed (AES-256-GCM)";
+  const std::string sealed_to = std::string("sealed (") + net::kSealCipher + ")";
   CHECK(count(log_of(2), "ring chunks to node " + ro.nodes[0] + " " + sealed_to) == 2);
   CHECK(count(log_of(1), "ring chunks to node " + ro.nodes[2] + " " + sealed_to) == 2);
   std::filesystem::remove_all(dir);

@@ -355,7 +355,7 @@ TEST_CASE("nodes on one host pass ring chunks through shared memory, bit for bit
   INFO(net.error);
   REQUIRE(net.ok);
   CHECK(net.weights == shm.weights);
-  CHECK(a.wait_for("ring chunks to node " + ro.nodes[1] + " sealed (AES-256-GCM)") != "");
+  CHECK(a.wait_for("ring chunks to node " + ro.nodes[1] + " sealed (" + net::kSealCipher + ")") != "");
 
   train_config local = small_job();
   local.replicas = 3;

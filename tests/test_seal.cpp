@@ -1,4 +1,4 @@
-// Sealed ring chunks (net/seal.hpp): pair keys, AES-256-GCM sealing and opening, and a bridge's sealed
+// Sealed ring chunks (net/seal.hpp): pair keys, AES-128-OCB sealing and opening, and a bridge's sealed
 // listener, which takes only what a registered pair sealed.
 #include <catch2/catch.hpp>
 #include <condition_variable>
@@ -96,6 +96,39 @@ TEST_CASE("seal: two nodes derive one pair key, which is the job's and the pair'
   const unsigned char zeros[32] = {};
   REQUIRE(zmq_z85_encode(zero_z85, zeros, 32) != nullptr);
   CHECK_FALSE(net::pair_key(a, zero_z85, salt, 7, 0, 1, 0, 0, &k, &err));
+}
+
+TEST_CASE("seal: payloads of any length round-trip, and each key seals only so many messages before the next takes over") {
+  const auto a = fresh_keys(), b = fresh_keys();
+  const std::string salt = net::make_seal_salt();
+  const auto k = derive(a, b.public_key, salt, 5, 0, 1);
+  std::mt19937 rng(2);
+  // OCB holds back a last partial block: lengths that are no multiple of its 16 bytes come out whole too.
+  net::sealer s(k, 5, 0);
+  net::opener o(k, 5, 0);
+  for (size_t n : {0, 1, 3, 4, 5, 257, 1001}) {
+    std::vector<float> data(n);
+    for (float& x : data) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+    std::vector<float> got;
+    std::string err;
+    INFO(n << " floats: " << err);
+    CHECK(open_one(o, seal_one(s, data, 5), &got, &err));
+    CHECK(got == data);
+  }
+  // A sealer moving on to a new key every 3 messages: an opener that does the same opens all of them, one
+  // that keeps the first key opens only the first three.
+  net::sealer rotating(k, 5, 0, 3);
+  net::opener follows(k, 5, 0, 3), stays(k, 5, 0);
+  std::vector<float> data(33, 1.5f);
+  for (int i = 0; i < 10; ++i) {
+    const sealed_message m = seal_one(rotating, data, 5);
+    std::vector<float> got;
+    std::string err;
+    INFO("message " << i);
+    CHECK(open_one(follows, m, &got, &err));
+    CHECK(got == data);
+    CHECK(open_one(stays, m, &got, &err) == (i < 3));
+  }
 }
 
 TEST_CASE("seal: a sealed message opens once, unaltered, and nothing forged, altered or replayed opens") {

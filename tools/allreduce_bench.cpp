@@ -83,7 +83,7 @@ const char* kUsage =
     "  --spin-us N       bridge thread polls N us before sleeping (default 0)\n"
     "  --pin on|off      ipc/tcp: all threads of worker r on CPU r mod CPUs (default on)\n"
     "  --timeout-ms N    a rank that sees no progress this long gives up (default 10000)\n"
-    "  --security S      ipc/tcp: sealed: CurveZMQ handshakes, chunks sealed with AES-256-GCM, as node\n"
+    "  --security S      ipc/tcp: sealed: CurveZMQ handshakes, chunks sealed with AES-128-OCB, as node\n"
     "                    daemons train (default over tcp); curve: chunks over CurveZMQ too (default over\n"
     "                    ipc, which has no sealed port); none: plain ZeroMQ (--insecure)\n"
     "  --key-dir DIR     the ranks' shared key pair (default ~/.ringmaster, made on first use)\n"

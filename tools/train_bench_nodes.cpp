@@ -11,7 +11,7 @@
 //   nodes/local  the cost of crossing processes;
 //   insecure     the same over daemons started --insecure, and nodes/insecure the cost of keys;
 //   tcp          the same with shared memory off (remote_options::shared_memory), so ring chunks take the
-//                network as between hosts: sealed with AES-256-GCM (net/seal.hpp) over TCP;
+//                network as between hosts: sealed with AES-128-OCB (net/seal.hpp) over TCP;
 //   tcp insecure the same over daemons started --insecure, and tcp/insecure the cost of encryption;
 //   curve/insecure  ring chunks over CurveZMQ instead of sealed (remote_options::seal_chunks false).
 // Both are timed over the epochs after the first (no evaluation), rounds interleaved, medians reported.
@@ -357,7 +357,7 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
   std::printf("# samples/s over the epochs after the first; medians of %d rounds, local and nodes interleaved\n",
               repeat);
   std::printf("# nodes: keys, commands over CurveZMQ, ring chunks through shared memory (one host); insecure: the "
-              "same, daemons run --insecure; tcp: shared memory off, ring chunks sealed (AES-256-GCM) over TCP; tcp "
+              "same, daemons run --insecure; tcp: shared memory off, ring chunks sealed (AES-128-OCB) over TCP; tcp "
               "insecure: that, --insecure; curve: ring chunks over CurveZMQ\n");
   std::printf("# %-16s %9s %9s %11s %9s %14s %9s %12s %12s %14s\n", "model", "local", "nodes", "nodes/local", "insecure",
               "nodes/insecure", "tcp", "tcp insecure", "tcp/insecure", "curve/insecure");
