@@ -1,5 +1,7 @@
 #include "actors/coordinator.hpp"
 
+#include <algorithm>
+
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -105,6 +107,11 @@ struct coordinator_state {
   size_t recovering = SIZE_MAX;  // result->losses from here on wait for the next completed step
   clock_type::time_point last_word;
   clock_type::time_point start, last_print;
+  // For the silence watchdog: the last report of any kind (or the start, or the end of a pause), the last
+  // step complete, and the longest time between two.
+  clock_type::time_point last_news, last_complete;
+  clock_type::duration slowest_step{0};
+  int64_t skipped_checkpoints = 0;
 };
 
 // The text an error was made with (make_error(code, "why")), else CAF's rendering of it.
@@ -156,12 +163,18 @@ void report_progress(coordinator_state& st, int64_t e, bool end) {
   st.cfg.on_progress(p);
 }
 
+// Checkpoints whose halves wait for each other: rank 0's state may come a little ahead of the others'
+// reports, or they ahead of it, but a node that sends states for steps far ahead (or never) must not
+// make us hold them all. A state that finds this many waiting is skipped, with a line saying so.
+constexpr size_t kMaxHeldCheckpoints = 8;
+
 // Writes the checkpoint after `done` steps once both its halves are here.
 void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64_t done) {
   auto it = st.checkpoints.find(done);
   if (it == st.checkpoints.end() || !it->second.state || !it->second.have_progress) return;
   const pending_checkpoint c = std::move(it->second);
-  st.checkpoints.erase(it);
+  // Those before it will never be written now (they come in step order; a skipped one is superseded).
+  st.checkpoints.erase(st.checkpoints.begin(), std::next(it));
   st.written = std::max(st.written, done);
   if (std::string error = st.cfg.on_checkpoint(c.progress, *c.state); !error.empty())
     finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error);
@@ -172,6 +185,9 @@ void checkpoint_progress(caf::event_based_actor* self, coordinator_state& st, in
   const int64_t spe = st.cfg.steps_per_epoch;
   if (!st.cfg.on_checkpoint || !checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs)) return;
   pending_checkpoint& c = st.checkpoints[done];
+  // Bounded: metrics whose state has not come within kMaxHeldCheckpoints later ones never get one.
+  while (st.checkpoints.size() > kMaxHeldCheckpoints && st.checkpoints.begin()->first < done && !st.checkpoints.begin()->second.state)
+    st.checkpoints.erase(st.checkpoints.begin());
   c.have_progress = true;
   c.progress.step = done;
   c.progress.history = st.result->history;
@@ -213,6 +229,9 @@ void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int6
 
 // Adds step `step` of epoch e, all of whose reports are in, to its epoch.
 void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t e, int64_t step) {
+  const auto now = clock_type::now();
+  if (st.last_complete != clock_type::time_point{}) st.slowest_step = std::max(st.slowest_step, now - st.last_complete);
+  st.last_complete = now;
   epoch_acc& a = st.epochs[e];
   const step_acc s = std::move(a.pending[step]);
   a.pending.erase(step);
@@ -252,6 +271,7 @@ void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t 
 // them again).
 void reform(caf::event_based_actor* self, coordinator_state& st, const reform_note& note) {
   const int64_t spe = st.cfg.steps_per_epoch, start = note.start_step;
+  st.last_news = clock_type::now();
   std::vector<std::pair<int64_t, int64_t>> before;  // (epoch, step) to complete
   for (auto& [e, a] : st.epochs) {
     for (auto it = a.pending.begin(); it != a.pending.end();) {
@@ -404,6 +424,24 @@ std::string late_ranks(const coordinator_state& st, clock_type::time_point now) 
   return "";
 }
 
+// Whether every rank has been silent too long (coordinator_config::eval_batches); "" if not.
+std::string silent_ranks(const coordinator_state& st, clock_type::time_point now) {
+  const auto limit = st.cfg.report_timeout;
+  clock_type::duration allowed = 2 * limit;
+  if (st.last_complete != clock_type::time_point{}) {
+    const bool evaluating = st.cfg.evaluate && std::any_of(st.epochs.begin(), st.epochs.end(), [&](const auto& e) {
+      return !e.second.closed && e.second.steps_done == st.cfg.steps_per_epoch;
+    });
+    allowed = limit + st.slowest_step * (50 + (evaluating ? st.cfg.eval_batches : 0));
+  }
+  if (st.done == st.cfg.replicas || now - st.last_news <= allowed) return "";  // all done: the weights come
+  std::string ranks;
+  for (int r = 0; r < st.cfg.replicas; ++r) ranks += (ranks.empty() ? "" : ", ") + rank_where(st, r);
+  return "no rank has reported anything for " + std::to_string(int64_t(secs(st.last_news, now))) +
+         " s (the slowest step so far took " + std::to_string(std::chrono::duration<double>(st.slowest_step).count()).substr(0, 5) +
+         " s): ranks " + ranks + " are stuck";
+}
+
 }  // namespace
 
 caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) {
@@ -431,7 +469,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         const int n = int(st->replicas.size());
         for (auto* group : {&st->replicas, &st->loaders, &st->reducers})
           for (auto& a : *group) self->monitor(a);
-        st->start = st->last_print = clock_type::now();
+        st->start = st->last_print = st->last_news = clock_type::now();
         // A resumed job starts with its history and the open epoch's sums so far.
         const job_progress& from = st->cfg.start;
         const int64_t spe = std::max<int64_t>(1, st->cfg.steps_per_epoch);
@@ -452,6 +490,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         if (st->finished || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;  // of a ring given up on
         if (std::string bad = check_report(*st, r); !bad.empty())
           return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
+        st->last_news = clock_type::now();
         st->result->wait_batch += r.wait_batch;
         st->result->compute += r.compute;
         st->result->wait_ring += r.wait_ring;
@@ -476,6 +515,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         if (auto e = st->epochs.find(r.epoch); e != st->epochs.end() && e->second.closed) return;  // a lost rank's share
         if (std::string bad = check_report(*st, r); !bad.empty())
           return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
+        st->last_news = clock_type::now();
         epoch_acc& a = st->epochs[r.epoch];
         if (a.evals == 0) a.first_eval = clock_type::now();
         a.val_losses.resize(size_t(st->cfg.replicas), 0.0);
@@ -493,6 +533,14 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         if (!st->cfg.on_checkpoint || done <= st->cfg.start.step || done <= st->written ||
             !checkpoint_due(done, st->cfg.checkpoint_every, spe, spe * st->cfg.epochs))
           return;  // none asked for then
+        size_t states = 0;
+        for (const auto& [k, c] : st->checkpoints) states += c.state != nullptr;
+        if (states >= kMaxHeldCheckpoints) {
+          if (st->cfg.on_event && st->skipped_checkpoints++ == 0)  // once: a lying node could send thousands
+            st->cfg.on_event("skipped the checkpoint after step " + std::to_string(done) + ": " + std::to_string(states) +
+                             " states before it still wait for their steps' reports");
+          return;
+        }
         st->checkpoints[done].state = std::move(s);
         offer_checkpoint(self, *st, done);
       },
@@ -502,9 +550,14 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       [st](pause_atom, int gen) { st->holding = std::max(st->holding, gen); },  // the launcher forms ring `gen`
       [self, st](tick_atom) {
         if (st->finished) return;
-        if (st->holding <= st->gen)
-          if (std::string late = late_ranks(*st, clock_type::now()); !late.empty())
+        const auto now = clock_type::now();
+        if (st->holding > st->gen) st->last_news = now;  // a ring being formed: the clock stands still
+        if (st->holding <= st->gen) {
+          if (std::string late = late_ranks(*st, now); !late.empty())
             return finish(self, *st, late + " (their nodes still answer)");
+          if (std::string silent = silent_ranks(*st, now); !silent.empty())
+            return finish(self, *st, silent + " (their nodes still answer)");
+        }
         self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
       },
       [self, st](done_atom, int rank) {
@@ -512,6 +565,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         st->done_ranks.resize(size_t(st->cfg.replicas), 0);
         if (st->done_ranks[size_t(rank)]) return;  // said twice
         st->done_ranks[size_t(rank)] = 1;
+        st->last_news = clock_type::now();
         if (st->done++ == 0) st->first_done = clock_type::now();
         if (st->done < st->cfg.replicas) return;
         // Every rank sends its reports before it says it is done: all of them are in, so every epoch is

@@ -518,7 +518,8 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       if (kind == "step") {
         step_report r;
         r.rank = h.sender_rank;
-        if (!from_kv(kv, &r, &error)) return;
+        // A report we cannot read would leave its step open for ever: the node is faulty, say so.
+        if (!from_kv(kv, &r, &error)) return kill_node(node, "node " + ro.nodes[size_t(node)] + " sent a bad step report: " + error);
         if (node == fresh) fresh = -1, join_failures[size_t(node)] = join_late[size_t(node)] = 0;  // it runs
         if (r.epoch >= 0 && r.step >= 0 && r.epoch * steps_per_epoch + r.step + 1 > seen_step) {
           seen_step = r.epoch * steps_per_epoch + r.step + 1;
@@ -529,7 +530,8 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       } else if (kind == "eval") {
         eval_report r;
         r.rank = h.sender_rank;
-        if (from_kv(kv, &r, &error)) caf::anon_send(coordinator, r);
+        if (!from_kv(kv, &r, &error)) return kill_node(node, "node " + ro.nodes[size_t(node)] + " sent a bad evaluation report: " + error);
+        caf::anon_send(coordinator, r);
       }
       return;
     }

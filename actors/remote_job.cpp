@@ -90,11 +90,18 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   L.br.set_handler([&L](const net::peer_info& from, const wire::header& h, net::payload p) {
     L.on_message(from, h, std::move(p));
   });
-  // A node that refuses our key, or holds another than we expect, says so only through the handshake:
-  // that reason ends the wait for its answer at once.
+  // A node that refuses our key, or holds another than we expect, says so only through the handshake,
+  // and one of another release answers our hello in its own protocol version, which our bridge drops:
+  // either reason ends the wait for its answer at once.
   L.br.set_error_handler([&L](const net::bridge_error& e) {
-    if (e.kind != net::fault::handshake_failed) return;
-    launcher::control_msg m{0, {}, {{"error", "node " + e.message}}};  // the message names the endpoint
+    std::string why;
+    if (e.kind == net::fault::handshake_failed) why = "node " + e.message;  // the message names the endpoint
+    const int node = L.node_of(e.from);
+    if (e.kind == net::fault::version_mismatch && node >= 0 && !L.started.load(std::memory_order_acquire))
+      why = "node " + L.ro.nodes[size_t(node)] + " runs another release of ringmaster (" + e.message +
+            "): run the same one on the launcher and every node";
+    if (why.empty()) return;
+    launcher::control_msg m{0, {}, {{"error", why}}};
     m.h.type = wire::msg_type::error;
     std::lock_guard<std::mutex> lock(L.mu);
     L.inbox.push_back(std::move(m));
@@ -180,6 +187,15 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
       return failed;
     }
   }
+  // The test set's size, for the coordinator's patience while the ranks evaluate: a node's word, so
+  // checked, and read as 0 (no allowance) when it makes no sense.
+  int64_t test_samples = 0;
+  for (auto& reply : replies) {
+    const std::string& t = reply["test"];
+    int64_t n = 0;
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
+    if (ec == std::errc() && end == t.data() + t.size() && n >= 0 && n <= int64_t(1e12)) test_samples = std::max(test_samples, n);
+  }
   uint64_t samples = 0;  // a node's word, not ours: checked, never std::stoull (nor strtoull, which takes "-1")
   const auto [samples_end, samples_ec] = std::from_chars(train_count.data(), train_count.data() + train_count.size(), samples);
   if (train_count.empty() || samples_ec != std::errc() || samples_end != train_count.data() + train_count.size() ||
@@ -254,6 +270,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   // Longer than the ring may wait for a hung rank, and than its node's loss takes to be named: those are
   // handled as lost nodes; this catches a node that answers and trains but holds back its reports.
   cc.report_timeout = std::max<std::chrono::milliseconds>(std::chrono::seconds(30), cfg.ring_timeout + std::chrono::seconds(10));
+  cc.eval_batches = (test_samples + cfg.global_batch - 1) / cfg.global_batch;
   auto coord = sys.spawn(coordinator, cc);
   L.coordinator = coord;
   L.rate_since = L.ring_since = clock_type::now();

@@ -182,3 +182,70 @@ TEST_CASE("coordinator: while a ring is formed anew its report clock stands stil
   CHECK(took > 2.0);
   CHECK(took < 5.0);
 }
+
+TEST_CASE("coordinator: ranks that all fall silent at once fail the job in time, naming every one", "[coordinator]") {
+  // No rank is late behind another, so only the silence of all of them tells: a one-node job whose
+  // replicas hang, or every node stuck at once while its daemon still answers.
+  job j(500ms, {"node tcp://10.0.0.1:5601", "node tcp://10.0.0.2:5601"});
+  const auto t0 = std::chrono::steady_clock::now();
+  train_result r = j.run([](job& j) { j.step(0, 0, 0), j.step(1, 0, 0), j.step(0, 0, 1), j.step(1, 0, 1); });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("no rank has reported anything for ") == 0);
+  CHECK(r.error.find("ranks 0 (node tcp://10.0.0.1:5601), 1 (node tcp://10.0.0.2:5601) are stuck") != std::string::npos);
+  CHECK(took < 3.0);
+
+  job never(500ms);  // not even a first step: twice the report timeout
+  r = never.run([](job&) {});
+  CHECK(r.error.find("no rank has reported anything for 1 s") == 0);
+}
+
+TEST_CASE("coordinator: a node that sends states for steps far ahead makes it hold a few, not all", "[coordinator]") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{(configure(cfg, 2), cfg)};
+  coordinator_config cc;
+  cc.replicas = 2;
+  cc.global_batch = 4;
+  cc.steps_per_epoch = 20;
+  cc.evaluate = false;
+  cc.checkpoint_every = 1;
+  auto written = std::make_shared<std::vector<int64_t>>();
+  auto events = std::make_shared<std::vector<std::string>>();
+  cc.on_checkpoint = [written](const job_progress& p, const network_state&) {
+    written->push_back(p.step);
+    return std::string();
+  };
+  cc.on_event = [events](const std::string& line) { events->push_back(line); };
+  std::vector<caf::actor> ranks{sys.spawn(stand_in), sys.spawn(stand_in)};
+  auto coord = sys.spawn(coordinator, cc);
+  caf::scoped_actor self{sys};
+  auto pending = self->request(coord, 10s, run_atom::value, ranks, ranks, ranks);
+  for (int64_t k = 1; k <= 20; ++k) {  // rank 0's state after every step, before any step is reported
+    auto s = std::make_shared<network_state>();
+    s->steps = k;
+    s->params.assign(1000, 0.5f);
+    caf::anon_send(coord, checkpt_atom::value, state_ptr(std::move(s)));
+  }
+  for (int64_t s = 0; s < 20; ++s)
+    for (int rank = 0; rank < 2; ++rank) {
+      step_report r;
+      r.rank = rank;
+      r.step = s;
+      r.count = 2;
+      r.correct = 1;
+      r.loss_sum = 0.5;
+      caf::anon_send(coord, r);
+    }
+  for (int rank = 0; rank < 2; ++rank) caf::anon_send(coord, done_atom::value, rank);
+  train_result out;
+  pending.receive([&](std::shared_ptr<train_result> r) { out = *r; }, [&](caf::error& e) { out.error = sys.render(e); });
+  // The first 8 were held and written; the rest skipped, said once; the job then ends short of them.
+  CHECK(*written == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8});
+  REQUIRE(events->size() == 1);
+  CHECK(events->front() == "skipped the checkpoint after step 9: 8 states before it still wait for their steps' reports");
+  CHECK_FALSE(out.ok);
+  CHECK(out.error.find("was never complete") != std::string::npos);
+  caf::anon_send_exit(coord, caf::exit_reason::kill);
+  for (auto& r : ranks) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+}

@@ -14,7 +14,10 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <iterator>
+#include <vector>
 #include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "actors/job_plan.hpp"
 #include "actors/node_service.hpp"
@@ -180,7 +183,7 @@ TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to, a take
   INFO(r.error);
   CHECK(r.ok);
   CHECK(r.identical);
-  CHECK(b.wait_for("sealed (AES-256-GCM) at tcp://127.0.0.1:" + std::to_string(port)) != "");
+  CHECK(b.wait_for(std::string("sealed (") + net::kSealCipher + ") at tcp://127.0.0.1:" + std::to_string(port)) != "");
 
   const test::run_result taken = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
                                            " --sealed-port " + std::to_string(port));
@@ -286,9 +289,9 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
     for (const std::string& l : b.lines) chunk_lines += l.find("a chunk from rank -1") != std::string::npos;
     CHECK(chunk_lines <= 5);
   }
-  // Between the nodes, ring chunks are sealed (AES-256-GCM) and go to each node's sealed port. A stranger
+  // Between the nodes, ring chunks are sealed (net/seal.hpp) and go to each node's sealed port. A stranger
   // there cannot log in without the pair's token, and what it tries to send never arrives.
-  CHECK(a.wait_for("ring chunks to node " + b.node->endpoint() + " sealed (AES-256-GCM)") != "");
+  CHECK(a.wait_for("ring chunks to node " + b.node->endpoint() + " sealed (" + net::kSealCipher + ")") != "");
   const std::string port = sealed_port_of(b.node->endpoint());
   REQUIRE(port != "");
   REQUIRE(port != "0");
@@ -508,6 +511,48 @@ TEST_CASE("a lying node that answers the job with train=abc or params=-1 gets a 
   liar.stop();
 }
 
+TEST_CASE("a node of another release is named as such at once, not waited for as a silent one", "[nodes]") {
+  // As a node of the release before answers a hello: an error, in its own protocol version (a raw
+  // ROUTER: our bridge sends only its own version).
+  zmq::context_t ctx;
+  zmq::socket_t older(ctx, zmq::socket_type::router);
+  older.set(zmq::sockopt::linger, 0);
+  older.bind("tcp://127.0.0.1:0");
+  const std::string endpoint = older.get(zmq::sockopt::last_endpoint);
+  std::atomic<bool> stop{false};
+  std::thread answer([&] {
+    while (!stop) {
+      zmq::pollitem_t item{older.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(50)) == 0) continue;
+      std::vector<zmq::message_t> parts;
+      if (!zmq::recv_multipart(older, std::back_inserter(parts)) || parts.size() < 2) continue;
+      wire::header h;
+      std::string e;
+      if (!wire::decode(parts[1].data(), parts[1].size(), &h, &e) || h.type != wire::msg_type::hello) continue;
+      wire::header r;
+      r.version = wire::kProtocolVersion - 1;
+      r.type = wire::msg_type::error;
+      const std::string text = "protocol version " + std::to_string(wire::kProtocolVersion) + ", this build speaks " +
+                               std::to_string(wire::kProtocolVersion - 1);
+      r.payload_bytes = text.size();
+      older.send(parts[0], zmq::send_flags::sndmore);
+      test::send_raw(older, r, {zmq::buffer(text)});
+    }
+  });
+  remote_options ro;
+  ro.insecure = true;
+  ro.nodes = {endpoint};
+  const auto t0 = std::chrono::steady_clock::now();
+  train_result r = train_remote(small_job(), ro);
+  stop = true;
+  answer.join();
+  CHECK_FALSE(r.ok);
+  CHECK(r.error == "node " + endpoint + " runs another release of ringmaster (protocol version " +
+                       std::to_string(wire::kProtocolVersion - 1) + ", this build speaks " +
+                       std::to_string(wire::kProtocolVersion) + "): run the same one on the launcher and every node");
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);  // not the 5 s a silent node is given
+}
+
 TEST_CASE("keys: nodes with keys of their own train together, each trusting the launcher and, for the job, each other", "[nodes][keys]") {
   char tmpl[] = "/tmp/ringmaster-ownkeys-XXXXXX";
   REQUIRE(mkdtemp(tmpl));
@@ -536,7 +581,7 @@ TEST_CASE("keys: nodes with keys of their own train together, each trusting the 
   CHECK(r.identical);
   // Their ring chunks went sealed, each pair under the key only its two nodes can derive.
   for (int i = 0; i < 3; ++i)
-    CHECK(nodes[size_t(i)]->wait_for("ring chunks to node " + ro.nodes[size_t((i + 1) % 3)] + " sealed (AES-256-GCM)") != "");
+    CHECK(nodes[size_t(i)]->wait_for("ring chunks to node " + ro.nodes[size_t((i + 1) % 3)] + " sealed (" + net::kSealCipher + ")") != "");
   // Between jobs a node's key is no key to the others: node 1 cannot command node 0.
   net::key_pair k1;
   REQUIRE(net::load_or_create_keys(dir + "/node1", &k1, &err));
