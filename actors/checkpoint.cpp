@@ -307,7 +307,10 @@ bool write_file(const std::string& dir, const model& m, const checkpoint& head, 
 
   const std::string final_path = (fs::path(dir) / checkpoint_name(c.epoch(), c.epoch_step())).string();
   const std::string tmp = final_path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A fresh file of our own: whatever is in its place (a crash's leftover, or a link someone planted in a
+  // shared folder to have us write over another file) goes first, and O_EXCL | O_NOFOLLOW make sure.
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return *error = tmp + ": cannot create: " + std::strerror(errno), false;
   bool ok = write_all(fd, len, 8) && write_all(fd, text.data(), text.size());
   for (size_t b = 0; ok && b <= prefixes.size(); ++b) ok = write_all(fd, buffers[b]->data(), n * sizeof(float));
@@ -345,7 +348,39 @@ bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& 
   return write_file(dir, m, c, c.progress, c.state, path, error);
 }
 
-bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error) {
+namespace {
+// Whether c was made for model m: "" or why not.
+std::string model_mismatch(const checkpoint& c, const model& m) {
+  const std::string made = "the checkpoint was made ";
+  if (c.model != m.description()) {
+    if (c.label != m.label()) return made + "for model " + c.label + ", this job's is " + m.label();
+    return made + "for another model: " + c.model.substr(0, 200) + "; this job's is " + m.description().substr(0, 200);
+  }
+  if (c.fingerprint != m.fingerprint()) return made + "for model " + m.label() + " laid out differently (another layer version?)";
+  return "";
+}
+
+// read_checkpoint's work (which may run out of memory on a large file).
+bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error, const model* want,
+                bool* other_model);
+}  // namespace
+
+bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error,
+                     const model* want, bool* other_model) {
+  bool other = false;
+  bool ok = false;
+  try {
+    ok = read_whole(path, reg, out, error, want, &other);
+  } catch (const std::bad_alloc&) {
+    *error = path + ": not enough memory to read it";
+  }
+  if (other_model) *other_model = other;
+  return ok;
+}
+
+namespace {
+bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error, const model* want,
+                bool* other_model) {
   // O_NONBLOCK: a FIFO under a checkpoint's name must not hang us in open() (a file reads as ever).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return *error = path + ": cannot open: " + std::strerror(errno), false;
@@ -411,6 +446,11 @@ bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpo
   c.model = m->description();
   c.label = label->substr(0, 80);
   c.fingerprint = m->fingerprint();
+  if (want) {  // before the data: a stranger's file is not read whole
+    checkpoint model_only;
+    model_only.model = c.model, model_only.label = c.label, model_only.fingerprint = c.fingerprint;
+    if (std::string why = model_mismatch(model_only, *want); !why.empty()) return *other_model = true, *error = why, false;
+  }
 
   // The tensors must be exactly where a checkpoint of this model puts them.
   const std::vector<std::string> prefixes = state_prefixes(c.opt.kind);
@@ -427,16 +467,28 @@ bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpo
   if (file_size != 8 + hn + data_bytes)
     return *error = path + ": " + std::to_string(file_size) + " bytes, a checkpoint of this model has " +
                     std::to_string(8 + hn + data_bytes) + " (truncated?)", false;
-  std::vector<float>* buffers[] = {&c.state.params, &c.state.m1, &c.state.m2};
-  for (size_t b = 0; b <= prefixes.size(); ++b) {
-    buffers[b]->resize(n);
-    if (!read_all(fd, buffers[b]->data(), n * sizeof(float))) return *error = path + ": truncated data", false;
-    crc = crc_of(crc, buffers[b]->data(), n * sizeof(float));
+  // The checksum first, read through a small buffer: a damaged or forged file (a sparse one of any size
+  // costs nothing to make) is refused before we hold its data. Then the data, read again.
+  const off_t data_at = off_t(8 + hn);
+  std::vector<unsigned char> chunk(size_t(1) << 20);
+  for (uint64_t left = data_bytes; left > 0;) {
+    const size_t k = size_t(std::min<uint64_t>(left, chunk.size()));
+    if (!read_all(fd, chunk.data(), k)) return *error = path + ": truncated data", false;
+    crc = crc_of(crc, chunk.data(), k);
+    left -= k;
   }
   char sum_now[24];
   std::snprintf(sum_now, sizeof sum_now, "crc32:%08x", crc);
   if (stored != sum_now)
     return *error = path + ": checksum " + std::string(sum_now) + " but the file says " + stored.substr(0, 20) + ": the file is damaged", false;
+  if (::lseek(fd, data_at, SEEK_SET) != data_at) return *error = path + ": cannot read it again: " + std::strerror(errno), false;
+  // (A checksum guards against damage, not against whoever may write the folder: they could as well
+  // write a whole checkpoint. So the file changing between the two reads is theirs to do.)
+  std::vector<float>* buffers[] = {&c.state.params, &c.state.m1, &c.state.m2};
+  for (size_t b = 0; b <= prefixes.size(); ++b) {
+    buffers[b]->resize(n);
+    if (!read_all(fd, buffers[b]->data(), n * sizeof(float))) return *error = path + ": truncated data", false;
+  }
   c.state.steps = c.progress.step;
   if (c.progress.step > c.steps_per_epoch * c.epochs || c.progress.count < 0 || int64_t(c.progress.history.size()) != c.epoch())
     return *error = path + ": its step and history do not agree", false;
@@ -444,9 +496,12 @@ bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpo
     return *error = path + ": " + std::to_string(c.steps_per_epoch) + " steps per epoch do not follow from its " +
                     std::to_string(c.train_samples) + " samples in batches of " + std::to_string(c.global_batch) + " (damaged?)", false;
   if (std::string bad = progress_fault(c); !bad.empty()) return *error = path + ": " + bad + " (damaged?)", false;
+  // No training writes these, and resumed they would read as a learning rate too high.
+  if (std::string bad = state_fault(c.state); !bad.empty()) return *error = path + ": " + bad + " (not written by training)", false;
   *out = std::move(c);
   return true;
 }
+}  // namespace
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::string> out;
@@ -455,13 +510,15 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 }
 
 bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkpoint* out, std::string* path,
-                       std::vector<std::string>* skipped, std::string* error) {
+                       std::vector<std::string>* skipped, std::string* error, const model* want) {
   const auto all = checkpoints_in(dir);
   if (all.empty()) return *error = "no checkpoint (ckpt-E-S.safetensors) in " + dir, false;
   for (const auto& [at, file] : all) {
     checkpoint c;
     std::string why;
-    if (!read_checkpoint(file, reg, &c, &why)) {
+    bool other_model = false;
+    if (!read_checkpoint(file, reg, &c, &why, want, &other_model)) {
+      if (other_model) return *error = why, false;  // the run's, for another model: so are those before it
       skipped->push_back(why);
       continue;
     }
@@ -480,11 +537,8 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
 
 std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples) {
   const std::string made = "the checkpoint was made ";
-  if (m && c.model != m->description()) {
-    if (c.label != m->label()) return made + "for model " + c.label + ", this job's is " + m->label();
-    return made + "for another model: " + c.model.substr(0, 200) + "; this job's is " + m->description().substr(0, 200);
-  }
-  if (m && c.fingerprint != m->fingerprint()) return made + "for model " + m->label() + " laid out differently (another layer version?)";
+  if (m)
+    if (std::string why = model_mismatch(c, *m); !why.empty()) return why;
   const auto kind = [](const optimizer_config& o) { return std::string(o.kind == optimizer_config::adam ? "adam" : "sgd"); };
   if (c.opt.kind != cfg.opt.kind) return made + "with optimizer " + kind(c.opt) + ", this job uses " + kind(cfg.opt);
   for (auto [name, was, is] : {std::tuple<const char*, float, float>{"lr", c.opt.lr, cfg.opt.lr},
@@ -508,7 +562,7 @@ std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const 
   return "";
 }
 
-std::string check_checkpoint_dir(const std::string& dir) {
+std::string check_checkpoint_dir(const std::string& dir, bool resuming) {
   if (dir.empty()) return "no folder given";
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
@@ -518,10 +572,15 @@ std::string check_checkpoint_dir(const std::string& dir) {
   }
   // Permissions alone do not say it (root, a read-only mount): write a file there.
   const std::string probe = (fs::path(dir) / (".ringmaster-probe-" + std::to_string(::getpid()))).string();
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ::unlink(probe.c_str());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return "cannot write in folder " + dir + ": " + std::strerror(errno);
   ::close(fd);
   ::unlink(probe.c_str());
+  if (const auto found = checkpoints_in(dir); !resuming && !found.empty())
+    return dir + " holds the checkpoints of another run (" + fs::path(found.front().second).filename().string() +
+           (found.size() > 1 ? " and " + std::to_string(found.size() - 1) + " more" : "") +
+           "), which this one would delete: resume from them (--resume), or give another folder";
   return "";
 }
 

@@ -55,16 +55,20 @@ bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& 
 
 // Reads one checkpoint and checks everything: its format, every field, the checksum, and that its tensors
 // fit the model its description builds with `reg`. False with *error naming the file and the problem.
-bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error);
+// With `want` (the job's model), one made for another model is refused before its data is read (a large
+// file of a stranger's must not make us read it all), and *other_model, if given, says so.
+bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error,
+                     const model* want = nullptr, bool* other_model = nullptr);
 
 // The checkpoint files in dir (by name), newest first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
 // The newest checkpoint in dir that reads back whole. *skipped gets a line for each newer one that did
 // not ("DIR/ckpt-3-0.safetensors: checksum ... : the file is damaged"). False with *error when there is
-// none, or none reads.
+// none, or none reads, or (with `want`, as read_checkpoint) the newest that reads was made for another
+// model ("the checkpoint was made for model 784-32-10, this job's is 784-16-10").
 bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkpoint* out, std::string* path,
-                       std::vector<std::string>* skipped, std::string* error);
+                       std::vector<std::string>* skipped, std::string* error, const model* want = nullptr);
 
 // Whether a job of cfg, with model m and train_samples training samples, continues the job that wrote c:
 // "" or why not ("the checkpoint was made with optimizer adam, this job uses sgd"). m null and
@@ -73,8 +77,9 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
 std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples);
 
 // Whether dir can take checkpoints, before any training: it is created if missing (its parent must
-// exist), and a probe file is written and removed there. "" or why not.
-std::string check_checkpoint_dir(const std::string& dir);
+// exist), and a probe file is written and removed there. Unless `resuming`, it must hold no checkpoint:
+// a new job would prune another's. "" or why not.
+std::string check_checkpoint_dir(const std::string& dir, bool resuming);
 
 // The coordinator's on_checkpoint for a job of cfg over model m: writes each checkpoint into
 // cfg.checkpoint_dir, keeps its path in *last and tells cfg.on_checkpoint.

@@ -582,6 +582,9 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
               .then(
                   [self, st, r, gen = st->gen](chunk_ptr w) {
                     if (gen != st->gen) return;
+                    // From a node these are its word: weights no training makes are not saved as a result.
+                    if (!std::all_of(w->begin(), w->end(), [](float x) { return std::isfinite(x); }))
+                      return finish(self, *st, "rank " + rank_where(*st, int(r)) + " sent final weights that hold NaN or infinite values");
                     st->result->checksums[r] = fnv1a(w->data(), w->size());
                     if (r == 0) st->result->weights = *w;
                     if (++st->weights_in < int(st->replicas.size())) return;

@@ -302,7 +302,7 @@ int main(int argc, char** argv) {
   c.ring_timeout = std::chrono::milliseconds(int64_t(o.ring_timeout * 1000));
   if (vm.count("crash-after-checkpoint") && o.crash_after < 1) return usage_error("--crash-after-checkpoint must be at least 1");
   if (!o.checkpoint_dir.empty()) {
-    if (std::string why = check_checkpoint_dir(o.checkpoint_dir); !why.empty()) return usage_error("--checkpoint-dir: " + why);
+    if (std::string why = check_checkpoint_dir(o.checkpoint_dir, o.resume); !why.empty()) return usage_error("--checkpoint-dir: " + why);
     c.checkpoint_dir = o.checkpoint_dir;
     c.checkpoint_every = o.checkpoint_every;
     c.on_checkpoint = [&o, written = int64_t(0)](const std::string&) mutable {
@@ -349,7 +349,11 @@ int main(int argc, char** argv) {
     checkpoint ck;
     std::string path, why;
     std::vector<std::string> skipped;
-    const bool found = latest_checkpoint(o.checkpoint_dir, layer_registry::with_builtins(), &ck, &path, &skipped, &why);
+    // The job's model, so that a checkpoint of another is refused before its data is read; a description
+    // that does not build without the data's shape is checked once the data is loaded instead.
+    std::string unused;
+    const auto want = model::build(c.model, layer_registry::with_builtins(), &unused);
+    const bool found = latest_checkpoint(o.checkpoint_dir, layer_registry::with_builtins(), &ck, &path, &skipped, &why, want.get());
     for (const std::string& s : skipped) std::fprintf(stderr, "ringmaster-mnist: skipping a checkpoint: %s\n", s.c_str());
     if (!found) return usage_error("--resume: " + why);
     std::printf("Resuming from %s: %lld epoch%s and %lld of %lld steps done\n", path.c_str(), (long long)ck.epoch(),
@@ -420,7 +424,7 @@ int main(int argc, char** argv) {
   c.evaluate = !o.no_eval;
   auto m = build_model(c, &error);
   if (!m) return usage_error("bad model: " + error);
-  if (std::string e = check_config(c, *m); !e.empty()) return usage_error(e);
+  if (std::string e = check_config(c, *m, nodes.empty() ? c.replicas : 0); !e.empty()) return usage_error(e);
   if (c.resume)
     if (std::string e = resume_mismatch(*c.resume, c, m.get(), int64_t(train->count)); !e.empty()) return usage_error("--resume: " + e);
 

@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <sstream>
 #include <zmq.h>
@@ -47,17 +46,37 @@ std::string first_word(const std::string& line, std::string* rest = nullptr) {
   return w;
 }
 
-// The whole file as text; false with *error if it cannot be read (a missing file is `missing`).
+// The largest key file we read: an authorized_keys of some 80,000 keys.
+constexpr off_t kMaxKeyFileBytes = off_t(4) << 20;
+
+// The whole file as text; false with *error if it cannot be read (a missing file is `missing`). Only a
+// regular file: the node reads authorized_keys at every handshake, on its bridge thread, and a FIFO put
+// in its place (O_NONBLOCK keeps open() from waiting for a writer) or a device must not hang it there.
 bool read_text(const std::string& path, std::string* text, bool* missing, std::string* error) {
   *missing = false;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     *missing = errno == ENOENT;
     return *missing || fail(error, sys_error("cannot read " + path));
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  *text = ss.str();
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } close_fd{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return fail(error, sys_error("cannot stat " + path));
+  if (!S_ISREG(st.st_mode)) return fail(error, path + " is not a regular file: refusing to read it");
+  if (st.st_size > kMaxKeyFileBytes)
+    return fail(error, path + " is " + std::to_string(st.st_size) + " bytes, more than a key file holds (" +
+                           std::to_string(kMaxKeyFileBytes >> 20) + " MiB at most)");
+  text->clear();
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail(error, sys_error("cannot read " + path));
+    if (text->size() + size_t(n) > size_t(kMaxKeyFileBytes)) return fail(error, path + " grew past what a key file holds");
+    text->append(buf, size_t(n));
+  }
   return true;
 }
 

@@ -118,6 +118,18 @@ std::shared_ptr<const model> mlp(const std::string& widths) {
 
 }  // namespace
 
+TEST_CASE("checkpoint: one whose checksum holds but whose state holds NaN is refused, not resumed", "[checkpoint]") {
+  const auto m = mlp("784-16-10");
+  const std::string dir = fresh_dir("nan");
+  checkpoint c = sample(*m, optimizer_config::adam, 23);
+  c.state.params[5] = NAN;  // written with a checksum over it, as a forger would
+  std::string path, error;
+  REQUIRE(write_checkpoint(dir, *m, c, &path, &error));
+  checkpoint back;
+  CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+  CHECK(error == path + ": its parameters hold NaN or infinite values (not written by training)");
+}
+
 TEST_CASE("checkpoint: a file reads back exactly, opens as weights, and any damaged byte is noticed", "[checkpoint]") {
   const auto m = mlp("784-16-10");
   const std::string dir = fresh_dir("file");
@@ -495,6 +507,94 @@ TEST_CASE("checkpoint: --resume refuses another model with exit 2, and a finishe
   const run_result whole = mnist("--epochs 2 --model 784-32-10" + data.substr(0, data.find(" --checkpoint-dir")));
   CHECK(fnv(r.out) == fnv(whole.out));
   CHECK(fnv(r.out).size() == 16);
+}
+
+TEST_CASE("checkpoint: a new run refuses a folder of another run's checkpoints, and writes through no planted link",
+          "[checkpoint][launcher]") {
+  const std::string dir = fresh_dir("others");
+  const std::string data = " --epochs 1 --batch 64 --limit-train 512 --limit-test 128 -q --checkpoint-dir " + dir;
+  REQUIRE(mnist("--model 784-32-10" + data).status == 0);
+  const std::string before = slurp(dir + "/ckpt-1-0.safetensors");
+  // Without --resume a run would prune them: it stops before training, and they stay.
+  run_result r = mnist("--model 784-16-10" + data);
+  INFO(r.out);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--checkpoint-dir: " + dir + " holds the checkpoints of another run (ckpt-1-0.safetensors), which this "
+                   "one would delete: resume from them (--resume), or give another folder") != std::string::npos);
+  CHECK(slurp(dir + "/ckpt-1-0.safetensors") == before);
+
+  // A link where the next checkpoint's temporary file goes (a shared folder): the file it points to is
+  // left alone, and the checkpoint is written as a file of its own.
+  const std::string linked = fresh_dir("linked"), victim = fresh_dir("victim") + "/victim.txt";
+  write_bytes(victim, "not yours");
+  fs::create_symlink(victim, linked + "/ckpt-1-0.safetensors.tmp");
+  r = mnist("--model 784-16-10" + data.substr(0, data.find(" --checkpoint-dir")) + " --checkpoint-dir " + linked);
+  CHECK(r.status == 0);
+  CHECK(slurp(victim) == "not yours");
+  CHECK(fs::is_regular_file(fs::symlink_status(linked + "/ckpt-1-0.safetensors")));
+  CHECK(names(linked) == std::set<std::string>{"ckpt-1-0.safetensors"});
+}
+
+TEST_CASE("checkpoint: one made for another model is refused before its data is read", "[checkpoint]") {
+  const std::string dir = fresh_dir("stranger");
+  const std::string data = " --epochs 1 --batch 64 --limit-train 512 --limit-test 128 -q --checkpoint-dir " + dir;
+  REQUIRE(mnist("--model 784-32-10" + data).status == 0);
+  const std::string path = dir + "/ckpt-1-0.safetensors";
+  checkpoint c;
+  std::string error;
+  bool other = false;
+  REQUIRE(read_checkpoint(path, layer_registry::with_builtins(), &c, &error));
+  const auto mine = model::build(c.model, layer_registry::with_builtins(), &error);  // its description names its input
+  REQUIRE(mine);
+  const auto theirs = build_model("784-16-10", mine->input(), &error);
+  REQUIRE(theirs);
+  // Cut off in its data: read for its own model that is damage, read for another model it is a stranger
+  // (its data never looked at).
+  fs::resize_file(path, fs::file_size(path) - 100);
+  CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &c, &error, mine.get(), &other));
+  CHECK_FALSE(other);
+  CHECK(error.find("(truncated?)") != std::string::npos);
+  CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &c, &error, theirs.get(), &other));
+  CHECK(other);
+  CHECK(error == "the checkpoint was made for model 784-32-10, this job's is 784-16-10");
+}
+
+TEST_CASE("checkpoint: a damaged file is refused by its checksum before its data is held", "[checkpoint]") {
+  // A header for 784-4096-4096-10 (some 20M parameters, 240 MB of state) over a sparse file of that size:
+  // it costs nothing to make, and must cost little to refuse.
+  const std::string dir = fresh_dir("sparse");
+  const auto m = mlp("784-4096-4096-10");
+  checkpoint c;
+  c.model = m->description();
+  c.label = m->label();
+  c.fingerprint = m->fingerprint();
+  c.seed = 1, c.global_batch = 64, c.replicas = 1, c.train_samples = 640, c.steps_per_epoch = 10, c.epochs = 1;
+  c.progress.step = 10;
+  c.progress.history.resize(1);
+  c.state.steps = 10;
+  c.state.params.assign(m->param_count(), 0.0f), c.state.m1 = c.state.params, c.state.m2 = c.state.params;
+  std::string path, error;
+  REQUIRE(write_checkpoint(dir, *m, c, &path, &error));
+  c = checkpoint{};
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(-4, std::ios::end);
+  f.write("\x01\x02\x03\x04", 4);  // damage at the very end: the whole file must be read to see it
+  f.close();
+  // The peak memory from here on (Linux: writing 5 to clear_refs starts the high-water mark afresh).
+  const auto status_kib = [](const std::string& key) {
+    std::ifstream in("/proc/self/status");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind(key + ":", 0) == 0) return std::atol(line.c_str() + key.size() + 1);
+    return -1L;
+  };
+  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  const long rss = status_kib("VmRSS");
+  CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &c, &error));
+  const long peak = status_kib("VmHWM");
+  CHECK(error.find(": the file is damaged") != std::string::npos);
+  REQUIRE((rss > 0 && peak > 0));
+  CHECK(peak - rss < 100 * 1024);  // KiB: far less than the 240 MB it describes
+  fs::remove_all(dir);
 }
 
 TEST_CASE("checkpoint: a 2-node run killed after a checkpoint resumes on other daemons to the same weights",

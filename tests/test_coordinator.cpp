@@ -3,6 +3,7 @@
 // test sends the coordinator what a lying node's reports would become.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -246,6 +247,40 @@ TEST_CASE("coordinator: a node that sends states for steps far ahead makes it ho
   CHECK(events->front() == "skipped the checkpoint after step 9: 8 states before it still wait for their steps' reports");
   CHECK_FALSE(out.ok);
   CHECK(out.error.find("was never complete") != std::string::npos);
+  caf::anon_send_exit(coord, caf::exit_reason::kill);
+  for (auto& r : ranks) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("coordinator: final weights that hold NaN are an error, not a result", "[coordinator]") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{(configure(cfg, 2), cfg)};
+  coordinator_config cc;
+  cc.replicas = 2;
+  cc.global_batch = 4;
+  cc.steps_per_epoch = 1;
+  cc.evaluate = false;
+  // Rank 1's node answers the weights request with a NaN in them.
+  auto liar = [](caf::event_based_actor* self) -> caf::behavior {
+    self->set_default_handler([](caf::scheduled_actor*, caf::message_view&) -> caf::result<caf::message> { return caf::message{}; });
+    return {[](weights_atom) { return chunk_ptr(std::make_shared<std::vector<float>>(std::vector<float>{0, NAN, 0})); }};
+  };
+  std::vector<caf::actor> ranks{sys.spawn(stand_in), sys.spawn(liar)};
+  auto coord = sys.spawn(coordinator, cc);
+  caf::scoped_actor self{sys};
+  auto pending = self->request(coord, 10s, run_atom::value, ranks, ranks, ranks);
+  for (int rank = 0; rank < 2; ++rank) {
+    step_report r;
+    r.rank = rank;
+    r.count = 2;
+    r.correct = 1;
+    r.loss_sum = 0.5;
+    caf::anon_send(coord, r);
+  }
+  for (int rank = 0; rank < 2; ++rank) caf::anon_send(coord, done_atom::value, rank);
+  train_result out;
+  pending.receive([&](std::shared_ptr<train_result> r) { out = *r; }, [&](caf::error& e) { out.error = sys.render(e); });
+  CHECK_FALSE(out.ok);
+  CHECK(out.error == "rank 1 sent final weights that hold NaN or infinite values");
   caf::anon_send_exit(coord, caf::exit_reason::kill);
   for (auto& r : ranks) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
 }

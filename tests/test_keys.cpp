@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -158,6 +159,24 @@ TEST_CASE("authorized_keys and known_nodes files are read line by line, with err
   REQUIRE(net::split_endpoint_key("ipc://@abstract", &endpoint, &key, &err));
   CHECK((endpoint == "ipc://@abstract" && key.empty()));
   CHECK_FALSE(net::split_endpoint_key(ep + "@short", &endpoint, &key, &err));
+}
+
+TEST_CASE("a key file that is a FIFO or a device is refused at once, not waited on") {
+  // The node reads authorized_keys at every handshake, on its bridge thread: a FIFO in its place (no
+  // writer ever comes) must not hang it, nor /dev/zero fill its memory.
+  const std::string dir = temp_dir();
+  REQUIRE(mkfifo((dir + "/authorized_keys").c_str(), 0600) == 0);
+  std::set<std::string> keys;
+  std::string err;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(net::read_authorized_keys(dir + "/authorized_keys", &keys, &err));
+  CHECK(err == dir + "/authorized_keys is not a regular file: refusing to read it");
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  std::string key;
+  bool record = false;
+  REQUIRE(mkfifo((dir + "/known_nodes").c_str(), 0600) == 0);
+  CHECK_FALSE(net::expected_node_key(dir + "/known_nodes", "tcp://10.0.0.1:5601", "", "", &key, &record, &err));
+  CHECK(err == dir + "/known_nodes is not a regular file: refusing to read it");
 }
 
 TEST_CASE("encrypted bridges: an accepted key talks and is named, a refused or wrong key gets nothing through") {
