@@ -117,7 +117,7 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
     *invalid = true;
     return false;
   }
-  if (*error = check_config(cfg, *m); !error->empty()) {
+  if (*error = check_config(cfg, *m, int(mine_.size())); !error->empty()) {
     *invalid = true;
     return false;
   }

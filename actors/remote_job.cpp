@@ -36,7 +36,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     failed.invalid = true;
     return failed;
   }
-  if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir)).empty()) {
+  if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume != nullptr)).empty()) {
     failed.error = "checkpoints: " + failed.error;
     failed.invalid = true;
     return failed;

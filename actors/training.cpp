@@ -26,7 +26,7 @@ std::shared_ptr<const model> build_model(const train_config& cfg, std::string* e
   return model::build(cfg.model, cfg.layers ? *cfg.layers : layer_registry::with_builtins(), cfg.train->sample(), error);
 }
 
-std::string check_config(const train_config& cfg, const model& m) {
+std::string check_config(const train_config& cfg, const model& m, int replicas_here) {
   if (cfg.replicas < 1 || cfg.replicas > 1024) return "replicas must be in 1..1024";
   if (cfg.global_batch < 1) return "batch must be positive";
   if (cfg.global_batch % cfg.replicas != 0)
@@ -66,11 +66,16 @@ std::string check_config(const train_config& cfg, const model& m) {
   const int b = cfg.global_batch / cfg.replicas;
   if (m.largest_buffer_floats(b) >= double(INT32_MAX))
     return "model " + m.label() + " at " + std::to_string(b) + " samples per replica needs a buffer of over 2^31 floats";
-  const double bytes = 4 * m.memory_floats(b), ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  // Each replica's model and buffers, and its loader's batches: up to prefetch + 1 live at a time.
+  const double batches = double(cfg.prefetch + 1) * b * double(m.input().size() + 1);
+  const double bytes = 4 * (m.memory_floats(b) + batches) * replicas_here;
+  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   const bool host = cfg.devices.empty() || device_kind(cfg.devices[0]) == "cpu";
   if (host && ram > 0 && bytes > ram / 2)
-    return "model " + m.label() + " at " + std::to_string(b) + " samples per replica needs " +
-           std::to_string(int64_t(bytes / (1 << 20))) + " MiB per replica, over half of this machine's memory";
+    return "model " + m.label() + " at " + std::to_string(b) + " samples per replica, " + std::to_string(replicas_here) +
+           " replica" + (replicas_here == 1 ? "" : "s") + " here with " + std::to_string(cfg.prefetch) +
+           " batches prefetched each, needs " + std::to_string(int64_t(bytes / (1 << 20))) +
+           " MiB, over half of this machine's memory";
   return "";
 }
 
@@ -169,7 +174,7 @@ train_result train(const train_config& cfg) {
   failed.invalid = true;  // until the job starts, a failure is the configuration's
   auto m = build_model(cfg, &failed.error);
   if (!m) return failed;
-  if (failed.error = check_config(cfg, *m); !failed.error.empty()) return failed;
+  if (failed.error = check_config(cfg, *m, cfg.replicas); !failed.error.empty()) return failed;
   if (cfg.init_params && cfg.init_params->size() != m->param_count()) {
     failed.error = "initial parameters have the wrong size for model " + m->label();
     return failed;
@@ -177,7 +182,7 @@ train_result train(const train_config& cfg) {
   const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch));
   if (cfg.resume && !(failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(cfg.train->count))).empty())
     return failed;
-  if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir)).empty()) {
+  if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume != nullptr)).empty()) {
     failed.error = "checkpoints: " + failed.error;
     return failed;
   }

@@ -64,7 +64,9 @@ struct train_config {
 // Builds cfg.model for cfg.train's samples with cfg.layers; null with *error.
 std::shared_ptr<const model> build_model(const train_config& cfg, std::string* error);
 // Checks the configuration against the built model; returns an empty string or what is wrong.
-std::string check_config(const train_config& cfg, const model& m);
+// replicas_here: how many of cfg.replicas this process runs (their memory, and their loaders' prefetched
+// batches, must fit in half of this machine's); 0: none (a launcher whose ranks run on nodes).
+std::string check_config(const train_config& cfg, const model& m, int replicas_here);
 
 // Building blocks shared by local jobs, node daemons and remote jobs.
 // Scheduler settings for training processes (threads 0: one per core).

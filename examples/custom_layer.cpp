@@ -202,7 +202,7 @@ int train_main(int argc, char** argv) {
     cfg.test = test_set;
     auto m = build_model(cfg, &error);
     if (!m) return usage_error("bad model: " + error, "train");
-    if (std::string e = check_config(cfg, *m); !e.empty()) return usage_error(e, "train");
+    if (std::string e = check_config(cfg, *m, cfg.replicas); !e.empty()) return usage_error(e, "train");
     std::printf("custom_layer: %d replica%s in this process\n%s", cfg.replicas, cfg.replicas > 1 ? "s" : "",
                 m->summary().c_str());
     r = train(cfg);

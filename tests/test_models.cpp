@@ -489,6 +489,30 @@ TEST_CASE("hostile descriptions and files: wrapped sizes, control characters, hu
   CHECK_FALSE(r.ok);
   CHECK(r.invalid);
   CHECK((has(r.error, "over half of this machine's memory") || has(r.error, "the limit is 2^28")));
+  // The memory budget counts every replica of this process and its loader's prefetched batches: a job
+  // each replica of which fits may still not fit all of them (a node offering cpu:4), nor a prefetch of 64
+  // huge batches. Sized from this machine's memory; the data set is only its labels (nothing here reads
+  // the pixels).
+  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  const int64_t in = 1000, per_replica = int64_t(ram / 120 / in);  // ~20 bytes a sample and feature: a sixth of memory
+  auto big = std::make_shared<dataset>();
+  big->count = size_t(4 * per_replica);
+  big->rows = 1, big->cols = int(in);
+  big->labels.assign(big->count, 0);
+  train_config crowd;
+  crowd.model = std::to_string(in) + "-10";
+  crowd.train = big;
+  crowd.replicas = 4;
+  crowd.global_batch = int(4 * per_replica);
+  crowd.prefetch = 1;
+  auto wide = build_model(crowd.model, big->sample(), &err);
+  REQUIRE(wide);
+  CHECK(check_config(crowd, *wide, 1) == "");
+  CHECK(check_config(crowd, *wide, 2) == "");
+  CHECK(has(check_config(crowd, *wide, 4), "4 replicas here with 1 batches prefetched each, needs "));
+  CHECK(check_config(crowd, *wide, 0) == "");  // a launcher: its ranks run elsewhere
+  crowd.prefetch = 64;  // one replica, but 65 batches of its shard in memory
+  CHECK(has(check_config(crowd, *wide, 1), "1 replica here with 64 batches prefetched each, needs "));
   // A safetensors header nested 100,000 deep is refused before it is parsed (copying it overflowed the stack).
   auto m = build_model("4-2", shape{4, 1, 1}, &err);
   REQUIRE(m);

@@ -373,7 +373,7 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
       std::fprintf(stderr, "train_bench: %s: %s\n", m.c_str(), err.c_str());
       return 2;
     }
-    if (std::string e = check_config(c, *md); !e.empty()) {
+    if (std::string e = check_config(c, *md, c.replicas); !e.empty()) {
       std::fprintf(stderr, "train_bench: %s: %s\n", m.c_str(), e.c_str());
       return 2;
     }
