@@ -25,8 +25,16 @@ void send_report(net::bridge* br, const net::peer_info& to, uint64_t job, int ra
   send_kv(br, to, h, kv);
 }
 
-// A rank's training state, one checkpoint message a buffer.
-void send_state(net::bridge* br, const net::peer_info& to, uint64_t job, int rank, const state_ptr& s) {
+// A rank's training state, one checkpoint message a buffer. `sent` runs (on whichever thread lets the last
+// buffer go: ZeroMQ's, say) once none of them is held for sending any more.
+void send_state(net::bridge* br, const net::peer_info& to, uint64_t job, int rank, const state_ptr& state,
+                std::function<void()> sent) {
+  state_ptr s(state.get(), [state, sent = std::move(sent)](const network_state*) noexcept {
+    try {
+      sent();
+    } catch (...) {  // from a deleter nothing may escape; the next state then waits for nothing
+    }
+  });
   const std::vector<float>* buffers[] = {&s->params, &s->m1, &s->m2};
   for (int32_t b = 0; b < wire::kStateBuffers && !buffers[b]->empty(); ++b) {
     wire::header h;
@@ -40,9 +48,10 @@ void send_state(net::bridge* br, const net::peer_info& to, uint64_t job, int ran
   }
 }
 
-// Ranks whose weights are on their way to the launcher: until ZeroMQ lets go of a copy, more requests for
-// it are dropped, so a launcher that asks again and again without reading holds one copy a rank, not one
-// per request. Set on the link's thread, cleared on whichever thread lets the copy go.
+// Ranks whose weights (or, asked for, states) are on their way to the launcher: until ZeroMQ lets go of
+// a copy, more requests for it are dropped, so a launcher that asks again and again without reading holds
+// one copy a rank, not one per request. Set on the link's thread, cleared on whichever thread lets the
+// copy go.
 struct weights_out {
   std::mutex mu;
   std::set<int> ranks;
@@ -54,6 +63,14 @@ struct weights_out {
     std::lock_guard<std::mutex> lock(mu);
     ranks.erase(rank);
   }
+};
+
+// Rank 0's states for checkpoints: one on its way at a time. One made meanwhile waits, and a newer one
+// replaces it (the launcher writes the newest and forgets those before), so a launcher that does not read
+// makes us hold two states, not one a step.
+struct checkpoint_out {
+  bool sending = false;
+  state_ptr waiting;
 };
 
 // Step reports not sent yet, and whether a flush is on its way.
@@ -82,7 +99,15 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
   for (auto& a : watched) self->monitor(a);
   auto ranks = std::make_shared<std::map<int, caf::actor>>(std::move(replicas));  // rank -> replica, now
   auto queue = std::make_shared<report_queue>();
-  auto out = std::make_shared<weights_out>();
+  auto out = std::make_shared<weights_out>(), states_out = std::make_shared<weights_out>();
+  auto checkpoints = std::make_shared<checkpoint_out>();
+  // Sends rank 0's state; the link hears {release_atom, checkpt_atom} once ZeroMQ has let it go.
+  auto send_checkpoint = [br, launcher, job, checkpoints, me = caf::weak_actor_ptr{self->ctrl()}](state_ptr s) {
+    checkpoints->sending = true;
+    send_state(br, launcher, job, 0, s, [me] {
+      if (auto link = me.lock()) caf::anon_send(caf::actor_cast<caf::actor>(link), release_atom::value, checkpt_atom::value);
+    });
+  };
   // Before anything else goes to the launcher: the step reports before it.
   auto flush = [queue, br, launcher, job] { queue->flush(br, launcher, job); };
   self->set_down_handler([self, br, launcher, job, node_name, ranks, flush](caf::down_msg& dm) {
@@ -138,20 +163,26 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         h.sender_rank = rank;
         br->reply(launcher, h);
       },
-      [br, launcher, job, flush](checkpt_atom, state_ptr s) {  // rank 0's state for a checkpoint
+      [flush, checkpoints, send_checkpoint](checkpt_atom, state_ptr s) {  // rank 0's state for a checkpoint
         flush();
-        send_state(br, launcher, job, 0, s);
+        if (checkpoints->sending) return void(checkpoints->waiting = std::move(s));
+        send_checkpoint(std::move(s));
+      },
+      [checkpoints, send_checkpoint](release_atom, checkpt_atom) {  // the last one has gone out
+        checkpoints->sending = false;
+        if (checkpoints->waiting) send_checkpoint(std::move(checkpoints->waiting));
       },
       // The launcher asks a paused rank for its state: for a node that joins the ring, or for survivors a
       // step behind it.
-      [self, br, launcher, job, flush](checkpt_atom, int rank, caf::actor replica) {
+      [self, br, launcher, job, flush, states_out](checkpt_atom, int rank, caf::actor replica) {
+        if (!states_out->take(rank)) return;  // one on its way already: the launcher gets that one
         self->request(replica, std::chrono::seconds(60), checkpt_atom::value)
             .then(
-                [br, launcher, job, rank, flush](state_ptr s) {
+                [br, launcher, job, rank, flush, states_out](state_ptr s) {
                   flush();
-                  send_state(br, launcher, job, rank, s);
+                  send_state(br, launcher, job, rank, s, [states_out, rank] { states_out->release(rank); });
                 },
-                [](caf::error&) {});  // not paused: the launcher's time limits act
+                [states_out, rank](caf::error&) { states_out->release(rank); });  // not paused: the launcher's time limits act
       },
       [self, br, launcher, job, ranks, flush, out](weights_atom, int rank) {
         auto it = ranks->find(rank);

@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <functional>
 #include <iterator>
 #include <vector>
 #include <zmq.hpp>
@@ -89,7 +90,7 @@ std::string sealed_port_of(const std::string& endpoint) {
 // Sends, as its launcher, a one-node job of `model` to node `name` at `endpoint`: training only, on the
 // first `limit_train` samples. The node's key is the tests' own (the default key directory).
 void send_own_job(zmq::socket_t& s, const std::string& endpoint, const std::string& name, const std::string& model,
-                  uint64_t id, int64_t limit_train) {
+                  uint64_t id, int64_t limit_train, const std::function<void(job_plan&)>& tweak = {}) {
   net::key_pair keys;
   std::string err;
   REQUIRE(net::load_or_create_keys(net::default_key_dir(), &keys, &err));
@@ -107,6 +108,7 @@ void send_own_job(zmq::socket_t& s, const std::string& endpoint, const std::stri
   plan.limit_train = limit_train;
   plan.limit_test = 0;
   plan.evaluate = false;
+  if (tweak) tweak(plan);
   wire::header job;
   job.type = wire::msg_type::job;
   job.job_id = id;
@@ -670,6 +672,69 @@ TEST_CASE("a launcher that asks for the weights again and again without reading 
   CHECK(copies >= 1);
   CHECK(copies < 100);  // one at a time; the kernel's buffers hold a few
   WARN(copies << " copies of the weights for 2000 requests");
+  wire::header bye;
+  bye.type = wire::msg_type::abort;
+  bye.job_id = id;
+  test::send_raw(s, bye);
+}
+
+TEST_CASE("a launcher that reads nothing while a job checkpoints every step, or asks for states again and again, makes the node "
+          "hold a few states, not one each", "[nodes]") {
+  logged_node a("node-a");
+  std::string err;
+  zmq::context_t ctx;
+  zmq::socket_t s = client(ctx, a.node->endpoint());  // the job's launcher
+  s.set(zmq::sockopt::rcvtimeo, 20000);
+  s.set(zmq::sockopt::rcvhwm, 1);  // it reads nothing for now: let the kernel's buffers fill
+  const uint64_t id = 4343;
+  send_own_job(s, a.node->endpoint(), "node-a", "784-512-512-10", id, 6400, [](job_plan& p) {  // 8 MB a state
+    p.checkpoints = true;
+    p.checkpoint_every = 1;
+    p.epochs = 1000;
+    p.elastic = true;
+  });
+  wire::header rh;
+  for (zmq::message_t head, body; rh.type != wire::msg_type::job_ack;) {
+    REQUIRE(s.recv(head));
+    REQUIRE(wire::decode(head.data(), head.size(), &rh, &err));
+    if (head.more()) REQUIRE(s.recv(body));
+    INFO(body.to_string());
+    REQUIRE(rh.type != wire::msg_type::error);
+  }
+  wire::header go, beat, pause, want;
+  go.type = wire::msg_type::start, beat.type = wire::msg_type::heartbeat, pause.type = wire::msg_type::pause;
+  want.type = wire::msg_type::checkpoint;
+  go.job_id = beat.job_id = pause.job_id = want.job_id = id;
+  go.sender_rank = want.sender_rank = 0;
+  test::send_raw(s, go);
+  for (int i = 0; i < 6; ++i) {  // it trains, a state after every step
+    std::this_thread::sleep_for(300ms);
+    test::send_raw(s, beat);
+  }
+  // Paused, it is asked for its state 2000 times.
+  const std::string gen = "gen=1\n";
+  pause.payload_bytes = gen.size();
+  test::send_raw(s, pause, {zmq::buffer(gen)});
+  std::this_thread::sleep_for(300ms);
+  for (int i = 0; i < 2000; ++i) test::send_raw(s, want);
+  for (int i = 0; i < 3; ++i) {
+    std::this_thread::sleep_for(300ms);
+    test::send_raw(s, beat);
+  }
+  // Now it reads: the steps it reported, and the states on their way, no more.
+  s.set(zmq::sockopt::rcvtimeo, 1500);
+  int steps = 0, states = 0;
+  for (zmq::message_t head; s.recv(head);) {
+    if (head.size() != wire::kHeaderSize || !wire::decode(head.data(), head.size(), &rh, &err)) continue;
+    zmq::message_t body;
+    if (head.more()) REQUIRE(s.recv(body));
+    if (rh.type == wire::msg_type::checkpoint && rh.segment == 0) ++states;
+    if (rh.type == wire::msg_type::report && body.to_string().find("kind=step") != std::string::npos) ++steps;
+  }
+  WARN(states << " states for " << steps << " steps and 2000 requests");
+  CHECK(steps >= 30);
+  CHECK(states >= 1);
+  CHECK(states < 20);
   wire::header bye;
   bye.type = wire::msg_type::abort;
   bye.job_id = id;
