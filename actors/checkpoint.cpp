@@ -513,13 +513,15 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
                        std::vector<std::string>* skipped, std::string* error, const model* want) {
   const auto all = checkpoints_in(dir);
   if (all.empty()) return *error = "no checkpoint (ckpt-E-S.safetensors) in " + dir, false;
+  std::string other;  // the first made for another model
   for (const auto& [at, file] : all) {
     checkpoint c;
     std::string why;
     bool other_model = false;
     if (!read_checkpoint(file, reg, &c, &why, want, &other_model)) {
-      if (other_model) return *error = why, false;  // the run's, for another model: so are those before it
-      skipped->push_back(why);
+      // Another model's (or a damaged description that still builds): an older file may be this job's.
+      if (other_model && other.empty()) other = why;
+      skipped->push_back(other_model ? file + ": " + why : why);
       continue;
     }
     if (at != std::make_pair(c.epoch(), c.epoch_step())) {
@@ -531,7 +533,7 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
     *path = file;
     return true;
   }
-  *error = "no checkpoint in " + dir + " reads back whole (" + std::to_string(all.size()) + " tried)";
+  *error = !other.empty() ? other : "no checkpoint in " + dir + " reads back whole (" + std::to_string(all.size()) + " tried)";
   return false;
 }
 

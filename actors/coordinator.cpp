@@ -1,7 +1,6 @@
 #include "actors/coordinator.hpp"
 
 #include <algorithm>
-
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -165,8 +164,10 @@ void report_progress(coordinator_state& st, int64_t e, bool end) {
 
 // Checkpoints whose halves wait for each other: rank 0's state may come a little ahead of the others'
 // reports, or they ahead of it, but a node that sends states for steps far ahead (or never) must not
-// make us hold them all. A state that finds this many waiting is skipped, with a line saying so.
+// make us hold them all. A state that finds this many waiting makes the oldest go (a line says so once).
 constexpr size_t kMaxHeldCheckpoints = 8;
+// Metrics waiting for their state are small: many may wait (a state of GBs on a slow link), not forever.
+constexpr size_t kMaxHeldProgress = 256;
 
 // Writes the checkpoint after `done` steps once both its halves are here.
 void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64_t done) {
@@ -185,8 +186,8 @@ void checkpoint_progress(caf::event_based_actor* self, coordinator_state& st, in
   const int64_t spe = st.cfg.steps_per_epoch;
   if (!st.cfg.on_checkpoint || !checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs)) return;
   pending_checkpoint& c = st.checkpoints[done];
-  // Bounded: metrics whose state has not come within kMaxHeldCheckpoints later ones never get one.
-  while (st.checkpoints.size() > kMaxHeldCheckpoints && st.checkpoints.begin()->first < done && !st.checkpoints.begin()->second.state)
+  // Bounded: metrics whose state has not come within kMaxHeldProgress later ones never get one.
+  while (st.checkpoints.size() > kMaxHeldProgress && st.checkpoints.begin()->first < done && !st.checkpoints.begin()->second.state)
     st.checkpoints.erase(st.checkpoints.begin());
   c.have_progress = true;
   c.progress.step = done;
@@ -271,7 +272,7 @@ void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t 
 // them again).
 void reform(caf::event_based_actor* self, coordinator_state& st, const reform_note& note) {
   const int64_t spe = st.cfg.steps_per_epoch, start = note.start_step;
-  st.last_news = clock_type::now();
+  st.last_news = st.last_complete = clock_type::now();  // the pause is no step's time
   std::vector<std::pair<int64_t, int64_t>> before;  // (epoch, step) to complete
   for (auto& [e, a] : st.epochs) {
     for (auto it = a.pending.begin(); it != a.pending.end();) {
@@ -427,19 +428,21 @@ std::string late_ranks(const coordinator_state& st, clock_type::time_point now) 
 // Whether every rank has been silent too long (coordinator_config::eval_batches); "" if not.
 std::string silent_ranks(const coordinator_state& st, clock_type::time_point now) {
   const auto limit = st.cfg.report_timeout;
-  clock_type::duration allowed = 2 * limit;
-  if (st.last_complete != clock_type::time_point{}) {
+  // Before a first step: 10 report timeouts (a resumed job's state may be on its way to every node).
+  clock_type::duration allowed = 10 * limit;
+  if (st.slowest_step.count() > 0) {
     const bool evaluating = st.cfg.evaluate && std::any_of(st.epochs.begin(), st.epochs.end(), [&](const auto& e) {
       return !e.second.closed && e.second.steps_done == st.cfg.steps_per_epoch;
     });
-    allowed = limit + st.slowest_step * (50 + (evaluating ? st.cfg.eval_batches : 0));
+    allowed = std::max<clock_type::duration>(2 * limit, limit + st.slowest_step * (50 + (evaluating ? st.cfg.eval_batches : 0)));
   }
   if (st.done == st.cfg.replicas || now - st.last_news <= allowed) return "";  // all done: the weights come
   std::string ranks;
   for (int r = 0; r < st.cfg.replicas; ++r) ranks += (ranks.empty() ? "" : ", ") + rank_where(st, r);
+  char slowest[32];
+  std::snprintf(slowest, sizeof slowest, "%.3f", std::chrono::duration<double>(st.slowest_step).count());
   return "no rank has reported anything for " + std::to_string(int64_t(secs(st.last_news, now))) +
-         " s (the slowest step so far took " + std::to_string(std::chrono::duration<double>(st.slowest_step).count()).substr(0, 5) +
-         " s): ranks " + ranks + " are stuck";
+         " s (the slowest step so far took " + slowest + " s): ranks " + ranks + " are stuck";
 }
 
 }  // namespace
@@ -469,7 +472,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         const int n = int(st->replicas.size());
         for (auto* group : {&st->replicas, &st->loaders, &st->reducers})
           for (auto& a : *group) self->monitor(a);
-        st->start = st->last_print = st->last_news = clock_type::now();
+        st->start = st->last_print = st->last_news = st->last_complete = clock_type::now();  // the first step counts
         // A resumed job starts with its history and the open epoch's sums so far.
         const job_progress& from = st->cfg.start;
         const int64_t spe = std::max<int64_t>(1, st->cfg.steps_per_epoch);
@@ -529,17 +532,20 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         maybe_close_epoch(self, *st, r.epoch);
       },
       [self, st](checkpt_atom, state_ptr s) {
+        st->last_news = clock_type::now();  // a large state may have held up the reports behind it
         const int64_t spe = st->cfg.steps_per_epoch, done = s ? s->steps : -1;
         if (!st->cfg.on_checkpoint || done <= st->cfg.start.step || done <= st->written ||
             !checkpoint_due(done, st->cfg.checkpoint_every, spe, spe * st->cfg.epochs))
           return;  // none asked for then
         size_t states = 0;
         for (const auto& [k, c] : st->checkpoints) states += c.state != nullptr;
-        if (states >= kMaxHeldCheckpoints) {
+        if (states >= kMaxHeldCheckpoints) {  // the oldest goes: a newer one supersedes it, the last must stay
+          auto oldest = std::find_if(st->checkpoints.begin(), st->checkpoints.end(), [](const auto& c) { return c.second.state != nullptr; });
           if (st->cfg.on_event && st->skipped_checkpoints++ == 0)  // once: a lying node could send thousands
-            st->cfg.on_event("skipped the checkpoint after step " + std::to_string(done) + ": " + std::to_string(states) +
-                             " states before it still wait for their steps' reports");
-          return;
+            st->cfg.on_event("skipped the checkpoint after step " + std::to_string(oldest->first) + ": " +
+                             std::to_string(states) + " states waited for their steps' reports");
+          if (oldest->second.have_progress) oldest->second.state.reset();
+          else st->checkpoints.erase(oldest);
         }
         st->checkpoints[done].state = std::move(s);
         offer_checkpoint(self, *st, done);

@@ -112,8 +112,9 @@ struct coordinator_config {
   std::chrono::milliseconds report_timeout{0};
   // With report_timeout: batches of the test set each rank evaluates at an epoch's end (0: unknown). No
   // report of any kind from any rank for report_timeout plus 50 of the slowest step so far (plus one
-  // step a test batch while they evaluate; twice report_timeout before the first step) fails the job
-  // too: every rank stuck at once has no neighbour left to name it (a one-node job, say).
+  // step a test batch while they evaluate; at least twice report_timeout, and ten times before the first
+  // step, when a resumed job's state may still travel) fails the job too: every rank stuck at once has
+  // no neighbour left to name it (a one-node job, say).
   int64_t eval_batches = 0;
   // Where each rank runs, for errors that name a rank ("node tcp://10.0.0.2:5601"); empty: this process.
   std::vector<std::string> where;

@@ -52,7 +52,7 @@ void send_state(net::bridge* br, const net::peer_info& to, uint64_t job, int ran
 // a copy, more requests for it are dropped, so a launcher that asks again and again without reading holds
 // one copy a rank, not one per request. Set on the link's thread, cleared on whichever thread lets the
 // copy go.
-struct weights_out {
+struct copies_out {
   std::mutex mu;
   std::set<int> ranks;
   bool take(int rank) {
@@ -99,7 +99,7 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
   for (auto& a : watched) self->monitor(a);
   auto ranks = std::make_shared<std::map<int, caf::actor>>(std::move(replicas));  // rank -> replica, now
   auto queue = std::make_shared<report_queue>();
-  auto out = std::make_shared<weights_out>(), states_out = std::make_shared<weights_out>();
+  auto out = std::make_shared<copies_out>(), states_out = std::make_shared<copies_out>();
   auto checkpoints = std::make_shared<checkpoint_out>();
   // Sends rank 0's state; the link hears {release_atom, checkpt_atom} once ZeroMQ has let it go.
   auto send_checkpoint = [br, launcher, job, checkpoints, me = caf::weak_actor_ptr{self->ctrl()}](state_ptr s) {

@@ -44,9 +44,9 @@ constexpr size_t kTrailerBytes = 36;
 // The largest payload a sealed message may carry: ring chunks are cut into segments of 1 MiB
 // (net/ring_driver.hpp), so strangers on the sealed port can make us hold at most this per message.
 constexpr size_t kMaxSealedPayload = size_t(4) << 20;
-// Each key seals at most this many messages (4 TiB at most, 2^38 blocks: TLS 1.3's limit for AES-GCM is
-// about as many); then the next, derived from the pair key, takes over (seal.cpp).
-constexpr uint64_t kMessagesPerKey = uint64_t(1) << 20;
+// Each key seals at most this many messages (256 GiB at most, 2^34 blocks, under TLS 1.3's limit of
+// 2^34.5 for AES-GCM); then the next, derived from the pair key, takes over (seal.cpp): one HKDF each.
+constexpr uint64_t kMessagesPerKey = uint64_t(1) << 16;
 
 using seal_key = std::array<unsigned char, kSealKeyBytes>;
 

@@ -197,12 +197,16 @@ TEST_CASE("coordinator: ranks that all fall silent at once fail the job in time,
   CHECK(r.error.find("ranks 0 (node tcp://10.0.0.1:5601), 1 (node tcp://10.0.0.2:5601) are stuck") != std::string::npos);
   CHECK(took < 3.0);
 
-  job never(500ms);  // not even a first step: twice the report timeout
+  job never(500ms);  // not even a first step: ten times the report timeout
+  const auto t1 = std::chrono::steady_clock::now();
   r = never.run([](job&) {});
-  CHECK(r.error.find("no rank has reported anything for 1 s") == 0);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  CHECK(r.error.find("no rank has reported anything for 5 s") == 0);
+  CHECK(waited > 4.9);
+  CHECK(waited < 8.0);
 }
 
-TEST_CASE("coordinator: a node that sends states for steps far ahead makes it hold a few, not all", "[coordinator]") {
+TEST_CASE("coordinator: a node that sends states for steps far ahead makes it hold a few, not all, and the last", "[coordinator]") {
   caf::actor_system_config cfg;
   caf::actor_system sys{(configure(cfg, 2), cfg)};
   coordinator_config cc;
@@ -241,12 +245,13 @@ TEST_CASE("coordinator: a node that sends states for steps far ahead makes it ho
   for (int rank = 0; rank < 2; ++rank) caf::anon_send(coord, done_atom::value, rank);
   train_result out;
   pending.receive([&](std::shared_ptr<train_result> r) { out = *r; }, [&](caf::error& e) { out.error = sys.render(e); });
-  // The first 8 were held and written; the rest skipped, said once; the job then ends short of them.
-  CHECK(*written == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8});
+  // The newest 8 were held and written, the older ones let go (said once); the job ends well, its last
+  // checkpoint written.
+  CHECK(*written == std::vector<int64_t>{13, 14, 15, 16, 17, 18, 19, 20});
   REQUIRE(events->size() == 1);
-  CHECK(events->front() == "skipped the checkpoint after step 9: 8 states before it still wait for their steps' reports");
-  CHECK_FALSE(out.ok);
-  CHECK(out.error.find("was never complete") != std::string::npos);
+  CHECK(events->front() == "skipped the checkpoint after step 1: 8 states waited for their steps' reports");
+  INFO(out.error);
+  CHECK(out.ok);
   caf::anon_send_exit(coord, caf::exit_reason::kill);
   for (auto& r : ranks) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
 }
