@@ -99,7 +99,10 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
   for (auto& a : watched) self->monitor(a);
   auto ranks = std::make_shared<std::map<int, caf::actor>>(std::move(replicas));  // rank -> replica, now
   auto queue = std::make_shared<report_queue>();
-  auto out = std::make_shared<copies_out>(), states_out = std::make_shared<copies_out>();
+  auto out = std::make_shared<copies_out>();
+  // States asked for, per ring generation: a re-formed ring numbers its ranks anew, so a copy still on
+  // its way for the old rank r must not hold back a request for the new one.
+  auto states_out = std::make_shared<std::shared_ptr<copies_out>>(std::make_shared<copies_out>());
   auto checkpoints = std::make_shared<checkpoint_out>();
   // Sends rank 0's state; the link hears {release_atom, checkpt_atom} once ZeroMQ has let it go.
   auto send_checkpoint = [br, launcher, job, checkpoints, me = caf::weak_actor_ptr{self->ctrl()}](state_ptr s) {
@@ -151,8 +154,9 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         flush();
         send_report(br, launcher, job, r.rank, to_kv(r));  // kind=stall
       },
-      [self, ranks](reform_atom, std::map<int, caf::actor> replicas, std::vector<caf::actor> watch) {
+      [self, ranks, states_out](reform_atom, std::map<int, caf::actor> replicas, std::vector<caf::actor> watch) {
         *ranks = std::move(replicas);
+        *states_out = std::make_shared<copies_out>();
         for (auto& a : watch) self->monitor(a);
       },
       [br, launcher, job, flush](done_atom, int rank) {
@@ -174,7 +178,8 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
       },
       // The launcher asks a paused rank for its state: for a node that joins the ring, or for survivors a
       // step behind it.
-      [self, br, launcher, job, flush, states_out](checkpt_atom, int rank, caf::actor replica) {
+      [self, br, launcher, job, flush, all_states = states_out](checkpt_atom, int rank, caf::actor replica) {
+        auto states_out = *all_states;  // this generation's
         if (!states_out->take(rank)) return;  // one on its way already: the launcher gets that one
         self->request(replica, std::chrono::seconds(60), checkpt_atom::value)
             .then(
