@@ -558,7 +558,7 @@ std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const 
     return made + "on " + std::to_string(c.train_samples) + " training samples, this job has " + std::to_string(train_samples) +
            " (another --limit-train or data set?)";
   const int64_t total = c.steps_per_epoch * cfg.epochs;
-  if (c.progress.step >= total)
+  if (c.progress.step > total)  // equal: the job had trained to its end (finished_run)
     return made + "after epoch " + std::to_string(c.epoch()) + (c.epoch_step() ? ", step " + std::to_string(c.epoch_step()) : "") +
            ": " + std::to_string(cfg.epochs) + " epochs leave nothing to train (raise --epochs to go on)";
   return "";
@@ -648,6 +648,21 @@ bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& 
   std::vector<float>* dst[] = {&into->params, &into->m1, &into->m2};
   dst[h.segment]->assign(p.floats(), p.floats() + h.elements);
   return h.segment + 1 == buffers;
+}
+
+bool trained_to_end(const checkpoint& c, const train_config& cfg) {
+  return c.progress.step == c.steps_per_epoch * cfg.epochs;
+}
+
+train_result finished_run(const checkpoint& c) {
+  train_result r;
+  r.ok = true;
+  r.history = c.progress.history;
+  r.weights = c.state.params;
+  r.model = c.model;
+  r.checksums = {fnv1a(r.weights.data(), r.weights.size())};
+  r.identical = true;
+  return r;
 }
 
 }  // namespace ringmaster

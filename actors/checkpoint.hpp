@@ -76,6 +76,12 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
 // replica count may differ (the weights then equal an uninterrupted job's only up to rounding).
 std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples);
 
+// Whether c is the checkpoint after the last step of a job of cfg: it trained to its end, and was
+// stopped before its results were written (a crash between the last checkpoint and --save). A resume then
+// trains nothing: finished_run(c) is the job's result, weights and history as they were.
+bool trained_to_end(const checkpoint& c, const train_config& cfg);
+train_result finished_run(const checkpoint& c);
+
 // Whether dir can take checkpoints, before any training: it is created if missing (its parent must
 // exist), and a probe file is written and removed there. Unless `resuming`, it must hold no checkpoint:
 // a new job would prune another's. "" or why not.

@@ -36,6 +36,8 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     failed.invalid = true;
     return failed;
   }
+  // Trained to its end already: no node needs to be asked (the model was checked as it was read).
+  if (cfg.resume && trained_to_end(*cfg.resume, cfg)) return finished_run(*cfg.resume);
   if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume != nullptr)).empty()) {
     failed.error = "checkpoints: " + failed.error;
     failed.invalid = true;

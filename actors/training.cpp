@@ -182,6 +182,7 @@ train_result train(const train_config& cfg) {
   const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch));
   if (cfg.resume && !(failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(cfg.train->count))).empty())
     return failed;
+  if (cfg.resume && trained_to_end(*cfg.resume, cfg)) return finished_run(*cfg.resume);
   if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume != nullptr)).empty()) {
     failed.error = "checkpoints: " + failed.error;
     return failed;

@@ -358,6 +358,8 @@ int main(int argc, char** argv) {
     if (!found) return usage_error("--resume: " + why);
     std::printf("Resuming from %s: %lld epoch%s and %lld of %lld steps done\n", path.c_str(), (long long)ck.epoch(),
                 ck.epoch() == 1 ? "" : "s", (long long)ck.epoch_step(), (long long)ck.steps_per_epoch);
+    if (trained_to_end(ck, c))
+      std::printf("The run had trained to its end: nothing left to train, its results are written from the checkpoint\n");
     if (ck.replicas != c.replicas)
       std::printf("Note: the checkpoint was written by %d replicas, this run has %d: the weights equal an uninterrupted "
                   "run's only up to rounding\n", ck.replicas, c.replicas);

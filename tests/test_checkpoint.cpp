@@ -509,6 +509,24 @@ TEST_CASE("checkpoint: --resume refuses another model with exit 2, and a finishe
   CHECK(fnv(r.out).size() == 16);
 }
 
+TEST_CASE("checkpoint: a run killed after its last checkpoint, before its results, finishes on --resume without training",
+          "[checkpoint][launcher]") {
+  const std::string dir = fresh_dir("last");
+  const std::string job = " --model 784-64-10 --epochs 2 --batch 128 --limit-train 1024 --limit-test 128 -q";
+  // 8 steps an epoch, a checkpoint after each: the 16th is the job's last step.
+  run_result r = mnist(job + " --checkpoint-every 1 --checkpoint-dir " + dir + " --save " + dir + "/w --crash-after-checkpoint 16");
+  REQUIRE(killed(r));
+  REQUIRE(!fs::exists(dir + "/w"));
+  r = mnist(job + " --checkpoint-every 1 --checkpoint-dir " + dir + " --save " + dir + "/w --resume");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("The run had trained to its end: nothing left to train") != std::string::npos);
+  const run_result whole = mnist(job + " --save " + dir + "/whole");
+  REQUIRE(whole.status == 0);
+  CHECK(fnv(r.out) == fnv(whole.out));
+  CHECK(slurp(dir + "/w") == slurp(dir + "/whole"));
+}
+
 TEST_CASE("checkpoint: a new run refuses a folder of another run's checkpoints, and writes through no planted link",
           "[checkpoint][launcher]") {
   const std::string dir = fresh_dir("others");
