@@ -2,6 +2,7 @@
 
 #include <mutex>
 #include <set>
+#include <vector>
 
 #include "actors/messages.hpp"
 #include "actors/report_kv.hpp"
@@ -71,7 +72,18 @@ struct copies_out {
 struct checkpoint_out {
   bool sending = false;
   state_ptr waiting;
+  // Ranks' done, held while a state waits: the launcher must have the last state before the end (it
+  // then asks for the weights, which would overtake a state not yet on the connection).
+  std::vector<int> dones;
 };
+
+void send_done(net::bridge* br, const net::peer_info& to, uint64_t job, int rank) {
+  wire::header h;
+  h.type = wire::msg_type::done;
+  h.job_id = job;
+  h.sender_rank = rank;
+  br->reply(to, h);
+}
 
 // Step reports not sent yet, and whether a flush is on its way.
 struct report_queue {
@@ -159,22 +171,21 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         *states_out = std::make_shared<copies_out>();
         for (auto& a : watch) self->monitor(a);
       },
-      [br, launcher, job, flush](done_atom, int rank) {
+      [br, launcher, job, flush, checkpoints](done_atom, int rank) {
         flush();
-        wire::header h;
-        h.type = wire::msg_type::done;
-        h.job_id = job;
-        h.sender_rank = rank;
-        br->reply(launcher, h);
+        if (checkpoints->waiting) return checkpoints->dones.push_back(rank);  // after the state
+        send_done(br, launcher, job, rank);
       },
       [flush, checkpoints, send_checkpoint](checkpt_atom, state_ptr s) {  // rank 0's state for a checkpoint
         flush();
         if (checkpoints->sending) return void(checkpoints->waiting = std::move(s));
         send_checkpoint(std::move(s));
       },
-      [checkpoints, send_checkpoint](release_atom, checkpt_atom) {  // the last one has gone out
+      [br, launcher, job, checkpoints, send_checkpoint](release_atom, checkpt_atom) {  // the last one has gone out
         checkpoints->sending = false;
-        if (checkpoints->waiting) send_checkpoint(std::move(checkpoints->waiting));
+        if (checkpoints->waiting) send_checkpoint(std::move(checkpoints->waiting));  // on the connection now
+        for (int rank : checkpoints->dones) send_done(br, launcher, job, rank);
+        checkpoints->dones.clear();
       },
       // The launcher asks a paused rank for its state: for a node that joins the ring, or for survivors a
       // step behind it.

@@ -740,3 +740,52 @@ TEST_CASE("a launcher that reads nothing while a job checkpoints every step, or 
   bye.job_id = id;
   test::send_raw(s, bye);
 }
+
+TEST_CASE("a node that checkpoints every step for a launcher slow to read sends the last step's state before its done", "[nodes]") {
+  // The launcher asks for the weights once every rank is done; a state still waiting at the node then
+  // would come after them, and the job's last checkpoint would be missing.
+  logged_node a("node-a");
+  std::string err;
+  zmq::context_t ctx;
+  zmq::socket_t s = client(ctx, a.node->endpoint());
+  s.set(zmq::sockopt::rcvtimeo, 20000);
+  s.set(zmq::sockopt::rcvhwm, 1);
+  const uint64_t id = 4444;
+  send_own_job(s, a.node->endpoint(), "node-a", "784-512-512-10", id, 1280, [](job_plan& p) {
+    p.checkpoints = true;
+    p.checkpoint_every = 1;
+  });
+  wire::header rh;
+  for (zmq::message_t head, body; rh.type != wire::msg_type::job_ack;) {
+    REQUIRE(s.recv(head));
+    REQUIRE(wire::decode(head.data(), head.size(), &rh, &err));
+    if (head.more()) REQUIRE(s.recv(body));
+    REQUIRE(rh.type != wire::msg_type::error);
+  }
+  wire::header go, beat;
+  go.type = wire::msg_type::start, beat.type = wire::msg_type::heartbeat;
+  go.job_id = beat.job_id = id;
+  go.sender_rank = 0;
+  test::send_raw(s, go);
+  for (int i = 0; i < 8; ++i) {  // it trains to its end while we read nothing
+    std::this_thread::sleep_for(300ms);
+    test::send_raw(s, beat);
+  }
+  s.set(zmq::sockopt::rcvtimeo, 1500);
+  int steps = 0;
+  int64_t last_state = -1;
+  bool done = false, state_after_done = false;
+  for (zmq::message_t head; s.recv(head);) {
+    if (head.size() != wire::kHeaderSize || !wire::decode(head.data(), head.size(), &rh, &err)) continue;
+    zmq::message_t body;
+    if (head.more()) REQUIRE(s.recv(body));
+    if (rh.type == wire::msg_type::report && body.to_string().find("kind=step") != std::string::npos) ++steps;
+    if (rh.type == wire::msg_type::checkpoint && rh.segment == 0) last_state = rh.step, state_after_done |= done;
+    if (rh.type == wire::msg_type::done) done = true;
+  }
+  INFO(steps << " steps, last state after step " << last_state);
+  REQUIRE(done);
+  CHECK(steps >= 5);
+  CHECK(last_state == steps);
+  CHECK_FALSE(state_after_done);
+}
