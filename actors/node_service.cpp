@@ -264,7 +264,7 @@ struct node_service::impl {
 
   // Elastic jobs (actors/reform.hpp): the launcher lost a node, or one rejoins (`at`: after which step),
   // and re-forms the ring.
-  void pause(const net::payload& p) {
+  void pause(const net::peer_info& from, const wire::header& h, const net::payload& p) {
     wire::kv_map kv;
     std::string error;
     auto number = [&kv](const char* key, int64_t lo, int64_t hi, int64_t* out) {
@@ -272,11 +272,16 @@ struct node_service::impl {
       auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
       return !v.empty() && ec == std::errc() && end == v.data() + v.size() && *out >= lo && *out <= hi;
     };
+    // The job's launcher sent it: a malformed one is its bug, and it hears so (the job goes on as it was).
+    auto refuse = [&](const std::string& why) {
+      log("ignored " + why);
+      send_kv(from, wire::msg_type::error, h.job_id, {{"error", "node " + name() + " ignored " + why}});
+    };
     int64_t gen = 0, at = -1;
     if (!wire::decode_kv(p.text(), &kv, &error) || !number("gen", 1, 1 << 20, &gen))
-      return log("ignored a pause without a good generation ('" + kv["gen"].substr(0, 20) + "')");
+      return refuse("a pause without a good generation ('" + kv["gen"].substr(0, 20) + "')");
     if (kv.count("at") && !number("at", 1, INT64_MAX, &at))
-      return log("ignored a pause with a bad step ('" + kv["at"].substr(0, 20) + "')");
+      return refuse("a pause with a bad step ('" + kv["at"].substr(0, 20) + "')");
     job->pause(int(gen), at);
   }
 
@@ -337,7 +342,7 @@ struct node_service::impl {
         if (job && job->takes_ring(h.job_id)) job->route_chunk(from, h, std::move(p));  // else a late chunk
         return;
       case msg_type::pause:
-        if (launcher) pause(p);
+        if (launcher) pause(from, h, p);
         return;
       case msg_type::reform:
         if (launcher) reform(from, h, p);

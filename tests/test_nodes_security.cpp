@@ -789,3 +789,45 @@ TEST_CASE("a node that checkpoints every step for a launcher slow to read sends 
   CHECK(last_state == steps);
   CHECK_FALSE(state_after_done);
 }
+
+TEST_CASE("a node answers its launcher's malformed pause with an error naming it, and goes on", "[nodes]") {
+  logged_node a("node-a");
+  std::string err;
+  zmq::context_t ctx;
+  zmq::socket_t s = client(ctx, a.node->endpoint());
+  s.set(zmq::sockopt::rcvtimeo, 20000);
+  const uint64_t id = 4545;
+  send_own_job(s, a.node->endpoint(), "node-a", "784-64-10", id, 600, [](job_plan& p) { p.elastic = true; });
+  wire::header rh;
+  auto next_of = [&](wire::msg_type type, std::string* text) {
+    for (zmq::message_t head, body;;) {
+      if (!s.recv(head)) return false;
+      REQUIRE(wire::decode(head.data(), head.size(), &rh, &err));
+      if (head.more()) REQUIRE(s.recv(body));
+      if (rh.type == type) return *text = body.to_string(), true;
+    }
+  };
+  std::string text;
+  REQUIRE(next_of(wire::msg_type::job_ack, &text));
+  for (const std::string bad : {"gen=abc\n", "gen=0\n", "gen=1\nat=-1\n", "not kv"}) {
+    wire::header pause;
+    pause.type = wire::msg_type::pause;
+    pause.job_id = id;
+    pause.payload_bytes = bad.size();
+    test::send_raw(s, pause, {zmq::buffer(bad)});
+    REQUIRE(next_of(wire::msg_type::error, &text));
+    INFO(text);
+    CHECK(text.find("error=node node-a ignored a pause with") == 0);
+  }
+  // Still its job: a weights request is answered.
+  wire::header want;
+  want.type = wire::msg_type::weights;
+  want.job_id = id;
+  want.sender_rank = 0;
+  test::send_raw(s, want);
+  CHECK(next_of(wire::msg_type::weights, &text));
+  wire::header bye;
+  bye.type = wire::msg_type::abort;
+  bye.job_id = id;
+  test::send_raw(s, bye);
+}
