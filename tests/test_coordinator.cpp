@@ -35,7 +35,7 @@ struct job {
 
   // 2 ranks, a global batch of 4, 2 epochs of 3 steps, no evaluation.
   // where: coordinator_config::where, as a launcher sets it for ranks on nodes.
-  explicit job(std::chrono::milliseconds report_timeout = 0ms, std::vector<std::string> where = {}) {
+  static coordinator_config small(std::chrono::milliseconds report_timeout = 0ms, std::vector<std::string> where = {}) {
     coordinator_config cc;
     cc.replicas = 2;
     cc.global_batch = 4;
@@ -44,7 +44,13 @@ struct job {
     cc.evaluate = false;
     cc.report_timeout = report_timeout;
     cc.where = std::move(where);
-    for (int r = 0; r < 2; ++r) ranks.push_back(sys.spawn(stand_in));
+    return cc;
+  }
+  explicit job(std::chrono::milliseconds report_timeout = 0ms, std::vector<std::string> where = {})
+      : job(small(report_timeout, std::move(where))) {}
+  // Any settings for 2 ranks; rank 1 may be another stand-in (a liar).
+  explicit job(const coordinator_config& cc, caf::behavior (*rank1)(caf::event_based_actor*) = stand_in) {
+    ranks = {sys.spawn(stand_in), sys.spawn(rank1)};
     coord = sys.spawn(coordinator, cc);
   }
   ~job() {
@@ -207,13 +213,9 @@ TEST_CASE("coordinator: ranks that all fall silent at once fail the job in time,
 }
 
 TEST_CASE("coordinator: a node that sends states for steps far ahead makes it hold a few, not all, and the last", "[coordinator]") {
-  caf::actor_system_config cfg;
-  caf::actor_system sys{(configure(cfg, 2), cfg)};
-  coordinator_config cc;
-  cc.replicas = 2;
-  cc.global_batch = 4;
+  coordinator_config cc = job::small();
   cc.steps_per_epoch = 20;
-  cc.evaluate = false;
+  cc.epochs = 1;
   cc.checkpoint_every = 1;
   auto written = std::make_shared<std::vector<int64_t>>();
   auto events = std::make_shared<std::vector<std::string>>();
@@ -222,29 +224,17 @@ TEST_CASE("coordinator: a node that sends states for steps far ahead makes it ho
     return std::string();
   };
   cc.on_event = [events](const std::string& line) { events->push_back(line); };
-  std::vector<caf::actor> ranks{sys.spawn(stand_in), sys.spawn(stand_in)};
-  auto coord = sys.spawn(coordinator, cc);
-  caf::scoped_actor self{sys};
-  auto pending = self->request(coord, 10s, run_atom::value, ranks, ranks, ranks);
-  for (int64_t k = 1; k <= 20; ++k) {  // rank 0's state after every step, before any step is reported
-    auto s = std::make_shared<network_state>();
-    s->steps = k;
-    s->params.assign(1000, 0.5f);
-    caf::anon_send(coord, checkpt_atom::value, state_ptr(std::move(s)));
-  }
-  for (int64_t s = 0; s < 20; ++s)
-    for (int rank = 0; rank < 2; ++rank) {
-      step_report r;
-      r.rank = rank;
-      r.step = s;
-      r.count = 2;
-      r.correct = 1;
-      r.loss_sum = 0.5;
-      caf::anon_send(coord, r);
+  job j(cc);
+  train_result out = j.run([](job& j) {
+    for (int64_t k = 1; k <= 20; ++k) {  // rank 0's state after every step, before any step is reported
+      auto s = std::make_shared<network_state>();
+      s->steps = k;
+      s->params.assign(1000, 0.5f);
+      caf::anon_send(j.coord, checkpt_atom::value, state_ptr(std::move(s)));
     }
-  for (int rank = 0; rank < 2; ++rank) caf::anon_send(coord, done_atom::value, rank);
-  train_result out;
-  pending.receive([&](std::shared_ptr<train_result> r) { out = *r; }, [&](caf::error& e) { out.error = sys.render(e); });
+    for (int64_t s = 0; s < 20; ++s) j.step(0, 0, s), j.step(1, 0, s);
+    j.done(0), j.done(1);
+  });
   // The newest 8 were held and written, the older ones let go (said once); the job ends well, its last
   // checkpoint written.
   CHECK(*written == std::vector<int64_t>{13, 14, 15, 16, 17, 18, 19, 20});
@@ -252,40 +242,24 @@ TEST_CASE("coordinator: a node that sends states for steps far ahead makes it ho
   CHECK(events->front() == "skipped the checkpoint after step 1: 8 states waited for their steps' reports");
   INFO(out.error);
   CHECK(out.ok);
-  caf::anon_send_exit(coord, caf::exit_reason::kill);
-  for (auto& r : ranks) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
 }
 
+namespace {
+// A rank whose node answers the weights request with a NaN in them.
+caf::behavior nan_weights(caf::event_based_actor* self) {
+  self->set_default_handler([](caf::scheduled_actor*, caf::message_view&) -> caf::result<caf::message> { return caf::message{}; });
+  return {[](weights_atom) { return chunk_ptr(std::make_shared<std::vector<float>>(std::vector<float>{0, NAN, 0})); }};
+}
+}  // namespace
+
 TEST_CASE("coordinator: final weights that hold NaN are an error, not a result", "[coordinator]") {
-  caf::actor_system_config cfg;
-  caf::actor_system sys{(configure(cfg, 2), cfg)};
-  coordinator_config cc;
-  cc.replicas = 2;
-  cc.global_batch = 4;
-  cc.steps_per_epoch = 1;
-  cc.evaluate = false;
-  // Rank 1's node answers the weights request with a NaN in them.
-  auto liar = [](caf::event_based_actor* self) -> caf::behavior {
-    self->set_default_handler([](caf::scheduled_actor*, caf::message_view&) -> caf::result<caf::message> { return caf::message{}; });
-    return {[](weights_atom) { return chunk_ptr(std::make_shared<std::vector<float>>(std::vector<float>{0, NAN, 0})); }};
-  };
-  std::vector<caf::actor> ranks{sys.spawn(stand_in), sys.spawn(liar)};
-  auto coord = sys.spawn(coordinator, cc);
-  caf::scoped_actor self{sys};
-  auto pending = self->request(coord, 10s, run_atom::value, ranks, ranks, ranks);
-  for (int rank = 0; rank < 2; ++rank) {
-    step_report r;
-    r.rank = rank;
-    r.count = 2;
-    r.correct = 1;
-    r.loss_sum = 0.5;
-    caf::anon_send(coord, r);
-  }
-  for (int rank = 0; rank < 2; ++rank) caf::anon_send(coord, done_atom::value, rank);
-  train_result out;
-  pending.receive([&](std::shared_ptr<train_result> r) { out = *r; }, [&](caf::error& e) { out.error = sys.render(e); });
+  coordinator_config cc = job::small();
+  cc.epochs = 1;
+  job j(cc, nan_weights);
+  train_result out = j.run([](job& j) {
+    for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s), j.step(1, 0, s);
+    j.done(0), j.done(1);
+  });
   CHECK_FALSE(out.ok);
   CHECK(out.error == "rank 1 sent final weights that hold NaN or infinite values");
-  caf::anon_send_exit(coord, caf::exit_reason::kill);
-  for (auto& r : ranks) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
 }

@@ -117,6 +117,38 @@ void send_own_job(zmq::socket_t& s, const std::string& endpoint, const std::stri
   test::send_raw(s, job, {zmq::buffer(text)});
 }
 
+// The next message a raw client gets: its header and, for a non-tensor one, its payload as text. False
+// when none comes within the socket's receive timeout.
+bool next_message(zmq::socket_t& s, wire::header* h, std::string* body) {
+  for (zmq::message_t head; s.recv(head);) {
+    zmq::message_t payload;
+    if (head.more()) REQUIRE(s.recv(payload));
+    std::string err;
+    if (!wire::decode(head.data(), head.size(), h, &err)) continue;
+    *body = wire::is_tensor_type(h->type) ? "" : payload.to_string();
+    return true;
+  }
+  return false;
+}
+
+// Reads until a message of this type comes (heartbeats come too); its header in *h, its text in *body.
+bool next_of(zmq::socket_t& s, wire::msg_type type, wire::header* h, std::string* body) {
+  while (next_message(s, h, body))
+    if (h->type == type) return true;
+  return false;
+}
+
+// The node's job_ack to a job send_own_job sent; a refusal fails the test.
+void await_job_ack(zmq::socket_t& s) {
+  wire::header h;
+  std::string body;
+  while (h.type != wire::msg_type::job_ack) {
+    REQUIRE(next_message(s, &h, &body));
+    INFO(body);
+    REQUIRE(h.type != wire::msg_type::error);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a node fed malformed frames keeps serving and refuses other protocol versions", "[nodes]") {
@@ -636,21 +668,15 @@ TEST_CASE("a launcher that starts and stops jobs in a loop is told the node is b
 TEST_CASE("a launcher that asks for the weights again and again without reading makes the node hold one copy, not one each",
           "[nodes]") {
   logged_node a("node-a");
-  std::string err;
   zmq::context_t ctx;
   zmq::socket_t s = client(ctx, a.node->endpoint());  // the job's launcher, as it sends the job
   s.set(zmq::sockopt::rcvtimeo, 20000);
   s.set(zmq::sockopt::rcvhwm, 1);  // it reads nothing for now: let the kernel's buffers fill
   const uint64_t id = 4242;
   send_own_job(s, a.node->endpoint(), "node-a", "784-512-512-10", id, 600);  // 2.7 MB of weights a copy
+  await_job_ack(s);
   wire::header rh;
-  for (zmq::message_t head, body; rh.type != wire::msg_type::job_ack;) {  // heartbeats come too
-    REQUIRE(s.recv(head));
-    REQUIRE(wire::decode(head.data(), head.size(), &rh, &err));
-    if (head.more()) REQUIRE(s.recv(body));
-    INFO(body.to_string());
-    REQUIRE(rh.type != wire::msg_type::error);
-  }
+  std::string text;
   wire::header beat;  // the launcher's heartbeats, or the node ends the job
   beat.type = wire::msg_type::heartbeat;
   beat.job_id = id;
@@ -666,9 +692,7 @@ TEST_CASE("a launcher that asks for the weights again and again without reading 
   // Now it reads: the copies that were on their way, and no more.
   s.set(zmq::sockopt::rcvtimeo, 1500);
   int copies = 0;
-  for (zmq::message_t m; s.recv(m);) {
-    if (m.size() == wire::kHeaderSize && wire::decode(m.data(), m.size(), &rh, &err) && rh.type == wire::msg_type::weights) ++copies;
-  }
+  while (next_message(s, &rh, &text)) copies += rh.type == wire::msg_type::weights;
   CHECK(copies >= 1);
   CHECK(copies < 100);  // one at a time; the kernel's buffers hold a few
   WARN(copies << " copies of the weights for 2000 requests");
@@ -681,7 +705,6 @@ TEST_CASE("a launcher that asks for the weights again and again without reading 
 TEST_CASE("a launcher that reads nothing while a job checkpoints every step, or asks for states again and again, makes the node "
           "hold a few states, not one each", "[nodes]") {
   logged_node a("node-a");
-  std::string err;
   zmq::context_t ctx;
   zmq::socket_t s = client(ctx, a.node->endpoint());  // the job's launcher
   s.set(zmq::sockopt::rcvtimeo, 20000);
@@ -693,14 +716,9 @@ TEST_CASE("a launcher that reads nothing while a job checkpoints every step, or 
     p.epochs = 1000;
     p.elastic = true;
   });
+  await_job_ack(s);
   wire::header rh;
-  for (zmq::message_t head, body; rh.type != wire::msg_type::job_ack;) {
-    REQUIRE(s.recv(head));
-    REQUIRE(wire::decode(head.data(), head.size(), &rh, &err));
-    if (head.more()) REQUIRE(s.recv(body));
-    INFO(body.to_string());
-    REQUIRE(rh.type != wire::msg_type::error);
-  }
+  std::string text;
   wire::header go, beat, pause, want;
   go.type = wire::msg_type::start, beat.type = wire::msg_type::heartbeat, pause.type = wire::msg_type::pause;
   want.type = wire::msg_type::checkpoint;
@@ -724,12 +742,9 @@ TEST_CASE("a launcher that reads nothing while a job checkpoints every step, or 
   // Now it reads: the steps it reported, and the states on their way, no more.
   s.set(zmq::sockopt::rcvtimeo, 1500);
   int steps = 0, states = 0;
-  for (zmq::message_t head; s.recv(head);) {
-    if (head.size() != wire::kHeaderSize || !wire::decode(head.data(), head.size(), &rh, &err)) continue;
-    zmq::message_t body;
-    if (head.more()) REQUIRE(s.recv(body));
+  while (next_message(s, &rh, &text)) {
     if (rh.type == wire::msg_type::checkpoint && rh.segment == 0) ++states;
-    if (rh.type == wire::msg_type::report && body.to_string().find("kind=step") != std::string::npos) ++steps;
+    if (rh.type == wire::msg_type::report && text.find("kind=step") != std::string::npos) ++steps;
   }
   WARN(states << " states for " << steps << " steps and 2000 requests");
   CHECK(steps >= 30);
@@ -745,7 +760,6 @@ TEST_CASE("a node that checkpoints every step for a launcher slow to read sends 
   // The launcher asks for the weights once every rank is done; a state still waiting at the node then
   // would come after them, and the job's last checkpoint would be missing.
   logged_node a("node-a");
-  std::string err;
   zmq::context_t ctx;
   zmq::socket_t s = client(ctx, a.node->endpoint());
   s.set(zmq::sockopt::rcvtimeo, 20000);
@@ -755,13 +769,9 @@ TEST_CASE("a node that checkpoints every step for a launcher slow to read sends 
     p.checkpoints = true;
     p.checkpoint_every = 1;
   });
+  await_job_ack(s);
   wire::header rh;
-  for (zmq::message_t head, body; rh.type != wire::msg_type::job_ack;) {
-    REQUIRE(s.recv(head));
-    REQUIRE(wire::decode(head.data(), head.size(), &rh, &err));
-    if (head.more()) REQUIRE(s.recv(body));
-    REQUIRE(rh.type != wire::msg_type::error);
-  }
+  std::string text;
   wire::header go, beat;
   go.type = wire::msg_type::start, beat.type = wire::msg_type::heartbeat;
   go.job_id = beat.job_id = id;
@@ -775,11 +785,8 @@ TEST_CASE("a node that checkpoints every step for a launcher slow to read sends 
   int steps = 0;
   int64_t last_state = -1;
   bool done = false, state_after_done = false;
-  for (zmq::message_t head; s.recv(head);) {
-    if (head.size() != wire::kHeaderSize || !wire::decode(head.data(), head.size(), &rh, &err)) continue;
-    zmq::message_t body;
-    if (head.more()) REQUIRE(s.recv(body));
-    if (rh.type == wire::msg_type::report && body.to_string().find("kind=step") != std::string::npos) ++steps;
+  while (next_message(s, &rh, &text)) {
+    if (rh.type == wire::msg_type::report && text.find("kind=step") != std::string::npos) ++steps;
     if (rh.type == wire::msg_type::checkpoint && rh.segment == 0) last_state = rh.step, state_after_done |= done;
     if (rh.type == wire::msg_type::done) done = true;
   }
@@ -792,30 +799,21 @@ TEST_CASE("a node that checkpoints every step for a launcher slow to read sends 
 
 TEST_CASE("a node answers its launcher's malformed pause with an error naming it, and goes on", "[nodes]") {
   logged_node a("node-a");
-  std::string err;
   zmq::context_t ctx;
   zmq::socket_t s = client(ctx, a.node->endpoint());
   s.set(zmq::sockopt::rcvtimeo, 20000);
   const uint64_t id = 4545;
   send_own_job(s, a.node->endpoint(), "node-a", "784-64-10", id, 600, [](job_plan& p) { p.elastic = true; });
+  await_job_ack(s);
   wire::header rh;
-  auto next_of = [&](wire::msg_type type, std::string* text) {
-    for (zmq::message_t head, body;;) {
-      if (!s.recv(head)) return false;
-      REQUIRE(wire::decode(head.data(), head.size(), &rh, &err));
-      if (head.more()) REQUIRE(s.recv(body));
-      if (rh.type == type) return *text = body.to_string(), true;
-    }
-  };
   std::string text;
-  REQUIRE(next_of(wire::msg_type::job_ack, &text));
   for (const std::string bad : {"gen=abc\n", "gen=0\n", "gen=1\nat=-1\n", "not kv"}) {
     wire::header pause;
     pause.type = wire::msg_type::pause;
     pause.job_id = id;
     pause.payload_bytes = bad.size();
     test::send_raw(s, pause, {zmq::buffer(bad)});
-    REQUIRE(next_of(wire::msg_type::error, &text));
+    REQUIRE(next_of(s, wire::msg_type::error, &rh, &text));
     INFO(text);
     CHECK(text.find("error=node node-a ignored a pause with") == 0);
   }
@@ -825,7 +823,7 @@ TEST_CASE("a node answers its launcher's malformed pause with an error naming it
   want.job_id = id;
   want.sender_rank = 0;
   test::send_raw(s, want);
-  CHECK(next_of(wire::msg_type::weights, &text));
+  CHECK(next_of(s, wire::msg_type::weights, &rh, &text));
   wire::header bye;
   bye.type = wire::msg_type::abort;
   bye.job_id = id;
