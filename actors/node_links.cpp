@@ -66,11 +66,13 @@ struct copies_out {
   }
 };
 
-// Rank 0's states for checkpoints: one on its way at a time. One made meanwhile waits, and a newer one
-// replaces it (the launcher writes the newest and forgets those before), so a launcher that does not read
-// makes us hold two states, not one a step.
+// Rank 0's states for checkpoints: up to kStatesOut on their way at once (ZeroMQ lets one go once the
+// kernel has it, so a launcher that reads never waits on this). One made while that many are still
+// held waits, and a newer one replaces it (the launcher writes the newest and forgets those before): a
+// launcher that does not read makes us hold kStatesOut + 1 states, not one a step.
+constexpr int kStatesOut = 4;
 struct checkpoint_out {
-  bool sending = false;
+  int sending = 0;
   state_ptr waiting;
   // Ranks' done, held while a state waits: the launcher must have the last state before the end (it
   // then asks for the weights, which would overtake a state not yet on the connection).
@@ -118,7 +120,7 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
   auto checkpoints = std::make_shared<checkpoint_out>();
   // Sends rank 0's state; the link hears {release_atom, checkpt_atom} once ZeroMQ has let it go.
   auto send_checkpoint = [br, launcher, job, checkpoints, me = caf::weak_actor_ptr{self->ctrl()}](state_ptr s) {
-    checkpoints->sending = true;
+    ++checkpoints->sending;
     send_state(br, launcher, job, 0, s, [me] {
       if (auto link = me.lock()) caf::anon_send(caf::actor_cast<caf::actor>(link), release_atom::value, checkpt_atom::value);
     });
@@ -178,11 +180,11 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
       },
       [flush, checkpoints, send_checkpoint](checkpt_atom, state_ptr s) {  // rank 0's state for a checkpoint
         flush();
-        if (checkpoints->sending) return void(checkpoints->waiting = std::move(s));
+        if (checkpoints->sending >= kStatesOut) return void(checkpoints->waiting = std::move(s));
         send_checkpoint(std::move(s));
       },
-      [br, launcher, job, checkpoints, send_checkpoint](release_atom, checkpt_atom) {  // the last one has gone out
-        checkpoints->sending = false;
+      [br, launcher, job, checkpoints, send_checkpoint](release_atom, checkpt_atom) {  // one has gone out
+        --checkpoints->sending;
         if (checkpoints->waiting) send_checkpoint(std::move(checkpoints->waiting));  // on the connection now
         for (int rank : checkpoints->dones) send_done(br, launcher, job, rank);
         checkpoints->dones.clear();
