@@ -2,7 +2,6 @@
 
 #include <charconv>
 #include <condition_variable>
-#include <future>
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -27,6 +26,11 @@ struct process_ring::impl {
   // before port does), and the right neighbour's, which our link sends through.
   std::unique_ptr<net::shm_receiver> shm_in;
   std::shared_ptr<net::shm_sender> shm_out;
+  // Sealed chunks: our port, the receiver of the left neighbour's (its thread hands them to port, so it
+  // goes before port does) and our connection to the right neighbour's port.
+  std::unique_ptr<net::tcp_port> tcp_port;
+  std::shared_ptr<net::tcp_receiver> tcp_in;
+  std::shared_ptr<net::tcp_sender> tcp_out;
 
   std::mutex mu;  // guards the handshake flags and failure
   std::condition_variable cv;
@@ -80,16 +84,33 @@ struct process_ring::impl {
       return in->poll(until, done);
     }, opt.poll);
   }
+  // Our sealed port, on the host we listen on, and the receiver of the left neighbour's chunks. False with *error.
+  bool open_sealed_port(const std::string& endpoint, std::string* error) {
+    const std::string host = endpoint.substr(6, endpoint.rfind(':') - 6);
+    net::tcp_port_options po;
+    po.on_refusal = [this](const std::string& why) { log("sealed port: " + why); };
+    if (!(tcp_port = net::tcp_port::bind(host, 0, po, error))) return false;
+    tcp_in = tcp_port->expect(
+        opt.job_id, uint32_t(left), unseal,
+        [this](const wire::header& h, net::payload p) { deliver(*port, from_wire(h, std::move(p))); },  // the reducer checks
+        [this](const std::string& why) { fail(why); });
+    if (!shm_in) {  // a neighbour on this host sends through shared memory: then that is what we poll
+      net::tcp_receiver* in = tcp_in.get();  // lives as long as the port's user, this object
+      set_poller(*port, [in](std::chrono::steady_clock::time_point until, const std::function<bool()>& done) {
+        return in->poll(until, done);
+      }, opt.poll);
+    }
+    return true;
+  }
   const std::string& key_of(int r) const {
     return opt.public_keys.empty() ? opt.bridge.keys.public_key : opt.public_keys[size_t(r)];
   }
-  // The bridge's options with keys: only the left neighbour may connect; a sealed port if chunks are sealed.
+  // The bridge's options with keys: only the left neighbour may connect.
   net::bridge_options secure(const process_ring_options& o) const {
     net::bridge_options b = o.bridge;
     if (b.keys.empty() || size < 1 || (!o.public_keys.empty() && o.public_keys.size() != size_t(size))) return b;
     const std::string left_key = o.public_keys.empty() ? b.keys.public_key : o.public_keys[size_t(left)];
     b.authorize = [left_key](const std::string& k) { return k == left_key; };
-    b.sealed_listener = !o.seal_salt.empty();
     return b;
   }
   // The pair keys with both neighbours (sealed chunks). False with *error.
@@ -108,6 +129,8 @@ struct process_ring::impl {
 
   ~impl() {
     br.stop();
+    tcp_in.reset();
+    tcp_port.reset();
     caf::anon_send_exit(red, caf::exit_reason::user_shutdown);
     red = nullptr;
     sys.reset();  // waits for the reducer
@@ -166,7 +189,7 @@ struct process_ring::impl {
     }
     left_identity = from.identity;
     std::string ack;  // with sealed chunks: where the left neighbour sends them
-    if (seal) wire::encode_kv({{"sealed_port", std::to_string(br.sealed_port())}}, &ack, nullptr);
+    if (seal) wire::encode_kv({{"sealed_port", std::to_string(tcp_port->port())}}, &ack, nullptr);
     br.reply(from, make(msg_type::hello_ack), net::payload::copy_of(ack));
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -178,10 +201,9 @@ struct process_ring::impl {
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     switch (h.type) {
       case msg_type::chunk:
-        // Only from the left neighbour (its connection, or its pair key when sealed); the reducer checks
+        // Only from the left neighbour's connection (sealed chunks come on their own); the reducer checks
         // job, sender, step and size.
-        if (seal ? !from.sealed || from.sealed_sender != left
-                 : from.peer >= 0 || from.identity.empty() || from.identity != left_identity) {
+        if (seal || from.peer >= 0 || from.identity.empty() || from.identity != left_identity) {
           log("chunk from rank " + std::to_string(h.sender_rank) + " on a connection that is not our left neighbour's: dropped");
           return;
         }
@@ -284,13 +306,7 @@ bool process_ring::listen(const std::string& endpoint, std::string* error) {
   if (shm && !any_port) d_->make_segment(endpoint);
   if (!d_->br.start(endpoint, error)) return false;
   if (shm && any_port) d_->make_segment(d_->br.endpoint());
-  if (d_->seal) {  // in place before we return: the left neighbour may log in to our sealed port at once
-    d_->br.add_opener(d_->opt.job_id, uint32_t(d_->left), d_->unseal, d_->key_of(d_->left));
-    std::promise<void> added;
-    if (!d_->br.post([&added] { added.set_value(); }) ||
-        added.get_future().wait_for(std::chrono::seconds(10)) != std::future_status::ready)
-      return failed("the bridge thread did not answer");
-  }
+  if (d_->seal && !d_->open_sealed_port(endpoint, error)) return false;
   return true;
 }
 
@@ -338,19 +354,22 @@ bool process_ring::connect(const std::vector<std::string>& endpoints, std::strin
   }
   lock.unlock();
   // Chunks go on the handshake's connection, or, sealed, to the right neighbour's sealed port.
-  int link = peer;
-  if (d_->seal) {
-    const int port = d_->right_sealed_port.load();
-    if (port <= 0) return failed("rank " + std::to_string(d_->right) + " at " + right_ep + " has no sealed port");
-    link = d_->br.connect_sealed(right_ep.substr(0, right_ep.rfind(':') + 1) + std::to_string(port), d_->seal, error);
-    if (link < 0) return false;
-  }
   bool missing = false;
   std::string why;
-  if (d_->opt.shared_memory && (d_->shm_out = net::shm_sender::open(d_->stamp(d_->rank, d_->right, right_ep), &why, &missing)))
+  if (d_->opt.shared_memory && (d_->shm_out = net::shm_sender::open(d_->stamp(d_->rank, d_->right, right_ep), &why, &missing))) {
     join(*d_->port, make_shm_link(d_->shm_out));
-  else
-    join(*d_->port, make_bridge_link(&d_->br, link));
+  } else if (d_->seal) {
+    const int port = d_->right_sealed_port.load();
+    if (port <= 0) return failed("rank " + std::to_string(d_->right) + " at " + right_ep + " has no sealed port");
+    d_->tcp_out = net::tcp_sender::connect(right_ep.substr(0, right_ep.rfind(':') + 1) + std::to_string(port), d_->opt.job_id,
+                                           uint32_t(d_->rank), d_->seal,
+                                           [d = d_.get()](const std::string& e) { d->fail("rank " + std::to_string(d->right) + ": " + e); },
+                                           error);
+    if (!d_->tcp_out) return false;
+    join(*d_->port, make_tcp_link(d_->tcp_out));
+  } else {
+    join(*d_->port, make_bridge_link(&d_->br, peer));
+  }
   if (d_->opt.shared_memory && !d_->shm_out && !missing) d_->log("no shared memory with the right neighbour: " + why);
   lock.lock();
   if (!d_->failure.empty()) return failed(d_->failure);

@@ -14,8 +14,9 @@
 //   err = ring.allreduce(grads.data(), grads.size());   // "" or what failed
 //
 // With keys (options.bridge.keys) the links are CurveZMQ, each rank letting in only its left neighbour's
-// key; with a seal salt too, chunks are sealed with AES-128-OCB on a plain port instead (net/seal.hpp),
-// as node daemons send them. With shared_memory, chunks between ranks on one host go through /dev/shm.
+// key; with a seal salt too, chunks are sealed with AES-128-OCB on a TCP connection of their own
+// (net/tcp_link.hpp), as node daemons send them. With shared_memory, chunks between ranks on one host
+// go through /dev/shm.
 //
 // listen() and connect() are separate so a launcher can bind port 0, publish endpoint() and hand out
 // the full list afterwards. Every rank calls allreduce the same number of times with the same length.

@@ -57,6 +57,19 @@ struct shm_link : process_link {
   bool copies_at_send() const override { return true; }
 };
 
+struct tcp_link : process_link {
+  std::shared_ptr<net::tcp_sender> out;
+  explicit tcp_link(std::shared_ptr<net::tcp_sender> o) : out(std::move(o)) {}
+  std::string send(ring::message m) override {
+    if (m.device >= 0) return "a chunk in device memory reached the link to another process";
+    std::string err;
+    if (!out->send(to_wire(m), net::payload{m.data, m.count * sizeof(float), std::move(m.owner)}, &err))
+      return "send to the next node: " + err;
+    return "";
+  }
+  bool copies_at_send() const override { return true; }  // sealed into the sender's own buffer
+};
+
 }  // namespace
 
 link_ptr make_port_link(std::shared_ptr<reducer_port> port) {
@@ -64,6 +77,7 @@ link_ptr make_port_link(std::shared_ptr<reducer_port> port) {
 }
 link_ptr make_bridge_link(net::bridge* br, int peer) { return std::make_shared<bridge_link>(br, peer); }
 link_ptr make_shm_link(std::shared_ptr<net::shm_sender> out) { return std::make_shared<shm_link>(std::move(out)); }
+link_ptr make_tcp_link(std::shared_ptr<net::tcp_sender> out) { return std::make_shared<tcp_link>(std::move(out)); }
 bool host_only(const ring::link& l) { return dynamic_cast<const process_link*>(&l) != nullptr; }
 
 ring::message from_wire(const wire::header& h, net::payload p) {

@@ -1,0 +1,119 @@
+// Sealed ring chunks between nodes over plain TCP sockets: the sending thread writes them, and a
+// receiving thread, or a replica that waits for them (poll), reads them, as MPI and Gloo do.
+//
+// Why: through the bridge a chunk crossed four threads (the sender to the bridge thread, which sealed it,
+// to ZeroMQ's I/O thread; the receiver's I/O thread to its bridge thread, which opened and added it), and
+// on this machine each wake-up costs 10-50 us: a 4 KB all-reduce between two processes took 85-130 us.
+// Here the caller seals into its own buffer and writes the socket; the receiving side reads it straight
+// into a buffer, opens it in place and hands it on; a replica waiting for the all-reduce's end spins on
+// the socket itself (a TCP round trip here: ~11 us spinning, ~100 us sleeping).
+//
+// One connection per (job, sending node, receiving node): the pair's sealer (net/seal.hpp) numbers what
+// goes on it, so its order is the counters' order, which the opener insists on. What goes on the socket:
+//   a login: the 56-byte header of a hello (job_id: the job, sender_rank: the sending node's number, no
+//            payload) and a trailer (kTrailerBytes), sealed with the pair's key: only a holder of the key
+//            can make one, and as it takes the next counter, a recorded one is refused as a replay;
+//   then messages: the header (net/wire.hpp), the trailer, and payload_bytes sealed bytes.
+// The receiver checks every header and trailer before it reads a payload: the trailer must name the
+// login's job and node, the payload be at most kMaxSealedPayload. A stranger gets nothing but a closed
+// connection (after 3 s at most, or at once when what it sends is not a login), and at most
+// max_pending of them wait at once. A new login of a pair replaces its old connection (a re-formed ring
+// connects afresh; what was unread on the old one belonged to the old ring).
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "net/bridge.hpp"
+#include "net/seal.hpp"
+#include "net/wire.hpp"
+
+namespace ringmaster::net {
+
+// What one sending node sends us in one job: its messages, opened, in order.
+class tcp_receiver {
+ public:
+  using handler = std::function<void(const wire::header&, payload)>;
+  // Called on the receiving thread or a poller's when the connection broke the rules (a bad header or
+  // tag): the connection is closed (the ring's watchdog then names the silent neighbour, unless the
+  // handler fails it at once).
+  using error_handler = std::function<void(const std::string&)>;
+
+  // As net/shm_link.hpp's shm_receiver::poll: from a thread that waits for this link's messages, takes
+  // and hands them on itself, spinning, until done() or `until`. Returns done()'s last answer.
+  bool poll(std::chrono::steady_clock::time_point until, const std::function<bool()>& done);
+  // Stops its thread and closes its connection; the port forgets the pair.
+  ~tcp_receiver();
+  tcp_receiver(const tcp_receiver&) = delete;
+  tcp_receiver& operator=(const tcp_receiver&) = delete;
+
+  struct impl;
+  explicit tcp_receiver(std::shared_ptr<impl> d);
+
+ private:
+  std::shared_ptr<impl> d_;
+};
+
+struct tcp_port_options {
+  int max_pending = 16;       // connections that have not logged in yet, at once
+  int max_connections = 256;  // logged-in connections, at once (one per pair: a job's nodes)
+  std::chrono::milliseconds login_timeout{3000};
+  // Strangers and broken rules, for the log (from the port's thread). Default: stderr.
+  std::function<void(const std::string&)> on_refusal;
+};
+
+// The listening socket sealed chunks come to (a node's --sealed-port).
+class tcp_port {
+ public:
+  // Binds host:port ("*" or "0.0.0.0": every IPv4 address; port 0: an ephemeral one) and starts the
+  // thread that takes logins. nullptr with *error ("127.0.0.1:5602: address already in use").
+  static std::unique_ptr<tcp_port> bind(const std::string& host, int port, tcp_port_options o, std::string* error);
+  ~tcp_port();  // stops taking logins; receivers still alive keep their connections
+  tcp_port(const tcp_port&) = delete;
+  tcp_port& operator=(const tcp_port&) = delete;
+  int port() const;
+
+  // Sealed messages of job `job` from node `sender`, opened with `open` (the pair's), go to h on the
+  // receiver's own thread or a poller's, one at a time, in order. The receiver lives until the caller
+  // drops it; the port forgets the pair then, and a later expect() for the pair replaces it. `open`
+  // may be shared by the receivers of one pair over a job (its counters go on); one at a time uses it.
+  std::shared_ptr<tcp_receiver> expect(uint64_t job, uint32_t sender, std::shared_ptr<opener> open,
+                                       tcp_receiver::handler h, tcp_receiver::error_handler e);
+
+  struct impl;
+
+ private:
+  explicit tcp_port(std::unique_ptr<impl> d);
+  std::unique_ptr<impl> d_;
+};
+
+// Our side of one pair's connection: what node `sender` of job `job` sends one other node.
+class tcp_sender {
+ public:
+  // Connects to "tcp://HOST:PORT" (a tcp_port) in the background, logs in with `seal`, and sends what
+  // send() queued meanwhile. A port that refuses the connection is tried again for about 5 s; then, or
+  // when the connection breaks, on_error is called once (from the sender's thread) and messages are
+  // dropped. nullptr with *error for an endpoint that is no tcp://HOST:PORT.
+  static std::shared_ptr<tcp_sender> connect(const std::string& endpoint, uint64_t job, uint32_t sender,
+                                             std::shared_ptr<sealer> seal, std::function<void(const std::string&)> on_error,
+                                             std::string* error);
+  // From any thread; sealed in the order of the calls. Done with p's bytes when it returns (they are
+  // sealed into a buffer of the sender's): the socket is written at once, and what it cannot take yet
+  // goes to the sender's thread. False with *error only for a message that can never go (a bad header,
+  // a payload over kMaxSealedPayload, a cipher failure).
+  bool send(const wire::header& h, const payload& p, std::string* error);
+  ~tcp_sender();  // drops what is still queued and closes the connection
+  tcp_sender(const tcp_sender&) = delete;
+  tcp_sender& operator=(const tcp_sender&) = delete;
+
+  struct impl;
+  explicit tcp_sender(std::unique_ptr<impl> d);
+
+ private:
+  std::unique_ptr<impl> d_;
+};
+
+}  // namespace ringmaster::net

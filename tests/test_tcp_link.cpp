@@ -1,0 +1,330 @@
+// The sealed TCP link (net/tcp_link.hpp): messages go through whole, opened and in order, whether the
+// receiving thread or a poller reads them and however full the socket gets; strangers, wrong keys,
+// replayed logins and altered messages are refused with a clear word, and the real pair still gets in.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "net/tcp_link.hpp"
+
+using namespace ringmaster;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr uint64_t kJob = 77;
+constexpr uint32_t kSender = 1;
+
+net::seal_key key_of(unsigned char fill) {
+  net::seal_key k;
+  k.fill(fill);
+  return k;
+}
+
+wire::header chunk_header(int64_t step, size_t floats) {
+  wire::header h;
+  h.type = wire::msg_type::chunk;
+  h.job_id = kJob;
+  h.step = step;
+  h.sender_rank = 3;
+  h.elements = floats;
+  return h;
+}
+
+net::payload floats_of(size_t n, float first) {
+  auto v = std::make_shared<std::vector<float>>(n);
+  for (size_t i = 0; i < n; ++i) (*v)[i] = first + float(i);
+  return net::payload::of(v);
+}
+
+// What a receiver got and what the port refused, for a test to wait on.
+struct inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<wire::header, std::vector<float>>> got;
+  std::vector<std::string> errors, refusals;
+  std::vector<std::thread::id> threads;  // which thread handed on each message
+
+  net::tcp_receiver::handler handler() {
+    return [this](const wire::header& h, net::payload p) {
+      std::vector<float> v(p.floats(), p.floats() + p.size / sizeof(float));
+      std::lock_guard<std::mutex> lock(mu);
+      got.emplace_back(h, std::move(v));
+      threads.push_back(std::this_thread::get_id());
+      cv.notify_all();
+    };
+  }
+  net::tcp_receiver::error_handler on_error() {
+    return [this](const std::string& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e);
+      cv.notify_all();
+    };
+  }
+  net::tcp_port_options options() {
+    net::tcp_port_options o;
+    o.login_timeout = 300ms;
+    o.on_refusal = [this](const std::string& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      refusals.push_back(e);
+      cv.notify_all();
+    };
+    return o;
+  }
+  template <class F>
+  bool wait(F pred, std::chrono::milliseconds limit = 10s) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, limit, [&] { return pred(*this); });
+  }
+  size_t count() {
+    std::lock_guard<std::mutex> lock(mu);
+    return got.size();
+  }
+};
+
+// A raw client of the port, to send whatever a test wants.
+int raw_connect(int port) {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  REQUIRE(connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return s;
+}
+void raw_send(int s, const std::vector<unsigned char>& bytes) {
+  REQUIRE(send(s, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));
+}
+// Whether the port closed the connection within `limit`.
+bool closed_by_peer(int s, std::chrono::milliseconds limit) {
+  timeval tv{long(limit.count() / 1000), long(limit.count() % 1000) * 1000};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char c;
+  return recv(s, &c, 1, 0) == 0;
+}
+// A sealed frame as the sender makes it: header, trailer, sealed payload.
+std::vector<unsigned char> sealed_frame(net::sealer& seal, wire::header h, const std::vector<float>& payload) {
+  h.payload_bytes = payload.size() * sizeof(float);
+  const auto hb = wire::encode(h);
+  std::vector<unsigned char> f(wire::kHeaderSize + net::kTrailerBytes + h.payload_bytes + 1);
+  std::memcpy(f.data(), hb.data(), hb.size());
+  REQUIRE(seal.seal(f.data(), wire::kHeaderSize, payload.data(), f.data() + wire::kHeaderSize + net::kTrailerBytes,
+                    h.payload_bytes, f.data() + wire::kHeaderSize));
+  f.pop_back();
+  return f;
+}
+std::vector<unsigned char> login_frame(net::sealer& seal, uint64_t job, uint32_t sender) {
+  wire::header h;
+  h.type = wire::msg_type::hello;
+  h.job_id = job;
+  h.sender_rank = int32_t(sender);
+  return sealed_frame(seal, h, {});
+}
+
+struct pair_fixture {
+  inbox in;
+  std::unique_ptr<net::tcp_port> port;
+  std::shared_ptr<net::tcp_receiver> receiver;
+  std::string endpoint;
+  pair_fixture() {
+    std::string err;
+    port = net::tcp_port::bind("127.0.0.1", 0, in.options(), &err);
+    REQUIRE(port);
+    REQUIRE(port->port() > 0);
+    endpoint = "tcp://127.0.0.1:" + std::to_string(port->port());
+    receiver = port->expect(kJob, kSender, std::make_shared<net::opener>(key_of(5), kJob, kSender), in.handler(), in.on_error());
+  }
+  std::shared_ptr<net::tcp_sender> sender(std::function<void(const std::string&)> on_error = {}) {
+    std::string err;
+    auto s = net::tcp_sender::connect(endpoint, kJob, kSender, std::make_shared<net::sealer>(key_of(5), kJob, kSender),
+                                      std::move(on_error), &err);
+    REQUIRE(s);
+    return s;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("tcp link: sealed messages of every size arrive whole and in order, past a full socket", "[tcp_link]") {
+  pair_fixture f;
+  auto s = f.sender();
+  const std::vector<size_t> sizes = {0, 1, 3, 1024, 262144, 1 << 20};
+  std::string err;
+  int64_t step = 0;
+  for (size_t n : sizes) REQUIRE(s->send(chunk_header(step++, n), floats_of(n, float(n)), &err));
+  // Many 1 MiB messages at once: more than the socket holds, so most go to the sender's thread.
+  for (int i = 0; i < 40; ++i) REQUIRE(s->send(chunk_header(step++, 1 << 18), floats_of(1 << 18, float(i)), &err));
+  REQUIRE(f.in.wait([&](inbox& b) { return b.got.size() == size_t(step); }));
+  for (size_t i = 0; i < f.in.got.size(); ++i) {
+    const auto& [h, v] = f.in.got[i];
+    CHECK(h.step == int64_t(i));
+    const size_t n = i < sizes.size() ? sizes[i] : size_t(1) << 18;
+    const float first = i < sizes.size() ? float(sizes[i]) : float(i - sizes.size());
+    REQUIRE(v.size() == n);
+    if (n) CHECK((v.front() == first && v.back() == first + float(n - 1)));
+  }
+  CHECK(f.in.errors.empty());
+  CHECK(f.in.refusals.empty());
+}
+
+TEST_CASE("tcp link: a poller takes the messages on its own thread until it is done", "[tcp_link]") {
+  pair_fixture f;
+  auto s = f.sender();
+  std::string err;
+  std::thread writer([&] {
+    std::this_thread::sleep_for(50ms);
+    for (int i = 0; i < 200; ++i) s->send(chunk_header(i, 1024), floats_of(1024, float(i)), &err);
+  });
+  auto done = [&] { return f.in.count() == 200; };
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (!done() && std::chrono::steady_clock::now() < until) {
+    f.receiver->poll(until, [&] {
+      std::lock_guard<std::mutex> lock(f.in.mu);
+      return f.in.got.size() == 200;
+    });
+  }
+  writer.join();
+  REQUIRE(done());
+  for (size_t i = 0; i < 200; ++i) CHECK(f.in.got[i].first.step == int64_t(i));
+  // Taken here, not by the receiving thread (which may have taken some while this thread looked away).
+  CHECK(std::count(f.in.threads.begin(), f.in.threads.end(), std::this_thread::get_id()) > 100);
+}
+
+TEST_CASE("tcp link: strangers, wrong keys and replayed logins are refused; the pair still gets in", "[tcp_link]") {
+  pair_fixture f;
+  const int port = f.port->port();
+  // Garbage where a login belongs: closed, and said.
+  int s1 = raw_connect(port);
+  raw_send(s1, std::vector<unsigned char>(92, 0x41));
+  CHECK(closed_by_peer(s1, 2000ms));
+  close(s1);
+  // Nothing at all: closed after the login timeout.
+  int s2 = raw_connect(port);
+  CHECK(closed_by_peer(s2, 3000ms));
+  close(s2);
+  // A login sealed with another key, and one for a pair the port does not expect.
+  net::sealer wrong(key_of(6), kJob, kSender), other_job(key_of(5), kJob + 1, kSender);
+  int s3 = raw_connect(port);
+  raw_send(s3, login_frame(wrong, kJob, kSender));
+  CHECK(closed_by_peer(s3, 2000ms));
+  close(s3);
+  int s4 = raw_connect(port);
+  raw_send(s4, login_frame(other_job, kJob + 1, kSender));
+  CHECK(closed_by_peer(s4, 2000ms));
+  close(s4);
+  // A real login, recorded and played again: the counter has been used.
+  net::sealer real(key_of(5), kJob, kSender);
+  const auto login = login_frame(real, kJob, kSender);
+  int s5 = raw_connect(port);
+  raw_send(s5, login);
+  std::this_thread::sleep_for(100ms);
+  int s6 = raw_connect(port);
+  raw_send(s6, login);
+  CHECK(closed_by_peer(s6, 2000ms));
+  close(s6);
+  close(s5);
+  REQUIRE(f.in.wait([](inbox& b) { return b.refusals.size() >= 5; }));
+  std::string all;
+  for (auto& r : f.in.refusals) all += r + "\n";
+  INFO(all);
+  CHECK(all.find("did not log in") != std::string::npos);
+  CHECK(all.find("no login within") != std::string::npos);
+  CHECK(all.find("bad tag") != std::string::npos);
+  CHECK(all.find("of a job this node does not run") != std::string::npos);
+  CHECK(all.find("replayed") != std::string::npos);
+  // The real sender (its counters go on from where the raw one's ended: a sealer of its own starts at
+  // 0, so use the raw one) still gets in and through.
+  int s7 = raw_connect(port);
+  raw_send(s7, login_frame(real, kJob, kSender));
+  raw_send(s7, sealed_frame(real, chunk_header(0, 4), {1, 2, 3, 4}));
+  REQUIRE(f.in.wait([](inbox& b) { return b.got.size() == 1; }));
+  CHECK(f.in.got[0].second == std::vector<float>{1, 2, 3, 4});
+  close(s7);
+  CHECK(f.in.errors.empty());
+}
+
+TEST_CASE("tcp link: an altered or misdirected message closes the connection with a clear error", "[tcp_link]") {
+  pair_fixture f;
+  net::sealer real(key_of(5), kJob, kSender);
+  SECTION("a flipped payload bit") {
+    int s = raw_connect(f.port->port());
+    raw_send(s, login_frame(real, kJob, kSender));
+    auto frame = sealed_frame(real, chunk_header(0, 4), {1, 2, 3, 4});
+    frame.back() ^= 1;
+    raw_send(s, frame);
+    REQUIRE(f.in.wait([](inbox& b) { return !b.errors.empty(); }));
+    CHECK(f.in.errors[0].find("bad tag") != std::string::npos);
+    CHECK(closed_by_peer(s, 2000ms));
+    close(s);
+  }
+  SECTION("a header that is no chunk, or a payload over the limit") {
+    int s = raw_connect(f.port->port());
+    raw_send(s, login_frame(real, kJob, kSender));
+    wire::header h = chunk_header(0, 0);
+    const bool big = GENERATE(false, true);
+    if (big) {
+      h.elements = net::kMaxSealedPayload / sizeof(float) + 1;
+      h.payload_bytes = h.elements * sizeof(float);
+    } else {
+      h.type = wire::msg_type::weights;
+    }
+    const auto hb = wire::encode(h);
+    std::vector<unsigned char> frame(hb.begin(), hb.end());
+    frame.resize(frame.size() + net::kTrailerBytes);
+    // The trailer names the pair: only the header is wrong.
+    for (int i = 0; i < 8; ++i) frame[wire::kHeaderSize + size_t(i)] = static_cast<unsigned char>(kJob >> (8 * i));
+    frame[wire::kHeaderSize + 8] = kSender;
+    raw_send(s, frame);
+    REQUIRE(f.in.wait([](inbox& b) { return !b.errors.empty(); }));
+    CHECK(f.in.errors[0].find(big ? "over the limit" : "not a ring chunk") != std::string::npos);
+    CHECK(closed_by_peer(s, 2000ms));
+    close(s);
+  }
+  CHECK(f.in.got.empty());
+}
+
+TEST_CASE("tcp link: a sender whose port is closed says so once, and drops what it is given", "[tcp_link]") {
+  std::string err;
+  int free_port = 0;
+  {  // a port nobody listens on
+    auto p = net::tcp_port::bind("127.0.0.1", 0, {}, &err);
+    REQUIRE(p);
+    free_port = p->port();
+  }
+  std::mutex mu;
+  std::vector<std::string> said;
+  auto s = net::tcp_sender::connect("tcp://127.0.0.1:" + std::to_string(free_port), kJob, kSender,
+                                    std::make_shared<net::sealer>(key_of(5), kJob, kSender),
+                                    [&](const std::string& e) {
+                                      std::lock_guard<std::mutex> lock(mu);
+                                      said.push_back(e);
+                                    },
+                                    &err);
+  REQUIRE(s);
+  CHECK(s->send(chunk_header(0, 4), floats_of(4, 1), &err));
+  const auto until = std::chrono::steady_clock::now() + 15s;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!said.empty() || std::chrono::steady_clock::now() > until) break;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  REQUIRE(said.size() == 1);
+  CHECK(said[0].find("cannot reach") != std::string::npos);
+  CHECK(s->send(chunk_header(1, 4), floats_of(4, 1), &err));  // dropped, not an error
+  CHECK_FALSE(net::tcp_sender::connect("udp://x:1", kJob, kSender, std::make_shared<net::sealer>(key_of(5), kJob, kSender), {}, &err));
+  CHECK(err.find("not a tcp://HOST:PORT") != std::string::npos);
+  CHECK(net::tcp_port::bind("127.0.0.1", free_port, {}, &err) != nullptr);  // the sender holds no port
+}
