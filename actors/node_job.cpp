@@ -80,21 +80,20 @@ void node_job::make_pair_key(size_t j) {
     return;
   }
   sealers_[int(j)] = std::make_shared<net::sealer>(key, plan_.job_id, me);
-  ctx_.br->add_opener(plan_.job_id, uint32_t(j), std::make_shared<net::opener>(key, plan_.job_id, uint32_t(j)),
-                      plan_.nodes[j].key);
+  openers_[int(j)] = std::make_shared<net::opener>(key, plan_.job_id, uint32_t(j));
   net::wipe(key);
 }
 
 node_job::~node_job() {
   shm_in_.clear();  // their threads hand chunks to our ports: they stop first (one a replica polls, once
-                    // its poll ends: its chunks go to the port it polls for, which the replica holds)
+  tcp_in_.clear();  // its poll ends: its chunks go to the port it polls for, which the replica holds)
+  tcp_out_.clear();
   for (auto* group : {&replicas_, &loaders_, &reducers_})
     for (auto& [r, a] : *group) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   if (launcher_link_) caf::anon_send_exit(launcher_link_, caf::exit_reason::user_shutdown);
   // Chunks still queued for a peer (one that died, say) are dropped with their buffers; the next job
   // connects afresh.
   for (auto& [endpoint, peer] : peers_) ctx_.br->disconnect(peer);
-  if (!sealers_.empty()) ctx_.br->remove_openers(plan_.job_id);
 }
 
 bool node_job::from_launcher(const net::peer_info& p) const {
@@ -139,6 +138,7 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
   }
   started_ = replicas_;
   open_shm_receivers();  // before the job_ack: the launcher starts no rank (so no sender wires) before it
+  open_tcp_receivers();
   // The ring is wired at the first start, not now: a node with a key of its own lets our connection in
   // only once it has the plan naming our key, and the launcher starts ranks only when every node has it.
   // The launcher hears of any of them failing.
@@ -174,30 +174,89 @@ bool node_job::wire_ring(std::string* error) {
       link = make_port_link(ports_[right]);
     } else if (auto shm = open_shm_sender(r, right)) {
       link = make_shm_link(std::move(shm));
+    } else if (const int node = plan_.ranks[size_t(right)].node; sealers_.count(node) && plan_.nodes[size_t(node)].sealed_port > 0) {
+      if (!(link = sealed_link(node, error))) return false;
     } else {
-      const int node = plan_.ranks[size_t(right)].node;
-      std::string endpoint = plan_.ranks[size_t(right)].endpoint;
-      const plan_node& nd = plan_.nodes[size_t(node)];
-      auto seal = sealers_.find(node);
-      const bool sealed = seal != sealers_.end() && nd.sealed_port > 0;
-      // Sealed: the node's sealed port on the host we reach it at.
-      if (sealed) endpoint = endpoint.substr(0, endpoint.rfind(':') + 1) + std::to_string(nd.sealed_port);
+      const std::string& endpoint = plan_.ranks[size_t(right)].endpoint;
       auto known = peers_.find(endpoint);
-      const int peer = known != peers_.end() ? known->second
-                       : sealed               ? ctx_.br->connect_sealed(endpoint, seal->second, error)
-                                              : ctx_.br->connect(endpoint, nd.key, error);
+      const int peer = known != peers_.end() ? known->second : ctx_.br->connect(endpoint, plan_.nodes[size_t(node)].key, error);
       if (peer < 0) {
         *error = "cannot reach node " + endpoint + ": " + *error;
         return false;
       }
-      if (sealed && known == peers_.end())
-        ctx_.log("job " + std::to_string(plan_.job_id) + ": ring chunks to node " + nd.endpoint + " sealed (" + net::kSealCipher + ") at " + endpoint);
       peers_[endpoint] = peer;
       link = make_bridge_link(ctx_.br, peer);
     }
     join(*ports_[r], std::move(link));
   }
   return true;
+}
+
+link_ptr node_job::sealed_link(int node, std::string* error) {
+  if (auto known = tcp_out_.find(node); known != tcp_out_.end()) return make_tcp_link(known->second);
+  const plan_node& nd = plan_.nodes[size_t(node)];
+  // The node's sealed port on the host we reach it at.
+  const std::string endpoint = nd.endpoint.substr(0, nd.endpoint.rfind(':') + 1) + std::to_string(nd.sealed_port);
+  // A port that never lets us in fails the ranks that send there (on the sender's thread: the ports are
+  // safe from any thread, the log goes to the bridge thread).
+  std::vector<std::shared_ptr<reducer_port>> senders;
+  for (int r : mine_)
+    if (plan_.ranks[size_t(plan_.right(r))].node == node) senders.push_back(ports_[r]);
+  net::bridge* br = ctx_.br;
+  const std::string job = "job " + std::to_string(plan_.job_id);
+  auto failed = [br, say = ctx_.log, job, senders, node = nd.endpoint](const std::string& why) {
+    br->post([say, line = job + ": the ring's link to node " + node + " failed: " + why] { say(line); });
+    for (auto& port : senders) fail(*port, "ring link to the next node: " + why);
+  };
+  auto out = net::tcp_sender::connect(endpoint, plan_.job_id, uint32_t(plan_.recipient), sealers_[node], failed, error);
+  if (!out) return *error = "cannot reach node " + nd.endpoint + ": " + *error, nullptr;
+  ctx_.log(job + ": ring chunks to node " + nd.endpoint + " sealed (" + net::kSealCipher + ") at " + endpoint);
+  tcp_out_[node] = out;
+  return make_tcp_link(std::move(out));
+}
+
+void node_job::open_tcp_receivers() {
+  if (!ctx_.sealed || openers_.empty()) return;
+  const uint64_t ring_id = plan_.ring_id();
+  const std::string job = "job " + std::to_string(plan_.job_id);
+  // Which of our ports each sending rank feeds, by the node it runs on.
+  std::map<int, std::map<int, std::shared_ptr<reducer_port>>> feeds;
+  for (int r : mine_) {
+    const int left = plan_.left(r);
+    const int node = plan_.ranks[size_t(left)].node;
+    if (node != plan_.recipient && openers_.count(node)) feeds[node][left] = ports_[r];
+  }
+  net::bridge* br = ctx_.br;
+  auto log = [br, say = ctx_.log, job](std::string line) { br->post([say, line = job + ": " + line] { say(line); }); };
+  for (auto& [node, ports] : feeds) {
+    auto strays = std::make_shared<int>(0);
+    tcp_in_[node] = ctx_.sealed->expect(
+        plan_.job_id, uint32_t(node), openers_[node],
+        [ports = ports, ring_id, log, strays](const wire::header& h, net::payload p) {
+          // The pair key proved the node; the chunk must also be of this ring and from a rank it runs
+          // whose right neighbour is here.
+          if (auto it = ports.find(h.sender_rank); it != ports.end() && h.job_id == ring_id)
+            return deliver(*it->second, from_wire(h, std::move(p)));
+          if ((*strays)++ == 0)
+            log("dropped a sealed chunk of ring " + std::to_string(h.job_id) + " from rank " + std::to_string(h.sender_rank) +
+                ": not a rank of this ring whose right neighbour runs here");
+        },
+        [ports = ports, log](const std::string& why) {
+          log(why);
+          for (auto& [r, port] : ports) fail(*port, why);
+        });
+    // The replicas whose chunks come this way may take them themselves, as from shared memory. (One whose
+    // left neighbour may send through shared memory polls that.)
+    const auto budget = ctx_.workers >= int(mine_.size()) ? ctx_.ring_poll : std::chrono::microseconds(0);
+    for (auto& [left, port] : ports) {
+      if (shm_in_.count(plan_.right(left))) continue;
+      set_poller(*port, [weak = std::weak_ptr<net::tcp_receiver>(tcp_in_[node])](std::chrono::steady_clock::time_point until,
+                                                                                 const std::function<bool()>& done) {
+        auto in = weak.lock();
+        return in ? in->poll(until, done) : done();
+      }, budget);
+    }
+  }
 }
 
 // Whether node `node` runs on this host as our user, so that a segment between us may work.
@@ -281,10 +340,10 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
     return;
   }
   const int node = plan_.ranks[size_t(sender)].node;
-  // Sealed, the pair's key proves the sender (its connection's routing id proves nothing); else the
-  // CurveZMQ connection it came on does, and the routing id the plan names.
+  // The CurveZMQ connection it came on proves the sender, and the routing id the plan names. (Sealed
+  // chunks come on connections of their own: open_tcp_receivers.)
   const plan_node& nd = plan_.nodes[size_t(node)];
-  const bool proven = from.key == nd.key && (from.sealed ? from.sealed_sender == node : from.peer < 0 && from.identity == nd.id);
+  const bool proven = from.key == nd.key && from.peer < 0 && from.identity == nd.id;
   if (node == plan_.recipient || !proven) {
     ctx_.fault({net::fault::unauthorized, from,
                 "dropped a chunk said to be from rank " + std::to_string(sender) + ": it did not come from node " +
@@ -342,9 +401,9 @@ void node_job::pause(int gen, int64_t at) {
 
 void node_job::close_ring() {
   ring_open_ = false;
-  shm_in_.clear();  // no more chunks from this ring's shared memory (a poll under way keeps its receiver
-                    // until it ends: leave() below fails its port, which drops what still comes, and the
-                    // poll stops once the port has no all-reduce left)
+  shm_in_.clear();  // no more chunks from this ring's shared memory or sealed connections (a poll under
+  tcp_in_.clear();  // way keeps its receiver until it ends: leave() below fails its port, which drops what
+                    // still comes, and the poll stops once the port has no all-reduce left)
   for (auto& [r, port] : ports_) leave(*port);  // waits for ring work under way: the buffers are free
   for (auto& [r, a] : reducers_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   reducers_.clear();
@@ -352,6 +411,7 @@ void node_job::close_ring() {
   // Chunks still queued for a node (a lost one, say) go with their buffers; the new ring connects afresh.
   for (auto& [endpoint, peer] : peers_) ctx_.br->disconnect(peer);
   peers_.clear();
+  tcp_out_.clear();
 }
 
 bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
@@ -391,6 +451,7 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
   // Wired at the first start of a rank, as at the job's start: the launcher starts none before every node
   // has re-formed, so every segment of the new ring is there by then.
   open_shm_receivers();
+  open_tcp_receivers();
   wired_ = false;
   ring_open_ = true;
   caf::anon_send(launcher_link_, reform_atom::value, replicas_, watch);

@@ -20,6 +20,7 @@
 #include "kernels/registry.hpp"
 #include "net/bridge.hpp"
 #include "net/shm_link.hpp"
+#include "net/tcp_link.hpp"
 
 namespace ringmaster {
 
@@ -34,6 +35,7 @@ struct node_context {
   std::shared_ptr<const layer_registry> layers;
   std::function<void(const std::string&)> log;
   net::key_pair keys;  // the node's own (empty: --insecure), for the keys it shares with other nodes
+  net::tcp_port* sealed = nullptr;  // where other nodes send sealed ring chunks (none: --insecure)
   // What a peer made us drop: logged a few lines per kind and 10 s, the rest counted (a node of the job or a
   // stranger must not flood the log).
   std::function<void(const net::bridge_error&)> fault;
@@ -113,6 +115,10 @@ class node_job {
   // segment that node may send through if it runs on this host as our user (net/shm_link.hpp).
   void open_shm_receivers();
   std::shared_ptr<net::shm_sender> open_shm_sender(int rank, int right);
+  // Sealed chunks: for each node that sends some rank here its chunks, a receiver on our sealed port.
+  void open_tcp_receivers();
+  // The ring's link to rank `right` on node `node`, sealed: one connection per node. nullptr with *error.
+  std::shared_ptr<ring::link> sealed_link(int node, std::string* error);
   bool same_host(int node) const;
 
   node_context ctx_;
@@ -128,6 +134,10 @@ class node_job {
   // Sealed ring chunks (plan seal_salt): for each other node, the sealer of what we send it. Made once
   // for the job, so its counters (nonces) never start again with the same key, whatever the ring does.
   std::map<int, std::shared_ptr<net::sealer>> sealers_;
+  std::map<int, std::shared_ptr<net::opener>> openers_;  // and the opener of what it sends us
+  // The sealed connections of the ring now, by node: what comes from it, what goes to it.
+  std::map<int, std::shared_ptr<net::tcp_receiver>> tcp_in_;
+  std::map<int, std::shared_ptr<net::tcp_sender>> tcp_out_;
   // The segments of the ring now, by receiving rank: their threads hand chunks to the rank's port. (The
   // sending sides belong to the ranks' links.)
   std::map<int, std::shared_ptr<net::shm_receiver>> shm_in_;

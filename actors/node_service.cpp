@@ -73,6 +73,9 @@ struct node_service::impl {
   const std::string host = net::host_id();  // in hello_ack: nodes with equal ones share memory
   std::set<std::string> authorized;  // authorized_keys, read again at each handshake (bridge thread)
   net::bridge br;
+  // Ring chunks from other nodes, sealed with the keys we share with them (not with --insecure). After
+  // br: its thread logs through it.
+  std::unique_ptr<net::tcp_port> sealed;
   data_cache data;
   std::thread ticker;
   std::mutex stop_mu;
@@ -129,8 +132,6 @@ struct node_service::impl {
     bo.keys = keys;
     bo.max_connections = opt.max_connections;
     bo.authorize = [this](const std::string& key) { return authorized_key(key); };
-    bo.sealed_listener = true;  // ring chunks from other nodes, sealed with the keys we share with them
-    bo.sealed_port = opt.sealed_port;
     return bo;
   }
 
@@ -172,7 +173,7 @@ struct node_service::impl {
 
   node_context context() {
     return {sys.get(), &br, name(), opt.devices, slots, opt.make_backend, opt.layers, [this](const std::string& l) { log(l); }, keys,
-            [this](const net::bridge_error& e) { log_fault(e); }, opt.stall_after_steps, opt.stall_at_join_pause, opt.ring_poll, workers};
+            sealed.get(), [this](const net::bridge_error& e) { log_fault(e); }, opt.stall_after_steps, opt.stall_at_join_pause, opt.ring_poll, workers};
   }
 
   void send_kv(const net::peer_info& to, wire::msg_type type, uint64_t job_id, const wire::kv_map& kv) {
@@ -318,7 +319,7 @@ struct node_service::impl {
     switch (h.type) {
       case msg_type::hello:
         send_kv(from, msg_type::hello_ack, h.job_id,
-                {{"name", name()}, {"id", br.name()}, {"devices", opt.devices}, {"sealed_port", std::to_string(br.sealed_port())},
+                {{"name", name()}, {"id", br.name()}, {"devices", opt.devices}, {"sealed_port", std::to_string(sealed ? sealed->port() : 0)},
                  {"host", host}, {"version", std::to_string(wire::kProtocolVersion)}});
         return;
       case msg_type::job:
@@ -411,13 +412,27 @@ bool node_service::start(std::string* error) {
     d->sys.reset();
     return false;
   }
+  // The sealed port, on the host the bridge listens on (tcp only: ring chunks between hosts).
+  if (const std::string ep = d->br.endpoint(); !d->keys.empty() && ep.rfind("tcp://", 0) == 0) {
+    net::tcp_port_options po;
+    po.max_pending = std::max(1, std::min(16, d->opt.max_connections));
+    po.on_refusal = [d](const std::string& why) {
+      d->br.post([d, why] { d->log_fault({net::fault::unauthorized, {}, "sealed port: " + why}); });
+    };
+    if (!(d->sealed = net::tcp_port::bind(ep.substr(6, ep.rfind(':') - 6), d->opt.sealed_port, po, error))) {
+      *error = "the sealed port " + *error;  // "the sealed port 127.0.0.1:5602: address already in use"
+      d->br.stop();
+      d->sys.reset();
+      return false;
+    }
+  }
   d->ticker = std::thread([d] {
     std::unique_lock<std::mutex> lock(d->stop_mu);
     while (!d->stop_cv.wait_for(lock, d->opt.heartbeat, [d] { return d->stopping; }))
       d->br.post([d] { d->tick(); });
   });
   d->log("listening on " + d->br.endpoint() +
-         (d->br.sealed_port() ? " (sealed ring chunks on port " + std::to_string(d->br.sealed_port()) + ")" : "") +
+         (d->sealed ? " (sealed ring chunks on port " + std::to_string(d->sealed->port()) + ")" : "") +
          ", offering " + d->opt.devices + ", data from " + d->opt.data_dir);
   // Segments a daemon killed with SIGKILL left behind (their memory stays reserved until removed).
   if (const int swept = net::sweep_segments())
@@ -460,6 +475,7 @@ void node_service::stop(const std::string& why) {
       }))
     done.get_future().wait();
   if (told) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // linger 0: let the abort leave
+  d->sealed.reset();
   d->br.stop();
   d->data.join();
   d->log("stopped");

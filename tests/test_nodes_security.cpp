@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <algorithm>
@@ -222,7 +223,7 @@ TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to, a take
   const test::run_result taken = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
                                            " --sealed-port " + std::to_string(port));
   CHECK(taken.status == 1);
-  CHECK(taken.out.find(":" + std::to_string(port) + " (the sealed port): address already in use") != std::string::npos);
+  CHECK(taken.out.find("the sealed port 127.0.0.1:" + std::to_string(port) + ": address already in use") != std::string::npos);
   const test::run_result bad = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --sealed-port 70000");
   CHECK(bad.status == 2);
   CHECK(bad.out.find("--sealed-port must be a port number") != std::string::npos);
@@ -323,24 +324,33 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
     for (const std::string& l : b.lines) chunk_lines += l.find("a chunk from rank -1") != std::string::npos;
     CHECK(chunk_lines <= 5);
   }
-  // Between the nodes, ring chunks are sealed (net/seal.hpp) and go to each node's sealed port. A stranger
-  // there cannot log in without the pair's token, and what it tries to send never arrives.
+  // Between the nodes, ring chunks are sealed (net/seal.hpp) and go to each node's sealed port
+  // (net/tcp_link.hpp). A stranger there cannot log in without the pair's key, whatever it claims.
   CHECK(a.wait_for("ring chunks to node " + b.node->endpoint() + " sealed (" + net::kSealCipher + ")") != "");
   const std::string port = sealed_port_of(b.node->endpoint());
   REQUIRE(port != "");
   REQUIRE(port != "0");
-  zmq::socket_t u(ctx, zmq::socket_type::dealer);
-  u.set(zmq::sockopt::linger, 0);
-  u.set(zmq::sockopt::plain_username, std::to_string(id) + ":0");  // posing as node 0, without its token
-  u.set(zmq::sockopt::plain_password, std::string(32, '0'));
-  u.connect("tcp://127.0.0.1:" + port);
-  test::send_raw(u, chunk, {zmq::buffer(junk, sizeof junk)});
-  unsigned char trailer[net::kTrailerBytes] = {};
-  for (int i = 0; i < 8; ++i) trailer[i] = static_cast<unsigned char>(id >> (8 * i));  // the job, sender node 0
-  trailer[12] = 0xff;  // a counter far ahead
-  trailer[19] = 0x7f;
-  test::send_raw(u, chunk, {zmq::buffer(junk, sizeof junk), zmq::buffer(trailer, sizeof trailer)});
-  CHECK(b.wait_for("on the sealed port: it is no node of a job here") != "");
+  const int u = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  at.sin_port = htons(uint16_t(std::stoi(port)));
+  REQUIRE(connect(u, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+  wire::header login;  // posing as node 0 of the job, with a tag it cannot make
+  login.type = wire::msg_type::hello;
+  login.job_id = id;
+  login.sender_rank = 0;
+  std::vector<unsigned char> forged(wire::kHeaderSize + net::kTrailerBytes);
+  const auto lb = wire::encode(login);
+  std::copy(lb.begin(), lb.end(), forged.begin());
+  for (int i = 0; i < 8; ++i) forged[wire::kHeaderSize + size_t(i)] = static_cast<unsigned char>(id >> (8 * i));
+  forged[wire::kHeaderSize + 12] = 0xff;  // a counter far ahead
+  forged[wire::kHeaderSize + 19] = 0x7f;
+  CHECK(send(u, forged.data(), forged.size(), MSG_NOSIGNAL) == ssize_t(forged.size()));
+  CHECK(b.wait_for("sealed port: a login as node 0 that failed: bad tag") != "");
+  char closed;
+  CHECK(recv(u, &closed, 1, 0) == 0);  // and hung up on
+  close(u);
   // A weights request from the stranger for rank 1 (which node-b runs): no answer, the weights stay home.
   wire::header want;
   want.type = wire::msg_type::weights;
