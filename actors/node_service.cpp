@@ -304,10 +304,6 @@ struct node_service::impl {
 
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     using wire::msg_type;
-    if (from.sealed && h.type != msg_type::chunk) {  // the sealed port carries ring chunks only
-      log_fault({net::fault::unauthorized, from, std::string("ignored a sealed ") + wire::type_name(h.type)});
-      return;
-    }
     if (!opt.insecure && h.type != msg_type::chunk && !commander(from.key)) {
       log_fault({net::fault::unauthorized, from, std::string("ignored a ") + wire::type_name(h.type) +
                                                      " from a job's node, which may send ring chunks only"});
@@ -415,7 +411,7 @@ bool node_service::start(std::string* error) {
   // The sealed port, on the host the bridge listens on (tcp only: ring chunks between hosts).
   if (const std::string ep = d->br.endpoint(); !d->keys.empty() && ep.rfind("tcp://", 0) == 0) {
     net::tcp_port_options po;
-    po.max_pending = std::max(1, std::min(16, d->opt.max_connections));
+    po.max_pending = std::min(64, d->opt.max_connections);
     po.on_refusal = [d](const std::string& why) {
       d->br.post([d, why] { d->log_fault({net::fault::unauthorized, {}, "sealed port: " + why}); });
     };

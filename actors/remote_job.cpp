@@ -11,6 +11,7 @@
 #include "actors/launcher.hpp"
 #include "actors/messages.hpp"
 #include "actors/node_service.hpp"
+#include "net/seal.hpp"
 
 namespace ringmaster {
 

@@ -4,7 +4,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <charconv>
 #include <cstring>
 #include <future>
 
@@ -92,7 +91,7 @@ zap_handler::verdict bridge::impl::admit(const zap_handler::request& r) {
     if (!opt.keys.empty()) return {"400", "not authorized"};
     return within_limit() ? zap_handler::verdict{"200", "OK"} : zap_handler::verdict{"500", "too many connections"};
   }
-  return r.sealed_port ? admit_sealed(r.user, r.password, r.address) : admit(r.key, r.address);
+  return admit(r.key, r.address);
 }
 
 bool bridge::impl::within_limit() {
@@ -101,31 +100,6 @@ bool bridge::impl::within_limit() {
   report_overload(listener.endpoint + ": " + std::to_string(open_connections) + " connections, over the limit of " +
                   std::to_string(opt.max_connections) + ": refusing new clients");
   return false;
-}
-
-zap_handler::verdict bridge::impl::admit_sealed(const std::string& user, const std::string& token, const std::string& address) {
-  const char* p = user.data();
-  const char* end = p + user.size();
-  uint64_t job = 0;
-  uint32_t sender = 0;
-  auto r = std::from_chars(p, end, job);
-  const bool ok = r.ec == std::errc() && r.ptr != end && *r.ptr == ':' &&
-                  (r = std::from_chars(r.ptr + 1, end, sender)).ec == std::errc() && r.ptr == end;
-  auto it = ok ? openers.find({job, sender}) : openers.end();
-  if (it == openers.end() || !it->second.open->admits(token)) {
-    if (refused.size() >= kMaxRefusedKeys) refused.clear();  // strangers after the first 1024 are said too
-    if (refused.insert("sealed " + address).second)
-      report(fault::unauthorized, {}, "refused a client at " + address + " on the sealed port: it is no node of a job "
-                                      "here (further attempts from this address are not logged)");
-    return {"400", "not authorized"};
-  }
-  if (opt.max_connections > 0 && sealed_connections > opt.max_connections) {
-    ++overloaded_refusals;
-    report_overload("sealed port " + std::to_string(sealed_port) + ": " + std::to_string(sealed_connections) +
-                    " connections, over the limit of " + std::to_string(opt.max_connections) + ": refusing new ones");
-    return {"500", "too many connections"};
-  }
-  return {"200", "OK"};
 }
 
 zap_handler::verdict bridge::impl::admit(const std::string& key, const std::string& address) {
@@ -156,16 +130,6 @@ void bridge::impl::serve_monitor(int id) {
     }
     peer_info from;
     from.peer = id;
-    // A sealed port belongs to a node that is up (it answered the launcher): one that refuses connections
-    // for ~2 s (libzmq retries every 100 ms) is closed, a firewall say, and waiting longer will not help.
-    // libzmq also retries after a connection that worked drops: that peer went away, which is not ours to
-    // report (the launcher names lost nodes, and elastic jobs go on without them).
-    if (what == ZMQ_EVENT_CONNECTED) c.ever_connected = true;
-    if (what == ZMQ_EVENT_CONNECT_RETRIED && !c.ever_connected && ++c.refused_connects == kSealedConnectRetries)
-      report(fault::handshake_failed, from, "cannot reach " + c.endpoint + " (a sealed port) after " +
-                                                std::to_string(kSealedConnectRetries) +
-                                                " tries: is it open (ringmaster-node --sealed-port) in the firewall?");
-    if (what == ZMQ_EVENT_CONNECTED || what == ZMQ_EVENT_CONNECT_RETRIED) return;
     if (c.failed_handshakes < 0) return;  // reported already
     // A peer that let us in before and now refuses us was started again (a killed node back on its port):
     // it is no longer in this job, which is its launcher's to say (elastic jobs go on without it). Failing
@@ -174,10 +138,6 @@ void bridge::impl::serve_monitor(int id) {
     if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
       c.failed_handshakes = -1;
       report(fault::handshake_failed, from, c.endpoint + " has too many connections open and refused ours", true);
-    } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && c.seal) {
-      c.failed_handshakes = -1;
-      report(fault::handshake_failed, from, c.endpoint + " (a sealed port) refused our login (status " +
-                                                std::to_string(value) + "): it does not expect us in this job");
     } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
       c.failed_handshakes = -1;
       report(fault::handshake_failed, from, c.endpoint + " refused our key (status " + std::to_string(value) +
@@ -188,40 +148,6 @@ void bridge::impl::serve_monitor(int id) {
                                                 "we expect, or it runs without keys (--insecure)");
     }
   });
-}
-
-bool bridge::impl::bind_sealed_listener(std::string* error) {
-  const std::string ep = listener.endpoint;
-  const size_t colon = ep.rfind(':');
-  connection c;
-  c.socket = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::router);
-  set_common_options(*c.socket);
-  c.socket->set(zmq::sockopt::maxmsgsize, int64_t(kMaxSealedPayload));  // sealed payloads are ring segments
-  c.socket->set(zmq::sockopt::handshake_ivl, 3000);
-  // Clients log in (PLAIN) with a pair's token through the ZAP handler, which also holds them to
-  // max_connections. Few messages queued per connection: a sender waits for us, as TCP would make it, and
-  // whoever read a token off the wire (PLAIN sends it in clear) makes us hold fewer (64 let 8 connections
-  // pin 1.3 GB in a hostile test). Not a bound in bytes: ZeroMQ holds a message's frames, however many,
-  // until its last one has come (README: keep this port to the nodes' network).
-  c.socket->set(zmq::sockopt::plain_server, 1);
-  c.socket->set(zmq::sockopt::zap_domain, zap_handler::kSealedDomain);
-  c.socket->set(zmq::sockopt::rcvhwm, 8);
-  const std::string at = ep.substr(0, colon + 1) + std::to_string(opt.sealed_port);
-  try {
-    c.socket->bind(at);
-  } catch (const zmq::error_t& e) {
-    if (opt.sealed_port == 0) return true;
-    return fail(error, at + " (the sealed port): " + (e.num() == EADDRINUSE ? std::string("address already in use") : e.what()));
-  }
-  sealed_monitor = socket_monitor::attach(*ctx, *c.socket, "inproc://ringmaster-sealed-listener",
-                                          ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED);
-  c.endpoint = c.socket->get(zmq::sockopt::last_endpoint);
-  c.routed = true;
-  sealed_port = std::atoi(c.endpoint.substr(c.endpoint.rfind(':') + 1).c_str());
-  c.fd = c.socket->get(zmq::sockopt::fd);
-  peers.push_back(std::move(c));
-  sealed_listener = int(peers.size() - 1);
-  return true;
 }
 
 bridge::bridge(bridge_options options) : d_(std::make_unique<impl>()) {
@@ -256,10 +182,6 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
   // A start that fails part way closes what it opened, every socket before the context (whose end waits
   // for its sockets), so the ports are free again and nothing hangs.
   auto undo = [this](std::string* error, const std::string& why) {
-    d_->sealed_monitor.reset();
-    d_->peers.clear();
-    d_->sealed_listener = -1;
-    d_->sealed_port = 0;
     d_->listen_monitor.reset();
     d_->listener.socket.reset();
     d_->zap.reset();
@@ -302,8 +224,6 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
       d_->endpoint = d_->listener.socket->get(zmq::sockopt::last_endpoint);
       d_->listener.endpoint = d_->endpoint;
     }
-    if (keys && d_->opt.sealed_listener && d_->endpoint.rfind("tcp://", 0) == 0 && !d_->bind_sealed_listener(error))
-      return undo(error, "");
   } catch (const zmq::error_t& e) {
     return undo(error, listen_endpoint + ": " + e.what());
   }
@@ -389,25 +309,12 @@ bool bridge::post(std::function<void()> f) {
 }
 
 int bridge::connect(const std::string& endpoint, const std::string& server_key, std::string* error) {
-  return connect_any(endpoint, server_key, nullptr, error);
-}
-
-int bridge::connect_sealed(const std::string& endpoint, std::shared_ptr<sealer> seal, std::string* error) {
-  if (!seal) {
-    fail(error, endpoint + ": no sealer");
-    return -1;
-  }
-  return connect_any(endpoint, "", std::move(seal), error);
-}
-
-int bridge::connect_any(const std::string& endpoint, const std::string& server_key, std::shared_ptr<sealer> seal,
-                        std::string* error) {
-  if (on_bridge_thread()) return d_->do_connect(endpoint, server_key, std::move(seal), error);
+  if (on_bridge_thread()) return d_->do_connect(endpoint, server_key, error);
   auto done = std::make_shared<std::promise<std::pair<int, std::string>>>();
   auto result = done->get_future();
-  if (!post([this, endpoint, server_key, seal, done] {
+  if (!post([this, endpoint, server_key, done] {
         std::string err;
-        const int id = d_->do_connect(endpoint, server_key, seal, &err);
+        const int id = d_->do_connect(endpoint, server_key, &err);
         done->set_value({id, err});
       })) {
     fail(error, "bridge not running");
@@ -423,24 +330,9 @@ int bridge::connect_any(const std::string& endpoint, const std::string& server_k
   return id;
 }
 
-int bridge::sealed_port() const { return d_->sealed_port; }
-
-void bridge::add_opener(uint64_t job, uint32_t sender, std::shared_ptr<opener> open, std::string who) {
-  post([this, job, sender, open = std::move(open), who = std::move(who)]() mutable {
-    d_->openers[{job, sender}] = {std::move(open), std::move(who)};
-  });
-}
-
-void bridge::remove_openers(uint64_t job) {
-  post([this, job] {
-    auto& o = d_->openers;
-    o.erase(o.lower_bound({job, 0}), o.upper_bound({job, UINT32_MAX}));
-  });
-}
-
 void bridge::disconnect(int peer) {
   post([this, peer] {
-    if (peer >= 0 && size_t(peer) < d_->peers.size() && peer != d_->sealed_listener) {
+    if (peer >= 0 && size_t(peer) < d_->peers.size()) {
       d_->peers[peer].backlog.clear();
       d_->peers[peer].socket.reset();
       d_->peers[peer].monitor.reset();

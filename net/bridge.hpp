@@ -2,6 +2,8 @@
 //
 // ZeroMQ sockets are not thread-safe, so all of them live on the bridge's own thread: one ROUTER bound at
 // the listen endpoint (peers' DEALERs connect to it) and one DEALER per peer this process connects to.
+// Every connection is CurveZMQ (plain text with --insecure). Sealed ring chunks between nodes do not come
+// through here: they go over TCP connections of their own (net/tcp_link.hpp).
 // Any thread may call the public functions: what must touch a socket is queued and the bridge thread is
 // woken (an eventfd polled next to the sockets' ZMQ_FDs). Calls made on the bridge thread itself
 // (from a handler) act at once, with no queue and no wake-up, unless work queued by other threads waits
@@ -22,6 +24,7 @@
 #pragma once
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,7 +32,6 @@
 #include <vector>
 
 #include "net/keys.hpp"
-#include "net/seal.hpp"
 #include "net/wire.hpp"
 
 namespace ringmaster::net {
@@ -60,11 +62,8 @@ struct peer_info {
   int peer = -1;         // our connection's id (from connect()) when it came back on that connection
   std::string identity;  // the sender's routing id when it came in on our listening socket
   // With keys: the sender's public key (Z85), proven by the CurveZMQ handshake (on our listening socket
-  // the client's, on a connection the server key we connected with) or, for a sealed message, by its pair
-  // key (add_opener's `who`). Empty without keys.
+  // the client's, on a connection the server key we connected with). Empty without keys.
   std::string key;
-  bool sealed = false;     // came on our sealed listener (identity: the sealed connection's, random)
-  int sealed_sender = -1;  // sealed: the node number the pair key proved
 };
 
 // unauthorized: a client whose key we do not accept tried to connect (reported once per key).
@@ -101,12 +100,6 @@ struct bridge_options {
   // At most this many clients connected to our listening socket at once; more are refused at the
   // handshake (0: no limit), with keys or without. An unfinished handshake is dropped after 3 s either way.
   int max_connections = 0;
-  // With keys and a tcp listening endpoint: also bind a plain ZeroMQ ROUTER on an ephemeral port of the
-  // same address (sealed_port()) that takes only messages sealed with a registered pair's key
-  // (net/seal.hpp: AES-128-OCB, several times faster than CurveZMQ). Ring chunks between nodes go there.
-  // Clients log in with a registered pair's token (ZeroMQ PLAIN) and count towards max_connections.
-  bool sealed_listener = false;
-  int sealed_port = 0;  // its port (for a firewall); 0: an ephemeral one. A fixed port that is taken fails start()
 };
 
 class bridge {
@@ -140,15 +133,6 @@ class bridge {
   // background; messages sent meanwhile wait in its queue.
   int connect(const std::string& endpoint, const std::string& server_key, std::string* error = nullptr);
   int connect(const std::string& endpoint, std::string* error = nullptr) { return connect(endpoint, "", error); }
-  // A plain ZeroMQ connection to a peer's sealed listener: every message sent on it is sealed with `seal`
-  // (on the bridge thread, in the order they go out, so the receiver sees increasing counters).
-  int connect_sealed(const std::string& endpoint, std::shared_ptr<sealer> seal, std::string* error = nullptr);
-  // The sealed listener's port (0: none). Fixed once start() returned.
-  int sealed_port() const;
-  // Sealed messages from node `sender` of job `job` are opened with `open` and carry `who` as their key.
-  // Both act on the bridge thread, in order with sends and receives.
-  void add_opener(uint64_t job, uint32_t sender, std::shared_ptr<opener> open, std::string who);
-  void remove_openers(uint64_t job);
 
   // Closes a connection, dropping what is still queued on it (their payload owners are released).
   void disconnect(int peer);
@@ -171,8 +155,6 @@ class bridge {
   uint64_t dropped() const;
 
  private:
-  int connect_any(const std::string& endpoint, const std::string& server_key, std::shared_ptr<sealer> seal,
-                  std::string* error);
   struct impl;
   std::unique_ptr<impl> d_;
 };

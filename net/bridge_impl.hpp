@@ -17,7 +17,6 @@
 #include <zmq.hpp>
 
 #include "net/curve.hpp"
-#include "net/seal.hpp"
 
 namespace ringmaster::net {
 namespace detail {
@@ -29,8 +28,7 @@ struct pending {
   zmq::message_t identity;  // ROUTER only
   zmq::message_t header;
   zmq::message_t body;
-  zmq::message_t trailer;  // sealed connections (net/seal.hpp)
-  bool has_body = false, has_trailer = false;
+  bool has_body = false;
 };
 
 // Replies a listening socket holds for one client that does not take them (ZeroMQ's queue to it is
@@ -57,24 +55,14 @@ struct connection {
   std::string server_key;
   std::unique_ptr<socket_monitor> monitor;
   int failed_handshakes = 0;  // since the last one that succeeded; reported once
-  int refused_connects = 0;      // sealed: connection attempts refused before the first one went through
-  bool ever_connected = false;   // a later drop is a peer that went away: its loss is the launcher's news
-  bool handshook = false;        // a handshake (a login) succeeded once: a later refusal is a peer started again
-  bool routed = false;           // a listening ROUTER: messages carry the client's routing id first
-  std::shared_ptr<sealer> seal;  // a sealed connection: every message sent is sealed with it
+  bool handshook = false;     // a handshake succeeded once: a later refusal is a peer started again
+  bool routed = false;        // a listening ROUTER: messages carry the client's routing id first
   bool waiting() const { return !backlog.empty() || !held.empty(); }
-};
-
-// A pair whose sealed messages our sealed listener takes, and the node key they prove.
-struct sealed_pair {
-  std::shared_ptr<opener> open;
-  std::string who;
 };
 
 // Strangers remembered to report each once; past this many the memory starts afresh (the node's log then
 // holds them to a few lines per 10 s, as every fault).
 inline constexpr size_t kMaxRefusedKeys = 1024;
-inline constexpr int kSealedConnectRetries = 20;  // a sealed port refusing this many connects is reported
 
 // 64 random bits as 16 hex digits.
 inline std::string random_hex64() {
@@ -102,7 +90,7 @@ inline std::string printable(const std::string& id) {
   return id.size() > 64 ? out + "..." : out;
 }
 
-inline size_t bytes_of(const pending& m) { return m.identity.size() + m.header.size() + m.body.size() + m.trailer.size(); }
+inline size_t bytes_of(const pending& m) { return m.identity.size() + m.header.size() + m.body.size(); }
 
 inline void release_owner(void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }
 
@@ -137,13 +125,6 @@ struct bridge::impl {
   connection listener;  // the ROUTER; socket null without a listen endpoint
   std::vector<connection> peers;
   std::unique_ptr<zap_handler> zap;  // with keys and a listening socket
-  // opt.sealed_listener: the plain ROUTER taking sealed messages (an entry of peers, so that it is
-  // polled and served like one), its port, and the pairs it takes messages from.
-  int sealed_listener = -1;
-  int sealed_port = 0;
-  std::unique_ptr<socket_monitor> sealed_monitor;  // its connections open now
-  int sealed_connections = 0;
-  std::map<std::pair<uint64_t, uint32_t>, sealed_pair> openers;
   std::set<std::string> refused;  // client keys already reported as refused
   int monitors = 0;               // monitors made so far: each gets its own inproc name
   // The listener's monitor (with keys): connections open now, and failures to accept one.
@@ -151,7 +132,6 @@ struct bridge::impl {
   int open_connections = 0;
   uint64_t accept_failures = 0, overloaded_refusals = 0;
   std::chrono::steady_clock::time_point last_overload_report{};
-
 
   // At most one overload report a minute, saying how often it happened since the last one.
   void report_overload(const std::string& what);
@@ -161,9 +141,8 @@ struct bridge::impl {
   void serve_listen_monitor();
   void report(fault kind, peer_info from, std::string message, bool retrying = false);
   void set_common_options(zmq::socket_t& s);
-  // With a sealer, the payload is encrypted into a new frame (it would be copied by CurveZMQ anyway) and a
-  // trailer frame follows. False if sealing failed.
-  bool build(const wire::header& h, payload& p, sealer* seal, pending* out);
+  // Large payloads go without a copy (their owner is held until ZeroMQ lets go of them).
+  void build(const wire::header& h, payload& p, pending* out);
   // One non-blocking attempt. ZeroMQ takes a multipart message whole or not at all (the high-water mark
   // is checked on the first frame), so EAGAIN on the first frame leaves nothing half-sent.
   // Returns 1 sent, 0 would block, -1 failed (errno).
@@ -175,24 +154,14 @@ struct bridge::impl {
   bool within_limit();  // a client more on the listening socket is within max_connections (else said)
   void do_send(int peer, const wire::header& h, payload p);
   void do_reply(const peer_info& to, const wire::header& h, payload p);
-  int do_connect(const std::string& ep, const std::string& server_key, std::shared_ptr<sealer> seal, std::string* error);
+  int do_connect(const std::string& ep, const std::string& server_key, std::string* error);
   zap_handler::verdict admit(const zap_handler::request& r);
-  // A client of the sealed listener logs in as a pair we expect ("JOB:SENDER") with its token.
-  zap_handler::verdict admit_sealed(const std::string& user, const std::string& token, const std::string& address);
   // Who may finish a handshake on our listening socket: a client whose key opt.authorize accepts,
   // while there is room.
   zap_handler::verdict admit(const std::string& key, const std::string& address);
   // A connection's handshake news: a server that refuses our key says so (ZAP status 400); one that
   // cannot read our hello (it holds another key, or runs without keys) just hangs up, again and again.
   void serve_monitor(int id);
-  // A message on the sealed listener: [identity] header [payload] trailer. Finds the pair from the trailer,
-  // checks the tag and the counter and decrypts the payload in place; from->key becomes the node key the
-  // pair's key proves.
-  bool open_sealed(std::vector<zmq::message_t>& parts, size_t count, peer_info* from, std::string* error);
-  // The sealed listener: plain ZeroMQ on opt.sealed_port (or an ephemeral port) of the listener's address.
-  // An ephemeral one that cannot be bound is done without: peers send over CurveZMQ, slower but as safe.
-  // False with *error only when the port asked for cannot be bound.
-  bool bind_sealed_listener(std::string* error);
   // Reads one whole multipart message. Returns false when nothing is waiting.
   bool receive_one(connection& c, int peer);
   // Work other threads queued and the bridge thread has not run yet. What the bridge thread itself sends

@@ -8,18 +8,10 @@
 
 namespace ringmaster::net {
 
-bool bridge::impl::build(const wire::header& h, payload& p, sealer* seal, pending* out) {
+void bridge::impl::build(const wire::header& h, payload& p, pending* out) {
   pending& m = *out;
   const wire::header_bytes hb = wire::encode(h);
   m.header = zmq::message_t(hb.data(), hb.size());
-  if (seal) {
-    m.has_body = p.size > 0;
-    if (m.has_body) m.body = zmq::message_t(p.size);
-    m.trailer = zmq::message_t(kTrailerBytes);
-    m.has_trailer = true;
-    return seal->seal(hb.data(), hb.size(), p.data, m.has_body ? m.body.data() : nullptr, p.size,
-                      static_cast<unsigned char*>(m.trailer.data()));
-  }
   if (p.size) {
     m.has_body = true;
     if (p.size < opt.copy_below || !p.owner) {
@@ -29,7 +21,6 @@ bool bridge::impl::build(const wire::header& h, payload& p, sealer* seal, pendin
       m.body = zmq::message_t(const_cast<void*>(p.data), p.size, release_owner, hint);
     }
   }
-  return true;
 }
 
 int bridge::impl::try_send(zmq::socket_t& s, pending& m, bool routed) {
@@ -39,12 +30,11 @@ int bridge::impl::try_send(zmq::socket_t& s, pending& m, bool routed) {
     if (routed) {
       if (!s.send(m.identity, more)) return 0;
       // Past the identity frame the message is committed; the rest cannot block.
-      s.send(m.header, m.has_body || m.has_trailer ? more : last);
-    } else if (!s.send(m.header, m.has_body || m.has_trailer ? more : last)) {
+      s.send(m.header, m.has_body ? more : last);
+    } else if (!s.send(m.header, m.has_body ? more : last)) {
       return 0;
     }
-    if (m.has_body) s.send(m.body, m.has_trailer ? more : last);
-    if (m.has_trailer) s.send(m.trailer, last);
+    if (m.has_body) s.send(m.body, last);
     return 1;
   } catch (const zmq::error_t& e) {
     errno = e.num();
@@ -134,11 +124,8 @@ void bridge::impl::do_send(int peer, const wire::header& h, payload p) {
     report(fault::send_failed, to, "send to unknown or closed peer " + std::to_string(peer));
     return;
   }
-  if (peers[peer].seal && p.size > kMaxSealedPayload)
-    return report(fault::send_failed, to, "a sealed message of " + std::to_string(p.size) + " bytes, over the sealed port's " +
-                                              std::to_string(kMaxSealedPayload));
   pending m;
-  if (!build(h, p, peers[peer].seal.get(), &m)) return report(fault::send_failed, to, "sealing a message failed");
+  build(h, p, &m);
   send_now(peers[peer], std::move(m), false, to);
 }
 
@@ -146,13 +133,13 @@ void bridge::impl::do_reply(const peer_info& to, const wire::header& h, payload 
   if (to.peer >= 0) return do_send(to.peer, h, std::move(p));
   if (!listener.socket) return report(fault::send_failed, to, "reply by identity without a listening socket");
   pending m;
-  build(h, p, nullptr, &m);
+  build(h, p, &m);
   m.identity = zmq::message_t(to.identity.data(), to.identity.size());
   send_now(listener, std::move(m), true, to);
 }
 
-int bridge::impl::do_connect(const std::string& ep, const std::string& server_key, std::shared_ptr<sealer> seal, std::string* error) {
-  if (!seal && !opt.keys.empty() && !is_key(server_key)) {
+int bridge::impl::do_connect(const std::string& ep, const std::string& server_key, std::string* error) {
+  if (!opt.keys.empty() && !is_key(server_key)) {
     fail(error, ep + ": no public key for it (links are encrypted; give its key, or --insecure on both sides)");
     return -1;
   }
@@ -161,28 +148,18 @@ int bridge::impl::do_connect(const std::string& ep, const std::string& server_ke
     c.socket = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
     zmq::socket_t& s = *c.socket;
     set_common_options(s);
-    if (seal) {  // plain ZeroMQ: the messages are sealed, and a routing id on it would prove nothing
-      s.set(zmq::sockopt::plain_username, seal->user());
-      s.set(zmq::sockopt::plain_password, seal->token());
-      s.set(zmq::sockopt::maxmsgsize, int64_t(64));  // nothing is meant to come back: little may
-      s.set(zmq::sockopt::rcvhwm, 16);
-      c.seal = std::move(seal);
-    } else {
-      s.set(zmq::sockopt::routing_id, opt.connection_ids ? opt.name.substr(0, 230) + ":" + random_hex64() : opt.name);
-    }
+    s.set(zmq::sockopt::routing_id, opt.connection_ids ? opt.name.substr(0, 230) + ":" + random_hex64() : opt.name);
     if (!opt.keys.empty()) {
-      if (!c.seal) {
-        s.set(zmq::sockopt::curve_serverkey, server_key);
-        s.set(zmq::sockopt::curve_publickey, opt.keys.public_key);
-        s.set(zmq::sockopt::curve_secretkey, opt.keys.secret_key);
-        c.server_key = server_key;
-      }
+      s.set(zmq::sockopt::curve_serverkey, server_key);
+      s.set(zmq::sockopt::curve_publickey, opt.keys.public_key);
+      s.set(zmq::sockopt::curve_secretkey, opt.keys.secret_key);
+      c.server_key = server_key;
       // Why a handshake fails is known only to the socket's monitor: a refused key must not look like
       // a node that is not running.
       const std::string mon = "inproc://ringmaster-monitor-" + std::to_string(monitors++);
       const int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
                          ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                         ZMQ_EVENT_DISCONNECTED | (c.seal ? ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED : 0);
+                         ZMQ_EVENT_DISCONNECTED;
       c.monitor = socket_monitor::attach(*ctx, s, mon, events);
     }
     // No ZMQ_IMMEDIATE: a hello sent before the peer has bound waits in the queue and goes out when the
@@ -198,29 +175,9 @@ int bridge::impl::do_connect(const std::string& ep, const std::string& server_ke
   }
 }
 
-bool bridge::impl::open_sealed(std::vector<zmq::message_t>& parts, size_t count, peer_info* from, std::string* error) {
-  if (count < 3 || count > 4) return fail(error, std::to_string(count - 1) + " frames, expected 2 or 3");
-  trailer t;
-  zmq::message_t& last = parts[count - 1];
-  if (!read_trailer(last.data(), last.size(), &t)) return fail(error, "no trailer");
-  if (parts[1].size() != wire::kHeaderSize) return fail(error, "a header of " + std::to_string(parts[1].size()) + " bytes");
-  auto it = openers.find({t.job, t.sender});
-  if (it == openers.end())
-    return fail(error, "from node " + std::to_string(t.sender) + " of job " + std::to_string(t.job) + ", which we do not expect");
-  zmq::message_t* body = count == 4 ? &parts[2] : nullptr;
-  if (!it->second.open->open(parts[1].data(), parts[1].size(), body ? body->data() : nullptr, body ? body->size() : 0,
-                             last.data(), error))
-    return false;
-  from->key = it->second.who;
-  from->sealed = true;
-  from->sealed_sender = int(t.sender);
-  return true;
-}
-
 bool bridge::impl::receive_one(connection& c, int peer) {
   zmq::socket_t& s = *c.socket;
   const bool routed = c.routed;
-  const bool sealed = peer >= 0 && peer == sealed_listener;
   std::vector<zmq::message_t> parts;
   size_t count = 0;
   for (;;) {
@@ -234,10 +191,6 @@ bool bridge::impl::receive_one(connection& c, int peer) {
     if (++count <= 4) parts.push_back(std::move(m));  // anything longer is dropped anyway
     if (!more) break;
   }
-  if (c.seal) {  // a sealed connection only sends: whatever its server says is not to be trusted
-    dropped.fetch_add(1);
-    return true;
-  }
   peer_info from;
   from.peer = routed ? -1 : peer;
   size_t first = 0;
@@ -245,20 +198,12 @@ bool bridge::impl::receive_one(connection& c, int peer) {
     from.identity.assign(parts[0].data<char>(), parts[0].size());
     first = 1;
     // The key the client proved it holds (our ZAP handler made it the User-Id); absent without keys.
-    if (!sealed && !opt.keys.empty() && parts.size() > 1)
+    if (!opt.keys.empty() && parts.size() > 1)
       if (const char* user = zmq_msg_gets(parts[1].handle(), "User-Id")) from.key = user;
   } else {
     from.key = c.server_key;
   }
-  size_t frames = count - first;
-  if (sealed) {  // nothing unauthenticated goes further than the trailer
-    std::string err;
-    if (!open_sealed(parts, count, &from, &err)) {
-      report(fault::malformed, from, "sealed message: " + err);
-      return true;
-    }
-    --frames;
-  }
+  const size_t frames = count - first;
   wire::frame f[2];
   for (size_t i = 0; i < frames && i < 2; ++i) f[i] = {parts[first + i].data(), parts[first + i].size()};
   wire::header h;
@@ -267,10 +212,6 @@ bool bridge::impl::receive_one(connection& c, int peer) {
     case wire::verdict::accept:
       break;
     case wire::verdict::answer_version: {
-      if (sealed) {  // answers go out on the listener: not to a sealed connection
-        report(fault::version_mismatch, from, err);
-        return true;
-      }
       wire::header e;
       e.type = wire::msg_type::error;
       do_reply(from, e, payload::copy_of(err));
@@ -367,11 +308,6 @@ void bridge::impl::loop() {
     // Served every pass (each is a few failing non-blocking reads): their ZMQ_FDs, like the sockets',
     // announce only changes, which a pass may have consumed.
     if (listen_monitor) serve_listen_monitor();
-    if (sealed_monitor)
-      sealed_monitor->drain([this](uint16_t what, uint32_t) {
-        if (what == ZMQ_EVENT_ACCEPTED) ++sealed_connections;
-        if (what == ZMQ_EVENT_DISCONNECTED && sealed_connections > 0) --sealed_connections;
-      });
     if (zap) zap->serve([this](const zap_handler::request& r) { return admit(r); });
     for (int id = 0; id < int(peers.size()); ++id)
       if (peers[size_t(id)].monitor) serve_monitor(id);
@@ -389,11 +325,10 @@ void bridge::impl::loop() {
       fds.push_back({zap->fd(), POLLIN, 0});
       ids.push_back(-3);
     }
-    for (auto* m : {listen_monitor.get(), sealed_monitor.get()})
-      if (m) {
-        fds.push_back({m->fd(), POLLIN, 0});
-        ids.push_back(-3);
-      }
+    if (listen_monitor) {
+      fds.push_back({listen_monitor->fd(), POLLIN, 0});
+      ids.push_back(-3);
+    }
     for (int id = 0; id < int(peers.size()); ++id)
       if (peers[size_t(id)].monitor) {
         fds.push_back({peers[size_t(id)].monitor->fd(), POLLIN, 0});
@@ -450,10 +385,6 @@ void bridge::impl::loop() {
   }
   peers.clear();
   listen_monitor.reset();
-  sealed_monitor.reset();
-  sealed_listener = -1;
-  sealed_connections = 0;
-  openers.clear();
   zap.reset();
 }
 

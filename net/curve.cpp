@@ -30,21 +30,15 @@ void zap_handler::serve(const decide& d) {
     // version, request id, domain, address, routing id, mechanism, credentials (the 32-byte key)
     verdict v{"400", "not authorized"};
     request r;
-    const bool sealed = req.size() >= 6 && req[2].to_string_view() == kSealedDomain;
-    const bool curve = !sealed && req.size() >= 7 && req[5].to_string_view() == "CURVE" && req[6].size() == 32;
-    const bool plain = sealed && req.size() >= 8 && req[5].to_string_view() == "PLAIN";
-    const bool null = !sealed && req.size() >= 6 && req[5].to_string_view() == "NULL";
-    if (req.size() >= 6 && req[0].to_string_view() == "1.0" && (curve || plain || null)) {
+    const bool curve = req.size() >= 7 && req[5].to_string_view() == "CURVE" && req[6].size() == 32;
+    const bool null = req.size() >= 6 && req[5].to_string_view() == "NULL";
+    if (req.size() >= 6 && req[0].to_string_view() == "1.0" && (curve || null)) {
       if (null) {
         r.null = true;
-      } else if (curve) {
+      } else {
         char z85[kKeyChars + 1];
         zmq_z85_encode(z85, req[6].data<uint8_t>(), 32);
         r.key = z85;
-      } else {
-        r.user = req[6].to_string();
-        r.password = req[7].to_string();
-        r.sealed_port = true;
       }
       r.address = req[3].to_string();
       try {
@@ -54,7 +48,7 @@ void zap_handler::serve(const decide& d) {
       }
     }
     const std::string id = req.size() > 1 ? req[1].to_string() : "";
-    const std::string user = v.status == "200" ? (curve ? r.key : r.user) : "";
+    const std::string user = v.status == "200" ? r.key : "";  // empty for a NULL client
     try {
       socket_.send(zmq::buffer(std::string_view("1.0")), zmq::send_flags::sndmore);
       socket_.send(zmq::buffer(id), zmq::send_flags::sndmore);

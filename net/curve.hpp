@@ -17,24 +17,20 @@ class zap_handler {
   explicit zap_handler(zmq::context_t& ctx);  // throws zmq::error_t
   int fd() const { return fd_; }
   // The decision on one client: a ZAP status and its text. A CURVE client comes with its Z85 public key;
-  // a PLAIN client of a socket in domain kSealedDomain (the sealed port) with its user name and password;
   // a NULL client (of a socket without keys, --insecure: counted, not authenticated) with nothing.
-  // "200" lets it in (the key, or user name, becomes the User-Id of its messages); "400" refuses its key;
-  // "500" refuses it for another reason (libzmq's clients hang on "300").
+  // "200" lets it in (the key becomes the User-Id of its messages); "400" refuses its key; "500" refuses
+  // it for another reason (libzmq's clients hang on "300").
   struct verdict {
     std::string status, text;
   };
   struct request {
-    std::string key;             // CURVE
-    std::string user, password;  // PLAIN, sealed port
-    bool null = false;           // NULL: no credentials
+    std::string key;    // CURVE
+    bool null = false;  // NULL: no credentials
     std::string address;
-    bool sealed_port = false;
   };
   using decide = std::function<verdict(const request&)>;
-  static constexpr const char* kSealedDomain = "ringmaster-sealed";
-  // Answers every request waiting; a malformed one, or one neither CURVE, NULL nor PLAIN in
-  // kSealedDomain, is refused without asking `d`.
+  // Answers every request waiting; a malformed one, or one neither CURVE nor NULL, is refused without
+  // asking `d`.
   void serve(const decide& d);
 
  private:

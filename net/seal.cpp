@@ -167,17 +167,6 @@ std::string make_seal_salt() {
 
 void wipe(seal_key& key) { OPENSSL_cleanse(key.data(), key.size()); }
 
-std::string port_token(const seal_key& key) {
-  static const char label[] = "ringmaster sealed-port token v1";
-  unsigned char in[sizeof label - 1 + kSealKeyBytes], digest[32];
-  std::memcpy(in, label, sizeof label - 1);
-  std::memcpy(in + sizeof label - 1, key.data(), key.size());
-  unsigned int len = 0;
-  const bool ok = EVP_Digest(in, sizeof in, digest, &len, EVP_sha256(), nullptr) == 1;
-  OPENSSL_cleanse(in, sizeof in);
-  return ok ? to_hex(digest, 16) : "";
-}
-
 bool read_trailer(const void* data, size_t size, trailer* out) {
   if (size != kTrailerBytes) return false;
   const auto* p = static_cast<const unsigned char*>(data);
@@ -190,13 +179,8 @@ struct sealer::impl {
   uint64_t job;
   uint32_t sender;
   uint64_t count = 0;
-  std::string token;
-  impl(const seal_key& k, uint64_t j, uint32_t s, uint64_t per_key)
-      : cipher(k, per_key, true), job(j), sender(s), token(port_token(k)) {}
+  impl(const seal_key& k, uint64_t j, uint32_t s, uint64_t per_key) : cipher(k, per_key, true), job(j), sender(s) {}
 };
-
-std::string sealer::user() const { return std::to_string(d_->job) + ":" + std::to_string(d_->sender); }
-std::string sealer::token() const { return d_->token; }
 
 sealer::sealer(const seal_key& key, uint64_t job, uint32_t sender, uint64_t messages_per_key)
     : d_(std::make_unique<impl>(key, job, sender, messages_per_key)) {}
@@ -230,15 +214,8 @@ struct opener::impl {
   uint64_t job;
   uint32_t sender;
   uint64_t next = 0;  // the lowest counter still acceptable
-  std::string token;
-  impl(const seal_key& k, uint64_t j, uint32_t s, uint64_t per_key)
-      : cipher(k, per_key, false), job(j), sender(s), token(port_token(k)) {}
+  impl(const seal_key& k, uint64_t j, uint32_t s, uint64_t per_key) : cipher(k, per_key, false), job(j), sender(s) {}
 };
-
-bool opener::admits(const std::string& token) const {
-  return !d_->token.empty() && token.size() == d_->token.size() &&
-         CRYPTO_memcmp(token.data(), d_->token.data(), token.size()) == 0;
-}
 
 opener::opener(const seal_key& key, uint64_t job, uint32_t sender, uint64_t messages_per_key)
     : d_(std::make_unique<impl>(key, job, sender, messages_per_key)) {}

@@ -13,16 +13,17 @@
 // HKDF-SHA256 turns it into the pair's key for this job only (salt: the plan's random seal_salt; info: the
 // job id, both node numbers and the lives both are in, so a node that comes back has new keys). A node that does not hold its key cannot make or read the pair's messages.
 //
-// A sealed message is the usual header and payload frames plus a trailer frame (kTrailerBytes):
+// A sealed message is the usual header (net/wire.hpp) and payload plus a trailer (kTrailerBytes):
 //   0  u64 job     the job whose pair keys sealed it (the plan's job id)
 //   8  u32 sender  the sending node's number in the plan
 //  12  u64 count   the sender's message counter for this pair: with the sender's number, the nonce
 //  20  16 bytes    the OCB tag
-// The payload is encrypted; the header and the trailer's first 20 bytes are authenticated. To connect to
-// the sealed port at all, a node logs in (ZeroMQ PLAIN) as "JOB:SENDER" with a token hashed from the pair
-// key (port_token): strangers are refused at the handshake and cannot make the node hold their frames. A receiver
-// takes a pair's counters only in increasing order (one connection keeps the order), so nothing can be
-// replayed, and a sender never reuses a nonce: its counter lives as long as the job's pair key.
+// The payload is encrypted; the header and the trailer's first 20 bytes are authenticated. Sealed messages
+// go over TCP connections of their own (net/tcp_link.hpp), one per pair: the sender logs in to the
+// receiver's sealed port with a sealed hello, which only a holder of the pair key can make, so a stranger
+// is dropped before the node reads any payload from it. A receiver takes a pair's counters only in increasing
+// order (one connection keeps the order), so nothing can be replayed, and a sender never reuses a nonce:
+// its counter lives as long as the job's pair key.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -74,21 +75,15 @@ struct trailer {
   uint64_t count = 0;
 };
 bool read_trailer(const void* data, size_t size, trailer* out);
-// A hash of the pair key (hex, 32 characters): what a sender shows to log in to the receiver's sealed port.
-// It tells an eavesdropper nothing about the key, but lets it connect: the key still guards every message.
-std::string port_token(const seal_key& key);
 
-// One direction of one pair: seals what node `sender` sends with the pair's key. Not thread-safe: the
-// bridge uses it on its thread, in the order messages go out.
+// One direction of one pair: seals what node `sender` sends with the pair's key. Not thread-safe: its
+// tcp_sender (net/tcp_link.hpp) uses it one message at a time, in the order messages go out.
 class sealer {
  public:
   sealer(const seal_key& key, uint64_t job, uint32_t sender, uint64_t messages_per_key = kMessagesPerKey);
   ~sealer();
   sealer(const sealer&) = delete;
   sealer& operator=(const sealer&) = delete;
-  // The PLAIN login for the receiver's sealed port: "JOB:SENDER" and the pair's port token.
-  std::string user() const;
-  std::string token() const;
   // Encrypts n bytes from `in` to `out` (may be the same) and writes the trailer. False if OpenSSL fails.
   bool seal(const void* header, size_t header_bytes, const void* in, void* out, size_t n,
             unsigned char trailer_out[kTrailerBytes]);
@@ -106,8 +101,6 @@ class opener {
   ~opener();
   opener(const opener&) = delete;
   opener& operator=(const opener&) = delete;
-  // Whether a PLAIN login to our sealed port carries this pair's token (compared in constant time).
-  bool admits(const std::string& token) const;
   // `trailer_bytes` came with the message (its job and sender already matched to this opener). Decrypts
   // `data` in place; false with *error ("bad tag", "replayed or reordered message") and data undefined.
   bool open(const void* header, size_t header_bytes, void* data, size_t n, const void* trailer_bytes,

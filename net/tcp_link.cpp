@@ -288,6 +288,8 @@ struct tcp_port::impl {
   };
   std::deque<pending> waiting;
   clock_type::time_point fd_shortage_said{};  // out of file descriptors: said once a minute
+  uint64_t evicted = 0;                        // pending connections pushed out, since said
+  clock_type::time_point evicted_said{};
 
   ~impl() {
     for (auto& p : waiting) close(p.fd);
@@ -319,6 +321,18 @@ void tcp_port::impl::accept_one() {
     return;
   }
   set_nodelay(s);
+  // Full: the longest waiting goes. A node logs in as soon as it is connected, so strangers who open
+  // connections and say nothing push out each other, not it (as libzmq's handshake timeout would not).
+  if (waiting.size() >= size_t(std::max(1, opt.max_pending))) {
+    close(waiting.front().fd);
+    waiting.pop_front();
+    if (++evicted == 1 || clock_type::now() - evicted_said > std::chrono::seconds(10)) {
+      refuse(std::to_string(evicted) + " connection(s) closed before they logged in: more than " +
+             std::to_string(opt.max_pending) + " waited at once");
+      evicted_said = clock_type::now();
+      evicted = 0;
+    }
+  }
   waiting.push_back({s, {}, 0, clock_type::now() + opt.login_timeout});
 }
 
@@ -355,8 +369,7 @@ void tcp_port::impl::loop() {
   while (!stop.load()) {
     fds.clear();
     fds.push_back({wake, POLLIN, 0});
-    const bool room = waiting.size() < size_t(std::max(1, opt.max_pending));
-    fds.push_back({room ? listen_fd : -1, POLLIN, 0});
+    fds.push_back({listen_fd, POLLIN, 0});
     auto now = clock_type::now();
     int timeout = 1000;
     for (auto& p : waiting) {

@@ -16,9 +16,10 @@
 //   then messages: the header (net/wire.hpp), the trailer, and payload_bytes sealed bytes.
 // The receiver checks every header and trailer before it reads a payload: the trailer must name the
 // login's job and node, the payload be at most kMaxSealedPayload. A stranger gets nothing but a closed
-// connection (after 3 s at most, or at once when what it sends is not a login), and at most
-// max_pending of them wait at once. A new login of a pair replaces its old connection (a re-formed ring
-// connects afresh; what was unread on the old one belonged to the old ring).
+// connection (after 3 s at most, or at once when what it sends is not a login); of more than
+// max_pending waiting at once the oldest goes (a node logs in at once, so a flood cannot keep it out).
+// A new login of a pair replaces its old connection (a re-formed ring connects afresh; what was unread
+// on the old one belonged to the old ring).
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -58,8 +59,7 @@ class tcp_receiver {
 };
 
 struct tcp_port_options {
-  int max_pending = 16;       // connections that have not logged in yet, at once
-  int max_connections = 256;  // logged-in connections, at once (one per pair: a job's nodes)
+  int max_pending = 64;  // connections that have not logged in yet, at once (one per pair may be in)
   std::chrono::milliseconds login_timeout{3000};
   // Strangers and broken rules, for the log (from the port's thread). Default: stderr.
   std::function<void(const std::string&)> on_refusal;

@@ -174,8 +174,12 @@ train_result run_killing(train_config cfg, const remote_options& ro, test::daemo
 }  // namespace
 
 TEST_CASE("elastic: kill -9 of one of 3 nodes running 2 ranks each: the 4 others finish, every sample once an epoch", "[nodes][elastic]") {
+  // Chunks through shared memory (one host), or sealed over TCP, as between hosts.
+  const bool shared_memory = GENERATE(true, false);
+  INFO((shared_memory ? "shared memory" : "sealed over TCP"));
   auto nodes = start_nodes(3);
   remote_options ro;
+  ro.shared_memory = shared_memory;
   ro.nodes = test::endpoints(nodes);
   ro.replicas_per_node = 2;
   ro.limit_train = 6000;

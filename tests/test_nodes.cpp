@@ -23,6 +23,7 @@
 #include "tests/test_util.hpp"
 #include "tests/test_zmq.hpp"
 #include "net/keys.hpp"
+#include "net/seal.hpp"
 #include "net/shm_link.hpp"
 #include "net/wire.hpp"
 

@@ -253,6 +253,25 @@ TEST_CASE("tcp link: strangers, wrong keys and replayed logins are refused; the 
   CHECK(f.in.errors.empty());
 }
 
+TEST_CASE("tcp link: strangers who connect and say nothing cannot keep the pair out", "[tcp_link]") {
+  pair_fixture f;
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) idle.push_back(raw_connect(f.port->port()));  // more than max_pending
+  std::this_thread::sleep_for(50ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto s = f.sender();
+  std::string err;
+  REQUIRE(s->send(chunk_header(0, 4), floats_of(4, 1), &err));
+  REQUIRE(f.in.wait([](inbox& b) { return b.got.size() == 1; }, 2s));
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);  // well before the strangers' logins time out
+  for (int fd : idle) close(fd);
+  REQUIRE(f.in.wait([](inbox& b) {
+    for (auto& r : b.refusals)
+      if (r.find("closed before they logged in: more than 64 waited at once") != std::string::npos) return true;
+    return false;
+  }));
+}
+
 TEST_CASE("tcp link: an altered or misdirected message closes the connection with a clear error", "[tcp_link]") {
   pair_fixture f;
   net::sealer real(key_of(5), kJob, kSender);
