@@ -200,7 +200,7 @@ TEST_CASE("tcp link: a poller takes the messages on its own thread until it is d
   CHECK(std::count(f.in.threads.begin(), f.in.threads.end(), std::this_thread::get_id()) > 100);
 }
 
-TEST_CASE("tcp link: strangers, wrong keys and replayed logins are refused; the pair still gets in", "[tcp_link]") {
+TEST_CASE("tcp link: strangers, wrong keys and replayed logins are refused, and the pair still gets in", "[tcp_link]") {
   pair_fixture f;
   const int port = f.port->port();
   // Garbage where a login belongs: closed, and said.
