@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -288,15 +289,33 @@ struct tcp_port::impl {
   };
   std::deque<pending> waiting;
   clock_type::time_point fd_shortage_said{};  // out of file descriptors: said once a minute
-  uint64_t evicted = 0;                        // pending connections pushed out, since said
-  clock_type::time_point evicted_said{};
+  // Refusals said: at most kRefusalLines per kRefusalWindow, the rest counted and summed up in the next
+  // window's first line (a flood of strangers must not flood the log, nor whoever prints it).
+  static constexpr int kRefusalLines = 5;
+  static constexpr std::chrono::seconds kRefusalWindow{10};
+  clock_type::time_point window{};
+  int lines = 0;
+  uint64_t unsaid = 0;
 
   ~impl() {
     for (auto& p : waiting) close(p.fd);
     if (listen_fd >= 0) close(listen_fd);
     if (wake >= 0) close(wake);
   }
-  void refuse(const std::string& why) {
+  void refuse(std::string why) {
+    const auto now = clock_type::now();
+    if (now - window >= kRefusalWindow) {
+      window = now;
+      lines = 0;
+    }
+    if (lines++ >= kRefusalLines) {
+      ++unsaid;
+      return;
+    }
+    if (unsaid) {
+      why += " (and " + std::to_string(unsaid) + " more refusals not logged before)";
+      unsaid = 0;
+    }
     try {
       if (opt.on_refusal) opt.on_refusal(why);
       else std::fprintf(stderr, "ringmaster sealed port %d: %s\n", port, why.c_str());
@@ -326,12 +345,7 @@ void tcp_port::impl::accept_one() {
   if (waiting.size() >= size_t(std::max(1, opt.max_pending))) {
     close(waiting.front().fd);
     waiting.pop_front();
-    if (++evicted == 1 || clock_type::now() - evicted_said > std::chrono::seconds(10)) {
-      refuse(std::to_string(evicted) + " connection(s) closed before they logged in: more than " +
-             std::to_string(opt.max_pending) + " waited at once");
-      evicted_said = clock_type::now();
-      evicted = 0;
-    }
+    refuse("closed a connection before it logged in: more than " + std::to_string(opt.max_pending) + " waited at once");
   }
   waiting.push_back({s, {}, 0, clock_type::now() + opt.login_timeout});
 }
@@ -412,6 +426,10 @@ tcp_port::tcp_port(std::unique_ptr<impl> d) : d_(std::move(d)) {}
 std::unique_ptr<tcp_port> tcp_port::bind(const std::string& host, int port, tcp_port_options o, std::string* error) {
   auto d = std::make_unique<impl>();
   d->opt = std::move(o);
+  // Strangers' waiting connections take at most an eighth of our file descriptors: the rest stay for
+  // the node's own links and files, however many connect.
+  if (rlimit fds{}; getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur != RLIM_INFINITY)
+    d->opt.max_pending = int(std::max<rlim_t>(1, std::min<rlim_t>(rlim_t(std::max(1, d->opt.max_pending)), fds.rlim_cur / 8)));
   const std::string at = host + ":" + std::to_string(port);
   if (d->wake < 0) return *error = sys_error("eventfd"), nullptr;
   addrinfo hints{}, *found = nullptr;
@@ -543,7 +561,10 @@ int tcp_sender::impl::connect_once(std::string* why) {
   int s = -1;
   for (addrinfo* a = found; a && s < 0; a = a->ai_next) {
     s = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-    if (s < 0) continue;
+    if (s < 0) {
+      *why = std::strerror(errno);  // no file descriptor left, say
+      continue;
+    }
     int err = 0;
     if (::connect(s, a->ai_addr, a->ai_addrlen) != 0) {
       err = errno;

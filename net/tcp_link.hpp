@@ -59,7 +59,8 @@ class tcp_receiver {
 };
 
 struct tcp_port_options {
-  int max_pending = 64;  // connections that have not logged in yet, at once (one per pair may be in)
+  // Connections that have not logged in yet, at once; at most an eighth of our file descriptor limit.
+  int max_pending = 64;
   std::chrono::milliseconds login_timeout{3000};
   // Strangers and broken rules, for the log (from the port's thread). Default: stderr.
   std::function<void(const std::string&)> on_refusal;

@@ -267,7 +267,7 @@ TEST_CASE("tcp link: strangers who connect and say nothing cannot keep the pair 
   for (int fd : idle) close(fd);
   REQUIRE(f.in.wait([](inbox& b) {
     for (auto& r : b.refusals)
-      if (r.find("closed before they logged in: more than 64 waited at once") != std::string::npos) return true;
+      if (r.find("closed a connection before it logged in: more than 64 waited at once") != std::string::npos) return true;
     return false;
   }));
 }
