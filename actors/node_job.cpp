@@ -74,6 +74,7 @@ void node_job::make_pair_key(size_t j) {
   net::seal_key key;
   std::string error;
   sealers_.erase(int(j));
+  openers_.erase(int(j));
   if (!net::pair_key(ctx_.keys, plan_.nodes[j].key, plan_.seal_salt, plan_.job_id, me, uint32_t(j),
                      uint32_t(plan_.nodes[me].life), uint32_t(plan_.nodes[j].life), &key, &error)) {
     ctx_.log("job " + std::to_string(plan_.job_id) + ": no sealing key for node " + plan_.nodes[j].endpoint + ": " + error);
@@ -164,8 +165,9 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
 
 // The ring as the plan orders it. False with *error when a node cannot be reached.
 bool node_job::wire_ring(std::string* error) {
-  // Rank r sends to its right neighbour: a reducer here directly, one on another node through the bridge
-  // (one connection per node). That node takes our chunks because the plan names our routing id.
+  // Rank r sends to its right neighbour: a reducer here directly; one on another node through shared
+  // memory (same host), sealed over our TCP connection to that node (net/tcp_link.hpp, one per node), or,
+  // without sealing, through the bridge, where that node takes our chunks as the plan names our routing id.
   for (int r : mine_) {
     const int right = plan_.right(r);
     if (auto p = ports_.find(r); p == ports_.end() || !p->second) return *error = "rank " + std::to_string(r) + " has no reducer", false;

@@ -411,7 +411,6 @@ bool node_service::start(std::string* error) {
   // The sealed port, on the host the bridge listens on (tcp only: ring chunks between hosts).
   if (const std::string ep = d->br.endpoint(); !d->keys.empty() && ep.rfind("tcp://", 0) == 0) {
     net::tcp_port_options po;
-    po.max_pending = std::min(64, d->opt.max_connections);
     po.on_refusal = [d](const std::string& why) {
       d->br.post([d, why] { d->log_fault({net::fault::unauthorized, {}, "sealed port: " + why}); });
     };
@@ -471,8 +470,8 @@ void node_service::stop(const std::string& why) {
       }))
     done.get_future().wait();
   if (told) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // linger 0: let the abort leave
+  d->br.stop();  // no job of ours is set up any more: the sealed port goes next
   d->sealed.reset();
-  d->br.stop();
   d->data.join();
   d->log("stopped");
   d->sys.reset();  // waits for the job's actors to finish

@@ -129,6 +129,8 @@ struct process_ring::impl {
 
   ~impl() {
     br.stop();
+    set_poller(*port, {}, std::chrono::microseconds(0));  // nobody polls the receiver that goes next
+    tcp_out.reset();  // before what its on_error touches (mu, failure)
     tcp_in.reset();
     tcp_port.reset();
     caf::anon_send_exit(red, caf::exit_reason::user_shutdown);

@@ -7,6 +7,7 @@
 
 #include <climits>
 #include <cstring>
+#include <mutex>
 
 namespace ringmaster::net {
 namespace {
@@ -214,6 +215,9 @@ struct opener::impl {
   uint64_t job;
   uint32_t sender;
   uint64_t next = 0;  // the lowest counter still acceptable
+  // One opener serves a pair for a whole job, while its connections come and go (net/tcp_link.hpp): a
+  // login on a new one may be checked while the old one's last message is opened.
+  std::mutex mu;
   impl(const seal_key& k, uint64_t j, uint32_t s, uint64_t per_key) : cipher(k, per_key, false), job(j), sender(s) {}
 };
 
@@ -223,6 +227,7 @@ opener::~opener() = default;
 
 bool opener::open(const void* header, size_t header_bytes, void* data, size_t n, const void* trailer_bytes,
                   std::string* error) {
+  std::lock_guard<std::mutex> lock(d_->mu);
   trailer t;
   if (!read_trailer(trailer_bytes, kTrailerBytes, &t) || t.job != d_->job || t.sender != d_->sender)
     return fail(error, "sealed for another job or sender");

@@ -94,7 +94,7 @@ class sealer {
 };
 
 // The other direction: opens what one node of the pair sent, in place, refusing a forged, altered or
-// replayed message.
+// replayed message. Thread-safe (one lock per call).
 class opener {
  public:
   opener(const seal_key& key, uint64_t job, uint32_t sender, uint64_t messages_per_key = kMessagesPerKey);

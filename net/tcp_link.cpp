@@ -212,6 +212,8 @@ int tcp_receiver::impl::take() {
       body_got = 0;
       in_body = true;
     }
+    unsigned char none[1];  // no payload
+    if (!h.payload_bytes) body_data = reinterpret_cast<float*>(none);
     if (int r = read_some(body_data, size_t(h.payload_bytes), &body_got); r <= 0) return r;
     in_body = false;
     got = 0;
@@ -324,8 +326,9 @@ struct tcp_port::impl {
   }
   void loop();
   void accept_one();
-  // A whole login came: hand the connection to its pair's receiver, or close it.
-  void login(pending& p);
+  // A whole login came: hand the connection to its pair's receiver, or close it. False: try again soon
+  // (the receiver is busy).
+  bool login(pending& p);
 };
 
 void tcp_port::impl::accept_one() {
@@ -350,7 +353,7 @@ void tcp_port::impl::accept_one() {
   waiting.push_back({s, {}, 0, clock_type::now() + opt.login_timeout});
 }
 
-void tcp_port::impl::login(pending& p) {
+bool tcp_port::impl::login(pending& p) {
   wire::header h;
   std::string err;
   trailer t;
@@ -358,7 +361,8 @@ void tcp_port::impl::login(pending& p) {
   if (!wire::decode(p.buf, wire::kHeaderSize, &h, &err) || h.type != wire::msg_type::hello || h.payload_bytes != 0 ||
       h.sender_rank < 0 || t.job != h.job_id || t.sender != uint32_t(h.sender_rank)) {
     close(p.fd);
-    return refuse("a connection that did not log in as a node: " + (err.empty() ? "no login" : err));
+    refuse("a connection that did not log in as a node: " + (err.empty() ? "no login" : err));
+    return true;
   }
   std::shared_ptr<tcp_receiver::impl> r;
   {
@@ -367,15 +371,21 @@ void tcp_port::impl::login(pending& p) {
   }
   if (!r) {
     close(p.fd);
-    return refuse("a login as node " + std::to_string(t.sender) + " of a job this node does not run");
+    refuse("a login as node " + std::to_string(t.sender) + " of a job this node does not run");
+    return true;
   }
-  std::lock_guard<std::mutex> lock(r->consume);
+  // The receiver's lock: its thread or a poller may hold it while a stream of messages lasts. Then the
+  // login waits for the next turn of our loop (a logged-in peer must not stall every other login).
+  std::unique_lock<std::mutex> lock(r->consume, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
   unsigned char none[1];  // no payload
   if (!r->open->open(p.buf, wire::kHeaderSize, none, 0, p.buf + wire::kHeaderSize, &err)) {
     close(p.fd);
-    return refuse("a login as node " + std::to_string(t.sender) + " that failed: " + err);
+    refuse("a login as node " + std::to_string(t.sender) + " that failed: " + err);
+    return true;
   }
   r->attach(p.fd);
+  return true;
 }
 
 void tcp_port::impl::loop() {
@@ -388,6 +398,7 @@ void tcp_port::impl::loop() {
     int timeout = 1000;
     for (auto& p : waiting) {
       fds.push_back({p.fd, POLLIN, 0});
+      if (p.got == kHead) timeout = 1;  // a whole login waits for its receiver's turn
       timeout = std::min<int>(timeout, int(std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - now).count()) + 1);
     }
     ::poll(fds.data(), fds.size(), std::max(0, timeout));
@@ -398,16 +409,13 @@ void tcp_port::impl::loop() {
     for (size_t i = 0; i < waiting.size(); ++i) {
       pending& p = waiting[i];
       bool gone = false;
-      if (fds[i + 2].revents) {
+      if (fds[i + 2].revents && p.got < kHead) {
         const ssize_t n = recv(p.fd, p.buf + p.got, kHead - p.got, MSG_DONTWAIT);
         if (n > 0) p.got += size_t(n);
         gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
         if (gone) close(p.fd);
-        else if (p.got == kHead) {
-          login(p);
-          continue;
-        }
       }
+      if (!gone && p.got == kHead && login(p)) continue;
       if (gone) continue;
       if (now >= p.deadline) {
         close(p.fd);
@@ -599,6 +607,7 @@ void tcp_sender::impl::run() {
   std::unique_lock<std::mutex> lock(mu);
   if (s < 0) {
     give_up();
+    if (stop) return;  // our owner is going: nobody to tell
     lock.unlock();
     if (on_error)
       on_error("cannot reach " + endpoint + " (a sealed port) after " + std::to_string(kConnectTries) + " tries (" + why +
@@ -621,12 +630,12 @@ void tcp_sender::impl::run() {
   }
 }
 
-tcp_sender::tcp_sender(std::unique_ptr<impl> d) : d_(std::move(d)) {}
+tcp_sender::tcp_sender(std::shared_ptr<impl> d) : d_(std::move(d)) {}
 
 std::shared_ptr<tcp_sender> tcp_sender::connect(const std::string& endpoint, uint64_t job, uint32_t sender,
                                                 std::shared_ptr<sealer> seal, std::function<void(const std::string&)> on_error,
                                                 std::string* error) {
-  auto d = std::make_unique<impl>();
+  auto d = std::make_shared<impl>();
   d->endpoint = endpoint;
   if (endpoint.rfind("tcp://", 0) != 0 || !split_host_port(endpoint.substr(6), &d->host, &d->port))
     return *error = "not a tcp://HOST:PORT endpoint: " + endpoint, nullptr;
@@ -648,7 +657,7 @@ std::shared_ptr<tcp_sender> tcp_sender::connect(const std::string& endpoint, uin
   d->queue.push_back(std::move(f));
   auto s = std::shared_ptr<tcp_sender>(new tcp_sender(std::move(d)));
   try {
-    s->d_->thread = std::thread([p = s->d_.get()] { p->run(); });
+    s->d_->thread = std::thread([p = s->d_] { p->run(); });
     pthread_setname_np(s->d_->thread.native_handle(), "rm-tcp-send");
   } catch (const std::exception& e) {
     return *error = std::string("cannot start the sending thread: ") + e.what(), nullptr;
@@ -663,7 +672,9 @@ tcp_sender::~tcp_sender() {
     if (d_->fd >= 0) shutdown(d_->fd, SHUT_RDWR);  // a poll for room returns at once
   }
   d_->cv.notify_all();
-  if (d_->thread.joinable()) d_->thread.join();
+  // From its own thread (on_error dropped the last of us): it ends once on_error returns, holding d_.
+  if (d_->thread.get_id() == std::this_thread::get_id()) d_->thread.detach();
+  else if (d_->thread.joinable()) d_->thread.join();
 }
 
 bool tcp_sender::send(const wire::header& h, const payload& p, std::string* error) {

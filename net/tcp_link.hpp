@@ -95,9 +95,11 @@ class tcp_port {
 class tcp_sender {
  public:
   // Connects to "tcp://HOST:PORT" (a tcp_port) in the background, logs in with `seal`, and sends what
-  // send() queued meanwhile. A port that refuses the connection is tried again for about 5 s; then, or
-  // when the connection breaks, on_error is called once (from the sender's thread) and messages are
-  // dropped. nullptr with *error for an endpoint that is no tcp://HOST:PORT.
+  // send() queued meanwhile. A port that cannot be reached is tried 20 times, 250 ms apart (about 5 s
+  // when it refuses, up to 25 s when connecting times out); then on_error is called once, from the
+  // sender's thread, and messages are dropped. A connection that breaks later drops messages without a
+  // word, as a link to a vanished peer does: the job's heartbeats and the ring's watchdog name the node.
+  // nullptr with *error for an endpoint that is no tcp://HOST:PORT.
   static std::shared_ptr<tcp_sender> connect(const std::string& endpoint, uint64_t job, uint32_t sender,
                                              std::shared_ptr<sealer> seal, std::function<void(const std::string&)> on_error,
                                              std::string* error);
@@ -111,10 +113,10 @@ class tcp_sender {
   tcp_sender& operator=(const tcp_sender&) = delete;
 
   struct impl;
-  explicit tcp_sender(std::unique_ptr<impl> d);
+  explicit tcp_sender(std::shared_ptr<impl> d);
 
  private:
-  std::unique_ptr<impl> d_;
+  std::shared_ptr<impl> d_;  // and its thread's, which may end after us (when on_error drops the last sender)
 };
 
 }  // namespace ringmaster::net
