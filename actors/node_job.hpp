@@ -1,9 +1,9 @@
 // One job on a node daemon. From the job's plan (actors/job_plan.hpp) it takes the ranks this node runs,
 // spawns their loaders, replicas and reducers once the data is here, wires them into the ring (chunks to
 // a rank on another node go through shared memory, a sealed TCP connection or the bridge), links them to
-// the launcher, routes the chunks that arrive for them, and stops it all when it is destroyed. When the launcher lost another node (elastic
-// jobs, actors/reform.hpp) it pauses the ranks and moves them into the re-formed ring. Everything here
-// runs on the bridge thread.
+// the launcher, routes the chunks that arrive for them, and stops it all when it is destroyed. When the
+// launcher lost another node (elastic jobs, actors/reform.hpp) it pauses the ranks and moves them into
+// the re-formed ring. Everything here runs on the bridge thread.
 #pragma once
 #include <caf/all.hpp>
 #include <chrono>

@@ -404,22 +404,23 @@ bool node_service::start(std::string* error) {
     if (e.kind == net::fault::handshake_failed && !e.retrying && d->job) d->job->link_failed(e.from.peer, e.message);
   });
   const size_t authorized = d->authorized.size();  // before the bridge thread may read the file again
-  if (!d->br.start(d->opt.listen, error)) {
-    d->sys.reset();
-    return false;
-  }
-  // The sealed port, on the host the bridge listens on (tcp only: ring chunks between hosts).
-  if (const std::string ep = d->br.endpoint(); !d->keys.empty() && ep.rfind("tcp://", 0) == 0) {
+  // The sealed port, on the host the bridge listens on (tcp only: ring chunks between hosts), before
+  // the bridge answers any hello, which names it.
+  if (const std::string& ep = d->opt.listen; !d->keys.empty() && ep.rfind("tcp://", 0) == 0) {
     net::tcp_port_options po;
-    po.on_refusal = [d](const std::string& why) {
+    po.on_refusal = [d](const std::string& why) {  // the bridge drops it once it has stopped
       d->br.post([d, why] { d->log_fault({net::fault::unauthorized, {}, "sealed port: " + why}); });
     };
     if (!(d->sealed = net::tcp_port::bind(ep.substr(6, ep.rfind(':') - 6), d->opt.sealed_port, po, error))) {
       *error = "the sealed port " + *error;  // "the sealed port 127.0.0.1:5602: address already in use"
-      d->br.stop();
       d->sys.reset();
       return false;
     }
+  }
+  if (!d->br.start(d->opt.listen, error)) {
+    d->sealed.reset();
+    d->sys.reset();
+    return false;
   }
   d->ticker = std::thread([d] {
     std::unique_lock<std::mutex> lock(d->stop_mu);
