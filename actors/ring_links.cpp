@@ -44,30 +44,21 @@ struct bridge_link : process_link {
   }
 };
 
-struct shm_link : process_link {
-  std::shared_ptr<net::shm_sender> out;
-  explicit shm_link(std::shared_ptr<net::shm_sender> o) : out(std::move(o)) {}
+// Through a sender that is done with the floats when send() returns: net::shm_sender copies them into
+// the segment, net::tcp_sender seals them into a buffer of its own.
+template <class Sender>
+struct copying_link : process_link {
+  std::shared_ptr<Sender> out;
+  const char* via;  // for errors: " through shared memory", ""
+  copying_link(std::shared_ptr<Sender> o, const char* v) : out(std::move(o)), via(v) {}
   std::string send(ring::message m) override {
     if (m.device >= 0) return "a chunk in device memory reached the link to another process";
     std::string err;
     if (!out->send(to_wire(m), net::payload{m.data, m.count * sizeof(float), std::move(m.owner)}, &err))
-      return "send to the next node through shared memory: " + err;
+      return std::string("send to the next node") + via + ": " + err;
     return "";
   }
   bool copies_at_send() const override { return true; }
-};
-
-struct tcp_link : process_link {
-  std::shared_ptr<net::tcp_sender> out;
-  explicit tcp_link(std::shared_ptr<net::tcp_sender> o) : out(std::move(o)) {}
-  std::string send(ring::message m) override {
-    if (m.device >= 0) return "a chunk in device memory reached the link to another process";
-    std::string err;
-    if (!out->send(to_wire(m), net::payload{m.data, m.count * sizeof(float), std::move(m.owner)}, &err))
-      return "send to the next node: " + err;
-    return "";
-  }
-  bool copies_at_send() const override { return true; }  // sealed into the sender's own buffer
 };
 
 }  // namespace
@@ -76,8 +67,12 @@ link_ptr make_port_link(std::shared_ptr<reducer_port> port) {
   return std::make_shared<port_link>(std::move(port));
 }
 link_ptr make_bridge_link(net::bridge* br, int peer) { return std::make_shared<bridge_link>(br, peer); }
-link_ptr make_shm_link(std::shared_ptr<net::shm_sender> out) { return std::make_shared<shm_link>(std::move(out)); }
-link_ptr make_tcp_link(std::shared_ptr<net::tcp_sender> out) { return std::make_shared<tcp_link>(std::move(out)); }
+link_ptr make_shm_link(std::shared_ptr<net::shm_sender> out) {
+  return std::make_shared<copying_link<net::shm_sender>>(std::move(out), " through shared memory");
+}
+link_ptr make_tcp_link(std::shared_ptr<net::tcp_sender> out) {
+  return std::make_shared<copying_link<net::tcp_sender>>(std::move(out), "");
+}
 bool host_only(const ring::link& l) { return dynamic_cast<const process_link*>(&l) != nullptr; }
 
 ring::message from_wire(const wire::header& h, net::payload p) {

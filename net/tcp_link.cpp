@@ -516,8 +516,9 @@ struct tcp_sender::impl {
   };
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<frame> queue;  // sealed, waiting for the socket, in order (the login first)
-  frame spare;              // a written frame's buffer, for the next send
+  std::deque<frame> queue;     // sealed, waiting for the socket, in order (the login first)
+  std::vector<frame> spares;  // written frames' buffers, for the next sends (a backed-up socket
+                              // must not cost a fresh 1 MiB allocation, and its page faults, a chunk)
   int fd = -1;
   bool connected = false, dead = false, stop = false;
   std::thread thread;
@@ -525,10 +526,15 @@ struct tcp_sender::impl {
   ~impl() {
     if (fd >= 0) close(fd);
   }
-  // Under mu: a frame of `bytes` bytes, the spare one if it is large enough.
+  // Under mu: a frame of `bytes` bytes, a spare one if one is large enough.
   frame make_frame(size_t bytes) {
-    frame f = std::move(spare);
-    spare = {};
+    frame f;
+    for (size_t i = spares.size(); i-- > 0;)
+      if (spares[i].cap >= bytes) {
+        f = std::move(spares[i]);
+        spares.erase(spares.begin() + long(i));
+        break;
+      }
     if (f.cap < bytes) f = {std::unique_ptr<unsigned char[]>(new unsigned char[bytes]), bytes, 0, 0};
     f.size = bytes;
     f.sent = 0;
@@ -546,7 +552,7 @@ struct tcp_sender::impl {
         else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         else return -1;
       }
-      spare = std::move(f);
+      if (spares.size() < 8) spares.push_back(std::move(f));
       queue.pop_front();
     }
     return 1;
