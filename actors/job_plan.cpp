@@ -85,8 +85,9 @@ bool check_nodes(const job_plan& p, std::string* error) {
     if (!nd.key.empty() && !net::is_key(nd.key)) return fail(error, "'" + at + ".key' is not a Z85 public key (40 characters)");
     if (!p.nodes[0].key.empty() != !nd.key.empty())
       return fail(error, "'" + at + ".key' is " + (nd.key.empty() ? "missing" : "set") + ", unlike 'nodes[0].key' (all nodes use keys or none)");
-    if (nd.sealed_port < 0 || nd.sealed_port > 65535) return fail(error, is("" + at + ".sealed_port", nd.sealed_port, range(0, 65535)));
-    if (nd.sealed_port > 0 && nd.key.empty()) return fail(error, "'" + at + ".sealed_port' is set for a node without a key");
+    if (nd.ring_port < 0 || nd.ring_port > 65535) return fail(error, is("" + at + ".ring_port", nd.ring_port, range(0, 65535)));
+    if (nd.ring_port > 0 && !nd.key.empty() && p.seal_salt.empty())  // plain chunks only between nodes without keys
+      return fail(error, "'" + at + ".ring_port' is set for a node with a key in a plan without 'seal_salt' (nodes with keys take only sealed chunks there)");
     if (nd.life < 0 || nd.life > kMaxGenerations) return fail(error, is("" + at + ".life", nd.life, range(0, kMaxGenerations)));
     if (p.generation == 0 && nd.life != 0)
       return fail(error, is("" + at + ".life", nd.life, "0 in generation 0 (a job starts with first lives)"));
@@ -284,7 +285,7 @@ train_config plan_train_config(const job_plan& p) {
 std::string to_json(const job_plan& p) {
   json nodes = json::array(), ranks = json::array();
   for (const plan_node& nd : p.nodes)
-    nodes.push_back({{"endpoint", nd.endpoint}, {"id", nd.id}, {"key", nd.key}, {"host", nd.host}, {"sealed_port", nd.sealed_port},
+    nodes.push_back({{"endpoint", nd.endpoint}, {"id", nd.id}, {"key", nd.key}, {"host", nd.host}, {"ring_port", nd.ring_port},
                      {"life", nd.life}});
   for (const rank_plan& r : p.ranks)
     ranks.push_back({{"rank", r.rank}, {"node", r.node}, {"device", r.device}, {"left", r.left}, {"right", r.right},
@@ -471,10 +472,10 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
     if (!(*nodes)[i].is_object()) return fail(error, "'" + at + "' must be an object, got " + shown((*nodes)[i]));
     plan_node nd;
     reader rn((*nodes)[i], at, error);
-    rn.only({"endpoint", "id", "key", "host", "sealed_port", "life"}).text("endpoint", &nd.endpoint, kMaxEndpointBytes);
+    rn.only({"endpoint", "id", "key", "host", "ring_port", "life"}).text("endpoint", &nd.endpoint, kMaxEndpointBytes);
     rn.integer("life", &nd.life, 0, kMaxGenerations);
     rn.text("host", &nd.host, kMaxHostIdBytes);
-    rn.text("id", &nd.id, kMaxNodeIdBytes).text("key", &nd.key, net::kKeyChars).integer("sealed_port", &nd.sealed_port, 0, 65535);
+    rn.text("id", &nd.id, kMaxNodeIdBytes).text("key", &nd.key, net::kKeyChars).integer("ring_port", &nd.ring_port, 0, 65535);
     if (!rn.ok()) return false;
     p->nodes.push_back(std::move(nd));
   }

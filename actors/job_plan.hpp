@@ -60,7 +60,7 @@ struct plan_node {
   std::string host;
   // With keys: the port of its bridge's sealed listener (net/seal.hpp) on its endpoint's host, where ring
   // chunks sealed with AES-128-OCB go; 0: none, chunks go over CurveZMQ.
-  int sealed_port = 0;
+  int ring_port = 0;
   // Which of its lives in the job this is: 0 for the nodes the job started with; each time the launcher
   // tries to take a lost node back, it gives it a new one, larger than any before. Its pair keys
   // (net/seal.hpp) are those of this life, so a node that comes back seals with keys nobody used.

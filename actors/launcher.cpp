@@ -41,7 +41,7 @@ std::string host_of(const std::string& host) {
   return fits ? host : "";
 }
 
-int sealed_port_of(const std::string& said) {  // a node's word: checked, never std::stoi
+int ring_port_of(const std::string& said) {  // a node's word: checked, never std::stoi
   int v = 0;
   const auto [end, ec] = std::from_chars(said.data(), said.data() + said.size(), v);
   return ec == std::errc() && end == said.data() + said.size() && v > 0 && v <= 65535 ? v : 0;

@@ -185,8 +185,8 @@ std::string node_text(const std::string& said);
 // A node's host id as its hello_ack says it: one that would not make a valid plan is none (that node
 // uses the network, not shared memory).
 std::string host_of(const std::string& said);
-// A node's sealed port as its hello_ack says it: 1..65535, else 0 (none: chunks to it go over CurveZMQ).
-int sealed_port_of(const std::string& said);
+// A node's ring port as its hello_ack says it: 1..65535, else 0 (none: chunks to it go through the bridge).
+int ring_port_of(const std::string& said);
 
 
 }  // namespace ringmaster

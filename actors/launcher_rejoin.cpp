@@ -36,7 +36,7 @@ void launcher::on_back(int node, wire::kv_map& kv) {
   plan_node entry = plan.nodes[size_t(node)];
   entry.id = kv["id"];
   entry.host = host_of(kv["host"]);
-  entry.sealed_port = sealed_port_of(kv["sealed_port"]);  // it seals again, with the keys of a new life:
+  entry.ring_port = ring_port_of(kv["ring_port"]);  // it seals again, with the keys of a new life:
   entry.life = ++lives;  // one per try, as one given up may have reached it (the daemon refuses a life again)
   std::string error;
   job_plan theirs;

@@ -29,7 +29,7 @@ std::string check_plan(const job_plan& plan, const node_context& ctx, bool* inva
   // after its first, whatever the launcher says: under its first life's keys its counters, which start
   // again at 0, would reuse nonces. (The daemon refuses a (job, life) it has run before.)
   const plan_node& me = plan.nodes[size_t(plan.recipient)];
-  if (plan.generation > 0 && !plan.seal_salt.empty() && me.sealed_port != 0 && me.life == 0) {
+  if (plan.generation > 0 && !plan.seal_salt.empty() && me.ring_port != 0 && me.life == 0) {
     *invalid = true;
     return "the job plan has this node join ring generation " + std::to_string(plan.generation) +
            " with the sealing keys of its first life";
@@ -60,9 +60,9 @@ node_job::node_job(const node_context& ctx, net::peer_info launcher, job_plan pl
 // and its public key, net/seal.hpp), a sealer for what we send it and an opener for what it sends us. A
 // node whose key does not work gets neither: chunks to and from it go over CurveZMQ.
 void node_job::make_pair_keys() {
-  // A node without a sealed port in the plan seals nothing either (its chunks go over CurveZMQ, still
+  // A node without a ring port in the plan seals nothing either (its chunks go over CurveZMQ, still
   // encrypted).
-  if (plan_.seal_salt.empty() || ctx_.keys.empty() || plan_.nodes[size_t(plan_.recipient)].sealed_port == 0) return;
+  if (plan_.seal_salt.empty() || ctx_.keys.empty() || plan_.nodes[size_t(plan_.recipient)].ring_port == 0) return;
   for (size_t j = 0; j < plan_.nodes.size(); ++j)
     if (j != size_t(plan_.recipient)) make_pair_key(j);
 }
@@ -166,8 +166,9 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
 // The ring as the plan orders it. False with *error when a node cannot be reached.
 bool node_job::wire_ring(std::string* error) {
   // Rank r sends to its right neighbour: a reducer here directly; one on another node through shared
-  // memory (same host), sealed over our TCP connection to that node (net/tcp_link.hpp, one per node), or,
-  // without sealing, through the bridge, where that node takes our chunks as the plan names our routing id.
+  // memory (same host), over our TCP connection to that node's ring port (net/tcp_link.hpp, one per
+  // node, sealed or plain), or else through the bridge, where that node takes our chunks as the plan
+  // names our routing id.
   for (int r : mine_) {
     const int right = plan_.right(r);
     if (auto p = ports_.find(r); p == ports_.end() || !p->second) return *error = "rank " + std::to_string(r) + " has no reducer", false;
@@ -176,8 +177,8 @@ bool node_job::wire_ring(std::string* error) {
       link = make_port_link(ports_[right]);
     } else if (auto shm = open_shm_sender(r, right)) {
       link = make_shm_link(std::move(shm));
-    } else if (const int node = plan_.ranks[size_t(right)].node; sealers_.count(node) && plan_.nodes[size_t(node)].sealed_port > 0) {
-      if (!(link = sealed_link(node, error))) return false;
+    } else if (const int node = plan_.ranks[size_t(right)].node; on_ring_ports(node)) {
+      if (!(link = tcp_ring_link(node, error))) return false;
     } else {
       const std::string& endpoint = plan_.ranks[size_t(right)].endpoint;
       auto known = peers_.find(endpoint);
@@ -194,11 +195,16 @@ bool node_job::wire_ring(std::string* error) {
   return true;
 }
 
-link_ptr node_job::sealed_link(int node, std::string* error) {
+bool node_job::on_ring_ports(int node) const {
+  if (plan_.nodes[size_t(plan_.recipient)].ring_port == 0 || plan_.nodes[size_t(node)].ring_port == 0) return false;
+  return sealers_.count(node) || (ctx_.keys.empty() && plan_.seal_salt.empty() && plan_.nodes[size_t(node)].key.empty());
+}
+
+link_ptr node_job::tcp_ring_link(int node, std::string* error) {
   if (auto known = tcp_out_.find(node); known != tcp_out_.end()) return make_tcp_link(known->second);
   const plan_node& nd = plan_.nodes[size_t(node)];
-  // The node's sealed port on the host we reach it at.
-  const std::string endpoint = nd.endpoint.substr(0, nd.endpoint.rfind(':') + 1) + std::to_string(nd.sealed_port);
+  // The node's ring port on the host we reach it at.
+  const std::string endpoint = nd.endpoint.substr(0, nd.endpoint.rfind(':') + 1) + std::to_string(nd.ring_port);
   // A port that never lets us in fails the ranks that send there (on the sender's thread: the ports are
   // safe from any thread, the log goes to the bridge thread).
   std::vector<std::shared_ptr<reducer_port>> senders;
@@ -210,15 +216,17 @@ link_ptr node_job::sealed_link(int node, std::string* error) {
     br->post([say, line = job + ": the ring's link to node " + node + " failed: " + why] { say(line); });
     for (auto& port : senders) fail(*port, "ring link to the next node: " + why);
   };
-  auto out = net::tcp_sender::connect(endpoint, plan_.job_id, uint32_t(plan_.recipient), sealers_[node], failed, error);
+  auto seal = sealers_.count(node) ? sealers_[node] : nullptr;  // none: plain (on_ring_ports)
+  auto out = net::tcp_sender::connect(endpoint, plan_.job_id, uint32_t(plan_.recipient), seal, failed, error);
   if (!out) return *error = "cannot reach node " + nd.endpoint + ": " + *error, nullptr;
-  ctx_.log(job + ": ring chunks to node " + nd.endpoint + " sealed (" + net::kSealCipher + ") at " + endpoint);
+  ctx_.log(job + ": ring chunks to node " + nd.endpoint + (seal ? std::string(" sealed (") + net::kSealCipher + ")" : " plain (--insecure)") +
+           " at " + endpoint);
   tcp_out_[node] = out;
   return make_tcp_link(std::move(out));
 }
 
 void node_job::open_tcp_receivers() {
-  if (!ctx_.sealed || openers_.empty()) return;
+  if (!ctx_.ring_port) return;
   const uint64_t ring_id = plan_.ring_id();
   const std::string job = "job " + std::to_string(plan_.job_id);
   // Which of our ports each sending rank feeds, by the node it runs on.
@@ -226,21 +234,21 @@ void node_job::open_tcp_receivers() {
   for (int r : mine_) {
     const int left = plan_.left(r);
     const int node = plan_.ranks[size_t(left)].node;
-    if (node != plan_.recipient && openers_.count(node)) feeds[node][left] = ports_[r];
+    if (node != plan_.recipient && on_ring_ports(node)) feeds[node][left] = ports_[r];
   }
   net::bridge* br = ctx_.br;
   auto log = [br, say = ctx_.log, job](std::string line) { br->post([say, line = job + ": " + line] { say(line); }); };
   for (auto& [node, ports] : feeds) {
     auto strays = std::make_shared<int>(0);
-    tcp_in_[node] = ctx_.sealed->expect(
-        plan_.job_id, uint32_t(node), openers_[node],
+    tcp_in_[node] = ctx_.ring_port->expect(
+        plan_.job_id, uint32_t(node), openers_.count(node) ? openers_[node] : nullptr,
         [ports = ports, ring_id, log, strays](const wire::header& h, net::payload p) {
-          // The pair key proved the node; the chunk must also be of this ring and from a rank it runs
+          // The pair key proved the node (or, plain, the login named it); the chunk must also be of this ring and from a rank it runs
           // whose right neighbour is here.
           if (auto it = ports.find(h.sender_rank); it != ports.end() && h.job_id == ring_id)
             return deliver(*it->second, from_wire(h, std::move(p)));
           if ((*strays)++ == 0)
-            log("dropped a sealed chunk of ring " + std::to_string(h.job_id) + " from rank " + std::to_string(h.sender_rank) +
+            log("dropped a chunk of ring " + std::to_string(h.job_id) + " from rank " + std::to_string(h.sender_rank) +
                 ": not a rank of this ring whose right neighbour runs here");
         },
         [ports = ports, log](const std::string& why) {

@@ -1,6 +1,6 @@
 // One job on a node daemon. From the job's plan (actors/job_plan.hpp) it takes the ranks this node runs,
 // spawns their loaders, replicas and reducers once the data is here, wires them into the ring (chunks to
-// a rank on another node go through shared memory, a sealed TCP connection or the bridge), links them to
+// a rank on another node go through shared memory, a TCP connection to its ring port or the bridge), links them to
 // the launcher, routes the chunks that arrive for them, and stops it all when it is destroyed. When the
 // launcher lost another node (elastic jobs, actors/reform.hpp) it pauses the ranks and moves them into
 // the re-formed ring. Everything here runs on the bridge thread.
@@ -35,7 +35,7 @@ struct node_context {
   std::shared_ptr<const layer_registry> layers;
   std::function<void(const std::string&)> log;
   net::key_pair keys;  // the node's own (empty: --insecure), for the keys it shares with other nodes
-  net::tcp_port* sealed = nullptr;  // where other nodes send sealed ring chunks (none: --insecure)
+  net::tcp_port* ring_port = nullptr;  // where other hosts' nodes send ring chunks (sealed, or plain: --insecure)
   // What a peer made us drop: logged a few lines per kind and 10 s, the rest counted (a node of the job or a
   // stranger must not flood the log).
   std::function<void(const net::bridge_error&)> fault;
@@ -78,7 +78,7 @@ class node_job {
   // Whether the launcher has been silent too long (it heartbeats from the moment it sends the job).
   bool launcher_gone(std::chrono::milliseconds timeout) const;
 
-  // The bridge could not make our connection `peer` (a refused key or login, a closed sealed port): if it
+  // The bridge could not make our connection `peer` (a refused key or login, a closed ring port): if it
   // is one of the ring's links, the ranks here fail with `why`, and so does the job.
   void link_failed(int peer, const std::string& why);
   // A chunk from another node for the rank after its sender.
@@ -115,10 +115,14 @@ class node_job {
   // segment that node may send through if it runs on this host as our user (net/shm_link.hpp).
   void open_shm_receivers();
   std::shared_ptr<net::shm_sender> open_shm_sender(int rank, int right);
-  // Sealed chunks: for each node that sends some rank here its chunks, a receiver on our sealed port.
+  // Whether chunks between us and node `node` go on the nodes' ring ports (net/tcp_link.hpp): sealed
+  // with the pair key made for it, or plain when the job has no keys (--insecure). Both need a ring port.
+  bool on_ring_ports(int node) const;
+  // For each node that sends some rank here its chunks on our ring port, a receiver there.
   void open_tcp_receivers();
-  // The ring's link to rank `right` on node `node`, sealed: one connection per node. nullptr with *error.
-  std::shared_ptr<ring::link> sealed_link(int node, std::string* error);
+  // The ring's link to rank `right` on node `node`, to its ring port: one connection per node. nullptr
+  // with *error.
+  std::shared_ptr<ring::link> tcp_ring_link(int node, std::string* error);
   bool same_host(int node) const;
 
   node_context ctx_;
@@ -135,7 +139,7 @@ class node_job {
   // for the job, so its counters (nonces) never start again with the same key, whatever the ring does.
   std::map<int, std::shared_ptr<net::sealer>> sealers_;
   std::map<int, std::shared_ptr<net::opener>> openers_;  // and the opener of what it sends us
-  // The sealed connections of the ring now, by node: what comes from it, what goes to it.
+  // The ring's connections on ring ports now, by node: what comes from it, what goes to it.
   std::map<int, std::shared_ptr<net::tcp_receiver>> tcp_in_;
   std::map<int, std::shared_ptr<net::tcp_sender>> tcp_out_;
   // The segments of the ring now, by receiving rank: their threads hand chunks to the rank's port. (The

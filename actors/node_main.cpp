@@ -75,7 +75,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("key-dir", po::value(&o.key_dir), "this node's key, key.pub and authorized_keys (default ~/.ringmaster; made on first use)")
       ("insecure", po::bool_switch(&o.insecure), "no keys and no encryption: anyone who reaches the port can command this node")
       ("max-connections", po::value(&o.max_connections)->default_value(o.max_connections), "clients connected at once; more are refused at the handshake")
-      ("sealed-port", po::value(&o.sealed_port)->default_value(o.sealed_port), "the port other nodes send ring chunks to, sealed with AES-128-OCB, on the --listen host (open it in a firewall); 0: any free port")
+      ("ring-port", po::value(&o.ring_port)->default_value(o.ring_port), "the port other nodes send ring chunks to (sealed with AES-128-OCB; plain with --insecure), on the --listen host (open it in a firewall); 0: any free port")
       ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never")
       ("stall-after-steps", po::value(&o.stall_after_steps), "for testing: this node's replicas stop after N steps of a job while the node goes on answering, as a stuck GPU would")
       ("stall-at-join-pause", po::bool_switch(&o.stall_at_join_pause), "for testing: this node's replicas stop once told to pause for a node that rejoins, while the node goes on answering");
@@ -123,12 +123,12 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     std::fprintf(stderr, "%s: --max-connections must be at least 1\n", prog.c_str());
     return 2;
   }
-  if (o.sealed_port != 0 && (o.insecure || o.listen.rfind("tcp://", 0) != 0)) {
-    std::fprintf(stderr, "%s: --sealed-port needs keys (no --insecure) and a tcp:// --listen endpoint\n", prog.c_str());
+  if (o.ring_port != 0 && o.listen.rfind("tcp://", 0) != 0) {
+    std::fprintf(stderr, "%s: --ring-port needs a tcp:// --listen endpoint\n", prog.c_str());
     return 2;
   }
-  if (o.sealed_port < 0 || o.sealed_port > 65535) {
-    std::fprintf(stderr, "%s: --sealed-port must be a port number, 0-65535 (0: any free port)\n", prog.c_str());
+  if (o.ring_port < 0 || o.ring_port > 65535) {
+    std::fprintf(stderr, "%s: --ring-port must be a port number, 0-65535 (0: any free port)\n", prog.c_str());
     return 2;
   }
   // Every connection holds a file descriptor: take all the system allows us (the soft limit is often 1024).

@@ -73,9 +73,9 @@ struct node_service::impl {
   const std::string host = net::host_id();  // in hello_ack: nodes with equal ones share memory
   std::set<std::string> authorized;  // authorized_keys, read again at each handshake (bridge thread)
   net::bridge br;
-  // Ring chunks from other nodes, sealed with the keys we share with them (not with --insecure). After
-  // br: its thread logs through it.
-  std::unique_ptr<net::tcp_port> sealed;
+  // Ring chunks from other hosts' nodes, sealed with the keys we share with them (plain with --insecure).
+  // After br: its thread logs through it.
+  std::unique_ptr<net::tcp_port> ring_port;
   data_cache data;
   std::thread ticker;
   std::mutex stop_mu;
@@ -173,7 +173,7 @@ struct node_service::impl {
 
   node_context context() {
     return {sys.get(), &br, name(), opt.devices, slots, opt.make_backend, opt.layers, [this](const std::string& l) { log(l); }, keys,
-            sealed.get(), [this](const net::bridge_error& e) { log_fault(e); }, opt.stall_after_steps, opt.stall_at_join_pause, opt.ring_poll, workers};
+            ring_port.get(), [this](const net::bridge_error& e) { log_fault(e); }, opt.stall_after_steps, opt.stall_at_join_pause, opt.ring_poll, workers};
   }
 
   void send_kv(const net::peer_info& to, wire::msg_type type, uint64_t job_id, const wire::kv_map& kv) {
@@ -220,7 +220,7 @@ struct node_service::impl {
     // A node may join a job it left (reform.hpp) in a new life (new pair keys), or without sealing.
     const bool known = plan.recipient >= 0 && size_t(plan.recipient) < plan.nodes.size();
     const int life = known ? plan.nodes[size_t(plan.recipient)].life : 0;
-    const bool seals = !plan.seal_salt.empty() && known && plan.nodes[size_t(plan.recipient)].sealed_port != 0;
+    const bool seals = !plan.seal_salt.empty() && known && plan.nodes[size_t(plan.recipient)].ring_port != 0;
     if (past_jobs.count({plan.job_id, life}) && (seals || plan.generation == 0))
       return refuse(from, plan.job_id, "this node already ran a job with this id", true);
     if (!opt.insecure && (plan.recipient < 0 || size_t(plan.recipient) >= plan.nodes.size() ||
@@ -315,7 +315,7 @@ struct node_service::impl {
     switch (h.type) {
       case msg_type::hello:
         send_kv(from, msg_type::hello_ack, h.job_id,
-                {{"name", name()}, {"id", br.name()}, {"devices", opt.devices}, {"sealed_port", std::to_string(sealed ? sealed->port() : 0)},
+                {{"name", name()}, {"id", br.name()}, {"devices", opt.devices}, {"ring_port", std::to_string(ring_port ? ring_port->port() : 0)},
                  {"host", host}, {"version", std::to_string(wire::kProtocolVersion)}});
         return;
       case msg_type::job:
@@ -404,21 +404,21 @@ bool node_service::start(std::string* error) {
     if (e.kind == net::fault::handshake_failed && !e.retrying && d->job) d->job->link_failed(e.from.peer, e.message);
   });
   const size_t authorized = d->authorized.size();  // before the bridge thread may read the file again
-  // The sealed port, on the host the bridge listens on (tcp only: ring chunks between hosts), before
+  // The ring port, on the host the bridge listens on (tcp only: ring chunks between hosts), before
   // the bridge answers any hello, which names it.
-  if (const std::string& ep = d->opt.listen; !d->keys.empty() && ep.rfind("tcp://", 0) == 0) {
+  if (const std::string& ep = d->opt.listen; ep.rfind("tcp://", 0) == 0) {
     net::tcp_port_options po;
     po.on_refusal = [d](const std::string& why) {  // the bridge drops it once it has stopped
-      d->br.post([d, why] { d->log_fault({net::fault::unauthorized, {}, "sealed port: " + why}); });
+      d->br.post([d, why] { d->log_fault({net::fault::unauthorized, {}, "ring port: " + why}); });
     };
-    if (!(d->sealed = net::tcp_port::bind(ep.substr(6, ep.rfind(':') - 6), d->opt.sealed_port, po, error))) {
-      *error = "the sealed port " + *error;  // "the sealed port 127.0.0.1:5602: address already in use"
+    if (!(d->ring_port = net::tcp_port::bind(ep.substr(6, ep.rfind(':') - 6), d->opt.ring_port, po, error))) {
+      *error = "the ring port " + *error;  // "the ring port 127.0.0.1:5602: address already in use"
       d->sys.reset();
       return false;
     }
   }
   if (!d->br.start(d->opt.listen, error)) {
-    d->sealed.reset();
+    d->ring_port.reset();
     d->sys.reset();
     return false;
   }
@@ -428,7 +428,9 @@ bool node_service::start(std::string* error) {
       d->br.post([d] { d->tick(); });
   });
   d->log("listening on " + d->br.endpoint() +
-         (d->sealed ? " (sealed ring chunks on port " + std::to_string(d->sealed->port()) + ")" : "") +
+         (d->ring_port ? std::string(" (ring chunks from other hosts on port ") + std::to_string(d->ring_port->port()) +
+                             (d->opt.insecure ? ", plain)" : ", sealed)")
+                       : "") +
          ", offering " + d->opt.devices + ", data from " + d->opt.data_dir);
   // Segments a daemon killed with SIGKILL left behind (their memory stays reserved until removed).
   if (const int swept = net::sweep_segments())
@@ -471,8 +473,8 @@ void node_service::stop(const std::string& why) {
       }))
     done.get_future().wait();
   if (told) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // linger 0: let the abort leave
-  d->br.stop();  // no job of ours is set up any more: the sealed port goes next
-  d->sealed.reset();
+  d->br.stop();  // no job of ours is set up any more: the ring port goes next
+  d->ring_port.reset();
   d->data.join();
   d->log("stopped");
   d->sys.reset();  // waits for the job's actors to finish

@@ -35,7 +35,9 @@ struct node_options {
   std::string key_dir;
   bool insecure = false;
   int max_connections = 1024;  // clients at once (with keys); a job needs its launcher and a left neighbour
-  int sealed_port = 0;         // the port sealed ring chunks come to (net/seal.hpp); 0: an ephemeral one
+  // The port other hosts' nodes send ring chunks to (net/tcp_link.hpp), sealed (net/seal.hpp), or plain
+  // with insecure; 0: an ephemeral one. Only with a tcp:// listen endpoint.
+  int ring_port = 0;
   // From the bridge thread, which training work does not hold up: a launcher names a node silent for
   // 1.5 s lost (actors/remote_job.hpp).
   std::chrono::milliseconds heartbeat{100};

@@ -26,8 +26,10 @@ struct process_ring::impl {
   // before port does), and the right neighbour's, which our link sends through.
   std::unique_ptr<net::shm_receiver> shm_in;
   std::shared_ptr<net::shm_sender> shm_out;
-  // Sealed chunks: our port, the receiver of the left neighbour's (its thread hands them to port, so it
-  // goes before port does) and our connection to the right neighbour's port.
+  // Chunks on TCP connections of their own (sealed or plain): our ring port, the receiver of the left
+  // neighbour's (its thread hands them to port, so it goes before port does) and our connection to the
+  // right neighbour's port.
+  bool own_link = false;  // from listen(): a tcp endpoint, tcp_link, and a seal or no keys
   std::unique_ptr<net::tcp_port> tcp_port;
   std::shared_ptr<net::tcp_receiver> tcp_in;
   std::shared_ptr<net::tcp_sender> tcp_out;
@@ -37,7 +39,7 @@ struct process_ring::impl {
   bool left_hello = false, right_ack = false, connected = false;
   std::string failure;  // non-empty: the ring is broken
   std::atomic<int> right_peer{-1};
-  std::atomic<int> right_sealed_port{0};  // from its hello_ack, when chunks are sealed
+  std::atomic<int> right_ring_port{0};  // from its hello_ack, when it has one
   std::string left_identity;  // bridge thread only
   std::shared_ptr<net::sealer> seal;    // what we send the right neighbour, when chunks are sealed
   std::shared_ptr<net::opener> unseal;  // what the left neighbour sends us
@@ -84,11 +86,12 @@ struct process_ring::impl {
       return in->poll(until, done);
     }, opt.poll);
   }
-  // Our sealed port, on the host we listen on, and the receiver of the left neighbour's chunks. False with *error.
-  bool open_sealed_port(const std::string& endpoint, std::string* error) {
+  // Our ring port, on the host we listen on, and the receiver of the left neighbour's chunks (opened
+  // with unseal; plain without it). False with *error.
+  bool open_ring_port(const std::string& endpoint, std::string* error) {
     const std::string host = endpoint.substr(6, endpoint.rfind(':') - 6);
     net::tcp_port_options po;
-    po.on_refusal = [this](const std::string& why) { log("sealed port: " + why); };
+    po.on_refusal = [this](const std::string& why) { log("ring port: " + why); };
     if (!(tcp_port = net::tcp_port::bind(host, 0, po, error))) return false;
     tcp_in = tcp_port->expect(
         opt.job_id, uint32_t(left), unseal,
@@ -190,8 +193,8 @@ struct process_ring::impl {
       return;
     }
     left_identity = from.identity;
-    std::string ack;  // with sealed chunks: where the left neighbour sends them
-    if (seal) wire::encode_kv({{"sealed_port", std::to_string(tcp_port->port())}}, &ack, nullptr);
+    std::string ack;  // with a ring port: where the left neighbour sends chunks
+    if (tcp_port) wire::encode_kv({{"ring_port", std::to_string(tcp_port->port())}}, &ack, nullptr);
     br.reply(from, make(msg_type::hello_ack), net::payload::copy_of(ack));
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -203,9 +206,9 @@ struct process_ring::impl {
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     switch (h.type) {
       case msg_type::chunk:
-        // Only from the left neighbour's connection (sealed chunks come on their own); the reducer checks
-        // job, sender, step and size.
-        if (seal || from.peer >= 0 || from.identity.empty() || from.identity != left_identity) {
+        // Only from the left neighbour's connection (with a ring port, chunks come on their own); the
+        // reducer checks job, sender, step and size.
+        if (tcp_port || from.peer >= 0 || from.identity.empty() || from.identity != left_identity) {
           log("chunk from rank " + std::to_string(h.sender_rank) + " on a connection that is not our left neighbour's: dropped");
           return;
         }
@@ -218,12 +221,12 @@ struct process_ring::impl {
           wire::kv_map kv;
           std::string err;
           int port = 0;
-          if (wire::decode_kv(p.text(), &kv, &err) && kv.count("sealed_port")) {  // checked, never std::stoi
-            const std::string& t = kv["sealed_port"];
+          if (wire::decode_kv(p.text(), &kv, &err) && kv.count("ring_port")) {  // checked, never std::stoi
+            const std::string& t = kv["ring_port"];
             const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), port);
             if (ec != std::errc() || end != t.data() + t.size() || port < 0 || port > 65535) port = 0;
           }
-          right_sealed_port.store(port);
+          right_ring_port.store(port);
           {
             std::lock_guard<std::mutex> lock(mu);
             right_ack = true;
@@ -288,12 +291,12 @@ bool process_ring::listen(const std::string& endpoint, std::string* error) {
   if (d_->size < 1 || d_->rank < 0 || d_->rank >= d_->size)
     return failed("rank " + std::to_string(d_->rank) + " of " + std::to_string(d_->size));
   if (d_->br.running()) return failed("listen called twice");
-  if (d_->keys() && !d_->opt.seal_salt.empty()) {  // sealed ports are tcp; sealed messages at most 4 MiB
-    if (endpoint.rfind("tcp://", 0) != 0) return failed("sealed chunks need a tcp:// endpoint, not " + endpoint);
-    if (d_->opt.segment_bytes > net::kMaxSealedPayload || d_->opt.small_bytes > net::kMaxSealedPayload)
-      return failed("sealed chunks are at most " + std::to_string(net::kMaxSealedPayload) + " bytes: segment_bytes " +
-                    std::to_string(d_->opt.segment_bytes) + ", small_bytes " + std::to_string(d_->opt.small_bytes));
-  }
+  const bool sealed = d_->keys() && !d_->opt.seal_salt.empty();
+  if (sealed && endpoint.rfind("tcp://", 0) != 0) return failed("sealed chunks need a tcp:// endpoint, not " + endpoint);
+  d_->own_link = d_->size > 1 && d_->opt.tcp_link && endpoint.rfind("tcp://", 0) == 0 && (sealed || !d_->keys());
+  if (d_->own_link && (d_->opt.segment_bytes > net::kMaxSealedPayload || d_->opt.small_bytes > net::kMaxSealedPayload))
+    return failed("chunks to a ring port are at most " + std::to_string(net::kMaxSealedPayload) + " bytes: segment_bytes " +
+                  std::to_string(d_->opt.segment_bytes) + ", small_bytes " + std::to_string(d_->opt.small_bytes));
   if (d_->opt.shared_memory && (d_->opt.segment_bytes > net::kShmMaxPayload || d_->opt.small_bytes > net::kShmMaxPayload))
     return failed("shared-memory chunks are at most " + std::to_string(net::kShmMaxPayload) + " bytes: segment_bytes " +
                   std::to_string(d_->opt.segment_bytes) + ", small_bytes " + std::to_string(d_->opt.small_bytes));
@@ -306,9 +309,10 @@ bool process_ring::listen(const std::string& endpoint, std::string* error) {
   const bool any_port = endpoint.rfind("tcp://", 0) == 0 && endpoint.substr(endpoint.rfind(':') + 1) == "0";
   const bool shm = d_->opt.shared_memory && d_->size > 1;
   if (shm && !any_port) d_->make_segment(endpoint);
+  // The ring port before the bridge answers any hello, which names it (its thread reads tcp_port).
+  if (d_->own_link && !d_->open_ring_port(endpoint, error)) return false;
   if (!d_->br.start(endpoint, error)) return false;
-  if (shm && any_port) d_->make_segment(d_->br.endpoint());
-  if (d_->seal && !d_->open_sealed_port(endpoint, error)) return false;
+  if (shm && any_port) d_->make_segment(d_->br.endpoint());  // its poller replaces the ring port's
   return true;
 }
 
@@ -355,14 +359,13 @@ bool process_ring::connect(const std::vector<std::string>& endpoints, std::strin
     return failed("handshake timed out after " + std::to_string(d_->opt.handshake_timeout.count()) + " ms: " + missing);
   }
   lock.unlock();
-  // Chunks go on the handshake's connection, or, sealed, to the right neighbour's sealed port.
+  // Chunks go to the right neighbour's ring port (sealed, or plain), or on the handshake's connection.
   bool missing = false;
   std::string why;
   if (d_->opt.shared_memory && (d_->shm_out = net::shm_sender::open(d_->stamp(d_->rank, d_->right, right_ep), &why, &missing))) {
     join(*d_->port, make_shm_link(d_->shm_out));
-  } else if (d_->seal) {
-    const int port = d_->right_sealed_port.load();
-    if (port <= 0) return failed("rank " + std::to_string(d_->right) + " at " + right_ep + " has no sealed port");
+  } else if (const int port = d_->right_ring_port.load(); d_->seal || (d_->own_link && port > 0)) {
+    if (port <= 0) return failed("rank " + std::to_string(d_->right) + " at " + right_ep + " has no ring port");
     d_->tcp_out = net::tcp_sender::connect(right_ep.substr(0, right_ep.rfind(':') + 1) + std::to_string(port), d_->opt.job_id,
                                            uint32_t(d_->rank), d_->seal,
                                            [d = d_.get()](const std::string& e) { d->fail("rank " + std::to_string(d->right) + ": " + e); },

@@ -13,10 +13,11 @@
 //   if (!ring.listen(endpoints[rank], &err) || !ring.connect(endpoints, &err)) ...;
 //   err = ring.allreduce(grads.data(), grads.size());   // "" or what failed
 //
-// With keys (options.bridge.keys) the links are CurveZMQ, each rank letting in only its left neighbour's
-// key; with a seal salt too, chunks are sealed with AES-128-OCB on a TCP connection of their own
-// (net/tcp_link.hpp), as node daemons send them. With shared_memory, chunks between ranks on one host
-// go through /dev/shm.
+// Over tcp, chunks go on a TCP connection of their own to the right neighbour's ring port
+// (net/tcp_link.hpp), as node daemons send them between hosts: plain without keys, sealed with
+// AES-128-OCB with keys (options.bridge.keys, the bridge then CurveZMQ, each rank letting in only its
+// left neighbour's key) and a seal salt. With keys and no salt, or ipc, or tcp_link off, they go through
+// the bridge. With shared_memory, chunks between ranks on one host go through /dev/shm.
 //
 // listen() and connect() are separate so a launcher can bind port 0, publish endpoint() and hand out
 // the full list afterwards. Every rank calls allreduce the same number of times with the same length.
@@ -44,6 +45,9 @@ struct process_ring_options {
   // directory). seal_salt (net/seal.hpp, the same on every rank): chunks sealed with AES-128-OCB.
   std::vector<std::string> public_keys;
   std::string seal_salt;
+  // Over tcp (without keys, or with a seal salt): chunks on a TCP connection of their own, to the right
+  // neighbour's ring port. false: through the bridge (ZeroMQ), for comparison.
+  bool tcp_link = true;
   // Ranks on one host, as one user, pass chunks through shared memory (net/shm_link.hpp), as node daemons
   // do; the bridge still carries the handshake and aborts. A rank that finds no segment of its right
   // neighbour's (another host) sends over the bridge.

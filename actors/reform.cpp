@@ -1,5 +1,7 @@
 #include "actors/reform.hpp"
 
+#include <algorithm>
+
 namespace ringmaster {
 
 namespace {
@@ -60,7 +62,10 @@ bool make_grow(const job_plan& current, int node, int ranks, const plan_node& en
   plan_node& nd = grown.nodes[size_t(node)];
   nd.id = entry.id;
   nd.host = entry.host;
-  nd.sealed_port = current.seal_salt.empty() ? 0 : entry.sealed_port;
+  // Sealed jobs, and jobs without keys that send to ring ports, take the one it has now.
+  const bool ring_ports = !current.seal_salt.empty() ||
+                          (nd.key.empty() && std::any_of(current.nodes.begin(), current.nodes.end(), [](const plan_node& n) { return n.ring_port > 0; }));
+  nd.ring_port = ring_ports ? entry.ring_port : 0;
   if (entry.life <= nd.life)
     return *error = "node " + nd.endpoint + " cannot join in life " + std::to_string(entry.life) + ", not after its life " +
                     std::to_string(nd.life), false;
@@ -77,7 +82,7 @@ std::string check_reform(const job_plan& current, const job_plan& next) {
     return "the re-formed plan is addressed to node " + std::to_string(next.recipient) + ", this is node " + std::to_string(current.recipient);
   if (next.nodes.size() != current.nodes.size()) return "the re-formed plan changes the job's nodes";
   // Nodes that run ranks now and none before join the ring: as they came back, with a new routing id,
-  // host or sealed port, maybe, and always in a new life, whose pair keys are new (net/seal.hpp).
+  // host or ring port, maybe, and always in a new life, whose pair keys are new (net/seal.hpp).
   std::vector<bool> joins(current.nodes.size(), false);
   for (const rank_plan& r : next.ranks)
     if (r.node >= 0 && size_t(r.node) < joins.size()) joins[size_t(r.node)] = current.ranks_on(r.node).empty();
@@ -93,7 +98,7 @@ std::string check_reform(const job_plan& current, const job_plan& next) {
     p.start_step = 0;
     p.ranks.clear();
     for (size_t i = 0; i < joins.size() && i < p.nodes.size(); ++i)
-      if (joins[i]) p.nodes[i].id = p.nodes[i].host = "", p.nodes[i].sealed_port = p.nodes[i].life = 0;
+      if (joins[i]) p.nodes[i].id = p.nodes[i].host = "", p.nodes[i].ring_port = p.nodes[i].life = 0;
     return to_json(p);
   };
   if (settings(current) != settings(next)) return "the re-formed plan changes the job's settings or nodes";

@@ -52,7 +52,7 @@ bool make_reform(const job_plan& current, const std::vector<bool>& lost, int gen
 // The plan of the ring grown from `current` by node `node` (which runs no rank of it) running `ranks`
 // ranks: generation `generation`, ring `ring`, from global step `start`; the newcomer's ranks come last
 // (was -1), the global batch is cut again, and the node's entry becomes `entry` (its routing id and host
-// and sealed port as it now says them, and a life after its last). False with *error when that does not
+// and ring port as it now says them, and a life after its last). False with *error when that does not
 // make a valid plan.
 bool make_grow(const job_plan& current, int node, int ranks, const plan_node& entry, int generation, uint64_t ring,
                int64_t start, job_plan* next, std::string* error);
@@ -60,7 +60,7 @@ bool make_grow(const job_plan& current, int node, int ranks, const plan_node& en
 // Whether `next` (a valid plan from the network) can follow `current` on a node: the same job and
 // settings, a later generation, a new ring, every rank one of current's on the same node, each node's
 // ranks kept or dropped together; or ranks that join (was -1), all of a node that ran none, whose entry
-// may name a new routing id, host and sealed port, and must name a later life. "" or what does not fit.
+// may name a new routing id, host and ring port, and must name a later life. "" or what does not fit.
 std::string check_reform(const job_plan& current, const job_plan& next);
 
 // "2-3" or "1,4": a list of ranks as messages show it.

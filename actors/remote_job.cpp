@@ -139,10 +139,10 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   // Nodes on one host as one user pass ring chunks through shared memory (net/shm_link.hpp). A host id
   // that would not make a valid plan is no host id: that node uses the network.
   for (size_t i = 0; i < ro.nodes.size(); ++i) L.plan.nodes[i].host = host_of(replies[i]["host"]);
-  // With keys, ring chunks between nodes are sealed (net/seal.hpp) and go to each node's sealed port.
-  if (!ro.insecure && ro.seal_chunks) {
-    L.plan.seal_salt = net::make_seal_salt();
-    for (size_t i = 0; i < ro.nodes.size(); ++i) L.plan.nodes[i].sealed_port = sealed_port_of(replies[i]["sealed_port"]);
+  // Ring chunks between hosts go to each node's ring port, sealed with keys (net/seal.hpp), plain without.
+  if (ro.ring_ports) {
+    if (!ro.insecure) L.plan.seal_salt = net::make_seal_salt();
+    for (size_t i = 0; i < ro.nodes.size(); ++i) L.plan.nodes[i].ring_port = ring_port_of(replies[i]["ring_port"]);
   }
   if (!validate(L.plan, &failed.error)) {
     failed.error = "node answers do not make a job: " + failed.error;

@@ -29,9 +29,10 @@ struct remote_options {
   std::string key_dir;
   std::vector<std::string> node_keys;
   bool insecure = false;
-  // With keys: ring chunks between nodes are sealed with AES-128-OCB (net/seal.hpp) on plain connections,
-  // several times faster than CurveZMQ; false sends them over CurveZMQ (for comparison).
-  bool seal_chunks = true;
+  // Ring chunks between hosts go on TCP connections to the nodes' ring ports (net/tcp_link.hpp), with
+  // keys sealed with AES-128-OCB (net/seal.hpp), several times faster than CurveZMQ, and plain without.
+  // false: through the nodes' bridges instead, over CurveZMQ with keys (for comparison).
+  bool ring_ports = true;
   // Nodes on one host pass ring chunks through shared memory (net/shm_link.hpp: same user only, nothing
   // leaves the host, so nothing is encrypted); false: through the network like nodes on other hosts.
   bool shared_memory = true;

@@ -44,13 +44,14 @@ struct bridge_link : process_link {
   }
 };
 
-// Through a sender that is done with the floats when send() returns: net::shm_sender copies them into
-// the segment, net::tcp_sender seals them into a buffer of its own.
+// Through a sender of net/: net::shm_sender copies the floats into the segment, net::tcp_sender seals
+// them into a buffer of its own, or, plain, writes them from where they are, holding the message's owner.
 template <class Sender>
-struct copying_link : process_link {
+struct sender_link : process_link {
   std::shared_ptr<Sender> out;
   const char* via;  // for errors: " through shared memory", ""
-  copying_link(std::shared_ptr<Sender> o, const char* v) : out(std::move(o)), via(v) {}
+  bool copies;      // done with the floats when send() returns
+  sender_link(std::shared_ptr<Sender> o, const char* v, bool c) : out(std::move(o)), via(v), copies(c) {}
   std::string send(ring::message m) override {
     if (m.device >= 0) return "a chunk in device memory reached the link to another process";
     std::string err;
@@ -58,7 +59,7 @@ struct copying_link : process_link {
       return std::string("send to the next node") + via + ": " + err;
     return "";
   }
-  bool copies_at_send() const override { return true; }
+  bool copies_at_send() const override { return copies; }
 };
 
 }  // namespace
@@ -68,10 +69,11 @@ link_ptr make_port_link(std::shared_ptr<reducer_port> port) {
 }
 link_ptr make_bridge_link(net::bridge* br, int peer) { return std::make_shared<bridge_link>(br, peer); }
 link_ptr make_shm_link(std::shared_ptr<net::shm_sender> out) {
-  return std::make_shared<copying_link<net::shm_sender>>(std::move(out), " through shared memory");
+  return std::make_shared<sender_link<net::shm_sender>>(std::move(out), " through shared memory", true);
 }
 link_ptr make_tcp_link(std::shared_ptr<net::tcp_sender> out) {
-  return std::make_shared<copying_link<net::tcp_sender>>(std::move(out), "");
+  const bool copies = out->sealed();
+  return std::make_shared<sender_link<net::tcp_sender>>(std::move(out), "", copies);
 }
 bool host_only(const ring::link& l) { return dynamic_cast<const process_link*>(&l) != nullptr; }
 

@@ -175,6 +175,13 @@ bool read_trailer(const void* data, size_t size, trailer* out) {
   return true;
 }
 
+void write_trailer(const trailer& t, unsigned char out[kTrailerBytes]) {
+  put_u64(out, t.job);
+  put_u32(out + 8, t.sender);
+  put_u64(out + 12, t.count);
+  std::memset(out + 20, 0, kSealTagBytes);
+}
+
 struct sealer::impl {
   ocb cipher;
   uint64_t job;

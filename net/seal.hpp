@@ -20,7 +20,7 @@
 //  20  16 bytes    the OCB tag
 // The payload is encrypted; the header and the trailer's first 20 bytes are authenticated. Sealed messages
 // go over TCP connections of their own (net/tcp_link.hpp), one per pair: the sender logs in to the
-// receiver's sealed port with a sealed hello, which only a holder of the pair key can make, so a stranger
+// receiver's ring port with a sealed hello, which only a holder of the pair key can make, so a stranger
 // is dropped before the node reads any payload from it. A receiver takes a pair's counters only in increasing
 // order (one connection keeps the order), so nothing can be replayed, and a sender never reuses a nonce:
 // its counter lives as long as the job's pair key.
@@ -43,7 +43,7 @@ constexpr size_t kSealSaltBytes = 32;
 constexpr size_t kSealTagBytes = 16;
 constexpr size_t kTrailerBytes = 36;
 // The largest payload a sealed message may carry: ring chunks are cut into segments of 1 MiB
-// (net/ring_driver.hpp), so strangers on the sealed port can make us hold at most this per message.
+// (net/ring_driver.hpp), so strangers on the ring port can make us hold at most this per message.
 constexpr size_t kMaxSealedPayload = size_t(4) << 20;
 // Each key seals at most this many messages (256 GiB at most, 2^34 blocks, under TLS 1.3's limit of
 // 2^34.5 for AES-GCM); then the next, derived from the pair key, takes over (seal.cpp): one HKDF each.
@@ -75,6 +75,8 @@ struct trailer {
   uint64_t count = 0;
 };
 bool read_trailer(const void* data, size_t size, trailer* out);
+// A trailer with no tag (zeros): what plain messages carry on an unsealed link (net/tcp_link.hpp).
+void write_trailer(const trailer& t, unsigned char out[kTrailerBytes]);
 
 // One direction of one pair: seals what node `sender` sends with the pair's key. Not thread-safe: its
 // tcp_sender (net/tcp_link.hpp) uses it one message at a time, in the order messages go out.

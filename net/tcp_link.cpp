@@ -9,6 +9,7 @@
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -157,7 +158,7 @@ struct tcp_receiver::impl {
   int broken(const std::string& why) {
     hang_up();
     try {
-      if (on_error) on_error("sealed connection from node " + std::to_string(sender) + ": " + why);
+      if (on_error) on_error(std::string(open ? "sealed" : "plain") + " connection from node " + std::to_string(sender) + ": " + why);
     } catch (...) {
     }
     return -1;
@@ -218,7 +219,7 @@ int tcp_receiver::impl::take() {
     in_body = false;
     got = 0;
     std::string err;
-    if (!open->open(head, wire::kHeaderSize, body_data, size_t(h.payload_bytes), head + wire::kHeaderSize, &err))
+    if (open && !open->open(head, wire::kHeaderSize, body_data, size_t(h.payload_bytes), head + wire::kHeaderSize, &err))
       return broken(err);
     on_message(h, std::move(body));
     body = {};
@@ -320,7 +321,7 @@ struct tcp_port::impl {
     }
     try {
       if (opt.on_refusal) opt.on_refusal(why);
-      else std::fprintf(stderr, "ringmaster sealed port %d: %s\n", port, why.c_str());
+      else std::fprintf(stderr, "ringmaster ring port %d: %s\n", port, why.c_str());
     } catch (...) {
     }
   }
@@ -379,7 +380,7 @@ bool tcp_port::impl::login(pending& p) {
   std::unique_lock<std::mutex> lock(r->consume, std::try_to_lock);
   if (!lock.owns_lock()) return false;
   unsigned char none[1];  // no payload
-  if (!r->open->open(p.buf, wire::kHeaderSize, none, 0, p.buf + wire::kHeaderSize, &err)) {
+  if (r->open && !r->open->open(p.buf, wire::kHeaderSize, none, 0, p.buf + wire::kHeaderSize, &err)) {
     close(p.fd);
     refuse("a login as node " + std::to_string(t.sender) + " that failed: " + err);
     return true;
@@ -468,7 +469,7 @@ std::unique_ptr<tcp_port> tcp_port::bind(const std::string& host, int port, tcp_
     d->thread = std::thread([p = d.get()] { p->loop(); });
     pthread_setname_np(d->thread.native_handle(), "rm-tcp-port");
   } catch (const std::exception& e) {
-    return *error = std::string("cannot start the sealed port's thread: ") + e.what(), nullptr;
+    return *error = std::string("cannot start the ring port's thread: ") + e.what(), nullptr;
   }
   return std::unique_ptr<tcp_port>(new tcp_port(std::move(d)));
 }
@@ -508,17 +509,23 @@ struct tcp_sender::impl {
   std::string endpoint, host, port;
   uint64_t job = 0;
   uint32_t sender = 0;
-  std::shared_ptr<sealer> seal;
+  std::shared_ptr<sealer> seal;  // null: plain
+  uint64_t plain_count = 0;      // plain: the trailers' count (what a sealer would number)
   std::function<void(const std::string&)> on_error;
   struct frame {
     std::unique_ptr<unsigned char[]> data;
     size_t cap = 0, size = 0, sent = 0;
+    payload ext;  // plain: the payload, written from where it is (after data's size bytes), held till then
+    size_t total() const { return size + ext.size; }
   };
   std::mutex mu;
   std::condition_variable cv;
   std::deque<frame> queue;     // sealed, waiting for the socket, in order (the login first)
   std::vector<frame> spares;  // written frames' buffers, for the next sends (a backed-up socket
                               // must not cost a fresh 1 MiB allocation, and its page faults, a chunk)
+  // Plain payloads written or dropped, let go of only once mu is free: letting go may end an all-reduce
+  // (net/ring_driver.hpp counts its buffer's readers), and whoever waits for that may send at once.
+  std::vector<payload> written;
   int fd = -1;
   bool connected = false, dead = false, stop = false;
   std::thread thread;
@@ -535,7 +542,7 @@ struct tcp_sender::impl {
         spares.erase(spares.begin() + long(i));
         break;
       }
-    if (f.cap < bytes) f = {std::unique_ptr<unsigned char[]>(new unsigned char[bytes]), bytes, 0, 0};
+    if (f.cap < bytes) f = {std::unique_ptr<unsigned char[]>(new unsigned char[bytes]), bytes, 0, 0, {}};
     f.size = bytes;
     f.sent = 0;
     return f;
@@ -545,22 +552,50 @@ struct tcp_sender::impl {
   int flush() {
     while (!queue.empty()) {
       frame& f = queue.front();
-      while (f.sent < f.size) {
-        const ssize_t n = ::send(fd, f.data.get() + f.sent, f.size - f.sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+      while (f.sent < f.total()) {
+        iovec io[2];
+        int parts = 0;
+        if (f.sent < f.size) io[parts++] = {f.data.get() + f.sent, f.size - f.sent};
+        const size_t into_ext = f.sent > f.size ? f.sent - f.size : 0;
+        if (f.ext.size > into_ext) io[parts++] = {const_cast<char*>(static_cast<const char*>(f.ext.data)) + into_ext, f.ext.size - into_ext};
+        msghdr m{};
+        m.msg_iov = io;
+        m.msg_iovlen = size_t(parts);
+        const ssize_t n = ::sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n > 0) f.sent += size_t(n);
         else if (n < 0 && errno == EINTR) continue;
         else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         else return -1;
       }
+      if (f.ext.owner) written.push_back(std::move(f.ext));
+      f.ext = {};
       if (spares.size() < 8) spares.push_back(std::move(f));
       queue.pop_front();
     }
     return 1;
   }
+  // The trailer after the header at `frame`, and n payload bytes from `in` to `out`: sealed, or plain.
+  bool wrap(unsigned char* frame, const void* in, void* out, size_t n) {
+    if (seal) return seal->seal(frame, wire::kHeaderSize, in, out, n, frame + wire::kHeaderSize);
+    write_trailer({job, sender, plain_count++}, frame + wire::kHeaderSize);
+    if (n) std::memcpy(out, in, n);
+    return true;
+  }
   // The connection is gone (or never came): what waits is dropped, and so is what comes.
   void give_up() {
     dead = true;
+    for (frame& f : queue)
+      if (f.ext.owner) written.push_back(std::move(f.ext));
     queue.clear();
+  }
+  // Under lock: lets go of the written payloads with mu unlocked for the while.
+  void let_go(std::unique_lock<std::mutex>& lock) {
+    if (written.empty()) return;
+    std::vector<payload> done;
+    done.swap(written);
+    lock.unlock();
+    done.clear();
+    lock.lock();
   }
   int connect_once(std::string* why);
   void run();
@@ -613,11 +648,12 @@ void tcp_sender::impl::run() {
   std::unique_lock<std::mutex> lock(mu);
   if (s < 0) {
     give_up();
+    let_go(lock);
     if (stop) return;  // our owner is going: nobody to tell
     lock.unlock();
     if (on_error)
-      on_error("cannot reach " + endpoint + " (a sealed port) after " + std::to_string(kConnectTries) + " tries (" + why +
-               "): is it open (ringmaster-node --sealed-port) in the firewall?");
+      on_error("cannot reach " + endpoint + " (a ring port) after " + std::to_string(kConnectTries) + " tries (" + why +
+               "): is it open (ringmaster-node --ring-port) in the firewall?");
     return;
   }
   fd = s;
@@ -626,7 +662,9 @@ void tcp_sender::impl::run() {
     cv.wait(lock, [this] { return stop || !queue.empty(); });
     if (stop) return;
     const int r = flush();
-    if (r < 0) return give_up();  // the other side went: the job's heartbeats and watchdog say who
+    if (r < 0) give_up();  // the other side went: the job's heartbeats and watchdog say who
+    let_go(lock);
+    if (r < 0) return;
     if (r == 0) {
       lock.unlock();
       pollfd p{s, POLLOUT, 0};
@@ -658,7 +696,7 @@ std::shared_ptr<tcp_sender> tcp_sender::connect(const std::string& endpoint, uin
   impl::frame f = d->make_frame(kHead);
   std::memcpy(f.data.get(), hb.data(), hb.size());
   unsigned char* none = f.data.get() + kHead;  // no payload
-  if (sender > uint32_t(INT32_MAX) || !d->seal->seal(f.data.get(), wire::kHeaderSize, none, none, 0, f.data.get() + wire::kHeaderSize))
+  if (sender > uint32_t(INT32_MAX) || !d->wrap(f.data.get(), none, none, 0))
     return *error = "cannot seal the login", nullptr;
   d->queue.push_back(std::move(f));
   auto s = std::shared_ptr<tcp_sender>(new tcp_sender(std::move(d)));
@@ -683,6 +721,8 @@ tcp_sender::~tcp_sender() {
   else if (d_->thread.joinable()) d_->thread.join();
 }
 
+bool tcp_sender::sealed() const { return d_->seal != nullptr; }
+
 bool tcp_sender::send(const wire::header& h, const payload& p, std::string* error) {
   if (p.size > kMaxSealedPayload)
     return *error = "a sealed message of " + std::to_string(p.size) + " bytes, over the limit of " +
@@ -692,19 +732,27 @@ bool tcp_sender::send(const wire::header& h, const payload& p, std::string* erro
   if (!wire::validate(w, error)) return false;
   const auto hb = wire::encode(w);
   impl& d = *d_;
-  std::lock_guard<std::mutex> lock(d.mu);
+  std::unique_lock<std::mutex> lock(d.mu);
   if (d.dead || d.stop) return true;  // dropped, as a connection to a vanished peer drops it
-  impl::frame f = d.make_frame(kHead + p.size);
+  // Plain, a payload with an owner is written from where it is (zero-copy, as through the bridge).
+  const bool in_place = !d.seal && p.owner && p.size > 0;
+  impl::frame f = d.make_frame(in_place ? kHead : kHead + p.size);
   std::memcpy(f.data.get(), hb.data(), hb.size());
-  if (!d.seal->seal(f.data.get(), wire::kHeaderSize, p.data, f.data.get() + kHead, p.size, f.data.get() + wire::kHeaderSize))
+  if (in_place) {
+    write_trailer({d.job, d.sender, d.plain_count++}, f.data.get() + wire::kHeaderSize);
+    f.ext = p;
+  } else if (!d.wrap(f.data.get(), p.data, f.data.get() + kHead, p.size)) {
     return *error = "sealing failed", false;
+  }
   const bool idle = d.queue.empty();
   d.queue.push_back(std::move(f));
   if (idle && d.connected) {  // written here, on the caller's thread: no wake-up of ours
     if (const int r = d.flush(); r != 0) {
       if (r < 0) d.give_up();
+      d.let_go(lock);
       return true;
     }
+    d.let_go(lock);
   }
   d.cv.notify_one();
   return true;

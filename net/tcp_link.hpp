@@ -1,19 +1,25 @@
-// Sealed ring chunks between nodes over plain TCP sockets: the sending thread writes them, and a
-// receiving thread, or a replica that waits for them (poll), reads them, as MPI and Gloo do.
+// Ring chunks between nodes on other hosts over plain TCP sockets: the sending thread writes them, and a
+// receiving thread, or a replica that waits for them (poll), reads them, as MPI and Gloo do. Sealed
+// (net/seal.hpp) between nodes with keys; plain between nodes started --insecure.
 //
 // Why: through the bridge a chunk crossed four threads (the sender to the bridge thread, which sealed it,
 // to ZeroMQ's I/O thread; the receiver's I/O thread to its bridge thread, which opened and added it), and
-// on this machine each wake-up costs 10-50 us: a 4 KB all-reduce between two processes took 85-130 us.
-// Here the caller seals into its own buffer and writes the socket; the receiving side reads it straight
-// into a buffer, opens it in place and hands it on; a replica waiting for the all-reduce's end spins on
-// the socket itself (a TCP round trip here: ~11 us spinning, ~100 us sleeping).
+// on this machine each wake-up costs 10-50 us: a 4 KB all-reduce between two processes took 78-130 us.
+// Here the caller seals into its own buffer (plain: writes from the ring's buffer itself) and writes the
+// socket; the receiving side reads it straight into a buffer, opens it in place and hands it on; a
+// replica waiting for the all-reduce's end spins on the socket itself (a TCP round trip here: ~11 us
+// spinning, ~100 us sleeping).
 //
-// One connection per (job, sending node, receiving node): the pair's sealer (net/seal.hpp) numbers what
-// goes on it, so its order is the counters' order, which the opener insists on. What goes on the socket:
+// One connection per (job, sending node, receiving node), to the receiving node's ring port. Sealed, the
+// pair's sealer numbers what goes on it, so its order is the counters' order, which the opener insists
+// on. What goes on the socket:
 //   a login: the 56-byte header of a hello (job_id: the job, sender_rank: the sending node's number, no
 //            payload) and a trailer (kTrailerBytes), sealed with the pair's key: only a holder of the key
 //            can make one, and as it takes the next counter, a recorded one is refused as a replay;
 //   then messages: the header (net/wire.hpp), the trailer, and payload_bytes sealed bytes.
+// Plain, the same frames with the payload as it is and a trailer without a tag: a login then proves
+// nothing (anyone who can reach an --insecure node commands it anyway), and a pair that expects sealed
+// messages refuses it ("bad tag"), so a node with keys never takes a plain chunk.
 // The receiver checks every header and trailer before it reads a payload: the trailer must name the
 // login's job and node, the payload be at most kMaxSealedPayload. A stranger gets nothing but a closed
 // connection (after 3 s at most, or at once when what it sends is not a login); of more than
@@ -66,7 +72,7 @@ struct tcp_port_options {
   std::function<void(const std::string&)> on_refusal;
 };
 
-// The listening socket sealed chunks come to (a node's --sealed-port).
+// The listening socket ring chunks from other hosts come to (a node's --ring-port).
 class tcp_port {
  public:
   // Binds host:port ("*" or "0.0.0.0": every IPv4 address; port 0: an ephemeral one) and starts the
@@ -77,8 +83,8 @@ class tcp_port {
   tcp_port& operator=(const tcp_port&) = delete;
   int port() const;
 
-  // Sealed messages of job `job` from node `sender`, opened with `open` (the pair's), go to h on the
-  // receiver's own thread or a poller's, one at a time, in order. The receiver lives until the caller
+  // Messages of job `job` from node `sender`, opened with `open` (the pair's; null: plain, for nodes
+  // without keys), go to h on the receiver's own thread or a poller's, one at a time, in order. The receiver lives until the caller
   // drops it; the port forgets the pair then, and a later expect() for the pair replaces it. `open`
   // may be shared by the receivers of one pair over a job (its counters go on); one at a time uses it.
   std::shared_ptr<tcp_receiver> expect(uint64_t job, uint32_t sender, std::shared_ptr<opener> open,
@@ -94,8 +100,8 @@ class tcp_port {
 // Our side of one pair's connection: what node `sender` of job `job` sends one other node.
 class tcp_sender {
  public:
-  // Connects to "tcp://HOST:PORT" (a tcp_port) in the background, logs in with `seal`, and sends what
-  // send() queued meanwhile. A port that cannot be reached is tried 20 times, 250 ms apart (about 5 s
+  // Connects to "tcp://HOST:PORT" (a tcp_port) in the background, logs in with `seal` (null: plain),
+  // and sends what send() queued meanwhile. A port that cannot be reached is tried 20 times, 250 ms apart (about 5 s
   // when it refuses, up to 25 s when connecting times out); then on_error is called once, from the
   // sender's thread, and messages are dropped. A connection that breaks later drops messages without a
   // word, as a link to a vanished peer does: the job's heartbeats and the ring's watchdog name the node.
@@ -103,11 +109,13 @@ class tcp_sender {
   static std::shared_ptr<tcp_sender> connect(const std::string& endpoint, uint64_t job, uint32_t sender,
                                              std::shared_ptr<sealer> seal, std::function<void(const std::string&)> on_error,
                                              std::string* error);
-  // From any thread; sealed in the order of the calls. Done with p's bytes when it returns (they are
-  // sealed into a buffer of the sender's): the socket is written at once, and what it cannot take yet
-  // goes to the sender's thread. False with *error only for a message that can never go (a bad header,
-  // a payload over kMaxSealedPayload, a cipher failure).
+  // From any thread; sent in the order of the calls. The socket is written at once, and what it cannot
+  // take yet goes to the sender's thread. Sealed, send() is done with p's bytes when it returns (they are
+  // sealed into a buffer of the sender's); plain, a payload with an owner is written from where it is,
+  // zero-copy, and held (its owner) until it has been (one without is copied). False with *error only
+  // for a message that can never go (a bad header, a payload over kMaxSealedPayload, a cipher failure).
   bool send(const wire::header& h, const payload& p, std::string* error);
+  bool sealed() const;
   ~tcp_sender();  // drops what is still queued and closes the connection
   tcp_sender(const tcp_sender&) = delete;
   tcp_sender& operator=(const tcp_sender&) = delete;

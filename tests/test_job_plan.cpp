@@ -252,13 +252,25 @@ TEST_CASE("job plan: hostile JSON is refused naming the field", "[plan]") {
   CHECK(refusal([](json& j) { j["nodes"][0]["key"] = "not a key"; }) == "job plan: 'nodes[0].key' is not a Z85 public key (40 characters)");
   CHECK(refusal([](json& j) { j["nodes"][1]["key"] = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"; }) ==
         "job plan: 'nodes[1].key' is set, unlike 'nodes[0].key' (all nodes use keys or none)");
-  // Sealed ring chunks: a port in range, and only with keys; a salt of 64 lowercase hex digits, only with keys.
-  CHECK(refusal([](json& j) { j["nodes"][0]["sealed_port"] = 70000; }) == "job plan: 'nodes[0].sealed_port' is 70000, expected 0..65535");
+  // Ring ports: a port in range; plain chunks there only between nodes without keys; a salt of 64
+  // lowercase hex digits, only with keys.
+  CHECK(refusal([](json& j) { j["nodes"][0]["ring_port"] = 70000; }) == "job plan: 'nodes[0].ring_port' is 70000, expected 0..65535");
   CHECK(refusal([](json& j) { j["nodes"][1]["host"] = "a host"; }) ==
         "job plan: 'nodes[1].host' must be at most 64 printable ASCII characters without spaces");
   CHECK(refusal([](json& j) { j["nodes"][1]["host"] = std::string(65, 'a'); }).find("'nodes[1].host' is") != std::string::npos);
   CHECK(refusal([](json& j) { j["shared_memory"] = 1; }) == "job plan: 'shared_memory' must be true or false, got 1");
-  CHECK(refusal([](json& j) { j["nodes"][0]["sealed_port"] = 5000; }) == "job plan: 'nodes[0].sealed_port' is set for a node without a key");
+  {  // plain, as --insecure nodes take them
+    json j = as_json(sample_plan());
+    j["nodes"][0]["ring_port"] = 5000;
+    job_plan out;
+    std::string err;
+    CHECK(from_json(j.dump(), &out, &err));
+    CHECK(out.nodes[0].ring_port == 5000);
+  }
+  CHECK(refusal([](json& j) {
+          for (auto& nd : j["nodes"]) nd["key"] = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";
+          j["nodes"][0]["ring_port"] = 5000;
+        }) == "job plan: 'nodes[0].ring_port' is set for a node with a key in a plan without 'seal_salt' (nodes with keys take only sealed chunks there)");
   CHECK(refusal([](json& j) { j["seal_salt"] = "00"; }) == "job plan: 'seal_salt' must be 64 lowercase hex digits or empty");
   CHECK(refusal([](json& j) { j["seal_salt"] = std::string(64, 'a'); }) == "job plan: 'seal_salt' is set for nodes without keys");
   CHECK(refusal([](json& j) { j["seal_salt"] = std::string(64, 'G'); }) == "job plan: 'seal_salt' must be 64 lowercase hex digits or empty");
@@ -273,7 +285,7 @@ TEST_CASE("job plan: hostile JSON is refused naming the field", "[plan]") {
         "job plan: 'nodes[0]' and 'nodes[2]' are both 'tcp://10.0.0.1:5601'");
   CHECK(refusal([](json& j) { j["nodes"][2]["id"] = "b:2:beef"; }) == "job plan: 'nodes[1]' and 'nodes[2]' have the same id 'b:2:beef'");
   CHECK(refusal([](json& j) { j["nodes"][1]["endpoint"] = ""; }) == "job plan: 'nodes[1].endpoint' is empty (this process) in a plan of 3 nodes");
-  CHECK(refusal([](json& j) { j["nodes"].push_back({{"endpoint", "tcp://idle:1"}, {"id", "idle"}, {"key", ""}, {"host", ""}, {"sealed_port", 0}, {"life", 0}}); }) == "job plan: 'nodes[3]' runs no rank");
+  CHECK(refusal([](json& j) { j["nodes"].push_back({{"endpoint", "tcp://idle:1"}, {"id", "idle"}, {"key", ""}, {"host", ""}, {"ring_port", 0}, {"life", 0}}); }) == "job plan: 'nodes[3]' runs no rank");
   CHECK(refusal([](json& j) { j["nodes"][1]["life"] = -1; }) == "job plan: 'nodes[1].life' is -1, expected 0..1048576");
   CHECK(refusal([](json& j) { j["nodes"][1]["life"] = 1; }) ==
         "job plan: 'nodes[1].life' is 1, expected 0 in generation 0 (a job starts with first lives)");

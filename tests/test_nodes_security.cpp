@@ -73,8 +73,8 @@ std::string send_and_read_error(const std::string& endpoint, wire::header h, con
   return kv["error"] + " (invalid=" + kv["invalid"] + ")";
 }
 
-// The port a node's hello_ack names for sealed ring chunks ("" if it did not answer).
-std::string sealed_port_of(const std::string& endpoint) {
+// The port a node's hello_ack names for ring chunks from other hosts ("" if it did not answer).
+std::string ring_port_of(const std::string& endpoint) {
   zmq::context_t ctx;
   zmq::socket_t s = client(ctx, endpoint);
   wire::header h;
@@ -85,7 +85,7 @@ std::string sealed_port_of(const std::string& endpoint) {
   wire::kv_map kv;
   std::string err;
   if (!wire::decode_kv(body.to_string(), &kv, &err)) return "";
-  return kv["sealed_port"];
+  return kv["ring_port"];
 }
 
 // Sends, as its launcher, a one-node job of `model` to node `name` at `endpoint`: training only, on the
@@ -202,12 +202,33 @@ TEST_CASE("a node fed malformed frames keeps serving and refuses other protocol 
   CHECK(r.ok);
 }
 
-TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to, a taken or bad one is a clear error", "[nodes][keys]") {
+TEST_CASE("node daemons --insecure: ring chunks between hosts go plain to the ring ports, or through the bridges", "[nodes]") {
+  logged_node a("node-a", "", true), b("node-b", "", true);
+  CHECK(a.wait_for("(ring chunks from other hosts on port ").find(", plain)") != std::string::npos);  // insecure nodes have one too
+  const bool ring_ports = GENERATE(true, false);
+  INFO((ring_ports ? "ring ports" : "bridges"));
+  remote_options ro;
+  ro.insecure = true;
+  ro.ring_ports = ring_ports;
+  ro.nodes = {a.node->endpoint(), b.node->endpoint()};
+  ro.shared_memory = false;  // as between hosts
+  ro.limit_train = 600;
+  ro.limit_test = 100;
+  train_result r = train_remote(small_job(), ro);
+  INFO(r.error);
+  CHECK(r.ok);
+  CHECK(r.identical);
+  const std::string said = " plain (--insecure) at tcp://127.0.0.1:";
+  CHECK((a.wait_for(said, ring_ports ? 10s : 0s) != "") == ring_ports);
+  CHECK((b.wait_for(said, ring_ports ? 10s : 0s) != "") == ring_ports);
+}
+
+TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts go to, a taken or bad one is a clear error", "[nodes][keys]") {
   const int port = test::free_port();
-  test::daemon_process a({RINGMASTER_NODE_BIN, "--sealed-port", std::to_string(port)}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR);
+  test::daemon_process a({RINGMASTER_NODE_BIN, "--ring-port", std::to_string(port)}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR);
   logged_node b("node-b");
   std::this_thread::sleep_for(300ms);
-  CHECK(sealed_port_of(a.endpoint) == std::to_string(port));  // what its hello_ack tells launchers
+  CHECK(ring_port_of(a.endpoint) == std::to_string(port));  // what its hello_ack tells launchers
   // The two train together, b's chunks going to a on that port.
   remote_options ro;
   ro.nodes = {a.endpoint, b.node->endpoint()};
@@ -221,19 +242,19 @@ TEST_CASE("node daemon: --sealed-port fixes the port sealed chunks go to, a take
   CHECK(b.wait_for(std::string("sealed (") + net::kSealCipher + ") at tcp://127.0.0.1:" + std::to_string(port)) != "");
 
   const test::run_result taken = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
-                                           " --sealed-port " + std::to_string(port));
+                                           " --ring-port " + std::to_string(port));
   CHECK(taken.status == 1);
-  CHECK(taken.out.find("the sealed port 127.0.0.1:" + std::to_string(port) + ": address already in use") != std::string::npos);
-  const test::run_result bad = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --sealed-port 70000");
+  CHECK(taken.out.find("the ring port 127.0.0.1:" + std::to_string(port) + ": address already in use") != std::string::npos);
+  const test::run_result bad = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --ring-port 70000");
   CHECK(bad.status == 2);
-  CHECK(bad.out.find("--sealed-port must be a port number") != std::string::npos);
+  CHECK(bad.out.find("--ring-port must be a port number") != std::string::npos);
   const test::run_result spin = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --ring-poll-us -1");
   CHECK(spin.status == 2);
   CHECK(spin.out.find("--ring-poll-us must be 0-1000000") != std::string::npos);
-  const test::run_result plain = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
-                                           " --insecure --sealed-port " + std::to_string(port));
-  CHECK(plain.status == 2);
-  CHECK(plain.out.find("--sealed-port needs keys") != std::string::npos);
+  const test::run_result local = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen ipc:///tmp/ringmaster-test-ring-port --ring-port " +
+                                           std::to_string(port));
+  CHECK(local.status == 2);
+  CHECK(local.out.find("--ring-port needs a tcp:// --listen endpoint") != std::string::npos);
   // The name is our links' routing id, which plans carry: too long a one is refused at once.
   const test::run_result named = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --name " +
                                            std::string(201, 'n'));
@@ -324,10 +345,10 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
     for (const std::string& l : b.lines) chunk_lines += l.find("a chunk from rank -1") != std::string::npos;
     CHECK(chunk_lines <= 5);
   }
-  // Between the nodes, ring chunks are sealed (net/seal.hpp) and go to each node's sealed port
+  // Between the nodes, ring chunks are sealed (net/seal.hpp) and go to each node's ring port
   // (net/tcp_link.hpp). A stranger there cannot log in without the pair's key, whatever it claims.
   CHECK(a.wait_for("ring chunks to node " + b.node->endpoint() + " sealed (" + net::kSealCipher + ")") != "");
-  const std::string port = sealed_port_of(b.node->endpoint());
+  const std::string port = ring_port_of(b.node->endpoint());
   REQUIRE(port != "");
   REQUIRE(port != "0");
   const int u = socket(AF_INET, SOCK_STREAM, 0);
@@ -347,7 +368,7 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   forged[wire::kHeaderSize + 12] = 0xff;  // a counter far ahead
   forged[wire::kHeaderSize + 19] = 0x7f;
   CHECK(send(u, forged.data(), forged.size(), MSG_NOSIGNAL) == ssize_t(forged.size()));
-  CHECK(b.wait_for("sealed port: a login as node 0 that failed: bad tag") != "");
+  CHECK(b.wait_for("ring port: a login as node 0 that failed: bad tag") != "");
   char closed;
   CHECK(recv(u, &closed, 1, 0) == 0);  // and hung up on
   close(u);

@@ -142,15 +142,15 @@ TEST_CASE("reform: a node takes only a plan that follows its own", "[reform]") {
   CHECK(check_reform(p, half) == "node tcp://10.0.0.3:5601 keeps 1 of its 2 ranks");
 }
 
-TEST_CASE("reform: a lost node joins again with its ranks last, a new id and sealed port, and the keys of a new life, which nodes check", "[reform][rejoin]") {
+TEST_CASE("reform: a lost node joins again with its ranks last, a new id and ring port, and the keys of a new life, which nodes check", "[reform][rejoin]") {
   job_plan p = six_ranks();
   p.seal_salt = std::string(64, 'a');
-  for (plan_node& n : p.nodes) n.key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7", n.sealed_port = 7000;
+  for (plan_node& n : p.nodes) n.key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7", n.ring_port = 7000;
   const job_plan q = reformed(p, {false, true, false});  // node 1 lost
   plan_node back = q.nodes[1];
   back.id = "b2";
   back.host = "host-2";
-  back.sealed_port = 7001;  // what it says now
+  back.ring_port = 7001;  // what it says now
   back.life = 2;             // the launcher's second try to take a node back
   job_plan g;
   std::string err;
@@ -168,9 +168,9 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and sea
   }
   CHECK(g.nodes[1].id == "b2");
   CHECK(g.nodes[1].host == "host-2");
-  CHECK(g.nodes[1].sealed_port == 7001);
+  CHECK(g.nodes[1].ring_port == 7001);
   CHECK(g.nodes[1].life == 2);  // a new life: its pair keys are new
-  CHECK(g.nodes[0].sealed_port == 7000);
+  CHECK(g.nodes[0].ring_port == 7000);
   CHECK(g.nodes[0].life == 0);
   CHECK(check_reform(q, g).empty());
   // Through JSON, as it travels.
@@ -206,7 +206,7 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and sea
   theirs.nodes[1].life = 0;
   CHECK(check_plan(theirs, ctx, &invalid) == "the job plan has this node join ring generation 2 with the sealing keys of its first life");
   CHECK(invalid);
-  theirs.nodes[1].sealed_port = 0;  // sealing nothing, it may join whatever its life
+  theirs.nodes[1].ring_port = 0;  // sealing nothing, it may join whatever its life
   CHECK(check_plan(theirs, ctx, &invalid).empty());
   // A job starts with first lives only.
   job_plan first = p;

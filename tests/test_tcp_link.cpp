@@ -1,12 +1,14 @@
-// The sealed TCP link (net/tcp_link.hpp): messages go through whole, opened and in order, whether the
-// receiving thread or a poller reads them and however full the socket gets; strangers, wrong keys,
+// The TCP link to a ring port (net/tcp_link.hpp): messages go through whole, opened and in order, whether
+// the receiving thread or a poller reads them and however full the socket gets; strangers, wrong keys,
 // replayed logins and altered messages are refused with a clear word, and the real pair still gets in.
+// Plain (--insecure), the same link carries the same frames unsealed, and a sealed pair never takes them.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -110,7 +112,8 @@ bool closed_by_peer(int s, std::chrono::milliseconds limit) {
   timeval tv{long(limit.count() / 1000), long(limit.count() % 1000) * 1000};
   setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   char c;
-  return recv(s, &c, 1, 0) == 0;
+  const ssize_t n = recv(s, &c, 1, 0);
+  return n == 0 || (n < 0 && errno == ECONNRESET);  // reset: it closed with our bytes unread
 }
 // A sealed frame as the sender makes it: header, trailer, sealed payload.
 std::vector<unsigned char> sealed_frame(net::sealer& seal, wire::header h, const std::vector<float>& payload) {
@@ -131,22 +134,42 @@ std::vector<unsigned char> login_frame(net::sealer& seal, uint64_t job, uint32_t
   return sealed_frame(seal, h, {});
 }
 
+// A plain frame: header, trailer without a tag, payload.
+std::vector<unsigned char> plain_frame(wire::header h, const std::vector<float>& payload, uint64_t job, uint32_t sender) {
+  h.payload_bytes = payload.size() * sizeof(float);
+  const auto hb = wire::encode(h);
+  std::vector<unsigned char> f(wire::kHeaderSize + net::kTrailerBytes + h.payload_bytes);
+  std::memcpy(f.data(), hb.data(), hb.size());
+  net::write_trailer({job, sender, 0}, f.data() + wire::kHeaderSize);
+  if (!payload.empty()) std::memcpy(f.data() + wire::kHeaderSize + net::kTrailerBytes, payload.data(), h.payload_bytes);
+  return f;
+}
+std::vector<unsigned char> plain_login(uint64_t job, uint32_t sender) {
+  wire::header h;
+  h.type = wire::msg_type::hello;
+  h.job_id = job;
+  h.sender_rank = int32_t(sender);
+  return plain_frame(h, {}, job, sender);
+}
+
 struct pair_fixture {
   inbox in;
   std::unique_ptr<net::tcp_port> port;
   std::shared_ptr<net::tcp_receiver> receiver;
   std::string endpoint;
-  pair_fixture() {
+  bool sealed;
+  explicit pair_fixture(bool seal = true) : sealed(seal) {
     std::string err;
     port = net::tcp_port::bind("127.0.0.1", 0, in.options(), &err);
     REQUIRE(port);
     REQUIRE(port->port() > 0);
     endpoint = "tcp://127.0.0.1:" + std::to_string(port->port());
-    receiver = port->expect(kJob, kSender, std::make_shared<net::opener>(key_of(5), kJob, kSender), in.handler(), in.on_error());
+    receiver = port->expect(kJob, kSender, sealed ? std::make_shared<net::opener>(key_of(5), kJob, kSender) : nullptr,
+                            in.handler(), in.on_error());
   }
   std::shared_ptr<net::tcp_sender> sender(std::function<void(const std::string&)> on_error = {}) {
     std::string err;
-    auto s = net::tcp_sender::connect(endpoint, kJob, kSender, std::make_shared<net::sealer>(key_of(5), kJob, kSender),
+    auto s = net::tcp_sender::connect(endpoint, kJob, kSender, sealed ? std::make_shared<net::sealer>(key_of(5), kJob, kSender) : nullptr,
                                       std::move(on_error), &err);
     REQUIRE(s);
     return s;
@@ -155,8 +178,10 @@ struct pair_fixture {
 
 }  // namespace
 
-TEST_CASE("tcp link: sealed messages of every size arrive whole and in order, past a full socket", "[tcp_link]") {
-  pair_fixture f;
+TEST_CASE("tcp link: sealed or plain messages of every size arrive whole and in order, past a full socket", "[tcp_link]") {
+  const bool sealed = GENERATE(true, false);
+  INFO((sealed ? "sealed" : "plain"));
+  pair_fixture f(sealed);
   auto s = f.sender();
   const std::vector<size_t> sizes = {0, 1, 3, 1024, 262144, 1 << 20};
   std::string err;
@@ -346,4 +371,84 @@ TEST_CASE("tcp link: a sender whose port is closed says so once, and drops what 
   CHECK_FALSE(net::tcp_sender::connect("udp://x:1", kJob, kSender, std::make_shared<net::sealer>(key_of(5), kJob, kSender), {}, &err));
   CHECK(err.find("not a tcp://HOST:PORT") != std::string::npos);
   CHECK(net::tcp_port::bind("127.0.0.1", free_port, {}, &err) != nullptr);  // the sender holds no port
+}
+
+TEST_CASE("tcp link: plain, a login needs only the pair's names, a sealed pair refuses it, and frames are checked", "[tcp_link]") {
+  SECTION("a plain pair") {
+    pair_fixture f(false);
+    const int port = f.port->port();
+    // A login for a pair the port does not expect, and one whose trailer names another node: refused.
+    int s1 = raw_connect(port);
+    raw_send(s1, plain_login(kJob + 1, kSender));
+    CHECK(closed_by_peer(s1, 2000ms));
+    close(s1);
+    int s2 = raw_connect(port);
+    auto bad = plain_login(kJob, kSender);
+    bad[wire::kHeaderSize + 8] = kSender + 1;
+    raw_send(s2, bad);
+    CHECK(closed_by_peer(s2, 2000ms));
+    close(s2);
+    // The pair's login and a chunk; then a chunk whose trailer names another node closes the connection.
+    int s3 = raw_connect(port);
+    raw_send(s3, plain_login(kJob, kSender));
+    raw_send(s3, plain_frame(chunk_header(0, 3), {7, 8, 9}, kJob, kSender));
+    REQUIRE(f.in.wait([](inbox& b) { return b.got.size() == 1; }));
+    CHECK(f.in.got[0].second == std::vector<float>{7, 8, 9});
+    raw_send(s3, plain_frame(chunk_header(1, 1), {1}, kJob, kSender + 1));
+    REQUIRE(f.in.wait([](inbox& b) { return !b.errors.empty(); }));
+    CHECK(f.in.errors[0].find("plain connection from node 1: a message sealed by node 2") != std::string::npos);
+    CHECK(closed_by_peer(s3, 2000ms));
+    close(s3);
+    CHECK(f.in.got.size() == 1);
+    REQUIRE(f.in.wait([](inbox& b) { return b.refusals.size() >= 2; }));
+    CHECK(f.in.refusals[0].find("of a job this node does not run") != std::string::npos);
+    CHECK(f.in.refusals[1].find("did not log in as a node") != std::string::npos);
+  }
+  SECTION("a sealed pair takes no plain login, and no plain chunk after a real login") {
+    pair_fixture f(true);
+    int s1 = raw_connect(f.port->port());
+    raw_send(s1, plain_login(kJob, kSender));
+    CHECK(closed_by_peer(s1, 2000ms));
+    close(s1);
+    REQUIRE(f.in.wait([](inbox& b) { return !b.refusals.empty(); }));
+    CHECK(f.in.refusals[0].find("a login as node 1 that failed: bad tag") != std::string::npos);
+    net::sealer real(key_of(5), kJob, kSender);
+    int s2 = raw_connect(f.port->port());
+    raw_send(s2, login_frame(real, kJob, kSender));
+    raw_send(s2, plain_frame(chunk_header(0, 2), {1, 2}, kJob, kSender));
+    REQUIRE(f.in.wait([](inbox& b) { return !b.errors.empty(); }));
+    CHECK(f.in.errors[0].find("sealed connection from node 1") != std::string::npos);
+    CHECK(closed_by_peer(s2, 2000ms));
+    close(s2);
+    CHECK(f.in.got.empty());
+  }
+}
+
+TEST_CASE("tcp link: plain payloads go from where they are, held until written, and a send as one is let go does not deadlock", "[tcp_link]") {
+  pair_fixture f(false);
+  auto s = f.sender();
+  REQUIRE_FALSE(s->sealed());
+  constexpr int kBig = 24;  // 1 MiB each: more than the socket takes at once, so most wait for the sender's thread
+  std::vector<std::vector<float>> bufs(kBig, std::vector<float>(size_t(1) << 18));
+  std::atomic<int> released{0};
+  std::string err;
+  net::tcp_sender* raw = s.get();
+  for (int i = 0; i < kBig; ++i) {
+    std::fill(bufs[size_t(i)].begin(), bufs[size_t(i)].end(), float(i));
+    // As the ring driver's owner does: letting go ends an all-reduce, whose owner may send at once.
+    auto owner = std::shared_ptr<const void>(bufs[size_t(i)].data(), [&released, raw, i](const void*) {
+      ++released;
+      std::string e;
+      if (i == kBig - 1) raw->send(chunk_header(kBig, 2), floats_of(2, 5), &e);
+    });
+    REQUIRE(s->send(chunk_header(i, size_t(1) << 18), net::payload{bufs[size_t(i)].data(), bufs[size_t(i)].size() * sizeof(float), owner}, &err));
+  }
+  REQUIRE(f.in.wait([](inbox& b) { return b.got.size() == size_t(kBig + 1); }));
+  CHECK(released.load() == kBig);
+  for (int i = 0; i < kBig; ++i) {
+    const auto& v = f.in.got[size_t(i)].second;
+    CHECK((v.size() == (size_t(1) << 18) && v.front() == float(i) && v.back() == float(i)));
+  }
+  CHECK(f.in.got[kBig].second == std::vector<float>{5, 6});
+  CHECK(f.in.errors.empty());
 }

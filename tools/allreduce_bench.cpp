@@ -3,9 +3,10 @@
 //   allreduce_bench --ranks 2 --transport tcp --sizes 4K,1M,64M --iters 20 --warmup 5
 //
 // inproc: N reducer actors in this process (ringmaster::local_ring). ipc / tcp: this program starts
-// itself N times as workers (--worker-rank r --endpoints e0,e1,...) running ringmaster::process_ring (reducer actors over the
-// ZeroMQ link: the path node daemons train with), on free
-// ports of 127.0.0.1 or ipc sockets in /tmp; rank 0 prints the rows. shm: as tcp, but the chunks go
+// itself N times as workers (--worker-rank r --endpoints e0,e1,...) running ringmaster::process_ring
+// (reducer actors whose chunks go over tcp to the next rank's ring port, or through the ZeroMQ bridge:
+// the paths node daemons train with), on free ports of 127.0.0.1 or ipc sockets in /tmp; rank 0 prints
+// the rows. shm: as tcp, but the chunks go
 // through shared memory (net/shm_link.hpp), as node daemons on one host send them. Rank r's element i is
 // (r + 1) + (i % 64), so every sum is an exactly known integer and wrong elements are counted.
 // Timed as nccl-tests time: the ranks meet at a one-float all-reduce, each times --iters all-reduces back
@@ -56,6 +57,7 @@ struct options {
   size_t small = 64 * 1024;
   int timeout_ms = 10000;
   std::string security;  // sealed, curve or none; "": sealed over tcp, curve over ipc
+  std::string link = "own";  // tcp: own (chunks to the next rank's ring port) or bridge
   std::string key_dir;   // "": ~/.ringmaster
   std::string compare;   // "gloo": Gloo's ring on the same sizes after ours, and the ratio
   int worker_rank = -1;  // >= 0: this process is a worker
@@ -68,7 +70,7 @@ const char* kUsage =
     "usage: allreduce_bench [--ranks N] [--transport inproc|ipc|tcp|shm] [--sizes 4K,1M,64M]\n"
     "                       [--iters N] [--warmup N] [--segment BYTES] [--small BYTES] [--io-threads N]\n"
     "                       [--spin-us N] [--pin on|off] [--timeout-ms N] [--security sealed|curve|none]\n"
-    "                       [--key-dir DIR] [--compare gloo]\n"
+    "                       [--link own|bridge] [--key-dir DIR] [--compare gloo]\n"
     "Ring all-reduce of float buffers; prints: size_bytes time_us algbw_GBps busbw_GBps wrong\n"
     "(time_us: --iters all-reduces back to back, the slowest rank's time divided by --iters)\n"
     "  --ranks N         ranks in the ring (default 2)\n"
@@ -85,7 +87,10 @@ const char* kUsage =
     "  --timeout-ms N    a rank that sees no progress this long gives up (default 10000)\n"
     "  --security S      ipc/tcp: sealed: CurveZMQ handshakes, chunks sealed with AES-128-OCB, as node\n"
     "                    daemons train (default over tcp); curve: chunks over CurveZMQ too (default over\n"
-    "                    ipc, which has no sealed port); none: plain ZeroMQ (--insecure)\n"
+    "                    ipc, which has no ring port); none: no keys, nothing encrypted (--insecure)\n"
+    "  --link L          tcp, sealed or none: own: chunks on a TCP connection of their own to the next\n"
+    "                    rank's ring port, as node daemons send them between hosts (default); bridge:\n"
+    "                    through the ZeroMQ bridge, as before 2026-12-02 (for comparison)\n"
     "  --key-dir DIR     the ranks' shared key pair (default ~/.ringmaster, made on first use)\n"
     "  --compare gloo    ipc/tcp/shm: then Gloo's ring (PyTorch, tools/gloo_allreduce.py) on the same\n"
     "                    sizes over TCP loopback, timed the same way, and ours against it\n";
@@ -144,7 +149,7 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
     static const char* const known[] = {"--ranks",   "--transport", "--sizes",        "--iters",
                                         "--warmup",  "--segment",   "--small",        "--io-threads",
                                         "--spin-us", "--pin",       "--timeout-ms",   "--security", "--key-dir",
-                                        "--compare",
+                                        "--compare", "--link",
                                         "--worker-rank", "--endpoints"};
     if (std::find(std::begin(known), std::end(known), flag) == std::end(known))
       return flag.rfind("--", 0) == 0 ? "unknown flag " + flag : "unexpected argument " + flag;
@@ -183,6 +188,9 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
     } else if (flag == "--security") {
       if (v != "sealed" && v != "curve" && v != "none") return bad + " (sealed, curve or none)";
       o->security = v;
+    } else if (flag == "--link") {
+      if (v != "own" && v != "bridge") return bad + " (own or bridge)";
+      o->link = v;
     } else if (flag == "--key-dir") {
       o->key_dir = v;
     } else if (flag == "--compare") {
@@ -204,10 +212,11 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   if (o->transport == "shm" && (o->segment > ringmaster::net::kShmMaxPayload || o->small > ringmaster::net::kShmMaxPayload))
     return "--transport shm: --segment and --small are at most " + std::to_string(ringmaster::net::kShmMaxPayload >> 20) +
            "M (a shared-memory message's limit)";
-  if (o->security == "sealed" && o->transport == "ipc") return "--security sealed needs --transport tcp (sealed ports are tcp)";
-  if (o->security == "sealed" && o->transport == "tcp" &&
+  if (o->security == "sealed" && o->transport == "ipc") return "--security sealed needs --transport tcp (ring ports are tcp)";
+  if (o->link == "bridge" && o->security == "sealed") return "--link bridge: with --security none or curve (sealed chunks take their own link)";
+  if (o->transport == "tcp" && o->link == "own" && o->security != "curve" &&
       (o->segment > ringmaster::net::kMaxSealedPayload || o->small > ringmaster::net::kMaxSealedPayload))
-    return "--security sealed: --segment and --small are at most 4M (a sealed message's limit)";
+    return "--link own: --segment and --small are at most 4M (a ring port's message limit)";
   return "";
 }
 
@@ -308,6 +317,7 @@ int run_worker(const options& o) {
   ro.bridge.spin = std::chrono::microseconds(o.spin_us);
   ro.small_bytes = o.small;
   ro.shared_memory = o.transport == "shm";
+  ro.tcp_link = o.link == "own";
   if (o.security != "none") {  // every rank shares the key pair; the parent made the salt
     std::string err;
     if (!ringmaster::net::load_or_create_keys(o.key_dir.empty() ? ringmaster::net::default_key_dir() : o.key_dir,
@@ -540,8 +550,9 @@ int main(int argc, char** argv) {
   std::printf("# allreduce_bench: %d ranks, transport %s, %d iters, %d warmup", o.ranks, o.transport.c_str(),
               o.iters, o.warmup);
   if (o.transport != "inproc")
-    std::printf(", segment %zu B, whole up to %zu B, io threads %d, spin %d us, pin %s, security %s",
-                o.segment, o.small, o.io_threads, o.spin_us, o.pin ? "on" : "off", o.security.c_str());
+    std::printf(", segment %zu B, whole up to %zu B, io threads %d, spin %d us, pin %s, security %s, link %s",
+                o.segment, o.small, o.io_threads, o.spin_us, o.pin ? "on" : "off", o.security.c_str(),
+                o.transport == "tcp" && o.security != "curve" ? o.link.c_str() : "bridge");
   std::printf("\n# memcpy 64 MiB one thread: %.2f GB/s (this machine, this run)\n", memcpy_gbps());
   std::printf("# %10s %12s %10s %10s %8s\n", "size_bytes", "time_us", "algbw_GBps", "busbw_GBps", "wrong");
   std::fflush(stdout);

@@ -12,8 +12,9 @@
 //   insecure     the same over daemons started --insecure, and nodes/insecure the cost of keys;
 //   tcp          the same with shared memory off (remote_options::shared_memory), so ring chunks take the
 //                network as between hosts: sealed with AES-128-OCB (net/seal.hpp) over TCP;
-//   tcp insecure the same over daemons started --insecure, and tcp/insecure the cost of encryption;
-//   curve/insecure  ring chunks over CurveZMQ instead of sealed (remote_options::seal_chunks false).
+//   tcp insecure the same over daemons started --insecure (plain chunks on the same link), and tcp/insecure
+//                the cost of encryption;
+//   curve/insecure  ring chunks over CurveZMQ through the bridges instead (remote_options::ring_ports false).
 // Both are timed over the epochs after the first (no evaluation), rounds interleaved, medians reported.
 //
 //   train_bench --nodes 2                         # both default MLPs, 2 nodes x 1 replica x 64
@@ -392,7 +393,7 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
     plain.nodes = plain_daemons.endpoints();
     plain.insecure = true;
     remote_options curve = tcp;
-    curve.seal_chunks = false;
+    curve.ring_ports = false;
     remote_options open = ro;
     open.nodes = plain_daemons.endpoints();
     open.insecure = true;

@@ -1,4 +1,4 @@
-// libFuzzer harness: sealed ring chunks (net/seal.hpp), as the sealed port opens them.
+// libFuzzer harness: sealed ring chunks (net/seal.hpp), as the ring port opens them.
 //
 // Input: byte 0 = mode, byte 1 = header length, byte 2 = where to flip a bit (mode 0) or the trailer's
 // length (mode 1), then the bytes.

@@ -99,11 +99,11 @@ void job(const fs::path& dir) {
   p.job_id = 12345;
   p.recipient = 1;
   put(dir, "nodes", of(to_json(p)));
-  // With keys: every node's public key and sealed port, and the job's seal salt.
+  // With keys: every node's public key and ring port, and the job's seal salt.
   p.nodes[0].key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";
   p.nodes[1].key = "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID";
-  p.nodes[0].sealed_port = 40001;
-  p.nodes[1].sealed_port = 40002;
+  p.nodes[0].ring_port = 40001;
+  p.nodes[1].ring_port = 40002;
   p.seal_salt = std::string(64, 'a');
   require(validate(p, &err), "a plan with keys validates", err);
   put(dir, "nodes-keys", of(to_json(p)));
