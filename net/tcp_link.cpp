@@ -725,7 +725,7 @@ bool tcp_sender::sealed() const { return d_->seal != nullptr; }
 
 bool tcp_sender::send(const wire::header& h, const payload& p, std::string* error) {
   if (p.size > kMaxSealedPayload)
-    return *error = "a sealed message of " + std::to_string(p.size) + " bytes, over the limit of " +
+    return *error = "a message of " + std::to_string(p.size) + " bytes, over the limit of " +
                     std::to_string(kMaxSealedPayload), false;
   wire::header w = h;
   w.payload_bytes = p.size;
