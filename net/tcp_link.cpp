@@ -529,9 +529,14 @@ struct tcp_sender::impl {
   int fd = -1;
   bool connected = false, dead = false, stop = false;
   std::thread thread;
+  // Signalled when our owner goes: a connect still waiting (up to a second, for a host that does not
+  // answer) ends at once, so dropping a sender never holds up its owner's thread (a node's bridge thread,
+  // whose heartbeats must go on while a ring re-forms).
+  int wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 
   ~impl() {
     if (fd >= 0) close(fd);
+    if (wake >= 0) close(wake);
   }
   // Under mu: a frame of `bytes` bytes, a spare one if one is large enough.
   frame make_frame(size_t bytes) {
@@ -617,10 +622,12 @@ int tcp_sender::impl::connect_once(std::string* why) {
     int err = 0;
     if (::connect(s, a->ai_addr, a->ai_addrlen) != 0) {
       err = errno;
-      if (err == EINPROGRESS) {  // wait up to a second for it
-        pollfd p{s, POLLOUT, 0};
+      if (err == EINPROGRESS) {  // wait up to a second for it, or until our owner goes
+        pollfd p[2] = {{s, POLLOUT, 0}, {wake, POLLIN, 0}};
         socklen_t len = sizeof err;
-        err = ::poll(&p, 1, 1000) == 1 && getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) == 0 ? err : ETIMEDOUT;
+        const int n = ::poll(p, 2, 1000);
+        if (p[1].revents) err = ECANCELED;
+        else err = n > 0 && getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) == 0 ? err : ETIMEDOUT;
       }
     }
     if (err != 0) *why = std::strerror(err), close(s), s = -1;
@@ -716,6 +723,7 @@ tcp_sender::~tcp_sender() {
     if (d_->fd >= 0) shutdown(d_->fd, SHUT_RDWR);  // a poll for room returns at once
   }
   d_->cv.notify_all();
+  signal_fd(d_->wake);  // and so does a connect under way
   // From its own thread (on_error dropped the last of us): it ends once on_error returns, holding d_.
   if (d_->thread.get_id() == std::this_thread::get_id()) d_->thread.detach();
   else if (d_->thread.joinable()) d_->thread.join();

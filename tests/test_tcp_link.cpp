@@ -452,3 +452,29 @@ TEST_CASE("tcp link: plain payloads go from where they are, held until written, 
   CHECK(f.in.got[kBig].second == std::vector<float>{5, 6});
   CHECK(f.in.errors.empty());
 }
+
+TEST_CASE("tcp link: dropping a sender whose connect hangs returns at once", "[tcp_link]") {
+  // A listener whose backlog is full: the kernel drops further handshakes, so a connect waits.
+  const int l = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(listen(l, 0) == 0);
+  socklen_t len = sizeof a;
+  getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  const int filler = raw_connect(port);
+  std::string err;
+  std::atomic<int> failures{0};
+  auto s = net::tcp_sender::connect("tcp://127.0.0.1:" + std::to_string(port), kJob, kSender, nullptr,
+                                    [&failures](const std::string&) { ++failures; }, &err);
+  REQUIRE(s);
+  std::this_thread::sleep_for(200ms);  // its first connect is under way
+  const auto t0 = std::chrono::steady_clock::now();
+  s.reset();
+  CHECK(std::chrono::steady_clock::now() - t0 < 300ms);  // not the second a connect may wait
+  CHECK(failures.load() == 0);  // its owner went: nobody to tell
+  close(filler);
+  close(l);
+}
