@@ -116,7 +116,7 @@ class tcp_sender {
   // for a message that can never go (a bad header, a payload over kMaxSealedPayload, a cipher failure).
   bool send(const wire::header& h, const payload& p, std::string* error);
   bool sealed() const;
-  ~tcp_sender();  // drops what is still queued and closes the connection
+  ~tcp_sender();  // drops what is still queued and closes the connection, at once (a connect under way too)
   tcp_sender(const tcp_sender&) = delete;
   tcp_sender& operator=(const tcp_sender&) = delete;
 

@@ -92,6 +92,8 @@ remote_options rejoin_options(const test::daemons& nodes) {
 struct rejoin_run {
   std::mutex mu;
   std::vector<std::string> events;
+  std::vector<std::string> argv{RINGMASTER_NODE_BIN};  // the victim's, when started again
+  std::string log;                                     // and where its output goes ("": the test's)
 
   bool said(const std::string& part) {
     std::lock_guard<std::mutex> lock(mu);
@@ -119,8 +121,7 @@ struct rejoin_run {
       if (!wait(go)) return;
       nodes[victim]->stop(SIGKILL);
       if (!wait(lost)) return;
-      nodes[victim] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, who, "cpu:1",
-                                                             RINGMASTER_DATA_DIR);
+      nodes[victim] = std::make_unique<test::daemon_process>(argv, who, "cpu:1", RINGMASTER_DATA_DIR, log);
       if (when_back && wait(back)) when_back();
     });
     train_result r = train_remote(c, ro);
@@ -318,6 +319,45 @@ TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoc
   CHECK(j.epoch > 0);
   CHECK(r.checksums.size() == 3);  // every rank of the grown ring, bit-identical
   WARN("the node rejoined at the start of epoch " << j.epoch + 1 << " of " << kRejoinEpochs);
+}
+
+TEST_CASE("elastic with --insecure nodes between hosts: a node killed and started again rejoins, every chunk plain on the ring ports", "[nodes][elastic][rejoin]") {
+  char tmpl[] = "/tmp/ringmaster-plain-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string dir = tmpl;
+  const std::vector<std::string> argv{RINGMASTER_NODE_BIN, "--insecure"};
+  test::daemons nodes;
+  for (int i = 0; i < 3; ++i)
+    nodes.push_back(std::make_unique<test::daemon_process>(argv, test::free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR,
+                                                           dir + "/node" + std::to_string(i) + ".log"));
+  std::this_thread::sleep_for(300ms);
+  rejoin_run job;
+  job.argv = argv;
+  job.log = dir + "/node1.log";
+  remote_options ro = rejoin_options(nodes);
+  ro.insecure = true;
+  ro.shared_memory = false;  // as between hosts: chunks go plain over TCP to the ring ports
+  train_result r = job.run(rejoin_job(), ro, nodes, 1, 30);
+  INFO(r.error);
+  for (auto& e : job.events) INFO(e);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  REQUIRE(r.history.size() == size_t(kRejoinEpochs));
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.losses.size() == 1);
+  REQUIRE(r.joins.size() == 1);
+  CHECK(r.checksums.size() == 3);
+  // Each ring's links between the nodes went plain to ring ports: node 0's to node 1, then (re-formed
+  // without it) to node 2, then (grown) to node 1 again.
+  nodes.clear();
+  std::ifstream in(dir + "/node0.log");
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO(log);
+  size_t plain = 0;
+  for (size_t at = 0; (at = log.find(" plain (--insecure) at tcp://", at)) != std::string::npos; ++at) ++plain;
+  CHECK(plain == 3);
+  CHECK(log.find("sealed") == std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job it was dropped from, sealing with new keys", "[nodes][elastic][rejoin]") {
