@@ -190,9 +190,12 @@ bool expected_node_key(const std::string& known_nodes, const std::string& endpoi
     std::string k;
     if (first_word(line, &k) != endpoint) continue;
     if (!is_key(k)) return fail(error, known_nodes + ":" + std::to_string(n) + ": not a Z85 public key after " + endpoint);
+    // Two lines that disagree (a new key appended, the old one left): which one holds is not ours to guess.
+    if (!known.empty() && k != known)
+      return fail(error, known_nodes + ":" + std::to_string(known_line) + " and :" + std::to_string(n) + " record different keys for " +
+                             endpoint + "; remove the one that is no longer right and try again");
     known = k;
-    known_line = n;
-    break;
+    if (!known_line) known_line = n;
   }
   if (!known.empty() && !given.empty() && given != known)
     return fail(error, "the key given for " + endpoint + " differs from the one recorded in " + known_nodes + ":" +

@@ -140,6 +140,13 @@ TEST_CASE("authorized_keys and known_nodes files are read line by line, with err
   REQUIRE(net::record_known_node(known, "tcp://10.0.0.3:5601", k1.public_key, &err));
   REQUIRE(net::expected_node_key(known, "tcp://10.0.0.3:5601", "", k2.public_key, &key, &record, &err));
   CHECK(key == k1.public_key);
+  // The same key twice is one record; a second, different key for an endpoint is not guessed between.
+  REQUIRE(net::record_known_node(known, "tcp://10.0.0.3:5601", k1.public_key, &err));
+  REQUIRE(net::expected_node_key(known, "tcp://10.0.0.3:5601", "", k2.public_key, &key, &record, &err));
+  CHECK(key == k1.public_key);
+  REQUIRE(net::record_known_node(known, ep, k1.public_key, &err));  // line 5, after ep's line 1
+  CHECK_FALSE(net::expected_node_key(known, ep, "", k1.public_key, &key, &record, &err));
+  CHECK(err == known + ":1 and :5 record different keys for " + ep + "; remove the one that is no longer right and try again");
   // What decides whom we trust must be writable by us only (ssh's StrictModes).
   REQUIRE(chmod(known.c_str(), 0666) == 0);
   CHECK_FALSE(net::expected_node_key(known, ep, "", k1.public_key, &key, &record, &err));
