@@ -58,8 +58,9 @@ struct plan_node {
   // Its host and user as its daemon says (net::host_id()); nodes with equal ones pass ring chunks through
   // shared memory when the plan allows. "": unknown.
   std::string host;
-  // With keys: the port of its bridge's sealed listener (net/seal.hpp) on its endpoint's host, where ring
-  // chunks sealed with AES-128-OCB go; 0: none, chunks go over CurveZMQ.
+  // Its ring port (net/tcp_link.hpp) on its endpoint's host, where other hosts' nodes send ring chunks:
+  // sealed with AES-128-OCB (net/seal.hpp) when the plan has a seal salt, plain when the nodes have no
+  // keys (a node with keys takes only sealed ones). 0: none, chunks to it go through its bridge.
   int ring_port = 0;
   // Which of its lives in the job this is: 0 for the nodes the job started with; each time the launcher
   // tries to take a lost node back, it gives it a new one, larger than any before. Its pair keys

@@ -88,6 +88,7 @@ void node_job::make_pair_key(size_t j) {
 node_job::~node_job() {
   shm_in_.clear();  // their threads hand chunks to our ports: they stop first (one a replica polls, once
   tcp_in_.clear();  // its poll ends: its chunks go to the port it polls for, which the replica holds)
+  for (auto& [node, out] : tcp_out_) out->abort();
   tcp_out_.clear();
   for (auto* group : {&replicas_, &loaders_, &reducers_})
     for (auto& [r, a] : *group) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
@@ -350,8 +351,15 @@ void node_job::route_chunk(const net::peer_info& from, const wire::header& h, ne
     return;
   }
   const int node = plan_.ranks[size_t(sender)].node;
-  // The CurveZMQ connection it came on proves the sender, and the routing id the plan names. (Sealed
-  // chunks come on connections of their own: open_tcp_receivers.)
+  // A node whose chunks come to our ring port (open_tcp_receivers) sends none this way: without keys,
+  // whoever took over its routing id on the bridge would get them in.
+  if (node != plan_.recipient && on_ring_ports(node)) {
+    ctx_.fault({net::fault::unauthorized, from,
+                "dropped a chunk said to be from rank " + std::to_string(sender) + " through the bridge: node " +
+                    plan_.nodes[size_t(node)].endpoint + " sends its chunks to our ring port"});
+    return;
+  }
+  // The CurveZMQ connection it came on proves the sender, and the routing id the plan names.
   const plan_node& nd = plan_.nodes[size_t(node)];
   const bool proven = from.key == nd.key && from.peer < 0 && from.identity == nd.id;
   if (node == plan_.recipient || !proven) {
@@ -411,7 +419,7 @@ void node_job::pause(int gen, int64_t at) {
 
 void node_job::close_ring() {
   ring_open_ = false;
-  shm_in_.clear();  // no more chunks from this ring's shared memory or sealed connections (a poll under
+  shm_in_.clear();  // no more chunks from this ring's shared memory or ring-port connections (a poll under
   tcp_in_.clear();  // way keeps its receiver until it ends: leave() below fails its port, which drops what
                     // still comes, and the poll stops once the port has no all-reduce left)
   for (auto& [r, port] : ports_) leave(*port);  // waits for ring work under way: the buffers are free
@@ -421,6 +429,7 @@ void node_job::close_ring() {
   // Chunks still queued for a node (a lost one, say) go with their buffers; the new ring connects afresh.
   for (auto& [endpoint, peer] : peers_) ctx_.br->disconnect(peer);
   peers_.clear();
+  for (auto& [node, out] : tcp_out_) out->abort();  // what is still queued belonged to this ring
   tcp_out_.clear();
 }
 

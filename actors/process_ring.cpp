@@ -293,9 +293,10 @@ bool process_ring::listen(const std::string& endpoint, std::string* error) {
   if (d_->br.running()) return failed("listen called twice");
   const bool sealed = d_->keys() && !d_->opt.seal_salt.empty();
   if (sealed && endpoint.rfind("tcp://", 0) != 0) return failed("sealed chunks need a tcp:// endpoint, not " + endpoint);
+  if (sealed && !d_->opt.tcp_link) return failed("sealed chunks go to ring ports only: tcp_link must be on");
   d_->own_link = d_->size > 1 && d_->opt.tcp_link && endpoint.rfind("tcp://", 0) == 0 && (sealed || !d_->keys());
-  if (d_->own_link && (d_->opt.segment_bytes > net::kMaxSealedPayload || d_->opt.small_bytes > net::kMaxSealedPayload))
-    return failed("chunks to a ring port are at most " + std::to_string(net::kMaxSealedPayload) + " bytes: segment_bytes " +
+  if (d_->own_link && (d_->opt.segment_bytes > net::kMaxRingPayload || d_->opt.small_bytes > net::kMaxRingPayload))
+    return failed("chunks to a ring port are at most " + std::to_string(net::kMaxRingPayload) + " bytes: segment_bytes " +
                   std::to_string(d_->opt.segment_bytes) + ", small_bytes " + std::to_string(d_->opt.small_bytes));
   if (d_->opt.shared_memory && (d_->opt.segment_bytes > net::kShmMaxPayload || d_->opt.small_bytes > net::kShmMaxPayload))
     return failed("shared-memory chunks are at most " + std::to_string(net::kShmMaxPayload) + " bytes: segment_bytes " +
@@ -364,7 +365,7 @@ bool process_ring::connect(const std::vector<std::string>& endpoints, std::strin
   std::string why;
   if (d_->opt.shared_memory && (d_->shm_out = net::shm_sender::open(d_->stamp(d_->rank, d_->right, right_ep), &why, &missing))) {
     join(*d_->port, make_shm_link(d_->shm_out));
-  } else if (const int port = d_->right_ring_port.load(); d_->seal || (d_->own_link && port > 0)) {
+  } else if (const int port = d_->right_ring_port.load(); d_->seal || (port > 0 && !d_->keys())) {
     if (port <= 0) return failed("rank " + std::to_string(d_->right) + " at " + right_ep + " has no ring port");
     d_->tcp_out = net::tcp_sender::connect(right_ep.substr(0, right_ep.rfind(':') + 1) + std::to_string(port), d_->opt.job_id,
                                            uint32_t(d_->rank), d_->seal,
@@ -437,6 +438,7 @@ std::string process_ring::allreduce(float* buf, size_t len) {
   };
   if (!wait_released(std::chrono::seconds(1))) {
     d_->br.disconnect(d_->right_peer.load());
+    if (d_->tcp_out) d_->tcp_out->abort();  // plain, it holds the buffer's queued sends itself
     if (!wait_released(std::chrono::seconds(5))) return why + " (and sends from the buffer are still in flight: keep it alive)";
   }
   return why;

@@ -16,8 +16,9 @@
 // Over tcp, chunks go on a TCP connection of their own to the right neighbour's ring port
 // (net/tcp_link.hpp), as node daemons send them between hosts: plain without keys, sealed with
 // AES-128-OCB with keys (options.bridge.keys, the bridge then CurveZMQ, each rank letting in only its
-// left neighbour's key) and a seal salt. With keys and no salt, or ipc, or tcp_link off, they go through
-// the bridge. With shared_memory, chunks between ranks on one host go through /dev/shm.
+// left neighbour's key) and a seal salt. With keys and no salt (CurveZMQ), or over ipc, or to a
+// neighbour that opened no ring port (tcp_link off), they go through the bridge. With shared_memory,
+// chunks between ranks on one host go through /dev/shm.
 //
 // listen() and connect() are separate so a launcher can bind port 0, publish endpoint() and hand out
 // the full list afterwards. Every rank calls allreduce the same number of times with the same length.
@@ -45,8 +46,9 @@ struct process_ring_options {
   // directory). seal_salt (net/seal.hpp, the same on every rank): chunks sealed with AES-128-OCB.
   std::vector<std::string> public_keys;
   std::string seal_salt;
-  // Over tcp (without keys, or with a seal salt): chunks on a TCP connection of their own, to the right
-  // neighbour's ring port. false: through the bridge (ZeroMQ), for comparison.
+  // Over tcp (without keys, or with a seal salt): a ring port, where the left neighbour sends chunks on a
+  // TCP connection of its own. false: none, so chunks come through the bridge (ZeroMQ), for comparison
+  // (not with a seal salt: sealed chunks go to ring ports only).
   bool tcp_link = true;
   // Ranks on one host, as one user, pass chunks through shared memory (net/shm_link.hpp), as node daemons
   // do; the bridge still carries the handshake and aborts. A rank that finds no segment of its right

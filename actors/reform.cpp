@@ -6,6 +6,14 @@ namespace ringmaster {
 
 namespace {
 
+// Whether the job sends ring chunks between hosts to the nodes' ring ports: a sealed one always; one
+// without keys when its launcher put the ports the nodes offered into the plan (remote_options::ring_ports),
+// which shows as some node's port (every node has one when it listens on tcp).
+bool uses_ring_ports(const job_plan& p) {
+  return !p.seal_salt.empty() ||
+         (p.nodes[0].key.empty() && std::any_of(p.nodes.begin(), p.nodes.end(), [](const plan_node& n) { return n.ring_port > 0; }));
+}
+
 // `ranks` (was: their number in current, or -1) as the ring of generation `generation`: renumbered in
 // this order, neighbours, and the global batch cut into contiguous shards (the first B % M one larger).
 bool make_ring(const job_plan& current, std::vector<rank_plan> ranks, int generation, uint64_t ring, int64_t start,
@@ -62,10 +70,7 @@ bool make_grow(const job_plan& current, int node, int ranks, const plan_node& en
   plan_node& nd = grown.nodes[size_t(node)];
   nd.id = entry.id;
   nd.host = entry.host;
-  // Sealed jobs, and jobs without keys that send to ring ports, take the one it has now.
-  const bool ring_ports = !current.seal_salt.empty() ||
-                          (nd.key.empty() && std::any_of(current.nodes.begin(), current.nodes.end(), [](const plan_node& n) { return n.ring_port > 0; }));
-  nd.ring_port = ring_ports ? entry.ring_port : 0;
+  nd.ring_port = uses_ring_ports(current) ? entry.ring_port : 0;  // the one it has now
   if (entry.life <= nd.life)
     return *error = "node " + nd.endpoint + " cannot join in life " + std::to_string(entry.life) + ", not after its life " +
                     std::to_string(nd.life), false;

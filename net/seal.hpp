@@ -42,9 +42,10 @@ constexpr size_t kSealKeyBytes = 16;  // AES-128: X25519, which makes the pair k
 constexpr size_t kSealSaltBytes = 32;
 constexpr size_t kSealTagBytes = 16;
 constexpr size_t kTrailerBytes = 36;
-// The largest payload a sealed message may carry: ring chunks are cut into segments of 1 MiB
-// (net/ring_driver.hpp), so strangers on the ring port can make us hold at most this per message.
-constexpr size_t kMaxSealedPayload = size_t(4) << 20;
+// The largest payload a message on a ring port may carry, sealed or plain (net/tcp_link.hpp): ring
+// chunks are cut into segments of 1 MiB (net/ring_driver.hpp), so strangers on the ring port can make us
+// hold at most this per message.
+constexpr size_t kMaxRingPayload = size_t(4) << 20;
 // Each key seals at most this many messages (256 GiB at most, 2^34 blocks, under TLS 1.3's limit of
 // 2^34.5 for AES-GCM); then the next, derived from the pair key, takes over (seal.cpp): one HKDF each.
 constexpr uint64_t kMessagesPerKey = uint64_t(1) << 16;

@@ -205,10 +205,10 @@ int tcp_receiver::impl::take() {
       trailer t;
       read_trailer(head + wire::kHeaderSize, kTrailerBytes, &t);
       if (t.job != job || t.sender != sender)
-        return broken("a message sealed by node " + std::to_string(t.sender) + " of job " + std::to_string(t.job));
-      if (h.payload_bytes > kMaxSealedPayload)
+        return broken("a message from node " + std::to_string(t.sender) + " of job " + std::to_string(t.job));
+      if (h.payload_bytes > kMaxRingPayload)
         return broken("a payload of " + std::to_string(h.payload_bytes) + " bytes, over the limit of " +
-                      std::to_string(kMaxSealedPayload));
+                      std::to_string(kMaxRingPayload));
       body = h.payload_bytes ? buffer_pool::take(pool, size_t(h.payload_bytes), &body_data) : payload{};
       body_got = 0;
       in_body = true;
@@ -520,7 +520,7 @@ struct tcp_sender::impl {
   };
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<frame> queue;     // sealed, waiting for the socket, in order (the login first)
+  std::deque<frame> queue;     // waiting for the socket, in order (the login first)
   std::vector<frame> spares;  // written frames' buffers, for the next sends (a backed-up socket
                               // must not cost a fresh 1 MiB allocation, and its page faults, a chunk)
   // Plain payloads written or dropped, let go of only once mu is free: letting go may end an all-reduce
@@ -625,7 +625,9 @@ int tcp_sender::impl::connect_once(std::string* why) {
       if (err == EINPROGRESS) {  // wait up to a second for it, or until our owner goes
         pollfd p[2] = {{s, POLLOUT, 0}, {wake, POLLIN, 0}};
         socklen_t len = sizeof err;
-        const int n = ::poll(p, 2, 1000);
+        int n;
+        do n = ::poll(p, 2, 1000);
+        while (n < 0 && errno == EINTR);
         if (p[1].revents) err = ECANCELED;
         else err = n > 0 && getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) == 0 ? err : ETIMEDOUT;
       }
@@ -694,7 +696,7 @@ std::shared_ptr<tcp_sender> tcp_sender::connect(const std::string& endpoint, uin
   d->sender = sender;
   d->seal = std::move(seal);
   d->on_error = std::move(on_error);
-  // The login, sealed here so that it takes the counter before any message does.
+  // The login, made (sealed) here so that it takes the counter before any message does.
   wire::header h;
   h.type = wire::msg_type::hello;
   h.job_id = job;
@@ -704,7 +706,7 @@ std::shared_ptr<tcp_sender> tcp_sender::connect(const std::string& endpoint, uin
   std::memcpy(f.data.get(), hb.data(), hb.size());
   unsigned char* none = f.data.get() + kHead;  // no payload
   if (sender > uint32_t(INT32_MAX) || !d->wrap(f.data.get(), none, none, 0))
-    return *error = "cannot seal the login", nullptr;
+    return *error = "cannot make the login", nullptr;
   d->queue.push_back(std::move(f));
   auto s = std::shared_ptr<tcp_sender>(new tcp_sender(std::move(d)));
   try {
@@ -731,10 +733,18 @@ tcp_sender::~tcp_sender() {
 
 bool tcp_sender::sealed() const { return d_->seal != nullptr; }
 
+void tcp_sender::abort() {
+  impl& d = *d_;
+  std::unique_lock<std::mutex> lock(d.mu);  // a write under way (flush holds mu) ends first
+  d.give_up();
+  if (d.fd >= 0) shutdown(d.fd, SHUT_RDWR);
+  d.let_go(lock);
+}
+
 bool tcp_sender::send(const wire::header& h, const payload& p, std::string* error) {
-  if (p.size > kMaxSealedPayload)
+  if (p.size > kMaxRingPayload)
     return *error = "a message of " + std::to_string(p.size) + " bytes, over the limit of " +
-                    std::to_string(kMaxSealedPayload), false;
+                    std::to_string(kMaxRingPayload), false;
   wire::header w = h;
   w.payload_bytes = p.size;
   if (!wire::validate(w, error)) return false;

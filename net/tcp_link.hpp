@@ -21,7 +21,7 @@
 // nothing (anyone who can reach an --insecure node commands it anyway), and a pair that expects sealed
 // messages refuses it ("bad tag"), so a node with keys never takes a plain chunk.
 // The receiver checks every header and trailer before it reads a payload: the trailer must name the
-// login's job and node, the payload be at most kMaxSealedPayload. A stranger gets nothing but a closed
+// login's job and node, the payload be at most kMaxRingPayload. A stranger gets nothing but a closed
 // connection (after 3 s at most, or at once when what it sends is not a login); of more than
 // max_pending waiting at once the oldest goes (a node logs in at once, so a flood cannot keep it out).
 // A new login of a pair replaces its old connection (a re-formed ring connects afresh; what was unread
@@ -84,9 +84,10 @@ class tcp_port {
   int port() const;
 
   // Messages of job `job` from node `sender`, opened with `open` (the pair's; null: plain, for nodes
-  // without keys), go to h on the receiver's own thread or a poller's, one at a time, in order. The receiver lives until the caller
-  // drops it; the port forgets the pair then, and a later expect() for the pair replaces it. `open`
-  // may be shared by the receivers of one pair over a job (its counters go on); one at a time uses it.
+  // without keys), go to h on the receiver's own thread or a poller's, one at a time, in order. The
+  // receiver lives until the caller drops it; the port forgets the pair then, and a later expect() for
+  // the pair replaces it. `open` may be shared by the receivers of one pair over a job (its counters go
+  // on); one at a time uses it.
   std::shared_ptr<tcp_receiver> expect(uint64_t job, uint32_t sender, std::shared_ptr<opener> open,
                                        tcp_receiver::handler h, tcp_receiver::error_handler e);
 
@@ -113,10 +114,16 @@ class tcp_sender {
   // take yet goes to the sender's thread. Sealed, send() is done with p's bytes when it returns (they are
   // sealed into a buffer of the sender's); plain, a payload with an owner is written from where it is,
   // zero-copy, and held (its owner) until it has been (one without is copied). False with *error only
-  // for a message that can never go (a bad header, a payload over kMaxSealedPayload, a cipher failure).
+  // for a message that can never go (a bad header, a payload over kMaxRingPayload, a cipher failure).
   bool send(const wire::header& h, const payload& p, std::string* error);
   bool sealed() const;
-  ~tcp_sender();  // drops what is still queued and closes the connection, at once (a connect under way too)
+  // Drops what is queued (letting go of plain payloads: nothing reads them afterwards), closes the
+  // connection and drops what comes later: for a ring that failed while its caller's buffer is still
+  // queued here, behind a neighbour that stopped reading.
+  void abort();
+  // Drops what is still queued and closes the connection, at once: a connect under way ends too (not a
+  // host name's lookup, which cannot be cut short).
+  ~tcp_sender();
   tcp_sender(const tcp_sender&) = delete;
   tcp_sender& operator=(const tcp_sender&) = delete;
 

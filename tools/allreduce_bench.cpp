@@ -90,7 +90,7 @@ const char* kUsage =
     "                    ipc, which has no ring port); none: no keys, nothing encrypted (--insecure)\n"
     "  --link L          tcp, sealed or none: own: chunks on a TCP connection of their own to the next\n"
     "                    rank's ring port, as node daemons send them between hosts (default); bridge:\n"
-    "                    through the ZeroMQ bridge, as before 2026-12-02 (for comparison)\n"
+    "                    through the ZeroMQ bridge (for comparison)\n"
     "  --key-dir DIR     the ranks' shared key pair (default ~/.ringmaster, made on first use)\n"
     "  --compare gloo    ipc/tcp/shm: then Gloo's ring (PyTorch, tools/gloo_allreduce.py) on the same\n"
     "                    sizes over TCP loopback, timed the same way, and ours against it\n";
@@ -215,7 +215,7 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   if (o->security == "sealed" && o->transport == "ipc") return "--security sealed needs --transport tcp (ring ports are tcp)";
   if (o->link == "bridge" && o->security == "sealed") return "--link bridge: with --security none or curve (sealed chunks take their own link)";
   if (o->transport == "tcp" && o->link == "own" && o->security != "curve" &&
-      (o->segment > ringmaster::net::kMaxSealedPayload || o->small > ringmaster::net::kMaxSealedPayload))
+      (o->segment > ringmaster::net::kMaxRingPayload || o->small > ringmaster::net::kMaxRingPayload))
     return "--link own: --segment and --small are at most 4M (a ring port's message limit)";
   return "";
 }
@@ -552,7 +552,9 @@ int main(int argc, char** argv) {
   if (o.transport != "inproc")
     std::printf(", segment %zu B, whole up to %zu B, io threads %d, spin %d us, pin %s, security %s, link %s",
                 o.segment, o.small, o.io_threads, o.spin_us, o.pin ? "on" : "off", o.security.c_str(),
-                o.transport == "tcp" && o.security != "curve" ? o.link.c_str() : "bridge");
+                o.transport == "shm"                            ? "shared memory"
+                : o.transport == "tcp" && o.security != "curve" ? o.link.c_str()
+                                                                : "bridge");
   std::printf("\n# memcpy 64 MiB one thread: %.2f GB/s (this machine, this run)\n", memcpy_gbps());
   std::printf("# %10s %12s %10s %10s %8s\n", "size_bytes", "time_us", "algbw_GBps", "busbw_GBps", "wrong");
   std::fflush(stdout);
