@@ -92,7 +92,8 @@ struct job_plan {
   uint64_t ring = 0;       // the ring's id, in its chunks' job field (0: the job id; generation 0 only)
   int64_t start_step = 0;  // the global step (epoch * steps per epoch + step) this generation starts at
   // With keys: random, 64 hex digits; with the job id it makes every pair of nodes' sealing key this
-  // job's own (net/seal.hpp's pair_key). Empty: ring chunks go over CurveZMQ (or plain, without keys).
+  // job's own (net/seal.hpp's pair_key). Empty: ring chunks go over CurveZMQ through the bridges, or,
+  // without keys, plain (to the ring ports when the plan names them).
   std::string seal_salt;
   // Ring chunks between nodes on one host may go through shared memory (net/shm_link.hpp) instead of the
   // network; false: always the network (to measure it, or where /dev/shm is not to be used).
