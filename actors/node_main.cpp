@@ -76,7 +76,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("insecure", po::bool_switch(&o.insecure), "no keys and no encryption: anyone who reaches the port can command this node")
       ("max-connections", po::value(&o.max_connections)->default_value(o.max_connections), "clients connected at once; more are refused at the handshake")
       ("ring-port", po::value(&o.ring_port)->default_value(o.ring_port), "the port other nodes send ring chunks to (sealed with AES-128-OCB; plain with --insecure), on the --listen host (open it in a firewall); 0: any free port")
-      ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never")
+      ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory or to the ring port itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never")
       ("stall-after-steps", po::value(&o.stall_after_steps), "for testing: this node's replicas stop after N steps of a job while the node goes on answering, as a stuck GPU would")
       ("stall-at-join-pause", po::bool_switch(&o.stall_at_join_pause), "for testing: this node's replicas stop once told to pause for a node that rejoins, while the node goes on answering");
   po::variables_map vm;
