@@ -244,8 +244,8 @@ void node_job::open_tcp_receivers() {
     tcp_in_[node] = ctx_.ring_port->expect(
         plan_.job_id, uint32_t(node), openers_.count(node) ? openers_[node] : nullptr,
         [ports = ports, ring_id, log, strays](const wire::header& h, net::payload p) {
-          // The pair key proved the node (or, plain, the login named it); the chunk must also be of this ring and from a rank it runs
-          // whose right neighbour is here.
+          // The pair key proved the node (or, plain, the login named it); the chunk must also be of this
+          // ring and from a rank it runs whose right neighbour is here.
           if (auto it = ports.find(h.sender_rank); it != ports.end() && h.job_id == ring_id)
             return deliver(*it->second, from_wire(h, std::move(p)));
           if ((*strays)++ == 0)
