@@ -239,7 +239,7 @@ bool opener::open(const void* header, size_t header_bytes, void* data, size_t n,
   if (!read_trailer(trailer_bytes, kTrailerBytes, &t) || t.job != d_->job || t.sender != d_->sender)
     return fail(error, "sealed for another job or sender");
   if (t.count < d_->next || t.count == UINT64_MAX)
-    return fail(error, "replayed or reordered message (counter " + std::to_string(t.count) + ")");
+    return fail(error, "a counter already used (" + std::to_string(t.count) + "): a replayed, reordered or forged message");
   if (n > size_t(INT_MAX) || header_bytes > size_t(INT_MAX) || !d_->cipher.key_for(t.count)) return fail(error, "cannot open");
   unsigned char nonce[kNonceBytes];
   make_nonce(nonce, t.sender, t.count);

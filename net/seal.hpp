@@ -105,7 +105,8 @@ class opener {
   opener(const opener&) = delete;
   opener& operator=(const opener&) = delete;
   // `trailer_bytes` came with the message (its job and sender already matched to this opener). Decrypts
-  // `data` in place; false with *error ("bad tag", "replayed or reordered message") and data undefined.
+  // `data` in place; false with *error ("bad tag", "a counter already used (N): a replayed, reordered or forged
+  // message") and data undefined.
   bool open(const void* header, size_t header_bytes, void* data, size_t n, const void* trailer_bytes,
             std::string* error);
 

@@ -1,5 +1,6 @@
 #include "net/tcp_link.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -51,6 +52,26 @@ void signal_fd(int fd) {
 void drain_fd(int fd) {
   uint64_t v;
   [[maybe_unused]] ssize_t n = read(fd, &v, sizeof v);
+}
+
+// Where a connected socket's peer is, "ADDRESS:PORT", for logs.
+std::string peer_of(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    if (a.ss_family == AF_INET) {
+      const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+      inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+      port = ntohs(v4->sin_port);
+    } else if (a.ss_family == AF_INET6) {
+      const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+      inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+      port = ntohs(v6->sin6_port);
+    }
+  }
+  return std::string(host) + ":" + std::to_string(port);
 }
 
 // "HOST:PORT" or "[V6]:PORT" into its parts. False for anything else.
@@ -385,6 +406,11 @@ bool tcp_port::impl::login(pending& p) {
     refuse("a login as node " + std::to_string(t.sender) + " that failed: " + err);
     return true;
   }
+  // A sender connects once per ring, so a second login of a pair is someone else's (plain, anyone's) or a
+  // sender that lost its connection: either way the ring's chunks may go missing, which is worth a line.
+  if (r->fd >= 0)
+    refuse("node " + std::to_string(t.sender) + " of job " + std::to_string(t.job) + " logged in again from " + peer_of(p.fd) +
+           ": its earlier connection is closed");
   r->attach(p.fd);
   return true;
 }
@@ -398,9 +424,12 @@ void tcp_port::impl::loop() {
     auto now = clock_type::now();
     int timeout = 1000;
     for (auto& p : waiting) {
-      fds.push_back({p.fd, POLLIN, 0});
-      if (p.got == kHead) timeout = 1;  // a whole login waits for its receiver's turn
-      timeout = std::min<int>(timeout, int(std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - now).count()) + 1);
+      // A whole login waits for its receiver's turn (login): its socket is not read meanwhile (what came
+      // after the login is the receiver's), and it keeps its place however long that takes.
+      const bool whole = p.got == kHead;
+      fds.push_back({whole ? -1 : p.fd, POLLIN, 0});
+      if (whole) timeout = 1;
+      else timeout = std::min<int>(timeout, int(std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - now).count()) + 1);
     }
     ::poll(fds.data(), fds.size(), std::max(0, timeout));
     if (fds[0].revents) drain_fd(wake);
@@ -418,7 +447,7 @@ void tcp_port::impl::loop() {
       }
       if (!gone && p.got == kHead && login(p)) continue;
       if (gone) continue;
-      if (now >= p.deadline) {
+      if (p.got < kHead && now >= p.deadline) {
         close(p.fd);
         refuse("a connection sent no login within " + std::to_string(opt.login_timeout.count()) + " ms");
         continue;

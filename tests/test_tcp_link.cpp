@@ -403,6 +403,23 @@ TEST_CASE("tcp link: plain, a login needs only the pair's names, a sealed pair r
     REQUIRE(f.in.wait([](inbox& b) { return b.refusals.size() >= 2; }));
     CHECK(f.in.refusals[0].find("of a job this node does not run") != std::string::npos);
     CHECK(f.in.refusals[1].find("did not log in as a node") != std::string::npos);
+    // Someone taking over a live connection with a login of its own (anyone can, plain) is said.
+    auto s = f.sender();
+    std::string err;
+    REQUIRE(s->send(chunk_header(2, 1), floats_of(1, 4), &err));
+    REQUIRE(f.in.wait([](inbox& b) { return b.got.size() == 2; }));
+    int s4 = raw_connect(port);
+    raw_send(s4, plain_login(kJob, kSender));
+    REQUIRE(f.in.wait([](inbox& b) {
+      return std::any_of(b.refusals.begin(), b.refusals.end(), [](const std::string& r) {
+        return r.find("node 1 of job 77 logged in again from 127.0.0.1:") != std::string::npos &&
+               r.find(": its earlier connection is closed") != std::string::npos;
+      });
+    }));
+    raw_send(s4, plain_frame(chunk_header(3, 1), {9}, kJob, kSender));
+    REQUIRE(f.in.wait([](inbox& b) { return b.got.size() == 3; }));
+    CHECK(f.in.got[2].second == std::vector<float>{9});
+    close(s4);
   }
   SECTION("a sealed pair takes no plain login, and no plain chunk after a real login") {
     pair_fixture f(true);
