@@ -463,7 +463,7 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
   std::vector<caf::actor> watch;
   for (int r : mine_) {
     caf::actor a;
-    ports_[r] = spawn_reducer(*ctx_.sys, plan_reducer_config(plan_, r), &a);
+    ports_[r] = spawn_reducer(*ctx_.sys, plan_reducer_config(plan_, r, param_count_), &a);
     reducers_[r] = a;
     watch.push_back(a);
   }

@@ -1,5 +1,7 @@
 #include "actors/node_service.hpp"
 
+#include <malloc.h>
+
 #include <atomic>
 #include <charconv>
 #include <condition_variable>
@@ -9,6 +11,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -82,6 +85,7 @@ struct node_service::impl {
   std::condition_variable stop_cv;
   bool stopping = false;
   std::atomic<int> jobs_done{0};
+  std::optional<std::chrono::steady_clock::time_point> trim_at;  // bridge thread: when to give memory back
   std::atomic<bool> busy{false};
   std::unique_ptr<node_job> job;  // at most one; touched only on the bridge thread
   // The jobs taken lately, with the life this node had in each (plan_node::life): a plan for one of them
@@ -201,6 +205,7 @@ struct node_service::impl {
     job.reset();
     busy = false;
     ++jobs_done;
+    trim_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   }
 
   // First half of a job's setup: read the plan, take the job slot, and load the data on a data thread,
@@ -365,6 +370,12 @@ struct node_service::impl {
   }
 
   void tick() {
+    // A second after a job ends (its actors have let go of its buffers by then), the heap goes back to
+    // the system: a long-lived daemon should not keep a job's peak, nor what a stranger made it hold.
+    if (!job && trim_at && std::chrono::steady_clock::now() >= *trim_at) {
+      malloc_trim(0);
+      trim_at.reset();
+    }
     if (!job) return;
     if (job->launcher_gone(opt.launcher_timeout)) return end_job("the launcher stopped answering");
     wire::header h;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -92,12 +93,16 @@ void configure(caf::actor_system_config& c, int threads) {
   c.set("logger.console", caf::atom("none"));
 }
 
-reducer_config plan_reducer_config(const job_plan& plan, int rank) {
+reducer_config plan_reducer_config(const job_plan& plan, int rank, size_t params) {
   reducer_config red;
   red.rank = rank;
   red.size = plan.replicas();
   red.ring.job = plan.ring_id();
   red.timeout = std::chrono::milliseconds(plan.ring_timeout_ms);
+  // What a left neighbour may have sent before this rank starts the all-reduce it is for: it is at most
+  // one all-reduce ahead, and in one it sends us less than the whole gradient twice over. So a lying
+  // neighbour (or, without keys, whoever logs in as it) pins at most that, not the driver's 2 GiB.
+  red.ring.max_early_bytes = std::max<size_t>(size_t(16) << 20, 2 * params * sizeof(float));
   // The one-hop path pays for its copies only where a hop is expensive: when the ring leaves a process.
   // Every rank of a job decides alike, from the plan.
   if (plan.nodes.size() <= 1) red.ring.pair_small_bytes = red.ring.small_bytes;
@@ -123,7 +128,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
                      plan.first_step, plan.generation, from_bytes};
     out.loaders.push_back(sys.spawn(data_loader, lc));
     caf::actor a;
-    out.ports.push_back(spawn_reducer(sys, plan_reducer_config(plan, r), &a));
+    out.ports.push_back(spawn_reducer(sys, plan_reducer_config(plan, r, m->param_count()), &a));
     out.reducers.push_back(a);
     replica_config rc;
     rc.rank = r;

@@ -90,7 +90,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
                         std::shared_ptr<const model> m, const std::vector<int>& ranks);
 
 // Rank `rank`'s reducer settings in `plan`'s ring (its id, size and paths).
-reducer_config plan_reducer_config(const job_plan& plan, int rank);
+reducer_config plan_reducer_config(const job_plan& plan, int rank, size_t params);
 
 // Runs a coordinator (actors/coordinator.hpp) over all ranks' actors (index = rank) until the job ends.
 std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, caf::actor coordinator,

@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "actors/job_plan.hpp"
+#include "actors/reducer.hpp"
 #include "actors/report_kv.hpp"
+#include "actors/training.hpp"
 #include "net/wire.hpp"
 
 using namespace ringmaster;
@@ -438,4 +440,16 @@ TEST_CASE("a stall report names a rank of the job and says why in at most 1000 b
   CHECK(err == "missing key 'why'");
   s.why = std::string(5000, 'y');  // a long reason is cut, not refused, as it is sent
   CHECK(to_kv(s).at("why").size() == 1000);
+}
+
+TEST_CASE("job plan: a rank's reducer holds at most twice the gradient that a neighbour sent ahead of it", "[plan]") {
+  const job_plan p = sample_plan();
+  // A neighbour is at most one all-reduce ahead and sends less than the gradient twice in one.
+  const reducer_config small = plan_reducer_config(p, 0, 50890);  // 784-64-10: the 16 MiB floor
+  CHECK(small.ring.max_early_bytes == size_t(16) << 20);
+  const reducer_config big = plan_reducer_config(p, 1, size_t(100) << 20);  // 100M parameters: 800 MB
+  CHECK(big.ring.max_early_bytes == 2 * (size_t(100) << 20) * sizeof(float));
+  CHECK(big.ring.max_early_bytes < ring::driver_options{}.max_early_bytes);
+  CHECK(big.rank == 1);
+  CHECK(big.ring.job == p.ring_id());
 }
