@@ -313,10 +313,9 @@ struct tcp_port::impl {
   };
   std::deque<pending> waiting;
   clock_type::time_point fd_shortage_said{};  // out of file descriptors: said once a minute
-  // Refusals said: at most kRefusalLines per kRefusalWindow, the rest counted and summed up in the next
-  // window's first line (a flood of strangers must not flood the log, nor whoever prints it).
+  // Refusals said: at most kRefusalLines per opt.refusal_window, the rest counted and summed up once the
+  // window is over (a flood of strangers must not flood the log, nor whoever prints it).
   static constexpr int kRefusalLines = 5;
-  static constexpr std::chrono::seconds kRefusalWindow{10};
   clock_type::time_point window{};
   int lines = 0;
   uint64_t unsaid = 0;
@@ -328,7 +327,7 @@ struct tcp_port::impl {
   }
   void refuse(std::string why) {
     const auto now = clock_type::now();
-    if (now - window >= kRefusalWindow) {
+    if (now - window >= opt.refusal_window) {
       window = now;
       lines = 0;
     }
@@ -340,9 +339,21 @@ struct tcp_port::impl {
       why += " (and " + std::to_string(unsaid) + " more refusals not logged before)";
       unsaid = 0;
     }
+    say(why);
+  }
+  // Once a window is over, what it did not say is summed up at once, not with the next refusal (which
+  // may come long after a flood has ended). From the loop, at least once a second.
+  void sum_up() {
+    if (!unsaid || clock_type::now() - window < opt.refusal_window) return;
+    say(std::to_string(unsaid) + " more refusals not logged in " + std::to_string(opt.refusal_window.count()) + " ms");
+    unsaid = 0;
+    window = clock_type::now();
+    lines = 1;
+  }
+  void say(const std::string& line) {
     try {
-      if (opt.on_refusal) opt.on_refusal(why);
-      else std::fprintf(stderr, "ringmaster ring port %d: %s\n", port, why.c_str());
+      if (opt.on_refusal) opt.on_refusal(line);
+      else std::fprintf(stderr, "ringmaster ring port %d: %s\n", port, line.c_str());
     } catch (...) {
     }
   }
@@ -456,6 +467,7 @@ void tcp_port::impl::loop() {
     }
     waiting.swap(still);
     if (fds[1].revents & POLLIN) accept_one();
+    sum_up();
   }
 }
 

@@ -68,6 +68,7 @@ struct tcp_port_options {
   // Connections that have not logged in yet, at once; at most an eighth of our file descriptor limit.
   int max_pending = 64;
   std::chrono::milliseconds login_timeout{3000};
+  std::chrono::milliseconds refusal_window{10000};  // refusals logged: 5 in each, the rest summed up after it
   // Strangers and broken rules, for the log (from the port's thread). Default: stderr.
   std::function<void(const std::string&)> on_refusal;
 };

@@ -76,6 +76,7 @@ struct inbox {
   net::tcp_port_options options() {
     net::tcp_port_options o;
     o.login_timeout = 300ms;
+    o.refusal_window = 1000ms;
     o.on_refusal = [this](const std::string& e) {
       std::lock_guard<std::mutex> lock(mu);
       refusals.push_back(e);
@@ -295,6 +296,14 @@ TEST_CASE("tcp link: strangers who connect and say nothing cannot keep the pair 
       if (r.find("closed a connection before it logged in: more than 64 waited at once") != std::string::npos) return true;
     return false;
   }));
+  // 5 lines a window; the rest are summed up once it is over, flood or no flood.
+  REQUIRE(f.in.wait([](inbox& b) {
+    for (auto& r : b.refusals)
+      if (r.find("more refusals not logged in 1000 ms") != std::string::npos) return true;
+    return false;
+  }, 5s));
+  std::lock_guard<std::mutex> lock(f.in.mu);
+  CHECK(f.in.refusals.size() <= 12);  // not one line per stranger
 }
 
 TEST_CASE("tcp link: an altered or misdirected message closes the connection with a clear error", "[tcp_link]") {
