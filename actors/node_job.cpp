@@ -1,6 +1,7 @@
 #include "actors/node_job.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <tuple>
 
 #include "actors/checkpoint.hpp"
@@ -252,8 +253,11 @@ void node_job::open_tcp_receivers() {
             log("dropped a chunk of ring " + std::to_string(h.job_id) + " from rank " + std::to_string(h.sender_rank) +
                 ": not a rank of this ring whose right neighbour runs here");
         },
-        [ports = ports, log](const std::string& why) {
-          log(why);
+        [ports = ports, log, br, fault = ctx_.fault, errors = std::make_shared<std::atomic<int>>(0)](const std::string& why) {
+          // The first fails the ring; the rest (a plain port's strangers, who may log in again and again)
+          // go to the node's rate-limited log.
+          if (errors->fetch_add(1) == 0) log(why);
+          else br->post([fault, why] { fault({net::fault::malformed, {}, why}); });
           for (auto& [r, port] : ports) fail(*port, why);
         });
     // The replicas whose chunks come this way may take them themselves, as from shared memory. (One whose

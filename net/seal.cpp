@@ -182,6 +182,12 @@ void write_trailer(const trailer& t, unsigned char out[kTrailerBytes]) {
   std::memset(out + 20, 0, kSealTagBytes);
 }
 
+bool untagged(const unsigned char trailer_bytes[kTrailerBytes]) {
+  unsigned char any = 0;
+  for (size_t i = kTrailerBytes - kSealTagBytes; i < kTrailerBytes; ++i) any |= trailer_bytes[i];
+  return any == 0;
+}
+
 struct sealer::impl {
   ocb cipher;
   uint64_t job;

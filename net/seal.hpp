@@ -78,6 +78,9 @@ struct trailer {
 bool read_trailer(const void* data, size_t size, trailer* out);
 // A trailer with no tag (zeros): what plain messages carry on an unsealed link (net/tcp_link.hpp).
 void write_trailer(const trailer& t, unsigned char out[kTrailerBytes]);
+// Whether a trailer carries no tag (all zeros): a plain message's. A plain link refuses a tagged one, so
+// that a sealed peer's ciphertext is never taken for gradients.
+bool untagged(const unsigned char trailer_bytes[kTrailerBytes]);
 
 // One direction of one pair: seals what node `sender` sends with the pair's key. Not thread-safe: its
 // tcp_sender (net/tcp_link.hpp) uses it one message at a time, in the order messages go out.

@@ -32,6 +32,8 @@ using clock_type = std::chrono::steady_clock;
 constexpr size_t kHead = wire::kHeaderSize + kTrailerBytes;  // what comes before a payload
 constexpr int kConnectTries = 20;                            // a port that refuses: ~5 s of tries
 constexpr auto kRetryPause = std::chrono::milliseconds(250);
+// A tagged message where the pair has no key: the sender seals, this side runs --insecure (or a stranger).
+constexpr char kSealedOnPlain[] = "a sealed message on a plain link (is only one side --insecure?)";
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -227,6 +229,7 @@ int tcp_receiver::impl::take() {
       read_trailer(head + wire::kHeaderSize, kTrailerBytes, &t);
       if (t.job != job || t.sender != sender)
         return broken("a message from node " + std::to_string(t.sender) + " of job " + std::to_string(t.job));
+      if (!open && !untagged(head + wire::kHeaderSize)) return broken(kSealedOnPlain);
       if (h.payload_bytes > kMaxRingPayload)
         return broken("a payload of " + std::to_string(h.payload_bytes) + " bytes, over the limit of " +
                       std::to_string(kMaxRingPayload));
@@ -411,6 +414,11 @@ bool tcp_port::impl::login(pending& p) {
   // login waits for the next turn of our loop (a logged-in peer must not stall every other login).
   std::unique_lock<std::mutex> lock(r->consume, std::try_to_lock);
   if (!lock.owns_lock()) return false;
+  if (!r->open && !untagged(p.buf + wire::kHeaderSize)) {
+    close(p.fd);
+    refuse("a login as node " + std::to_string(t.sender) + ": " + kSealedOnPlain);
+    return true;
+  }
   unsigned char none[1];  // no payload
   if (r->open && !r->open->open(p.buf, wire::kHeaderSize, none, 0, p.buf + wire::kHeaderSize, &err)) {
     close(p.fd);
@@ -567,6 +575,7 @@ struct tcp_sender::impl {
   // Plain payloads written or dropped, let go of only once mu is free: letting go may end an all-reduce
   // (net/ring_driver.hpp counts its buffer's readers), and whoever waits for that may send at once.
   std::vector<payload> written;
+  int letting_go = 0;  // threads in let_go with mu unlocked: abort() waits for them
   int fd = -1;
   bool connected = false, dead = false, stop = false;
   std::thread thread;
@@ -639,13 +648,21 @@ struct tcp_sender::impl {
     if (written.empty()) return;
     std::vector<payload> done;
     done.swap(written);
+    ++letting_go;
+    ++letting_go_here;
     lock.unlock();
     done.clear();
     lock.lock();
+    --letting_go_here;
+    if (--letting_go == 0) cv.notify_all();
   }
+  // This thread's let_go calls under way (of any sender): a release that calls abort() must not wait for itself.
+  static thread_local int letting_go_here;
   int connect_once(std::string* why);
   void run();
 };
+
+thread_local int tcp_sender::impl::letting_go_here = 0;
 
 int tcp_sender::impl::connect_once(std::string* why) {
   addrinfo hints{}, *found = nullptr;
@@ -686,11 +703,11 @@ void tcp_sender::impl::run() {
   for (int attempt = 0; attempt < kConnectTries && s < 0; ++attempt) {
     if (attempt > 0) {
       std::unique_lock<std::mutex> lock(mu);
-      if (cv.wait_for(lock, kRetryPause, [this] { return stop; })) return;
+      if (cv.wait_for(lock, kRetryPause, [this] { return stop || dead; })) return;
     }
     s = connect_once(&why);
     std::lock_guard<std::mutex> lock(mu);
-    if (stop) {
+    if (stop || dead) {  // our owner went, or aborted: nobody to tell, nothing to send
       if (s >= 0) close(s);
       return;
     }
@@ -780,6 +797,12 @@ void tcp_sender::abort() {
   d.give_up();
   if (d.fd >= 0) shutdown(d.fd, SHUT_RDWR);
   d.let_go(lock);
+  // Payloads another thread took out of `written` are let go of before we return (unless it is this
+  // thread, releasing one that led here).
+  if (impl::letting_go_here == 0) d.cv.wait(lock, [&d] { return d.letting_go == 0; });
+  lock.unlock();
+  d.cv.notify_all();    // a connect's retry pause ends
+  signal_fd(d.wake);    // and so does a connect under way
 }
 
 bool tcp_sender::send(const wire::header& h, const payload& p, std::string* error) {

@@ -19,7 +19,8 @@
 //   then messages: the header (net/wire.hpp), the trailer, and payload_bytes sealed bytes.
 // Plain, the same frames with the payload as it is and a trailer without a tag: a login then proves
 // nothing (anyone who can reach an --insecure node commands it anyway), and a pair that expects sealed
-// messages refuses it ("bad tag"), so a node with keys never takes a plain chunk.
+// messages refuses it ("bad tag"), so a node with keys never takes a plain chunk; and a plain pair
+// refuses a tagged one ("a sealed message on a plain link"), so ciphertext is never summed as gradients.
 // The receiver checks every header and trailer before it reads a payload: the trailer must name the
 // login's job and node, the payload be at most kMaxRingPayload. A stranger gets nothing but a closed
 // connection (after 3 s at most, or at once when what it sends is not a login); of more than
@@ -118,9 +119,10 @@ class tcp_sender {
   // for a message that can never go (a bad header, a payload over kMaxRingPayload, a cipher failure).
   bool send(const wire::header& h, const payload& p, std::string* error);
   bool sealed() const;
-  // Drops what is queued (letting go of plain payloads: nothing reads them afterwards), closes the
-  // connection and drops what comes later: for a ring that failed while its caller's buffer is still
-  // queued here, behind a neighbour that stopped reading.
+  // Drops what is queued (letting go of plain payloads: nothing reads them afterwards; one another
+  // thread is letting go of is let go of before abort returns), closes the connection, ends a connect
+  // under way (no connection comes later) and drops what comes later: for a ring that failed while its
+  // caller's buffer is still queued here, behind a neighbour that stopped reading.
   void abort();
   // Drops what is still queued and closes the connection, at once: a connect under way ends too (not a
   // host name's lookup, which cannot be cut short).

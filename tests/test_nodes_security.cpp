@@ -223,6 +223,71 @@ TEST_CASE("node daemons --insecure: ring chunks between hosts go plain to the ri
   CHECK((b.wait_for(said, ring_ports ? 10s : 0s) != "") == ring_ports);
 }
 
+TEST_CASE("node daemons --insecure: a stranger who logs in to a ring port again and again with bad frames is logged a few times, not each",
+          "[nodes]") {
+  logged_node a("node-a", "", true), b("node-b", "", true);
+  const std::string listening = b.wait_for("(ring chunks from other hosts on port ");
+  const size_t at_port = listening.find(" on port ");
+  REQUIRE(at_port != std::string::npos);
+  const int port = std::atoi(listening.c_str() + at_port + 9);
+  REQUIRE(port > 0);
+  train_config c = small_job();
+  c.model = "784-128-10";
+  c.epochs = 3;
+  std::atomic<bool> training{false};
+  c.on_progress = [&](const progress&) { training = true; };
+  remote_options ro;
+  ro.insecure = true;
+  ro.nodes = {a.node->endpoint(), b.node->endpoint()};  // rank 0 on a sends to b's ring port
+  ro.shared_memory = false;                              // as between hosts
+  ro.abort_on_node_loss = true;                          // the first bad frame breaks the ring: the job ends
+  ro.limit_train = 6000;
+  ro.limit_test = 200;
+  train_result r;
+  std::thread launcher([&] { r = train_remote(c, ro); });
+  for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(50ms);
+  const uint64_t id = job_id_of(a.wait_for(" started: "));
+  // Plain, anyone who knows the job id may log in as node 0 (--insecure authenticates nobody); then a
+  // frame that is no chunk. 200 times.
+  wire::header login;
+  login.type = wire::msg_type::hello;
+  login.job_id = id;
+  login.sender_rank = 0;
+  wire::header bad = login;
+  bad.type = wire::msg_type::heartbeat;
+  std::vector<unsigned char> bytes(2 * (wire::kHeaderSize + net::kTrailerBytes));
+  for (int k = 0; k < 2; ++k) {
+    const auto hb = wire::encode(k == 0 ? login : bad);
+    unsigned char* at = bytes.data() + size_t(k) * (wire::kHeaderSize + net::kTrailerBytes);
+    std::copy(hb.begin(), hb.end(), at);
+    net::write_trailer({id, 0, uint64_t(k)}, at + wire::kHeaderSize);
+  }
+  for (int i = 0; i < 200; ++i) {
+    const int u = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    at.sin_port = htons(uint16_t(port));
+    CHECK(connect(u, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+    CHECK(send(u, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));
+    char closed;
+    recv(u, &closed, 1, 0);  // until the node hangs up
+    close(u);
+  }
+  CHECK(b.wait_for("plain connection from node 0: a heartbeat, not a ring chunk") != "");
+  launcher.join();
+  CHECK_FALSE(r.ok);  // its ring was broken on purpose
+  std::lock_guard<std::mutex> lock(b.mu);
+  int first = 0, more = 0;  // the first in full, as the job's; then the node's rate-limited fault lines
+  for (const std::string& l : b.lines) {
+    first += l.find(": plain connection from node 0: a heartbeat") != std::string::npos && l.find("job ") != std::string::npos &&
+             l.find(" ended: ") == std::string::npos;
+    more += l.find("dropped a message (malformed message): plain connection from node 0") != std::string::npos;
+  }
+  CHECK(first == 1);
+  CHECK(more <= 5);
+}
+
 TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts go to, a taken or bad one is a clear error", "[nodes][keys]") {
   const int port = test::free_port();
   test::daemon_process a({RINGMASTER_NODE_BIN, "--ring-port", std::to_string(port)}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR);

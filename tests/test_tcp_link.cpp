@@ -3,6 +3,7 @@
 // replayed logins and altered messages are refused with a clear word, and the real pair still gets in.
 // Plain (--insecure), the same link carries the same frames unsealed, and a sealed pair never takes them.
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -448,6 +449,24 @@ TEST_CASE("tcp link: plain, a login needs only the pair's names, a sealed pair r
     close(s2);
     CHECK(f.in.got.empty());
   }
+  SECTION("a plain pair takes no sealed login, and no sealed chunk after a plain login") {
+    pair_fixture f(false);
+    net::sealer keyed(key_of(5), kJob, kSender);  // a sender with keys, where this side runs --insecure
+    int s1 = raw_connect(f.port->port());
+    raw_send(s1, login_frame(keyed, kJob, kSender));
+    CHECK(closed_by_peer(s1, 2000ms));
+    close(s1);
+    REQUIRE(f.in.wait([](inbox& b) { return !b.refusals.empty(); }));
+    CHECK(f.in.refusals[0].find("a login as node 1: a sealed message on a plain link") != std::string::npos);
+    int s2 = raw_connect(f.port->port());
+    raw_send(s2, plain_login(kJob, kSender));
+    raw_send(s2, sealed_frame(keyed, chunk_header(0, 2), {1, 2}));
+    REQUIRE(f.in.wait([](inbox& b) { return !b.errors.empty(); }));
+    CHECK(f.in.errors[0].find("plain connection from node 1: a sealed message on a plain link") != std::string::npos);
+    CHECK(closed_by_peer(s2, 2000ms));
+    close(s2);
+    CHECK(f.in.got.empty());  // ciphertext never summed as gradients
+  }
 }
 
 TEST_CASE("tcp link: plain payloads go from where they are, held until written, and a send as one is let go does not deadlock", "[tcp_link]") {
@@ -502,6 +521,32 @@ TEST_CASE("tcp link: dropping a sender whose connect hangs returns at once", "[t
   CHECK(std::chrono::steady_clock::now() - t0 < 500ms);  // not the second a connect may wait
   CHECK(failures.load() == 0);  // its owner went: nobody to tell
   close(filler);
+  close(l);
+}
+
+TEST_CASE("tcp link: an aborted sender stops connecting: nothing connects later and nobody is told", "[tcp_link]") {
+  // A port nobody listens on yet: the sender's connects are refused, and it retries.
+  const int l = socket(AF_INET, SOCK_STREAM, 0);
+  const int on = 1;
+  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
+  std::string err;
+  std::atomic<int> failures{0};
+  auto s = net::tcp_sender::connect("tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port)), kJob, kSender, nullptr,
+                                    [&failures](const std::string&) { ++failures; }, &err);
+  REQUIRE(s);
+  std::this_thread::sleep_for(100ms);  // its first connect was refused; it waits to try again
+  s->abort();
+  REQUIRE(listen(l, 4) == 0);  // the port opens: an aborted sender must not come
+  pollfd p{l, POLLIN, 0};
+  CHECK(::poll(&p, 1, 1000) == 0);  // four retry pauses' worth
+  CHECK(failures.load() == 0);
+  s.reset();
   close(l);
 }
 
