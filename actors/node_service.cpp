@@ -86,6 +86,7 @@ struct node_service::impl {
   bool stopping = false;
   std::atomic<int> jobs_done{0};
   std::optional<std::chrono::steady_clock::time_point> trim_at;  // bridge thread: when to give memory back
+  std::chrono::steady_clock::time_point trimmed{};                 // and when it last did
   std::atomic<bool> busy{false};
   std::unique_ptr<node_job> job;  // at most one; touched only on the bridge thread
   // The jobs taken lately, with the life this node had in each (plan_node::life): a plan for one of them
@@ -102,24 +103,31 @@ struct node_service::impl {
     int lines = 0;
     uint64_t suppressed = 0;
   };
-  std::map<net::fault, fault_budget> faults;
+  std::map<std::string, fault_budget> faults;  // by kind: net::fault_name(), or "refused job", "ignored"
 
-  void log_fault(const net::bridge_error& e) {
-    fault_budget& b = faults[e.kind];
+  static std::string held_back(const std::string& kind, uint64_t n) {
+    return "not logged: " + std::to_string(n) + " more lines of '" + kind + "' in the last " + std::to_string(kFaultWindow.count()) + " s";
+  }
+  // Logs `line` unless `kind` had its kFaultLines in this window: then it is counted, and said once the
+  // window is over. Whoever can reach the port (or a job's launcher) decides how often these come.
+  void log_limited(const std::string& kind, const std::string& line) {
+    fault_budget& b = faults[kind];
     const auto now = std::chrono::steady_clock::now();
     if (now - b.since > kFaultWindow) {
-      if (b.suppressed > 0)
-        log(std::to_string(b.suppressed) + " more " + net::fault_name(e.kind) + " messages in the last " +
-            std::to_string(kFaultWindow.count()) + " s were not logged");
+      if (b.suppressed > 0) log(held_back(kind, b.suppressed));
       b = {now, 0, 0};
     }
     if (++b.lines > kFaultLines) {
       ++b.suppressed;
       return;
     }
+    log(line);
+  }
+  void log_fault(const net::bridge_error& e) {
     const bool dropped = e.kind == net::fault::malformed || e.kind == net::fault::version_mismatch ||
                          e.kind == net::fault::handler_failed || e.kind == net::fault::send_failed;
-    log((dropped ? std::string("dropped a message (") + net::fault_name(e.kind) + "): " : std::string()) + e.message);
+    log_limited(net::fault_name(e.kind),
+                (dropped ? std::string("dropped a message (") + net::fault_name(e.kind) + "): " : std::string()) + e.message);
   }
 
   explicit impl(node_options o) : opt(std::move(o)), br(bridge_options()), data(opt.data_dir) {}
@@ -130,11 +138,15 @@ struct node_service::impl {
     // Two I/O threads: libzmq gives each new connection the least loaded one, so the launcher's (heartbeats,
     // reports) does not wait behind the ring's, whose messages are encrypted whole, one at a time.
     bo.io_threads = 2;
+    bo.max_connections = opt.max_connections;  // --insecure too: a stranger's clients count as anyone's
+    // Replies ZeroMQ queues for one client before ours hold them (bounded, net/bridge_impl.hpp): a client
+    // that sends and never reads must not make it queue 100,000 (~70 MB). 10,000 are seconds of a
+    // launcher's reports.
+    bo.hwm = 10000;
     if (opt.insecure) return bo;
     key_dir = opt.key_dir.empty() ? net::default_key_dir() : opt.key_dir;
     if (!net::load_or_create_keys(key_dir, &keys, &key_error) || !reload_authorized(&key_error)) return bo;
     bo.keys = keys;
-    bo.max_connections = opt.max_connections;
     bo.authorize = [this](const std::string& key) { return authorized_key(key); };
     return bo;
   }
@@ -195,7 +207,7 @@ struct node_service::impl {
 
   // invalid: the job itself is bad (its model or settings), not this node's state; the launcher says so.
   void refuse(const net::peer_info& from, uint64_t job_id, const std::string& why, bool invalid = false) {
-    log("refused job " + std::to_string(job_id) + ": " + why);
+    log_limited("refused job", "refused job " + std::to_string(job_id) + ": " + why);
     send_kv(from, wire::msg_type::error, job_id, {{"error", "node " + name() + ": " + why}, {"invalid", invalid ? "1" : "0"}});
   }
 
@@ -211,14 +223,15 @@ struct node_service::impl {
   // First half of a job's setup: read the plan, take the job slot, and load the data on a data thread,
   // which then posts the second half back here.
   void setup(const net::peer_info& from, const wire::header& h, const net::payload& p) {
+    // Which job, and whose, is none of the asker's business. Before the plan is read: a flood of large
+    // plans must not keep this thread from the running job's heartbeats.
+    if (job) return refuse(from, h.job_id, "busy with another job");
     job_plan plan;
     std::string error;
     if (!from_json(p.text(), &plan, &error)) return refuse(from, h.job_id, error, true);  // "job plan: ..."
     if (plan.job_id != h.job_id)
       return refuse(from, h.job_id, "job plan: 'job' is " + std::to_string(plan.job_id) + ", the message's job is " +
                                         std::to_string(h.job_id), true);
-    // Which job, and whose, is none of the asker's business.
-    if (job) return refuse(from, plan.job_id, "busy with another job");
     // Jobs stopped while their data loaded leave data threads behind, each holding its copy of the data:
     // a launcher that starts and stops jobs in a loop must not pile them up.
     if (data.loading() >= kMaxDataThreads) return refuse(from, plan.job_id, "busy loading the data of jobs stopped before they ran");
@@ -280,7 +293,7 @@ struct node_service::impl {
     };
     // The job's launcher sent it: a malformed one is its bug, and it hears so (the job goes on as it was).
     auto refuse = [&](const std::string& why) {
-      log("ignored " + why);
+      log_limited("ignored", "ignored " + why);
       send_kv(from, wire::msg_type::error, h.job_id, {{"error", "node " + name() + " ignored " + why}});
     };
     int64_t gen = 0, at = -1;
@@ -370,11 +383,20 @@ struct node_service::impl {
   }
 
   void tick() {
-    // A second after a job ends (its actors have let go of its buffers by then), the heap goes back to
-    // the system: a long-lived daemon should not keep a job's peak, nor what a stranger made it hold.
-    if (!job && trim_at && std::chrono::steady_clock::now() >= *trim_at) {
+    const auto now = std::chrono::steady_clock::now();
+    // Lines held back in a window that is over are summed up now, not with the next one (which may never come).
+    for (auto& [kind, b] : faults)
+      if (b.suppressed > 0 && now - b.since > kFaultWindow) {
+        log(held_back(kind, b.suppressed));
+        b = {now, 0, 0};
+      }
+    // A second after a job ends (its actors have let go of its buffers by then), and every 30 s while
+    // idle, the heap goes back to the system: a long-lived daemon should not keep a job's peak, nor what
+    // strangers made it hold (replies queued for clients that do not read, say).
+    if (!job && (trim_at ? now >= *trim_at : now - trimmed > std::chrono::seconds(30))) {
       malloc_trim(0);
       trim_at.reset();
+      trimmed = now;
     }
     if (!job) return;
     if (job->launcher_gone(opt.launcher_timeout)) return end_job("the launcher stopped answering");

@@ -34,7 +34,7 @@ struct node_options {
   // nodes. insecure: no keys, no encryption; anyone who reaches the port may command the node.
   std::string key_dir;
   bool insecure = false;
-  int max_connections = 1024;  // clients at once (with keys); a job needs its launcher and a left neighbour
+  int max_connections = 1024;  // clients at once (--insecure too); a job needs its launcher and a left neighbour
   // The port other hosts' nodes send ring chunks to (net/tcp_link.hpp), sealed (net/seal.hpp), or plain
   // with insecure; 0: an ephemeral one. Only with a tcp:// listen endpoint.
   int ring_port = 0;

@@ -288,6 +288,94 @@ TEST_CASE("node daemons --insecure: a stranger who logs in to a ring port again 
   CHECK(more <= 5);
 }
 
+TEST_CASE("node daemons --insecure: a flood of large job plans neither stops the running job nor floods the log", "[nodes]") {
+  logged_node a("node-a", "", true), b("node-b", "", true);
+  train_config c = small_job();
+  c.model = "784-128-10";
+  c.epochs = 4;
+  std::atomic<bool> training{false};
+  c.on_progress = [&](const progress&) { training = true; };
+  remote_options ro;
+  ro.insecure = true;
+  ro.nodes = {a.node->endpoint(), b.node->endpoint()};
+  ro.limit_train = 6000;
+  ro.limit_test = 200;
+  train_result r;
+  std::thread launcher([&] { r = train_remote(c, ro); });
+  for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(50ms);
+  // A stranger (anyone, --insecure) sends 300 plans of ~600 KB each: well-formed JSON, slow to read.
+  std::string plan = "{\"job\": 9, \"pad\": [";
+  for (int i = 0; i < 100000; ++i) plan += (i ? ",0." : "0.") + std::to_string(i);
+  plan += "]}";
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(a.node->endpoint());
+  wire::header job;
+  job.type = wire::msg_type::job;
+  job.job_id = 9;
+  job.payload_bytes = plan.size();
+  for (int i = 0; i < 300; ++i) test::send_raw(s, job, {zmq::buffer(plan)});
+  launcher.join();
+  INFO(r.error);
+  CHECK(r.ok);  // its heartbeats kept going: the node refused each plan as busy, unread
+  CHECK(r.losses.empty());
+  CHECK(a.wait_for("more lines of 'refused job' in the last 10 s", 15s) != "");  // once the window is over
+  std::lock_guard<std::mutex> lock(a.mu);
+  int refusals = 0;
+  for (const std::string& l : a.lines) refusals += l.find("refused job 9: busy with another job") != std::string::npos;
+  CHECK(refusals >= 1);
+  CHECK(refusals <= 5);
+}
+
+TEST_CASE("node daemon --insecure: clients past --max-connections are refused too", "[nodes]") {
+  node_options o;
+  o.insecure = true;
+  o.listen = "tcp://127.0.0.1:0";
+  o.name = "node-limit";
+  o.devices = "cpu:1";
+  o.data_dir = RINGMASTER_DATA_DIR;
+  o.max_connections = 2;
+  std::mutex mu;
+  std::vector<std::string> lines;
+  o.log = [&](const std::string& l) {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.push_back(l);
+  };
+  node_service node(o);
+  std::string err;
+  REQUIRE(node.start(&err));
+  zmq::context_t ctx;
+  std::vector<zmq::socket_t> clients;
+  wire::header h;
+  h.type = wire::msg_type::hello;
+  int answered = 0;
+  for (int i = 0; i < 3; ++i) {
+    clients.emplace_back(ctx, zmq::socket_type::dealer);
+    zmq::socket_t& c = clients.back();
+    c.set(zmq::sockopt::linger, 0);
+    c.set(zmq::sockopt::rcvtimeo, i < 2 ? 5000 : 1500);
+    c.connect(node.endpoint());
+    test::send_raw(c, h);
+    zmq::message_t head, body;
+    const bool got = c.recv(head, zmq::recv_flags::none).has_value();
+    if (got && head.more()) (void)c.recv(body, zmq::recv_flags::none);
+    answered += got;
+    CHECK(got == (i < 2));
+  }
+  CHECK(answered == 2);
+  bool said = false;
+  for (int i = 0; i < 100 && !said; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const std::string& l : lines) said = said || l.find("over the limit of 2") != std::string::npos;
+    }
+    if (!said) std::this_thread::sleep_for(20ms);
+  }
+  CHECK(said);
+  node.stop();
+}
+
 TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts go to, a taken or bad one is a clear error", "[nodes][keys]") {
   const int port = test::free_port();
   test::daemon_process a({RINGMASTER_NODE_BIN, "--ring-port", std::to_string(port)}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR);
