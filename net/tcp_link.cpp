@@ -575,7 +575,8 @@ struct tcp_sender::impl {
   // Plain payloads written or dropped, let go of only once mu is free: letting go may end an all-reduce
   // (net/ring_driver.hpp counts its buffer's readers), and whoever waits for that may send at once.
   std::vector<payload> written;
-  int letting_go = 0;  // threads in let_go with mu unlocked: abort() waits for them
+  int letting_go = 0;             // threads in let_go with mu unlocked: abort() waits for them, on let_go_done
+  std::condition_variable let_go_done;  // (not cv: the sender's thread waits there, and need not wake each time)
   int fd = -1;
   bool connected = false, dead = false, stop = false;
   std::thread thread;
@@ -654,7 +655,7 @@ struct tcp_sender::impl {
     done.clear();
     lock.lock();
     --letting_go_here;
-    if (--letting_go == 0) cv.notify_all();
+    if (--letting_go == 0) let_go_done.notify_all();
   }
   // This thread's let_go calls under way (of any sender): a release that calls abort() must not wait for itself.
   static thread_local int letting_go_here;
@@ -799,7 +800,7 @@ void tcp_sender::abort() {
   d.let_go(lock);
   // Payloads another thread took out of `written` are let go of before we return (unless it is this
   // thread, releasing one that led here).
-  if (impl::letting_go_here == 0) d.cv.wait(lock, [&d] { return d.letting_go == 0; });
+  if (impl::letting_go_here == 0) d.let_go_done.wait(lock, [&d] { return d.letting_go == 0; });
   lock.unlock();
   d.cv.notify_all();    // a connect's retry pause ends
   signal_fd(d.wake);    // and so does a connect under way
