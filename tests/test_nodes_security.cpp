@@ -263,12 +263,8 @@ TEST_CASE("node daemons --insecure: a stranger who logs in to a ring port again 
     net::write_trailer({id, 0, uint64_t(k)}, at + wire::kHeaderSize);
   }
   for (int i = 0; i < 200; ++i) {
-    const int u = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in at{};
-    at.sin_family = AF_INET;
-    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    at.sin_port = htons(uint16_t(port));
-    CHECK(connect(u, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+    const int u = test::loopback_connect(port);
+    CHECK(u >= 0);
     CHECK(send(u, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));
     char closed;
     recv(u, &closed, 1, 0);  // until the node hangs up
@@ -506,12 +502,8 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   const std::string port = ring_port_of(b.node->endpoint());
   REQUIRE(port != "");
   REQUIRE(port != "0");
-  const int u = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  at.sin_port = htons(uint16_t(std::stoi(port)));
-  REQUIRE(connect(u, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+  const int u = test::loopback_connect(std::stoi(port));
+  CHECK(u >= 0);
   wire::header login;  // posing as node 0 of the job, with a tag it cannot make
   login.type = wire::msg_type::hello;
   login.job_id = id;
@@ -641,13 +633,8 @@ TEST_CASE("a node out of file descriptors says so once and serves again when the
   const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
   std::vector<int> flood;
   for (int i = 0; i < 200; ++i) {
-    const int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    const int s = test::loopback_connect(port, true);
     REQUIRE(s >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(uint16_t(port));
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
     flood.push_back(s);
   }
   std::this_thread::sleep_for(1500ms);

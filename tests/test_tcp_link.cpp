@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "net/tcp_link.hpp"
+#include "tests/test_util.hpp"
 
 using namespace ringmaster;
 using namespace std::chrono_literals;
@@ -98,12 +99,8 @@ struct inbox {
 
 // A raw client of the port, to send whatever a test wants.
 int raw_connect(int port) {
-  const int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(uint16_t(port));
-  REQUIRE(connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const int s = test::loopback_connect(port);
+  REQUIRE(s >= 0);
   return s;
 }
 void raw_send(int s, const std::vector<unsigned char>& bytes) {

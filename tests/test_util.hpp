@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -76,6 +77,22 @@ inline int free_port() {
 }
 
 inline std::string free_endpoint() { return "tcp://127.0.0.1:" + std::to_string(free_port()); }
+
+// A TCP connection to a loopback port (non-blocking: under way, whatever comes of it); its descriptor, or
+// -1. The caller checks, as it may have a thread running that a failed REQUIRE here would leave behind.
+inline int loopback_connect(int port, bool nonblocking = false) {
+  const int s = socket(AF_INET, SOCK_STREAM | (nonblocking ? SOCK_NONBLOCK : 0), 0);
+  if (s < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && !nonblocking) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
 
 // A daemon as a child process, `argv... --listen ENDPOINT --devices DEVICES --data DATA_DIR`, killed
 // (SIGKILL) when this goes unless stopped before.
