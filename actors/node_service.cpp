@@ -206,8 +206,11 @@ struct node_service::impl {
   }
 
   // invalid: the job itself is bad (its model or settings), not this node's state; the launcher says so.
-  void refuse(const net::peer_info& from, uint64_t job_id, const std::string& why, bool invalid = false) {
-    log_limited("refused job", "refused job " + std::to_string(job_id) + ": " + why);
+  // Rate-limited: anyone may send plans; but a job this node took and could not start is always logged.
+  void refuse(const net::peer_info& from, uint64_t job_id, const std::string& why, bool invalid = false, bool taken = false) {
+    const std::string line = "refused job " + std::to_string(job_id) + ": " + why;
+    if (taken) log(line);
+    else log_limited("refused job", line);
     send_kv(from, wire::msg_type::error, job_id, {{"error", "node " + name() + ": " + why}, {"invalid", invalid ? "1" : "0"}});
   }
 
@@ -278,7 +281,7 @@ struct node_service::impl {
       job.reset();
       busy = false;
     }
-    refuse(launcher, id, error, invalid);
+    refuse(launcher, id, error, invalid, true);
   }
 
   // Elastic jobs (actors/reform.hpp): the launcher lost a node, or one rejoins (`at`: after which step),

@@ -701,19 +701,17 @@ int tcp_sender::impl::connect_once(std::string* why) {
 void tcp_sender::impl::run() {
   std::string why;
   int s = -1;
+  std::unique_lock<std::mutex> lock(mu);
   for (int attempt = 0; attempt < kConnectTries && s < 0; ++attempt) {
-    if (attempt > 0) {
-      std::unique_lock<std::mutex> lock(mu);
-      if (cv.wait_for(lock, kRetryPause, [this] { return stop || dead; })) return;
-    }
+    if (attempt > 0 ? cv.wait_for(lock, kRetryPause, [this] { return stop || dead; }) : stop || dead) return;
+    lock.unlock();
     s = connect_once(&why);
-    std::lock_guard<std::mutex> lock(mu);
-    if (stop || dead) {  // our owner went, or aborted: nobody to tell, nothing to send
-      if (s >= 0) close(s);
+    lock.lock();
+    if (stop || dead) {  // our owner went, or aborted: nobody to tell, nothing to send (checked under the
+      if (s >= 0) close(s);  // same lock that then takes the connection, so an abort never misses one)
       return;
     }
   }
-  std::unique_lock<std::mutex> lock(mu);
   if (s < 0) {
     give_up();
     let_go(lock);
