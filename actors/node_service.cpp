@@ -105,18 +105,19 @@ struct node_service::impl {
   };
   std::map<std::string, fault_budget> faults;  // by kind: net::fault_name(), or "refused job", "ignored"
 
-  static std::string held_back(const std::string& kind, uint64_t n) {
-    return "not logged: " + std::to_string(n) + " more lines of '" + kind + "' in the last " + std::to_string(kFaultWindow.count()) + " s";
+  // A window that is over starts afresh, what it held back said in one line.
+  void roll_over(const std::string& kind, fault_budget& b, std::chrono::steady_clock::time_point now) {
+    if (now - b.since <= kFaultWindow) return;
+    if (b.suppressed > 0)
+      log("not logged: " + std::to_string(b.suppressed) + " more lines of '" + kind + "' in the last " +
+          std::to_string(kFaultWindow.count()) + " s");
+    b = {now, 0, 0};
   }
   // Logs `line` unless `kind` had its kFaultLines in this window: then it is counted, and said once the
   // window is over. Whoever can reach the port (or a job's launcher) decides how often these come.
   void log_limited(const std::string& kind, const std::string& line) {
     fault_budget& b = faults[kind];
-    const auto now = std::chrono::steady_clock::now();
-    if (now - b.since > kFaultWindow) {
-      if (b.suppressed > 0) log(held_back(kind, b.suppressed));
-      b = {now, 0, 0};
-    }
+    roll_over(kind, b, std::chrono::steady_clock::now());
     if (++b.lines > kFaultLines) {
       ++b.suppressed;
       return;
@@ -389,10 +390,7 @@ struct node_service::impl {
     const auto now = std::chrono::steady_clock::now();
     // Lines held back in a window that is over are summed up now, not with the next one (which may never come).
     for (auto& [kind, b] : faults)
-      if (b.suppressed > 0 && now - b.since > kFaultWindow) {
-        log(held_back(kind, b.suppressed));
-        b = {now, 0, 0};
-      }
+      if (b.suppressed > 0) roll_over(kind, b, now);
     // A second after a job ends (its actors have let go of its buffers by then), and every 30 s while
     // idle, the heap goes back to the system: a long-lived daemon should not keep a job's peak, nor what
     // strangers made it hold (replies queued for clients that do not read, say).

@@ -150,6 +150,34 @@ void await_job_ack(zmq::socket_t& s) {
   }
 }
 
+// A job of 784-128-10 on the first 6,000 samples, rank 0 on node a and rank 1 on node b, run by a launcher
+// thread: start() returns once it trains, finish() waits for its result (and so does the destructor, so a
+// failed REQUIRE does not leave the thread running).
+struct two_node_job {
+  train_config c = small_job();
+  remote_options ro;
+  train_result r;
+  std::atomic<bool> training{false};
+  std::thread launcher;
+  two_node_job(logged_node& a, logged_node& b, int64_t epochs) {
+    c.model = "784-128-10";
+    c.epochs = epochs;
+    c.on_progress = [this](const progress&) { training = true; };
+    ro.nodes = {a.node->endpoint(), b.node->endpoint()};
+    ro.limit_train = 6000;
+    ro.limit_test = 200;
+  }
+  void start() {
+    launcher = std::thread([this] { r = train_remote(c, ro); });
+    for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(50ms);
+  }
+  const train_result& finish() {
+    if (launcher.joinable()) launcher.join();
+    return r;
+  }
+  ~two_node_job() { finish(); }
+};
+
 }  // namespace
 
 TEST_CASE("a node fed malformed frames keeps serving and refuses other protocol versions", "[nodes]") {
@@ -231,21 +259,11 @@ TEST_CASE("node daemons --insecure: a stranger who logs in to a ring port again 
   REQUIRE(at_port != std::string::npos);
   const int port = std::atoi(listening.c_str() + at_port + 9);
   REQUIRE(port > 0);
-  train_config c = small_job();
-  c.model = "784-128-10";
-  c.epochs = 3;
-  std::atomic<bool> training{false};
-  c.on_progress = [&](const progress&) { training = true; };
-  remote_options ro;
-  ro.insecure = true;
-  ro.nodes = {a.node->endpoint(), b.node->endpoint()};  // rank 0 on a sends to b's ring port
-  ro.shared_memory = false;                              // as between hosts
-  ro.abort_on_node_loss = true;                          // the first bad frame breaks the ring: the job ends
-  ro.limit_train = 6000;
-  ro.limit_test = 200;
-  train_result r;
-  std::thread launcher([&] { r = train_remote(c, ro); });
-  for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(50ms);
+  two_node_job running(a, b, 3);  // rank 0 on a sends to b's ring port
+  running.ro.insecure = true;
+  running.ro.shared_memory = false;     // as between hosts
+  running.ro.abort_on_node_loss = true;  // the first bad frame breaks the ring: the job ends
+  running.start();
   const uint64_t id = job_id_of(a.wait_for(" started: "));
   // Plain, anyone who knows the job id may log in as node 0 (--insecure authenticates nobody); then a
   // frame that is no chunk. 200 times.
@@ -271,8 +289,7 @@ TEST_CASE("node daemons --insecure: a stranger who logs in to a ring port again 
     close(u);
   }
   CHECK(b.wait_for("plain connection from node 0: a heartbeat, not a ring chunk") != "");
-  launcher.join();
-  CHECK_FALSE(r.ok);  // its ring was broken on purpose
+  CHECK_FALSE(running.finish().ok);  // its ring was broken on purpose
   std::lock_guard<std::mutex> lock(b.mu);
   int first = 0, more = 0;  // the first in full, as the job's; then the node's rate-limited fault lines
   for (const std::string& l : b.lines) {
@@ -286,19 +303,9 @@ TEST_CASE("node daemons --insecure: a stranger who logs in to a ring port again 
 
 TEST_CASE("node daemons --insecure: a flood of large job plans neither stops the running job nor floods the log", "[nodes]") {
   logged_node a("node-a", "", true), b("node-b", "", true);
-  train_config c = small_job();
-  c.model = "784-128-10";
-  c.epochs = 4;
-  std::atomic<bool> training{false};
-  c.on_progress = [&](const progress&) { training = true; };
-  remote_options ro;
-  ro.insecure = true;
-  ro.nodes = {a.node->endpoint(), b.node->endpoint()};
-  ro.limit_train = 6000;
-  ro.limit_test = 200;
-  train_result r;
-  std::thread launcher([&] { r = train_remote(c, ro); });
-  for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(50ms);
+  two_node_job running(a, b, 4);
+  running.ro.insecure = true;
+  running.start();
   // A stranger (anyone, --insecure) sends 300 plans of ~600 KB each: well-formed JSON, slow to read.
   std::string plan = "{\"job\": 9, \"pad\": [";
   for (int i = 0; i < 100000; ++i) plan += (i ? ",0." : "0.") + std::to_string(i);
@@ -312,7 +319,7 @@ TEST_CASE("node daemons --insecure: a flood of large job plans neither stops the
   job.job_id = 9;
   job.payload_bytes = plan.size();
   for (int i = 0; i < 300; ++i) test::send_raw(s, job, {zmq::buffer(plan)});
-  launcher.join();
+  const train_result& r = running.finish();
   INFO(r.error);
   CHECK(r.ok);  // its heartbeats kept going: the node refused each plan as busy, unread
   CHECK(r.losses.empty());
@@ -421,19 +428,9 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   CHECK(send_and_read_error(a.node->endpoint(), job, "[[[[[[[[[[]]]]]]]]]]") ==
         "node node-a: job plan: the text nests deeper than 3 levels (invalid=1)");
 
-  train_config c = small_job();
-  c.model = "784-128-10";
-  c.epochs = 10;
-  std::atomic<bool> training{false};
-  c.on_progress = [&](const progress&) { training = true; };
-  remote_options ro;
-  ro.nodes = {a.node->endpoint(), b.node->endpoint()};  // rank 0 on a, rank 1 on b
-  ro.shared_memory = false;  // chunks between the nodes over the network, as between hosts
-  ro.limit_train = 6000;
-  ro.limit_test = 200;
-  train_result r;
-  std::thread launcher([&] { r = train_remote(c, ro); });
-  for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(50ms);
+  two_node_job running(a, b, 10);  // rank 0 on a, rank 1 on b
+  running.ro.shared_memory = false;  // chunks between the nodes over the network, as between hosts
+  running.start();
   const std::string started = a.wait_for(" started: ");
   const std::string id_text = job_id_text(started);
   const uint64_t id = job_id_of(started);
@@ -548,7 +545,7 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   pause.payload_bytes = gen.size();
   test::send_raw(t, pause, {zmq::buffer(gen)});
 
-  launcher.join();
+  const train_result& r = running.finish();
   INFO(r.error);
   CHECK(r.ok);
   CHECK(r.identical);
