@@ -58,6 +58,7 @@ struct step_acc {
   std::vector<char> seen;      // per rank: its report is in
   int64_t correct = 0, count = 0;
   int reports = 0;
+  double compute_sum = 0, compute_max = 0;  // the ranks' backward times, for train_result::wait_slower
   clock_type::time_point first;  // when the first report came
 };
 
@@ -373,6 +374,8 @@ std::string check_report(const coordinator_state& st, const step_report& r) {
   if (r.count < 0 || r.count > st.cfg.global_batch || r.correct < 0 || r.correct > r.count || r.loss_sum < 0)
     return what + " with " + std::to_string(r.correct) + " of " + std::to_string(r.count) + " samples right, loss sum " +
            std::to_string(r.loss_sum) + ": not a batch of at most " + std::to_string(st.cfg.global_batch);
+  for (double t : {r.wait_batch, r.compute, r.wait_ring, r.update})  // summed into train_result: no NaN, no lies below 0
+    if (!(t >= 0 && t < 1e9)) return what + " with a time of " + std::to_string(t) + " s";
   auto e = st.epochs.find(r.epoch);
   if (e != st.epochs.end()) {
     auto s = e->second.pending.find(r.step);
@@ -506,7 +509,10 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         s.seen[size_t(r.rank)] = 1;
         s.correct += r.correct;
         s.count += r.count;
+        s.compute_sum += r.compute;
+        s.compute_max = std::max(s.compute_max, r.compute);
         if (++s.reports < st->cfg.replicas) return;
+        st->result->wait_slower += s.compute_max * st->cfg.replicas - s.compute_sum;
         if (s.count != st->cfg.global_batch)
           return finish(self, *st, "the ranks reported " + std::to_string(s.count) + " samples for step " + std::to_string(r.step + 1) +
                                        " of epoch " + std::to_string(r.epoch + 1) + ", not the global batch of " +

@@ -73,6 +73,9 @@ struct train_result {
   std::string checkpoint;              // the last checkpoint written ("" none)
   // Replica time summed over all replicas and steps (seconds): where the time went.
   double wait_batch = 0, compute = 0, wait_ring = 0, update = 0;
+  // Of wait_ring: what the ranks' backward took less than the slowest rank's, step by step. Synchronized
+  // updates wait for the slowest replica; this is that share of the wait (the rest is the ring itself).
+  double wait_slower = 0;
   std::vector<node_loss> losses;  // nodes lost on the way (elastic jobs went on without them)
   std::vector<node_join> joins;   // lost nodes that came back and joined again
   // Samples trained whose loss and accuracy were lost with their node (a report in flight when it

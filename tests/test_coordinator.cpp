@@ -66,8 +66,10 @@ struct job {
     pending.receive([&](std::shared_ptr<train_result> r) { out = *r; }, [&](caf::error& e) { out.error = sys.render(e); });
     return out;
   }
-  void step(int rank, int64_t epoch, int64_t s, int64_t count = 2, int64_t correct = 1, double loss = 0.5, int gen = 0) {
+  void step(int rank, int64_t epoch, int64_t s, int64_t count = 2, int64_t correct = 1, double loss = 0.5, int gen = 0,
+            double compute = 0) {
     step_report r;
+    r.compute = compute;
     r.rank = rank;
     r.gen = gen;
     r.epoch = epoch;
@@ -100,6 +102,23 @@ TEST_CASE("coordinator: honest reports make a job, a rank's done said twice coun
   CHECK(r.identical);
 }
 
+TEST_CASE("coordinator: the ranks' wait for a slower one's backward is summed step by step", "[coordinator]") {
+  job j;
+  train_result r = j.run([](job& j) {
+    for (int64_t e = 0; e < 2; ++e)
+      for (int64_t s = 0; s < 3; ++s) {
+        const double slow = s == 1 ? 0.25 : 0.5;  // rank 1 is the slower one but in step 2 of each epoch
+        j.step(0, e, s, 2, 1, 0.5, 0, 0.375), j.step(1, e, s, 2, 1, 0.5, 0, slow);
+      }
+    j.done(0), j.done(1);
+  });
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.compute == 6 * 0.375 + 4 * 0.5 + 2 * 0.25);
+  // Per step: the slowest's time less each rank's, summed over ranks (0.125 every step, either way).
+  CHECK(r.wait_slower == 6 * 0.125);
+}
+
 TEST_CASE("coordinator: every rank done before the job's steps is an error, not a short success", "[coordinator]") {
   job j;
   train_result r = j.run([](job& j) {
@@ -125,6 +144,8 @@ TEST_CASE("coordinator: reports outside the job, twice, or of impossible batches
       {[](job& j) { j.step(0, 0, 0, 5, 1); }, "not a batch of at most 4"},
       {[](job& j) { j.step(0, 0, 0, 2, 1, -3.0); }, "loss sum -3"},
       {[](job& j) { j.step(0, 0, 0, 1), j.step(1, 0, 0, 2); }, "the ranks reported 3 samples for step 1 of epoch 1, not the global batch of 4"},
+      {[](job& j) { j.step(1, 0, 0, 2, 1, 0.5, 0, std::nan("")); }, "rank 1 reported step 1 of epoch 1 with a time of nan s"},
+      {[](job& j) { j.step(0, 0, 0, 2, 1, 0.5, 0, -1.0); }, "rank 0 reported step 1 of epoch 1 with a time of -1.0"},
   };
   for (const lie& l : lies) {
     job j;
