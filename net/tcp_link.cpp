@@ -579,6 +579,7 @@ struct tcp_sender::impl {
   std::condition_variable let_go_done;  // (not cv: the sender's thread waits there, and need not wake each time)
   int fd = -1;
   bool connected = false, dead = false, stop = false;
+  bool looking_up = false;  // the thread waits for getaddrinfo, which nothing can cut short
   std::thread thread;
   // Signalled when our owner goes: a connect still waiting (up to a second, for a host that does not
   // answer) ends at once, so dropping a sender never holds up its owner's thread (a node's bridge thread,
@@ -670,7 +671,17 @@ int tcp_sender::impl::connect_once(std::string* why) {
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
-  if (int e = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); e != 0) return *why = gai_strerror(e), -1;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stop || dead) return -1;
+    looking_up = true;
+  }
+  const int e = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    looking_up = false;
+  }
+  if (e != 0) return *why = gai_strerror(e), -1;
   int s = -1;
   for (addrinfo* a = found; a && s < 0; a = a->ai_next) {
     s = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
@@ -776,15 +787,28 @@ std::shared_ptr<tcp_sender> tcp_sender::connect(const std::string& endpoint, uin
 }
 
 tcp_sender::~tcp_sender() {
+  bool detach = d_->thread.get_id() == std::this_thread::get_id();
+  std::vector<payload> held;
+  std::function<void(const std::string&)> on_error;
   {
     std::lock_guard<std::mutex> lock(d_->mu);
     d_->stop = true;
     if (d_->fd >= 0) shutdown(d_->fd, SHUT_RDWR);  // a poll for room returns at once
+    // A host name's lookup may take as long as a dead DNS server makes it: the thread is left to end
+    // on its own (it holds d_, sees `stop` and sends nothing), and what it held is let go of here.
+    if (d_->looking_up) {
+      detach = true;
+      d_->give_up();
+      held.swap(d_->written);
+      on_error.swap(d_->on_error);  // and whatever it holds
+    }
   }
+  held.clear();
+  on_error = nullptr;
   d_->cv.notify_all();
   signal_fd(d_->wake);  // and so does a connect under way
   // From its own thread (on_error dropped the last of us): it ends once on_error returns, holding d_.
-  if (d_->thread.get_id() == std::this_thread::get_id()) d_->thread.detach();
+  if (detach) d_->thread.detach();
   else if (d_->thread.joinable()) d_->thread.join();
 }
 

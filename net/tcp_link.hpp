@@ -124,8 +124,8 @@ class tcp_sender {
   // under way (no connection comes later) and drops what comes later: for a ring that failed while its
   // caller's buffer is still queued here, behind a neighbour that stopped reading.
   void abort();
-  // Drops what is still queued and closes the connection, at once: a connect under way ends too (not a
-  // host name's lookup, which cannot be cut short).
+  // Drops what is still queued and closes the connection, at once: a connect under way ends too, and a
+  // host name's lookup (which cannot be cut short) is left to end on the sender's thread, unheard of.
   ~tcp_sender();
   tcp_sender(const tcp_sender&) = delete;
   tcp_sender& operator=(const tcp_sender&) = delete;

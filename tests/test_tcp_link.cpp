@@ -2,6 +2,8 @@
 // the receiving thread or a poller reads them and however full the socket gets; strangers, wrong keys,
 // replayed logins and altered messages are refused with a clear word, and the real pair still gets in.
 // Plain (--insecure), the same link carries the same frames unsealed, and a sealed pair never takes them.
+#include <dlfcn.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -519,6 +521,73 @@ TEST_CASE("tcp link: dropping a sender whose connect hangs returns at once", "[t
   CHECK(failures.load() == 0);  // its owner went: nobody to tell
   close(filler);
   close(l);
+}
+
+namespace {
+
+// A host name whose lookup hangs, as behind a DNS server that does not answer: this test binary's
+// getaddrinfo (it comes before libc's) holds "hung-lookup.invalid" until the test lets it go, and
+// hands every other name to libc's.
+struct hung_lookups {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool free = false;
+  int waiting = 0, ended = 0;
+};
+hung_lookups& lookups() {
+  static hung_lookups h;
+  return h;
+}
+
+}  // namespace
+
+extern "C" int getaddrinfo(const char* node, const char* service, const addrinfo* hints, addrinfo** res) {
+  using fn = int (*)(const char*, const char*, const addrinfo*, addrinfo**);
+  static const fn libc = reinterpret_cast<fn>(dlsym(RTLD_NEXT, "getaddrinfo"));
+  if (!node || std::strcmp(node, "hung-lookup.invalid") != 0) return libc(node, service, hints, res);
+  hung_lookups& h = lookups();
+  std::unique_lock<std::mutex> lock(h.mu);
+  ++h.waiting;
+  h.cv.notify_all();
+  h.cv.wait(lock, [&h] { return h.free; });
+  --h.waiting;
+  ++h.ended;
+  h.cv.notify_all();
+  return EAI_AGAIN;
+}
+
+TEST_CASE("tcp link: dropping a sender whose host name lookup hangs returns at once, and lets go of what it held", "[tcp_link]") {
+  hung_lookups& h = lookups();
+  std::string err;
+  std::atomic<int> failures{0};
+  auto s = net::tcp_sender::connect("tcp://hung-lookup.invalid:5601", kJob, kSender, nullptr,
+                                    [&failures](const std::string&) { ++failures; }, &err);
+  REQUIRE(s);
+  {
+    std::unique_lock<std::mutex> lock(h.mu);
+    REQUIRE(h.cv.wait_for(lock, 5s, [&h] { return h.waiting == 1; }));
+  }
+  auto v = std::make_shared<std::vector<float>>(1000, 1.0f);
+  REQUIRE(s->send(chunk_header(1, v->size()), net::payload::of(v), &err));  // plain: held until written
+  CHECK(v.use_count() == 2);
+  // Should the drop wait for the lookup after all, the lookup ends in 2 s: the check fails, nothing hangs.
+  std::thread rescue([&h] {
+    std::unique_lock<std::mutex> lock(h.mu);
+    if (!h.cv.wait_for(lock, 2s, [&h] { return h.free; })) h.free = true, h.cv.notify_all();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  s.reset();
+  CHECK(std::chrono::steady_clock::now() - t0 < 200ms);
+  CHECK(v.use_count() == 1);  // let go of by the destructor, not when the lookup ends
+  {
+    std::unique_lock<std::mutex> lock(h.mu);
+    h.free = true;
+    h.cv.notify_all();
+    REQUIRE(h.cv.wait_for(lock, 5s, [&h] { return h.ended == 1; }));
+  }
+  rescue.join();
+  std::this_thread::sleep_for(50ms);  // the lookup failed after its owner went: nobody to tell
+  CHECK(failures.load() == 0);
 }
 
 TEST_CASE("tcp link: an aborted sender stops connecting: nothing connects later and nobody is told", "[tcp_link]") {
