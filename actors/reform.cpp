@@ -96,11 +96,13 @@ std::string check_reform(const job_plan& current, const job_plan& next) {
       return "node " + next.nodes[i].endpoint + " joins the ring in life " + std::to_string(next.nodes[i].life) +
              ", not after its life " + std::to_string(current.nodes[i].life) + ": it would seal with an earlier life's keys";
   // Everything but the ranks, what names the generation and a joining node's id, host, port and life
-  // must be as it was.
+  // must be as it was; and but first_step, where this node started: a node that joined did so later
+  // than the rest (launcher_rejoin.cpp), and takes the rings after as they do.
   auto settings = [&joins](job_plan p) {
     p.generation = 0;
     p.ring = 0;
     p.start_step = 0;
+    p.first_step = 0;
     p.ranks.clear();
     for (size_t i = 0; i < joins.size() && i < p.nodes.size(); ++i)
       if (joins[i]) p.nodes[i].id = p.nodes[i].host = "", p.nodes[i].ring_port = p.nodes[i].life = 0;

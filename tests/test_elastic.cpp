@@ -321,6 +321,28 @@ TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoc
   WARN("the node rejoined at the start of epoch " << j.epoch + 1 << " of " << kRejoinEpochs);
 }
 
+TEST_CASE("elastic: a node that rejoined goes on in the rings after, when another node is lost", "[nodes][elastic][rejoin]") {
+  auto nodes = start_nodes(3, "cpu:1");
+  rejoin_run job;
+  const std::string third = nodes[2]->endpoint;
+  // Once node 1 is back in the ring, node 2 goes: node 1 (its plan says it started late) takes the
+  // survivors' re-formed ring as they do.
+  train_result r = job.run(rejoin_job(), rejoin_options(nodes), nodes, 1, 30, [&] {
+    for (int i = 0; i < 3000 && !job.said("rejoined the job"); ++i) std::this_thread::sleep_for(10ms);
+    if (job.said("rejoined the job")) nodes[2]->stop(SIGKILL);
+  });
+  INFO(r.error);
+  for (auto& e : job.events) INFO(e);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.joins.size() == 1);
+  REQUIRE(r.losses.size() == 2);
+  CHECK(r.losses[0].node == nodes[1]->endpoint);
+  CHECK(r.losses[1].node == third);
+  CHECK(r.checksums.size() == 2);  // nodes 0 and 1, bit-identical
+}
+
 TEST_CASE("elastic with --insecure nodes between hosts: a node killed and started again rejoins, every chunk plain on the ring ports", "[nodes][elastic][rejoin]") {
   char tmpl[] = "/tmp/ringmaster-plain-XXXXXX";
   REQUIRE(mkdtemp(tmpl));

@@ -208,6 +208,25 @@ TEST_CASE("reform: a lost node joins again with its ranks last, a new id and rin
   CHECK(invalid);
   theirs.nodes[1].ring_port = 0;  // sealing nothing, it may join whatever its life
   CHECK(check_plan(theirs, ctx, &invalid).empty());
+  // Once in, the newcomer takes the later rings too, though its plan says where it started and the
+  // launcher's does not: node 2 lost after it joined,
+  job_plan joined = g;
+  joined.recipient = 1;
+  joined.first_step = 300;
+  job_plan shrunk = reformed(g, {false, false, true}, 3, 500);
+  shrunk.recipient = 1;
+  CHECK(check_reform(joined, shrunk) == "");
+  // or node 2, lost before, back after it.
+  job_plan alone = reformed(p, {false, true, true}), both, third;
+  REQUIRE(make_grow(alone, 1, 2, back, 2, 2002, 300, &both, &err));
+  joined = both;
+  joined.recipient = 1;
+  joined.first_step = 300;
+  plan_node two = both.nodes[2];
+  two.life = 3;
+  REQUIRE(make_grow(both, 2, 2, two, 3, 3003, 600, &third, &err));
+  third.recipient = 1;
+  CHECK(check_reform(joined, third) == "");
   // A job starts with first lives only.
   job_plan first = p;
   first.nodes[0].life = 1;
