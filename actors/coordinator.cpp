@@ -58,7 +58,7 @@ struct step_acc {
   std::vector<char> seen;      // per rank: its report is in
   int64_t correct = 0, count = 0;
   int reports = 0;
-  double compute_sum = 0, compute_max = 0;  // the ranks' backward times, for train_result::wait_slower
+  double compute_sum = 0, compute_max = 0;  // the ranks' forward/backward times (train_result::wait_slower)
   clock_type::time_point first;  // when the first report came
 };
 
@@ -395,6 +395,7 @@ std::string check_report(const coordinator_state& st, const eval_report& r) {
   if (r.count < 0 || r.correct < 0 || r.correct > r.count || r.loss_sum < 0)
     return what + " with " + std::to_string(r.correct) + " of " + std::to_string(r.count) + " samples right, loss sum " +
            std::to_string(r.loss_sum);
+  if (!(r.seconds >= 0 && r.seconds < 1e9)) return what + " that took " + std::to_string(r.seconds) + " s";  // printed
   return "";
 }
 

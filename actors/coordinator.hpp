@@ -73,8 +73,9 @@ struct train_result {
   std::string checkpoint;              // the last checkpoint written ("" none)
   // Replica time summed over all replicas and steps (seconds): where the time went.
   double wait_batch = 0, compute = 0, wait_ring = 0, update = 0;
-  // Of wait_ring: what the ranks' backward took less than the slowest rank's, step by step. Synchronized
-  // updates wait for the slowest replica; this is that share of the wait (the rest is the ring itself).
+  // What the ranks' forward/backward took less than the slowest rank's, step by step: synchronized
+  // updates wait for the slowest replica, so most of this is waited for in wait_ring (an estimate of
+  // that share: a rank's time for its batch or update shifts its wait too, and the rest is the ring).
   double wait_slower = 0;
   std::vector<node_loss> losses;  // nodes lost on the way (elastic jobs went on without them)
   std::vector<node_join> joins;   // lost nodes that came back and joined again

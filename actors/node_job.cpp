@@ -461,6 +461,7 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
   std::vector<size_t> joined;  // nodes that come back: their pair keys are new (check_reform saw to it)
   for (size_t j = 0; j < next.nodes.size(); ++j)
     if (next.nodes[j].life != plan_.nodes[j].life) joined.push_back(j);
+  next.first_step = plan_.first_step;  // where this node started, whatever another node's plan says
   plan_ = std::move(next);
   if (!sealers_.empty())
     for (size_t j : joined) make_pair_key(j);

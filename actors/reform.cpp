@@ -96,8 +96,9 @@ std::string check_reform(const job_plan& current, const job_plan& next) {
       return "node " + next.nodes[i].endpoint + " joins the ring in life " + std::to_string(next.nodes[i].life) +
              ", not after its life " + std::to_string(current.nodes[i].life) + ": it would seal with an earlier life's keys";
   // Everything but the ranks, what names the generation and a joining node's id, host, port and life
-  // must be as it was; and but first_step, where this node started: a node that joined did so later
-  // than the rest (launcher_rejoin.cpp), and takes the rings after as they do.
+  // must be as it was, first_step aside: that is where this node started, and a node that joined did
+  // so later than the rest (launcher_rejoin.cpp), yet takes the rings after as they do (node_job keeps
+  // its own).
   auto settings = [&joins](job_plan p) {
     p.generation = 0;
     p.ring = 0;

@@ -680,6 +680,10 @@ int tcp_sender::impl::connect_once(std::string* why) {
   {
     std::lock_guard<std::mutex> lock(mu);
     looking_up = false;
+    if (stop || dead) {  // our owner went (or aborted) while we looked: no connection to anyone now
+      if (e == 0) freeaddrinfo(found);
+      return -1;
+    }
   }
   if (e != 0) return *why = gai_strerror(e), -1;
   int s = -1;
@@ -790,6 +794,7 @@ tcp_sender::~tcp_sender() {
   bool detach = d_->thread.get_id() == std::this_thread::get_id();
   std::vector<payload> held;
   std::function<void(const std::string&)> on_error;
+  std::shared_ptr<sealer> seal;
   {
     std::lock_guard<std::mutex> lock(d_->mu);
     d_->stop = true;
@@ -801,10 +806,12 @@ tcp_sender::~tcp_sender() {
       d_->give_up();
       held.swap(d_->written);
       on_error.swap(d_->on_error);  // and whatever it holds
+      seal.swap(d_->seal);          // and the pair's keys (after `stop` the thread seals nothing)
     }
   }
   held.clear();
   on_error = nullptr;
+  seal = nullptr;
   d_->cv.notify_all();
   signal_fd(d_->wake);  // and so does a connect under way
   // From its own thread (on_error dropped the last of us): it ends once on_error returns, holding d_.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -102,7 +103,7 @@ TEST_CASE("coordinator: honest reports make a job, a rank's done said twice coun
   CHECK(r.identical);
 }
 
-TEST_CASE("coordinator: the ranks' wait for a slower one's backward is summed step by step", "[coordinator]") {
+TEST_CASE("coordinator: the ranks' wait for a slower one's forward/backward is summed step by step", "[coordinator]") {
   job j;
   train_result r = j.run([](job& j) {
     for (int64_t e = 0; e < 2; ++e)
@@ -153,6 +154,23 @@ TEST_CASE("coordinator: reports outside the job, twice, or of impossible batches
     INFO(l.says << " / got: " << r.error);
     CHECK_FALSE(r.ok);
     CHECK(r.error.find(l.says) != std::string::npos);
+  }
+  // An evaluation's time is printed: none that is not a time.
+  for (double t : {std::numeric_limits<double>::infinity(), -2.0}) {
+    coordinator_config cc = job::small();
+    cc.evaluate = true;
+    job j(cc);
+    train_result r = j.run([t](job& j) {
+      for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s), j.step(1, 0, s);
+      eval_report e;
+      e.rank = 1;
+      e.count = 2;
+      e.seconds = t;
+      caf::anon_send(j.coord, e);
+    });
+    INFO(r.error);
+    CHECK_FALSE(r.ok);
+    CHECK(r.error.find("rank 1 reported an evaluation of epoch 1 that took " + std::to_string(t) + " s") != std::string::npos);
   }
   // Ranks on nodes: the rank's node is named too.
   job on_nodes(0ms, {"node tcp://10.0.0.1:5601", "node tcp://10.0.0.2:5601"});

@@ -526,8 +526,8 @@ TEST_CASE("tcp link: dropping a sender whose connect hangs returns at once", "[t
 namespace {
 
 // A host name whose lookup hangs, as behind a DNS server that does not answer: this test binary's
-// getaddrinfo (it comes before libc's) holds "hung-lookup.invalid" until the test lets it go, and
-// hands every other name to libc's.
+// getaddrinfo (it comes before libc's) holds "hung-lookup.invalid" until the test lets it go, then finds
+// it at 127.0.0.1; every other name goes straight to libc's. (Interposing needs this one global.)
 struct hung_lookups {
   std::mutex mu;
   std::condition_variable cv;
@@ -539,6 +539,21 @@ hung_lookups& lookups() {
   return h;
 }
 
+// Lets a held lookup go and joins the thread that would have: on every way out of the test, so a
+// failed check neither leaves a thread blocked in the lookup nor a joinable std::thread behind.
+struct release_lookups {
+  std::thread& rescue;
+  ~release_lookups() {
+    hung_lookups& h = lookups();
+    {
+      std::lock_guard<std::mutex> lock(h.mu);
+      h.free = true;
+    }
+    h.cv.notify_all();
+    if (rescue.joinable()) rescue.join();
+  }
+};
+
 }  // namespace
 
 extern "C" int getaddrinfo(const char* node, const char* service, const addrinfo* hints, addrinfo** res) {
@@ -546,22 +561,37 @@ extern "C" int getaddrinfo(const char* node, const char* service, const addrinfo
   static const fn libc = reinterpret_cast<fn>(dlsym(RTLD_NEXT, "getaddrinfo"));
   if (!node || std::strcmp(node, "hung-lookup.invalid") != 0) return libc(node, service, hints, res);
   hung_lookups& h = lookups();
-  std::unique_lock<std::mutex> lock(h.mu);
-  ++h.waiting;
-  h.cv.notify_all();
-  h.cv.wait(lock, [&h] { return h.free; });
+  {
+    std::unique_lock<std::mutex> lock(h.mu);
+    ++h.waiting;
+    h.cv.notify_all();
+    h.cv.wait(lock, [&h] { return h.free; });
+  }
+  const int e = libc("127.0.0.1", service, hints, res);  // found, at last
+  std::lock_guard<std::mutex> lock(h.mu);
   --h.waiting;
   ++h.ended;
   h.cv.notify_all();
-  return EAI_AGAIN;
+  return e;
 }
 
 TEST_CASE("tcp link: dropping a sender whose host name lookup hangs returns at once, and lets go of what it held", "[tcp_link]") {
+  // The name is found, late, at a port that listens: a sender dropped meanwhile must not connect then.
+  const int l = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(listen(l, 4) == 0);
+  socklen_t len = sizeof a;
+  getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
   hung_lookups& h = lookups();
+  std::thread rescue;
+  release_lookups release{rescue};
   std::string err;
   std::atomic<int> failures{0};
-  auto s = net::tcp_sender::connect("tcp://hung-lookup.invalid:5601", kJob, kSender, nullptr,
-                                    [&failures](const std::string&) { ++failures; }, &err);
+  auto s = net::tcp_sender::connect("tcp://hung-lookup.invalid:" + std::to_string(ntohs(a.sin_port)), kJob, kSender,
+                                    nullptr, [&failures](const std::string&) { ++failures; }, &err);
   REQUIRE(s);
   {
     std::unique_lock<std::mutex> lock(h.mu);
@@ -571,7 +601,7 @@ TEST_CASE("tcp link: dropping a sender whose host name lookup hangs returns at o
   REQUIRE(s->send(chunk_header(1, v->size()), net::payload::of(v), &err));  // plain: held until written
   CHECK(v.use_count() == 2);
   // Should the drop wait for the lookup after all, the lookup ends in 2 s: the check fails, nothing hangs.
-  std::thread rescue([&h] {
+  rescue = std::thread([&h] {
     std::unique_lock<std::mutex> lock(h.mu);
     if (!h.cv.wait_for(lock, 2s, [&h] { return h.free; })) h.free = true, h.cv.notify_all();
   });
@@ -585,9 +615,10 @@ TEST_CASE("tcp link: dropping a sender whose host name lookup hangs returns at o
     h.cv.notify_all();
     REQUIRE(h.cv.wait_for(lock, 5s, [&h] { return h.ended == 1; }));
   }
-  rescue.join();
-  std::this_thread::sleep_for(50ms);  // the lookup failed after its owner went: nobody to tell
-  CHECK(failures.load() == 0);
+  pollfd p{l, POLLIN, 0};
+  CHECK(::poll(&p, 1, 300) == 0);  // the lookup ended after its owner went: nobody is connected to
+  CHECK(failures.load() == 0);     // and nobody is told
+  close(l);
 }
 
 TEST_CASE("tcp link: an aborted sender stops connecting: nothing connects later and nobody is told", "[tcp_link]") {

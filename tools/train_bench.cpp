@@ -120,7 +120,7 @@ double ringmaster_run(const std::string& desc, const std::string& label, int rep
   }
   const double total = r.wait_batch + r.compute + r.wait_ring + r.update;
   std::printf("#   %s replica time: compute %.0f%%, update %.0f%%, waiting for the ring %.0f%% (for a slower replica's "
-              "backward %.0f%%), for batches %.0f%%\n",
+              "forward/backward %.0f%%), for batches %.0f%%\n",
               label.c_str(), 100 * r.compute / total, 100 * r.update / total, 100 * r.wait_ring / total,
               100 * r.wait_slower / total, 100 * r.wait_batch / total);
   return double(r.train_samples) / r.train_seconds;

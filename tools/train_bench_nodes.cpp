@@ -313,7 +313,7 @@ void print_breakdown(const std::string& what, const train_result& r, int replica
   const double total = r.wait_batch + r.compute + r.wait_ring + r.update;
   const double per = 1e3 / double(std::max<int64_t>(1, steps * replicas));
   std::printf("#   %-28s %9.0f samples/s; per replica-step: compute %.3f ms (%.0f%%), update %.3f ms (%.0f%%), "
-              "ring wait %.3f ms (%.0f%%; for a slower replica's backward %.0f%%), batch wait %.3f ms (%.0f%%)\n",
+              "ring wait %.3f ms (%.0f%%; for a slower replica's forward/backward %.0f%%), batch wait %.3f ms (%.0f%%)\n",
               what.c_str(), rate, r.compute * per, 100 * r.compute / total, r.update * per, 100 * r.update / total,
               r.wait_ring * per, 100 * r.wait_ring / total, 100 * r.wait_slower / total, r.wait_batch * per,
               100 * r.wait_batch / total);
