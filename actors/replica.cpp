@@ -18,6 +18,8 @@ struct replica_state {
   std::deque<batch_ptr> ready;
   std::vector<size_t> buckets;  // gradient_buckets(): first offsets, last bucket first
   size_t buckets_left = 0;      // of this step's all-reduces
+  bool update_by_bucket = false;  // each bucket's update applied as its sum comes in (replica.hpp)
+  double update_time = 0;       // this step's, so far
   step_report rep;              // this step's, sent once its update is applied
   std::chrono::steady_clock::time_point reduce_start;
   bool busy = false;
@@ -178,6 +180,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   }
   // A GPU's kernels are only queued when backward returns a layer: its buffer goes as one bucket.
   st->buckets = gradient_buckets(*st->cfg.def, st->be->is_host() ? st->cfg.bucket_floats : 0);
+  st->update_by_bucket = st->buckets.size() > 1 && !st->cfg.elastic;
 
   // Runs the next step if a batch is here and the previous update has been applied.
   auto try_step = std::make_shared<std::function<void()>>();
@@ -199,14 +202,16 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     float* g = st->model->grads();
     tensor_view grads{g, st->model->size(), std::shared_ptr<const void>(st, g), st->be.get()};
     st->buckets_left = st->buckets.size();
+    st->update_time = 0;
     // The port runs the all-reduce on this thread or its neighbours'; only its end comes back here.
     // The end comes back with the generation it was asked in: one of a ring given up on is ignored.
     caf::weak_actor_ptr me{self->ctrl()};
     size_t next = 0, hi = st->model->size();
     auto issue = [&](size_t upto) {  // every bucket whose gradients are final from `upto` on
       for (; next < st->buckets.size() && st->buckets[next] >= upto; ++next) {
-        reduce(*st->cfg.port, grads, st->buckets[next], hi, [me, gen = st->gen](const std::string& error) {
-          if (auto a = me.lock()) caf::anon_send(caf::actor_cast<caf::actor>(a), reduce_atom::value, error, gen);
+        reduce(*st->cfg.port, grads, st->buckets[next], hi, [me, gen = st->gen, lo = st->buckets[next], hi](const std::string& error) {
+          if (auto a = me.lock())
+            caf::anon_send(caf::actor_cast<caf::actor>(a), reduce_atom::value, error, gen, uint64_t(lo), uint64_t(hi));
         });
         hi = st->buckets[next];
       }
@@ -222,7 +227,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
 
   // A bucket's all-reduce ended; once all have, the update and the next step. Paused, it applies nothing:
   // the steps it said it applied are all it applies.
-  auto reduced = [self, st, try_step](const std::string& error, int gen) {
+  auto reduced = [self, st, try_step](const std::string& error, int gen, size_t lo, size_t hi) {
     if (gen != st->gen || st->paused) return;
     if (!error.empty()) {
       // Elastic: a ring that waited too long for one rank goes on without that rank's node. The launcher
@@ -234,12 +239,24 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
       }
       return self->quit(caf::make_error(caf::sec::runtime_error, error));
     }
-    if (st->buckets_left == 0 || --st->buckets_left > 0) return;
-    step_report& rep = st->rep;
+    if (st->buckets_left == 0) return;
     const auto t2 = std::chrono::steady_clock::now();
-    rep.wait_ring = std::chrono::duration<double>(t2 - st->reduce_start).count();
-    st->model->apply(st->model->grads());
-    rep.update = since(t2);
+    const double before = st->update_time;  // the updates applied before this sum came in
+    if (st->update_by_bucket) {
+      st->model->apply_part(st->model->grads(), lo, hi);
+      st->update_time += since(t2);
+    }
+    if (--st->buckets_left > 0) return;
+    step_report& rep = st->rep;
+    // The ring's wait: from backward's end to the last sum, less the updates applied meanwhile.
+    rep.wait_ring = std::chrono::duration<double>(t2 - st->reduce_start).count() - before;
+    if (st->update_by_bucket) {
+      st->model->end_step();
+    } else {
+      st->model->apply(st->model->grads());
+      st->update_time = since(t2);
+    }
+    rep.update = st->update_time;
     st->idle_since = std::chrono::steady_clock::now();
     self->send(st->coordinator, rep);
     ++st->done_steps;
@@ -272,7 +289,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
         st->coordinator = std::move(coordinator);
         self->send(st->loader, run_atom::value, caf::actor_cast<caf::actor>(self));
       },
-      [reduced](reduce_atom, const std::string& error, int gen) { reduced(error, gen); },
+      [reduced](reduce_atom, const std::string& error, int gen, uint64_t lo, uint64_t hi) { reduced(error, gen, lo, hi); },
       [self, st](restore_atom, state_ptr s) {
         std::string error;
         // Paused one step behind the others (elastic, actors/reform.hpp): it goes forward to their state.

@@ -28,7 +28,9 @@ struct replica_config {
   backend_factory make_backend;                            // null: ringmaster::make_backend
   // Gradients are all-reduced in buckets of at least this many floats (whole layers, last layer first),
   // each as soon as backward has produced it. 0: one all-reduce after backward. Every rank of a job
-  // must use the same value; results are bit-identical whatever it is.
+  // must use the same value; results are bit-identical whatever it is. A bucket's update is applied as
+  // soon as its sum is in, while the ring still sums the rest; not when elastic, where a step given up on
+  // mid-ring must leave the weights and optimizer state as they were.
   size_t bucket_floats = 0;
   std::shared_ptr<reducer_port> port;  // its reducer's (actors/reducer.hpp): gradients are all-reduced there
   // A resumed job: the steps already done, and the state to go on from (its steps must equal first_step).

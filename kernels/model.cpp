@@ -433,11 +433,18 @@ bool network::load_state(const network_state& s, std::string* error) {
 }
 
 void network::apply(const float* g) {
-  ++step_;
+  apply_part(g, 0, size());
+  end_step();
+}
+
+void network::apply_part(const float* g, size_t lo, size_t hi) {
+  if (lo >= hi || hi > size()) return;
+  const size_t n = hi - lo;
   if (opt_.kind == optimizer_config::adam)
-    be_.adam_update(params(), m1_.data(), m2_.data(), g, size(), opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, step_);
+    be_.adam_update(params() + lo, m1_.data() + lo, m2_.data() + lo, g + lo, n, opt_.lr, opt_.beta1, opt_.beta2,
+                    opt_.eps, step_ + 1);
   else
-    be_.sgd_update(params(), m1_.data(), g, size(), opt_.lr, opt_.momentum);
+    be_.sgd_update(params() + lo, m1_.data() + lo, g + lo, n, opt_.lr, opt_.momentum);
 }
 
 }  // namespace ringmaster

@@ -147,6 +147,11 @@ class network {
   batch_metrics evaluate(const float* x, const int32_t* y, int B);
   // Applies the optimizer with gradient g (device memory, size()) and advances the step count.
   void apply(const float* g);
+  // The same in pieces, as gradient buckets' sums come in: apply_part updates [lo, hi) as the next step
+  // does (g still points at element 0), and end_step() counts the step once every element has been.
+  // The optimizers are elementwise, so any pieces give apply()'s bits.
+  void apply_part(const float* g, size_t lo, size_t hi);
+  void end_step() { ++step_; }
   int64_t steps() const { return step_; }
   // The parameters, the optimizer's state and its step count, read out to host memory; and put back
   // (false with *error when the sizes do not fit this network and optimizer).

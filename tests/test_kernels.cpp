@@ -236,6 +236,42 @@ TEST_CASE("Adam and SGD follow the Keras update rules", "[kernels]") {
   for (size_t i = 0; i < n; ++i) CHECK(ws[i] == Approx(wsd[i]).epsilon(1e-5));
 }
 
+TEST_CASE("a network's update applied in pieces, as gradient buckets come in, is the whole update bit for bit", "[kernels]") {
+  auto m = build_model("784-33-10", shape{784, 1, 1}, nullptr);  // odd sizes: pieces start unaligned
+  REQUIRE(m);
+  std::mt19937 rng(9);
+  const size_t n = m->param_count();
+  for (auto kind : {optimizer_config::adam, optimizer_config::sgd}) {
+    INFO((kind == optimizer_config::adam ? "adam" : "sgd"));
+    optimizer_config opt;
+    opt.kind = kind;
+    auto be = make_cpu_backend();
+    network whole(*be, m, 4, opt), parts(*be, m, 4, opt);
+    const auto p0 = init_params(*m, 3);
+    whole.set_params(p0.data());
+    parts.set_params(p0.data());
+    for (int step = 0; step < 3; ++step) {
+      const auto g = randv(n, rng);
+      whole.apply(g.data());
+      // Last bucket first, as the ring ends them; an empty and an out-of-range piece change nothing.
+      const size_t cuts[] = {n, n - 7, 26177, 1001, 0};
+      for (size_t i = 0; i + 1 < std::size(cuts); ++i) parts.apply_part(g.data(), cuts[i + 1], cuts[i]);
+      parts.apply_part(g.data(), 5, 5);
+      parts.apply_part(g.data(), n - 1, n + 1);
+      CHECK(parts.steps() == step);  // not counted until end_step()
+      parts.end_step();
+      CHECK(parts.steps() == whole.steps());
+    }
+    network_state a, b;
+    whole.save_state(&a);
+    parts.save_state(&b);
+    CHECK(a.params != p0);
+    CHECK(a.params == b.params);
+    CHECK(a.m1 == b.m1);
+    CHECK(a.m2 == b.m2);
+  }
+}
+
 TEST_CASE("model specs parse and Glorot init is bounded and deterministic", "[kernels]") {
   std::string err;
   auto big = build_model("784-512-512-10", shape{784, 1, 1}, &err);
