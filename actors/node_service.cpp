@@ -75,6 +75,7 @@ struct node_service::impl {
   net::key_pair keys;
   const std::string host = net::host_id();  // in hello_ack: nodes with equal ones share memory
   std::set<std::string> authorized;  // authorized_keys, read again at each handshake (bridge thread)
+  std::string authorized_error;      // why authorized_keys was last refused; empty when it was read
   net::bridge br;
   // Ring chunks from other hosts' nodes, sealed with the keys we share with them (plain with --insecure).
   // After br: its thread logs through it.
@@ -169,7 +170,15 @@ struct node_service::impl {
   // directory), an authorized launcher's, or one of the running job's nodes.
   bool authorized_key(const std::string& key) {
     std::string error;
-    if (!reload_authorized(&error)) log("kept the previous authorized keys: " + error);
+    // A file we cannot read is no list at all: keeping the previous one would keep a key its owner just revoked
+    // working. Until it is fixed only our own key commands us; said once per distinct error, not per handshake.
+    if (!reload_authorized(&error)) {
+      authorized.clear();
+      if (error != authorized_error) log("authorized_keys refused, no other key may command this node until it is fixed: " + error);
+    } else if (!authorized_error.empty()) {
+      log("authorized_keys read again: " + std::to_string(authorized.size()) + " keys");
+    }
+    authorized_error = error;
     if (commander(key)) return true;
     if (job)
       for (const plan_node& n : job->plan().nodes)

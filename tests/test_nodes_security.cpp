@@ -599,6 +599,20 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("differs from the one recorded in " + alice + "/known_nodes:1") != std::string::npos);
 
+  // A bad line put in authorized_keys while the node runs: the file is refused as a whole, and no key in it
+  // (not even one just revoked) commands the node until it is fixed; then she trains again.
+  std::ofstream(node_dir + "/authorized_keys") << ak.public_key << " alice@laptop\nnot-a-key\n";
+  ro.node_keys = {};
+  r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("refused our key") != std::string::npos);
+  CHECK(node.wait_for("authorized_keys refused, no other key may command this node") != "");
+  std::ofstream(node_dir + "/authorized_keys") << ak.public_key << "\n";
+  r = train_remote(small_job(), ro);
+  INFO(r.error);
+  CHECK(r.ok);
+  CHECK(node.wait_for("authorized_keys read again: 1 keys") != "");
+
   // --insecure is an explicit choice of both sides: a launcher with keys cannot talk to a plain node.
   logged_node plain("node-plain", "", true);
   CHECK(plain.wait_for("--insecure: no keys, no encryption") != "");
