@@ -48,6 +48,7 @@ std::vector<std::string> state_prefixes(optimizer_config::kind_t k) {
 }
 
 uint32_t crc_of(uint32_t crc, const void* p, size_t n) {
+  if (n == 0) return crc;  // zlib answers 0, not crc, for a null pointer: an empty buffer's data() may be one
   return uint32_t(crc32_z(crc, static_cast<const Bytef*>(p), n));
 }
 

@@ -43,6 +43,7 @@ std::string check_config(const train_config& cfg, const model& m, int replicas_h
       return "replicas on " + cfg.devices[0] + " and on " + d +
              " in one job: a ring sums in one kind of memory, so put every replica on CPUs or every replica on GPUs";
   // 2^28 floats = 1 GiB: a ring chunk then always fits one wire message (net/wire.hpp's limit).
+  if (m.param_count() == 0) return "model " + m.label() + " has no parameters: there is nothing to train";
   if (m.param_count() > (size_t(1) << 28))
     return "model " + m.label() + " has " + std::to_string(m.param_count()) +
            " parameters; the limit is 2^28 (each replica holds 4 such buffers)";

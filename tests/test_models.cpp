@@ -509,6 +509,10 @@ TEST_CASE("hostile descriptions and files: wrapped sizes, control characters, hu
   REQUIRE(wide);
   CHECK(check_config(crowd, *wide, 1) == "");
   CHECK(check_config(crowd, *wide, 2) == "");
+  // A model with no parameters (its checkpoints could not be read back) is refused before it runs.
+  auto bare = build_model(R"({"layers": [{"type": "flatten"}]})", big->sample(), &err);
+  REQUIRE(bare);
+  CHECK(has(check_config(crowd, *bare, 1), "has no parameters: there is nothing to train"));
   CHECK(has(check_config(crowd, *wide, 4), "4 replicas here with 1 batches prefetched each, needs "));
   CHECK(check_config(crowd, *wide, 0) == "");  // a launcher: its ranks run elsewhere
   crowd.prefetch = 64;  // one replica, but 65 batches of its shard in memory
