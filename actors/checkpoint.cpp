@@ -16,6 +16,8 @@
 #include <map>
 #include <tuple>
 
+#include "kernels/safetensors.hpp"
+
 namespace ringmaster {
 namespace {
 
@@ -75,18 +77,6 @@ json progress_json(const job_progress& p) {
                     {"val_accuracy", e.val_accuracy}, {"samples", e.samples}, {"seconds", e.seconds},
                     {"eval_seconds", e.eval_seconds}});
   return {{"history", hist}, {"loss", p.loss}, {"correct", p.correct}, {"count", p.count}};
-}
-
-bool write_all(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= size_t(w);
-  }
-  return true;
 }
 
 bool read_all(int fd, void* data, size_t n) {
@@ -307,33 +297,9 @@ bool write_file(const std::string& dir, const model& m, const checkpoint& head, 
   for (int i = 0; i < 8; ++i) len[i] = (unsigned char)(uint64_t(text.size()) >> (8 * i));
 
   const std::string final_path = (fs::path(dir) / checkpoint_name(c.epoch(), c.epoch_step())).string();
-  const std::string tmp = final_path + ".tmp";
-  // A fresh file of our own: whatever is in its place (a crash's leftover, or a link someone planted in a
-  // shared folder to have us write over another file) goes first, and O_EXCL | O_NOFOLLOW make sure.
-  ::unlink(tmp.c_str());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return *error = tmp + ": cannot create: " + std::strerror(errno), false;
-  bool ok = write_all(fd, len, 8) && write_all(fd, text.data(), text.size());
-  for (size_t b = 0; ok && b <= prefixes.size(); ++b) ok = write_all(fd, buffers[b]->data(), n * sizeof(float));
-  const int saved = errno;
-  ok = ok && ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok) {
-    *error = tmp + ": write failed: " + std::strerror(saved ? saved : errno) + " (disk full?)";
-    ::unlink(tmp.c_str());
-    return false;
-  }
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
-    *error = final_path + ": cannot rename the written file into place: " + std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return false;
-  }
-  // The rename itself is durable once the folder is.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  std::vector<std::pair<const void*, size_t>> pieces = {{len, 8}, {text.data(), text.size()}};
+  for (size_t b = 0; b <= prefixes.size(); ++b) pieces.push_back({buffers[b]->data(), n * sizeof(float)});
+  if (!write_whole(final_path, pieces, error)) return false;
   prune(dir, c.epoch(), c.epoch_step());
   *path = final_path;
   return true;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "actors/node_service.hpp"
+#include "net/keys.hpp"
 
 namespace po = boost::program_options;
 
@@ -98,12 +99,22 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
                  "launchers this node's KEY_DIR/key.pub: ringmaster-mnist --nodes tcp://HOST:PORT@KEY records it.\n";
     return 0;
   }
+  // An empty value is a mistake (an unset shell variable), not a wish for the default.
+  for (const auto& [flag, value] : vm)
+    if (!value.defaulted() && value.value().type() == typeid(std::string) && value.as<std::string>().empty()) {
+      std::fprintf(stderr, "%s: --%s must not be empty\n", prog.c_str(), flag.c_str());
+      return 2;
+    }
   if (o.listen.empty()) {
     std::fprintf(stderr, "%s: --listen is required (e.g. tcp://127.0.0.1:5601)\n", prog.c_str());
     return 2;
   }
   std::vector<std::string> slots;
   std::string error;
+  if (!net::check_endpoint(o.listen, true, &error)) {
+    std::fprintf(stderr, "%s: --listen: %s\n", prog.c_str(), error.c_str());
+    return 2;
+  }
   if (!parse_devices(o.devices, &slots, &error)) {
     std::fprintf(stderr, "%s: %s\n", prog.c_str(), error.c_str());
     return 2;

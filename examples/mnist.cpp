@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -44,6 +45,7 @@ struct options {
   std::string on_node_loss = "continue";
   bool no_rejoin = false;
   double ring_timeout = 60;  // seconds
+  double rejoin_lead = 3;    // seconds
   bool quiet = false, no_eval = false;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
@@ -67,6 +69,8 @@ std::string check_writable(const std::string& path) {
   }
   return "";
 }
+
+namespace fs = std::filesystem;
 
 int usage_error(const std::string& msg) {
   std::fprintf(stderr, "ringmaster-mnist: %s\nTry 'ringmaster-mnist --help'.\n", msg.c_str());
@@ -165,12 +169,8 @@ bool write_report(const std::string& path, const options& o, const train_result&
       << ", \"paused_seconds\": " << num(n.paused) << "}";
   }
   j << (r.joins.empty() ? "]" : "\n  ]") << ",\n  \"unmeasured_samples\": " << r.unmeasured << "\n}\n";
-  std::ofstream f(path, std::ios::trunc);
-  if (!(f << j.str()) || !f.flush()) {
-    *error = path + ": cannot write the report";
-    return false;
-  }
-  return true;
+  const std::string text = j.str();
+  return write_whole(path, {{text.data(), text.size()}}, error);
 }
 
 }  // namespace
@@ -250,6 +250,9 @@ int main(int argc, char** argv) {
        "batch cut among them; a lost node that is started again rejoins at an epoch's end) or abort (the job fails, "
        "naming the node)")
       ("no-rejoin", po::bool_switch(&o.no_rejoin), "with --nodes: a lost node that comes back is not taken into the job again")
+      ("rejoin-lead", po::value(&o.rejoin_lead)->default_value(o.rejoin_lead), "with --nodes: a node that comes back "
+       "is asked to join at an epoch's end at least this many seconds of steps ahead, time to load its data (longer "
+       "after a try that came too late); fast epochs near a job's end need a short one")
       ("ring-timeout", po::value(&o.ring_timeout)->default_value(o.ring_timeout), "seconds an all-reduce may wait for a "
        "neighbour without a message before it fails, naming the rank it waited for; with --nodes and continue, the "
        "node of the rank every other waited for (hung while its node still answers) is dropped like a lost one")
@@ -268,11 +271,17 @@ int main(int argc, char** argv) {
     std::cout << desc << "\nExample: ringmaster-mnist --replicas 2 --epochs 5 --report-json run.json\n";
     return 0;
   }
+  // An empty value is a mistake (an unset shell variable), not a wish for the default.
+  for (const auto& [flag, value] : vm)
+    if (!value.defaulted() && value.value().type() == typeid(std::string) && value.as<std::string>().empty())
+      return usage_error("--" + flag + " must not be empty");
   if (o.optimizer == "adam") c.opt.kind = optimizer_config::adam;
   else if (o.optimizer == "sgd") c.opt.kind = optimizer_config::sgd;
   else return usage_error("--optimizer must be adam or sgd, not '" + o.optimizer + "'");
   c.opt.lr = o.lr > 0 ? float(o.lr) : (c.opt.kind == optimizer_config::adam ? 1e-3f : 1e-2f);
   if (vm.count("lr") && !(o.lr > 0 && std::isfinite(o.lr))) return usage_error("--lr must be a positive number");
+  if (vm.count("lr") && !(c.opt.lr > 0 && std::isfinite(c.opt.lr)))  // training is in float
+    return usage_error("--lr is out of float range (about 1e-38 to 3e38)");
   std::vector<std::string> nodes, node_keys;
   for (size_t at = 0; !o.nodes.empty() && at <= o.nodes.size();) {
     size_t comma = o.nodes.find(',', at);
@@ -283,14 +292,27 @@ int main(int argc, char** argv) {
     if (!key.empty() && o.insecure) return usage_error("--nodes: a key for " + endpoint + " with --insecure");
     nodes.push_back(endpoint);
     node_keys.push_back(key);
-    if (nodes.back().rfind("tcp://", 0) != 0 && nodes.back().rfind("ipc://", 0) != 0)
-      return usage_error("--nodes: '" + nodes.back() + "' is not a tcp:// or ipc:// endpoint");
+    if (!net::check_endpoint(nodes.back(), false, &bad)) return usage_error("--nodes: " + bad);
     if (std::count(nodes.begin(), nodes.end() - 1, nodes.back()))
       return usage_error("--nodes: " + nodes.back() + " is given twice (a node runs one job at a time; use --replicas-per-node)");
     at = comma == std::string::npos ? o.nodes.size() + 1 : comma + 1;
   }
   if (o.replicas_per_node < 1 || o.replicas_per_node > 256) return usage_error("--replicas-per-node must be in 1..256");
-  // Output files are checked now, not after hours of training.
+  // Output files are checked now, not after hours of training. Each is a file of its own: --save and
+  // --report-json at one path would leave only the report, and in the checkpoint folder the names ckpt-*
+  // are the job's (a file so named is overwritten, or pruned as an old checkpoint).
+  const auto where = [](const std::string& path) {
+    std::error_code ec;
+    const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+    return ec ? fs::path(path).lexically_normal() : p;
+  };
+  if (!o.save.empty() && !o.report_json.empty() && where(o.save) == where(o.report_json))
+    return usage_error("--save and --report-json name one file, " + o.save + ": give each a path of its own");
+  if (!o.checkpoint_dir.empty())
+    for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
+      if (!path.empty() && where(path).parent_path() == where(o.checkpoint_dir) && where(path).filename().string().rfind("ckpt-", 0) == 0)
+        return usage_error(std::string(flag) + " " + path + " is a checkpoint's name in --checkpoint-dir " + o.checkpoint_dir +
+                           " (such files are the job's: overwritten, or removed as old checkpoints): name it otherwise");
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
     if (std::string why = check_writable(path); !why.empty()) return usage_error(std::string(flag) + ": " + why);
   if (o.checkpoint_dir.empty() && (vm.count("checkpoint-every") || o.resume || vm.count("crash-after-checkpoint")))
@@ -328,6 +350,8 @@ int main(int argc, char** argv) {
   }
   if (o.on_node_loss != "continue" && o.on_node_loss != "abort")
     return usage_error("--on-node-loss must be continue or abort, not '" + o.on_node_loss + "'");
+  if (!(o.rejoin_lead >= 0.1 && o.rejoin_lead <= 24 * 3600.0)) return usage_error("--rejoin-lead must be between 0.1 and 86400 seconds");
+  if (nodes.empty() && !vm["rejoin-lead"].defaulted()) return usage_error("--rejoin-lead needs --nodes");
   if (o.no_rejoin && o.on_node_loss == "abort")
     return usage_error("--no-rejoin is for --on-node-loss continue (with abort no lost node comes back)");
   if (!nodes.empty()) {
@@ -406,6 +430,7 @@ int main(int argc, char** argv) {
     ro.shared_memory = !o.no_shared_memory;
     ro.abort_on_node_loss = o.on_node_loss == "abort";
     ro.rejoin = !o.no_rejoin;
+    ro.rejoin_lead = std::chrono::milliseconds(int64_t(o.rejoin_lead * 1000));
     if (!o.quiet)
       ro.on_event = [tty](const std::string& line) {
         std::printf("%sringmaster-mnist: %s\n", tty ? "\r\033[K" : "", line.c_str());

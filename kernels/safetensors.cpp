@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -29,20 +30,65 @@ bool write_safetensors(const std::string& path, const model& m, const std::vecto
     h[p.name] = {{"dtype", "F32"}, {"shape", p.dims}, {"data_offsets", {p.offset * 4, (p.offset + p.count) * 4}}};
   std::string text = h.dump();
   while (text.size() % 8) text += ' ';  // the data starts 8-byte aligned
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) {
-    *error = path + ": cannot open for writing";
-    return false;
-  }
   unsigned char len[8];
   const uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) len[i] = (unsigned char)(n >> (8 * i));
-  f.write(reinterpret_cast<const char*>(len), 8);
-  f.write(text.data(), std::streamsize(text.size()));
-  f.write(reinterpret_cast<const char*>(params.data()), std::streamsize(params.size() * sizeof(float)));
-  if (!f.flush()) {
-    *error = path + ": write failed (disk full?)";
+  return write_whole(path, {{len, 8}, {text.data(), text.size()}, {params.data(), params.size() * sizeof(float)}}, error);
+}
+
+namespace {
+
+// Writes every piece to fd; false with *saved the errno when one fails.
+bool write_pieces(int fd, const std::vector<std::pair<const void*, size_t>>& pieces, int* saved) {
+  for (const auto& [data, bytes] : pieces) {
+    const char* p = static_cast<const char*>(data);
+    for (size_t left = bytes; left > 0;) {
+      const ssize_t w = ::write(fd, p, std::min<size_t>(left, size_t(1) << 30));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return *saved = w < 0 ? errno : ENOSPC, false;
+      p += w, left -= size_t(w);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool write_whole(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error) {
+  int saved = 0;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    // A FIFO or /dev/stdout: nothing to replace, and a rename would put a file in its place.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return *error = path + ": cannot open for writing: " + std::strerror(errno), false;
+    const bool ok = write_pieces(fd, pieces, &saved);
+    ::close(fd);
+    return ok ? true : (*error = path + ": write failed: " + std::strerror(saved), false);
+  }
+  const std::string tmp = path + ".tmp";
+  // A fresh file of our own: a crash's leftover, or a link planted in a shared folder to have us write over
+  // another file, goes first, and O_EXCL | O_NOFOLLOW make sure.
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return *error = tmp + ": cannot create: " + std::strerror(errno), false;
+  bool ok = write_pieces(fd, pieces, &saved);
+  if (ok && ::fsync(fd) != 0) saved = errno, ok = false;
+  if (::close(fd) != 0 && ok) saved = errno, ok = false;
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    return *error = tmp + ": write failed: " + std::strerror(saved) + " (disk full?)", false;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    *error = path + ": cannot rename the written file into place: " + std::strerror(errno);
+    ::unlink(tmp.c_str());
     return false;
+  }
+  // The rename itself is durable once the folder is.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
   }
   return true;
 }

@@ -7,14 +7,22 @@
 #include <cstddef>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/model.hpp"
 
 namespace ringmaster {
 
+// Written as PATH.tmp, fsync'ed and renamed into place (see write_whole): a full disk or a crash leaves the
+// old file or none, never a truncated one.
 bool write_safetensors(const std::string& path, const model& m, const std::vector<float>& params,
                        const std::map<std::string, std::string>& metadata, std::string* error);
+
+// Writes `pieces` one after the other to PATH.tmp (a fresh file: whatever was there, a link included, goes
+// first), fsyncs it, renames it to PATH and fsyncs the folder: the file is there whole or not changed.
+// False with *error ("PATH.tmp: write failed: ... (disk full?)") otherwise, the .tmp removed.
+bool write_whole(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error);
 
 // Reads the model's tensors (F32, names and shapes as above; other tensors are ignored) into a flat
 // parameter buffer. Any file is checked, never trusted: false with *error naming the problem.

@@ -239,4 +239,21 @@ bool split_endpoint_key(const std::string& text, std::string* endpoint, std::str
   return true;
 }
 
+bool check_endpoint(const std::string& endpoint, bool any_port, std::string* error) {
+  if (endpoint.rfind("ipc://", 0) == 0)
+    return endpoint.size() > 6 ? true : fail(error, "'" + endpoint + "' names no path");
+  if (endpoint.rfind("tcp://", 0) != 0) return fail(error, "'" + endpoint + "' is not a tcp:// or ipc:// endpoint");
+  const size_t colon = endpoint.rfind(':');
+  const std::string host = endpoint.substr(6, colon - 6), port = endpoint.substr(colon + 1);
+  if (colon < 6 || host.empty()) return fail(error, "'" + endpoint + "' is not tcp://HOST:PORT");
+  long value = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9' || value > 65535) return fail(error, "'" + endpoint + "': the port is not a number in 1-65535");
+    value = value * 10 + (c - '0');
+  }
+  if (port.empty() || value > 65535 || (value == 0 && !any_port))
+    return fail(error, "'" + endpoint + "': the port must be a number in " + (any_port ? "0-65535 (0: any free port)" : "1-65535"));
+  return true;
+}
+
 }  // namespace ringmaster::net

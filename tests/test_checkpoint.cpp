@@ -480,6 +480,12 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
       {"--resume", "--resume needs --checkpoint-dir"},
       {"--checkpoint-dir " + empty + " --checkpoint-every 0", "--checkpoint-every must be at least 1"},
       {"--checkpoint-dir " + empty + " --resume", "--resume: no checkpoint (ckpt-E-S.safetensors) in " + empty},
+      // Names ckpt-* in the folder are the job's: weights saved so would be overwritten or pruned as a
+      // checkpoint; so too in a folder not made yet.
+      {"--checkpoint-dir " + empty + " --save " + empty + "/ckpt-1-0.safetensors",
+       "--save " + empty + "/ckpt-1-0.safetensors is a checkpoint's name in --checkpoint-dir"},
+      {"--checkpoint-dir " + empty + "/new --save " + empty + "/new/ckpt-9-0.safetensors", "is a checkpoint's name in --checkpoint-dir " + empty + "/new"},
+      {"--checkpoint-dir " + empty + "/ --report-json " + empty + "/./ckpt-2-0.safetensors.tmp", "--report-json " + empty + "/./ckpt-2-0.safetensors.tmp is a checkpoint's name"},
   };
   for (const bad& b : cases) {
     const run_result r = mnist("--epochs 1 --limit-train 256 --limit-test 64 " + b.args);

@@ -632,7 +632,7 @@ TEST_CASE("elastic: ringmaster-mnist takes a node started again back in and says
   std::remove(json_path.c_str());
   std::thread killer, starter;
   test::run_result r = run_launcher("--nodes " + test::node_list(nodes) +
-                                        " --model 784-512-10 --batch 60 --epochs 50 --limit-train 6000 --limit-test 500 --report-json " + json_path,
+                                        " --model 784-512-10 --batch 60 --epochs 50 --limit-train 6000 --limit-test 500 --rejoin-lead 0.5 --report-json " + json_path,
                                     [&](const std::string& line) {
                                       if (line.find("Epoch 1/50") != std::string::npos && !killer.joinable())
                                         killer = std::thread([&] { nodes[1]->stop(SIGKILL); });

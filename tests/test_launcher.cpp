@@ -187,6 +187,29 @@ TEST_CASE("launcher: unwritable outputs and a node named twice exit 2 before tra
   r = run("--nodes tcp://127.0.0.1:1,tcp://127.0.0.1:1");
   CHECK(r.status == 2);
   CHECK(r.out.find("tcp://127.0.0.1:1 is given twice") != std::string::npos);
+  // Mistakes that cost a run: one path for weights and report (only the report was left), a port that
+  // wraps, an empty value (an unset shell variable), a rate a float cannot hold.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--save /tmp/rm-same.bin --report-json /tmp/./rm-same.bin", "--save and --report-json name one file"},
+      {"--nodes tcp://127.0.0.1:112537", "--nodes: 'tcp://127.0.0.1:112537': the port must be a number in 1-65535"},
+      {"--nodes tcp://127.0.0.1", "--nodes: 'tcp://127.0.0.1' is not tcp://HOST:PORT"},
+      {"--save ''", "--save must not be empty"},
+      {"--report-json ''", "--report-json must not be empty"},
+      {"--checkpoint-dir ''", "--checkpoint-dir must not be empty"},
+      {"--nodes ''", "--nodes must not be empty"},
+      {"--key-dir ''", "--key-dir must not be empty"},
+      {"--lr 1e308", "--lr is out of float range"},
+      {"--lr 1e-320", "--lr is out of float range"},
+      {"--rejoin-lead 0 --nodes tcp://127.0.0.1:1", "--rejoin-lead must be between 0.1 and 86400 seconds"},
+      {"--rejoin-lead 1", "--rejoin-lead needs --nodes"},
+  };
+  for (const auto& [args, says] : cases) {
+    r = run("--epochs 1 --limit-train 256 --limit-test 64 " + args);
+    INFO(args << "\n" << r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(says) != std::string::npos);
+    CHECK(r.out.find("Epoch") == std::string::npos);
+  }
 }
 
 TEST_CASE("launcher: a loss that becomes NaN stops the job with exit 1 and says so", "[launcher]") {

@@ -2,10 +2,12 @@
 // (tests/layer_reference.hpp) and against finite differences of the network's own loss, the registry's
 // and the description parser's refusals, a user layer through train(), and the Keras parameter layout
 // and fingerprints. The layers one at a time: test_layers.cpp.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cmath>
 #include <memory>
@@ -23,6 +25,7 @@
 #include "kernels/safetensors.hpp"
 #include "tests/layer_reference.hpp"
 #include "tests/sim_backend.hpp"
+#include "tests/test_util.hpp"
 
 using namespace ringmaster;
 using namespace ringmaster::test;
@@ -569,4 +572,36 @@ TEST_CASE("safetensors: a file reads back from its path and from memory, damage 
   CHECK(err == "/nonexistent/w.safetensors: cannot open");
   CHECK_FALSE(read_safetensors("/tmp", *m, &back, &err));  // a folder is no file
   CHECK(err == "/tmp: cannot open");
+}
+
+TEST_CASE("safetensors: a write that fails half way (disk full) leaves the old file as it was, and no .tmp", "[layers]") {
+  std::string err;
+  auto small = build_model("4-3-2", shape{4, 1, 1}, &err), big = build_model("64-64-10", shape{64, 1, 1}, &err);
+  REQUIRE(small);
+  REQUIRE(big);
+  const std::string path = "/tmp/ringmaster-test-full-" + std::to_string(::getpid()) + ".safetensors";
+  REQUIRE(write_safetensors(path, *small, init_params(*small, 7), {}, &err));
+  const std::string before = test::slurp(path);
+  REQUIRE(before.size() < 4096);
+  // Files of this process may grow to 4 KiB: a disk that fills while the 17 KB of weights go out.
+  rlimit old{}, cap{};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
+  cap = old;
+  cap.rlim_cur = 4096;
+  auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &cap) == 0);
+  const bool wrote = write_safetensors(path, *big, init_params(*big, 7), {}, &err);
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  CHECK_FALSE(wrote);
+  CHECK(err.find(path + ".tmp: write failed: ") == 0);
+  CHECK(test::slurp(path) == before);
+  CHECK(::access((path + ".tmp").c_str(), F_OK) != 0);
+  // Written whole, the new one replaces it; to a device (here /dev/full) there is nothing to rename.
+  REQUIRE(write_safetensors(path, *big, init_params(*big, 7), {}, &err));
+  std::vector<float> back;
+  CHECK(read_safetensors(path, *big, &back, &err));
+  std::remove(path.c_str());
+  CHECK_FALSE(write_safetensors("/dev/full", *small, init_params(*small, 7), {}, &err));
+  CHECK(err == "/dev/full: write failed: No space left on device");
 }

@@ -416,6 +416,13 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
                                            std::string(201, 'n'));
   CHECK(named.status == 2);
   CHECK(named.out.find("--name must be at most 200 printable ASCII characters") != std::string::npos);
+  // A port past 65535 would wrap to another one; an empty value is an unset variable, not the default.
+  const test::run_result wrapped = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://127.0.0.1:99999");
+  CHECK(wrapped.status == 2);
+  CHECK(wrapped.out.find("--listen: 'tcp://127.0.0.1:99999': the port must be a number in 0-65535") != std::string::npos);
+  const test::run_result no_dir = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --key-dir ''");
+  CHECK(no_dir.status == 2);
+  CHECK(no_dir.out.find("--key-dir must not be empty") != std::string::npos);
 }
 
 TEST_CASE("a node names the bad field of a plan, tells a stranger only that it is busy, and takes no chunk from a stranger",
