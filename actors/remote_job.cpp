@@ -127,6 +127,15 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   std::vector<wire::kv_map> replies;
   L.broadcast(wire::msg_type::hello, {{"role", "launcher"}});
   failed.error = L.await_all(wire::msg_type::hello_ack, &replies, ro.connect_timeout, ro.connect_timeout);
+  // A silent node we know no key for was expected to share ours: the likeliest cause, said plainly.
+  for (size_t i = 0; i < ro.nodes.size() && !ro.insecure; ++i)
+    if ((failed.error.rfind("node " + ro.nodes[i] + " did not answer", 0) == 0 ||
+         failed.error.rfind("node " + ro.nodes[i] + " hangs up during the handshake", 0) == 0) &&
+        L.plan.nodes[i].key == bo.keys.public_key &&
+        !(i < ro.node_keys.size() && !ro.node_keys[i].empty()))
+      failed.error += ". No key is known for it (no @KEY given, none in " + key_dir +
+                      "/known_nodes), so it was expected to share ours: give --nodes " + ro.nodes[i] +
+                      "@KEY, KEY its key.pub (printed at its start)";
   if (!failed.error.empty()) return failed;
   // A key given for a node is now proven: remember it, as ssh remembers a host key.
   for (size_t i = 0; i < ro.nodes.size(); ++i)

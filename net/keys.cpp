@@ -134,6 +134,9 @@ bool load_or_create_keys(const std::string& dir, key_pair* out, std::string* err
     if (missing) return fail(error, "cannot read " + key_path + " after making it");
   }
   if (::stat(key_path.c_str(), &st) != 0) return fail(error, sys_error("cannot stat " + key_path));
+  // Another user's key, even one only we may read, is a key that user knows: it proves nothing of us.
+  if (st.st_uid != ::geteuid())
+    return fail(error, key_path + " belongs to another user (uid " + std::to_string(st.st_uid) + "): refusing to use it as our secret key");
   if (st.st_mode & 077) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));

@@ -99,6 +99,16 @@ TEST_CASE("a key directory is made on first use, kept private, and read back the
   CHECK_FALSE(net::load_or_create_keys(dir, &b, &err));
   CHECK(err.find("too open") != std::string::npos);
   REQUIRE(chmod((dir + "/key").c_str(), 0600) == 0);
+  // So is another user's, even one only we may read (root can give it away; CI runs as root).
+  if (geteuid() == 0) {
+    REQUIRE(chown((dir + "/key").c_str(), 4242, -1) == 0);
+    CHECK_FALSE(net::load_or_create_keys(dir, &b, &err));
+    CHECK(err == dir + "/key belongs to another user (uid 4242): refusing to use it as our secret key");
+    REQUIRE(chown((dir + "/key").c_str(), 0, -1) == 0);
+    REQUIRE(net::load_or_create_keys(dir, &b, &err));
+  } else {
+    WARN("not root: the test of a key file owned by another user needs to give one away");
+  }
   // A key.pub of another key is refused.
   std::ofstream(dir + "/key.pub") << fresh_keys().public_key << "\n";
   CHECK_FALSE(net::load_or_create_keys(dir, &b, &err));

@@ -581,6 +581,9 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   train_result r = train_remote(small_job(), ro);
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("does not hold the key we expect") != std::string::npos);
+  INFO(r.error);
+  CHECK(r.error.find("No key is known for it (no @KEY given, none in " + alice + "/known_nodes), so it was expected to share ours: "
+                     "give --nodes " + node.node->endpoint() + "@KEY") != std::string::npos);
 
   // She gives its key, but the node does not accept hers: told so, and nothing of hers got through.
   ro.node_keys = {nk.public_key};
