@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <boost/program_options.hpp>
 #include <algorithm>
@@ -111,6 +112,11 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
   }
   std::vector<std::string> slots;
   std::string error;
+  // The data are read when a job asks for them; a folder that is not there is a mistake to name now.
+  if (struct stat st {}; ::stat(o.data_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    std::fprintf(stderr, "%s: --data %s is not a folder (the IDX files of the data set)\n", prog.c_str(), o.data_dir.c_str());
+    return 2;
+  }
   if (!net::check_endpoint(o.listen, true, &error)) {
     std::fprintf(stderr, "%s: --listen: %s\n", prog.c_str(), error.c_str());
     return 2;

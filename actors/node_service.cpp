@@ -162,16 +162,12 @@ struct node_service::impl {
     return true;
   }
 
-  // Whether a key may command this node: its own, or one in authorized_keys. A running job's other nodes
-  // get through the handshake too, but only to send ring chunks.
-  bool commander(const std::string& key) const { return key == keys.public_key || authorized.count(key) > 0; }
-
-  // On the bridge thread, for each client's handshake: our own key (a launcher sharing our key
-  // directory), an authorized launcher's, or one of the running job's nodes.
-  bool authorized_key(const std::string& key) {
+  // Reads authorized_keys again (at each handshake, and each tick: a key revoked, or a file fixed, counts for
+  // connections already open too). A file we cannot read is no list at all: keeping the previous one would
+  // keep a key its owner just revoked working. Until it is fixed only our own key commands us; said once
+  // per distinct error, not per read.
+  void refresh_authorized() {
     std::string error;
-    // A file we cannot read is no list at all: keeping the previous one would keep a key its owner just revoked
-    // working. Until it is fixed only our own key commands us; said once per distinct error, not per handshake.
     if (!reload_authorized(&error)) {
       authorized.clear();
       if (error != authorized_error) log("authorized_keys refused, no other key may command this node until it is fixed: " + error);
@@ -179,6 +175,16 @@ struct node_service::impl {
       log("authorized_keys read again: " + std::to_string(authorized.size()) + " keys");
     }
     authorized_error = error;
+  }
+
+  // Whether a key may command this node: its own, or one in authorized_keys. A running job's other nodes
+  // get through the handshake too, but only to send ring chunks.
+  bool commander(const std::string& key) const { return key == keys.public_key || authorized.count(key) > 0; }
+
+  // On the bridge thread, for each client's handshake: our own key (a launcher sharing our key
+  // directory), an authorized launcher's, or one of the running job's nodes.
+  bool authorized_key(const std::string& key) {
+    refresh_authorized();
     if (commander(key)) return true;
     if (job)
       for (const plan_node& n : job->plan().nodes)
@@ -337,7 +343,7 @@ struct node_service::impl {
     using wire::msg_type;
     if (!opt.insecure && h.type != msg_type::chunk && !commander(from.key)) {
       log_fault({net::fault::unauthorized, from, std::string("ignored a ") + wire::type_name(h.type) +
-                                                     " from a job's node, which may send ring chunks only"});
+                                                     " from a key that may not command this node (not in authorized_keys; a job's node may send ring chunks only)"});
       return;
     }
     const bool ours = job && h.job_id == job->id();
@@ -397,6 +403,7 @@ struct node_service::impl {
 
   void tick() {
     const auto now = std::chrono::steady_clock::now();
+    if (!opt.insecure) refresh_authorized();
     // Lines held back in a window that is over are summed up now, not with the next one (which may never come).
     for (auto& [kind, b] : faults)
       if (b.suppressed > 0) roll_over(kind, b, now);

@@ -13,6 +13,7 @@
 #include <csignal>
 
 #include <boost/program_options.hpp>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -170,7 +171,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
   }
   j << (r.joins.empty() ? "]" : "\n  ]") << ",\n  \"unmeasured_samples\": " << r.unmeasured << "\n}\n";
   const std::string text = j.str();
-  return write_whole(path, {{text.data(), text.size()}}, error);
+  return write_output(path, {{text.data(), text.size()}}, error);
 }
 
 }  // namespace
@@ -278,9 +279,9 @@ int main(int argc, char** argv) {
   if (o.optimizer == "adam") c.opt.kind = optimizer_config::adam;
   else if (o.optimizer == "sgd") c.opt.kind = optimizer_config::sgd;
   else return usage_error("--optimizer must be adam or sgd, not '" + o.optimizer + "'");
-  c.opt.lr = o.lr > 0 ? float(o.lr) : (c.opt.kind == optimizer_config::adam ? 1e-3f : 1e-2f);
+  c.opt.lr = o.lr > 0 && o.lr <= FLT_MAX ? float(o.lr) : (c.opt.kind == optimizer_config::adam ? 1e-3f : 1e-2f);
   if (vm.count("lr") && !(o.lr > 0 && std::isfinite(o.lr))) return usage_error("--lr must be a positive number");
-  if (vm.count("lr") && !(c.opt.lr > 0 && std::isfinite(c.opt.lr)))  // training is in float
+  if (vm.count("lr") && !(o.lr <= FLT_MAX && float(o.lr) > 0))  // training is in float
     return usage_error("--lr is out of float range (about 1e-38 to 3e38)");
   std::vector<std::string> nodes, node_keys;
   for (size_t at = 0; !o.nodes.empty() && at <= o.nodes.size();) {
@@ -303,8 +304,9 @@ int main(int argc, char** argv) {
   // are the job's (a file so named is overwritten, or pruned as an old checkpoint).
   const auto where = [](const std::string& path) {
     std::error_code ec;
-    const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
-    return ec ? fs::path(path).lexically_normal() : p;
+    fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+    if (ec) p = fs::path(path).lexically_normal();
+    return p.has_filename() ? p : p.parent_path();  // "DIR/" of a folder not made yet is DIR
   };
   if (!o.save.empty() && !o.report_json.empty() && where(o.save) == where(o.report_json))
     return usage_error("--save and --report-json name one file, " + o.save + ": give each a path of its own");

@@ -33,7 +33,7 @@ bool write_safetensors(const std::string& path, const model& m, const std::vecto
   unsigned char len[8];
   const uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) len[i] = (unsigned char)(n >> (8 * i));
-  return write_whole(path, {{len, 8}, {text.data(), text.size()}, {params.data(), params.size() * sizeof(float)}}, error);
+  return write_output(path, {{len, 8}, {text.data(), text.size()}, {params.data(), params.size() * sizeof(float)}}, error);
 }
 
 namespace {
@@ -54,22 +54,14 @@ bool write_pieces(int fd, const std::vector<std::pair<const void*, size_t>>& pie
 
 }  // namespace
 
-bool write_whole(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error) {
+bool write_whole(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error,
+                 mode_t mode) {
   int saved = 0;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-    // A FIFO or /dev/stdout: nothing to replace, and a rename would put a file in its place.
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) return *error = path + ": cannot open for writing: " + std::strerror(errno), false;
-    const bool ok = write_pieces(fd, pieces, &saved);
-    ::close(fd);
-    return ok ? true : (*error = path + ": write failed: " + std::strerror(saved), false);
-  }
   const std::string tmp = path + ".tmp";
   // A fresh file of our own: a crash's leftover, or a link planted in a shared folder to have us write over
   // another file, goes first, and O_EXCL | O_NOFOLLOW make sure.
   ::unlink(tmp.c_str());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return *error = tmp + ": cannot create: " + std::strerror(errno), false;
   bool ok = write_pieces(fd, pieces, &saved);
   if (ok && ::fsync(fd) != 0) saved = errno, ok = false;
@@ -91,6 +83,23 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
     ::close(dfd);
   }
   return true;
+}
+
+bool write_output(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) {
+    // Our own file, new or replaced whole: a report made private stays so (the umask still applies).
+    return write_whole(path, pieces, error, S_ISREG(st.st_mode) ? st.st_mode & 0777 : 0644);
+  }
+  // A link (a file kept elsewhere, /dev/stdout) or a FIFO: written through, as the user pointed it. Not
+  // waiting for a FIFO's reader to come: none there is an error.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0) return *error = path + ": cannot open for writing: " + std::strerror(errno), false;
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  int saved = 0;
+  bool ok = write_pieces(fd, pieces, &saved);
+  if (::close(fd) != 0 && ok) saved = errno, ok = false;
+  return ok ? true : (*error = path + ": write failed: " + std::strerror(saved), false);
 }
 
 bool read_safetensors(const std::string& path, const model& m, std::vector<float>* params, std::string* error) {

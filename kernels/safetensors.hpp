@@ -4,6 +4,8 @@
 // conv2d_0/kernel (kh, kw, in_channels, filters), conv2d_0/bias (filters). The metadata carries the model's
 // description ("model"), so a file says what it holds.
 #pragma once
+#include <sys/types.h>
+
 #include <cstddef>
 #include <map>
 #include <string>
@@ -14,15 +16,20 @@
 
 namespace ringmaster {
 
-// Written as PATH.tmp, fsync'ed and renamed into place (see write_whole): a full disk or a crash leaves the
-// old file or none, never a truncated one.
+// Written with write_output: a full disk or a crash leaves the old file or none, never a truncated one.
 bool write_safetensors(const std::string& path, const model& m, const std::vector<float>& params,
                        const std::map<std::string, std::string>& metadata, std::string* error);
 
 // Writes `pieces` one after the other to PATH.tmp (a fresh file: whatever was there, a link included, goes
 // first), fsyncs it, renames it to PATH and fsyncs the folder: the file is there whole or not changed.
 // False with *error ("PATH.tmp: write failed: ... (disk full?)") otherwise, the .tmp removed.
-bool write_whole(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error);
+// The file is made with `mode` (less the umask).
+bool write_whole(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error,
+                 mode_t mode = 0644);
+
+// A file the user named (--save, --report-json): a regular file or a new one is written with write_whole
+// and keeps its mode; a link (/dev/stdout, a file kept elsewhere) or a FIFO is written through, as pointed.
+bool write_output(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error);
 
 // Reads the model's tensors (F32, names and shapes as above; other tensors are ignored) into a flat
 // parameter buffer. Any file is checked, never trusted: false with *error naming the problem.

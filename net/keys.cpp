@@ -249,6 +249,7 @@ bool check_endpoint(const std::string& endpoint, bool any_port, std::string* err
   const size_t colon = endpoint.rfind(':');
   const std::string host = endpoint.substr(6, colon - 6), port = endpoint.substr(colon + 1);
   if (colon < 6 || host.empty()) return fail(error, "'" + endpoint + "' is not tcp://HOST:PORT");
+  if (port == "*" && any_port) return true;  // ZeroMQ's own word for any free port
   long value = 0;
   for (char c : port) {
     if (c < '0' || c > '9' || value > 65535) return fail(error, "'" + endpoint + "': the port is not a number in 1-65535");

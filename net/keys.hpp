@@ -70,7 +70,7 @@ bool record_known_node(const std::string& known_nodes, const std::string& endpoi
 // but malformed.
 bool split_endpoint_key(const std::string& text, std::string* endpoint, std::string* key, std::string* error);
 
-// An endpoint as a user types it: tcp://HOST:PORT (PORT 1-65535, or 0 where any_port: the system picks one)
+// An endpoint as a user types it: tcp://HOST:PORT (PORT 1-65535, or 0 or * where any_port: the system picks one)
 // or ipc://PATH. False, saying why, for anything else (a port of 99999 would wrap to another one).
 bool check_endpoint(const std::string& endpoint, bool any_port, std::string* error);
 

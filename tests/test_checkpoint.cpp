@@ -484,7 +484,7 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
       // checkpoint; so too in a folder not made yet.
       {"--checkpoint-dir " + empty + " --save " + empty + "/ckpt-1-0.safetensors",
        "--save " + empty + "/ckpt-1-0.safetensors is a checkpoint's name in --checkpoint-dir"},
-      {"--checkpoint-dir " + empty + "/new --save " + empty + "/new/ckpt-9-0.safetensors", "is a checkpoint's name in --checkpoint-dir " + empty + "/new"},
+      {"--checkpoint-dir " + empty + "/new/ --save " + empty + "/new/ckpt-9-0.safetensors", "is a checkpoint's name in --checkpoint-dir " + empty + "/new"},
       {"--checkpoint-dir " + empty + "/ --report-json " + empty + "/./ckpt-2-0.safetensors.tmp", "--report-json " + empty + "/./ckpt-2-0.safetensors.tmp is a checkpoint's name"},
   };
   for (const bad& b : cases) {

@@ -369,6 +369,35 @@ TEST_CASE("a bridge with a connection limit refuses clients over it at the hands
   CHECK(reports == 1);
 }
 
+TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
+  std::string err;
+  for (const char* ok : {"tcp://127.0.0.1:5601", "tcp://*:5601", "tcp://[::1]:5601", "tcp://eth0:5601", "tcp://eth0;host:5601",
+                         "tcp://h:65535", "ipc:///tmp/node", "ipc://@abstract"}) {
+    INFO(ok);
+    CHECK(net::check_endpoint(ok, false, &err));
+  }
+  CHECK(net::check_endpoint("tcp://127.0.0.1:0", true, &err));
+  CHECK(net::check_endpoint("tcp://127.0.0.1:*", true, &err));
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"tcp://127.0.0.1:99999", "the port must be a number in 1-65535"},
+      {"tcp://127.0.0.1:655350000000000000000", "the port is not a number in 1-65535"},
+      {"tcp://127.0.0.1:0", "the port must be a number in 1-65535"},
+      {"tcp://127.0.0.1:*", "the port is not a number"},
+      {"tcp://127.0.0.1:-1", "the port is not a number"},
+      {"tcp://127.0.0.1:", "the port must be a number"},
+      {"tcp://127.0.0.1", "is not tcp://HOST:PORT"},
+      {"tcp://", "is not tcp://HOST:PORT"},
+      {"tcp://:5601", "is not tcp://HOST:PORT"},
+      {"ipc://", "names no path"},
+      {"udp://h:1", "is not a tcp:// or ipc:// endpoint"},
+  };
+  for (const auto& [endpoint, says] : bad) {
+    INFO(endpoint);
+    CHECK_FALSE(net::check_endpoint(endpoint, false, &err));
+    CHECK(err.find(says) != std::string::npos);
+  }
+}
+
 TEST_CASE("is_key agrees with libzmq's Z85 decoder") {
   const auto k = fresh_keys();
   CHECK(net::is_key(k.public_key));

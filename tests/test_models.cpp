@@ -3,6 +3,7 @@
 // and the description parser's refusals, a user layer through train(), and the Keras parameter layout
 // and fingerprints. The layers one at a time: test_layers.cpp.
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -604,4 +605,37 @@ TEST_CASE("safetensors: a write that fails half way (disk full) leaves the old f
   std::remove(path.c_str());
   CHECK_FALSE(write_safetensors("/dev/full", *small, init_params(*small, 7), {}, &err));
   CHECK(err == "/dev/full: write failed: No space left on device");
+}
+
+TEST_CASE("safetensors: a file the user named keeps its mode, a link is written through, a FIFO without a reader is an error", "[layers]") {
+  std::string err;
+  auto m = build_model("4-3-2", shape{4, 1, 1}, &err);
+  REQUIRE(m);
+  const std::vector<float> params = init_params(*m, 7);
+  const std::string dir = "/tmp/ringmaster-test-out-" + std::to_string(::getpid());
+  REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+  // A private file stays private when written again.
+  const std::string file = dir + "/w.safetensors";
+  REQUIRE(write_safetensors(file, *m, params, {}, &err));
+  REQUIRE(::chmod(file.c_str(), 0600) == 0);
+  REQUIRE(write_safetensors(file, *m, params, {}, &err));
+  struct stat st {};
+  REQUIRE(::stat(file.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  // A link (as /dev/stdout is) stays a link, and its target gets the weights.
+  const std::string target = dir + "/kept-elsewhere", link = dir + "/link.safetensors";
+  REQUIRE(::symlink(target.c_str(), link.c_str()) == 0);
+  REQUIRE(write_safetensors(link, *m, params, {}, &err));
+  REQUIRE(::lstat(link.c_str(), &st) == 0);
+  CHECK(S_ISLNK(st.st_mode));
+  std::vector<float> back;
+  CHECK(read_safetensors(target, *m, &back, &err));
+  CHECK(back == params);
+  // A FIFO nobody reads: an error at once, not a wait.
+  const std::string fifo = dir + "/fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_FALSE(write_safetensors(fifo, *m, params, {}, &err));
+  CHECK(err == fifo + ": cannot open for writing: No such device or address");
+  for (const std::string& f : {file, target, link, fifo}) std::remove(f.c_str());
+  ::rmdir(dir.c_str());
 }

@@ -423,6 +423,9 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
   const test::run_result no_dir = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --key-dir ''");
   CHECK(no_dir.status == 2);
   CHECK(no_dir.out.find("--key-dir must not be empty") != std::string::npos);
+  const test::run_result no_data = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --data /nonexistent");
+  CHECK(no_data.status == 2);
+  CHECK(no_data.out.find("--data /nonexistent is not a folder") != std::string::npos);
 }
 
 TEST_CASE("a node names the bad field of a plan, tells a stranger only that it is busy, and takes no chunk from a stranger",
