@@ -1,9 +1,12 @@
 // The bridge: set-up, the public calls, and who may connect (net/bridge_io.cpp moves the messages).
 #include "net/bridge.hpp"
 
+#include <netdb.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <future>
 
@@ -47,7 +50,25 @@ void bridge::impl::report_overload(const std::string& what) {
 
 void bridge::impl::serve_listen_monitor() {
   listen_monitor->drain([this](uint16_t what, uint32_t value) {
-    if (what == ZMQ_EVENT_ACCEPTED) ++open_connections;
+    const int fd = int(value);
+    if (what == ZMQ_EVENT_ACCEPTED || what == ZMQ_EVENT_DISCONNECTED) {
+      // An fd closed and reused before we saw its events: its old connection is gone.
+      if (auto it = connection_address.find(fd); it != connection_address.end()) {
+        if (--per_address[it->second] <= 0) per_address.erase(it->second);
+        connection_address.erase(it);
+        if (what == ZMQ_EVENT_ACCEPTED && open_connections > 0) --open_connections;
+      }
+    }
+    if (what == ZMQ_EVENT_ACCEPTED) {
+      ++open_connections;
+      sockaddr_storage a{};
+      socklen_t len = sizeof a;
+      char host[NI_MAXHOST] = "?";
+      if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+        ::getnameinfo(reinterpret_cast<sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST);
+      connection_address[fd] = host;
+      ++per_address[host];
+    }
     if (what == ZMQ_EVENT_DISCONNECTED && open_connections > 0) --open_connections;
     if (what == ZMQ_EVENT_ACCEPT_FAILED) {
       ++accept_failures;
@@ -89,13 +110,18 @@ void bridge::impl::set_common_options(zmq::socket_t& s) {
 zap_handler::verdict bridge::impl::admit(const zap_handler::request& r) {
   if (r.null) {  // without keys (a socket with keys never asks for a NULL client): counted, not checked
     if (!opt.keys.empty()) return {"400", "not authorized"};
-    return within_limit() ? zap_handler::verdict{"200", "OK"} : zap_handler::verdict{"500", "too many connections"};
+    return within_limit(r.address) ? zap_handler::verdict{"200", "OK"} : zap_handler::verdict{"500", "too many connections"};
   }
   return admit(r.key, r.address);
 }
 
-bool bridge::impl::within_limit() {
+bool bridge::impl::within_limit(const std::string& address) {
   if (opt.max_connections <= 0 || open_connections <= opt.max_connections) return true;
+  const int share = std::max(1, opt.max_connections / 4);
+  int counted = 0;
+  for (const auto& [from, n] : per_address) counted += from == address ? n : std::min(n, share);
+  counted += open_connections - int(connection_address.size());  // any we could not place
+  if (counted <= opt.max_connections) return true;
   ++overloaded_refusals;
   report_overload(listener.endpoint + ": " + std::to_string(open_connections) + " connections, over the limit of " +
                   std::to_string(opt.max_connections) + ": refusing new clients");
@@ -116,7 +142,7 @@ zap_handler::verdict bridge::impl::admit(const std::string& key, const std::stri
                                           " is not authorized (further attempts with this key are not logged)");
     return {"400", "not authorized"};
   }
-  if (!within_limit()) return {"500", "too many connections"};  // not 400, which reads as "your key is refused"
+  if (!within_limit(address)) return {"500", "too many connections"};  // not 400, which reads as "your key is refused"
   return {"200", "OK"};
 }
 
@@ -207,8 +233,10 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
       }
       d_->listener.socket->set(zmq::sockopt::zap_domain, "ringmaster");
       // A stranger's half-open handshake holds a file descriptor: not for long. (It also counts towards
-      // max_connections until then: libzmq's monitor cannot tell which connection finished its handshake,
-      // so a flood of strangers can crowd clients out at about max_connections / 3 connections a second.)
+      // max_connections until then: libzmq's monitor cannot tell which connection finished its handshake.
+      // Against a client from another address one address counts at most a quarter of the limit, so it
+      // takes strangers on 4 hosts, each opening max_connections / 12 connections a second, to crowd
+      // clients out.)
       d_->listener.socket->set(zmq::sockopt::handshake_ivl, 3000);
       d_->listen_monitor = socket_monitor::attach(*d_->ctx, *d_->listener.socket, "inproc://ringmaster-listener",
                                                   ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED);

@@ -130,6 +130,11 @@ struct bridge::impl {
   // The listener's monitor (with keys): connections open now, and failures to accept one.
   std::unique_ptr<socket_monitor> listen_monitor;
   int open_connections = 0;
+  // Open connections by the address they come from (fd -> address, as the monitor names connections by
+  // their fd): one address may fill at most a quarter of max_connections for a client from elsewhere, so
+  // a stranger on one host holding half-open handshakes cannot crowd the launchers out.
+  std::map<int, std::string> connection_address;
+  std::map<std::string, int> per_address;
   uint64_t accept_failures = 0, overloaded_refusals = 0;
   std::chrono::steady_clock::time_point last_overload_report{};
 
@@ -151,7 +156,9 @@ struct bridge::impl {
   void flush(zmq::socket_t& s, std::deque<pending>& backlog, bool routed);
   void hold_or_send(connection& c, pending m, const peer_info& to);  // a reply on the listening socket
   void flush_held(connection& c);
-  bool within_limit();  // a client more on the listening socket is within max_connections (else said)
+  // A client more from `address` on the listening socket is within max_connections (else said): its
+  // address's connections count whole, each other address's up to a quarter of the limit.
+  bool within_limit(const std::string& address);
   void do_send(int peer, const wire::header& h, payload p);
   void do_reply(const peer_info& to, const wire::header& h, payload p);
   int do_connect(const std::string& ep, const std::string& server_key, std::string* error);

@@ -1,4 +1,7 @@
 // CurveZMQ links: key files (net/keys.hpp) and bridges that encrypt and let in only the keys they accept.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +12,8 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <string>
+#include <vector>
 #include <set>
 #include <thread>
 #include <zmq.h>
@@ -367,6 +372,55 @@ TEST_CASE("a bridge with a connection limit refuses clients over it at the hands
   int reports = 0;
   for (auto& e : at_server.errors) reports += e.kind == net::fault::overloaded;
   CHECK(reports == 1);
+}
+
+TEST_CASE("a stranger on one host who holds connections open does not crowd out a client from another", "[keys]") {
+  const auto server_keys = fresh_keys(), client_keys = fresh_keys();
+  net::bridge_options so;
+  so.keys = server_keys;
+  so.max_connections = 4;  // one address counts for at most 1 against a client from elsewhere
+  so.authorize = [&](const std::string& k) { return k == client_keys.public_key; };
+  net::bridge server(so);
+  collected at_server;
+  at_server.attach(server);
+  std::string err;
+  REQUIRE(server.start("tcp://127.0.0.1:0", &err));
+  const std::string ep = server.endpoint();
+  const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
+  // 8 connections from 127.0.0.2 that never say a word: twice the limit, each held until its handshake
+  // times out (3 s).
+  std::vector<int> held;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    REQUIRE(inet_pton(AF_INET, "127.0.0.2", &a.sin_addr) == 1);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(inet_pton(AF_INET, "127.0.0.1", &a.sin_addr) == 1);
+    a.sin_port = htons(uint16_t(port));
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    held.push_back(fd);
+  }
+  std::this_thread::sleep_for(300ms);  // the server has counted them
+  net::bridge_options o;
+  o.keys = client_keys;
+  net::bridge client(o);
+  collected seen;
+  seen.attach(client);
+  REQUIRE(client.start("", &err));
+  const int p = client.connect(ep, server_keys.public_key, &err);
+  REQUIRE(p >= 0);
+  REQUIRE(client.send(p, hello(), {}, &err));
+  // At once, not once the stranger's handshakes have timed out (libzmq would knock again then).
+  CHECK(at_server.wait([&] { return !at_server.messages.empty(); }, 2s));
+  {
+    std::lock_guard<std::mutex> lock(seen.mu);
+    CHECK(seen.errors.empty());
+  }
+  for (int fd : held) ::close(fd);
+  client.stop();
+  server.stop();
 }
 
 TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
