@@ -1,8 +1,11 @@
 #include "actors/node_service.hpp"
 
 #include <malloc.h>
+#include <sys/stat.h>
 
+#include <array>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <condition_variable>
 #include <cstdio>
@@ -76,6 +79,10 @@ struct node_service::impl {
   const std::string host = net::host_id();  // in hello_ack: nodes with equal ones share memory
   std::set<std::string> authorized;  // authorized_keys, read again at each handshake (bridge thread)
   std::string authorized_error;      // why authorized_keys was last refused; empty when it was read
+  // The file as it was when last read (stat), and when: read again once it changes, or after 5 s (a
+  // file system whose time stamps are too coarse to show an edit), not at every tick and handshake.
+  std::optional<std::array<int64_t, 9>> authorized_stamp;
+  std::chrono::steady_clock::time_point authorized_read_at;
   net::bridge br;
   // Ring chunks from other hosts' nodes, sealed with the keys we share with them (plain with --insecure).
   // After br: its thread logs through it.
@@ -153,9 +160,22 @@ struct node_service::impl {
     return bo;
   }
 
-  // Reads authorized_keys again, so keys can be added and revoked while the daemon runs. A small file, read
-  // at each handshake: no cache to fool with a copy that keeps the old time stamp.
+  // Reads authorized_keys again, so keys can be added and revoked while the daemon runs: when its stat
+  // changes (a copy that keeps the old mtime still gets a new ctime and inode), and every 5 s regardless.
   bool reload_authorized(std::string* error) {
+    struct stat st {};
+    const int found = ::stat((key_dir + "/authorized_keys").c_str(), &st) == 0 ? 1 : -errno;
+    const std::array<int64_t, 9> stamp = {found, int64_t(st.st_dev), int64_t(st.st_ino), int64_t(st.st_size),
+                                          int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+                                          int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec,
+                                          int64_t(st.st_mode), int64_t(st.st_uid), int64_t(st.st_nlink)};
+    const auto now = std::chrono::steady_clock::now();
+    if (authorized_stamp == stamp && now - authorized_read_at < std::chrono::seconds(5)) {
+      *error = authorized_error;  // as last read
+      return error->empty();
+    }
+    authorized_stamp = stamp;
+    authorized_read_at = now;
     std::set<std::string> keys_now;
     if (!net::read_authorized_keys(key_dir + "/authorized_keys", &keys_now, error)) return false;
     authorized = std::move(keys_now);
@@ -403,7 +423,17 @@ struct node_service::impl {
 
   void tick() {
     const auto now = std::chrono::steady_clock::now();
-    if (!opt.insecure) refresh_authorized();
+    if (!opt.insecure) {
+      refresh_authorized();
+      // A launcher whose key was revoked loses its job now, told why, not when its heartbeats, ignored
+      // from now on, are missed.
+      if (job && !commander(job->launcher().key)) {
+        const std::string why = "the launcher's key " + job->launcher().key + " may no longer command this node (" +
+                                (authorized_error.empty() ? "not in authorized_keys" : "authorized_keys refused") + ")";
+        send_kv(job->launcher(), wire::msg_type::error, job->id(), {{"error", "node " + name() + ": " + why}});
+        return end_job(why);
+      }
+    }
     // Lines held back in a window that is over are summed up now, not with the next one (which may never come).
     for (auto& [kind, b] : faults)
       if (b.suppressed > 0) roll_over(kind, b, now);
@@ -461,7 +491,9 @@ bool node_service::start(std::string* error) {
     po.on_refusal = [d](const std::string& why) {  // the bridge drops it once it has stopped
       d->br.post([d, why] { d->log_fault({net::fault::unauthorized, {}, "ring port: " + why}); });
     };
-    if (!(d->ring_port = net::tcp_port::bind(ep.substr(6, ep.rfind(':') - 6), d->opt.ring_port, po, error))) {
+    std::string host = ep.substr(6, ep.rfind(':') - 6);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);  // [::1]
+    if (!(d->ring_port = net::tcp_port::bind(host, d->opt.ring_port, po, error))) {
       *error = "the ring port " + *error;  // "the ring port 127.0.0.1:5602: address already in use"
       d->sys.reset();
       return false;

@@ -183,6 +183,7 @@ int finish(const options& o, const train_result& r);
 bool model_text(std::string* model, std::string* error) {
   if (model->empty() || (*model)[0] != '@') return true;
   const std::string path = model->substr(1);
+  if (path.empty()) return *error = "--model @ names no file (--model @FILE)", false;
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) {
     *error = "--model " + *model + ": cannot read " + path + ": " + std::strerror(errno);
@@ -304,7 +305,14 @@ int main(int argc, char** argv) {
   // are the job's (a file so named is overwritten, or pruned as an old checkpoint).
   const auto where = [](const std::string& path) {
     std::error_code ec;
-    fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+    // Links followed by hand first: weakly_canonical leaves one whose target is not there yet as it is.
+    fs::path p = fs::absolute(path, ec);
+    for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {
+      const fs::path to = fs::read_symlink(p, ec);
+      if (ec) break;
+      p = to.is_absolute() ? to : p.parent_path() / to;
+    }
+    p = fs::weakly_canonical(p, ec);
     if (ec) p = fs::path(path).lexically_normal();
     return p.has_filename() ? p : p.parent_path();  // "DIR/" of a folder not made yet is DIR
   };

@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <random>
 
 namespace ringmaster {
 
@@ -57,10 +59,13 @@ bool write_pieces(int fd, const std::vector<std::pair<const void*, size_t>>& pie
 bool write_whole(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error,
                  mode_t mode) {
   int saved = 0;
-  const std::string tmp = path + ".tmp";
-  // A fresh file of our own: a crash's leftover, or a link planted in a shared folder to have us write over
-  // another file, goes first, and O_EXCL | O_NOFOLLOW make sure.
-  ::unlink(tmp.c_str());
+  // A fresh file of our own, named for this process and call: two runs saving to one path each rename a
+  // whole file of theirs (the last one stays), and a link planted under a name we would use is refused
+  // (O_EXCL | O_NOFOLLOW), never written through.
+  std::random_device rd;
+  char tag[32];
+  std::snprintf(tag, sizeof tag, ".%d-%08x.tmp", int(::getpid()), unsigned(rd()));
+  const std::string tmp = path + tag;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return *error = tmp + ": cannot create: " + std::strerror(errno), false;
   bool ok = write_pieces(fd, pieces, &saved);
@@ -91,8 +96,19 @@ bool write_output(const std::string& path, const std::vector<std::pair<const voi
     // Our own file, new or replaced whole: a report made private stays so (the umask still applies).
     return write_whole(path, pieces, error, S_ISREG(st.st_mode) ? st.st_mode & 0777 : 0644);
   }
-  // A link (a file kept elsewhere, /dev/stdout) or a FIFO: written through, as the user pointed it. Not
-  // waiting for a FIFO's reader to come: none there is an error.
+  // Our own stdout or stderr (/dev/stdout, /proc/self/fd/1), whatever it is: written at its place in
+  // the stream, after what is buffered; opened afresh it would be truncated, or overwritten later.
+  struct stat target {};
+  if (::stat(path.c_str(), &target) == 0)
+    for (int out : {STDOUT_FILENO, STDERR_FILENO}) {
+      struct stat o {};
+      if (::fstat(out, &o) != 0 || o.st_dev != target.st_dev || o.st_ino != target.st_ino) continue;
+      std::fflush(out == STDOUT_FILENO ? stdout : stderr);
+      int saved = 0;
+      return write_pieces(out, pieces, &saved) ? true : (*error = path + ": write failed: " + std::strerror(saved), false);
+    }
+  // A link (a file kept elsewhere) or a FIFO: written through, as the user pointed it. Not waiting for a
+  // FIFO's reader to come: none there is an error.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0644);
   if (fd < 0) return *error = path + ": cannot open for writing: " + std::strerror(errno), false;
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);

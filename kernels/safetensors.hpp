@@ -20,9 +20,9 @@ namespace ringmaster {
 bool write_safetensors(const std::string& path, const model& m, const std::vector<float>& params,
                        const std::map<std::string, std::string>& metadata, std::string* error);
 
-// Writes `pieces` one after the other to PATH.tmp (a fresh file: whatever was there, a link included, goes
-// first), fsyncs it, renames it to PATH and fsyncs the folder: the file is there whole or not changed.
-// False with *error ("PATH.tmp: write failed: ... (disk full?)") otherwise, the .tmp removed.
+// Writes `pieces` one after the other to PATH.<pid>-<random>.tmp (a fresh file of ours), fsyncs it, renames
+// it to PATH and fsyncs the folder: the file is there whole or not changed. False with *error
+// ("PATH.<...>.tmp: write failed: ... (disk full?)") otherwise, the .tmp removed.
 // The file is made with `mode` (less the umask).
 bool write_whole(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error,
                  mode_t mode = 0644);

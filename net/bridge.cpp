@@ -167,7 +167,7 @@ void bridge::impl::serve_monitor(int id) {
     } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
       c.failed_handshakes = -1;
       report(fault::handshake_failed, from, c.endpoint + " refused our key (status " + std::to_string(value) +
-                                                "): add our key.pub to its authorized_keys");
+                                                "): add our key.pub to its authorized_keys (if it is there, the file may be refused: see the node's log)");
     } else if (++c.failed_handshakes == 3) {
       c.failed_handshakes = -1;
       report(fault::handshake_failed, from, c.endpoint + " hangs up during the handshake: it does not hold the key "
@@ -227,6 +227,8 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
       d_->zap = std::make_unique<zap_handler>(*d_->ctx);
       d_->listener.socket = std::make_unique<zmq::socket_t>(*d_->ctx, zmq::socket_type::router);
       d_->set_common_options(*d_->listener.socket);
+      // ZeroMQ takes IPv4 only unless told; told for every socket, it would name IPv4 ends ::ffff:a.b.c.d.
+      if (listen_endpoint.find('[') != std::string::npos) d_->listener.socket->set(zmq::sockopt::ipv6, 1);
       if (keys) {
         d_->listener.socket->set(zmq::sockopt::curve_server, 1);
         d_->listener.socket->set(zmq::sockopt::curve_secretkey, d_->opt.keys.secret_key);

@@ -148,6 +148,7 @@ int bridge::impl::do_connect(const std::string& ep, const std::string& server_ke
     c.socket = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
     zmq::socket_t& s = *c.socket;
     set_common_options(s);
+    if (ep.find('[') != std::string::npos) s.set(zmq::sockopt::ipv6, 1);  // tcp://[::1]:P
     s.set(zmq::sockopt::routing_id, opt.connection_ids ? opt.name.substr(0, 230) + ":" + random_hex64() : opt.name);
     if (!opt.keys.empty()) {
       s.set(zmq::sockopt::curve_serverkey, server_key);

@@ -250,13 +250,16 @@ bool check_endpoint(const std::string& endpoint, bool any_port, std::string* err
   const std::string host = endpoint.substr(6, colon - 6), port = endpoint.substr(colon + 1);
   if (colon < 6 || host.empty()) return fail(error, "'" + endpoint + "' is not tcp://HOST:PORT");
   if (port == "*" && any_port) return true;  // ZeroMQ's own word for any free port
+  const std::string range = any_port ? "0-65535 (0 or *: any free port)" : "1-65535";
   long value = 0;
   for (char c : port) {
-    if (c < '0' || c > '9' || value > 65535) return fail(error, "'" + endpoint + "': the port is not a number in 1-65535");
+    if (c < '0' || c > '9' || value > 65535) return fail(error, "'" + endpoint + "': the port is not a number in " + range);
     value = value * 10 + (c - '0');
   }
   if (port.empty() || value > 65535 || (value == 0 && !any_port))
-    return fail(error, "'" + endpoint + "': the port must be a number in " + (any_port ? "0-65535 (0: any free port)" : "1-65535"));
+    return fail(error, "'" + endpoint + "': the port must be a number in " + range);
+  // 017601 is 17601 to the socket but another endpoint to known_nodes and to a check for a node given twice.
+  if (port.size() > 1 && port[0] == '0') return fail(error, "'" + endpoint + "': write the port without leading zeros");
   return true;
 }
 

@@ -443,6 +443,7 @@ TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
       {"tcp://", "is not tcp://HOST:PORT"},
       {"tcp://:5601", "is not tcp://HOST:PORT"},
       {"ipc://", "names no path"},
+      {"tcp://127.0.0.1:017601", "write the port without leading zeros"},
       {"udp://h:1", "is not a tcp:// or ipc:// endpoint"},
   };
   for (const auto& [endpoint, says] : bad) {

@@ -1,4 +1,6 @@
 // End to end through the real ringmaster-mnist binary.
+#include <unistd.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -93,6 +95,22 @@ TEST_CASE("launcher: one epoch on a subset writes a sane JSON report and safeten
   CHECK(r.out.find("model 784-64-10,") != std::string::npos);
   CHECK(r.out.find("Layer ") == std::string::npos);
   CHECK(j.find("\"model\": \"784-64-10\"") != std::string::npos);
+}
+
+TEST_CASE("launcher: --report-json /dev/stdout with stdout in a file adds the report after the output, losing none", "[launcher]") {
+  const std::string out = "/tmp/ringmaster-stdout-" + std::to_string(::getpid()) + ".txt";
+  const run_result r = run("--epochs 1 --batch 64 --model 784-32-10 --limit-train 512 --limit-test 128 --report-json /dev/stdout > " + out);
+  REQUIRE(r.status == 0);
+  const std::string text = slurp(out);
+  INFO(text);
+  std::remove(out.c_str());
+  CHECK(text.rfind("ringmaster-mnist: model 784-32-10", 0) == 0);  // the banner is still there
+  const size_t open = text.find("\n{\n"), close = text.find("\n}\n");
+  REQUIRE(open != std::string::npos);
+  REQUIRE(close != std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(text.substr(open + 1, close - open + 2));
+  CHECK(j["epochs"] == 1);
+  CHECK(text.find("Done: 1 epochs") != std::string::npos);
 }
 
 TEST_CASE("launcher: --model cnn trains one short epoch and writes its report and Keras-layout weights", "[launcher][cnn]") {
@@ -202,7 +220,18 @@ TEST_CASE("launcher: unwritable outputs and a node named twice exit 2 before tra
       {"--lr 1e-320", "--lr is out of float range"},
       {"--rejoin-lead 0 --nodes tcp://127.0.0.1:1", "--rejoin-lead must be between 0.1 and 86400 seconds"},
       {"--rejoin-lead 1", "--rejoin-lead needs --nodes"},
+      {"--model @", "--model @ names no file"},
+      {"--nodes tcp://127.0.0.1:017601", "write the port without leading zeros"},
   };
+  // A link to the other path counts as that path, even before the file is there.
+  const std::string target = "/tmp/rm-same-target-" + std::to_string(::getpid()), link = target + ".link";
+  std::remove(target.c_str());
+  std::remove(link.c_str());
+  REQUIRE(::symlink(target.c_str(), link.c_str()) == 0);
+  r = run("--epochs 1 --limit-train 256 --limit-test 64 --save " + target + " --report-json " + link);
+  std::remove(link.c_str());
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--save and --report-json name one file") != std::string::npos);
   for (const auto& [args, says] : cases) {
     r = run("--epochs 1 --limit-train 256 --limit-test 64 " + args);
     INFO(args << "\n" << r.out);

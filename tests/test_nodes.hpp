@@ -77,13 +77,18 @@ struct logged_node {
     std::string err;
     REQUIRE(node->start(&err));
   }
-  // The first line holding `text` ("" if none within the wait).
-  std::string wait_for(const std::string& text, std::chrono::milliseconds wait = std::chrono::seconds(10)) {
+  // Lines logged so far: wait_for(text, wait, logged()) then finds only later ones.
+  size_t logged() {
+    std::lock_guard<std::mutex> lock(mu);
+    return lines.size();
+  }
+  // The first line holding `text` from line `from` on ("" if none within the wait).
+  std::string wait_for(const std::string& text, std::chrono::milliseconds wait = std::chrono::seconds(10), size_t from = 0) {
     for (auto until = std::chrono::steady_clock::now() + wait; std::chrono::steady_clock::now() < until;) {
       {
         std::lock_guard<std::mutex> lock(mu);
-        for (const std::string& l : lines)
-          if (l.find(text) != std::string::npos) return l;
+        for (size_t i = from; i < lines.size(); ++i)
+          if (lines[i].find(text) != std::string::npos) return lines[i];
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

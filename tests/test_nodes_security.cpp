@@ -428,6 +428,33 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
   CHECK(no_data.out.find("--data /nonexistent is not a folder") != std::string::npos);
 }
 
+TEST_CASE("node daemons on IPv6 loopback: launcher and ring chunks (sealed, over TCP) reach them at tcp://[::1]:P", "[nodes][keys]") {
+  const int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool v6 = probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  if (probe >= 0) ::close(probe);
+  if (!v6) {
+    WARN("this machine has no IPv6 loopback: nothing to test");
+    return;
+  }
+  test::daemons nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN},
+                                                           "tcp://[::1]:" + std::to_string(test::free_port()), "cpu:1", RINGMASTER_DATA_DIR));
+  std::this_thread::sleep_for(300ms);
+  remote_options ro;
+  ro.nodes = test::endpoints(nodes);
+  ro.shared_memory = false;  // as between hosts: each node's ring port, at [::1]
+  ro.limit_train = 600;
+  ro.limit_test = 100;
+  const train_result r = train_remote(small_job(), ro);
+  INFO(r.error);
+  CHECK(r.ok);
+  CHECK(r.identical);
+}
+
 TEST_CASE("a node names the bad field of a plan, tells a stranger only that it is busy, and takes no chunk from a stranger",
           "[nodes]") {
   logged_node a("node-a"), b("node-b");
@@ -592,7 +619,7 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   ro.node_keys = {nk.public_key};
   r = train_remote(small_job(), ro);
   CHECK_FALSE(r.ok);
-  CHECK(r.error == "node " + node.node->endpoint() + " refused our key (status 400): add our key.pub to its authorized_keys");
+  CHECK(r.error == "node " + node.node->endpoint() + " refused our key (status 400): add our key.pub to its authorized_keys (if it is there, the file may be refused: see the node's log)");
   CHECK(node.wait_for("its key " + ak.public_key + " is not authorized") != "");
   CHECK(node.wait_for("job ", 100ms) == "");
   CHECK(test::slurp(alice + "/known_nodes").empty());  // nothing proven, nothing recorded
@@ -625,6 +652,23 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   INFO(r.error);
   CHECK(r.ok);
   CHECK(node.wait_for("authorized_keys read again: 1 keys") != "");
+
+  // Her key revoked while her job runs: the job ends at once, and she is told why.
+  train_config long_job = small_job();
+  long_job.epochs = 1000;
+  train_result revoked;
+  const size_t before = node.logged();
+  std::thread run([&] { revoked = train_remote(long_job, ro); });
+  REQUIRE(node.wait_for("started: model 784-64-10", 10s, before) != "");
+  const auto t0 = std::chrono::steady_clock::now();
+  std::ofstream(node_dir + "/authorized_keys") << "# nobody\n";
+  run.join();
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+  INFO(revoked.error);
+  CHECK_FALSE(revoked.ok);
+  CHECK(revoked.error.find("the launcher's key " + ak.public_key + " may no longer command this node (not in authorized_keys)") !=
+        std::string::npos);
+  CHECK(node.wait_for("ended: the launcher's key " + ak.public_key + " may no longer command this node") != "");
 
   // --insecure is an explicit choice of both sides: a launcher with keys cannot talk to a plain node.
   logged_node plain("node-plain", "", true);
