@@ -259,7 +259,7 @@ TEST_CASE("node daemons --insecure: a stranger who logs in to a ring port again 
   REQUIRE(at_port != std::string::npos);
   const int port = std::atoi(listening.c_str() + at_port + 9);
   REQUIRE(port > 0);
-  two_node_job running(a, b, 3);  // rank 0 on a sends to b's ring port
+  two_node_job running(a, b, 100);  // rank 0 on a sends to b's ring port; broken long before its end
   running.ro.insecure = true;
   running.ro.shared_memory = false;     // as between hosts
   running.ro.abort_on_node_loss = true;  // the first bad frame breaks the ring: the job ends
@@ -303,7 +303,7 @@ TEST_CASE("node daemons --insecure: a stranger who logs in to a ring port again 
 
 TEST_CASE("node daemons --insecure: a flood of large job plans neither stops the running job nor floods the log", "[nodes]") {
   logged_node a("node-a", "", true), b("node-b", "", true);
-  two_node_job running(a, b, 4);
+  two_node_job running(a, b, 30);  // still running when the flood is in, on a fast machine too
   running.ro.insecure = true;
   running.start();
   // A stranger (anyone, --insecure) sends 300 plans of ~600 KB each: well-formed JSON, slow to read.
@@ -875,10 +875,10 @@ TEST_CASE("a launcher that starts and stops jobs in a loop is told the node is b
   std::string err;
   zmq::context_t ctx;
   zmq::socket_t s = client(ctx, a.node->endpoint());
-  s.set(zmq::sockopt::rcvtimeo, 200);
+  s.set(zmq::sockopt::rcvtimeo, 10);  // jobs come faster than a data thread copies 50,000 samples
   const std::string reason = "reason=changed my mind\n";
   std::vector<std::string> refusals;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 16; ++i) {
     const uint64_t id = 1000 + uint64_t(i);
     send_own_job(s, a.node->endpoint(), "node-a", "784-64-10", id, 50000);  // a copy of 50,000 samples a data thread
     wire::header abort_h;

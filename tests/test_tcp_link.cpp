@@ -99,6 +99,20 @@ struct inbox {
   }
 };
 
+// A socket listening on a free loopback port (its number in *port) with this backlog.
+int loopback_listener(int backlog, int* port) {
+  const int l = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(listen(l, backlog) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  *port = ntohs(a.sin_port);
+  return l;
+}
+
 // A raw client of the port, to send whatever a test wants.
 int raw_connect(int port) {
   const int s = test::loopback_connect(port);
@@ -499,15 +513,8 @@ TEST_CASE("tcp link: plain payloads go from where they are, held until written, 
 
 TEST_CASE("tcp link: dropping a sender whose connect hangs returns at once", "[tcp_link]") {
   // A listener whose backlog is full: the kernel drops further handshakes, so a connect waits.
-  const int l = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(listen(l, 0) == 0);
-  socklen_t len = sizeof a;
-  getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
+  int port = 0;
+  const int l = loopback_listener(0, &port);
   const int filler = raw_connect(port);
   std::string err;
   std::atomic<int> failures{0};
@@ -577,20 +584,14 @@ extern "C" int getaddrinfo(const char* node, const char* service, const addrinfo
 
 TEST_CASE("tcp link: dropping a sender whose host name lookup hangs returns at once, and lets go of what it held", "[tcp_link]") {
   // The name is found, late, at a port that listens: a sender dropped meanwhile must not connect then.
-  const int l = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(listen(l, 4) == 0);
-  socklen_t len = sizeof a;
-  getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = 0;
+  const int l = loopback_listener(4, &port);
   hung_lookups& h = lookups();
   std::thread rescue;
   release_lookups release{rescue};
   std::string err;
   std::atomic<int> failures{0};
-  auto s = net::tcp_sender::connect("tcp://hung-lookup.invalid:" + std::to_string(ntohs(a.sin_port)), kJob, kSender,
+  auto s = net::tcp_sender::connect("tcp://hung-lookup.invalid:" + std::to_string(port), kJob, kSender,
                                     nullptr, [&failures](const std::string&) { ++failures; }, &err);
   REQUIRE(s);
   {
@@ -657,16 +658,10 @@ TEST_CASE("tcp link: an aborted sender stops connecting: nothing connects later 
 
 TEST_CASE("tcp link: abort lets go of plain payloads queued behind a neighbour that stopped reading", "[tcp_link]") {
   // A listener that takes the connection and never reads from it.
-  const int l = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(listen(l, 4) == 0);
-  socklen_t len = sizeof a;
-  getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = 0;
+  const int l = loopback_listener(4, &port);
   std::string err;
-  auto s = net::tcp_sender::connect("tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port)), kJob, kSender, nullptr, {}, &err);
+  auto s = net::tcp_sender::connect("tcp://127.0.0.1:" + std::to_string(port), kJob, kSender, nullptr, {}, &err);
   REQUIRE(s);
   const int silent = accept(l, nullptr, nullptr);
   REQUIRE(silent >= 0);
