@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -481,6 +482,24 @@ void tcp_port::impl::loop() {
 
 tcp_port::tcp_port(std::unique_ptr<impl> d) : d_(std::move(d)) {}
 
+// The first IPv4 (else IPv6) address of the network interface `name` ("eth0"), as ZeroMQ binds to one;
+// "" when there is no such interface.
+static std::string interface_address(const std::string& name) {
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return "";
+  std::string v4, v6;
+  for (ifaddrs* i = all; i; i = i->ifa_next) {
+    if (!i->ifa_addr || name != i->ifa_name) continue;
+    char text[INET6_ADDRSTRLEN] = "";
+    if (i->ifa_addr->sa_family == AF_INET && v4.empty())
+      v4 = inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text) ? text : "";
+    if (i->ifa_addr->sa_family == AF_INET6 && v6.empty())
+      v6 = inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, text, sizeof text) ? text : "";
+  }
+  freeifaddrs(all);
+  return v4.empty() ? v6 : v4;
+}
+
 std::unique_ptr<tcp_port> tcp_port::bind(const std::string& host, int port, tcp_port_options o, std::string* error) {
   auto d = std::make_unique<impl>();
   d->opt = std::move(o);
@@ -496,8 +515,11 @@ std::unique_ptr<tcp_port> tcp_port::bind(const std::string& host, int port, tcp_
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   const bool any = host == "*" || host.empty();
   if (any) hints.ai_family = AF_INET;  // as ZeroMQ's "*": every IPv4 address
-  if (int e = getaddrinfo(any ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &found); e != 0)
-    return *error = at + ": " + gai_strerror(e), nullptr;
+  if (int e = getaddrinfo(any ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &found); e != 0) {
+    const std::string address = any ? "" : interface_address(host);  // tcp://eth0:P, as ZeroMQ takes it
+    if (address.empty() || getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found) != 0)
+      return *error = at + ": " + gai_strerror(e) + " (neither a host address nor a network interface)", nullptr;
+  }
   std::string why = "no address";
   for (addrinfo* a = found; a && d->listen_fd < 0; a = a->ai_next) {
     const int s = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);

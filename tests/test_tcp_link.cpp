@@ -394,6 +394,16 @@ TEST_CASE("tcp link: a sender whose port is closed says so once, and drops what 
   CHECK_FALSE(net::tcp_sender::connect("udp://x:1", kJob, kSender, std::make_shared<net::sealer>(key_of(5), kJob, kSender), {}, &err));
   CHECK(err.find("not a tcp://HOST:PORT") != std::string::npos);
   CHECK(net::tcp_port::bind("127.0.0.1", free_port, {}, &err) != nullptr);  // the sender holds no port
+  // A network interface, as ZeroMQ takes one in tcp://lo:P, binds to its address; an unknown name is said.
+  auto on_lo = net::tcp_port::bind("lo", 0, {}, &err);
+  REQUIRE(on_lo);
+  const int lo_port = on_lo->port();
+  const int c = test::loopback_connect(lo_port);
+  CHECK(c >= 0);
+  if (c >= 0) close(c);
+  CHECK_FALSE(net::tcp_port::bind("no-such-interface", 0, {}, &err));
+  CHECK(err.find("no-such-interface:0: ") == 0);
+  CHECK(err.find("(neither a host address nor a network interface)") != std::string::npos);
 }
 
 TEST_CASE("tcp link: plain, a login needs only the pair's names, a sealed pair refuses it, and frames are checked", "[tcp_link]") {
