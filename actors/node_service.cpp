@@ -491,9 +491,7 @@ bool node_service::start(std::string* error) {
     po.on_refusal = [d](const std::string& why) {  // the bridge drops it once it has stopped
       d->br.post([d, why] { d->log_fault({net::fault::unauthorized, {}, "ring port: " + why}); });
     };
-    std::string host = ep.substr(6, ep.rfind(':') - 6);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);  // [::1]
-    if (!(d->ring_port = net::tcp_port::bind(host, d->opt.ring_port, po, error))) {
+    if (!(d->ring_port = net::tcp_port::bind(ep.substr(6, ep.rfind(':') - 6), d->opt.ring_port, po, error))) {
       *error = "the ring port " + *error;  // "the ring port 127.0.0.1:5602: address already in use"
       d->sys.reset();
       return false;

@@ -52,15 +52,13 @@ void bridge::impl::serve_listen_monitor() {
   listen_monitor->drain([this](uint16_t what, uint32_t value) {
     const int fd = int(value);
     if (what == ZMQ_EVENT_ACCEPTED || what == ZMQ_EVENT_DISCONNECTED) {
-      // An fd closed and reused before we saw its events: its old connection is gone.
+      // Gone; also when an fd closed and reused comes back before we saw its disconnect.
       if (auto it = connection_address.find(fd); it != connection_address.end()) {
         if (--per_address[it->second] <= 0) per_address.erase(it->second);
         connection_address.erase(it);
-        if (what == ZMQ_EVENT_ACCEPTED && open_connections > 0) --open_connections;
       }
     }
     if (what == ZMQ_EVENT_ACCEPTED) {
-      ++open_connections;
       sockaddr_storage a{};
       socklen_t len = sizeof a;
       char host[NI_MAXHOST] = "?";
@@ -69,7 +67,6 @@ void bridge::impl::serve_listen_monitor() {
       connection_address[fd] = host;
       ++per_address[host];
     }
-    if (what == ZMQ_EVENT_DISCONNECTED && open_connections > 0) --open_connections;
     if (what == ZMQ_EVENT_ACCEPT_FAILED) {
       ++accept_failures;
       report_overload(listener.endpoint + ": cannot accept a connection: " + zmq_strerror(int(value)) +
@@ -116,14 +113,14 @@ zap_handler::verdict bridge::impl::admit(const zap_handler::request& r) {
 }
 
 bool bridge::impl::within_limit(const std::string& address) {
-  if (opt.max_connections <= 0 || open_connections <= opt.max_connections) return true;
+  const int open = int(connection_address.size());
+  if (opt.max_connections <= 0 || open <= opt.max_connections) return true;
   const int share = std::max(1, opt.max_connections / 4);
   int counted = 0;
   for (const auto& [from, n] : per_address) counted += from == address ? n : std::min(n, share);
-  counted += open_connections - int(connection_address.size());  // any we could not place
   if (counted <= opt.max_connections) return true;
   ++overloaded_refusals;
-  report_overload(listener.endpoint + ": " + std::to_string(open_connections) + " connections, over the limit of " +
+  report_overload(listener.endpoint + ": " + std::to_string(open) + " connections, over the limit of " +
                   std::to_string(opt.max_connections) + ": refusing new clients");
   return false;
 }

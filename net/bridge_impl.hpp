@@ -129,9 +129,8 @@ struct bridge::impl {
   int monitors = 0;               // monitors made so far: each gets its own inproc name
   // The listener's monitor (with keys): connections open now, and failures to accept one.
   std::unique_ptr<socket_monitor> listen_monitor;
-  int open_connections = 0;
-  // Open connections by the address they come from (fd -> address, as the monitor names connections by
-  // their fd): one address may fill at most a quarter of max_connections for a client from elsewhere, so
+  // Open connections (fd -> the address it comes from, as the monitor names connections by their fd),
+  // and how many each address holds: one address may fill at most a quarter of max_connections for a client from elsewhere, so
   // a stranger on one host holding half-open handshakes cannot crowd the launchers out.
   std::map<int, std::string> connection_address;
   std::map<std::string, int> per_address;

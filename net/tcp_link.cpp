@@ -500,7 +500,9 @@ static std::string interface_address(const std::string& name) {
   return v4.empty() ? v6 : v4;
 }
 
-std::unique_ptr<tcp_port> tcp_port::bind(const std::string& host, int port, tcp_port_options o, std::string* error) {
+std::unique_ptr<tcp_port> tcp_port::bind(const std::string& endpoint_host, int port, tcp_port_options o, std::string* error) {
+  std::string host = endpoint_host;  // as in an endpoint: [::1] is ::1
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   auto d = std::make_unique<impl>();
   d->opt = std::move(o);
   // Strangers' waiting connections take at most an eighth of our file descriptors: the rest stay for

@@ -77,8 +77,8 @@ struct tcp_port_options {
 // The listening socket ring chunks from other hosts come to (a node's --ring-port).
 class tcp_port {
  public:
-  // Binds host:port ("*" or "0.0.0.0": every IPv4 address; port 0: an ephemeral one) and starts the
-  // thread that takes logins. nullptr with *error ("127.0.0.1:5602: address already in use").
+  // Binds host:port (host as in an endpoint: an address, [::1], a network interface such as eth0, or "*"
+  // for every IPv4 address; port 0: an ephemeral one) and starts the thread that takes logins. nullptr with *error ("127.0.0.1:5602: address already in use").
   static std::unique_ptr<tcp_port> bind(const std::string& host, int port, tcp_port_options o, std::string* error);
   ~tcp_port();  // stops taking logins; receivers still alive keep their connections
   tcp_port(const tcp_port&) = delete;

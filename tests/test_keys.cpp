@@ -63,6 +63,13 @@ struct collected {
   }
 };
 
+// A server listening on a free loopback port, what reaches it collected in `seen`.
+void listen_on_loopback(net::bridge& server, collected& seen) {
+  seen.attach(server);
+  std::string err;
+  REQUIRE(server.start("tcp://127.0.0.1:0", &err));
+}
+
 wire::header hello() {
   wire::header h;
   h.type = wire::msg_type::hello;
@@ -209,9 +216,8 @@ TEST_CASE("encrypted bridges: an accepted key talks and is named, a refused or w
   so.authorize = [&](const std::string& k) { return k == friend_keys.public_key; };
   net::bridge server(so);
   collected at_server;
-  at_server.attach(server);
+  listen_on_loopback(server, at_server);
   std::string err;
-  REQUIRE(server.start("tcp://127.0.0.1:0", &err));
 
   auto client = [](net::key_pair keys) {
     net::bridge_options o;
@@ -346,9 +352,8 @@ TEST_CASE("a bridge with a connection limit refuses clients over it at the hands
   so.authorize = [&](const std::string& k) { return k == client_keys.public_key; };
   net::bridge server(so);
   collected at_server;
-  at_server.attach(server);
+  listen_on_loopback(server, at_server);
   std::string err;
-  REQUIRE(server.start("tcp://127.0.0.1:0", &err));
   std::vector<std::unique_ptr<net::bridge>> clients;
   std::vector<std::unique_ptr<collected>> seen;
   for (int i = 0; i < 3; ++i) {
@@ -382,9 +387,8 @@ TEST_CASE("a stranger on one host who holds connections open does not crowd out 
   so.authorize = [&](const std::string& k) { return k == client_keys.public_key; };
   net::bridge server(so);
   collected at_server;
-  at_server.attach(server);
+  listen_on_loopback(server, at_server);
   std::string err;
-  REQUIRE(server.start("tcp://127.0.0.1:0", &err));
   const std::string ep = server.endpoint();
   const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
   // 8 connections from 127.0.0.2 that never say a word: twice the limit, each held until its handshake
