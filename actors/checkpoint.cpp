@@ -1,6 +1,7 @@
 #include "actors/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -117,14 +118,17 @@ std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> checkpoints_in(
   return out;
 }
 
-// After writing `kept` (epoch e, step s): removes every other checkpoint but the newest before it, and
-// temporary files a crash left.
-void prune(const std::string& dir, int64_t e, int64_t s) {
+// After writing the checkpoint of epoch e, step s: removes every other checkpoint but one before it, and
+// temporary files a crash left. The one kept is `keep` (a file name) when given: one known to read back
+// whole (the job's last, or the one it resumed from); else the newest before it, which may be a damaged
+// file a resume passed over.
+void prune(const std::string& dir, int64_t e, int64_t s, const std::string* keep) {
   bool older_kept = false;
   std::error_code ec;
   for (const auto& [at, path] : checkpoints_in(dir)) {
     if (at == std::make_pair(e, s)) continue;
-    if (at < std::make_pair(e, s) && !older_kept) {
+    const bool kept = keep ? fs::path(path).filename() == *keep : at < std::make_pair(e, s);
+    if (kept && !older_kept) {
       older_kept = true;
       continue;
     }
@@ -176,18 +180,19 @@ class meta_reader {
 };
 
 // "" when a checkpoint's metrics could be a job's: epochs in order, rates in [0, 1], losses and times not
-// negative, no more samples than the steps hold. (The checksum catches accidents, not a careful forger.)
+// negative (training losses finite), no more samples than the steps hold. (The checksum catches accidents, not a careful forger.)
 std::string progress_fault(const checkpoint& c) {
   const auto rate = [](double v) { return std::isnan(v) || (v >= 0 && v <= 1); };
-  const auto positive = [](double v) { return std::isnan(v) || v >= 0; };
+  const auto positive = [](double v) { return std::isnan(v) || v >= 0; };  // a validation loss (none: NaN)
+  const auto loss = [](double v) { return std::isfinite(v) && v >= 0; };    // training's: a job stops at NaN
   const int64_t per_epoch = c.steps_per_epoch * int64_t(c.global_batch);
   for (size_t i = 0; i < c.progress.history.size(); ++i) {
     const epoch_stats& e = c.progress.history[i];
-    if (e.epoch != int64_t(i) || !rate(e.accuracy) || !rate(e.val_accuracy) || !positive(e.loss) || !positive(e.val_loss) ||
+    if (e.epoch != int64_t(i) || !rate(e.accuracy) || !rate(e.val_accuracy) || !loss(e.loss) || !positive(e.val_loss) ||
         e.samples > per_epoch || !(e.seconds >= 0) || !(e.eval_seconds >= 0))
       return "epoch " + std::to_string(i + 1) + " of its history cannot be";
   }
-  if (c.progress.count > c.epoch_step() * int64_t(c.global_batch) || c.progress.correct > c.progress.count || !positive(c.progress.loss))
+  if (c.progress.count > c.epoch_step() * int64_t(c.global_batch) || c.progress.correct > c.progress.count || !loss(c.progress.loss))
     return "the open epoch's sums cannot be";
   return "";
 }
@@ -257,7 +262,7 @@ bool read_progress(const std::string& text, int64_t epochs, job_progress* p) {
 
 // write_checkpoint with c's progress and state given apart (the coordinator's, not copied into c).
 bool write_file(const std::string& dir, const model& m, const checkpoint& head, const job_progress& progress,
-                const network_state& state, std::string* path, std::string* error) {
+                const network_state& state, std::string* path, std::string* error, const std::string* keep) {
   checkpoint c;  // the settings and the step, without the buffers
   c.opt = head.opt;
   c.steps_per_epoch = head.steps_per_epoch;
@@ -300,7 +305,7 @@ bool write_file(const std::string& dir, const model& m, const checkpoint& head, 
   std::vector<std::pair<const void*, size_t>> pieces = {{len, 8}, {text.data(), text.size()}};
   for (size_t b = 0; b <= prefixes.size(); ++b) pieces.push_back({buffers[b]->data(), n * sizeof(float)});
   if (!write_whole(final_path, pieces, error)) return false;
-  prune(dir, c.epoch(), c.epoch_step());
+  prune(dir, c.epoch(), c.epoch_step(), keep);
   *path = final_path;
   return true;
 }
@@ -311,8 +316,9 @@ std::string checkpoint_name(int64_t epoch, int64_t step) {
   return "ckpt-" + std::to_string(epoch) + "-" + std::to_string(step) + ".safetensors";
 }
 
-bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& c, std::string* path, std::string* error) {
-  return write_file(dir, m, c, c.progress, c.state, path, error);
+bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& c, std::string* path, std::string* error,
+                      const std::string* keep) {
+  return write_file(dir, m, c, c.progress, c.state, path, error, keep);
 }
 
 namespace {
@@ -328,12 +334,12 @@ std::string model_mismatch(const checkpoint& c, const model& m) {
 }
 
 // read_checkpoint's work (which may run out of memory on a large file).
-bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error, const model* want,
-                bool* other_model);
+bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error,
+                const std::string* want, bool* other_model);
 }  // namespace
 
 bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error,
-                     const model* want, bool* other_model) {
+                     const std::string* want, bool* other_model) {
   bool other = false;
   bool ok = false;
   try {
@@ -342,12 +348,13 @@ bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpo
     *error = path + ": not enough memory to read it";
   }
   if (other_model) *other_model = other;
+  if (ok) out->file = path;
   return ok;
 }
 
 namespace {
-bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error, const model* want,
-                bool* other_model) {
+bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error,
+                const std::string* want, bool* other_model) {
   // O_NONBLOCK: a FIFO under a checkpoint's name must not hang us in open() (a file reads as ever).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return *error = path + ": cannot open: " + std::strerror(errno), false;
@@ -414,9 +421,14 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
   c.label = label->substr(0, 80);
   c.fingerprint = m->fingerprint();
   if (want) {  // before the data: a stranger's file is not read whole
+    // The job's model as it would train on this checkpoint's samples: a description that names its input
+    // builds as it is; one that does not ("784-64-10", "cnn") takes the input of the checkpoint's model.
+    auto job = model::build(*want, reg, &why);
+    if (!job) job = model::build(*want, reg, m->input(), &why);
+    if (!job) return *other_model = true, *error = "the checkpoint was made for model " + c.label + ", for whose samples this job's does not build: " + why, false;
     checkpoint model_only;
     model_only.model = c.model, model_only.label = c.label, model_only.fingerprint = c.fingerprint;
-    if (std::string why = model_mismatch(model_only, *want); !why.empty()) return *other_model = true, *error = why, false;
+    if (std::string why = model_mismatch(model_only, *job); !why.empty()) return *other_model = true, *error = why, false;
   }
 
   // The tensors must be exactly where a checkpoint of this model puts them.
@@ -477,7 +489,7 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 }
 
 bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkpoint* out, std::string* path,
-                       std::vector<std::string>* skipped, std::string* error, const model* want) {
+                       std::vector<std::string>* skipped, std::string* error, const std::string* want) {
   const auto all = checkpoints_in(dir);
   if (all.empty()) return *error = "no checkpoint (ckpt-E-S.safetensors) in " + dir, false;
   std::string other;  // the first made for another model
@@ -531,14 +543,27 @@ std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const 
   return "";
 }
 
-std::string check_checkpoint_dir(const std::string& dir, bool resuming) {
+std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::shared_ptr<const void>* lock) {
   if (dir.empty()) return "no folder given";
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
-    if (::mkdir(dir.c_str(), 0755) != 0) return "cannot create folder " + dir + ": " + std::strerror(errno);
-  } else if (!S_ISDIR(st.st_mode)) {
-    return dir + " is not a folder";
+  // Another launcher may make it at the same moment: then it is there.
+  if (::stat(dir.c_str(), &st) != 0 && (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST))
+    return "cannot create folder " + dir + ": " + std::strerror(errno);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return dir + " is not a folder";
+  // One job a folder: two would prune each other's checkpoints (and temporary files being written). The
+  // lock goes with the process (flock), so a crashed job leaves none behind.
+  const std::string lock_path = (fs::path(dir) / ".ringmaster-lock").string();
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (lock_fd < 0) return "cannot write in folder " + dir + ": " + lock_path + ": " + std::strerror(errno);
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    ::close(lock_fd);
+    return e == EWOULDBLOCK ? "another run is using folder " + dir + " (it holds " + lock_path + "): give each run a folder of its own"
+                            : "cannot lock " + lock_path + ": " + std::strerror(e);
   }
+  // Held until the job is done, or let go at once when only asked whether the folder would do.
+  std::shared_ptr<const void> held(nullptr, [lock_fd](const void*) { ::close(lock_fd); });
+  if (lock) *lock = held;
   // Permissions alone do not say it (root, a read-only mount): write a file there.
   const std::string probe = (fs::path(dir) / (".ringmaster-probe-" + std::to_string(::getpid()))).string();
   ::unlink(probe.c_str());
@@ -566,9 +591,13 @@ std::function<std::string(const job_progress&, const network_state&)> checkpoint
   head.train_samples = train_samples;
   head.steps_per_epoch = steps_per_epoch;
   head.epochs = cfg.epochs;
-  return [head, m, last, dir = cfg.checkpoint_dir, told = cfg.on_checkpoint](const job_progress& p, const network_state& s) {
+  // The older checkpoint kept beside each new one: the one written before, or the one resumed from (a
+  // newer file that resume passed over as damaged must not outlive it).
+  std::string good = cfg.resume ? fs::path(cfg.resume->file).filename().string() : std::string();
+  return [head, m, last, good, dir = cfg.checkpoint_dir, told = cfg.on_checkpoint](const job_progress& p, const network_state& s) mutable {
     std::string path, error;
-    if (!write_file(dir, *m, head, p, s, &path, &error)) return error;
+    if (!write_file(dir, *m, head, p, s, &path, &error, &good)) return error;
+    good = fs::path(path).filename().string();
     *last = path;
     if (told) told(path);
     return std::string();

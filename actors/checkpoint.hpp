@@ -41,6 +41,7 @@ struct checkpoint {
   int64_t train_samples = 0, steps_per_epoch = 0, epochs = 0;
   job_progress progress;  // progress.step: steps done, equal to state.steps
   network_state state;    // rank 0's, after progress.step steps
+  std::string file;       // where it was read from (read_checkpoint), else ""
 
   int64_t epoch() const { return steps_per_epoch > 0 ? progress.step / steps_per_epoch : 0; }  // epochs done
   int64_t epoch_step() const { return steps_per_epoch > 0 ? progress.step % steps_per_epoch : 0; }
@@ -50,15 +51,18 @@ struct checkpoint {
 std::string checkpoint_name(int64_t epoch, int64_t step);
 
 // Writes c (for model m) into dir as above; *path is the file written. False with *error (the folder's
-// older checkpoints are then untouched).
-bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& c, std::string* path, std::string* error);
+// older checkpoints are then untouched). The older one kept is `keep` (a file name in dir: one known to be
+// good) when given, else the newest before c.
+bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& c, std::string* path, std::string* error,
+                      const std::string* keep = nullptr);
 
 // Reads one checkpoint and checks everything: its format, every field, the checksum, and that its tensors
 // fit the model its description builds with `reg`. False with *error naming the file and the problem.
-// With `want` (the job's model), one made for another model is refused before its data is read (a large
-// file of a stranger's must not make us read it all), and *other_model, if given, says so.
+// With `want` (the job's model description, as given: one that does not name its input is built for the
+// checkpoint model's), one made for another model is refused before its data is read (a large file of a
+// stranger's must not make us read it all), and *other_model, if given, says so.
 bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error,
-                     const model* want = nullptr, bool* other_model = nullptr);
+                     const std::string* want = nullptr, bool* other_model = nullptr);
 
 // The checkpoint files in dir (by name), newest first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
@@ -68,7 +72,7 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // none, or none reads; with `want` (as read_checkpoint), *error then says why the first one made for
 // another model is not this job's ("the checkpoint was made for model 784-32-10, this job's is 784-16-10").
 bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkpoint* out, std::string* path,
-                       std::vector<std::string>* skipped, std::string* error, const model* want = nullptr);
+                       std::vector<std::string>* skipped, std::string* error, const std::string* want = nullptr);
 
 // Whether a job of cfg, with model m and train_samples training samples, continues the job that wrote c:
 // "" or why not ("the checkpoint was made with optimizer adam, this job uses sgd"). m null and
@@ -84,8 +88,9 @@ train_result finished_run(const checkpoint& c);
 
 // Whether dir can take checkpoints, before any training: it is created if missing (its parent must
 // exist), and a probe file is written and removed there. Unless `resuming`, it must hold no checkpoint:
-// a new job would prune another's. "" or why not.
-std::string check_checkpoint_dir(const std::string& dir, bool resuming);
+// a new job would prune another's. No other process may be using it (DIR/.ringmaster-lock, flock):
+// with `lock`, the folder stays this job's while *lock lives. "" or why not.
+std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::shared_ptr<const void>* lock = nullptr);
 
 // The coordinator's on_checkpoint for a job of cfg over model m: writes each checkpoint into
 // cfg.checkpoint_dir, keeps its path in *last and tells cfg.on_checkpoint.

@@ -37,9 +37,8 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     failed.invalid = true;
     return failed;
   }
-  // Trained to its end already: no node needs to be asked (the model was checked as it was read).
-  if (cfg.resume && trained_to_end(*cfg.resume, cfg)) return finished_run(*cfg.resume);
-  if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume != nullptr)).empty()) {
+  std::shared_ptr<const void> dir_lock;  // the checkpoint folder is this job's until it returns
+  if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume != nullptr, &dir_lock)).empty()) {
     failed.error = "checkpoints: " + failed.error;
     failed.invalid = true;
     return failed;
@@ -252,6 +251,12 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
       L.abort_all("the job cannot resume or checkpoint");
       return failed;
     }
+  }
+  // Trained to its end already: its results are the checkpoint's. Only now, once the nodes have shown
+  // that it is this job's (the model they built, their data), not before any node is asked.
+  if (cfg.resume && trained_to_end(*cfg.resume, cfg)) {
+    L.abort_all("the job had trained to its end");
+    return finished_run(*cfg.resume);
   }
   // What a node that comes back must say too, and what its plan starts from (actors/launcher.hpp).
   L.state_buffers = cfg.opt.kind == optimizer_config::adam ? 3 : 2;

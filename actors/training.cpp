@@ -189,7 +189,8 @@ train_result train(const train_config& cfg) {
   if (cfg.resume && !(failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(cfg.train->count))).empty())
     return failed;
   if (cfg.resume && trained_to_end(*cfg.resume, cfg)) return finished_run(*cfg.resume);
-  if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume != nullptr)).empty()) {
+  std::shared_ptr<const void> dir_lock;  // the checkpoint folder is this job's until it returns
+  if (!cfg.checkpoint_dir.empty() && !(failed.error = check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume != nullptr, &dir_lock)).empty()) {
     failed.error = "checkpoints: " + failed.error;
     return failed;
   }

@@ -64,6 +64,10 @@ std::string check_writable(const std::string& path) {
   struct stat st {};
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return "cannot write " + path + ": no folder " + dir;
   if (access(dir.c_str(), W_OK | X_OK) != 0) return "cannot write " + path + ": folder " + dir + " is not writable";
+  // (The file is written under a temporary name that fits whenever its own name does.)
+  const long name_max = pathconf(dir.c_str(), _PC_NAME_MAX);
+  if (name_max > 0 && path.size() - (slash == std::string::npos ? 0 : slash + 1) > size_t(name_max))
+    return "cannot write " + path + ": its name is longer than the " + std::to_string(name_max) + " bytes folder " + dir + " allows";
   if (stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) return "cannot write " + path + ": it is a folder";
     if (access(path.c_str(), W_OK) != 0) return "cannot write " + path + ": the file is not writable";
@@ -205,6 +209,9 @@ bool model_text(std::string* model, std::string* error) {
 }
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, which is reported and leaves the old
+  // file, rather than kill us with no word and a temporary file left behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   options o;
   train_config& c = o.cfg;
   po::options_description desc(
@@ -323,8 +330,10 @@ int main(int argc, char** argv) {
       if (!path.empty() && where(path).parent_path() == where(o.checkpoint_dir) && where(path).filename().string().rfind("ckpt-", 0) == 0)
         return usage_error(std::string(flag) + " " + path + " is a checkpoint's name in --checkpoint-dir " + o.checkpoint_dir +
                            " (such files are the job's: overwritten, or removed as old checkpoints): name it otherwise");
-  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
-    if (std::string why = check_writable(path); !why.empty()) return usage_error(std::string(flag) + ": " + why);
+  if (!o.checkpoint_dir.empty())
+    for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
+      if (!path.empty() && where(path) == where(o.checkpoint_dir))
+        return usage_error(std::string(flag) + " " + path + " names the --checkpoint-dir folder: give it a file of its own");
   if (o.checkpoint_dir.empty() && (vm.count("checkpoint-every") || o.resume || vm.count("crash-after-checkpoint")))
     return usage_error(std::string(o.resume ? "--resume" : vm.count("checkpoint-every") ? "--checkpoint-every" : "--crash-after-checkpoint") +
                        " needs --checkpoint-dir");
@@ -341,6 +350,9 @@ int main(int argc, char** argv) {
       if (++written == o.crash_after) std::raise(SIGKILL);  // no cleanup, no flush: as a crash would
     };
   }
+  // After the checkpoint folder is made: an output may go into it.
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
+    if (std::string why = check_writable(path); !why.empty()) return usage_error(std::string(flag) + ": " + why);
   if (!nodes.empty()) {
     const int n = int(nodes.size()) * o.replicas_per_node;
     if (!vm["replicas"].defaulted() && c.replicas != n)
@@ -383,11 +395,9 @@ int main(int argc, char** argv) {
     checkpoint ck;
     std::string path, why;
     std::vector<std::string> skipped;
-    // The job's model, so that a checkpoint of another is refused before its data is read; a description
-    // that does not build without the data's shape is checked once the data is loaded instead.
-    std::string unused;
-    const auto want = model::build(c.model, layer_registry::with_builtins(), &unused);
-    const bool found = latest_checkpoint(o.checkpoint_dir, layer_registry::with_builtins(), &ck, &path, &skipped, &why, want.get());
+    // The job's model, so that a checkpoint of another is passed over before its data is read (and one
+    // trained to its end is not taken for this job's: its results would be written as they are).
+    const bool found = latest_checkpoint(o.checkpoint_dir, layer_registry::with_builtins(), &ck, &path, &skipped, &why, &c.model);
     for (const std::string& s : skipped) std::fprintf(stderr, "ringmaster-mnist: skipping a checkpoint: %s\n", s.c_str());
     if (!found) return usage_error("--resume: " + why);
     std::printf("Resuming from %s: %lld epoch%s and %lld of %lld steps done\n", path.c_str(), (long long)ck.epoch(),

@@ -65,7 +65,10 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
   std::random_device rd;
   char tag[32];
   std::snprintf(tag, sizeof tag, ".%d-%08x.tmp", int(::getpid()), unsigned(rd()));
-  const std::string tmp = path + tag;
+  // In path's folder, and no longer a name than path's own (cut to fit, leaving room for the tag).
+  const size_t slash = path.rfind('/'), base = slash == std::string::npos ? 0 : slash + 1;
+  const size_t name_max = 255, keep = std::min(path.size() - base, name_max - std::strlen(tag));
+  const std::string tmp = path.substr(0, base + keep) + tag;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return *error = tmp + ": cannot create: " + std::strerror(errno), false;
   bool ok = write_pieces(fd, pieces, &saved);
@@ -81,7 +84,6 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
     return false;
   }
   // The rename itself is durable once the folder is.
-  const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
     ::fsync(dfd);

@@ -40,10 +40,11 @@ std::string fresh_dir(const std::string& name) {
   return dir;
 }
 
-// The file names in a folder, sorted.
+// The file names in a folder, sorted, but for the lock a job takes on it (.ringmaster-lock).
 std::set<std::string> names(const std::string& dir) {
   std::set<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename() != ".ringmaster-lock") out.insert(e.path().filename().string());
   return out;
 }
 
@@ -128,6 +129,18 @@ TEST_CASE("checkpoint: one whose checksum holds but whose state holds NaN is ref
   checkpoint back;
   CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
   CHECK(error == path + ": its parameters hold NaN or infinite values (not written by training)");
+  // A training loss that is NaN: a job stops there, so it never wrote one (resumed, it would stop at
+  // once, blaming the learning rate).
+  c = sample(*m, optimizer_config::adam, 23);
+  c.progress.loss = NAN;
+  REQUIRE(write_checkpoint(dir, *m, c, &path, &error));
+  CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+  CHECK(error == path + ": the open epoch's sums cannot be (damaged?)");
+  c = sample(*m, optimizer_config::adam, 23);
+  c.progress.history[1].loss = INFINITY;
+  REQUIRE(write_checkpoint(dir, *m, c, &path, &error));
+  CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+  CHECK(error == path + ": epoch 2 of its history cannot be (damaged?)");
 }
 
 TEST_CASE("checkpoint: a file reads back exactly, opens as weights, and any damaged byte is noticed", "[checkpoint]") {
@@ -458,6 +471,16 @@ TEST_CASE("checkpoint: --resume skips a damaged newest checkpoint for the one be
   CHECK(resumed.out.find("Resuming from " + dir + "/ckpt-0-10.safetensors") != std::string::npos);
   CHECK(fnv(resumed.out) == fnv(full.out));
 
+  // The damaged file it passed over is not what it keeps beside its next checkpoint: the one it resumed
+  // from is (once, a second damaged file left it nothing to resume from).
+  const std::string kept = fresh_dir("damaged-kept");
+  CHECK(killed(mnist(job + " --checkpoint-dir " + kept + " --checkpoint-every 5 --crash-after-checkpoint 3")));
+  bytes = slurp(kept + "/ckpt-0-15.safetensors");
+  bytes[bytes.size() - 1000] ^= 0x40;
+  write_bytes(kept + "/ckpt-0-15.safetensors", bytes);
+  CHECK(killed(mnist(job + " --checkpoint-dir " + kept + " --checkpoint-every 16 --resume --crash-after-checkpoint 1")));
+  CHECK(names(kept) == std::set<std::string>{"ckpt-0-10.safetensors", "ckpt-1-0.safetensors"});
+
   // Nothing readable: exit 2, and no training.
   for (const auto& f : names(dir)) write_bytes(dir + "/" + f, "not a checkpoint");
   const run_result none = mnist(job + " --checkpoint-dir " + dir + " --resume");
@@ -486,6 +509,11 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
        "--save " + empty + "/ckpt-1-0.safetensors is a checkpoint's name in --checkpoint-dir"},
       {"--checkpoint-dir " + empty + "/new/ --save " + empty + "/new/ckpt-9-0.safetensors", "is a checkpoint's name in --checkpoint-dir " + empty + "/new"},
       {"--checkpoint-dir " + empty + "/ --report-json " + empty + "/./ckpt-2-0.safetensors.tmp", "--report-json " + empty + "/./ckpt-2-0.safetensors.tmp is a checkpoint's name"},
+      // The folder itself, made only as the run starts: once found as "Is a directory" after training.
+      {"--checkpoint-dir " + empty + "/made --save " + empty + "/made/", "--save " + empty + "/made/ names the --checkpoint-dir folder"},
+      {"--checkpoint-dir " + empty + "/made2 --report-json " + empty + "/made2", "names the --checkpoint-dir folder"},
+      // A name longer than the folder allows: once found only after training, as its temporary file's.
+      {"--save " + empty + "/" + std::string(256, 'w'), "its name is longer than the 255 bytes folder " + empty + " allows"},
   };
   for (const bad& b : cases) {
     const run_result r = mnist("--epochs 1 --limit-train 256 --limit-test 64 " + b.args);
@@ -494,6 +522,41 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
     CHECK(r.out.find(b.says) != std::string::npos);
     CHECK(r.out.find("Epoch") == std::string::npos);  // nothing trained
   }
+}
+
+TEST_CASE("checkpoint: one run a folder; outputs go into a folder made for checkpoints, under long names, and fail "
+          "with a message under a file-size limit", "[checkpoint][launcher]") {
+  const std::string dir = fresh_dir("locked");
+  const std::string job = "--epochs 1 --batch 64 --model 784-16-10 --limit-train 256 --limit-test 64 -q";
+  {
+    // Another run holds the folder (as this test process now does): two would prune each other's files.
+    std::shared_ptr<const void> lock;
+    REQUIRE(check_checkpoint_dir(dir, false, &lock).empty());
+    const run_result r = mnist(job + " --checkpoint-dir " + dir);
+    INFO(r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find("--checkpoint-dir: another run is using folder " + dir) != std::string::npos);
+    CHECK(names(dir).empty());
+  }
+  // Let go (as a run that ends, or dies, lets go): the folder takes a run again, and an output in it.
+  run_result r = mnist(job + " --checkpoint-dir " + dir + "/new --save " + dir + "/new/w.st");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(names(dir + "/new") == std::set<std::string>{"ckpt-1-0.safetensors", "w.st"});
+  // A name of 255 bytes, the most a folder takes: its temporary file's name is cut to fit.
+  const std::string longest = dir + "/" + std::string(252, 'w') + ".st";
+  r = mnist(job + " --save " + longest);
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(fs::file_size(longest) > 0);
+  // Over a file-size limit (ulimit -f): a write that fails with a message, not a signal, and leaves
+  // neither a temporary file nor a file that is not whole.
+  fs::remove(longest);
+  r = test::run("ulimit -f 16; " + std::string(RINGMASTER_MNIST_BIN) + " " + job + " --save " + dir + "/big.st");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("write failed: File too large") != std::string::npos);
+  CHECK(names(dir) == std::set<std::string>{"new"});
 }
 
 TEST_CASE("checkpoint: --resume refuses another model with exit 2, and a finished run goes on with more epochs",
@@ -568,17 +631,18 @@ TEST_CASE("checkpoint: one made for another model is refused before its data is 
   std::string error;
   bool other = false;
   REQUIRE(read_checkpoint(path, layer_registry::with_builtins(), &c, &error));
-  const auto mine = model::build(c.model, layer_registry::with_builtins(), &error);  // its description names its input
-  REQUIRE(mine);
-  const auto theirs = build_model("784-16-10", mine->input(), &error);
-  REQUIRE(theirs);
+  // The job's model as the user gives it: a description that names its input, or one built for the
+  // checkpoint's samples.
+  const std::string mine = c.model, mine_short = "784-32-10", theirs = "784-16-10";
   // Cut off in its data: read for its own model that is damage, read for another model it is a stranger
   // (its data never looked at).
   fs::resize_file(path, fs::file_size(path) - 100);
-  CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &c, &error, mine.get(), &other));
-  CHECK_FALSE(other);
-  CHECK(error.find("(truncated?)") != std::string::npos);
-  CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &c, &error, theirs.get(), &other));
+  for (const std::string* job : {&mine, &mine_short}) {
+    CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &c, &error, job, &other));
+    CHECK_FALSE(other);
+    CHECK(error.find("(truncated?)") != std::string::npos);
+  }
+  CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &c, &error, &theirs, &other));
   CHECK(other);
   CHECK(error == "the checkpoint was made for model 784-32-10, this job's is 784-16-10");
 }
@@ -587,6 +651,7 @@ TEST_CASE("checkpoint: the newest made for another model is passed over for an o
   // As a damaged description that still builds would read: latest_checkpoint goes on to older files,
   // and says why it passed that one over.
   const auto mine = mlp("784-16-10"), theirs = mlp("784-8-10");
+  const std::string mine_text = "784-16-10";
   const std::string dir = fresh_dir("mixed");
   checkpoint a = sample(*mine, optimizer_config::adam, 23), b = sample(*theirs, optimizer_config::adam, 23);
   b.progress.step = a.progress.step + 1, b.state.steps = b.progress.step;  // one step later: the newest
@@ -597,14 +662,14 @@ TEST_CASE("checkpoint: the newest made for another model is passed over for an o
   REQUIRE(path != ours);
   checkpoint c;
   std::vector<std::string> skipped;
-  REQUIRE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, mine.get()));
+  REQUIRE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, &mine_text));
   CHECK(path == ours);
   REQUIRE(skipped.size() == 1);
   CHECK(skipped[0].find("the checkpoint was made for model 784-8-10, this job's is 784-16-10") != std::string::npos);
   // Only the other model's: the error says so.
   fs::remove(ours);
   skipped.clear();
-  CHECK_FALSE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, mine.get()));
+  CHECK_FALSE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, &mine_text));
   CHECK(error == "the checkpoint was made for model 784-8-10, this job's is 784-16-10");
 }
 
@@ -676,6 +741,19 @@ TEST_CASE("checkpoint: a 2-node run killed after a checkpoint resumes on other d
   CHECK(fnv(r.out) == fnv(full.out));
   CHECK(fnv(r.out).size() == 16);
   CHECK(names(dir) == std::set<std::string>{"ckpt-1-12.safetensors", "ckpt-2-0.safetensors"});  // after steps 28, 32
+  // Its last checkpoint is a finished run's: a job of another model or data does not take it as its own
+  // (it once wrote that run's weights as its results).
+  r = mnist(nodes + " --epochs 2 --batch 64 --model 784-32-10 --limit-train 1024 --limit-test 256 -q --checkpoint-dir " + dir +
+            " --resume --save " + dir + "/w");
+  INFO(r.out);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("the checkpoint was made for model 784-64-10, this job's is 784-32-10") != std::string::npos);
+  r = mnist(nodes + " --epochs 2 --batch 64 --model 784-64-10 --limit-train 512 --limit-test 256 -q --checkpoint-dir " + dir +
+            " --resume --save " + dir + "/w");
+  INFO(r.out);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("512 training samples") != std::string::npos);  // the nodes refuse its plan
+  CHECK(!fs::exists(dir + "/w"));
   for (auto& d : first) d->stop(SIGTERM);
   for (auto& d : second) d->stop(SIGTERM);
 }
