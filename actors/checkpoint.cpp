@@ -156,7 +156,8 @@ class meta_reader {
     return &it->get_ref<const std::string&>();
   }
   template <class T>
-  meta_reader& number(const char* key, T* out, T lo, T hi) {
+  meta_reader& number(const char* key, T* out, T lo, T hi, bool optional = false) {
+    if (optional && ok_ && !meta_.contains(key)) return *this;
     const std::string* t = text(key);
     if (!t) return *this;
     T v{};
@@ -280,7 +281,8 @@ bool write_file(const std::string& dir, const model& m, const checkpoint& head, 
       {"beta1", exact(c.opt.beta1)}, {"beta2", exact(c.opt.beta2)}, {"eps", exact(c.opt.eps)},
       {"momentum", exact(c.opt.momentum)}, {"seed", std::to_string(head.seed)},
       {"global_batch", std::to_string(head.global_batch)}, {"replicas", std::to_string(head.replicas)},
-      {"train_samples", std::to_string(head.train_samples)}, {"steps_per_epoch", std::to_string(c.steps_per_epoch)},
+      {"train_samples", std::to_string(head.train_samples)}, {"train_data", std::to_string(head.train_data)},
+      {"steps_per_epoch", std::to_string(c.steps_per_epoch)},
       {"epochs", std::to_string(head.epochs)}, {"step", std::to_string(c.progress.step)},
       {"epoch", std::to_string(c.epoch())}, {"epoch_step", std::to_string(c.epoch_step())},
       {"progress", progress_json(progress).dump()}};
@@ -400,6 +402,7 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
   const std::string *model_text = rd.text("model"), *kind = rd.text("optimizer"), *fingerprint = rd.text("model_fingerprint");
   rd.number("seed", &c.seed, uint64_t(0), UINT64_MAX).number("global_batch", &c.global_batch, 1, 1 << 24);
   rd.number("replicas", &c.replicas, 1, 1 << 20).number("train_samples", &c.train_samples, int64_t(1), int64_t(1) << 40);
+  rd.number("train_data", &c.train_data, uint32_t(0), UINT32_MAX, /*optional=*/true);  // files before 2026-12-04 lack it
   // Bounded so that steps_per_epoch * epochs cannot overflow (2^40 samples, 2^20 epochs: a job plan's limit).
   rd.number("steps_per_epoch", &c.steps_per_epoch, int64_t(1), int64_t(1) << 40).number("epochs", &c.epochs, int64_t(1), int64_t(1) << 20);
   rd.number("step", &c.progress.step, int64_t(1), INT64_MAX);
@@ -516,7 +519,8 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
   return false;
 }
 
-std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples) {
+std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples,
+                            uint32_t train_data) {
   const std::string made = "the checkpoint was made ";
   if (m)
     if (std::string why = model_mismatch(c, *m); !why.empty()) return why;
@@ -536,6 +540,9 @@ std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const 
   if (train_samples >= 0 && c.train_samples != train_samples)
     return made + "on " + std::to_string(c.train_samples) + " training samples, this job has " + std::to_string(train_samples) +
            " (another --limit-train or data set?)";
+  if (train_data && c.train_data && c.train_data != train_data)
+    return made + "on other training data: " + std::to_string(c.train_samples) + " samples as this job's, but not the same " +
+           "(another data set, or a copy that differs)";
   const int64_t total = c.steps_per_epoch * cfg.epochs;
   if (c.progress.step > total)  // equal: the job had trained to its end (finished_run)
     return made + "after epoch " + std::to_string(c.epoch()) + (c.epoch_step() ? ", step " + std::to_string(c.epoch_step()) : "") +
@@ -579,8 +586,8 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
 }
 
 std::function<std::string(const job_progress&, const network_state&)> checkpoint_writer(
-    const train_config& cfg, std::shared_ptr<const model> m, int64_t train_samples, int64_t steps_per_epoch,
-    std::shared_ptr<std::string> last) {
+    const train_config& cfg, std::shared_ptr<const model> m, int64_t train_samples, uint32_t train_data,
+    int64_t steps_per_epoch, std::shared_ptr<std::string> last) {
   checkpoint head;  // everything but progress and state
   head.model = m->description();
   head.fingerprint = m->fingerprint();
@@ -589,6 +596,7 @@ std::function<std::string(const job_progress&, const network_state&)> checkpoint
   head.global_batch = cfg.global_batch;
   head.replicas = cfg.replicas;
   head.train_samples = train_samples;
+  head.train_data = train_data;
   head.steps_per_epoch = steps_per_epoch;
   head.epochs = cfg.epochs;
   // The older checkpoint kept beside each new one: the one written before, or the one resumed from (a
@@ -605,8 +613,8 @@ std::function<std::string(const job_progress&, const network_state&)> checkpoint
 }
 
 coordinator_config job_coordinator_config(const train_config& cfg, std::shared_ptr<const model> m, int replicas,
-                                          bool evaluate, int64_t train_samples, int64_t steps_per_epoch,
-                                          std::shared_ptr<std::string> last) {
+                                          bool evaluate, int64_t train_samples, uint32_t train_data,
+                                          int64_t steps_per_epoch, std::shared_ptr<std::string> last) {
   coordinator_config cc;
   cc.replicas = replicas;
   cc.global_batch = cfg.global_batch;
@@ -616,7 +624,7 @@ coordinator_config job_coordinator_config(const train_config& cfg, std::shared_p
   cc.on_progress = cfg.on_progress;
   if (cfg.resume) cc.start = cfg.resume->progress;
   cc.checkpoint_every = cfg.checkpoint_every;
-  if (!cfg.checkpoint_dir.empty()) cc.on_checkpoint = checkpoint_writer(cfg, m, train_samples, steps_per_epoch, last);
+  if (!cfg.checkpoint_dir.empty()) cc.on_checkpoint = checkpoint_writer(cfg, m, train_samples, train_data, steps_per_epoch, last);
   return cc;
 }
 

@@ -39,6 +39,7 @@ struct checkpoint {
   int global_batch = 0;
   int replicas = 0;  // of the job that wrote it (a job with another count may resume, up to rounding)
   int64_t train_samples = 0, steps_per_epoch = 0, epochs = 0;
+  uint32_t train_data = 0;  // data_fingerprint() of the training samples; 0: not recorded (older files)
   job_progress progress;  // progress.step: steps done, equal to state.steps
   network_state state;    // rank 0's, after progress.step steps
   std::string file;       // where it was read from (read_checkpoint), else ""
@@ -74,11 +75,13 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkpoint* out, std::string* path,
                        std::vector<std::string>* skipped, std::string* error, const std::string* want = nullptr);
 
-// Whether a job of cfg, with model m and train_samples training samples, continues the job that wrote c:
-// "" or why not ("the checkpoint was made with optimizer adam, this job uses sgd"). m null and
-// train_samples -1: what can be checked before they are known (a launcher before its nodes answer). The
-// replica count may differ (the weights then equal an uninterrupted job's only up to rounding).
-std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples);
+// Whether a job of cfg, with model m and train_samples training samples whose data_fingerprint() is
+// train_data, continues the job that wrote c: "" or why not ("the checkpoint was made with optimizer adam,
+// this job uses sgd"). m null, train_samples -1 and train_data 0: what can be checked before they are known
+// (a launcher before its nodes answer). The replica count may differ (the weights then equal an
+// uninterrupted job's only up to rounding).
+std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples,
+                            uint32_t train_data = 0);
 
 // Whether c is the checkpoint after the last step of a job of cfg: it trained to its end, and was
 // stopped before its results were written (a crash between the last checkpoint and --save). A resume then
@@ -95,15 +98,15 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
 // The coordinator's on_checkpoint for a job of cfg over model m: writes each checkpoint into
 // cfg.checkpoint_dir, keeps its path in *last and tells cfg.on_checkpoint.
 std::function<std::string(const job_progress&, const network_state&)> checkpoint_writer(
-    const train_config& cfg, std::shared_ptr<const model> m, int64_t train_samples, int64_t steps_per_epoch,
-    std::shared_ptr<std::string> last);
+    const train_config& cfg, std::shared_ptr<const model> m, int64_t train_samples, uint32_t train_data,
+    int64_t steps_per_epoch, std::shared_ptr<std::string> last);
 
 // The coordinator's settings for a job of cfg over model m, local or on nodes alike: its size and steps,
 // progress, where a resumed job starts, and checkpoints written by checkpoint_writer (*last: the path of
 // the last one).
 coordinator_config job_coordinator_config(const train_config& cfg, std::shared_ptr<const model> m, int replicas,
-                                          bool evaluate, int64_t train_samples, int64_t steps_per_epoch,
-                                          std::shared_ptr<std::string> last);
+                                          bool evaluate, int64_t train_samples, uint32_t train_data,
+                                          int64_t steps_per_epoch, std::shared_ptr<std::string> last);
 
 // A state as it travels, one checkpoint message a buffer (net/wire.hpp): one buffer of a state after
 // `h.step` steps into *into (a fresh state for segment 0; one out of order, of another step or of the

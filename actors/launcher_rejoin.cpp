@@ -65,11 +65,12 @@ void launcher::on_back(int node, wire::kv_map& kv) {
 void launcher::on_join_ack(wire::kv_map& kv) {
   if (joins != join_step::setting_up) return;
   join_setup[size_t(joining.load())] = std::chrono::duration<double>(clock_type::now() - join_since).count();
-  if (kv["train"] != train_count || kv["model"] != model_layout || kv["params"] != std::to_string(param_count)) {
+  if (kv["train"] != train_count || kv["train_data"] != train_data || kv["model"] != model_layout || kv["params"] != std::to_string(param_count)) {
     join_failures[size_t(joining.load())] = kJoinTries;
-    return give_up_join("it has " + node_text(kv["train"].substr(0, 12)) + " training samples and model layout " +
-                        node_text(kv["model"].substr(0, 24)) + " (" + node_text(kv["params"].substr(0, 12)) + " parameters), the job " +
-                        train_count + " and " + model_layout + " (" + std::to_string(param_count) + ")");
+    return give_up_join("it has " + node_text(kv["train"].substr(0, 12)) + " training samples (data fingerprint " +
+                        node_text(kv["train_data"].substr(0, 12)) + ") and model layout " + node_text(kv["model"].substr(0, 24)) + " (" +
+                        node_text(kv["params"].substr(0, 12)) + " parameters), the job " + train_count + " (" + train_data + ") and " +
+                        model_layout + " (" + std::to_string(param_count) + ")");
   }
   if (seen_step + std::max<int64_t>(2, int64_t(step_rate * 0.2)) >= join_at)
     return give_up_join("it was ready only as the job reached step " + std::to_string(join_at), true);

@@ -124,7 +124,9 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
     return false;
   }
   const int64_t steps = int64_t(steps_per_epoch(train->count, size_t(plan_.global_batch))) * plan_.epochs;
-  if (plan_.first_step >= steps) {
+  // Equal: a job resumed from its last step's checkpoint, which its launcher checks against our model and
+  // data (our job_ack) and then ends, writing its results from that checkpoint. No rank runs before it says.
+  if (plan_.first_step > steps) {
     *error = "job plan: 'first_step' is " + std::to_string(plan_.first_step) + ", but the job has " + std::to_string(steps) +
              " steps on this node's " + std::to_string(train->count) + " training samples";
     *invalid = true;
@@ -158,6 +160,7 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
   ctx_.log("job " + std::to_string(plan_.job_id) + " started: model " + m->label() + ", ranks " + ranks + " of " +
            std::to_string(plan_.replicas()) + ", " + std::to_string(cfg.train->count) + " training samples");
   *ack = {{"train", std::to_string(cfg.train->count)},
+          {"train_data", std::to_string(data_fingerprint(*cfg.train))},  // the same samples on every node?
           {"test", std::to_string(cfg.test ? cfg.test->count : 0)},
           {"model", std::to_string(m->fingerprint())},
           {"params", std::to_string(m->param_count())},

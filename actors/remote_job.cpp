@@ -189,6 +189,15 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
       L.abort_all("nodes disagree on the data");
       return failed;
     }
+    // Each node reads its own copy: one that differs would train the job on a mix (and no longer equal
+    // the job in one process).
+    if (replies[i]["train_data"] != replies[0]["train_data"]) {
+      failed.error = "nodes disagree on the data: " + ro.nodes[0] + " and " + ro.nodes[i] + " have " + train_count.substr(0, 20) +
+                     " training samples each, but not the same ones (data fingerprints " + replies[0]["train_data"].substr(0, 12) +
+                     " and " + replies[i]["train_data"].substr(0, 12) + "): give every node the same copy";
+      L.abort_all("nodes disagree on the data");
+      return failed;
+    }
     // Every node built the description into the same layout (same layer code, same data shape).
     if (replies[i]["model"] != replies[0]["model"] || replies[i]["params"] != replies[0]["params"]) {
       auto built = [&](size_t k) { return replies[k]["model"].substr(0, 24) + " (" + replies[k]["params"].substr(0, 20) + " parameters)"; };
@@ -226,6 +235,13 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     return failed;
   }
   const int64_t steps = int64_t(steps_per_epoch(samples, cfg.global_batch));
+  // The nodes' data fingerprint (data_fingerprint(), all equal): a node's word, read without trusting it
+  // (0, not known, when it makes no sense: a node of an older version).
+  uint32_t train_data = 0;
+  if (const std::string& t = replies[0]["train_data"]; !t.empty()) {
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), train_data);
+    if (ec != std::errc() || end != t.data() + t.size()) train_data = 0;
+  }
   if (steps == 0) {
     failed.error = "global batch is larger than the nodes' " + train_count + " training samples";
     L.abort_all("batch too large");
@@ -243,7 +259,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     std::string ignored;
     if (auto named = m ? model::build(cfg.model, reg, m->input(), &ignored) : nullptr; named && named->description() == m->description())
       m = named;
-    if (m && cfg.resume) failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(samples));
+    if (m && cfg.resume) failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(samples), train_data);
     if (m && failed.error.empty() && m->param_count() != L.param_count)
       failed.error = "the nodes built " + params + " parameters, this launcher " + std::to_string(m->param_count());
     if (!failed.error.empty()) {
@@ -261,6 +277,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   // What a node that comes back must say too, and what its plan starts from (actors/launcher.hpp).
   L.state_buffers = cfg.opt.kind == optimizer_config::adam ? 3 : 2;
   L.train_count = train_count;
+  L.train_data = replies[0]["train_data"];
   L.model_layout = replies[0]["model"];
   L.steps_per_epoch = steps;
   L.total_steps = steps * cfg.epochs;
@@ -281,7 +298,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   }
   all.replicas = all.loaders = all.reducers = L.proxies;
   auto last = std::make_shared<std::string>();
-  coordinator_config cc = job_coordinator_config(cfg, m, n, cfg.evaluate, int64_t(samples), steps, last);
+  coordinator_config cc = job_coordinator_config(cfg, m, n, cfg.evaluate, int64_t(samples), train_data, steps, last);
   cc.on_event = [&L](const std::string& line) { L.event(line); };
   cc.where = L.plan.rank_nodes();
   // Longer than the ring may wait for a hung rank, and than its node's loss takes to be named: those are

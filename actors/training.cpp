@@ -186,7 +186,9 @@ train_result train(const train_config& cfg) {
     return failed;
   }
   const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, cfg.global_batch));
-  if (cfg.resume && !(failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(cfg.train->count))).empty())
+  // Which samples these are, for checkpoints: a resume must be on the data its checkpoint was made on.
+  const uint32_t train_data = cfg.resume || !cfg.checkpoint_dir.empty() ? data_fingerprint(*cfg.train) : 0;
+  if (cfg.resume && !(failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(cfg.train->count), train_data)).empty())
     return failed;
   if (cfg.resume && trained_to_end(*cfg.resume, cfg)) return finished_run(*cfg.resume);
   std::shared_ptr<const void> dir_lock;  // the checkpoint folder is this job's until it returns
@@ -211,7 +213,7 @@ train_result train(const train_config& cfg) {
     for (auto& p : all.ports) set_poller(*p, spin_until_done(), cfg.ring_poll);
   auto last = std::make_shared<std::string>();
   const coordinator_config cc = job_coordinator_config(cfg, m, cfg.replicas, cfg.evaluate && cfg.test != nullptr,
-                                                       int64_t(cfg.train->count), steps, last);
+                                                       int64_t(cfg.train->count), train_data, steps, last);
   train_result r = std::move(*run_coordinator(sys, sys.spawn(coordinator, cc), all));
   r.model = m->description();
   r.checkpoint = *last;

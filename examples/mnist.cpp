@@ -473,7 +473,8 @@ int main(int argc, char** argv) {
   if (!m) return usage_error("bad model: " + error);
   if (std::string e = check_config(c, *m, nodes.empty() ? c.replicas : 0); !e.empty()) return usage_error(e);
   if (c.resume)
-    if (std::string e = resume_mismatch(*c.resume, c, m.get(), int64_t(train->count)); !e.empty()) return usage_error("--resume: " + e);
+    if (std::string e = resume_mismatch(*c.resume, c, m.get(), int64_t(train->count), data_fingerprint(*train)); !e.empty())
+      return usage_error("--resume: " + e);
 
   std::printf("ringmaster-mnist: model %s, %d replica%s (%s), global batch %d (%d per replica), %s lr %g, "
               "%zu training / %zu test samples\n",

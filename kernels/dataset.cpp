@@ -298,6 +298,22 @@ void gather_samples(const dataset& d, const uint32_t* idx, size_t n, float* x, i
   }
 }
 
+uint32_t data_fingerprint(const dataset& d) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto add = [&crc](const void* p, size_t n) {
+    for (auto* b = static_cast<const Bytef*>(p); n > 0;) {  // zlib takes at most 4 GiB a call
+      const uInt k = uInt(std::min<size_t>(n, size_t(1) << 30));
+      crc = crc32(crc, b, k);
+      b += k, n -= k;
+    }
+  };
+  const uint64_t head[4] = {uint64_t(d.count), uint64_t(d.channels), uint64_t(d.rows), uint64_t(d.cols)};
+  add(head, sizeof head);
+  add(d.pixels.data(), d.pixels.size() * sizeof(float));
+  add(d.labels.data(), d.labels.size() * sizeof(int32_t));
+  return crc ? uint32_t(crc) : 1;
+}
+
 void truncate(dataset& d, size_t n) {
   if (n >= d.count) return;
   if (d.bytes.size() == d.pixels.size())

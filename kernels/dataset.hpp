@@ -55,6 +55,11 @@ void gather_samples(const dataset& d, const uint32_t* idx, size_t n, float* x, i
 // Keeps the first n samples (for quick runs and tests).
 void truncate(dataset& d, size_t n);
 
+// A CRC-32 (zlib's) of the samples' shape, values (pixels) and labels: two data sets of one count differ
+// in it (MNIST and Fashion-MNIST, or a copy that is not the same). Damage, not a forger, is what it tells;
+// 0 is never returned (0 means "not known" where it is kept). About 35 ms for Fashion-MNIST's 60,000.
+uint32_t data_fingerprint(const dataset& d);
+
 // The permutation of [0, n) used in epoch `epoch`: a pure function of (seed, epoch, n).
 std::vector<uint32_t> epoch_permutation(size_t n, uint64_t seed, int64_t epoch);
 

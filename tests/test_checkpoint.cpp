@@ -54,6 +54,17 @@ std::string fnv(const std::string& out) {
   return at == std::string::npos ? "" : out.substr(at + 9, 16);
 }
 
+// A data folder of other samples in the same numbers (its training files are the test set's, so the first
+// 1024 are not Fashion-MNIST's first 1024 training samples).
+std::string other_data() {
+  const std::string dir = fresh_dir("other-data"), from = RINGMASTER_DATA_DIR;
+  for (const std::string set : {"images-idx3-ubyte.gz", "labels-idx1-ubyte.gz"}) {
+    fs::create_symlink(from + "/t10k-" + set, dir + "/train-" + set);
+    fs::create_symlink(from + "/t10k-" + set, dir + "/t10k-" + set);
+  }
+  return dir;
+}
+
 bool killed(const run_result& r) { return r.status == -1 || r.status == 128 + 9; }  // SIGKILL, seen directly or by sh
 
 void write_bytes(const std::string& path, const std::string& bytes) {
@@ -481,6 +492,12 @@ TEST_CASE("checkpoint: --resume skips a damaged newest checkpoint for the one be
   CHECK(killed(mnist(job + " --checkpoint-dir " + kept + " --checkpoint-every 16 --resume --crash-after-checkpoint 1")));
   CHECK(names(kept) == std::set<std::string>{"ckpt-0-10.safetensors", "ckpt-1-0.safetensors"});
 
+  // Other samples in the same numbers (another data set, a copy that differs): refused, not trained on.
+  const run_result other = mnist(job + " --checkpoint-dir " + dir + " --resume --data " + other_data());
+  INFO(other.out);
+  CHECK(other.status == 2);
+  CHECK(other.out.find("--resume: the checkpoint was made on other training data: 1024 samples as this job's") != std::string::npos);
+
   // Nothing readable: exit 2, and no training.
   for (const auto& f : names(dir)) write_bytes(dir + "/" + f, "not a checkpoint");
   const run_result none = mnist(job + " --checkpoint-dir " + dir + " --resume");
@@ -754,6 +771,29 @@ TEST_CASE("checkpoint: a 2-node run killed after a checkpoint resumes on other d
   CHECK(r.status == 2);
   CHECK(r.out.find("512 training samples") != std::string::npos);  // the nodes refuse its plan
   CHECK(!fs::exists(dir + "/w"));
+  // This job's, on its nodes: its results come from the checkpoint, nothing trained.
+  r = mnist(nodes + job + " --checkpoint-dir " + dir + " --resume --save " + dir + "/w");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("The run had trained to its end") != std::string::npos);
+  CHECK(fnv(r.out) == fnv(full.out));
+  CHECK(fs::exists(dir + "/w"));
+  fs::remove(dir + "/w");
+  // Nodes with other samples in the same numbers: neither a job over them and a node of the real data,
+  // nor a resume on them alone.
+  const std::string other = other_data();
+  test::daemons others;
+  for (int i = 0; i < 2; ++i) others.push_back(std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, test::free_endpoint(), "cpu:1", other));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  r = mnist("--nodes " + second[0]->endpoint + "," + others[0]->endpoint + job);
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("1024 training samples each, but not the same ones (data fingerprints") != std::string::npos);
+  r = mnist("--nodes " + test::node_list(others) + job + " --checkpoint-dir " + dir + " --resume");
+  INFO(r.out);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("the checkpoint was made on other training data: 1024 samples as this job's, but not the same") != std::string::npos);
+  for (auto& d : others) d->stop(SIGTERM);
   for (auto& d : first) d->stop(SIGTERM);
   for (auto& d : second) d->stop(SIGTERM);
 }
