@@ -541,8 +541,8 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
   }
 }
 
-TEST_CASE("checkpoint: one run a folder; outputs go into a folder made for checkpoints, under long names, and fail "
-          "with a message under a file-size limit", "[checkpoint][launcher]") {
+TEST_CASE("checkpoint: one run a folder, outputs into a folder made for checkpoints and under long names, and a "
+          "message under a file-size limit", "[checkpoint][launcher]") {
   const std::string dir = fresh_dir("locked");
   const std::string job = "--epochs 1 --batch 64 --model 784-16-10 --limit-train 256 --limit-test 64 -q";
   {
