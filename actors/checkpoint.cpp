@@ -119,13 +119,17 @@ std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> checkpoints_in(
 }
 
 // After writing the checkpoint of epoch e, step s: removes every other checkpoint but one before it, and
-// temporary files a crash left. The one kept is `keep` (a file name) when given: one known to read back
-// whole (the job's last, or the one it resumed from); else the newest before it, which may be a damaged
-// file a resume passed over.
+// temporary files a crash left. The one kept is `keep` (a file name) when given and there: one known to
+// read back whole (the job's last, or the one it resumed from); else the newest before it, which may be a
+// damaged file a resume passed over.
 void prune(const std::string& dir, int64_t e, int64_t s, const std::string* keep) {
   bool older_kept = false;
   std::error_code ec;
-  for (const auto& [at, path] : checkpoints_in(dir)) {
+  const auto all = checkpoints_in(dir);
+  // Not there (a resume from another folder, or from a checkpoint made in memory): the newest before.
+  if (keep && std::none_of(all.begin(), all.end(), [&](const auto& f) { return fs::path(f.second).filename() == *keep; }))
+    keep = nullptr;
+  for (const auto& [at, path] : all) {
     if (at == std::make_pair(e, s)) continue;
     const bool kept = keep ? fs::path(path).filename() == *keep : at < std::make_pair(e, s);
     if (kept && !older_kept) {
@@ -568,9 +572,9 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
     return e == EWOULDBLOCK ? "another run is using folder " + dir + " (it holds " + lock_path + "): give each run a folder of its own"
                             : "cannot lock " + lock_path + ": " + std::strerror(e);
   }
-  // Held until the job is done, or let go at once when only asked whether the folder would do.
+  // Held until the job is done, or let go at once when only asked whether the folder would do (or when
+  // it will not do).
   std::shared_ptr<const void> held(nullptr, [lock_fd](const void*) { ::close(lock_fd); });
-  if (lock) *lock = held;
   // Permissions alone do not say it (root, a read-only mount): write a file there.
   const std::string probe = (fs::path(dir) / (".ringmaster-probe-" + std::to_string(::getpid()))).string();
   ::unlink(probe.c_str());
@@ -582,6 +586,7 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
     return dir + " holds the checkpoints of another run (" + fs::path(found.front().second).filename().string() +
            (found.size() > 1 ? " and " + std::to_string(found.size() - 1) + " more" : "") +
            "), which this one would delete: resume from them (--resume), or give another folder";
+  if (lock) *lock = held;
   return "";
 }
 

@@ -8,9 +8,10 @@
 //     fingerprint, the optimizer and its settings, seed, global batch, replicas, training samples, steps
 //     per epoch, epochs, steps done (also Adam's step count), the job's progress (JSON: the closed epochs
 //     and the open epoch's exact sums) and "checksum": a CRC-32 of the rest of the header and of the data.
-// A file is written as NAME.tmp, fsync'ed, renamed and its folder fsync'ed: a crash leaves the old files
-// or the new one, never a torn one under a checkpoint's name. After a write only the new checkpoint and
-// the newest one before it remain (later ones, left by a job resumed from an earlier one, go too).
+// A file is written under a temporary name, fsync'ed, renamed and its folder fsync'ed: a crash leaves the
+// old files or the new one, never a torn one under a checkpoint's name. After a write only the new
+// checkpoint and one before it remain: the one written before, or resumed from (later ones, left by a job
+// resumed from an earlier one, go too, and so does a damaged one the resume passed over).
 //
 //   checkpoint c;
 //   if (!latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error)) ...;
@@ -92,7 +93,8 @@ train_result finished_run(const checkpoint& c);
 // Whether dir can take checkpoints, before any training: it is created if missing (its parent must
 // exist), and a probe file is written and removed there. Unless `resuming`, it must hold no checkpoint:
 // a new job would prune another's. No other process may be using it (DIR/.ringmaster-lock, flock):
-// with `lock`, the folder stays this job's while *lock lives. "" or why not.
+// with `lock`, the folder stays this job's while *lock lives. train() and train_remote() take it so
+// themselves: a program that holds it cannot run them on that folder. "" or why not.
 std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::shared_ptr<const void>* lock = nullptr);
 
 // The coordinator's on_checkpoint for a job of cfg over model m: writes each checkpoint into

@@ -27,9 +27,10 @@ class data_cache {
   // are checked against the model once it is built (check_config), so any byte loads.
   std::shared_ptr<const dataset> load(const std::string& prefix, int64_t limit, std::string* error);
 
-  // train is null when loading failed (error says why; out of memory included).
+  // train is null when loading failed (error says why; out of memory included). train_data is
+  // data_fingerprint(*train), worked out on the data thread too, once per (prefix, limit).
   using job_data = std::function<void(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test,
-                                      std::string error)>;
+                                      uint32_t train_data, std::string error)>;
   // Loads a job's training set (and its test set when with_test) on a thread of its own, then calls
   // done there. Threads that have finished are joined first. Call from one thread (the bridge's).
   void load_job(int64_t limit_train, int64_t limit_test, bool with_test, job_data done);
@@ -45,8 +46,9 @@ class data_cache {
     std::shared_ptr<std::atomic<bool>> done;
   };
   std::string dir_;
-  std::mutex mu_;  // guards whole_: data threads fill it
+  std::mutex mu_;  // guards whole_ and prints_: data threads fill them
   std::map<std::string, std::shared_ptr<const dataset>> whole_;  // whole files, by prefix
+  std::map<std::pair<std::string, int64_t>, uint32_t> prints_;   // data_fingerprint() by (prefix, limit)
   std::vector<worker> workers_;
 };
 

@@ -103,8 +103,8 @@ bool node_job::from_launcher(const net::peer_info& p) const {
   return p.peer == launcher_.peer && p.identity == launcher_.identity && p.key == launcher_.key;
 }
 
-bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, wire::kv_map* ack,
-                     std::string* error, bool* invalid) {
+bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, uint32_t train_data,
+                     wire::kv_map* ack, std::string* error, bool* invalid) {
   *invalid = false;
   train_config cfg = plan_train_config(plan_);
   cfg.train = train;
@@ -160,7 +160,7 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
   ctx_.log("job " + std::to_string(plan_.job_id) + " started: model " + m->label() + ", ranks " + ranks + " of " +
            std::to_string(plan_.replicas()) + ", " + std::to_string(cfg.train->count) + " training samples");
   *ack = {{"train", std::to_string(cfg.train->count)},
-          {"train_data", std::to_string(data_fingerprint(*cfg.train))},  // the same samples on every node?
+          {"train_data", std::to_string(train_data)},  // the same samples on every node?
           {"test", std::to_string(cfg.test ? cfg.test->count : 0)},
           {"model", std::to_string(m->fingerprint())},
           {"params", std::to_string(m->param_count())},

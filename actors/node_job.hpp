@@ -63,10 +63,11 @@ class node_job {
   bool from_launcher(const net::peer_info& p) const;
   bool running() const { return !reducers_.empty(); }
 
-  // Once the data is here: builds the model, spawns this node's ranks and wires the ring. False with
-  // *error (*invalid as for check_plan); else *ack is the job_ack's payload.
-  bool start(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, wire::kv_map* ack,
-             std::string* error, bool* invalid);
+  // Once the data is here (train_data: data_fingerprint(*train)): builds the model, spawns this node's
+  // ranks and wires the ring. False with *error (*invalid as for check_plan); else *ack is the job_ack's
+  // payload.
+  bool start(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, uint32_t train_data,
+             wire::kv_map* ack, std::string* error, bool* invalid);
 
   // Sends the step reports the job holds back (actors/node_links.hpp), waiting up to `wait` for them to
   // be queued: on the bridge thread they then leave before anything it sends next.

@@ -295,19 +295,19 @@ struct node_service::impl {
     busy = true;
     const job_plan& jp = job->plan();
     data.load_job(jp.limit_train, jp.limit_test, jp.evaluate,
-                  [this, id = jp.job_id](std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, std::string err) {
-                    br.post([this, id, train, test, err] { start_job(id, train, test, err); });
-                  });
+                  [this, id = jp.job_id](std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, uint32_t print,
+                                         std::string err) { br.post([this, id, train, test, print, err] { start_job(id, train, test, print, err); }); });
   }
 
   // Second half, once the data is loaded: the job spawns its ranks and joins the ring.
-  void start_job(uint64_t id, std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, std::string error) {
+  void start_job(uint64_t id, std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, uint32_t train_data,
+                 std::string error) {
     if (!job || job->id() != id || job->running()) return;  // aborted while loading
     const net::peer_info launcher = job->launcher();
     wire::kv_map ack;
     bool invalid = false;
     try {  // e.g. out of memory: refuse the job, keep the daemon
-      if (train && job->start(train, test, &ack, &error, &invalid)) return send_kv(launcher, wire::msg_type::job_ack, id, ack);
+      if (train && job->start(train, test, train_data, &ack, &error, &invalid)) return send_kv(launcher, wire::msg_type::job_ack, id, ack);
     } catch (const std::exception& e) {
       error = std::string("could not start the job: ") + e.what();
     }

@@ -181,20 +181,34 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     L.abort_all("another node refused the job");
     return failed;
   }
+  // Each node's data fingerprint (data_fingerprint()): a node's word, so checked, never std::stoul.
+  std::vector<uint32_t> prints(replies.size(), 0);
+  for (size_t i = 0; i < replies.size(); ++i) {
+    const std::string& t = replies[i]["train_data"];
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), prints[i]);
+    if (t.empty() || ec != std::errc() || end != t.data() + t.size() || prints[i] == 0) {
+      failed.error = "node " + ro.nodes[i] + " sent a bad data fingerprint '" + node_text(t.substr(0, 20)) + "'";
+      L.abort_all("bad reply");
+      return failed;
+    }
+  }
+  const uint32_t train_data = prints[0];
   const std::string train_count = replies[0]["train"];
   for (size_t i = 1; i < replies.size(); ++i) {
     if (replies[i]["train"] != train_count) {
-      failed.error = "nodes disagree on the data: " + ro.nodes[0] + " has " + train_count + " training samples, " +
-                     ro.nodes[i] + " has " + replies[i]["train"];
+      failed.error = "nodes disagree on the data: " + ro.nodes[0] + " has " + node_text(train_count.substr(0, 20)) +
+                     " training samples, " + ro.nodes[i] + " has " + node_text(replies[i]["train"].substr(0, 20));
+      failed.invalid = true;
       L.abort_all("nodes disagree on the data");
       return failed;
     }
     // Each node reads its own copy: one that differs would train the job on a mix (and no longer equal
     // the job in one process).
-    if (replies[i]["train_data"] != replies[0]["train_data"]) {
-      failed.error = "nodes disagree on the data: " + ro.nodes[0] + " and " + ro.nodes[i] + " have " + train_count.substr(0, 20) +
-                     " training samples each, but not the same ones (data fingerprints " + replies[0]["train_data"].substr(0, 12) +
-                     " and " + replies[i]["train_data"].substr(0, 12) + "): give every node the same copy";
+    if (prints[i] != train_data) {
+      failed.error = "nodes disagree on the data: " + ro.nodes[0] + " and " + ro.nodes[i] + " have " +
+                     node_text(train_count.substr(0, 20)) + " training samples each, but not the same ones (data fingerprints " +
+                     std::to_string(train_data) + " and " + std::to_string(prints[i]) + "): give every node the same copy";
+      failed.invalid = true;
       L.abort_all("nodes disagree on the data");
       return failed;
     }
@@ -235,13 +249,6 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     return failed;
   }
   const int64_t steps = int64_t(steps_per_epoch(samples, cfg.global_batch));
-  // The nodes' data fingerprint (data_fingerprint(), all equal): a node's word, read without trusting it
-  // (0, not known, when it makes no sense: a node of an older version).
-  uint32_t train_data = 0;
-  if (const std::string& t = replies[0]["train_data"]; !t.empty()) {
-    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), train_data);
-    if (ec != std::errc() || end != t.data() + t.size()) train_data = 0;
-  }
   if (steps == 0) {
     failed.error = "global batch is larger than the nodes' " + train_count + " training samples";
     L.abort_all("batch too large");
@@ -277,7 +284,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   // What a node that comes back must say too, and what its plan starts from (actors/launcher.hpp).
   L.state_buffers = cfg.opt.kind == optimizer_config::adam ? 3 : 2;
   L.train_count = train_count;
-  L.train_data = replies[0]["train_data"];
+  L.train_data = std::to_string(train_data);
   L.model_layout = replies[0]["model"];
   L.steps_per_epoch = steps;
   L.total_steps = steps * cfg.epochs;

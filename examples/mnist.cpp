@@ -334,6 +334,14 @@ int main(int argc, char** argv) {
     for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
       if (!path.empty() && where(path) == where(o.checkpoint_dir))
         return usage_error(std::string(flag) + " " + path + " names the --checkpoint-dir folder: give it a file of its own");
+  // Outputs are checked before the checkpoint folder is made (a bad one leaves no folder behind), but for
+  // those that go into it, checked once it is there.
+  const auto in_checkpoint_dir = [&](const std::string& path) {
+    return !o.checkpoint_dir.empty() && where(path).parent_path() == where(o.checkpoint_dir);
+  };
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
+    if (!in_checkpoint_dir(path))
+      if (std::string why = check_writable(path); !why.empty()) return usage_error(std::string(flag) + ": " + why);
   if (o.checkpoint_dir.empty() && (vm.count("checkpoint-every") || o.resume || vm.count("crash-after-checkpoint")))
     return usage_error(std::string(o.resume ? "--resume" : vm.count("checkpoint-every") ? "--checkpoint-every" : "--crash-after-checkpoint") +
                        " needs --checkpoint-dir");
@@ -350,9 +358,9 @@ int main(int argc, char** argv) {
       if (++written == o.crash_after) std::raise(SIGKILL);  // no cleanup, no flush: as a crash would
     };
   }
-  // After the checkpoint folder is made: an output may go into it.
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
-    if (std::string why = check_writable(path); !why.empty()) return usage_error(std::string(flag) + ": " + why);
+    if (in_checkpoint_dir(path))
+      if (std::string why = check_writable(path); !why.empty()) return usage_error(std::string(flag) + ": " + why);
   if (!nodes.empty()) {
     const int n = int(nodes.size()) * o.replicas_per_node;
     if (!vm["replicas"].defaulted() && c.replicas != n)

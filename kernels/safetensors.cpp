@@ -65,9 +65,13 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
   std::random_device rd;
   char tag[32];
   std::snprintf(tag, sizeof tag, ".%d-%08x.tmp", int(::getpid()), unsigned(rd()));
-  // In path's folder, and no longer a name than path's own (cut to fit, leaving room for the tag).
+  // In path's folder, and no longer a name than its folder takes (path's own cut to fit, leaving room for
+  // the tag): a name that fits there is written under a temporary one that does too.
   const size_t slash = path.rfind('/'), base = slash == std::string::npos ? 0 : slash + 1;
-  const size_t name_max = 255, keep = std::min(path.size() - base, name_max - std::strlen(tag));
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const long limit = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  const size_t name_max = limit > 64 ? size_t(limit) : 255;
+  const size_t keep = std::min(path.size() - base, name_max - std::strlen(tag));
   const std::string tmp = path.substr(0, base + keep) + tag;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return *error = tmp + ": cannot create: " + std::strerror(errno), false;
@@ -76,7 +80,7 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
   if (::close(fd) != 0 && ok) saved = errno, ok = false;
   if (!ok) {
     ::unlink(tmp.c_str());
-    return *error = tmp + ": write failed: " + std::strerror(saved) + " (disk full?)", false;
+    return *error = tmp + ": write failed: " + std::strerror(saved) + (saved == ENOSPC || saved == EDQUOT ? " (disk full?)" : ""), false;
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     *error = path + ": cannot rename the written file into place: " + std::strerror(errno);
@@ -84,7 +88,6 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
     return false;
   }
   // The rename itself is durable once the folder is.
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);

@@ -47,8 +47,9 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // node's life in the job, which goes into its pair keys: a node that rejoins seals again. 9: ring chunks
 // are sealed with AES-128-OCB, not AES-256-GCM (a node of version 8 could not open them). 10: a plan's
 // sealed_port is its ring_port, which nodes started --insecure have too: ring chunks between their hosts
-// go there, plain (net/tcp_link.hpp), not through the bridge.
-constexpr uint16_t kProtocolVersion = 10;
+// go there, plain (net/tcp_link.hpp), not through the bridge. 11: job_ack says the training set's
+// data_fingerprint (train_data); a plan may start at its job's last step (a finished run resumed).
+constexpr uint16_t kProtocolVersion = 11;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small

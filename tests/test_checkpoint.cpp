@@ -399,6 +399,16 @@ TEST_CASE("checkpoint: a job of other settings may not resume from it", "[checkp
   CHECK(resume_mismatch(c, cfg, mlp("784-9-10").get(), 640) == "the checkpoint was made for model 784-8-10, this job's is 784-9-10");
   CHECK(resume_mismatch(c, cfg, m.get(), 700) ==
         "the checkpoint was made on 640 training samples, this job has 700 (another --limit-train or data set?)");
+  // The samples themselves, by their fingerprint, when both sides know it (0: a file of before, or a
+  // job whose data is not known yet).
+  checkpoint printed = c;
+  printed.train_data = 1234;
+  CHECK(resume_mismatch(printed, cfg, m.get(), 640, 1234) == "");
+  CHECK(resume_mismatch(printed, cfg, m.get(), 640, 0) == "");
+  CHECK(resume_mismatch(c, cfg, m.get(), 640, 4321) == "");
+  CHECK(resume_mismatch(printed, cfg, m.get(), 640, 4321) ==
+        "the checkpoint was made on other training data: 640 samples as this job's, but not the same (another data set, or a copy "
+        "that differs)");
   train_config other = cfg;
   other.opt.kind = optimizer_config::sgd;
   CHECK(resume_mismatch(c, other, nullptr, -1) == "the checkpoint was made with optimizer adam, this job uses sgd");
@@ -659,6 +669,12 @@ TEST_CASE("checkpoint: one made for another model is refused before its data is 
     CHECK_FALSE(other);
     CHECK(error.find("(truncated?)") != std::string::npos);
   }
+  // A description that does not build for its samples at all is another model's too.
+  const std::string conv = R"([{"type": "conv2d", "filters": 4, "kernel": 29}, {"type": "dense", "units": 10}])";  // not on 28x28
+  CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &c, &error, &conv, &other));
+  CHECK(other);
+  INFO(error);
+  CHECK(error.find("the checkpoint was made for model 784-32-10, for whose samples this job's does not build") != std::string::npos);
   CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &c, &error, &theirs, &other));
   CHECK(other);
   CHECK(error == "the checkpoint was made for model 784-32-10, this job's is 784-16-10");
@@ -782,12 +798,10 @@ TEST_CASE("checkpoint: a 2-node run killed after a checkpoint resumes on other d
   // Nodes with other samples in the same numbers: neither a job over them and a node of the real data,
   // nor a resume on them alone.
   const std::string other = other_data();
-  test::daemons others;
-  for (int i = 0; i < 2; ++i) others.push_back(std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, test::free_endpoint(), "cpu:1", other));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  test::daemons others = test::start_daemons(2, {RINGMASTER_NODE_BIN}, "cpu:1", other);
   r = mnist("--nodes " + second[0]->endpoint + "," + others[0]->endpoint + job);
   INFO(r.out);
-  CHECK(r.status == 1);
+  CHECK(r.status == 2);
   CHECK(r.out.find("1024 training samples each, but not the same ones (data fingerprints") != std::string::npos);
   r = mnist("--nodes " + test::node_list(others) + job + " --checkpoint-dir " + dir + " --resume");
   INFO(r.out);

@@ -412,3 +412,24 @@ TEST_CASE("loaders hand out whole multi-channel samples in NCHW order", "[data][
         },
         caf::after(std::chrono::seconds(5)) >> [] { FAIL("loader stalled"); });
 }
+
+TEST_CASE("data_fingerprint tells data sets of one count apart by any value, label or shape, and is never 0", "[data]") {
+  dataset a, b;
+  std::string err;
+  std::vector<float> f(2 * 12);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = float(i) / 255.0f;
+  REQUIRE(make_dataset(shape{3, 2, 2}, f, {0, 1}, 2, &a, &err));
+  REQUIRE(make_dataset(shape{3, 2, 2}, f, {0, 1}, 2, &b, &err));
+  const uint32_t print = data_fingerprint(a);
+  CHECK(print != 0);
+  CHECK(data_fingerprint(b) == print);  // a pure function of the samples
+  b.labels[1] = 0;
+  CHECK(data_fingerprint(b) != print);
+  REQUIRE(make_dataset(shape{3, 2, 2}, f, {0, 1}, 2, &b, &err));
+  b.pixels[23] = std::nextafter(b.pixels[23], 1.0f);  // one value, by one ulp
+  CHECK(data_fingerprint(b) != print);
+  REQUIRE(make_dataset(shape{3, 4, 1}, f, {0, 1}, 2, &b, &err));  // the same numbers in another shape
+  CHECK(data_fingerprint(b) != print);
+  truncate(a, 1);
+  CHECK(data_fingerprint(a) != print);
+}
