@@ -29,8 +29,8 @@ uint64_t fresh_ring_id(uint64_t job_id) {
   return ring;
 }
 
-std::string node_text(const std::string& said) {
-  std::string out = said.substr(0, 300);
+std::string node_text(const std::string& said, size_t max) {
+  std::string out = said.substr(0, max);
   for (char& c : out)
     if (static_cast<unsigned char>(c) < ' ' || c == 127) c = '?';
   return out;
@@ -165,7 +165,7 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
     inbox.pop_front();
     if (m.h.type == wire::msg_type::error) {
       refused_invalid = m.kv.count("invalid") && m.kv["invalid"] == "1";  // a bad model or settings
-      return m.kv.count("error") ? m.kv["error"] : "node " + ro.nodes[m.node] + " refused the job";
+      return m.kv.count("error") ? node_text(m.kv["error"], kMaxNodeError) : "node " + ro.nodes[m.node] + " refused the job";
     }
     if (m.h.type != type || got[m.node]) continue;
     got[m.node] = true;
@@ -492,7 +492,7 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       if (h.type == msg_type::job_ack && running) return on_reformed(node, kv);
       if (h.type == msg_type::error && running && node == fresh)
         return node_lost(node, "failed before its first step after it rejoined: " + node_text(kv["error"]));
-      const std::string why = kv.count("error") ? kv["error"] : "node " + ro.nodes[node] + " reported an error";
+      const std::string why = kv.count("error") ? node_text(kv["error"], kMaxNodeError) : "node " + ro.nodes[node] + " reported an error";
       if (!running) {  // for await_all, which nobody calls once the job runs: later ones would pile up
         std::lock_guard<std::mutex> lock(mu);
         inbox.push_back({node, h, std::move(kv)});
@@ -521,7 +521,9 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
         // A report we cannot read would leave its step open for ever: the node is faulty, say so.
         if (!from_kv(kv, &r, &error)) return kill_node(node, "node " + ro.nodes[size_t(node)] + " sent a bad step report: " + error);
         if (node == fresh) fresh = -1, join_failures[size_t(node)] = join_late[size_t(node)] = 0;  // it runs
-        if (r.epoch >= 0 && r.step >= 0 && r.epoch * steps_per_epoch + r.step + 1 > seen_step) {
+        // Within the job (the coordinator refuses the rest): then the product cannot overflow.
+        if (r.epoch >= 0 && r.step >= 0 && r.step < steps_per_epoch && r.epoch < total_steps / std::max<int64_t>(1, steps_per_epoch) &&
+            r.epoch * steps_per_epoch + r.step + 1 > seen_step) {
           seen_step = r.epoch * steps_per_epoch + r.step + 1;
           seen_step_at = clock_type::now();
           if (joins == join_step::pausing) forming_since = clock_type::now();  // on the way to the pause
@@ -540,6 +542,9 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       return;
     case msg_type::weights:
       if (reports_to_us(node, h.sender_rank)) {
+        if (h.elements != param_count)  // as its job_ack said: else the result would be another model's
+          return kill_node(node, "node " + ro.nodes[size_t(node)] + " sent final weights of " + std::to_string(h.elements) +
+                                     " values for rank " + std::to_string(h.sender_rank) + ", the model has " + std::to_string(param_count));
         auto w = std::make_shared<std::vector<float>>(p.floats(), p.floats() + h.elements);
         caf::anon_send(proxies[size_t(h.sender_rank)], weights_atom::value, chunk_ptr(std::move(w)));
       }
@@ -557,7 +562,7 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       // before its first step after it rejoined; other aborts end the job.
       if (kv["stopped"] == "SIGTERM" || kv["stopped"] == "SIGINT") return node_lost(node, "was stopped (" + kv["stopped"] + ")");
       if (node == fresh) return node_lost(node, "failed before its first step after it rejoined: " + node_text(kv["reason"]));
-      kill_node(node, kv.count("reason") ? kv["reason"] : "node " + ro.nodes[node] + " aborted the job");
+      kill_node(node, kv.count("reason") ? node_text(kv["reason"], kMaxNodeError) : "node " + ro.nodes[node] + " aborted the job");
       return;
     default:
       return;

@@ -179,8 +179,10 @@ struct launcher {
 
 // A new ring id: random, never 0 nor the job's id.
 uint64_t fresh_ring_id(uint64_t job_id);
-// What another node says, for our events: at most 300 characters, no control characters.
-std::string node_text(const std::string& said);
+// What another node says, for our events and errors: at most `max` characters, no control characters
+// (a node's text must not move the cursor or retitle a terminal). An error a node gives may be longer.
+std::string node_text(const std::string& said, size_t max = 300);
+constexpr size_t kMaxNodeError = 2000;
 
 // A node's host id as its hello_ack says it: one that would not make a valid plan is none (that node
 // uses the network, not shared memory).

@@ -214,7 +214,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     }
     // Every node built the description into the same layout (same layer code, same data shape).
     if (replies[i]["model"] != replies[0]["model"] || replies[i]["params"] != replies[0]["params"]) {
-      auto built = [&](size_t k) { return replies[k]["model"].substr(0, 24) + " (" + replies[k]["params"].substr(0, 20) + " parameters)"; };
+      auto built = [&](size_t k) { return node_text(replies[k]["model"], 24) + " (" + node_text(replies[k]["params"], 20) + " parameters)"; };
       failed.error = "nodes disagree on the model: " + ro.nodes[0] + " built layout " + built(0) + ", " + ro.nodes[i] +
                      " built " + built(i) + " (different ringmaster or layer versions?)";
       L.abort_all("nodes disagree on the model");
@@ -254,24 +254,31 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     L.abort_all("batch too large");
     return failed;
   }
-  // Checkpoints are written here, named by this program's layers; a resume is checked against the model
-  // the nodes built.
+  // The model the nodes built, as they describe it: this job's, for their samples, when this launcher has
+  // its layers (a node's word: it is what --save writes). Checkpoints are written here, named by this
+  // program's layers (they need them), and a resume is checked against it.
   std::shared_ptr<const model> m;
-  if (cfg.resume || !cfg.checkpoint_dir.empty()) {
+  {
     const layer_registry builtins = layer_registry::with_builtins();
     const layer_registry& reg = cfg.layers ? *cfg.layers : builtins;
-    m = model::build(replies[0]["description"], reg, &failed.error);  // as the nodes built it
-    if (!m) failed.error = "checkpoints need the model's layers in this launcher too: " + failed.error;
+    std::string why;
+    m = model::build(replies[0]["description"], reg, &why);
+    if (!m && (cfg.resume || !cfg.checkpoint_dir.empty())) failed.error = "checkpoints need the model's layers in this launcher too: " + why;
     // The same model from the text as given, for its name ("784-64-10", "cnn") in files and messages.
-    std::string ignored;
-    if (auto named = m ? model::build(cfg.model, reg, m->input(), &ignored) : nullptr; named && named->description() == m->description())
-      m = named;
-    if (m && cfg.resume) failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(samples), train_data);
+    if (m) {
+      auto named = model::build(cfg.model, reg, m->input(), &why);
+      if (!named || named->description() != m->description())
+        failed.error = "node " + ro.nodes[0] + " built another model than this job's: " + node_text(replies[0]["description"], 200) +
+                       (named ? ", this job's is " + named->description().substr(0, 200) : "; this job's does not build for its samples: " + why);
+      else
+        m = named;
+    }
+    if (m && failed.error.empty() && cfg.resume) failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(samples), train_data);
     if (m && failed.error.empty() && m->param_count() != L.param_count)
       failed.error = "the nodes built " + params + " parameters, this launcher " + std::to_string(m->param_count());
     if (!failed.error.empty()) {
       failed.invalid = true;
-      L.abort_all("the job cannot resume or checkpoint");
+      L.abort_all("the job's model cannot be what the nodes built, or cannot resume or checkpoint");
       return failed;
     }
   }

@@ -172,6 +172,32 @@ TEST_CASE("coordinator: reports outside the job, twice, or of impossible batches
     CHECK_FALSE(r.ok);
     CHECK(r.error.find("rank 1 reported an evaluation of epoch 1 that took " + std::to_string(t) + " s") != std::string::npos);
   }
+  // An evaluation of more samples than the test set has (its sums would overflow), or whose loss is not a
+  // number: a node's lie, not a result.
+  struct eval_lie {
+    int64_t count;
+    double loss;
+    std::string says;
+  };
+  for (const eval_lie& l : {eval_lie{INT64_MAX, 1.0, "with 0 of 9223372036854775807 samples right"}, eval_lie{9, 1.0, "with 0 of 9 samples right"},
+                            eval_lie{2, std::nan(""), "loss sum nan"}, eval_lie{2, std::numeric_limits<double>::infinity(), "loss sum inf"}}) {
+    coordinator_config cc = job::small();
+    cc.evaluate = true;
+    cc.eval_batches = 2;  // of the global batch of 4: at most 8 samples
+    job j(cc);
+    train_result r = j.run([&l](job& j) {
+      for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s), j.step(1, 0, s);
+      eval_report e;
+      e.rank = 1;
+      e.count = l.count;
+      e.loss_sum = l.loss;
+      caf::anon_send(j.coord, e);
+    });
+    INFO(r.error);
+    CHECK_FALSE(r.ok);
+    CHECK(r.error.find("rank 1 reported an evaluation of epoch 1 with") != std::string::npos);
+    CHECK(r.error.find(l.says) != std::string::npos);
+  }
   // Ranks on nodes: the rank's node is named too.
   job on_nodes(0ms, {"node tcp://10.0.0.1:5601", "node tcp://10.0.0.2:5601"});
   train_result r = on_nodes.run([](job& j) { j.step(1, 0, 0), j.step(1, 0, 0); });

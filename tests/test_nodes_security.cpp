@@ -747,8 +747,9 @@ TEST_CASE("a node logs at most 5 lines of one kind of fault per 10 s, however ma
   CHECK(lines == 5);
 }
 
-TEST_CASE("a lying node that answers the job with train=abc or params=-1 gets a clear error, not a crash", "[nodes]") {
-  std::string train = "abc", params = "1000";
+TEST_CASE("a lying node that answers the job with train=abc, params=-1, another model or terminal escapes gets a clear "
+          "error, not a crash", "[nodes]") {
+  std::string train = "abc", params = "1000", train_data = "7", description = "784-64-10", refusal;
   net::bridge_options bo;
   std::string err;
   REQUIRE(net::load_or_create_keys(net::default_key_dir(), &bo.keys, &err));
@@ -761,9 +762,12 @@ TEST_CASE("a lying node that answers the job with train=abc or params=-1 gets a 
     if (h.type == wire::msg_type::hello) {
       r.type = wire::msg_type::hello_ack;
       kv = {{"name", "liar"}, {"id", "liar"}, {"devices", "cpu:1"}, {"version", "3"}};
+    } else if (h.type == wire::msg_type::job && !refusal.empty()) {
+      r.type = wire::msg_type::error;
+      kv = {{"error", refusal}};
     } else if (h.type == wire::msg_type::job) {
       r.type = wire::msg_type::job_ack;
-      kv = {{"train", train}, {"test", "1"}, {"model", "1"}, {"params", params}, {"description", "784-64-10"}};
+      kv = {{"train", train}, {"train_data", train_data}, {"test", "1"}, {"model", "1"}, {"params", params}, {"description", description}};
     } else {
       return;
     }
@@ -783,6 +787,27 @@ TEST_CASE("a lying node that answers the job with train=abc or params=-1 gets a 
   r = train_remote(small_job(), ro);
   CHECK_FALSE(r.ok);
   CHECK(r.error == "node " + liar.endpoint() + " sent a bad parameter count '-1'");
+  train_data = "x";
+  r = train_remote(small_job(), ro);
+  CHECK(r.error == "node " + liar.endpoint() + " sent a bad data fingerprint 'x'");
+  // Another model than the job's, said in full (a node's description names its input): --save would
+  // write it as this job's result.
+  train_data = "7";
+  const auto other = build_model("784-32-10", shape{1, 28, 28}, &err);
+  REQUIRE(other);
+  description = other->description();
+  params = std::to_string(other->param_count());
+  r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("node " + liar.endpoint() + " built another model than this job's") != std::string::npos);
+  // A refusal that would retitle the terminal and redraw its line: printed with its control characters
+  // replaced.
+  refusal = std::string("no ") + char(27) + "]0;PWNED" + char(7) + char(27) + "[2K\rOVERWRITTEN";
+  r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("PWNED") != std::string::npos);
+  CHECK(r.error.find(char(27)) == std::string::npos);
+  CHECK(r.error.find(char(7)) == std::string::npos);
   liar.stop();
 }
 
