@@ -185,7 +185,8 @@ class meta_reader {
 };
 
 // "" when a checkpoint's metrics could be a job's: epochs in order, rates in [0, 1], losses and times not
-// negative (training losses finite), no more samples than the steps hold. (The checksum catches accidents, not a careful forger.)
+// negative (training losses finite), no more samples than the steps hold. (The checksum catches
+// accidents, not a careful forger.)
 std::string progress_fault(const checkpoint& c) {
   const auto rate = [](double v) { return std::isnan(v) || (v >= 0 && v <= 1); };
   const auto positive = [](double v) { return std::isnan(v) || v >= 0; };  // a validation loss (none: NaN)

@@ -5,9 +5,10 @@
 //   - the optimizer's state: optimizer/m/<name> and optimizer/v/<name> (Adam's moments) or
 //     optimizer/velocity/<name> (SGD's momentum), in the same shapes;
 //   - __metadata__: format ("ringmaster-checkpoint") and version, the model's description and layout
-//     fingerprint, the optimizer and its settings, seed, global batch, replicas, training samples, steps
-//     per epoch, epochs, steps done (also Adam's step count), the job's progress (JSON: the closed epochs
-//     and the open epoch's exact sums) and "checksum": a CRC-32 of the rest of the header and of the data.
+//     fingerprint, the optimizer and its settings, seed, global batch, replicas, training samples (and
+//     their data_fingerprint), steps per epoch, epochs, steps done (also Adam's step count), the job's
+//     progress (JSON: the closed epochs and the open epoch's exact sums) and "checksum": a CRC-32 of the
+//     rest of the header and of the data.
 // A file is written under a temporary name, fsync'ed, renamed and its folder fsync'ed: a crash leaves the
 // old files or the new one, never a torn one under a checkpoint's name. After a write only the new
 // checkpoint and one before it remain: the one written before, or resumed from (later ones, left by a job

@@ -278,7 +278,7 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
       failed.error = "the nodes built " + params + " parameters, this launcher " + std::to_string(m->param_count());
     if (!failed.error.empty()) {
       failed.invalid = true;
-      L.abort_all("the job's model cannot be what the nodes built, or cannot resume or checkpoint");
+      L.abort_all(failed.error);
       return failed;
     }
   }
