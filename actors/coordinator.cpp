@@ -176,6 +176,11 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   if (it == st.checkpoints.end() || !it->second.state || !it->second.have_progress) return;
   const pending_checkpoint c = std::move(it->second);
   // Those before it will never be written now (they come in step order; a skipped one is superseded).
+  // One whose metrics are in never got its state (rank 0's node did not send it): say so, once.
+  for (auto k = st.checkpoints.begin(); k != it; ++k)
+    if (k->second.have_progress && st.cfg.on_event && st.skipped_checkpoints++ == 0)
+      st.cfg.on_event("skipped the checkpoint after step " + std::to_string(k->first) +
+                      ": rank 0's node sent no state for it, only for a later step");
   st.checkpoints.erase(st.checkpoints.begin(), std::next(it));
   st.written = std::max(st.written, done);
   if (std::string error = st.cfg.on_checkpoint(c.progress, *c.state); !error.empty())
@@ -435,8 +440,9 @@ std::string late_ranks(const coordinator_state& st, clock_type::time_point now) 
 // Whether every rank has been silent too long (coordinator_config::eval_batches); "" if not.
 std::string silent_ranks(const coordinator_state& st, clock_type::time_point now) {
   const auto limit = st.cfg.report_timeout;
-  // Before a first step: 10 report timeouts (a resumed job's state may be on its way to every node).
-  clock_type::duration allowed = 10 * limit;
+  // Before a first step: 10 report timeouts when a resumed job's state may be on its way to every node,
+  // else 2 (the first step may compile or warm up a device).
+  clock_type::duration allowed = (st.cfg.start.step > 0 ? 10 : 2) * limit;
   if (st.slowest_step.count() > 0) {
     const bool evaluating = st.cfg.evaluate && std::any_of(st.epochs.begin(), st.epochs.end(), [&](const auto& e) {
       return !e.second.closed && e.second.steps_done == st.cfg.steps_per_epoch;
