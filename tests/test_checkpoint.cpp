@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <catch2/catch.hpp>
 #include <algorithm>
@@ -152,6 +153,47 @@ TEST_CASE("checkpoint: one whose checksum holds but whose state holds NaN is ref
   REQUIRE(write_checkpoint(dir, *m, c, &path, &error));
   CHECK_FALSE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
   CHECK(error == path + ": epoch 2 of its history cannot be (damaged?)");
+}
+
+TEST_CASE("checkpoint: a file of a release before data fingerprints (no train_data) reads back and resumes on any data",
+          "[checkpoint]") {
+  const auto m = mlp("784-16-10");
+  const std::string dir = fresh_dir("no-print");
+  checkpoint c = sample(*m, optimizer_config::adam, 23);
+  c.train_data = 99;
+  std::string path, error;
+  REQUIRE(write_checkpoint(dir, *m, c, &path, &error));
+  checkpoint back;
+  REQUIRE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+  CHECK(back.train_data == 99);
+  // Written again as that release wrote it: no train_data, the checksum over the rest made anew.
+  const std::string bytes = slurp(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<unsigned char>(bytes[size_t(i)])) << (8 * i);
+  auto h = nlohmann::json::parse(bytes.substr(8, n));
+  const std::string data = bytes.substr(8 + n);
+  h["__metadata__"].erase("train_data");
+  h["__metadata__"].erase("checksum");
+  const std::string unsummed = h.dump();
+  uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(unsummed.data()), uInt(unsummed.size()));
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(data.data()), uInt(data.size()));
+  char sum[24];
+  std::snprintf(sum, sizeof sum, "crc32:%08lx", crc);
+  h["__metadata__"]["checksum"] = sum;
+  std::string text = h.dump();
+  while (text.size() % 8) text += ' ';
+  std::string len(8, '\0');
+  for (int i = 0; i < 8; ++i) len[size_t(i)] = char(uint64_t(text.size()) >> (8 * i));
+  write_bytes(path, len + text + data);
+  REQUIRE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+  CHECK(back.train_data == 0);
+  CHECK(back.state.params == c.state.params);
+  train_config cfg;
+  cfg.opt = c.opt;
+  cfg.seed = c.seed;
+  cfg.global_batch = 64;
+  cfg.epochs = 3;
+  CHECK(resume_mismatch(back, cfg, m.get(), 640, 12345) == "");  // its data is not known: the count is checked
 }
 
 TEST_CASE("checkpoint: a file reads back exactly, opens as weights, and any damaged byte is noticed", "[checkpoint]") {
