@@ -289,25 +289,41 @@ TEST_CASE("coordinator: ranks that all fall silent at once fail the job in time,
   CHECK(waited < 8.0);
 }
 
+namespace {
+// The checkpoints a job writes (by step) and the lines it says, recorded through cc's callbacks.
+struct recorded {
+  std::shared_ptr<std::vector<int64_t>> written = std::make_shared<std::vector<int64_t>>();
+  std::shared_ptr<std::vector<std::string>> events = std::make_shared<std::vector<std::string>>();
+  explicit recorded(coordinator_config* cc) {
+    cc->on_checkpoint = [w = written](const job_progress& p, const network_state&) {
+      w->push_back(p.step);
+      return std::string();
+    };
+    cc->on_event = [e = events](const std::string& line) { e->push_back(line); };
+  }
+};
+
+// Rank 0's state after `steps` steps, of n parameters.
+void send_state(job& j, int64_t steps, size_t n) {
+  auto s = std::make_shared<network_state>();
+  s->steps = steps;
+  s->params.assign(n, 0.5f);
+  caf::anon_send(j.coord, checkpt_atom::value, state_ptr(std::move(s)));
+}
+}  // namespace
+
 TEST_CASE("coordinator: a node that sends states for steps far ahead makes it hold a few, not all, and the last", "[coordinator]") {
   coordinator_config cc = job::small();
   cc.steps_per_epoch = 20;
   cc.epochs = 1;
   cc.checkpoint_every = 1;
-  auto written = std::make_shared<std::vector<int64_t>>();
-  auto events = std::make_shared<std::vector<std::string>>();
-  cc.on_checkpoint = [written](const job_progress& p, const network_state&) {
-    written->push_back(p.step);
-    return std::string();
-  };
-  cc.on_event = [events](const std::string& line) { events->push_back(line); };
+  const recorded rec(&cc);
+  const auto& written = rec.written;
+  const auto& events = rec.events;
   job j(cc);
   train_result out = j.run([](job& j) {
     for (int64_t k = 1; k <= 20; ++k) {  // rank 0's state after every step, before any step is reported
-      auto s = std::make_shared<network_state>();
-      s->steps = k;
-      s->params.assign(1000, 0.5f);
-      caf::anon_send(j.coord, checkpt_atom::value, state_ptr(std::move(s)));
+      send_state(j, k, 1000);
     }
     for (int64_t s = 0; s < 20; ++s) j.step(0, 0, s), j.step(1, 0, s);
     j.done(0), j.done(1);
@@ -325,20 +341,13 @@ TEST_CASE("coordinator: a checkpoint whose state never comes, only a later one's
   coordinator_config cc = job::small();
   cc.epochs = 1;
   cc.checkpoint_every = 1;
-  auto written = std::make_shared<std::vector<int64_t>>();
-  auto events = std::make_shared<std::vector<std::string>>();
-  cc.on_checkpoint = [written](const job_progress& p, const network_state&) {
-    written->push_back(p.step);
-    return std::string();
-  };
-  cc.on_event = [events](const std::string& line) { events->push_back(line); };
+  const recorded rec(&cc);
+  const auto& written = rec.written;
+  const auto& events = rec.events;
   job j(cc);
   train_result out = j.run([](job& j) {
     for (int64_t k : {1, 3}) {  // rank 0's node withholds the state after step 2
-      auto s = std::make_shared<network_state>();
-      s->steps = k;
-      s->params.assign(10, 0.5f);
-      caf::anon_send(j.coord, checkpt_atom::value, state_ptr(std::move(s)));
+      send_state(j, k, 10);
     }
     for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s), j.step(1, 0, s);
     j.done(0), j.done(1);
