@@ -383,9 +383,11 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
   if (json_depth(text) > 8) return *error = path + ": the header nests deeper than a checkpoint's", false;
   if (json_items(text) > kMaxHeaderItems)
     return *error = path + ": the header holds more than " + std::to_string(kMaxHeaderItems) + " keys and values, more than any checkpoint's", false;
-  json h = json::parse(text, nullptr, false);
+  std::string twice;
+  json h = parse_json(text, &twice);
   if (h.is_discarded() || !h.is_object() || !h.contains("__metadata__") || !h["__metadata__"].is_object())
     return *error = path + ": the header is not a safetensors header with metadata (damaged?)", false;
+  if (!twice.empty()) return *error = path + ": the header names " + ringmaster::quoted(twice) + " twice (damaged?)", false;
   json& meta = h["__metadata__"];
   meta_reader rd(meta, path, error);
   const std::string* format = rd.text("format");

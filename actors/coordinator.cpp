@@ -475,6 +475,14 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
     finish(self, *st, who + " stopped: " + describe(self->system(), dm.reason));
   });
 
+  // An exception in a handler (out of memory, a throwing on_progress) ends the job with its message:
+  // without an answer, whoever waits for the job's result would wait forever.
+  self->set_exception_handler([self, st](caf::scheduled_actor*, std::exception_ptr& e) -> caf::error {
+    std::string what = "coordinator: " + exception_text(e);
+    finish(self, *st, what);
+    return caf::make_error(caf::sec::runtime_error, std::move(what));
+  });
+
   return {
       [self, st](run_atom, std::vector<caf::actor> replicas, std::vector<caf::actor> loaders,
                  std::vector<caf::actor> reducers) {

@@ -505,18 +505,8 @@ bool from_json(std::string_view text, job_plan* out, std::string* error) {
   if (json_depth(std::string(text)) > kMaxPlanDepth)
     return fail(error, "the text nests deeper than " + std::to_string(kMaxPlanDepth) + " levels");
   try {
-    // The parser keeps the last of two equal keys; a plan that says two things is refused instead.
-    std::vector<std::set<std::string>> open;  // keys of the objects being parsed, innermost last
-    std::string twice;
-    auto watch = [&](int, json::parse_event_t ev, json& parsed) {
-      if (ev == json::parse_event_t::object_start) open.emplace_back();
-      else if (ev == json::parse_event_t::object_end && !open.empty()) open.pop_back();
-      else if (ev == json::parse_event_t::key && !open.empty() && parsed.is_string() &&
-               !open.back().insert(parsed.get<std::string>()).second && twice.empty())
-        twice = parsed.get<std::string>();
-      return true;
-    };
-    const json j = json::parse(text.begin(), text.end(), watch, /*allow_exceptions=*/false);
+    std::string twice;  // a plan that says two things is refused
+    const json j = parse_json(std::string(text), &twice);
     if (j.is_discarded()) return fail(error, "the text is not valid JSON");
     if (!twice.empty()) return fail(error, "key " + ringmaster::quoted(twice) + " appears twice in one object");
     job_plan p;

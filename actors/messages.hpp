@@ -114,17 +114,22 @@ struct stall_report {
   std::string why;
 };
 
+// What an exception says: its what(), or "unknown exception".
+inline std::string exception_text(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
 // For set_exception_handler: an exception thrown in a handler (a user layer, a CUDA error, a simulated
 // device's broken rule) ends the actor with its message, prefixed by who it was, instead of a bare code.
 inline auto error_from_exception(std::string who) {
   return [who = std::move(who)](caf::scheduled_actor*, std::exception_ptr& e) -> caf::error {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      return caf::make_error(caf::sec::runtime_error, who + ": " + x.what());
-    } catch (...) {
-      return caf::make_error(caf::sec::runtime_error, who + ": unknown exception");
-    }
+    return caf::make_error(caf::sec::runtime_error, who + ": " + exception_text(e));
   };
 }
 

@@ -1,10 +1,12 @@
 #include "actors/training.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <thread>
 #include <tuple>
@@ -25,6 +27,24 @@ std::shared_ptr<const model> build_model(const train_config& cfg, std::string* e
     return nullptr;
   }
   return model::build(cfg.model, cfg.layers ? *cfg.layers : layer_registry::with_builtins(), cfg.train->sample(), error);
+}
+
+// Whether `bytes` more fit: at most half the machine's memory, and no more than the address-space limit
+// (ulimit -v) leaves this process; else false with *room saying which bound it passes.
+bool enough_memory(double bytes, std::string* room) {
+  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (ram > 0 && bytes > ram / 2) return *room = "half of this machine's memory", false;
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return true;
+  long pages = 0;  // the address space in use now: /proc/self/statm's first figure
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  const double left = double(as.rlim_cur) - double(pages) * double(sysconf(_SC_PAGE_SIZE));
+  if (bytes <= left) return true;
+  *room = "the " + std::to_string(int64_t(std::max(0.0, left) / (1 << 20))) + " MiB its address-space limit (ulimit -v) leaves";
+  return false;
 }
 
 std::string check_config(const train_config& cfg, const model& m, int replicas_here) {
@@ -68,16 +88,17 @@ std::string check_config(const train_config& cfg, const model& m, int replicas_h
   const int b = cfg.global_batch / cfg.replicas;
   if (m.largest_buffer_floats(b) >= double(INT32_MAX))
     return "model " + m.label() + " at " + std::to_string(b) + " samples per replica needs a buffer of over 2^31 floats";
-  // Each replica's model and buffers, and its loader's batches: up to prefetch + 1 live at a time.
+  // Each replica's model and buffers, and its loader's batches (up to prefetch + 1 live at a time); and
+  // once per process the initial weights all replicas share and the final ones (a replica's answer and the
+  // result's copy).
   const double batches = double(cfg.prefetch + 1) * b * double(m.input().size() + 1);
-  const double bytes = 4 * (m.memory_floats(b) + batches) * replicas_here;
-  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  const double bytes = 4 * ((m.memory_floats(b) + batches) * replicas_here + 3 * double(m.param_count()));
   const bool host = cfg.devices.empty() || device_kind(cfg.devices[0]) == "cpu";
-  if (host && ram > 0 && bytes > ram / 2)
+  std::string room;
+  if (host && !enough_memory(bytes, &room))
     return "model " + m.label() + " at " + std::to_string(b) + " samples per replica, " + std::to_string(replicas_here) +
            " replica" + (replicas_here == 1 ? "" : "s") + " here with " + std::to_string(cfg.prefetch) +
-           " batches prefetched each, needs " + std::to_string(int64_t(bytes / (1 << 20))) +
-           " MiB, over half of this machine's memory";
+           " batches prefetched each, needs " + std::to_string(int64_t(bytes / (1 << 20))) + " MiB, over " + room;
   return "";
 }
 

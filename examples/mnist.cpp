@@ -204,6 +204,9 @@ bool model_text(std::string* model, std::string* error) {
     return false;
   }
   text.resize(size_t(f.gcount()));
+  // As editors and `echo` write files: a UTF-8 byte-order mark before, white space and a newline after.
+  if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) text.erase(0, 3);
+  text.erase(text.find_last_not_of(" \t\r\n") + 1);
   *model = std::move(text);
   return true;
 }

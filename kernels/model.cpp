@@ -94,8 +94,12 @@ bool parse_model_desc(const std::string& text, model_desc* out, std::string* err
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || (text[first] != '{' && text[first] != '[')) return parse_mlp(text, out, error);
   if (json_depth(text) > max_depth) return *error = "model description nested deeper than 16 levels", false;
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // JSON allows a NUL byte nowhere; the parser would stop at one and quietly ignore what follows.
+  if (text.find('\0') != std::string::npos) return *error = "model description holds a NUL byte", false;
+  std::string twice;
+  const json j = parse_json(text, &twice);
   if (j.is_discarded()) return *error = "model description is not valid JSON", false;
+  if (!twice.empty()) return *error = "model description: key " + ringmaster::quoted(twice) + " appears twice in one object", false;
   const json* list = &j;
   if (j.is_object()) {
     for (auto it = j.begin(); it != j.end(); ++it)
@@ -230,7 +234,9 @@ std::shared_ptr<const model> build_model(const std::string& text, const shape& i
 
 double model::memory_floats(int batch) const {
   const double b = batch;
-  double widest = double(input_.size()), total = 4.0 * double(param_count_) + b * double(input_.size());
+  // Per parameter: its value, its gradient, two optimizer moments (Adam) and, measured, near one more for
+  // the all-reduce's chunks in flight.
+  double widest = double(input_.size()), total = 5.0 * double(param_count_) + b * double(input_.size());
   for (const entry& e : layers_) {
     total += b * double(e.out.size()) + double(e.impl->workspace(e.in, e.out, batch));
     widest = std::max(widest, double(e.out.size()));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 namespace ringmaster {
 
@@ -47,6 +48,20 @@ size_t json_items(const std::string& t) {
   size_t items = 1;
   outside_strings(t, [&](char c) { items += c == ',' || c == ':' || c == '[' || c == '{'; });
   return items;
+}
+
+json parse_json(const std::string& text, std::string* twice) {
+  twice->clear();
+  std::vector<std::set<std::string>> open;  // keys of the objects being parsed, innermost last
+  auto watch = [&](int, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::object_start) open.emplace_back();
+    else if (ev == json::parse_event_t::object_end && !open.empty()) open.pop_back();
+    else if (ev == json::parse_event_t::key && !open.empty() && parsed.is_string() &&
+             !open.back().insert(parsed.get<std::string>()).second && twice->empty())
+      *twice = parsed.get<std::string>();
+    return true;
+  };
+  return json::parse(text, watch, /*allow_exceptions=*/false);
 }
 
 bool layer_registry::add(const std::string& type, layer_factory make, std::string* error) {

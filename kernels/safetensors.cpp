@@ -168,9 +168,14 @@ bool read_safetensors_bytes(const std::string& name, const void* bytes, size_t s
     *error = name + ": the header holds more keys and values than a model's safetensors header does";
     return false;
   }
-  const json h = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  std::string twice;
+  const json h = parse_json(text, &twice);
   if (h.is_discarded() || !h.is_object()) {
     *error = name + ": the header is not a JSON object";
+    return false;
+  }
+  if (!twice.empty()) {  // which of the two would be the weights?
+    *error = name + ": the header names " + ringmaster::quoted(twice) + " twice";
     return false;
   }
   const unsigned char* data = file + 8 + n;

@@ -348,6 +348,13 @@ TEST_CASE("checkpoint: a header of millions of tiny values is refused before it 
   std::vector<float> params;
   CHECK_FALSE(read_safetensors_bytes("crafted", file.data(), file.size(), *m, &params, &error));
   CHECK(error.find("more keys and values") != std::string::npos);
+  // A key twice: the parser would keep the second, whatever the first said.
+  const std::string twice = R"({"__metadata__":{"format":"ringmaster-checkpoint","format":"x"}})";
+  std::string dup(8, '\0');
+  for (int i = 0; i < 8; ++i) dup[size_t(i)] = char(uint64_t(twice.size()) >> (8 * i) & 0xff);
+  write_bytes(dir + "/ckpt-1-10.safetensors", dup + twice);
+  CHECK_FALSE(read_checkpoint(dir + "/ckpt-1-10.safetensors", layer_registry::with_builtins(), &back, &error));
+  CHECK(error.find("the header names 'format' twice") != std::string::npos);
   // A real checkpoint's header is far under the bound.
   std::string path;
   REQUIRE(write_checkpoint(dir, *m, sample(*m, optimizer_config::adam, 23), &path, &error));

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,7 @@ TEST_CASE("launcher: a bad model description exits 2 naming the problem, here an
        "'filters': expected an integer in 1..65536, got 0", true},
       {R"([{"type": "conv2d", "filters": 8,)", "not valid JSON", false},
       {"@" + model_file, "cannot read " + model_file, false},
+      {R"({"layers": [{"type": "dense", "units": 10}], "layers": [{"type": "relu"}]})", "key 'layers' appears twice", false},
   };
   const std::string small = " --epochs 1 --limit-train 256 --limit-test 64 -q";
   for (const bad& b : cases) {
@@ -172,6 +174,38 @@ TEST_CASE("launcher: a bad model description exits 2 naming the problem, here an
   run_result ok = run("--nodes " + node.list() + " --model 784-32-10 --batch 64" + small);
   INFO(ok.out);
   CHECK(ok.status == 0);
+}
+
+TEST_CASE("launcher: --model @FILE as editors write it trains, and one with a NUL byte is refused", "[launcher]") {
+  const std::string path = "/tmp/ringmaster-e2e-model-file.txt";
+  const std::string small = " --batch 64 --epochs 1 --limit-train 256 --limit-test 64 -q";
+  // A UTF-8 byte-order mark before, a newline after (echo, Windows editors).
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << "\xEF\xBB\xBF" "784-32-10\r\n";
+  }
+  run_result ok = run("--model @" + path + small);
+  INFO(ok.out);
+  CHECK(ok.status == 0);
+  // JSON has no NUL bytes; what follows one is not ignored.
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << R"([{"type": "dense", "units": 10}])" << '\0' << "more";
+  }
+  run_result nul = run("--model @" + path + small);
+  INFO(nul.out);
+  CHECK(nul.status == 2);
+  CHECK(nul.out.find("model description holds a NUL byte") != std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("launcher: a model over what ulimit -v leaves is refused before training, not run out of memory", "[launcher]") {
+  // 784-150000-10 is 1.2e8 parameters: its replica, initial and final weights need about 3.8 GB.
+  run_result r = ringmaster::test::run("ulimit -v 3000000 && " + std::string(RINGMASTER_MNIST_BIN) +
+                                       " --model 784-150000-10 --batch 64 --epochs 1 --limit-train 256 --limit-test 64 -q");
+  INFO(r.out);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("its address-space limit (ulimit -v) leaves") != std::string::npos);
 }
 
 TEST_CASE("launcher: bad flags and values exit 2 with a clear message", "[launcher]") {

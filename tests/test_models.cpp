@@ -324,6 +324,11 @@ TEST_CASE("malformed descriptions are refused before any layer is built", "[laye
   CHECK(has(build_error(R"({"layer": [{"type": "relu"}]})"), "unknown key 'layer'"));
   CHECK(has(build_error(R"({"input": [0, 28, 28], "layers": [{"type": "relu"}]})"), "\"input\" must be [C, H, W]"));
   CHECK(has(build_error(R"({"input": "1x28x28", "layers": [{"type": "relu"}]})"), "\"input\" must be"));
+  // The parser would keep the last of two equal keys, and stop quietly at a NUL byte.
+  CHECK(has(build_error(R"({"layers": [{"type": "relu"}], "layers": [{"type": "dense", "units": 10}]})"),
+            "key 'layers' appears twice in one object"));
+  CHECK(has(build_error(R"([{"type": "dense", "units": 10, "units": 12}])"), "key 'units' appears twice"));
+  CHECK(has(build_error(std::string(R"([{"type": "relu"}])") + '\0' + "[1]"), "holds a NUL byte"));
   // Nesting inside strings does not count.
   std::string err;
   CHECK(build_model(R"({"layers": [{"type": "dense", "units": 10}], "format": "[[[[[[[[[[[[[[[[[[[[[["})", shape{4, 1, 1}, &err));
@@ -540,6 +545,19 @@ TEST_CASE("hostile descriptions and files: wrapped sizes, control characters, hu
   CHECK_FALSE(read_safetensors(path, *m, &params, &err));
   CHECK(has(err, "nests deeper"));
   std::remove(path.c_str());
+  // A tensor named twice: the parser would keep the second; which one was meant is not ours to guess.
+  auto file = [](const std::string& tensors) {
+    const std::string h = "{" + tensors + "}";
+    std::string f(8, '\0');
+    for (int i = 0; i < 8; ++i) f[size_t(i)] = char(uint64_t(h.size()) >> (8 * i) & 0xff);
+    return f + h + std::string(40, '\0');
+  };
+  const std::string kernel = R"("dense_0/kernel":{"dtype":"F32","shape":[4,2],"data_offsets":[0,32]})";
+  const std::string bias = R"("dense_0/bias":{"dtype":"F32","shape":[2],"data_offsets":[32,40]})";
+  const std::string good = file(kernel + "," + bias), twice = file(kernel + "," + bias + "," + bias);
+  CHECK(read_safetensors_bytes("mem", good.data(), good.size(), *m, &params, &err));
+  CHECK_FALSE(read_safetensors_bytes("mem", twice.data(), twice.size(), *m, &params, &err));
+  CHECK(err == "mem: the header names 'dense_0/bias' twice");
 }
 
 TEST_CASE("safetensors: a file reads back from its path and from memory, damage is named", "[layers]") {

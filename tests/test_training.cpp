@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
+#include <stdexcept>
 
 #include "actors/replica.hpp"
 #include "actors/training.hpp"
@@ -173,6 +174,20 @@ TEST_CASE("a replica that cannot start ends the job with an error, not a hang", 
   CHECK(r.error.find("replica ") != std::string::npos);
   INFO(r.error);
   CHECK(r.error.find("cuda:9") != std::string::npos);
+}
+
+TEST_CASE("an exception in the coordinator (a throwing on_progress) ends the job with its message, not a hang", "[training]") {
+  train_config c;
+  c.model = "784-16-10";
+  c.replicas = 2;
+  c.global_batch = 8;
+  c.epochs = 1;
+  c.train = load("train", 64);
+  c.on_progress = [](const progress&) { throw std::runtime_error("the progress bar broke"); };
+  train_result r = train(c);
+  INFO(r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error == "coordinator: the progress bar broke");
 }
 
 TEST_CASE("bad configurations are refused before anything runs", "[training]") {
