@@ -2,15 +2,42 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 namespace ringmaster {
+
+namespace {
+
+// Whether the UTF-8 sequence at s[i] encodes a character that is invisible or reorders the text around
+// it (U+061C, U+200B..U+200F, U+202A..U+202E, U+2060..U+2069, U+FEFF): printed as it is, a name could make
+// an error message read otherwise than it says (Trojan Source, CVE-2021-42574). Its code point, or 0.
+unsigned hidden_char(const std::string& s, size_t i) {
+  const auto at = [&](size_t k) { return k < s.size() ? (unsigned char)s[k] : 0u; };
+  if (at(i) == 0xD8 && at(i + 1) == 0x9C) return 0x061C;
+  if (at(i) != 0xE2 && at(i) != 0xEF) return 0;
+  const unsigned c = (at(i) & 0x0Fu) << 12 | (at(i + 1) & 0x3Fu) << 6 | (at(i + 2) & 0x3Fu);
+  if ((at(i + 1) & 0xC0) != 0x80 || (at(i + 2) & 0xC0) != 0x80) return 0;
+  const bool hidden = (c >= 0x200B && c <= 0x200F) || (c >= 0x202A && c <= 0x202E) || (c >= 0x2060 && c <= 0x2069) || c == 0xFEFF;
+  return hidden ? c : 0;
+}
+
+}  // namespace
 
 std::string quoted(const std::string& text, size_t max) {
   // dump() escapes control characters and quotes; replace invalid UTF-8 rather than throw on it.
   const std::string j = json(text.substr(0, max)).dump(-1, ' ', false, json::error_handler_t::replace);
   std::string out = "'";  // appends, not an operator+ chain (GCC 12 warns falsely on those, -Wrestrict)
-  out.append(j, 1, j.size() - 2);
+  for (size_t i = 1; i + 1 < j.size();) {
+    if (const unsigned c = hidden_char(j, i)) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04X", c);
+      out.append(esc);
+      i += c == 0x061C ? 2 : 3;
+    } else {
+      out.push_back(j[i++]);
+    }
+  }
   return out.append(text.size() > max ? "...'" : "'");
 }
 

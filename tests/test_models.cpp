@@ -205,6 +205,10 @@ TEST_CASE("the registry refuses unknown types, duplicates and bad names", "[laye
   CHECK(has(build_error(R"({"layers": [{"type": "dense", "units": 4}, {"units": 2}]})"), "layer 1: a layer has no \"type\""));
   CHECK(has(build_error(R"({"layers": [{"type": 5}]})"), "has no \"type\""));
   CHECK(has(build_error(R"({"layers": [7]})"), "layer 0: a layer is a JSON object"));
+  // A name that reorders the message around it (U+202E, right-to-left override) is shown escaped;
+  // other characters beyond ASCII as they are.
+  CHECK(has(build_error(R"({"layers": [{"type": "d\u202Eesnéd"}]})"), "unknown layer type 'd\\u202Eesnéd'"));
+  CHECK(quoted("a\xEF\xBB\xBF" "b\xE2\x81\xA6" "c\xD8\x9C" "d\xE2\x80\x8B") == "'a\\uFEFFb\\u2066c\\u061Cd\\u200B'");
 
   layer_registry reg = layer_registry::with_builtins();
   std::string err;
