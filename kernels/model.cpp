@@ -103,7 +103,7 @@ bool parse_model_desc(const std::string& text, model_desc* out, std::string* err
   const json* list = &j;
   if (j.is_object()) {
     for (auto it = j.begin(); it != j.end(); ++it)
-      if (it.key() != "layers" && it.key() != "input" && it.key() != "format")
+      if (it.key() != "layers" && it.key() != "input")
         return *error = "model description: unknown key " + quoted(it.key()) + " (known: input, layers)", false;
     auto in = j.find("input");
     if (in != j.end()) {

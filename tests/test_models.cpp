@@ -335,7 +335,10 @@ TEST_CASE("malformed descriptions are refused before any layer is built", "[laye
   CHECK(has(build_error(std::string(R"([{"type": "relu"}])") + '\0' + "[1]"), "holds a NUL byte"));
   // Nesting inside strings does not count.
   std::string err;
-  CHECK(build_model(R"({"layers": [{"type": "dense", "units": 10}], "format": "[[[[[[[[[[[[[[[[[[[[[["})", shape{4, 1, 1}, &err));
+  CHECK(has(build_error(R"({"layers": [{"type": "dense", "units": 10, "activation": "[[[[[[[[[[[[[[[[[[[[[["}]})"),
+            "'activation': expected \"linear\" or \"relu\""));
+  // Keys the description does not have are refused, not ignored.
+  CHECK(has(build_error(R"({"layers": [{"type": "relu"}], "format": "keras"})"), "unknown key 'format' (known: input, layers)"));
   // The loss needs at least two classes.
   const std::string one = build_error(sequential{layers::flatten(), layers::dense(1)}.text());
   CHECK(has(one, "dense_0), the last, gives 1 output(s)"));
