@@ -480,6 +480,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
   self->set_exception_handler([self, st](caf::scheduled_actor*, std::exception_ptr& e) -> caf::error {
     std::string what = "coordinator: " + exception_text(e);
     finish(self, *st, what);
+    if (st->reply.pending()) st->reply.deliver(st->result);  // finish() itself may have thrown on the way
     return caf::make_error(caf::sec::runtime_error, std::move(what));
   });
 

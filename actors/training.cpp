@@ -29,22 +29,28 @@ std::shared_ptr<const model> build_model(const train_config& cfg, std::string* e
   return model::build(cfg.model, cfg.layers ? *cfg.layers : layer_registry::with_builtins(), cfg.train->sample(), error);
 }
 
-// Whether `bytes` more fit: at most half the machine's memory, and no more than the address-space limit
-// (ulimit -v) leaves this process; else false with *room saying which bound it passes.
+// Whether `bytes` more fit in the tighter of two bounds: half the machine's memory, and what the
+// address-space limit (ulimit -v) leaves this process once the threads a job starts have their stacks
+// and malloc arenas (8 + 64 MiB of address space each); else false with *room naming that bound.
 bool enough_memory(double bytes, std::string* room) {
   const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  if (ram > 0 && bytes > ram / 2) return *room = "half of this machine's memory", false;
+  double most = ram > 0 ? ram / 2 : HUGE_VAL;
+  *room = "half of this machine's memory";
   rlimit as{};
-  if (getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return true;
-  long pages = 0;  // the address space in use now: /proc/self/statm's first figure
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
-    std::fclose(f);
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    long pages = 0;  // the address space in use now: /proc/self/statm's first figure
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    const double threads = cpu_cores() + 4;  // the scheduler's workers and CAF's own
+    const double left = std::max(0.0, double(as.rlim_cur) - double(pages) * double(sysconf(_SC_PAGE_SIZE)) - threads * (72 << 20));
+    if (left < most) {
+      most = left;
+      *room = "the " + std::to_string(int64_t(left / (1 << 20))) + " MiB its address-space limit (ulimit -v) leaves";
+    }
   }
-  const double left = double(as.rlim_cur) - double(pages) * double(sysconf(_SC_PAGE_SIZE));
-  if (bytes <= left) return true;
-  *room = "the " + std::to_string(int64_t(std::max(0.0, left) / (1 << 20))) + " MiB its address-space limit (ulimit -v) leaves";
-  return false;
+  return bytes <= most;
 }
 
 std::string check_config(const train_config& cfg, const model& m, int replicas_here) {

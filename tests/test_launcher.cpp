@@ -177,7 +177,7 @@ TEST_CASE("launcher: a bad model description exits 2 naming the problem, here an
 }
 
 TEST_CASE("launcher: --model @FILE as editors write it trains, and one with a NUL byte is refused", "[launcher]") {
-  const std::string path = "/tmp/ringmaster-e2e-model-file.txt";
+  const std::string path = "/tmp/ringmaster-e2e-model-file-" + std::to_string(::getpid()) + ".txt";
   const std::string small = " --batch 64 --epochs 1 --limit-train 256 --limit-test 64 -q";
   // A UTF-8 byte-order mark before, a newline after (echo, Windows editors).
   {
@@ -200,9 +200,11 @@ TEST_CASE("launcher: --model @FILE as editors write it trains, and one with a NU
 }
 
 TEST_CASE("launcher: a model over what ulimit -v leaves is refused before training, not run out of memory", "[launcher]") {
-  // 784-150000-10 is 1.2e8 parameters: its replica, initial and final weights need about 3.8 GB.
+  // 784-150000-10 is 1.2e8 parameters: one replica with the initial and final weights needs 3.8 GB, more
+  // than the 2.9 GB the limit allows and than half of any machine's memory below 7.6 GB: the tighter
+  // bound, the limit's, is named.
   run_result r = ringmaster::test::run("ulimit -v 3000000 && " + std::string(RINGMASTER_MNIST_BIN) +
-                                       " --model 784-150000-10 --batch 64 --epochs 1 --limit-train 256 --limit-test 64 -q");
+                                       " --model 784-150000-10 --replicas 1 --batch 64 --epochs 1 --limit-train 256 --limit-test 64 -q");
   INFO(r.out);
   CHECK(r.status == 2);
   CHECK(r.out.find("its address-space limit (ulimit -v) leaves") != std::string::npos);
