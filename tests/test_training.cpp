@@ -161,13 +161,23 @@ TEST_CASE("metrics are exact sums and training learns", "[training]") {
   CHECK(std::abs(hits - std::round(hits)) < 1e-6);
 }
 
-TEST_CASE("a replica that cannot start ends the job with an error, not a hang", "[training]") {
+namespace {
+
+// A job of a few steps, for tests of how a job ends.
+train_config tiny_job() {
   train_config c;
   c.model = "784-16-10";
   c.replicas = 2;
   c.global_batch = 8;
   c.epochs = 1;
   c.train = load("train", 64);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a replica that cannot start ends the job with an error, not a hang", "[training]") {
+  train_config c = tiny_job();
   c.devices = {"cuda:98", "cuda:99"};  // no such GPUs (or none at all): both replicas fail to start
   train_result r = train(c);
   CHECK_FALSE(r.ok);
@@ -177,12 +187,7 @@ TEST_CASE("a replica that cannot start ends the job with an error, not a hang", 
 }
 
 TEST_CASE("an exception in the coordinator (a throwing on_progress) ends the job with its message, not a hang", "[training]") {
-  train_config c;
-  c.model = "784-16-10";
-  c.replicas = 2;
-  c.global_batch = 8;
-  c.epochs = 1;
-  c.train = load("train", 64);
+  train_config c = tiny_job();
   c.on_progress = [](const progress&) { throw std::runtime_error("the progress bar broke"); };
   train_result r = train(c);
   INFO(r.error);
