@@ -2,7 +2,6 @@
 
 #include <cfloat>
 #include <cmath>
-#include <set>
 
 #include "actors/checkpoint.hpp"
 #include "kernels/registry.hpp"
@@ -501,12 +500,15 @@ bool read_plan(const json& j, job_plan* p, std::string* error) {
 bool from_json(std::string_view text, job_plan* out, std::string* error) {
   if (text.size() > wire::kMaxJobBytes)
     return fail(error, "the text is " + std::to_string(text.size()) + " bytes, the limit is " + std::to_string(wire::kMaxJobBytes));
+  const std::string whole(text);
   // Before parsing: copying or printing a deeply nested value recurses, and a few bytes a level suffice.
-  if (json_depth(std::string(text)) > kMaxPlanDepth)
+  if (json_depth(whole) > kMaxPlanDepth)
     return fail(error, "the text nests deeper than " + std::to_string(kMaxPlanDepth) + " levels");
+  // The parser would stop at a NUL byte and ignore what follows: a plan is all of its text.
+  if (whole.find('\0') != std::string::npos) return fail(error, "the text holds a NUL byte");
   try {
     std::string twice;  // a plan that says two things is refused
-    const json j = parse_json(std::string(text), &twice);
+    const json j = parse_json(whole, &twice);
     if (j.is_discarded()) return fail(error, "the text is not valid JSON");
     if (!twice.empty()) return fail(error, "key " + ringmaster::quoted(twice) + " appears twice in one object");
     job_plan p;

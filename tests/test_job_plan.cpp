@@ -315,7 +315,7 @@ TEST_CASE("job plan: hostile JSON is refused naming the field", "[plan]") {
           for (int i = 0; i < 1025; ++i) j["ranks"].push_back(one);
         }) == "job plan: 'ranks' has 1025 entries, the limit is 1024");
 
-  // The text itself: not JSON, not an object, a key twice, nested deep, too big.
+  // The text itself: not JSON, not an object, a key twice, a NUL byte, nested deep, too big.
   CHECK(refusal_of_text("") == "job plan: the text is not valid JSON");
   CHECK(refusal_of_text("{\"job\": 1") == "job plan: the text is not valid JSON");
   CHECK(refusal_of_text("{\"seed\": 1e400}") == "job plan: the text is not valid JSON");
@@ -323,6 +323,7 @@ TEST_CASE("job plan: hostile JSON is refused naming the field", "[plan]") {
   std::string twice = to_json(sample_plan());
   twice.insert(1, "\"seed\":1,");
   CHECK(refusal_of_text(twice) == "job plan: key 'seed' appears twice in one object");
+  CHECK(refusal_of_text(to_json(sample_plan()) + std::string(1, '\0') + "{\"job\": 2}") == "job plan: the text holds a NUL byte");
   CHECK(refusal_of_text("{\"a\": [[[1]]]}") == "job plan: the text nests deeper than 3 levels");
   CHECK(refusal_of_text(std::string(100000, '[') + std::string(100000, ']')) == "job plan: the text nests deeper than 3 levels");
   CHECK(refusal_of_text(std::string(wire::kMaxJobBytes + 1, ' ')) == "job plan: the text is 1048577 bytes, the limit is 1048576");
