@@ -303,6 +303,15 @@ struct recorded {
   }
 };
 
+// One epoch of `steps` steps with a checkpoint after each.
+coordinator_config checkpoint_each_step(int64_t steps) {
+  coordinator_config cc = job::small();
+  cc.steps_per_epoch = steps;
+  cc.epochs = 1;
+  cc.checkpoint_every = 1;
+  return cc;
+}
+
 // Rank 0's state after `steps` steps, of n parameters.
 void send_state(job& j, int64_t steps, size_t n) {
   auto s = std::make_shared<network_state>();
@@ -313,13 +322,8 @@ void send_state(job& j, int64_t steps, size_t n) {
 }  // namespace
 
 TEST_CASE("coordinator: a node that sends states for steps far ahead makes it hold a few, not all, and the last", "[coordinator]") {
-  coordinator_config cc = job::small();
-  cc.steps_per_epoch = 20;
-  cc.epochs = 1;
-  cc.checkpoint_every = 1;
+  coordinator_config cc = checkpoint_each_step(20);
   const recorded rec(&cc);
-  const auto& written = rec.written;
-  const auto& events = rec.events;
   job j(cc);
   train_result out = j.run([](job& j) {
     for (int64_t k = 1; k <= 20; ++k) {  // rank 0's state after every step, before any step is reported
@@ -330,20 +334,16 @@ TEST_CASE("coordinator: a node that sends states for steps far ahead makes it ho
   });
   // The newest 8 were held and written, the older ones let go (said once); the job ends well, its last
   // checkpoint written.
-  CHECK(*written == std::vector<int64_t>{13, 14, 15, 16, 17, 18, 19, 20});
-  REQUIRE(events->size() == 1);
-  CHECK(events->front() == "skipped the checkpoint after step 1: 8 states waited for their steps' reports");
+  CHECK(*rec.written == std::vector<int64_t>{13, 14, 15, 16, 17, 18, 19, 20});
+  REQUIRE(rec.events->size() == 1);
+  CHECK(rec.events->front() == "skipped the checkpoint after step 1: 8 states waited for their steps' reports");
   INFO(out.error);
   CHECK(out.ok);
 }
 
 TEST_CASE("coordinator: a checkpoint whose state never comes, only a later one's, is skipped with a line", "[coordinator]") {
-  coordinator_config cc = job::small();
-  cc.epochs = 1;
-  cc.checkpoint_every = 1;
+  coordinator_config cc = checkpoint_each_step(3);
   const recorded rec(&cc);
-  const auto& written = rec.written;
-  const auto& events = rec.events;
   job j(cc);
   train_result out = j.run([](job& j) {
     for (int64_t k : {1, 3}) {  // rank 0's node withholds the state after step 2
@@ -352,9 +352,9 @@ TEST_CASE("coordinator: a checkpoint whose state never comes, only a later one's
     for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s), j.step(1, 0, s);
     j.done(0), j.done(1);
   });
-  CHECK(*written == std::vector<int64_t>{1, 3});
-  REQUIRE(events->size() == 1);
-  CHECK(events->front() == "skipped the checkpoint after step 2: rank 0's node sent no state for it, only for a later step");
+  CHECK(*rec.written == std::vector<int64_t>{1, 3});
+  REQUIRE(rec.events->size() == 1);
+  CHECK(rec.events->front() == "skipped the checkpoint after step 2: rank 0's node sent no state for it, only for a later step");
   INFO(out.error);
   CHECK(out.ok);
 }
