@@ -77,10 +77,11 @@ inline void cpu_relax() {
 #endif
 }
 
-// Shared (not FUTEX_PRIVATE): the word lives in memory two processes map.
-void futex_wait(std::atomic<uint32_t>* word, uint32_t seen) {
+// Shared (not FUTEX_PRIVATE): the word lives in memory two processes map. True when it waited the whole
+// kWaitMs (nobody woke it).
+bool futex_wait(std::atomic<uint32_t>* word, uint32_t seen) {
   timespec ts{kWaitMs / 1000, (kWaitMs % 1000) * 1000000L};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0) != 0 && errno == ETIMEDOUT;
 }
 void futex_wake(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
@@ -199,6 +200,7 @@ struct shm_receiver::impl {
   std::mutex consume;
   std::atomic<uint64_t> taken{0};     // where the next record starts: written under consume, read by anyone
   std::atomic<bool> polling{false};
+  std::atomic<uint64_t> missed{0};    // see missed_wakeups()
   bool dead = false;                  // under consume: broken() was said
 
   void loop();
@@ -293,8 +295,12 @@ void shm_receiver::impl::loop() {
     const uint32_t seq = c.head_seq.load(std::memory_order_seq_cst);
     const bool poller = polling.load(std::memory_order_seq_cst);
     if (!poller) c.rx_waiting.store(1, std::memory_order_seq_cst);
+    bool slept_through = false;
     if ((poller || c.head.load(std::memory_order_seq_cst) == taken.load(std::memory_order_seq_cst)) && !stop.load())
-      futex_wait(&c.head_seq, seq);
+      slept_through = futex_wait(&c.head_seq, seq);
+    // Announced, we slept the whole wait, and a record is there: whoever wrote it should have woken us.
+    if (slept_through && !poller && c.head.load(std::memory_order_seq_cst) != taken.load(std::memory_order_seq_cst))
+      missed.fetch_add(1, std::memory_order_relaxed);
     // Awake: senders need not wake us (only if we announced ourselves: a poller may have since).
     if (!poller) c.rx_waiting.store(0, std::memory_order_seq_cst);
   }
@@ -353,6 +359,8 @@ int shm_receiver::impl::take() {
     return fail("handing on a message failed");
   }
 }
+
+uint64_t shm_receiver::missed_wakeups() const { return d_->missed.load(std::memory_order_relaxed); }
 
 bool shm_receiver::poll(std::chrono::steady_clock::time_point until, const std::function<bool()>& done) {
   impl& d = *d_;
