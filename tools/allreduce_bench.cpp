@@ -413,7 +413,11 @@ int compare_gloo(const options& o, const std::vector<std::pair<size_t, double>>&
     if (!sizes.empty()) sizes += ',';
     sizes += std::to_string(b);
   }
-  const std::string args = " " RINGMASTER_SOURCE_DIR "/tools/gloo_allreduce.py --ranks " + std::to_string(o.ranks) +
+  // The source tree it was built from; a copy of the tree elsewhere (a machine the binary was carried
+  // to, tools/host-carry.sh) runs it from its root.
+  std::string script = RINGMASTER_SOURCE_DIR "/tools/gloo_allreduce.py";
+  if (access(script.c_str(), R_OK) != 0) script = "tools/gloo_allreduce.py";
+  const std::string args = " " + script + " --ranks " + std::to_string(o.ranks) +
                            " --sizes " + sizes + " --iters " + std::to_string(o.iters) + " --warmup " +
                            std::to_string(o.warmup) + " 2>&1";
   const std::string cmd = "for p in python3 /usr/bin/python3; do if $p -c 'import torch.distributed' 2>/dev/null; then exec $p" +

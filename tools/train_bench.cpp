@@ -17,6 +17,7 @@
 //
 // With --nodes N it measures training across processes instead: tools/train_bench_nodes.cpp.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -135,7 +136,11 @@ double torch_run(const std::string& python, const std::string& desc, int replica
   *cpu_rate = 0;
   const bool known = desc == "cnn" || (!desc.empty() && desc.find_first_not_of("0123456789-") == std::string::npos);
   if (!known) return 0;
-  const std::string args = " " RINGMASTER_SOURCE_DIR "/tools/torch_ddp_bench.py --model " + desc + " --replicas " +
+  // The source tree it was built from, else (a copy of the tree on another machine, tools/host-carry.sh)
+  // the tree it runs in.
+  std::string script = RINGMASTER_SOURCE_DIR "/tools/torch_ddp_bench.py";
+  if (access(script.c_str(), R_OK) != 0) script = "tools/torch_ddp_bench.py";
+  const std::string args = " " + script + " --model " + desc + " --replicas " +
                            std::to_string(replicas) + " --batch " + std::to_string(per_replica) + " --steps " +
                            std::to_string(steps) + " 2>/dev/null";
   const std::string cmd =
