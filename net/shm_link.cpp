@@ -81,7 +81,8 @@ inline void cpu_relax() {
 // kWaitMs (nobody woke it).
 bool futex_wait(std::atomic<uint32_t>* word, uint32_t seen) {
   timespec ts{kWaitMs / 1000, (kWaitMs % 1000) * 1000000L};
-  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0) != 0 && errno == ETIMEDOUT;
+  const long r = syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+  return r != 0 && errno == ETIMEDOUT;
 }
 void futex_wake(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
@@ -298,8 +299,11 @@ void shm_receiver::impl::loop() {
     bool slept_through = false;
     if ((poller || c.head.load(std::memory_order_seq_cst) == taken.load(std::memory_order_seq_cst)) && !stop.load())
       slept_through = futex_wait(&c.head_seq, seq);
-    // Announced, we slept the whole wait, and a record is there: whoever wrote it should have woken us.
-    if (slept_through && !poller && c.head.load(std::memory_order_seq_cst) != taken.load(std::memory_order_seq_cst))
+    // We slept the whole wait, no poll runs now (while one does, a waiting record is the poller's), and a
+    // record is there: its sender (we had announced ourselves) or the poll that ended (it announces us and
+    // wakes us for what is left) owed us a wake-up.
+    if (slept_through && !polling.load(std::memory_order_seq_cst) &&
+        c.head.load(std::memory_order_seq_cst) != taken.load(std::memory_order_seq_cst))
       missed.fetch_add(1, std::memory_order_relaxed);
     // Awake: senders need not wake us (only if we announced ourselves: a poller may have since).
     if (!poller) c.rx_waiting.store(0, std::memory_order_seq_cst);

@@ -81,9 +81,10 @@ class shm_receiver {
   // for records or handing one on, and goes on doing so) or the link is dead. The thread takes over
   // again after.
   bool poll(std::chrono::steady_clock::time_point until, const std::function<bool()>& done);
-  // How often the thread, asleep and announced, waited its whole 100 ms and then found a record: a
-  // wake-up the sender or a poller owed it and did not give. Always 0 unless the hand-over has a race
-  // (the tests check it; a stall of the machine itself does not count).
+  // How often the thread waited its whole 100 ms and then, with no poll running, found a record: a
+  // wake-up the sender or a poll that ended owed it and did not give. 0 unless the hand-over has a race
+  // (the tests check it), or a sender stalled between writing a record and waking us just as the wait
+  // ran out; a thread that was woken but waited for a core does not count.
   uint64_t missed_wakeups() const;
   // Stops and joins the thread, marks the segment closed (a sender then drops what it sends) and removes
   // its name if the sender has not.

@@ -8,28 +8,37 @@
 # Exit status: 0 when every step ran and exited 0.
 set -u
 out=${1:?usage: tools/host-bench.sh OUTDIR}
-mkdir -p "$out" && out=$(cd "$out" && pwd)
+mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 src=$(cd "$(dirname "$0")/.." && pwd)
 carried=$src/.host-carry
 budget=${BUDGET_S:-360}
 start=$SECONDS
 status=0
+: > "$out/summary.txt"
 [[ -x $carried/bin/train_bench ]] || { echo "no $carried/bin/train_bench: run tools/host-carry.sh first" >&2; exit 2; }
 cd "$src" || exit 2  # allreduce_bench finds tools/gloo_allreduce.py from here
 
 # Our binaries (and the node daemons train_bench starts) see the carried libraries; python and torch keep
-# their own, through a python3 that drops them.
+# their own, through a python3 that puts back the machine's own LD_LIBRARY_PATH. (The benchmarks fall back
+# to /usr/bin/python3 only when the python3 on PATH has no torch.)
 real_python=$(command -v python3 || true)
 if [[ -n $real_python ]]; then
   mkdir -p "$out/shim"
-  printf '#!/bin/sh\nunset LD_LIBRARY_PATH\nexec %q "$@"\n' "$real_python" > "$out/shim/python3"
+  if [[ -n ${LD_LIBRARY_PATH:-} ]]; then restore="export LD_LIBRARY_PATH=$(printf %q "$LD_LIBRARY_PATH")"; else restore="unset LD_LIBRARY_PATH"; fi
+  printf '#!/usr/bin/env bash\n%s\nexec %q "$@"\n' "$restore" "$real_python" > "$out/shim/python3"
   chmod +x "$out/shim/python3"
   export PATH=$out/shim:$PATH
 fi
 export LD_LIBRARY_PATH=$carried/lib
+# Libraries the carried binaries cannot find here (an older glibc than Debian 12's, say).
+for b in "$carried"/bin/*; do ldd "$b" 2>&1 | grep "not found" | sed "s|^|$(basename "$b"): |"; done > "$out/ldd_missing.txt"
+[[ -s $out/ldd_missing.txt ]] && { echo "MISSING LIBRARIES:"; cat "$out/ldd_missing.txt"; } | tee -a "$out/summary.txt"
 export HOME=$out/home  # keys are made on first use: a fresh home, nothing of the machine's touched
 mkdir -p "$HOME"
-{ echo "cores: $(nproc)"; lscpu 2>/dev/null | grep -E "Model name|Socket|Thread|NUMA node\(s\)"; } > "$out/env.txt"
+{
+  echo "cores: $(nproc), AVX-512: $(grep -qw avx512f /proc/cpuinfo && echo yes || echo no)"
+  lscpu 2>/dev/null | grep -E "Model name|Socket|Thread|NUMA node\(s\)"
+} > "$out/env.txt"
 
 # step NAME LIMIT COMMAND...: runs COMMAND under timeout, never past the overall budget.
 step() {
@@ -38,7 +47,7 @@ step() {
   local left=$((budget - (SECONDS - start)))
   ((limit > left)) && limit=$left
   if ((limit < 5)); then
-    echo "$name: not run (out of time)" | tee -a "$out/summary.txt"
+    echo "$name: not run (out of time)" >> "$out/summary.txt"
     status=1
     return
   fi
@@ -57,7 +66,7 @@ step train_bench_torch 90 "$bin/train_bench" --torch --repeat 3
 
 cat "$out/env.txt" "$out/summary.txt"
 for f in "$out"/*.txt; do
-  case $(basename "$f") in env.txt | summary.txt) continue ;; esac
+  case $(basename "$f") in env.txt | summary.txt | ldd_missing.txt) continue ;; esac
   echo "== $(basename "$f" .txt)"
   grep -v '^#   ' "$f" | tail -n 14
 done

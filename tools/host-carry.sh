@@ -6,7 +6,8 @@
 # Builds train_bench, ringmaster-node and allreduce_bench for x86-64-v3 (AVX2 + FMA, which any server of
 # the last decade has; -march=native would tie them to this CPU) without OpenBLAS (36 MB; the dense layers
 # then use Eigen's GEMM), and copies them with the shared libraries they need, glibc's excepted, and the
-# Fashion-MNIST files. Then, with the device tool:
+# Fashion-MNIST files. They need the other machine's glibc to be 2.36 (Debian 12's) or newer. Then, with
+# the device tool:
 #   run(command="tools/host-bench.sh $OUT/host", carry=[".host-carry"])
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +24,5 @@ for bin in "$dest"/bin/*; do
   ldd "$bin" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libresolv|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" "$dest/lib/"; done
-grep -qx '/.host-carry/' "$src/.git/info/exclude" 2>/dev/null || echo '/.host-carry/' >> "$src/.git/info/exclude"
 du -sh "$dest"
 ls "$dest/lib"
