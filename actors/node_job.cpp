@@ -87,6 +87,7 @@ void node_job::make_pair_key(size_t j) {
 }
 
 node_job::~node_job() {
+  say_lending();
   shm_in_.clear();  // their threads hand chunks to our ports: they stop first (one a replica polls, once
   tcp_in_.clear();  // its poll ends: its chunks go to the port it polls for, which the replica holds)
   for (auto& [node, out] : tcp_out_) out->abort();
@@ -134,7 +135,7 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
   }
   param_count_ = m->param_count();
   test_count_ = test ? test->count : 0;
-  rank_actors local = spawn_ranks(*ctx_.sys, plan_, cfg, m, mine_);
+  rank_actors local = spawn_ranks(*ctx_.sys, plan_, cfg, m, mine_, [this](int rank, size_t floats) { return lend_memory(rank, floats); });
   for (size_t i = 0; i < mine_.size(); ++i) {
     reducers_[mine_[i]] = local.reducers[i];
     ports_[mine_[i]] = local.ports[i];
@@ -168,6 +169,35 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
   return true;
 }
 
+// A CPU rank's gradients go into a window its right neighbour may read in place, should that run in
+// another process on this host (net/shm_window.hpp): the same memory, which the neighbour then maps.
+std::shared_ptr<float> node_job::lend_memory(int rank, size_t floats) {
+  if (plan_.ranks[size_t(rank)].device.rfind("cpu", 0) != 0) return nullptr;
+  bool neighbours = false;  // another node on this host, or none could ever read it
+  for (size_t j = 0; j < plan_.nodes.size(); ++j) neighbours = neighbours || (int(j) != plan_.recipient && same_host(int(j)));
+  if (!neighbours) return nullptr;
+  std::string error;
+  auto w = net::shm_window::create(floats * sizeof(float), &error);
+  if (!w) {
+    ctx_.log("job " + std::to_string(plan_.job_id) + ": rank " + std::to_string(rank) + "'s gradients stay in its own memory: " + error);
+    return nullptr;
+  }
+  windows_[rank] = w;
+  return std::shared_ptr<float>(w, w->floats());
+}
+
+// Whether the right neighbours read our ranks' gradients in place, once the ring they did it in is over.
+void node_job::say_lending() {
+  for (auto& [r, out] : lending_) {
+    const auto state = out->lending();
+    ctx_.log("job " + std::to_string(plan_.job_id) + ": rank " + std::to_string(r) + "'s gradients " +
+             (state == net::shm_sender::window_state::taken      ? std::string("were read in place by its right neighbour")
+              : state == net::shm_sender::window_state::declined ? std::string("were copied: its right neighbour could not map them")
+                                                                 : std::string("were copied: its right neighbour did not answer the offer")));
+  }
+  lending_.clear();
+}
+
 // The ring as the plan orders it. False with *error when a node cannot be reached.
 bool node_job::wire_ring(std::string* error) {
   // Rank r sends to its right neighbour: a reducer here directly; one on another node through shared
@@ -181,6 +211,12 @@ bool node_job::wire_ring(std::string* error) {
     if (reducers_.count(right)) {
       link = make_port_link(ports_[right]);
     } else if (auto shm = open_shm_sender(r, right)) {
+      if (auto w = windows_.find(r); w != windows_.end()) {
+        shm->lend(w->second);
+        // The replica waiting for its all-reduce lets go of what the neighbour has read, as it polls.
+        if (auto in = shm_in_.find(r); in != shm_in_.end()) set_shm_poller(r, in->second, shm);
+        lending_[r] = shm;
+      }
       link = make_shm_link(std::move(shm));
     } else if (const int node = plan_.ranks[size_t(right)].node; on_ring_ports(node)) {
       if (!(link = tcp_ring_link(node, error))) return false;
@@ -312,17 +348,29 @@ void node_job::open_shm_receivers() {
           log(why);
           fail(*port, why);
         });
-    // The replica, once it has asked for its all-reduces, may take the chunks itself (poll_briefly), if
-    // its spinning holds no worker another replica here needs. A poll holds the receiver until it ends.
     std::shared_ptr<net::shm_receiver> shared = std::move(in);
-    const auto budget = ctx_.workers >= int(mine_.size()) ? ctx_.ring_poll : std::chrono::microseconds(0);
-    set_poller(*port, [weak = std::weak_ptr<net::shm_receiver>(shared)](std::chrono::steady_clock::time_point until,
-                                                                        const std::function<bool()>& done) {
-      auto in = weak.lock();
-      return in ? in->poll(until, done) : done();
-    }, budget);
+    set_shm_poller(r, shared, nullptr);
     shm_in_[r] = std::move(shared);
   }
+}
+
+// The replica, once it has asked for its all-reduces, may take the chunks itself (poll_briefly), if its
+// spinning holds no worker another replica here needs. A poll holds the receiver until it ends, and lets
+// go of the messages our right neighbour has read in our window (out: the rank's sender, if it lends).
+void node_job::set_shm_poller(int rank, const std::shared_ptr<net::shm_receiver>& in, const std::shared_ptr<net::shm_sender>& out) {
+  const auto budget = ctx_.workers >= int(mine_.size()) ? ctx_.ring_poll : std::chrono::microseconds(0);
+  set_poller(*ports_[rank], [weak_in = std::weak_ptr<net::shm_receiver>(in), weak_out = std::weak_ptr<net::shm_sender>(out)](
+                                std::chrono::steady_clock::time_point until, const std::function<bool()>& done) {
+    auto in = weak_in.lock();
+    auto out = weak_out.lock();
+    if (!out) return in ? in->poll(until, done) : done();
+    net::shm_sender::reaper r(*out);
+    const auto reaped = [&] {
+      out->reap();
+      return done();
+    };
+    return in ? in->poll(until, reaped) : reaped();
+  }, budget);
 }
 
 std::shared_ptr<net::shm_sender> node_job::open_shm_sender(int rank, int right) {
@@ -426,6 +474,7 @@ void node_job::pause(int gen, int64_t at) {
 
 void node_job::close_ring() {
   ring_open_ = false;
+  say_lending();
   shm_in_.clear();  // no more chunks from this ring's shared memory or ring-port connections (a poll under
   tcp_in_.clear();  // way keeps its receiver until it ends: leave() below fails its port, which drops what
                     // still comes, and the poll stops once the port has no all-reduce left)
@@ -458,8 +507,12 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
     replicas[r] = replicas_[rp.was];
     loaders[r] = loaders_[rp.was];
   }
+  std::map<int, std::shared_ptr<net::shm_window>> windows;
+  for (int r : mine)
+    if (auto w = windows_.find(next.ranks[size_t(r)].was); w != windows_.end()) windows[r] = w->second;
   replicas_ = std::move(replicas);
   loaders_ = std::move(loaders);
+  windows_ = std::move(windows);
   mine_ = std::move(mine);
   std::vector<size_t> joined;  // nodes that come back: their pair keys are new (check_reform saw to it)
   for (size_t j = 0; j < next.nodes.size(); ++j)

@@ -116,6 +116,9 @@ class node_job {
   // segment that node may send through if it runs on this host as our user (net/shm_link.hpp).
   void open_shm_receivers();
   std::shared_ptr<net::shm_sender> open_shm_sender(int rank, int right);
+  std::shared_ptr<float> lend_memory(int rank, size_t floats);
+  void say_lending();
+  void set_shm_poller(int rank, const std::shared_ptr<net::shm_receiver>& in, const std::shared_ptr<net::shm_sender>& out);
   // Whether chunks between us and node `node` go on the nodes' ring ports (net/tcp_link.hpp): sealed
   // with the pair key made for it, or plain when the job has no keys (--insecure). Both need a ring port.
   bool on_ring_ports(int node) const;
@@ -146,6 +149,9 @@ class node_job {
   // The segments of the ring now, by receiving rank: their threads hand chunks to the rank's port. (The
   // sending sides belong to the ranks' links.)
   std::map<int, std::shared_ptr<net::shm_receiver>> shm_in_;
+  // Our ranks' gradients, where they are in windows a neighbour on this host may map (lend_memory).
+  std::map<int, std::shared_ptr<net::shm_window>> windows_;
+  std::map<int, std::shared_ptr<net::shm_sender>> lending_;  // the ring's senders that offered a window
   std::string host_ = net::host_id();  // ours, to compare with the plan's nodes
   caf::actor launcher_link_;
   std::chrono::steady_clock::time_point last_heard_;

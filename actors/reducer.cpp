@@ -62,6 +62,9 @@ struct staging_link : ring::link {
     return inner->send(std::move(m));
   }
   bool copies_at_send() const override { return inner && inner->copies_at_send(); }
+  void await_release() override {
+    if (inner) inner->await_release();
+  }
 };
 
 struct job {

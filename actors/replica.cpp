@@ -161,7 +161,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   }
   const int b = cfg.global_batch / cfg.replicas;
   try {  // out of device memory, say: the job fails with the reason, the process lives on
-    st->model = std::make_unique<network>(*st->be, cfg.def, b, cfg.opt);
+    st->model = std::make_unique<network>(*st->be, cfg.def, b, cfg.opt, cfg.grad_memory.get());
     st->model->set_params(cfg.init_params->data());
     if (!st->be->is_host()) {
       st->x = device_buffer<float>(*st->be, size_t(b) * cfg.def->input().size());

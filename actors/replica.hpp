@@ -33,6 +33,9 @@ struct replica_config {
   // mid-ring must leave the weights and optimizer state as they were.
   size_t bucket_floats = 0;
   std::shared_ptr<reducer_port> port;  // its reducer's (actors/reducer.hpp): gradients are all-reduced there
+  // Host memory for the gradients (def->param_count() floats), kept for the replica's life: a window its
+  // right neighbour's process reads in place (net/shm_window.hpp). Null: the backend's own.
+  std::shared_ptr<float> grad_memory;
   // A resumed job: the steps already done, and the state to go on from (its steps must equal first_step).
   // With first_step > 0 and no state here, a {restore_atom, state} must come before run.
   int64_t first_step = 0;

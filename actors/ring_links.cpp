@@ -3,6 +3,8 @@
 #include "actors/messages.hpp"
 #include "actors/reducer.hpp"
 
+#include <type_traits>
+
 namespace ringmaster {
 namespace {
 
@@ -44,8 +46,10 @@ struct bridge_link : process_link {
   }
 };
 
-// Through a sender of net/: net::shm_sender copies the floats into the segment, net::tcp_sender seals
-// them into a buffer of its own, or, plain, writes them from where they are, holding the message's owner.
+// Through a sender of net/: net::shm_sender copies the floats into the segment (or, for a message in
+// place in the window it lends, writes where they are and holds the owner until the receiver has read
+// them), net::tcp_sender seals them into a buffer of its own, or, plain, writes them from where they
+// are, holding the message's owner.
 template <class Sender>
 struct sender_link : process_link {
   std::shared_ptr<Sender> out;
@@ -55,11 +59,17 @@ struct sender_link : process_link {
   std::string send(ring::message m) override {
     if (m.device >= 0) return "a chunk in device memory reached the link to another process";
     std::string err;
-    if (!out->send(to_wire(m), net::payload{m.data, m.count * sizeof(float), std::move(m.owner)}, &err))
-      return std::string("send to the next node") + via + ": " + err;
+    net::payload p{m.data, m.count * sizeof(float), std::move(m.owner)};
+    bool sent = false;
+    if constexpr (std::is_same_v<Sender, net::shm_sender>) sent = out->send(to_wire(m), std::move(p), &err, m.in_place);
+    else sent = out->send(to_wire(m), std::move(p), &err);
+    if (!sent) return std::string("send to the next node") + via + ": " + err;
     return "";
   }
   bool copies_at_send() const override { return copies; }
+  void await_release() override {
+    if constexpr (std::is_same_v<Sender, net::shm_sender>) out->await_release();
+  }
 };
 
 }  // namespace

@@ -138,7 +138,8 @@ reducer_config plan_reducer_config(const job_plan& plan, int rank, size_t params
 }
 
 rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const train_config& cfg,
-                        std::shared_ptr<const model> m, const std::vector<int>& ranks) {
+                        std::shared_ptr<const model> m, const std::vector<int>& ranks,
+                        const grad_memory_fn& grad_memory) {
   const int n = plan.replicas();
   const int64_t steps = int64_t(steps_per_epoch(cfg.train->count, size_t(plan.global_batch)));
   // A resumed job's state (on nodes it comes in a restore message instead).
@@ -181,6 +182,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     rc.elastic = plan.elastic;
     rc.stall_after_steps = cfg.stall_after_steps;
     rc.stall_at_join_pause = cfg.stall_at_join_pause;
+    if (grad_memory) rc.grad_memory = grad_memory(r, m->param_count());
     if (plan.evaluate && cfg.test) {
       rc.test = cfg.test;
       std::tie(rc.test_begin, rc.test_end) = plan.test_shard(r, cfg.test->count);  // sums are exact

@@ -86,8 +86,12 @@ struct rank_actors {
 };
 // Each rank's settings, device and shards come from the plan (its job id: the reducers take only that
 // job's chunks); of cfg only the data, init_params, bucket_bytes and make_backend are read.
+// grad_memory(rank, floats), if given, may give a rank's gradients host memory of their own
+// (replica_config::grad_memory); null: the backend's.
+using grad_memory_fn = std::function<std::shared_ptr<float>(int rank, size_t floats)>;
 rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const train_config& cfg,
-                        std::shared_ptr<const model> m, const std::vector<int>& ranks);
+                        std::shared_ptr<const model> m, const std::vector<int>& ranks,
+                        const grad_memory_fn& grad_memory = {});
 
 // Rank `rank`'s reducer settings in `plan`'s ring (its id, size and paths).
 reducer_config plan_reducer_config(const job_plan& plan, int rank, size_t params);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <stdexcept>
 #include <map>
 #include <random>
 #include <sstream>
@@ -305,11 +306,13 @@ std::vector<float> init_params(const model& m, uint64_t seed) {
 
 // ---- network ----------------------------------------------------------------------------------------
 
-network::network(backend& be, std::shared_ptr<const model> m, int max_batch, optimizer_config opt)
+network::network(backend& be, std::shared_ptr<const model> m, int max_batch, optimizer_config opt, float* host_grads)
     : be_(be), m_(std::move(m)), max_batch_(0), opt_(opt) {
   const size_t n = m_->param_count();
+  if (host_grads && !be_.is_host()) throw std::invalid_argument("host memory for the gradients of a model on " + be_.name());
   params_ = device_buffer<float>(be_, n);
-  grads_ = device_buffer<float>(be_, n);
+  if (!host_grads) grads_ = device_buffer<float>(be_, n);
+  grads_at_ = host_grads ? host_grads : grads_.data();
   m1_ = device_buffer<float>(be_, n);
   if (opt_.kind == optimizer_config::adam) m2_ = device_buffer<float>(be_, n);
   for (const model::entry& e : m_->layers()) {
@@ -317,7 +320,7 @@ network::network(backend& be, std::shared_ptr<const model> m, int max_batch, opt
     std::vector<float*> gv;
     for (size_t p = e.first_param; p < e.first_param + e.param_count; ++p) {
       pv.push_back(params_.data() + m_->params()[p].offset);
-      gv.push_back(grads_.data() + m_->params()[p].offset);
+      gv.push_back(grads_at_ + m_->params()[p].offset);
     }
     pviews_.push_back(std::move(pv));
     gviews_.push_back(std::move(gv));

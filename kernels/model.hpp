@@ -129,11 +129,14 @@ struct batch_metrics {
 // workspaces, allocated once for a maximum batch so the training step allocates nothing.
 class network {
  public:
-  network(backend& be, std::shared_ptr<const model> m, int max_batch, optimizer_config opt);
+  // host_grads: where the gradients live, size() floats of host memory the caller keeps for the network's
+  // life (memory a neighbour process reads, net/shm_window.hpp), for a host backend only; null: the
+  // backend's own.
+  network(backend& be, std::shared_ptr<const model> m, int max_batch, optimizer_config opt, float* host_grads = nullptr);
   const model& def() const { return *m_; }
   size_t size() const { return m_->param_count(); }
   float* params() { return params_.data(); }
-  float* grads() { return grads_.data(); }
+  float* grads() { return grads_at_; }
   void set_params(const float* host);
   void get_params(float* host) const;
   // Forward and backward on x (B, input) in NCHW and labels (B), device memory. Gradients (overwritten)
@@ -172,6 +175,7 @@ class network {
   optimizer_config opt_;
   int64_t step_ = 0;
   device_buffer<float> params_, grads_, m1_, m2_;  // m1_, m2_: Adam's moments (m1_: SGD's velocity)
+  float* grads_at_ = nullptr;                      // grads_, or the caller's host_grads
   device_buffer<float> input_;                     // channels-last copy of a multi-channel input
   std::vector<device_buffer<float>> acts_, work_;  // per layer: output (B, out), workspace
   std::vector<std::vector<const float*>> pviews_;

@@ -115,8 +115,15 @@ std::string driver::start(int64_t seq, float* buf, size_t total, size_t lo, size
     early_bytes_ -= m.count * sizeof(float);
     if (m.seq == seq) err = apply(m);
   }
-  if (err.empty() && !small() && segs_left_ == 0) state_->rounds_done = true;
+  if (err.empty() && !small() && segs_left_ == 0) rounds_over();
   return err;
+}
+
+void driver::rounds_over() {
+  state_->rounds_done = true;
+  // Only the right neighbour's reading of our sends is left: a link that learns of that late (shared
+  // memory's references) watches for it now.
+  if (state_->outstanding.load() > 0) right_->await_release();
 }
 
 // Skips the rounds whose incoming range is empty for this segment (nothing is sent for an empty range,
@@ -135,7 +142,9 @@ std::string driver::advance(int s) {
 std::string driver::send_range(int round, int segment, const chunk_range& r) {
   if (r.count == 0) return "";
   message m{opt_.job, seq_, rank_, round, segment, false, buf_ + r.offset, r.count, nullptr, ops_->device()};
+  m.in_place = true;
   if (ops_->device() < 0 && r.count * sizeof(float) < opt_.copy_below) {
+    m.in_place = false;
     auto copy = copy_of(m.data, r.count);
     m.data = copy->data();
     m.owner = std::move(copy);
@@ -173,7 +182,7 @@ std::string driver::receive(message m) {
     return "";
   }
   std::string err = apply(m);
-  if (err.empty() && !small() && segs_left_ == 0) state_->rounds_done = true;
+  if (err.empty() && !small() && segs_left_ == 0) rounds_over();
   return err;
 }
 

@@ -50,6 +50,9 @@ struct message {
   // data is lent by the link (a shared-memory segment's space, net/shm_link.hpp): the driver copies it
   // before it keeps it waiting for later messages from the left, which may need that space.
   bool lent = false;
+  // data is the sender's buffer, left unchanged until owner is let go: a link may pass a reference to it
+  // instead of the floats (shared memory's lent window).
+  bool in_place = false;
 };
 
 // How a rank's buffer is summed: the host's loops, or a device's kernels. src_device is where the
@@ -77,9 +80,12 @@ class link {
   virtual ~link() = default;
   // Carries m to the right neighbour. Returns "" or what failed (the all-reduce then fails).
   virtual std::string send(message m) = 0;
-  // Whether send() is done with m.data when it returns (a link that copies, as shared memory does): the
-  // driver then sends its own buffer where it would otherwise send a copy of it.
+  // Whether send() is done with m.data when it returns, for a message not in_place (a link that copies,
+  // as shared memory does): the driver then sends its own buffer where it would otherwise send a copy.
   virtual bool copies_at_send() const { return false; }
+  // The rounds are done and only owners of sent messages are still held: a link that holds them until
+  // the far side says it has read them (shared memory's references) makes sure it hears of it.
+  virtual void await_release() {}
 };
 
 struct driver_options {
@@ -139,6 +145,7 @@ class driver {
   std::string apply_whole(const message& m);
   std::string send_range(int round, int segment, const chunk_range& r);
   std::string advance(int segment);
+  void rounds_over();
   void finish_whole();
   chunk_range window_chunk(int c) const;
   chunk_range segment_of(const chunk_range& c, int segment) const;

@@ -28,16 +28,22 @@
 #include <openssl/evp.h>
 
 #include "net/ring_driver.hpp"
+#include "net/shm_window.hpp"
 
 namespace ringmaster::net {
 namespace {
 
 constexpr uint64_t kShmMagic = 0x4d48535f474e4952ull;  // "RING_SHM"
-constexpr uint32_t kShmVersion = 1;
+constexpr uint32_t kShmVersion = 2;
 constexpr size_t kControlBytes = 4096;
 constexpr size_t kRecordAlign = 64;
 constexpr size_t kRecordHead = 8 + wire::kHeaderSize;  // length and header: payloads start 64-aligned
 constexpr uint64_t kPadRecord = ~uint64_t(0);
+// Set in a record's length: its payload is the offset of the bytes in the sender's lent window.
+constexpr uint64_t kRefRecord = uint64_t(1) << 62;
+constexpr size_t kRefPayload = sizeof(uint64_t);
+// control::offer: the sender's window (shm_sender::lend), and what the receiver made of it.
+enum : uint32_t { kNoOffer = 0, kOffered = 1, kTaken = 2, kDeclined = 3 };
 constexpr int kWaitMs = 100;  // futex waits wake this often to see a stop
 static_assert(kRecordHead == kRecordAlign);
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
@@ -60,10 +66,17 @@ struct control {
   std::atomic<uint32_t> tail_seq;           // one more per record consumed: the sender's futex
   std::atomic<uint32_t> tx_waiting;
   alignas(64) std::atomic<uint32_t> closed;  // the receiver is gone or gave up: senders drop messages
+  // The sender writes the window's id, then offer = kOffered (release); the receiver answers kTaken or
+  // kDeclined.
+  alignas(64) std::atomic<uint32_t> offer;
+  int32_t offer_pid, offer_fd;
+  uint64_t offer_dev, offer_ino, offer_bytes;
 };
 static_assert(sizeof(control) <= kControlBytes);
 // tests/test_shm_link.cpp writes a broken sender's records at these offsets.
 static_assert(offsetof(control, head) == 64 && offsetof(control, head_seq) == 72 && offsetof(control, pid) == 40);
+static_assert(offsetof(control, offer) == 256 && offsetof(control, offer_pid) == 260 && offsetof(control, offer_fd) == 264 &&
+              offsetof(control, offer_dev) == 272 && offsetof(control, offer_ino) == 280 && offsetof(control, offer_bytes) == 288);
 
 constexpr size_t kSegmentBytes = kControlBytes + kShmCapacity;
 // The ring's messages must fit, or a job would fail where the network would carry it.
@@ -203,6 +216,11 @@ struct shm_receiver::impl {
   std::atomic<bool> polling{false};
   std::atomic<uint64_t> missed{0};    // see missed_wakeups()
   bool dead = false;                  // under consume: broken() was said
+  bool offer_seen = false;            // under consume
+  std::shared_ptr<const shm_window_view> view;  // under consume: the sender's window, once taken
+
+  // Under consume: maps the window the sender offers, or declines it (it then copies as before).
+  void take_offer();
 
   void loop();
   // Under consume: hands on the next record if one is there. 1: one was, 0: none, -1: the link is dead.
@@ -310,9 +328,19 @@ void shm_receiver::impl::loop() {
   }
 }
 
+void shm_receiver::impl::take_offer() {
+  offer_seen = true;
+  control& c = *seg.ctl;
+  const shm_window_id id{c.offer_pid, c.offer_fd, c.offer_dev, c.offer_ino, c.offer_bytes};
+  std::string error;
+  view = shm_window_view::open(id, &error);
+  c.offer.store(view ? kTaken : kDeclined, std::memory_order_release);
+}
+
 int shm_receiver::impl::take() {
   if (dead) return -1;
   control& c = *seg.ctl;
+  if (!offer_seen && c.offer.load(std::memory_order_acquire) == kOffered) take_offer();
   const uint64_t cap = kShmCapacity;
   const auto fail = [this](const std::string& why) {
     dead = true;
@@ -336,6 +364,8 @@ int shm_receiver::impl::take() {
       lent->read(tail, true);
       return 1;
     }
+    const bool ref = (len & kRefRecord) != 0;
+    len &= ~kRefRecord;
     if (len < kRecordHead || len % kRecordAlign || len > cap - off || len > head - tail)
       return fail("a record of " + std::to_string(len) + " bytes does not fit where it is");
     unsigned char hb[wire::kHeaderSize];
@@ -343,17 +373,30 @@ int shm_receiver::impl::take() {
     wire::header h;
     std::string error;
     if (!wire::decode(hb, sizeof hb, &h, &error)) return fail("bad header: " + error);
-    if (h.payload_bytes > len - kRecordHead || h.payload_bytes > kShmMaxPayload)
+    const void* data = seg.data + off + kRecordHead;
+    if (ref) {  // the bytes are in the sender's window: the offset must keep them inside it
+      if (!view) return fail("a reference to memory it did not lend");
+      if (len < kRecordHead + kRefPayload) return fail("a reference record of " + std::to_string(len) + " bytes");
+      uint64_t at = 0;
+      std::memcpy(&at, data, sizeof at);
+      if (h.payload_bytes == 0 || at % alignof(float) || at > view->bytes() || h.payload_bytes > view->bytes() - at)
+        return fail("a reference to " + std::to_string(h.payload_bytes) + " bytes at " + std::to_string(at) +
+                    " of a window of " + std::to_string(view->bytes()));
+      data = view->data() + at;
+    } else if (h.payload_bytes > len - kRecordHead || h.payload_bytes > kShmMaxPayload) {
       return fail("a payload of " + std::to_string(h.payload_bytes) + " bytes in a record of " + std::to_string(len));
+    }
     tail += len;
     taken.store(tail, std::memory_order_release);
     lent->read(tail, h.payload_bytes == 0);
     payload p;
     if (h.payload_bytes > 0) {
-      // Lent in place: the sender can only change floats it sent (it is our user, see the header).
-      const void* data = seg.data + off + kRecordHead;
+      // Lent in place: the sender can only change floats it sent (it is our user, see the header). The
+      // space of a reference's record comes back, as any other's, once its reader let go: that is how
+      // the sender knows its window's bytes are read.
       p = payload{data, size_t(h.payload_bytes),
-                  std::shared_ptr<const void>(data, [l = lent, end = tail](const void*) { l->let_go(end); }), true};
+                  std::shared_ptr<const void>(data, [l = lent, end = tail, v = ref ? view : nullptr](const void*) { l->let_go(end); }),
+                  true};
     }
     on_message(h, std::move(p));
     return 1;
@@ -405,11 +448,29 @@ bool shm_receiver::poll(std::chrono::steady_clock::time_point until, const std::
 
 // ---- sender ----
 
+namespace {
+
+// A message on its way: its bytes, or (ref) where they lie in our lent window.
+struct outgoing_record {
+  wire::header h;
+  payload p;
+  bool ref = false;
+  uint64_t at = 0;
+};
+using owners = std::vector<std::shared_ptr<const void>>;
+
+}  // namespace
+
 struct shm_sender::impl {
   mapping seg;
-  std::mutex mu;
+  mutable std::mutex mu;
   std::condition_variable wake;
-  std::deque<std::pair<wire::header, payload>> queue;  // waiting for room, in order
+  std::deque<outgoing_record> queue;  // waiting for room, in order
+  // References written, whose owners we hold until the receiver's tail passes their end: (end, owner).
+  std::deque<std::pair<uint64_t, std::shared_ptr<const void>>> held;
+  std::shared_ptr<shm_window> window;  // offered to the receiver
+  bool wanted = false;                 // someone waits for the held owners (await_release)
+  int reapers = 0;                     // reaper objects alive: they let the owners go, not the thread
   bool stop = false;
   uint64_t head = 0;  // ours alone; changed only under mu
   std::thread thread;
@@ -421,9 +482,10 @@ struct shm_sender::impl {
     *pad = cap - off < need ? cap - off : 0;
     return head + *pad + need - seg.ctl->tail.load(std::memory_order_acquire) <= cap;
   }
+  static size_t need(const outgoing_record& o) { return record_bytes(o.ref ? kRefPayload : o.p.size); }
   // Under mu, by whoever may write now (the queue is empty, or this is its front).
-  bool try_write(const wire::header& h, const payload& p) {
-    const size_t need = record_bytes(p.size);
+  bool try_write(outgoing_record& o) {
+    const size_t need = impl::need(o);
     uint64_t pad = 0;
     if (!fits(need, &pad)) return false;
     if (pad) {
@@ -431,18 +493,34 @@ struct shm_sender::impl {
       head += pad;
     }
     unsigned char* rec = seg.data + head % kShmCapacity;
-    const uint64_t len = need;
-    const wire::header_bytes hb = wire::encode(h);
+    const uint64_t len = need | (o.ref ? kRefRecord : 0);
+    const wire::header_bytes hb = wire::encode(o.h);
     std::memcpy(rec, &len, sizeof len);
     std::memcpy(rec + 8, hb.data(), hb.size());
-    if (p.size) std::memcpy(rec + kRecordHead, p.data, p.size);
+    if (o.ref) std::memcpy(rec + kRecordHead, &o.at, sizeof o.at);
+    else if (o.p.size) std::memcpy(rec + kRecordHead, o.p.data, o.p.size);
     head += need;
+    if (o.ref) held.emplace_back(head, std::move(o.p.owner));
     control& c = *seg.ctl;
     c.head.store(head, std::memory_order_release);
     c.head_seq.fetch_add(1, std::memory_order_seq_cst);
     if (c.rx_waiting.load(std::memory_order_seq_cst)) futex_wake(&c.head_seq);
     return true;
   }
+  // Under mu: moves the owners the receiver is done with (all, once it is gone) to *out, to be let go
+  // without the lock (the last may wake a reducer).
+  void collect(owners* out) {
+    if (held.empty()) return;
+    const bool gone = closed();
+    const uint64_t tail = seg.ctl->tail.load(std::memory_order_acquire);
+    while (!held.empty() && (gone || held.front().first <= tail)) {
+      out->push_back(std::move(held.front().second));
+      held.pop_front();
+    }
+    if (held.empty()) wanted = false;
+  }
+  // Under mu: the thread must watch the receiver for the held owners.
+  bool watch() const { return wanted && reapers == 0 && !held.empty(); }
   void loop();
 };
 
@@ -481,7 +559,7 @@ std::unique_ptr<shm_sender> shm_sender::open(const shm_stamp& stamp, std::string
     *error = "/dev/shm" + name + " is not the segment for this ring (its stamp differs)";
     return nullptr;
   }
-  if (c.head.load() != 0 || c.closed.load() != 0) {
+  if (c.head.load() != 0 || c.closed.load() != 0 || c.offer.load() != kNoOffer) {
     *error = "/dev/shm" + name + " is in use already";
     return nullptr;
   }
@@ -497,7 +575,34 @@ std::unique_ptr<shm_sender> shm_sender::open(const shm_stamp& stamp, std::string
   return s;
 }
 
-bool shm_sender::send(const wire::header& header, payload p, std::string* error) {
+void shm_sender::lend(std::shared_ptr<shm_window> w) {
+  if (!w) return;
+  std::lock_guard<std::mutex> lock(d_->mu);
+  control& c = *d_->seg.ctl;
+  if (d_->window || c.offer.load() != kNoOffer) return;  // offered once
+  d_->window = std::move(w);
+  const shm_window_id id = d_->window->id();
+  c.offer_pid = id.pid;
+  c.offer_fd = id.fd;
+  c.offer_dev = id.dev;
+  c.offer_ino = id.ino;
+  c.offer_bytes = id.bytes;
+  c.offer.store(kOffered, std::memory_order_release);
+  // The receiver takes it up when it next looks for records: now, if it sleeps.
+  c.head_seq.fetch_add(1, std::memory_order_seq_cst);
+  if (c.rx_waiting.load(std::memory_order_seq_cst)) futex_wake(&c.head_seq);
+}
+
+shm_sender::window_state shm_sender::lending() const {
+  switch (d_->seg.ctl->offer.load(std::memory_order_acquire)) {
+    case kOffered: return window_state::offered;
+    case kTaken: return window_state::taken;
+    case kDeclined: return window_state::declined;
+    default: return window_state::none;
+  }
+}
+
+bool shm_sender::send(const wire::header& header, payload p, std::string* error, bool in_place) {
   wire::header h = header;
   h.payload_bytes = p.size;
   if (!wire::validate(h, error)) return false;
@@ -506,40 +611,98 @@ bool shm_sender::send(const wire::header& header, payload p, std::string* error)
              std::to_string(kShmMaxPayload);
     return false;
   }
+  owners done;  // let go of after the lock
   std::lock_guard<std::mutex> lock(d_->mu);
+  d_->collect(&done);
   if (d_->closed()) return true;  // the receiver is gone: as a connection to a vanished peer drops
-  if (d_->queue.empty() && d_->try_write(h, p)) return true;
+  outgoing_record o{h, std::move(p)};
+  // A reference only once the receiver has mapped the window (it checks every one against it).
+  o.ref = in_place && o.p.size && d_->window && d_->seg.ctl->offer.load(std::memory_order_acquire) == kTaken &&
+          d_->window->holds(o.p.data, o.p.size, &o.at);
+  if (d_->queue.empty() && d_->try_write(o)) return true;
   // Copied: the caller may change its buffer once we return (a full buffer is rare: the ring waits for
-  // its neighbours long before 16 MiB are on their way).
-  if (p.size) p = payload::copy_of(std::string_view(static_cast<const char*>(p.data), p.size));
-  d_->queue.emplace_back(h, std::move(p));
+  // its neighbours long before 16 MiB are on their way). A reference keeps its owner instead.
+  if (!o.ref && o.p.size) o.p = payload::copy_of(std::string_view(static_cast<const char*>(o.p.data), o.p.size));
+  d_->queue.push_back(std::move(o));
   d_->wake.notify_one();
   return true;
+}
+
+void shm_sender::reap() {
+  owners done;
+  std::unique_lock<std::mutex> lock(d_->mu, std::try_to_lock);  // busy: the next call, or the thread
+  if (lock.owns_lock()) d_->collect(&done);
+}
+
+void shm_sender::await_release() {
+  std::lock_guard<std::mutex> lock(d_->mu);
+  if (d_->held.empty()) return;
+  d_->wanted = true;
+  if (d_->watch()) d_->wake.notify_one();
+}
+
+size_t shm_sender::held() const {
+  std::lock_guard<std::mutex> lock(d_->mu);
+  return d_->held.size();
+}
+
+shm_sender::reaper::reaper(shm_sender& s) : s_(s) {
+  std::lock_guard<std::mutex> lock(s_.d_->mu);
+  ++s_.d_->reapers;
+}
+
+shm_sender::reaper::~reaper() {
+  owners done;
+  std::lock_guard<std::mutex> lock(s_.d_->mu);
+  s_.d_->collect(&done);
+  // Owners still held that someone waits for: the thread watches from now on.
+  if (--s_.d_->reapers == 0 && s_.d_->watch()) s_.d_->wake.notify_one();
 }
 
 void shm_sender::impl::loop() {
   std::unique_lock<std::mutex> lock(mu);
   while (true) {
-    wake.wait(lock, [&] { return stop || !queue.empty(); });
+    const auto ready = [&] { return stop || !queue.empty() || watch(); };
+    // Owners held that no one has asked for yet: looked after anyway once they are held long, so that a
+    // caller that never asks (a link that did not pass await_release on) is slow, never stuck.
+    if (held.empty() || reapers > 0) wake.wait(lock, ready);
+    else if (!wake.wait_for(lock, std::chrono::milliseconds(20), ready) && !held.empty()) wanted = true;
     if (stop) return;
     if (closed()) {
       queue.clear();
+      owners done;
+      collect(&done);
+      lock.unlock();
+      done.clear();
+      lock.lock();
       continue;
     }
-    if (try_write(queue.front().first, queue.front().second)) {
+    if (!queue.empty() && try_write(queue.front())) {
       queue.pop_front();
       continue;
     }
-    // Full: wait for the receiver to consume, without the lock (send() only queues meanwhile).
-    const size_t need = record_bytes(queue.front().second.size);
+    if (queue.empty() && held.empty()) continue;  // a reaper let them go meanwhile
+    // Full, or owners held: wait for the receiver to consume, without the lock (send() only queues
+    // meanwhile). The receiver wakes us when it gives space back, as we say we wait.
+    const bool full = !queue.empty();
+    const size_t need = full ? impl::need(queue.front()) : 0;
+    const uint64_t until = full ? 0 : held.front().first;
     lock.unlock();
     control& c = *seg.ctl;
     c.tx_waiting.store(1, std::memory_order_seq_cst);
     const uint32_t seq = c.tail_seq.load(std::memory_order_seq_cst);
     uint64_t pad = 0;
-    if (!fits(need, &pad) && !closed()) futex_wait(&c.tail_seq, seq);
+    const bool wait = full ? !fits(need, &pad) : c.tail.load(std::memory_order_seq_cst) < until;
+    if (wait && !closed()) futex_wait(&c.tail_seq, seq);
     c.tx_waiting.store(0, std::memory_order_relaxed);
+    owners done;
     lock.lock();
+    collect(&done);
+    if (!done.empty()) {
+      lock.unlock();
+      done.clear();
+      lock.lock();
+    }
   }
 }
 

@@ -25,6 +25,13 @@
 // whatever the other side writes, it can make us drop the link, never read astray. Payloads are lent, not
 // copied (payload::lent): a record's space goes back to the sender once its reader and those of every
 // record before it let go. A sender that writes into lent space changes only floats it sent itself.
+//
+// A sender may also lend the receiver memory of its own (net/shm_window.hpp: its replica's gradients).
+// It offers the window in the control block; the receiver maps it read-only, or declines. Once it took
+// it, a message whose bytes lie in the window and stay put until the receiver is done with them (the
+// ring's in-place sends) goes as a reference record: the header and the bytes' offset, no copy. The
+// receiver checks the offset against the window; the sender holds the message's owner until the
+// record's space comes back, which says the receiver has let go of it.
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -34,6 +41,7 @@
 #include <string>
 
 #include "net/bridge.hpp"
+#include "net/shm_window.hpp"
 #include "net/wire.hpp"
 
 namespace ringmaster::net {
@@ -109,8 +117,34 @@ class shm_sender {
   // with *error only for a message that can never go (a bad header, a payload over kShmMaxPayload). Once
   // the receiver has closed the segment, messages are dropped, as a connection to a vanished peer drops
   // them; the job's heartbeats tell who is gone.
-  bool send(const wire::header& h, payload p, std::string* error);
-  ~shm_sender();  // drops what is still queued
+  // in_place: p's bytes stay unchanged until p.owner is let go, so a message inside the lent window
+  // may go as a reference.
+  bool send(const wire::header& h, payload p, std::string* error, bool in_place = false);
+  // Offers the receiver `w` to read in place (once; before or while messages flow). Until it has taken
+  // it, and if it declines (another pid namespace, say), messages are copied as before.
+  void lend(std::shared_ptr<shm_window> w);
+  enum class window_state { none, offered, taken, declined };
+  window_state lending() const;
+  // The owners of referenced messages are held until the receiver let go of them. Whoever waits for
+  // that (a replica polling for its all-reduce's end) calls reap() to let them go at once; while a
+  // reaper exists, the sender's thread leaves that to it, else it sleeps until the receiver wakes it.
+  void reap();
+  // Someone waits for the held owners (ring::link::await_release): unless a reaper lets them go, the
+  // sender's thread waits for the receiver and does.
+  void await_release();
+  class reaper {
+   public:
+    explicit reaper(shm_sender& s);
+    ~reaper();
+    reaper(const reaper&) = delete;
+    reaper& operator=(const reaper&) = delete;
+
+   private:
+    shm_sender& s_;
+  };
+  // Referenced messages whose owners are still held.
+  size_t held() const;
+  ~shm_sender();  // drops what is still queued, lets go of what is held
   shm_sender(const shm_sender&) = delete;
   shm_sender& operator=(const shm_sender&) = delete;
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "net/shm_link.hpp"
+#include "net/shm_window.hpp"
 
 using namespace ringmaster;
 using namespace std::chrono_literals;
@@ -537,4 +538,228 @@ TEST_CASE("shm link: a segment's name shows other local users neither the job's 
   CHECK(net::shm_name({s.job, 3, 5}) != name);                          // each receiver its own
   CHECK(net::shm_name({s.job + 1, 3, 4}) != name);                      // each ring its own
   CHECK(net::shm_name({s.job, 7, 4}) == name);                          // the sender is the stamp's, not the name's
+}
+
+namespace {
+
+// A receiver, the segment as the test maps it (before the sender's open removes its name), and the sender.
+struct mapped_pair {
+  net::shm_stamp stamp = fresh_stamp();
+  std::unique_ptr<net::shm_receiver> rx;
+  std::unique_ptr<raw_segment> raw;
+  std::unique_ptr<net::shm_sender> tx;
+  mapped_pair() {
+    std::string error;
+    bool missing = false;
+    rx = net::shm_receiver::create(stamp, &error);
+    REQUIRE(rx);
+    raw = std::make_unique<raw_segment>(stamp);
+    tx = net::shm_sender::open(stamp, &error, &missing);
+    INFO(error);
+    REQUIRE(tx);
+  }
+};
+
+// Waits for what a sender's thread or the receiver's does.
+bool eventually(const std::function<bool()>& f, std::chrono::milliseconds t = 5s) {
+  const auto until = std::chrono::steady_clock::now() + t;
+  while (!f()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+// A receiver that keeps what it is handed until the test lets go.
+struct keeper {
+  std::mutex mu;
+  std::vector<net::payload> held;
+  std::vector<std::string> errors;
+  void start(net::shm_receiver& r) {
+    r.start(
+        [this](const wire::header&, net::payload p) {
+          std::lock_guard<std::mutex> lock(mu);
+          held.push_back(std::move(p));
+        },
+        [this](const std::string& why) {
+          std::lock_guard<std::mutex> lock(mu);
+          errors.push_back(why);
+        });
+  }
+  size_t count() {
+    std::lock_guard<std::mutex> lock(mu);
+    return held.size();
+  }
+  std::string error() {
+    std::lock_guard<std::mutex> lock(mu);
+    return errors.empty() ? "" : errors[0];
+  }
+  void let_go(size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    held[i] = net::payload{};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("shm link: messages in place in a lent window go by reference, and their owners are held until read", "[shm]") {
+  keeper k;  // before the link: its thread hands payloads to it
+  pair_link l;
+  const net::shm_stamp& s = l.stamp;
+  std::string error;
+  const size_t n = 1000;
+  auto w = net::shm_window::create(64 * 1024 * sizeof(float), &error);
+  REQUIRE(w);
+  float* g = w->floats();
+  for (size_t i = 0; i < 64 * 1024; ++i) g[i] = float(i);
+  k.start(*l.rx);
+  CHECK(l.tx->lending() == net::shm_sender::window_state::none);
+  l.tx->lend(w);
+  REQUIRE(eventually([&] { return l.tx->lending() == net::shm_sender::window_state::taken; }));
+
+  auto released = std::make_shared<std::atomic<int>>(0);
+  const auto owner = [&] { return std::shared_ptr<const void>(g, [released](const void*) { ++*released; }); };
+  // In place and inside the window: a reference. The receiver reads our memory itself, so what we write
+  // there shows (no copy), and we hold the owner until it lets go.
+  REQUIRE(l.tx->send(chunk_header(s, 0, n), net::payload{g + 1024, n * sizeof(float), owner()}, &error, true));
+  REQUIRE(eventually([&] { return k.count() == 1; }));
+  CHECK(k.held[0].lent);
+  CHECK(k.held[0].floats()[0] == 1024.0f);
+  CHECK(k.held[0].floats()[n - 1] == float(1024 + n - 1));
+  g[1024] = -1.0f;
+  CHECK(k.held[0].floats()[0] == -1.0f);
+  CHECK(l.tx->held() == 1);
+  l.tx->reap();
+  CHECK(*released == 0);  // still read
+  k.let_go(0);
+  l.tx->reap();
+  CHECK(*released == 1);
+  CHECK(l.tx->held() == 0);
+
+  // Not in place, or not inside the window: copied as before (a later change does not show).
+  REQUIRE(l.tx->send(chunk_header(s, 1, n), net::payload{g, n * sizeof(float), owner()}, &error, false));
+  auto outside = floats_of(n, 5.0f);
+  REQUIRE(l.tx->send(chunk_header(s, 2, n), outside, &error, true));
+  REQUIRE(eventually([&] { return k.count() == 3; }));
+  g[0] = -2.0f;
+  CHECK(k.held[1].floats()[0] == 0.0f);
+  CHECK(k.held[2].floats()[0] == 5.0f);
+  CHECK(*released == 2);  // the copy's owner went at once
+  CHECK(l.tx->held() == 0);
+  k.let_go(1);
+  k.let_go(2);
+
+  // With no one reaping, the sender's thread lets the owner go once the receiver has read, when asked.
+  REQUIRE(l.tx->send(chunk_header(s, 3, n), net::payload{g + 4096, n * sizeof(float), owner()}, &error, true));
+  REQUIRE(eventually([&] { return k.count() == 4; }));
+  l.tx->await_release();
+  std::this_thread::sleep_for(50ms);
+  CHECK(*released == 2);
+  k.let_go(3);
+  CHECK(eventually([&] { return *released == 3; }, 2s));
+  // And while a reaper lives, the thread leaves it to the reaper.
+  {
+    net::shm_sender::reaper r(*l.tx);
+    REQUIRE(l.tx->send(chunk_header(s, 4, n), net::payload{g + 8192, n * sizeof(float), owner()}, &error, true));
+    REQUIRE(eventually([&] { return k.count() == 5; }));
+    l.tx->await_release();
+    k.let_go(4);
+    std::this_thread::sleep_for(150ms);
+    CHECK(*released == 3);
+  }
+  CHECK(*released == 4);  // the reaper's end let it go
+  CHECK(k.error().empty());
+  // A sender gone lets go of what it holds.
+  REQUIRE(l.tx->send(chunk_header(s, 5, n), net::payload{g, n * sizeof(float), owner()}, &error, true));
+  REQUIRE(eventually([&] { return k.count() == 6; }));
+  l.tx.reset();
+  CHECK(*released == 5);
+  l.rx.reset();
+}
+
+TEST_CASE("shm link: a reference outside what the sender lent, or to memory it never lent, breaks the link", "[shm]") {
+  // A record's length with this bit set: its payload is an offset into the sender's window (net/shm_link.cpp).
+  const uint64_t ref_bit = uint64_t(1) << 62;
+  const size_t n = 16;
+  std::string error;
+  SECTION("no window offered") {
+    inbox box;
+    mapped_pair l;
+    raw_segment& raw = *l.raw;
+    box.start(*l.rx);
+    const uint64_t at = 0;
+    raw.record(0, 128 | ref_bit, [&] {
+      wire::header h = chunk_header(l.stamp, 0, n);
+      h.payload_bytes = n * sizeof(float);
+      return h;
+    }());
+    std::memcpy(raw.at(4096 + 64), &at, sizeof at);
+    raw.set_head(128);
+    CHECK_THAT(box.wait_error(), Catch::Contains("a reference to memory it did not lend"));
+    CHECK(box.got.empty());
+  }
+  for (const bool past : {true, false}) {
+    INFO((past ? "past the window's end" : "not aligned for floats"));
+    inbox box;
+    mapped_pair l;
+    raw_segment& raw = *l.raw;
+    box.start(*l.rx);
+    auto w = net::shm_window::create(4096, &error);
+    REQUIRE(w);
+    l.tx->lend(w);
+    REQUIRE(eventually([&] { return l.tx->lending() == net::shm_sender::window_state::taken; }));
+    const uint64_t at = past ? 4096 - 32 : 2;  // 64 bytes from there end past the window; 2 is not a float's place
+    raw.record(0, 128 | ref_bit, [&] {
+      wire::header h = chunk_header(l.stamp, 0, n);
+      h.payload_bytes = n * sizeof(float);
+      return h;
+    }());
+    std::memcpy(raw.at(4096 + 64), &at, sizeof at);
+    raw.set_head(128);
+    CHECK_THAT(box.wait_error(), Catch::Contains("a reference to 64 bytes at " + std::to_string(at) + " of a window of 4096"));
+    CHECK(box.got.empty());
+  }
+}
+
+TEST_CASE("shm link: a window that is not the one described, or not sealed, is declined, and the sender copies", "[shm]") {
+  std::string error;
+  auto w = net::shm_window::create(8192, &error);
+  REQUIRE(w);
+  net::shm_window_id id = w->id();
+  int unsealed = -1;
+  SECTION("another inode") { id.ino += 1; }
+  SECTION("another size") { id.bytes = 4096; }
+  SECTION("another process's fd number") { id.pid = int32_t(getppid()); }
+  SECTION("a file that could be cut short under the mapping") {
+    unsealed = memfd_create("unsealed", MFD_CLOEXEC);
+    REQUIRE(unsealed >= 0);
+    REQUIRE(ftruncate(unsealed, 8192) == 0);
+    struct stat st {};
+    REQUIRE(fstat(unsealed, &st) == 0);
+    id = {int32_t(getpid()), unsealed, uint64_t(st.st_dev), uint64_t(st.st_ino), 8192};
+  }
+  inbox box;
+  mapped_pair l;
+  raw_segment& raw = *l.raw;
+  box.start(*l.rx);
+  // The offer as a sender writes it (control block: offer at 256, then pid, fd, dev, inode, size).
+  std::memcpy(raw.at(260), &id.pid, 4);
+  std::memcpy(raw.at(264), &id.fd, 4);
+  std::memcpy(raw.at(272), &id.dev, 8);
+  std::memcpy(raw.at(280), &id.ino, 8);
+  std::memcpy(raw.at(288), &id.bytes, 8);
+  reinterpret_cast<std::atomic<uint32_t>*>(raw.at(256))->store(1);
+  reinterpret_cast<std::atomic<uint32_t>*>(raw.at(72))->fetch_add(1);
+  REQUIRE(eventually([&] { return l.tx->lending() == net::shm_sender::window_state::declined; }));
+  // Our sender has offered nothing of its own (the one offer went), so it copies, in place or not.
+  l.tx->lend(w);
+  CHECK(l.tx->lending() == net::shm_sender::window_state::declined);
+  w->floats()[0] = 7.0f;
+  REQUIRE(l.tx->send(chunk_header(l.stamp, 0, 4), net::payload{w->floats(), 4 * sizeof(float), nullptr}, &error, true));
+  REQUIRE(box.wait_messages(1));
+  w->floats()[0] = 8.0f;
+  CHECK(box.got[0].second[0] == 7.0f);
+  CHECK(l.tx->held() == 0);
+  CHECK(box.errors.empty());
+  if (unsealed >= 0) close(unsealed);
 }
