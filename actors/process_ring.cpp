@@ -26,6 +26,7 @@ struct process_ring::impl {
   // before port does), and the right neighbour's, which our link sends through.
   std::unique_ptr<net::shm_receiver> shm_in;
   std::shared_ptr<net::shm_sender> shm_out;
+  std::shared_ptr<net::shm_window> window;  // shared_buffer()'s, lent through shm_out
   // Chunks on TCP connections of their own (sealed or plain): our ring port, the receiver of the left
   // neighbour's (its thread hands them to port, so it goes before port does) and our connection to the
   // right neighbour's port.
@@ -84,6 +85,21 @@ struct process_ring::impl {
     net::shm_receiver* in = shm_in.get();  // lives as long as the port's user, this object
     set_poller(*port, [in](std::chrono::steady_clock::time_point until, const std::function<bool()>& done) {
       return in->poll(until, done);
+    }, opt.poll);
+  }
+  // Offers the right neighbour our window, once both are there. While allreduce() polls the left
+  // segment, it also lets go of what the right neighbour has read (else the sender's thread does).
+  void lend() {
+    if (!window || !shm_out) return;
+    shm_out->lend(window);
+    if (!shm_in) return;
+    set_poller(*port, [in = shm_in.get(), out = shm_out.get()](std::chrono::steady_clock::time_point until,
+                                                               const std::function<bool()>& done) {
+      net::shm_sender::reaper r(*out);
+      return in->poll(until, [&] {
+        out->reap();
+        return done();
+      });
     }, opt.poll);
   }
   // Our ring port, on the host we listen on, and the receiver of the left neighbour's chunks (opened
@@ -365,6 +381,7 @@ bool process_ring::connect(const std::vector<std::string>& endpoints, std::strin
   std::string why;
   if (d_->opt.shared_memory && (d_->shm_out = net::shm_sender::open(d_->stamp(d_->rank, d_->right, right_ep), &why, &missing))) {
     join(*d_->port, make_shm_link(d_->shm_out));
+    d_->lend();
   } else if (const int port = d_->right_ring_port.load(); d_->seal || (port > 0 && !d_->keys())) {
     if (port <= 0) return failed("rank " + std::to_string(d_->right) + " at " + right_ep + " has no ring port");
     d_->tcp_out = net::tcp_sender::connect(right_ep.substr(0, right_ep.rfind(':') + 1) + std::to_string(port), d_->opt.job_id,
@@ -381,6 +398,18 @@ bool process_ring::connect(const std::vector<std::string>& endpoints, std::strin
   if (!d_->failure.empty()) return failed(d_->failure);
   d_->connected = true;
   return true;
+}
+
+float* process_ring::shared_buffer(size_t floats, std::string* error) {
+  if (!d_->opt.shared_memory) return *error = "shared_memory is off", nullptr;
+  if (d_->window) return *error = "a ring has one shared buffer", nullptr;
+  if (!(d_->window = net::shm_window::create(floats * sizeof(float), error))) return nullptr;
+  d_->lend();
+  return d_->window->floats();
+}
+
+bool process_ring::buffer_read_in_place() const {
+  return d_->window && d_->shm_out && d_->shm_out->lending() == net::shm_sender::window_state::taken;
 }
 
 std::string process_ring::allreduce(float* buf, size_t len) {

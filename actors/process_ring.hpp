@@ -76,6 +76,13 @@ class process_ring {
   bool through_shared_memory() const;
   bool connect(const std::vector<std::string>& endpoints, std::string* error);
   bool start(const std::vector<std::string>& endpoints, std::string* error);  // listen, then connect
+  // With shared_memory: `floats` floats for allreduce() buffers, kept as long as the ring, which the
+  // right neighbour on this host reads where they are instead of receiving a copy, as node daemons lend
+  // their replicas' gradients (net/shm_window.hpp). Once per ring. nullptr with *error when there is
+  // no such memory; any buffer works with allreduce() all the same.
+  float* shared_buffer(size_t floats, std::string* error);
+  // Whether the right neighbour has mapped shared_buffer()'s memory to read it in place.
+  bool buffer_read_in_place() const;
   // Sums buf[0..len) over all ranks into every rank's buf. "" or what failed. Nobody else may touch the
   // buffer until the call returns.
   std::string allreduce(float* buf, size_t len);

@@ -41,7 +41,7 @@ TEST_CASE("allreduce_bench: every transport prints one correct row per size", "[
   // tcp: sealed by default, as nodes train; plain (--security none) as Gloo and MPI run; ipc over CurveZMQ.
   for (const std::string args : {"--ranks 2 --transport tcp", "--ranks 2 --transport tcp --security none",
                                  "--ranks 3 --transport ipc --small 0", "--ranks 2 --transport inproc",
-                                 "--ranks 3 --transport shm --security none"}) {
+                                 "--ranks 3 --transport shm --security none", "--ranks 2 --transport shm --security none --lend off"}) {
     const run_result r = run_bench(args + " --sizes 4K,256K,1M --iters 3 --warmup 1");
     INFO(args << "\n" << r.out);
     REQUIRE(r.status == 0);
@@ -49,6 +49,8 @@ TEST_CASE("allreduce_bench: every transport prints one correct row per size", "[
     if (args.find("tcp") != std::string::npos)
       CHECK(r.out.find(args.find("none") != std::string::npos ? "security none" : "security sealed") != std::string::npos);
     if (args.find("ipc") != std::string::npos) CHECK(r.out.find("security curve") != std::string::npos);
+    if (args.find("shm") != std::string::npos)
+      CHECK(r.out.find(args.find("--lend off") != std::string::npos ? "shared memory, copied" : "shared memory, lent buffers") != std::string::npos);
     CHECK(r.out.find("# memcpy 64 MiB") != std::string::npos);
     const auto rows = rows_of(r.out);
     REQUIRE(rows.size() == 3);
@@ -70,6 +72,7 @@ TEST_CASE("allreduce_bench: every transport prints one correct row per size", "[
 TEST_CASE("allreduce_bench: bad flags exit 2 with a clear message", "[bench]") {
   const std::vector<std::pair<std::string, std::string>> cases{
       {"--transport carrier-pigeon", "bad value for --transport: 'carrier-pigeon' (inproc, ipc, tcp or shm)"},
+      {"--transport shm --lend maybe", "bad value for --lend: 'maybe' (on or off)"},
       {"--transport shm --security sealed", "--transport shm: chunks stay on this host and are not sealed"},
       {"--sizes 4K,3", "'3' is not a byte count divisible by 4"},
       {"--sizes 1X", "'1X' is not a byte count divisible by 4"},

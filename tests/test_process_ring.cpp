@@ -101,6 +101,41 @@ TEST_CASE("process_ring: sums exactly for 1-4 ranks, many lengths, repeated step
     }
 }
 
+TEST_CASE("process_ring: buffers the right neighbour reads in place through shared memory sum exactly, step after step", "[process_ring][shm]") {
+  for (int n : {2, 3})
+    for (size_t small_bytes : {size_t(0), size_t(8192)}) {
+      process_ring_options o = small_segments();
+      o.small_bytes = small_bytes;
+      o.shared_memory = true;
+      auto rings = make_rings(n, "shm", o);
+      const size_t most = 100003;
+      std::vector<float*> bufs;
+      std::string err;
+      for (auto& ring : rings) {
+        bufs.push_back(ring->shared_buffer(most, &err));
+        INFO(err);
+        REQUIRE(bufs.back());
+      }
+      for (size_t len : {size_t(1), size_t(n + 1), size_t(2048), size_t(2049), most}) {
+        INFO(n << " ranks, " << len << " floats, small_bytes " << small_bytes);
+        for (int step = 0; step < 3; ++step) {
+          std::mt19937 rng(unsigned(len * 31 + n * 7 + step));
+          std::vector<float> want(len, 0.0f);
+          for (float* b : bufs)
+            for (size_t i = 0; i < len; ++i) {
+              b[i] = float(int(rng() % 2001) - 1000);  // integers: the sum is exact in any order
+              want[i] += b[i];
+            }
+          std::vector<std::future<std::string>> done;
+          for (int r = 0; r < n; ++r) done.push_back(std::async(std::launch::async, [&, r] { return rings[r]->allreduce(bufs[r], len); }));
+          for (auto& f : done) REQUIRE(f.get() == "");
+          for (int r = 0; r < n; ++r) CHECK(std::vector<float>(bufs[r], bufs[r] + len) == want);
+        }
+      }
+      for (auto& ring : rings) CHECK(ring->buffer_read_in_place());
+    }
+}
+
 TEST_CASE("process_ring: with keys, over CurveZMQ or sealed, sums exactly, and each rank takes only its left neighbour", "[process_ring][keys]") {
   // Each rank its own key pair, as on separate machines.
   const int n = 3;

@@ -54,6 +54,7 @@ struct options {
   int io_threads = 1;
   int spin_us = 0;
   bool pin = true;  // as mpirun binds ranks to cores by default
+  bool lend = true;  // shm: buffers in a window the next rank reads in place
   size_t small = 64 * 1024;
   int timeout_ms = 10000;
   std::string security;  // sealed, curve or none; "": sealed over tcp, curve over ipc
@@ -69,7 +70,8 @@ constexpr const char* kSaltVariable = "RINGMASTER_BENCH_SEAL_SALT";
 const char* kUsage =
     "usage: allreduce_bench [--ranks N] [--transport inproc|ipc|tcp|shm] [--sizes 4K,1M,64M]\n"
     "                       [--iters N] [--warmup N] [--segment BYTES] [--small BYTES] [--io-threads N]\n"
-    "                       [--spin-us N] [--pin on|off] [--timeout-ms N] [--security sealed|curve|none]\n"
+    "                       [--spin-us N] [--pin on|off] [--lend on|off] [--timeout-ms N]\n"
+    "                       [--security sealed|curve|none]\n"
     "                       [--link own|bridge] [--key-dir DIR] [--compare gloo]\n"
     "Ring all-reduce of float buffers; prints: size_bytes time_us algbw_GBps busbw_GBps wrong\n"
     "(time_us: --iters all-reduces back to back, the slowest rank's time divided by --iters)\n"
@@ -84,6 +86,9 @@ const char* kUsage =
     "  --io-threads N    ZeroMQ I/O threads per process (default 1)\n"
     "  --spin-us N       bridge thread polls N us before sleeping (default 0)\n"
     "  --pin on|off      ipc/tcp: all threads of worker r on CPU r mod CPUs (default on)\n"
+    "  --lend on|off     shm: the buffers live in a window the next rank maps and reads in place, as\n"
+    "                    a node's gradients do (default on); off: ordinary memory, copied into the\n"
+    "                    segment\n"
     "  --timeout-ms N    a rank that sees no progress this long gives up (default 10000)\n"
     "  --security S      ipc/tcp: sealed: CurveZMQ handshakes, chunks sealed with AES-128-OCB, as node\n"
     "                    daemons train (default over tcp); curve: chunks over CurveZMQ too (default over\n"
@@ -148,7 +153,7 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
     }
     static const char* const known[] = {"--ranks",   "--transport", "--sizes",        "--iters",
                                         "--warmup",  "--segment",   "--small",        "--io-threads",
-                                        "--spin-us", "--pin",       "--timeout-ms",   "--security", "--key-dir",
+                                        "--spin-us", "--pin",       "--lend",         "--timeout-ms",   "--security", "--key-dir",
                                         "--compare", "--link",
                                         "--worker-rank", "--endpoints"};
     if (std::find(std::begin(known), std::end(known), flag) == std::end(known))
@@ -177,6 +182,9 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
     } else if (flag == "--pin") {
       if (v != "on" && v != "off") return bad + " (on or off)";
       o->pin = v == "on";
+    } else if (flag == "--lend") {
+      if (v != "on" && v != "off") return bad + " (on or off)";
+      o->lend = v == "on";
     } else if (flag == "--small") {
       if (!parse_size(v, &o->small)) return bad;
     } else if (flag == "--io-threads") {
@@ -336,6 +344,13 @@ int run_worker(const options& o) {
   }
   ringmaster::process_ring ring(rank, o.ranks, ro);
   std::string err;
+  // Through shared memory the buffers are the ring's lent window, as a node's gradients are: the right
+  // neighbour reads them in place (what training runs).
+  float* lent = nullptr;
+  if (ro.shared_memory && o.lend && !(lent = ring.shared_buffer(*std::max_element(o.sizes.begin(), o.sizes.end()) / sizeof(float) + 1, &err))) {
+    std::fprintf(stderr, "allreduce_bench rank %d: %s\n", rank, err.c_str());
+    return 1;
+  }
   if (!ring.start(o.endpoints, &err)) {
     std::fprintf(stderr, "allreduce_bench rank %d: %s\n", rank, err.c_str());
     return 1;
@@ -347,7 +362,8 @@ int run_worker(const options& o) {
   float token = 0;
   for (size_t bytes : o.sizes) {
     const size_t len = bytes / sizeof(float);
-    std::vector<float> buf(len);
+    std::vector<float> own(lent ? 0 : len);
+    float* buf = lent ? lent : own.data();
     size_t wrong = 0;
     auto failed = [&] {
       if (err.empty()) return false;
@@ -355,19 +371,19 @@ int run_worker(const options& o) {
       return true;
     };
     for (int it = 0; it < std::max(1, o.warmup); ++it) {
-      fill(buf.data(), len, rank);
-      err = ring.allreduce(buf.data(), len);
+      fill(buf, len, rank);
+      err = ring.allreduce(buf, len);
       if (failed()) return 1;
-      wrong += count_wrong(buf.data(), len, o.ranks);
+      wrong += count_wrong(buf, len, o.ranks);
     }
-    std::fill(buf.begin(), buf.end(), 0.0f);
+    std::fill(buf, buf + len, 0.0f);
     err = ring.allreduce(&token, 1);  // every rank starts the clock once the others are here
     if (failed()) return 1;
     const auto t0 = clock_type::now();
-    for (int it = 0; it < o.iters && err.empty(); ++it) err = ring.allreduce(buf.data(), len);
+    for (int it = 0; it < o.iters && err.empty(); ++it) err = ring.allreduce(buf, len);
     const double mine = std::chrono::duration<double>(clock_type::now() - t0).count() / o.iters;
     if (failed()) return 1;
-    wrong += count_nonzero(buf.data(), len);
+    wrong += count_nonzero(buf, len);
     // Every rank's time in its own slot (the slowest counts), and its wrong count in four 16-bit digits:
     // 64 ranks' digits sum to under 2^22, which a float holds exactly.
     std::vector<float> shared(size_t(o.ranks) + 4, 0.0f);
@@ -556,7 +572,7 @@ int main(int argc, char** argv) {
   if (o.transport != "inproc")
     std::printf(", segment %zu B, whole up to %zu B, io threads %d, spin %d us, pin %s, security %s, link %s",
                 o.segment, o.small, o.io_threads, o.spin_us, o.pin ? "on" : "off", o.security.c_str(),
-                o.transport == "shm"                            ? "shared memory"
+                o.transport == "shm"                            ? (o.lend ? "shared memory, lent buffers" : "shared memory, copied")
                 : o.transport == "tcp" && o.security != "curve" ? o.link.c_str()
                                                                 : "bridge");
   std::printf("\n# memcpy 64 MiB one thread: %.2f GB/s (this machine, this run)\n", memcpy_gbps());
