@@ -191,7 +191,8 @@ void node_job::say_lending() {
   for (auto& [r, out] : lending_) {
     const auto state = out->lending();
     ctx_.log("job " + std::to_string(plan_.job_id) + ": rank " + std::to_string(r) + "'s gradients " +
-             (state == net::shm_sender::window_state::taken      ? std::string("were read in place by its right neighbour")
+             (state == net::shm_sender::window_state::taken
+                  ? "were read in place by its right neighbour: " + std::to_string(out->references()) + " chunks by reference"
               : state == net::shm_sender::window_state::declined ? std::string("were copied: its right neighbour could not map them")
                                                                  : std::string("were copied: its right neighbour did not answer the offer")));
   }

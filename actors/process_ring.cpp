@@ -409,7 +409,8 @@ float* process_ring::shared_buffer(size_t floats, std::string* error) {
 }
 
 bool process_ring::buffer_read_in_place() const {
-  return d_->window && d_->shm_out && d_->shm_out->lending() == net::shm_sender::window_state::taken;
+  return d_->window && d_->shm_out && d_->shm_out->lending() == net::shm_sender::window_state::taken &&
+         d_->shm_out->references() > 0;
 }
 
 std::string process_ring::allreduce(float* buf, size_t len) {

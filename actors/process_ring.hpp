@@ -81,7 +81,7 @@ class process_ring {
   // their replicas' gradients (net/shm_window.hpp). Once per ring. nullptr with *error when there is
   // no such memory; any buffer works with allreduce() all the same.
   float* shared_buffer(size_t floats, std::string* error);
-  // Whether the right neighbour has mapped shared_buffer()'s memory to read it in place.
+  // Whether the right neighbour has mapped shared_buffer()'s memory and read chunks of it in place.
   bool buffer_read_in_place() const;
   // Sums buf[0..len) over all ranks into every rank's buf. "" or what failed. Nobody else may touch the
   // buffer until the call returns.

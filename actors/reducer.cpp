@@ -222,6 +222,9 @@ class reducer_port {
   }
   void watchdog() {
     if (!broken.empty() || jobs.empty() || !drv || !drv->active()) return;
+    // Only the right neighbour's reading of our sends is left: ask the link again, so that a link that
+    // holds their owners (shared memory's references) never keeps them past a tick, whatever it missed.
+    if (drv->rounds_done() && !drv->finished()) out.await_release();
     const auto quiet = clock_type::now() - drv->last_progress();
     if (quiet <= cfg.timeout) return;
     stalled_on = drv->waiting_rank();  // before fail(): whoever hears of the failure may ask

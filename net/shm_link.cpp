@@ -469,6 +469,8 @@ struct shm_sender::impl {
   // References written, whose owners we hold until the receiver's tail passes their end: (end, owner).
   std::deque<std::pair<uint64_t, std::shared_ptr<const void>>> held;
   std::shared_ptr<shm_window> window;  // offered to the receiver
+  size_t queued_refs = 0;              // references in `queue`: held once written
+  uint64_t refs_written = 0;
   bool wanted = false;                 // someone waits for the held owners (await_release)
   int reapers = 0;                     // reaper objects alive: they let the owners go, not the thread
   bool stop = false;
@@ -500,7 +502,7 @@ struct shm_sender::impl {
     if (o.ref) std::memcpy(rec + kRecordHead, &o.at, sizeof o.at);
     else if (o.p.size) std::memcpy(rec + kRecordHead, o.p.data, o.p.size);
     head += need;
-    if (o.ref) held.emplace_back(head, std::move(o.p.owner));
+    if (o.ref) held.emplace_back(head, std::move(o.p.owner)), ++refs_written;
     control& c = *seg.ctl;
     c.head.store(head, std::memory_order_release);
     c.head_seq.fetch_add(1, std::memory_order_seq_cst);
@@ -517,7 +519,7 @@ struct shm_sender::impl {
       out->push_back(std::move(held.front().second));
       held.pop_front();
     }
-    if (held.empty()) wanted = false;
+    if (held.empty() && queued_refs == 0) wanted = false;
   }
   // Under mu: the thread must watch the receiver for the held owners.
   bool watch() const { return wanted && reapers == 0 && !held.empty(); }
@@ -611,18 +613,23 @@ bool shm_sender::send(const wire::header& header, payload p, std::string* error,
              std::to_string(kShmMaxPayload);
     return false;
   }
-  owners done;  // let go of after the lock
+  owners done;                         // let go of after the lock: the last may run the reducer's work,
+  outgoing_record o{h, std::move(p)};  // which may send here again
   std::lock_guard<std::mutex> lock(d_->mu);
   d_->collect(&done);
   if (d_->closed()) return true;  // the receiver is gone: as a connection to a vanished peer drops
-  outgoing_record o{h, std::move(p)};
   // A reference only once the receiver has mapped the window (it checks every one against it).
   o.ref = in_place && o.p.size && d_->window && d_->seg.ctl->offer.load(std::memory_order_acquire) == kTaken &&
           d_->window->holds(o.p.data, o.p.size, &o.at);
   if (d_->queue.empty() && d_->try_write(o)) return true;
   // Copied: the caller may change its buffer once we return (a full buffer is rare: the ring waits for
   // its neighbours long before 16 MiB are on their way). A reference keeps its owner instead.
-  if (!o.ref && o.p.size) o.p = payload::copy_of(std::string_view(static_cast<const char*>(o.p.data), o.p.size));
+  if (!o.ref && o.p.size) {
+    payload copy = payload::copy_of(std::string_view(static_cast<const char*>(o.p.data), o.p.size));
+    done.push_back(std::move(o.p.owner));
+    o.p = std::move(copy);
+  }
+  d_->queued_refs += o.ref;
   d_->queue.push_back(std::move(o));
   d_->wake.notify_one();
   return true;
@@ -636,9 +643,14 @@ void shm_sender::reap() {
 
 void shm_sender::await_release() {
   std::lock_guard<std::mutex> lock(d_->mu);
-  if (d_->held.empty()) return;
-  d_->wanted = true;
+  if (d_->held.empty() && d_->queued_refs == 0) return;
+  d_->wanted = true;  // for references still queued too: the thread watches once it has written them
   if (d_->watch()) d_->wake.notify_one();
+}
+
+uint64_t shm_sender::references() const {
+  std::lock_guard<std::mutex> lock(d_->mu);
+  return d_->refs_written;
 }
 
 size_t shm_sender::held() const {
@@ -662,22 +674,22 @@ shm_sender::reaper::~reaper() {
 void shm_sender::impl::loop() {
   std::unique_lock<std::mutex> lock(mu);
   while (true) {
-    const auto ready = [&] { return stop || !queue.empty() || watch(); };
-    // Owners held that no one has asked for yet: looked after anyway once they are held long, so that a
-    // caller that never asks (a link that did not pass await_release on) is slow, never stuck.
-    if (held.empty() || reapers > 0) wake.wait(lock, ready);
-    else if (!wake.wait_for(lock, std::chrono::milliseconds(20), ready) && !held.empty()) wanted = true;
+    wake.wait(lock, [&] { return stop || !queue.empty() || watch(); });
     if (stop) return;
-    if (closed()) {
-      queue.clear();
+    if (closed()) {  // what is queued or held goes, without the lock (an owner's last release may send)
+      std::deque<outgoing_record> dropped;
+      dropped.swap(queue);
+      queued_refs = 0;
       owners done;
       collect(&done);
       lock.unlock();
+      dropped.clear();
       done.clear();
       lock.lock();
       continue;
     }
     if (!queue.empty() && try_write(queue.front())) {
+      queued_refs -= queue.front().ref;
       queue.pop_front();
       continue;
     }

@@ -142,8 +142,9 @@ class shm_sender {
    private:
     shm_sender& s_;
   };
-  // Referenced messages whose owners are still held.
+  // Referenced messages whose owners are still held; references written so far.
   size_t held() const;
+  uint64_t references() const;
   ~shm_sender();  // drops what is still queued, lets go of what is held
   shm_sender(const shm_sender&) = delete;
   shm_sender& operator=(const shm_sender&) = delete;

@@ -58,17 +58,21 @@ std::shared_ptr<const shm_window_view> shm_window_view::open(const shm_window_id
     return nullptr;
   }
   const std::string path = "/proc/" + std::to_string(id.pid) + "/fd/" + std::to_string(id.fd);
-  // O_NONBLOCK: should that fd be a FIFO now, the open must not wait for a writer.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return *error = sys_error("open " + path), nullptr;
+  // O_PATH first: whatever that fd is now (a terminal, a FIFO, a device), looking at it opens nothing.
+  const int at = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (at < 0) return *error = sys_error("open " + path), nullptr;
   struct stat st {};
-  const bool same = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && uint64_t(st.st_dev) == id.dev &&
-                    uint64_t(st.st_ino) == id.ino && st.st_uid == geteuid() && uint64_t(st.st_size) == id.bytes;
+  // Its own pages, every one (the lender reserved them): mapping it allocates nothing here.
+  const bool same = fstat(at, &st) == 0 && S_ISREG(st.st_mode) && uint64_t(st.st_dev) == id.dev &&
+                    uint64_t(st.st_ino) == id.ino && st.st_uid == geteuid() && uint64_t(st.st_size) == id.bytes &&
+                    uint64_t(st.st_blocks) * 512 >= id.bytes;
+  const int fd = same ? ::open(("/proc/self/fd/" + std::to_string(at)).c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY) : -1;
+  close(at);
   // Sealed against shrinking: no one can cut the file short under our mapping.
-  const int seals = same ? fcntl(fd, F_GET_SEALS) : -1;
+  const int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
   if (!same || seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-    close(fd);
-    *error = path + " is not the window described (identity, owner, size or seals)";
+    if (fd >= 0) close(fd);
+    *error = path + " is not the window described (identity, owner, size, pages or seals)";
     return nullptr;
   }
   void* p = mmap(nullptr, id.bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <atomic>
 #include <climits>
 #include <chrono>
@@ -342,7 +343,10 @@ TEST_CASE("nodes on one host pass ring chunks through shared memory, bit for bit
   for (int i = 0; i < 3; ++i) {
     CHECK(nodes[i]->wait_for("ring chunks to node " + ro.nodes[size_t((i + 1) % 3)] + " through shared memory") != "");
     // Each rank's right neighbour read its gradients where they are (net/shm_window.hpp), not a copy.
-    CHECK(nodes[i]->wait_for("rank " + std::to_string(i) + "'s gradients were read in place by its right neighbour") != "");
+    const std::string said = nodes[i]->wait_for("rank " + std::to_string(i) + "'s gradients were read in place by its right neighbour: ");
+    REQUIRE(said != "");
+    const size_t at = said.find("neighbour: ") + 11;
+    CHECK(std::strtoull(said.c_str() + at, nullptr, 10) > 0);
   }
   // The job's segments are gone with it, and no name under /dev/shm (which anyone may list) shows its id.
   const uint64_t id = job_id_of(a.wait_for(" started: "));
