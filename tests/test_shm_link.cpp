@@ -80,21 +80,6 @@ struct inbox {
   }
 };
 
-// A receiver's segment and the sender on it, not yet started.
-struct pair_link {
-  net::shm_stamp stamp = fresh_stamp();
-  std::unique_ptr<net::shm_receiver> rx;
-  std::unique_ptr<net::shm_sender> tx;
-  pair_link() {
-    std::string error;
-    bool missing = false;
-    rx = net::shm_receiver::create(stamp, &error);
-    REQUIRE(rx);
-    tx = net::shm_sender::open(stamp, &error, &missing);
-    INFO(error);
-    REQUIRE(tx);
-  }
-};
 
 // The segment as a test maps it, to write into it as a broken or hostile sender would. Offsets of the
 // control block's fields (net/shm_link.cpp): head at 64, head_seq at 72; records from 4096.
@@ -118,6 +103,25 @@ struct raw_segment {
     std::memcpy(at(4096 + off), &len, 8);
     const wire::header_bytes hb = wire::encode(h);
     std::memcpy(at(4096 + off + 8), hb.data(), hb.size());
+  }
+};
+
+// A receiver's segment and the sender on it, not yet started; `map`: the segment as the test maps it
+// too (before the sender's open removes its name).
+struct pair_link {
+  net::shm_stamp stamp = fresh_stamp();
+  std::unique_ptr<net::shm_receiver> rx;
+  std::unique_ptr<raw_segment> raw;
+  std::unique_ptr<net::shm_sender> tx;
+  explicit pair_link(bool map = false) {
+    std::string error;
+    bool missing = false;
+    rx = net::shm_receiver::create(stamp, &error);
+    REQUIRE(rx);
+    if (map) raw = std::make_unique<raw_segment>(stamp);
+    tx = net::shm_sender::open(stamp, &error, &missing);
+    INFO(error);
+    REQUIRE(tx);
   }
 };
 
@@ -542,23 +546,6 @@ TEST_CASE("shm link: a segment's name shows other local users neither the job's 
 
 namespace {
 
-// A receiver, the segment as the test maps it (before the sender's open removes its name), and the sender.
-struct mapped_pair {
-  net::shm_stamp stamp = fresh_stamp();
-  std::unique_ptr<net::shm_receiver> rx;
-  std::unique_ptr<raw_segment> raw;
-  std::unique_ptr<net::shm_sender> tx;
-  mapped_pair() {
-    std::string error;
-    bool missing = false;
-    rx = net::shm_receiver::create(stamp, &error);
-    REQUIRE(rx);
-    raw = std::make_unique<raw_segment>(stamp);
-    tx = net::shm_sender::open(stamp, &error, &missing);
-    INFO(error);
-    REQUIRE(tx);
-  }
-};
 
 // Waits for what a sender's thread or the receiver's does.
 bool eventually(const std::function<bool()>& f, std::chrono::milliseconds t = 5s) {
@@ -678,44 +665,37 @@ TEST_CASE("shm link: messages in place in a lent window go by reference, and the
 }
 
 TEST_CASE("shm link: a reference outside what the sender lent, or to memory it never lent, breaks the link", "[shm]") {
-  // A record's length with this bit set: its payload is an offset into the sender's window (net/shm_link.cpp).
-  const uint64_t ref_bit = uint64_t(1) << 62;
   const size_t n = 16;
-  std::string error;
-  SECTION("no window offered") {
+  // A reference record to n floats at `at` of the sender's window, written as a hostile sender would:
+  // its length has bit 62 set, its payload is the offset (net/shm_link.cpp).
+  const auto forge_reference = [&](pair_link& l, uint64_t at) {
+    wire::header h = chunk_header(l.stamp, 0, n);
+    h.payload_bytes = n * sizeof(float);
+    l.raw->record(0, 128 | uint64_t(1) << 62, h);
+    std::memcpy(l.raw->at(4096 + 64), &at, sizeof at);
+    l.raw->set_head(128);
+  };
+  {
+    INFO("no window offered");
     inbox box;
-    mapped_pair l;
-    raw_segment& raw = *l.raw;
+    pair_link l(true);
     box.start(*l.rx);
-    const uint64_t at = 0;
-    raw.record(0, 128 | ref_bit, [&] {
-      wire::header h = chunk_header(l.stamp, 0, n);
-      h.payload_bytes = n * sizeof(float);
-      return h;
-    }());
-    std::memcpy(raw.at(4096 + 64), &at, sizeof at);
-    raw.set_head(128);
+    forge_reference(l, 0);
     CHECK_THAT(box.wait_error(), Catch::Contains("a reference to memory it did not lend"));
     CHECK(box.got.empty());
   }
-  for (const uint64_t bad : {uint64_t(4096 - 32), uint64_t(2), uint64_t(1) << 63}) {
-    INFO("a reference at " << bad);
+  // 64 bytes from 4064 end past the window; 2 is not a float's place; 2^63 is far out (no wrap-around).
+  for (const uint64_t at : {uint64_t(4096 - 32), uint64_t(2), uint64_t(1) << 63}) {
+    INFO("a reference at " << at);
     inbox box;
-    mapped_pair l;
-    raw_segment& raw = *l.raw;
+    pair_link l(true);
     box.start(*l.rx);
+    std::string error;
     auto w = net::shm_window::create(4096, &error);
     REQUIRE(w);
     l.tx->lend(w);
     REQUIRE(eventually([&] { return l.tx->lending() == net::shm_sender::window_state::taken; }));
-    const uint64_t at = bad;  // 64 bytes from there end past the window; 2 is not a float's place; far out
-    raw.record(0, 128 | ref_bit, [&] {
-      wire::header h = chunk_header(l.stamp, 0, n);
-      h.payload_bytes = n * sizeof(float);
-      return h;
-    }());
-    std::memcpy(raw.at(4096 + 64), &at, sizeof at);
-    raw.set_head(128);
+    forge_reference(l, at);
     CHECK_THAT(box.wait_error(), Catch::Contains("a reference to 64 bytes at " + std::to_string(at) + " of a window of 4096"));
     CHECK(box.got.empty());
   }
@@ -739,7 +719,7 @@ TEST_CASE("shm link: a window that is not the one described, or not sealed, is d
     id = {int32_t(getpid()), unsealed, uint64_t(st.st_dev), uint64_t(st.st_ino), 8192};
   }
   inbox box;
-  mapped_pair l;
+  pair_link l(true);
   raw_segment& raw = *l.raw;
   box.start(*l.rx);
   // The offer as a sender writes it (control block: offer at 256, then pid, fd, dev, inode, size).
