@@ -624,8 +624,8 @@ bool shm_sender::send(const wire::header& header, payload p, std::string* error,
   if (d_->queue.empty() && d_->try_write(o)) return true;
   // Copied: the caller may change its buffer once we return (a full buffer is rare: the ring waits for
   // its neighbours long before 16 MiB are on their way). A reference keeps its owner instead.
-  if (!o.ref && o.p.size) {
-    payload copy = payload::copy_of(std::string_view(static_cast<const char*>(o.p.data), o.p.size));
+  if (!o.ref) {
+    payload copy = o.p.size ? payload::copy_of(std::string_view(static_cast<const char*>(o.p.data), o.p.size)) : payload{};
     done.push_back(std::move(o.p.owner));
     o.p = std::move(copy);
   }

@@ -66,7 +66,7 @@ std::shared_ptr<const shm_window_view> shm_window_view::open(const shm_window_id
   const bool same = fstat(at, &st) == 0 && S_ISREG(st.st_mode) && uint64_t(st.st_dev) == id.dev &&
                     uint64_t(st.st_ino) == id.ino && st.st_uid == geteuid() && uint64_t(st.st_size) == id.bytes &&
                     uint64_t(st.st_blocks) * 512 >= id.bytes;
-  const int fd = same ? ::open(("/proc/self/fd/" + std::to_string(at)).c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY) : -1;
+  const int fd = same ? ::open(("/proc/self/fd/" + std::to_string(at)).c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK) : -1;
   close(at);
   // Sealed against shrinking: no one can cut the file short under our mapping.
   const int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
@@ -75,7 +75,9 @@ std::shared_ptr<const shm_window_view> shm_window_view::open(const shm_window_id
     *error = path + " is not the window described (identity, owner, size, pages or seals)";
     return nullptr;
   }
-  void* p = mmap(nullptr, id.bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Not populated: the seals do not stop the lender from punching holes after the check above, and a
+  // populating read of a hole would allocate it here. Pages fault in as chunks are read, once each.
+  void* p = mmap(nullptr, id.bytes, PROT_READ, MAP_SHARED, fd, 0);
   close(fd);  // the mapping holds the file
   if (p == MAP_FAILED) return *error = sys_error("mmap " + path), nullptr;
   std::shared_ptr<shm_window_view> v(new shm_window_view());

@@ -713,7 +713,16 @@ TEST_CASE("shm link: a window that is not the one described, or not sealed, is d
   SECTION("a file that could be cut short under the mapping") {
     unsealed = memfd_create("unsealed", MFD_CLOEXEC);
     REQUIRE(unsealed >= 0);
+    REQUIRE(posix_fallocate(unsealed, 0, 8192) == 0);
+    struct stat st {};
+    REQUIRE(fstat(unsealed, &st) == 0);
+    id = {int32_t(getpid()), unsealed, uint64_t(st.st_dev), uint64_t(st.st_ino), 8192};
+  }
+  SECTION("sealed, but without its pages (mapping it could make us allocate them)") {
+    unsealed = memfd_create("sparse", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    REQUIRE(unsealed >= 0);
     REQUIRE(ftruncate(unsealed, 8192) == 0);
+    REQUIRE(fcntl(unsealed, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0);
     struct stat st {};
     REQUIRE(fstat(unsealed, &st) == 0);
     id = {int32_t(getpid()), unsealed, uint64_t(st.st_dev), uint64_t(st.st_ino), 8192};
@@ -811,6 +820,33 @@ TEST_CASE("shm link: owners let go when the receiver is gone may send on the lin
   REQUIRE(tx->send(chunk_header(s, 4, 1000), net::payload{p.w->floats(), 4000, std::move(owner)}, &error, true));
   REQUIRE(eventually([&] { return p.k.count() == 3; }));
   p.l.rx.reset();  // gone: the sender's thread drops its queue, the queued reference's owner with it
-  const bool sent = eventually([&] { return sent_again->load(); }, 3s);
-  REQUIRE(sent);  // (a deadlock would leave the sender's thread stuck: its destructor would hang below)
+  if (!eventually([&] { return sent_again->load(); }, 3s)) {
+    (void)p.l.tx.release();  // its thread is stuck on its own lock: joining it would hang the run
+    FAIL("the sender's thread deadlocked letting go of an owner");
+  }
+}
+
+TEST_CASE("shm link: a copied message's owner, let go as the message queues, may send on the link again", "[shm]") {
+  lent_pair p;
+  std::string error;
+  p.fill_segment();
+  auto sent_again = std::make_shared<std::atomic<bool>>(false);
+  net::shm_sender* tx = p.l.tx.get();
+  const net::shm_stamp s = p.l.stamp;
+  auto keep = floats_of(1000, 0);
+  std::shared_ptr<const void> owner(keep.data, [tx, s, sent_again, keep](const void*) {
+    std::string e;
+    tx->send(chunk_header(s, 5, 4), floats_of(4, 0), &e, false);
+    *sent_again = true;
+  });
+  // The segment is full: the message is copied into the queue and its owner let go at once.
+  std::thread sender([&] { tx->send(chunk_header(s, 4, 1000), net::payload{keep.data, 4000, std::move(owner)}, &error, false); });
+  if (!eventually([&] { return sent_again->load(); }, 3s)) {
+    sender.detach();
+    (void)p.l.tx.release();
+    FAIL("send() let go of an owner under its own lock");
+  }
+  sender.join();
+  for (size_t i = 0; i < 3; ++i) p.k.let_go(i);
+  CHECK(eventually([&] { return p.k.count() == 6; }));  // the last copy, this message and the owner's
 }
