@@ -773,6 +773,16 @@ struct lent_pair {
   std::shared_ptr<const void> owner() {
     return std::shared_ptr<const void>(w->floats(), [r = released](const void*) { ++*r; });
   }
+  // An owner whose release sends on the link again (sent_again), as the ring driver's may: its last
+  // release runs the reducer's next work, which sends here. `keep` keeps `at` alive.
+  std::shared_ptr<std::atomic<bool>> sent_again = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<const void> resending_owner(const void* at, std::shared_ptr<const void> keep = {}) {
+    return std::shared_ptr<const void>(at, [tx = l.tx.get(), s = l.stamp, flag = sent_again, keep](const void*) {
+      std::string e;
+      tx->send(chunk_header(s, 5, 4), floats_of(4, 0), &e, false);
+      *flag = true;
+    });
+  }
   // Four copies of 2 MiB: the fourth does not fit beside the other three and waits in the sender's queue.
   void fill_segment() {
     std::string error;
@@ -808,19 +818,12 @@ TEST_CASE("shm link: owners let go when the receiver is gone may send on the lin
   lent_pair p;
   std::string error;
   p.fill_segment();
-  auto sent_again = std::make_shared<std::atomic<bool>>(false);
   net::shm_sender* tx = p.l.tx.get();
-  const net::shm_stamp s = p.l.stamp;
-  // As the ring driver's owner may: its last release runs the reducer's next work, which sends here.
-  std::shared_ptr<const void> owner(p.w->floats(), [tx, s, sent_again](const void*) {
-    std::string e;
-    tx->send(chunk_header(s, 5, 4), floats_of(4, 0), &e, false);
-    *sent_again = true;
-  });
-  REQUIRE(tx->send(chunk_header(s, 4, 1000), net::payload{p.w->floats(), 4000, std::move(owner)}, &error, true));
+  std::shared_ptr<const void> owner = p.resending_owner(p.w->floats());
+  REQUIRE(tx->send(chunk_header(p.l.stamp, 4, 1000), net::payload{p.w->floats(), 4000, std::move(owner)}, &error, true));
   REQUIRE(eventually([&] { return p.k.count() == 3; }));
   p.l.rx.reset();  // gone: the sender's thread drops its queue, the queued reference's owner with it
-  if (!eventually([&] { return sent_again->load(); }, 3s)) {
+  if (!eventually([&] { return p.sent_again->load(); }, 3s)) {
     (void)p.l.tx.release();  // its thread is stuck on its own lock: joining it would hang the run
     FAIL("the sender's thread deadlocked letting go of an owner");
   }
@@ -830,18 +833,12 @@ TEST_CASE("shm link: a copied message's owner, let go as the message queues, may
   lent_pair p;
   std::string error;
   p.fill_segment();
-  auto sent_again = std::make_shared<std::atomic<bool>>(false);
   net::shm_sender* tx = p.l.tx.get();
-  const net::shm_stamp s = p.l.stamp;
   auto keep = floats_of(1000, 0);
-  std::shared_ptr<const void> owner(keep.data, [tx, s, sent_again, keep](const void*) {
-    std::string e;
-    tx->send(chunk_header(s, 5, 4), floats_of(4, 0), &e, false);
-    *sent_again = true;
-  });
+  std::shared_ptr<const void> owner = p.resending_owner(keep.data, keep.owner);
   // The segment is full: the message is copied into the queue and its owner let go at once.
-  std::thread sender([&] { tx->send(chunk_header(s, 4, 1000), net::payload{keep.data, 4000, std::move(owner)}, &error, false); });
-  if (!eventually([&] { return sent_again->load(); }, 3s)) {
+  std::thread sender([&] { tx->send(chunk_header(p.l.stamp, 4, 1000), net::payload{keep.data, 4000, std::move(owner)}, &error, false); });
+  if (!eventually([&] { return p.sent_again->load(); }, 3s)) {
     sender.detach();
     (void)p.l.tx.release();
     FAIL("send() let go of an owner under its own lock");
