@@ -4,8 +4,9 @@
 //
 // Why: across processes on one host a ring message over TCP costs about four thread wake-ups (caller to
 // bridge, bridge to ZeroMQ's I/O thread, the kernel, the peer's I/O thread to its bridge) and three copies;
-// here the sender copies the message into the segment and the receiving thread, woken once (a futex in
-// the segment), hands it on in place: the reducer adds it straight from the segment into its gradients.
+// here the sender copies the message into the segment (or, from a window it lends, only says where it
+// is) and the receiving thread, woken once (a futex in the segment), hands it on in place: the reducer
+// adds it straight from the segment (or the sender's window) into its gradients.
 // NCCL, Gloo and MPI do the same for ranks on one host.
 //
 // Who may use it: the receiver creates the segment (O_EXCL, mode 0600, owned by its user) under a name
@@ -112,13 +113,13 @@ class shm_sender {
   // Opens the segment a receiver created for this stamp. nullptr with *error when there is none (*missing:
   // no such name, the usual case on another host) or it is not ours alone or not for this stamp.
   static std::unique_ptr<shm_sender> open(const shm_stamp& stamp, std::string* error, bool* missing);
-  // From any thread. Done with p's bytes when it returns, and never waits for the receiver: the message
-  // is copied into the segment, or, when the buffer is full, into a queue for the sender's thread. False
-  // with *error only for a message that can never go (a bad header, a payload over kShmMaxPayload). Once
-  // the receiver has closed the segment, messages are dropped, as a connection to a vanished peer drops
-  // them; the job's heartbeats tell who is gone.
-  // in_place: p's bytes stay unchanged until p.owner is let go, so a message inside the lent window
-  // may go as a reference.
+  // From any thread. Never waits for the receiver: the message is copied into the segment, or, when the
+  // buffer is full, into a queue for the sender's thread, and then done with p's bytes when it returns.
+  // in_place: p's bytes stay unchanged until p.owner is let go, so a message inside the lent window,
+  // once the receiver has taken it, goes as a reference instead, and p.owner is held until the
+  // receiver has read it. False with *error only for a message that can never go (a bad header, a
+  // payload over kShmMaxPayload). Once the receiver has closed the segment, messages are dropped (and
+  // owners let go), as a connection to a vanished peer drops them; the job's heartbeats tell who is gone.
   bool send(const wire::header& h, payload p, std::string* error, bool in_place = false);
   // Offers the receiver `w` to read in place (once; before or while messages flow). Until it has taken
   // it, and if it declines (another pid namespace, say), messages are copied as before.
