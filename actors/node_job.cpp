@@ -365,12 +365,7 @@ void node_job::set_shm_poller(int rank, const std::shared_ptr<net::shm_receiver>
     auto in = weak_in.lock();
     auto out = weak_out.lock();
     if (!out) return in ? in->poll(until, done) : done();
-    net::shm_sender::reaper r(*out);
-    const auto reaped = [&] {
-      out->reap();
-      return done();
-    };
-    return in ? in->poll(until, reaped) : reaped();
+    return net::poll_reaping(in.get(), *out, until, done);
   }, budget);
 }
 

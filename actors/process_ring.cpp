@@ -95,11 +95,7 @@ struct process_ring::impl {
     if (!shm_in) return;
     set_poller(*port, [in = shm_in.get(), out = shm_out.get()](std::chrono::steady_clock::time_point until,
                                                                const std::function<bool()>& done) {
-      net::shm_sender::reaper r(*out);
-      return in->poll(until, [&] {
-        out->reap();
-        return done();
-      });
+      return net::poll_reaping(in, *out, until, done);
     }, opt.poll);
   }
   // Our ring port, on the host we listen on, and the receiver of the left neighbour's chunks (opened

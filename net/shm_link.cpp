@@ -729,6 +729,16 @@ shm_sender::~shm_sender() {
   if (d_->thread.joinable()) d_->thread.join();
 }
 
+bool poll_reaping(shm_receiver* in, shm_sender& out, std::chrono::steady_clock::time_point until,
+                  const std::function<bool()>& done) {
+  shm_sender::reaper r(out);
+  const auto reaped = [&] {
+    out.reap();
+    return done();
+  };
+  return in ? in->poll(until, reaped) : reaped();
+}
+
 // ---- hosts and leftovers ----
 
 std::string host_id() {

@@ -157,4 +157,10 @@ class shm_sender {
   std::unique_ptr<impl> d_;
 };
 
+// For a thread that waits for an all-reduce whose chunks come through `in` (null: none to poll) and go
+// out through `out`, which lends a window: polls `in` as shm_receiver::poll does, and meanwhile lets go
+// of the owners of what the right neighbour has read (a reaper of `out` while it runs).
+bool poll_reaping(shm_receiver* in, shm_sender& out, std::chrono::steady_clock::time_point until,
+                  const std::function<bool()>& done);
+
 }  // namespace ringmaster::net
