@@ -557,42 +557,6 @@ std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const 
   return "";
 }
 
-std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::shared_ptr<const void>* lock) {
-  if (dir.empty()) return "no folder given";
-  struct stat st {};
-  // Another launcher may make it at the same moment: then it is there.
-  if (::stat(dir.c_str(), &st) != 0 && (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST))
-    return "cannot create folder " + dir + ": " + std::strerror(errno);
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return dir + " is not a folder";
-  // One job a folder: two would prune each other's checkpoints (and temporary files being written). The
-  // lock goes with the process (flock), so a crashed job leaves none behind.
-  const std::string lock_path = (fs::path(dir) / ".ringmaster-lock").string();
-  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (lock_fd < 0) return "cannot write in folder " + dir + ": " + lock_path + ": " + std::strerror(errno);
-  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    const int e = errno;
-    ::close(lock_fd);
-    return e == EWOULDBLOCK ? "another run is using folder " + dir + " (it holds " + lock_path + "): give each run a folder of its own"
-                            : "cannot lock " + lock_path + ": " + std::strerror(e);
-  }
-  // Held until the job is done, or let go at once when only asked whether the folder would do (or when
-  // it will not do).
-  std::shared_ptr<const void> held(nullptr, [lock_fd](const void*) { ::close(lock_fd); });
-  // Permissions alone do not say it (root, a read-only mount): write a file there.
-  const std::string probe = (fs::path(dir) / (".ringmaster-probe-" + std::to_string(::getpid()))).string();
-  ::unlink(probe.c_str());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return "cannot write in folder " + dir + ": " + std::strerror(errno);
-  ::close(fd);
-  ::unlink(probe.c_str());
-  if (const auto found = checkpoints_in(dir); !resuming && !found.empty())
-    return dir + " holds the checkpoints of another run (" + fs::path(found.front().second).filename().string() +
-           (found.size() > 1 ? " and " + std::to_string(found.size() - 1) + " more" : "") +
-           "), which this one would delete: resume from them (--resume), or give another folder";
-  if (lock) *lock = held;
-  return "";
-}
-
 std::function<std::string(const job_progress&, const network_state&)> checkpoint_writer(
     const train_config& cfg, std::shared_ptr<const model> m, int64_t train_samples, uint32_t train_data,
     int64_t steps_per_epoch, std::shared_ptr<std::string> last) {
@@ -618,63 +582,6 @@ std::function<std::string(const job_progress&, const network_state&)> checkpoint
     if (told) told(path);
     return std::string();
   };
-}
-
-coordinator_config job_coordinator_config(const train_config& cfg, std::shared_ptr<const model> m, int replicas,
-                                          bool evaluate, int64_t train_samples, uint32_t train_data,
-                                          int64_t steps_per_epoch, std::shared_ptr<std::string> last) {
-  coordinator_config cc;
-  cc.replicas = replicas;
-  cc.global_batch = cfg.global_batch;
-  cc.steps_per_epoch = steps_per_epoch;
-  cc.epochs = cfg.epochs;
-  cc.evaluate = evaluate;
-  cc.on_progress = cfg.on_progress;
-  if (cfg.resume) cc.start = cfg.resume->progress;
-  cc.checkpoint_every = cfg.checkpoint_every;
-  if (!cfg.checkpoint_dir.empty()) cc.on_checkpoint = checkpoint_writer(cfg, m, train_samples, train_data, steps_per_epoch, last);
-  return cc;
-}
-
-std::string state_fault(const network_state& s) {
-  const auto finite = [](const std::vector<float>& v) {
-    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-  };
-  if (!finite(s.params)) return "its parameters hold NaN or infinite values";
-  if (!finite(s.m1) || !finite(s.m2)) return "its optimizer state holds NaN or infinite values";
-  if (std::any_of(s.m2.begin(), s.m2.end(), [](float x) { return x < 0; })) return "its second moments hold negative values";
-  return "";
-}
-
-bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& h, const net::payload& p,
-                      size_t param_count, int32_t buffers) {
-  const size_t filled = into ? size_t(!into->params.empty()) + size_t(!into->m1.empty()) + size_t(!into->m2.empty()) : 0;
-  const bool next = h.segment == 0 || (into && h.step == into->steps && h.segment == int32_t(filled));
-  const size_t expected = param_count ? param_count : h.segment > 0 && into ? into->params.size() : h.elements;
-  if (!next || h.segment < 0 || h.segment >= buffers || h.elements == 0 || h.elements != expected) {
-    into.reset();
-    return false;
-  }
-  if (h.segment == 0) into = std::make_shared<network_state>();
-  into->steps = h.step;
-  std::vector<float>* dst[] = {&into->params, &into->m1, &into->m2};
-  dst[h.segment]->assign(p.floats(), p.floats() + h.elements);
-  return h.segment + 1 == buffers;
-}
-
-bool trained_to_end(const checkpoint& c, const train_config& cfg) {
-  return c.progress.step == c.steps_per_epoch * cfg.epochs;
-}
-
-train_result finished_run(const checkpoint& c) {
-  train_result r;
-  r.ok = true;
-  r.history = c.progress.history;
-  r.weights = c.state.params;
-  r.model = c.model;
-  r.checksums = {fnv1a(r.weights.data(), r.weights.size())};
-  r.identical = true;
-  return r;
 }
 
 }  // namespace ringmaster
