@@ -6,11 +6,12 @@
 #include <cstring>
 #include <map>
 
+#include "actors/coordinator_state.hpp"
 #include "actors/messages.hpp"
 
 namespace ringmaster {
 
-using clock_type = std::chrono::steady_clock;
+using namespace coordinator_detail;
 
 uint64_t fnv1a(const float* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -50,79 +51,11 @@ std::string format_progress(const progress& p) {
 }
 
 namespace {
-
-// One step's reports so far; added to its epoch once all ranks have reported.
-struct step_acc {
-  std::vector<double> losses;  // per rank: added in rank order, so the epoch's loss has the same bits
-                               // whatever order the reports arrived in
-  std::vector<char> seen;      // per rank: its report is in
-  int64_t correct = 0, count = 0;
-  int reports = 0;
-  double compute_sum = 0, compute_max = 0;  // the ranks' forward/backward times (train_result::wait_slower)
-  clock_type::time_point first;  // when the first report came
-};
-
-struct epoch_acc {
-  double loss = 0;
-  int64_t correct = 0, count = 0;
-  int64_t unmeasured = 0;  // of count: samples whose loss and accuracy were never reported (a lost node's,
-                           // or a survivor's that took the others' state for that step)
-  int64_t steps_done = 0;
-  int64_t first_step = 0, first_count = 0;  // a resumed epoch's steps and samples from before this run
-  std::map<int64_t, step_acc> pending;  // step -> reports so far
-  std::vector<double> val_losses;       // per rank, added in rank order when the epoch closes
-  double val_loss = 0;
-  int64_t val_correct = 0, val_count = 0;
-  int evals = 0;
-  std::vector<char> evaluated;  // per rank
-  clock_type::time_point first_eval;
-  double eval_seconds = 0;
-  clock_type::time_point start, last_step;
-  bool closed = false;
-  int64_t measured() const { return count - unmeasured; }
-};
-
-// A checkpoint waits for both halves: rank 0's state after the step, and the job's metrics up to it.
-struct pending_checkpoint {
-  state_ptr state;
-  bool have_progress = false;
-  job_progress progress;
-};
-
-struct coordinator_state {
-  coordinator_config cfg;
-  std::vector<caf::actor> replicas, loaders, reducers;
-  caf::response_promise reply;
-  std::shared_ptr<train_result> result = std::make_shared<train_result>();
-  std::map<int64_t, epoch_acc> epochs;
-  std::map<int64_t, pending_checkpoint> checkpoints;  // by steps done
-  int64_t written = -1;  // the last checkpoint written (they come in step order): states up to it are late
-  int64_t current_epoch = 0;
-  int done = 0, weights_in = 0;
-  std::vector<char> done_ranks;  // per rank: said it is done
-  clock_type::time_point first_done;
-  bool finished = false;
-  int gen = 0;              // the ring generation: reports of others are dropped
-  int holding = 0;          // a ring generation being formed (the launcher paused the ranks for it)
-  size_t recovering = SIZE_MAX;  // result->losses from here on wait for the next completed step
-  clock_type::time_point last_word;
-  clock_type::time_point start, last_print;
-  // For the silence watchdog: the last report of any kind (or the start, or the end of a pause), the last
-  // step complete, and the longest time between two.
-  clock_type::time_point last_news, last_complete;
-  clock_type::duration slowest_step{0};
-  int64_t skipped_checkpoints = 0;
-};
-
 // The text an error was made with (make_error(code, "why")), else CAF's rendering of it.
 std::string describe(caf::actor_system& sys, const caf::error& e) {
   const caf::message& ctx = e.context();
   if (ctx.match_elements<std::string>()) return ctx.get_as<std::string>(0);
   return sys.render(e);
-}
-
-double secs(clock_type::time_point a, clock_type::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
 }
 
 void stop_all(caf::event_based_actor* self, coordinator_state& st) {
@@ -348,114 +281,6 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
       st.cfg.on_event("the checkpoint after step " + std::to_string(it->first) + " is skipped: its state went with rank 0's node");
     it = st.checkpoints.erase(it);
   }
-}
-
-// How far ahead of the steps complete a report may be: honest ranks are at most a batch of reports
-// (actors/node_links.cpp) apart; this only bounds what a lying node can make us hold.
-constexpr int64_t kMaxReportLead = 100000;
-
-// Steps complete so far in the whole job: those of the closed epochs and the first open one's (a later
-// epoch may be open already: a fast rank's reports of it come before a slow one's of this one).
-int64_t steps_complete(const coordinator_state& st) {
-  const int64_t spe = st.cfg.steps_per_epoch;
-  int64_t n = 0;
-  for (const auto& [e, a] : st.epochs) {
-    if (!a.closed) return std::max(n, e * spe + a.steps_done);  // steps_done counts a resumed epoch's first steps
-    n = (e + 1) * spe;
-  }
-  return n;
-}
-
-// "" if a rank's report fits the job and what came before; else what is wrong with it. Reports come from
-// other processes (actors/launcher.cpp): a node may lie, and its lies must neither crash, hang nor fool us.
-std::string check_report(const coordinator_state& st, const step_report& r) {
-  const int64_t spe = st.cfg.steps_per_epoch;
-  const std::string what = "step " + std::to_string(r.step + 1) + " of epoch " + std::to_string(r.epoch + 1);
-  if (r.epoch < 0 || r.epoch >= st.cfg.epochs || r.step < 0 || r.step >= spe)
-    return what + ", which the job (" + std::to_string(st.cfg.epochs) + " epochs of " + std::to_string(spe) + " steps) does not have";
-  const int64_t at = r.epoch * spe + r.step, complete = steps_complete(st);
-  if (at < complete) return what + " again: it is complete";
-  if (at - complete > kMaxReportLead) return what + ", far ahead of the steps complete (" + std::to_string(complete) + ")";
-  if (r.count < 0 || r.count > st.cfg.global_batch || r.correct < 0 || r.correct > r.count || r.loss_sum < 0)
-    return what + " with " + std::to_string(r.correct) + " of " + std::to_string(r.count) + " samples right, loss sum " +
-           std::to_string(r.loss_sum) + ": not a batch of at most " + std::to_string(st.cfg.global_batch);
-  for (double t : {r.wait_batch, r.compute, r.wait_ring, r.update})  // summed into train_result: no NaN, no lies below 0
-    if (!(t >= 0 && t < 1e9)) return what + " with a time of " + std::to_string(t) + " s";
-  auto e = st.epochs.find(r.epoch);
-  if (e != st.epochs.end()) {
-    auto s = e->second.pending.find(r.step);
-    if (s != e->second.pending.end() && size_t(r.rank) < s->second.seen.size() && s->second.seen[size_t(r.rank)])
-      return what + " twice";
-  }
-  return "";
-}
-
-std::string check_report(const coordinator_state& st, const eval_report& r) {
-  const std::string what = "an evaluation of epoch " + std::to_string(r.epoch + 1);
-  if (!st.cfg.evaluate || r.epoch < 0 || r.epoch >= st.cfg.epochs) return what + ", which the job does not have";
-  auto e = st.epochs.find(r.epoch);
-  if (e != st.epochs.end() && size_t(r.rank) < e->second.evaluated.size() && e->second.evaluated[size_t(r.rank)])
-    return what + " twice";
-  if (r.epoch * st.cfg.steps_per_epoch > steps_complete(st) + kMaxReportLead) return what + " before its steps";
-  // No more samples than the test set has (its batches, when known), so sums cannot overflow; a loss that
-  // is not a number ends the job, as in training.
-  const int64_t most = st.cfg.eval_batches > 0 ? st.cfg.eval_batches * int64_t(st.cfg.global_batch) : int64_t(1) << 40;
-  if (r.count < 0 || r.count > most || r.correct < 0 || r.correct > r.count || !std::isfinite(r.loss_sum) || r.loss_sum < 0)
-    return what + " with " + std::to_string(r.correct) + " of " + std::to_string(r.count) + " samples right, loss sum " +
-           std::to_string(r.loss_sum);
-  if (!(r.seconds >= 0 && r.seconds < 1e9)) return what + " that took " + std::to_string(r.seconds) + " s";  // printed
-  return "";
-}
-
-// "3", or "3 (node tcp://10.0.0.2:5601)" when the launcher said where rank 3 runs.
-std::string rank_where(const coordinator_state& st, int r) {
-  const bool known = r >= 0 && size_t(r) < st.cfg.where.size() && !st.cfg.where[size_t(r)].empty();
-  return std::to_string(r) + (known ? " (" + st.cfg.where[size_t(r)] + ")" : "");
-}
-
-// Ranks that have not reported what the others have, for report_timeout; "" if none is late.
-std::string late_ranks(const coordinator_state& st, clock_type::time_point now) {
-  const auto limit = st.cfg.report_timeout;
-  auto missing = [&](const std::vector<char>& seen) {
-    std::string s;
-    for (int r = 0; r < st.cfg.replicas; ++r)
-      if (size_t(r) >= seen.size() || !seen[size_t(r)]) s += (s.empty() ? "" : ", ") + rank_where(st, r);
-    return s;
-  };
-  const std::string secs_text = std::to_string(limit.count() / 1000) + " s";
-  for (const auto& [e, a] : st.epochs) {
-    for (const auto& [k, s] : a.pending)
-      if (s.reports > 0 && now - s.first > limit)
-        return "rank(s) " + missing(s.seen) + " sent no report of step " + std::to_string(k + 1) + " of epoch " +
-               std::to_string(e + 1) + " in " + secs_text + " after the others did";
-    if (a.evals > 0 && !a.closed && now - a.first_eval > limit)
-      return "rank(s) " + missing(a.evaluated) + " sent no evaluation of epoch " + std::to_string(e + 1) + " in " + secs_text +
-             " after the others did";
-  }
-  if (st.done > 0 && st.done < st.cfg.replicas && now - st.first_done > limit)
-    return "rank(s) " + missing(st.done_ranks) + " did not say they were done in " + secs_text + " after the others did";
-  return "";
-}
-
-// Whether every rank has been silent too long (coordinator_config::eval_batches); "" if not.
-std::string silent_ranks(const coordinator_state& st, clock_type::time_point now) {
-  const auto limit = st.cfg.report_timeout;
-  // Before a first step: 10 report timeouts when a resumed job's state may be on its way to every node,
-  // else 2 (the first step may compile or warm up a device).
-  clock_type::duration allowed = (st.cfg.start.step > 0 ? 10 : 2) * limit;
-  if (st.slowest_step.count() > 0) {
-    const bool evaluating = st.cfg.evaluate && std::any_of(st.epochs.begin(), st.epochs.end(), [&](const auto& e) {
-      return !e.second.closed && e.second.steps_done == st.cfg.steps_per_epoch;
-    });
-    allowed = std::max<clock_type::duration>(2 * limit, limit + st.slowest_step * (50 + (evaluating ? st.cfg.eval_batches : 0)));
-  }
-  if (st.done == st.cfg.replicas || now - st.last_news <= allowed) return "";  // all done: the weights come
-  std::string ranks;
-  for (int r = 0; r < st.cfg.replicas; ++r) ranks += (ranks.empty() ? "" : ", ") + rank_where(st, r);
-  char slowest[32];
-  std::snprintf(slowest, sizeof slowest, "%.3f", std::chrono::duration<double>(st.slowest_step).count());
-  return "no rank has reported anything for " + std::to_string(int64_t(secs(st.last_news, now))) +
-         " s (the slowest step so far took " + slowest + " s): ranks " + ranks + " are stuck";
 }
 
 }  // namespace

@@ -1,0 +1,97 @@
+// Internal to actors/coordinator.cpp and actors/coordinator_checks.cpp: what the coordinator keeps of a
+// job, and the checks on what ranks report (reports come from other processes: a node may lie).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "actors/coordinator.hpp"
+#include "actors/messages.hpp"
+
+namespace ringmaster::coordinator_detail {
+
+using clock_type = std::chrono::steady_clock;
+
+// One step's reports so far; added to its epoch once all ranks have reported.
+struct step_acc {
+  std::vector<double> losses;  // per rank: added in rank order, so the epoch's loss has the same bits
+                               // whatever order the reports arrived in
+  std::vector<char> seen;      // per rank: its report is in
+  int64_t correct = 0, count = 0;
+  int reports = 0;
+  double compute_sum = 0, compute_max = 0;  // the ranks' forward/backward times (train_result::wait_slower)
+  clock_type::time_point first;  // when the first report came
+};
+
+struct epoch_acc {
+  double loss = 0;
+  int64_t correct = 0, count = 0;
+  int64_t unmeasured = 0;  // of count: samples whose loss and accuracy were never reported (a lost node's,
+                           // or a survivor's that took the others' state for that step)
+  int64_t steps_done = 0;
+  int64_t first_step = 0, first_count = 0;  // a resumed epoch's steps and samples from before this run
+  std::map<int64_t, step_acc> pending;  // step -> reports so far
+  std::vector<double> val_losses;       // per rank, added in rank order when the epoch closes
+  double val_loss = 0;
+  int64_t val_correct = 0, val_count = 0;
+  int evals = 0;
+  std::vector<char> evaluated;  // per rank
+  clock_type::time_point first_eval;
+  double eval_seconds = 0;
+  clock_type::time_point start, last_step;
+  bool closed = false;
+  int64_t measured() const { return count - unmeasured; }
+};
+
+// A checkpoint waits for both halves: rank 0's state after the step, and the job's metrics up to it.
+struct pending_checkpoint {
+  state_ptr state;
+  bool have_progress = false;
+  job_progress progress;
+};
+
+struct coordinator_state {
+  coordinator_config cfg;
+  std::vector<caf::actor> replicas, loaders, reducers;
+  caf::response_promise reply;
+  std::shared_ptr<train_result> result = std::make_shared<train_result>();
+  std::map<int64_t, epoch_acc> epochs;
+  std::map<int64_t, pending_checkpoint> checkpoints;  // by steps done
+  int64_t written = -1;  // the last checkpoint written (they come in step order): states up to it are late
+  int64_t current_epoch = 0;
+  int done = 0, weights_in = 0;
+  std::vector<char> done_ranks;  // per rank: said it is done
+  clock_type::time_point first_done;
+  bool finished = false;
+  int gen = 0;              // the ring generation: reports of others are dropped
+  int holding = 0;          // a ring generation being formed (the launcher paused the ranks for it)
+  size_t recovering = SIZE_MAX;  // result->losses from here on wait for the next completed step
+  clock_type::time_point last_word;
+  clock_type::time_point start, last_print;
+  // For the silence watchdog: the last report of any kind (or the start, or the end of a pause), the last
+  // step complete, and the longest time between two.
+  clock_type::time_point last_news, last_complete;
+  clock_type::duration slowest_step{0};
+  int64_t skipped_checkpoints = 0;
+};
+
+inline double secs(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Steps complete so far in the whole job: those of the closed epochs and the first open one's (a later
+// epoch may be open already: a fast rank's reports of it come before a slow one's of this one).
+int64_t steps_complete(const coordinator_state& st);
+// "" if a rank's report fits the job and what came before; else what is wrong with it.
+std::string check_report(const coordinator_state& st, const step_report& r);
+std::string check_report(const coordinator_state& st, const eval_report& r);
+// "3", or "3 (node tcp://10.0.0.2:5601)" when the launcher said where rank 3 runs.
+std::string rank_where(const coordinator_state& st, int r);
+// Ranks that have not reported what the others have, for report_timeout; "" if none is late.
+std::string late_ranks(const coordinator_state& st, clock_type::time_point now);
+// Whether every rank has been silent too long (coordinator_config::eval_batches); "" if not.
+std::string silent_ranks(const coordinator_state& st, clock_type::time_point now);
+
+}  // namespace ringmaster::coordinator_detail
