@@ -82,7 +82,7 @@ struct inbox {
 
 
 // The segment as a test maps it, to write into it as a broken or hostile sender would. Offsets of the
-// control block's fields (net/shm_link.cpp): head at 64, head_seq at 72; records from 4096.
+// control block's fields (net/shm_segment.hpp): head at 64, head_seq at 72; records from 4096.
 struct raw_segment {
   void* base = MAP_FAILED;
   size_t bytes = 4096 + net::kShmCapacity;
@@ -507,7 +507,7 @@ TEST_CASE("shm link: segments whose receiver is gone are swept, live ones and st
     const int fd = shm_open(net::shm_name(dead).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     REQUIRE(fd >= 0);
     REQUIRE(ftruncate(fd, off_t(4096 + net::kShmCapacity)) == 0);
-    const uint64_t magic = 0x4d48535f474e4952ull;  // "RING_SHM" (net/shm_link.cpp)
+    const uint64_t magic = 0x4d48535f474e4952ull;  // "RING_SHM" (net/shm_segment.hpp)
     REQUIRE(pwrite(fd, &magic, sizeof magic, 0) == ssize_t(sizeof magic));
     close(fd);
   }
@@ -667,7 +667,7 @@ TEST_CASE("shm link: messages in place in a lent window go by reference, and the
 TEST_CASE("shm link: a reference outside what the sender lent, or to memory it never lent, breaks the link", "[shm]") {
   const size_t n = 16;
   // A reference record to n floats at `at` of the sender's window, written as a hostile sender would:
-  // its length has bit 62 set, its payload is the offset (net/shm_link.cpp).
+  // its length has bit 62 set, its payload is the offset (net/shm_segment.hpp).
   const auto forge_reference = [&](pair_link& l, uint64_t at) {
     wire::header h = chunk_header(l.stamp, 0, n);
     h.payload_bytes = n * sizeof(float);
