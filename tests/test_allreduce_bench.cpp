@@ -1,5 +1,6 @@
 // The all-reduce benchmark end to end: its output format, its correctness count, its flag errors.
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,10 +27,32 @@ std::vector<row> rows_of(const std::string& out) {
   std::istringstream in(out);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
+    // Ours: the rows that start with a number (the baselines' start with their name).
+    if (line.find_first_not_of(' ') == std::string::npos || !std::isdigit(static_cast<unsigned char>(line[line.find_first_not_of(' ')])))
+      continue;
     std::istringstream l(line);
     row r{};
     REQUIRE((l >> r.bytes >> r.us >> r.algbw >> r.busbw >> r.wrong));
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+struct floor_row {
+  size_t bytes;
+  double floor_us, ours_us, ratio;
+};
+
+// The --compare floor table's rows ("floor BYTES FLOOR_US OURS_US FLOOR/OURS").
+std::vector<floor_row> floor_rows_of(const std::string& out) {
+  std::vector<floor_row> rows;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("floor ", 0) != 0) continue;
+    std::istringstream l(line.substr(6));
+    floor_row r{};
+    REQUIRE((l >> r.bytes >> r.floor_us >> r.ours_us >> r.ratio));
     rows.push_back(r);
   }
   return rows;
@@ -66,7 +89,39 @@ TEST_CASE("allreduce_bench: every transport prints one correct row per size", "[
     // busbw = algbw * 2(N-1)/N: equal for 2 ranks, 4/3 of it for 3.
     const double n = args.find("--ranks 3") != std::string::npos ? 3 : 2;
     CHECK(rows[2].busbw == Approx(rows[2].algbw * 2 * (n - 1) / n).epsilon(0.01));
+    // Over tcp the bare-TCP floor follows by default, a row per size against ours; elsewhere none.
+    const auto floors = floor_rows_of(r.out);
+    if (args.find("tcp") == std::string::npos) {
+      CHECK(floors.empty());
+      continue;
+    }
+    REQUIRE(floors.size() == rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      CHECK(floors[i].bytes == rows[i].bytes);
+      CHECK(floors[i].ours_us == Approx(rows[i].us).epsilon(0.001));
+      CHECK(floors[i].floor_us > 0);
+      CHECK(floors[i].ratio == Approx(floors[i].floor_us / floors[i].ours_us).epsilon(0.01).margin(0.006));
+    }
   }
+}
+
+TEST_CASE("allreduce_bench --compare: the floor's ring over bare TCP with 3 ranks, and none", "[bench]") {
+  const run_result three = run_bench("--ranks 3 --transport tcp --security none --sizes 12K,3M --iters 3 --warmup 1 --compare floor");
+  INFO(three.out);
+  REQUIRE(three.status == 0);
+  CHECK(three.out.find("# floor: the ring's 4 steps over bare loopback TCP, 3 ranks") != std::string::npos);
+  const auto floors = floor_rows_of(three.out);
+  REQUIRE(floors.size() == 2);
+  CHECK(floors[0].bytes == 12 * 1024);
+  CHECK(floors[1].bytes == 3 * 1024 * 1024);
+  // 3 MB is 4 steps of 1 MB each way per rank: not done in less than the time a copy of that takes.
+  CHECK(floors[1].floor_us > floors[0].floor_us);
+  const run_result none = run_bench("--ranks 2 --transport tcp --security none --sizes 4K --iters 2 --warmup 1 --compare none");
+  INFO(none.out);
+  REQUIRE(none.status == 0);
+  CHECK(rows_of(none.out).size() == 1);
+  CHECK(floor_rows_of(none.out).empty());
+  CHECK(none.out.find("# floor") == std::string::npos);
 }
 
 TEST_CASE("allreduce_bench: bad flags exit 2 with a clear message", "[bench]") {
@@ -85,7 +140,8 @@ TEST_CASE("allreduce_bench: bad flags exit 2 with a clear message", "[bench]") {
       {"--security tls", "bad value for --security: 'tls' (sealed, curve or none)"},
       {"--transport ipc --security sealed", "--security sealed needs --transport tcp"},
       {"--transport tcp --segment 8M", "--segment and --small are at most 4M"},
-      {"--compare mpi", "bad value for --compare: 'mpi' (gloo)"},
+      {"--compare mpi", "bad value for --compare: 'mpi' (floor, gloo or none)"},
+      {"--transport shm --compare floor", "--compare floor: with --transport tcp"},
       {"--transport inproc --compare gloo", "--compare gloo: with --transport ipc, tcp or shm"},
   };
   for (const auto& [args, want] : cases) {

@@ -40,6 +40,7 @@
 #include "net/keys.hpp"
 #include "net/seal.hpp"
 #include "net/shm_link.hpp"
+#include "tools/tcp_floor.hpp"
 
 namespace {
 
@@ -60,7 +61,8 @@ struct options {
   std::string security;  // sealed, curve or none; "": sealed over tcp, curve over ipc
   std::string link = "own";  // tcp: own (chunks to the next rank's ring port) or bridge
   std::string key_dir;   // "": ~/.ringmaster
-  std::string compare;   // "gloo": Gloo's ring on the same sizes after ours, and the ratio
+  bool gloo = false;     // --compare gloo: Gloo's ring on the same sizes after ours, and the ratio
+  int floor = -1;        // --compare floor: the ring over bare TCP after ours (tools/tcp_floor.hpp); -1: tcp's default
   int worker_rank = -1;  // >= 0: this process is a worker
   std::vector<std::string> endpoints;
 };
@@ -72,7 +74,7 @@ const char* kUsage =
     "                       [--iters N] [--warmup N] [--segment BYTES] [--small BYTES] [--io-threads N]\n"
     "                       [--spin-us N] [--pin on|off] [--lend on|off] [--timeout-ms N]\n"
     "                       [--security sealed|curve|none]\n"
-    "                       [--link own|bridge] [--key-dir DIR] [--compare gloo]\n"
+    "                       [--link own|bridge] [--key-dir DIR] [--compare floor,gloo|none]\n"
     "Ring all-reduce of float buffers; prints: size_bytes time_us algbw_GBps busbw_GBps wrong\n"
     "(time_us: --iters all-reduces back to back, the slowest rank's time divided by --iters)\n"
     "  --ranks N         ranks in the ring (default 2)\n"
@@ -97,8 +99,11 @@ const char* kUsage =
     "                    rank's ring port, as node daemons send them between hosts (default); bridge:\n"
     "                    through the ZeroMQ bridge (for comparison)\n"
     "  --key-dir DIR     the ranks' shared key pair (default ~/.ringmaster, made on first use)\n"
-    "  --compare gloo    ipc/tcp/shm: then Gloo's ring (PyTorch, tools/gloo_allreduce.py) on the same\n"
-    "                    sizes over TCP loopback, timed the same way, and ours against it\n";
+    "  --compare LIST    baselines timed the same way right after ours, and ours against them:\n"
+    "                    floor (tcp; the default there): the ring's steps over bare loopback TCP, no\n"
+    "                    adds or checks, the most any TCP ring reaches here (tools/tcp_floor.hpp);\n"
+    "                    gloo (ipc/tcp/shm): Gloo's ring (PyTorch, tools/gloo_allreduce.py) over TCP\n"
+    "                    loopback; none: neither\n";
 
 bool parse_size(const std::string& s, size_t* out) {
   if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) return false;
@@ -202,8 +207,11 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
     } else if (flag == "--key-dir") {
       o->key_dir = v;
     } else if (flag == "--compare") {
-      if (v != "gloo") return bad + " (gloo)";
-      o->compare = v;
+      o->gloo = false, o->floor = 0;
+      for (const std::string& c : split(v))
+        if (c == "gloo") o->gloo = true;
+        else if (c == "floor") o->floor = 1;
+        else if (c != "none") return bad + " (floor, gloo or none)";
     } else if (flag == "--worker-rank") {
       if (!parse_int(v, 0, 63, &o->worker_rank)) return bad;
     } else if (flag == "--endpoints") {
@@ -213,8 +221,10 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   if (o->worker_rank >= 0 && (o->endpoints.size() != size_t(o->ranks) || o->worker_rank >= o->ranks))
     return "a worker needs --endpoints with one endpoint per rank";
   if (o->security.empty()) o->security = o->transport == "tcp" ? "sealed" : "curve";
-  if (!o->compare.empty() && o->transport == "inproc")
+  if (o->gloo && o->transport == "inproc")
     return "--compare gloo: with --transport ipc, tcp or shm (Gloo's ring runs between processes)";
+  if (o->floor == 1 && o->transport != "tcp") return "--compare floor: with --transport tcp";
+  if (o->floor < 0) o->floor = o->transport == "tcp";
   if (o->security == "sealed" && o->transport == "shm")
     return "--transport shm: chunks stay on this host and are not sealed (--security curve or none)";
   if (o->transport == "shm" && (o->segment > ringmaster::net::kShmMaxPayload || o->small > ringmaster::net::kShmMaxPayload))
@@ -421,6 +431,22 @@ bool free_ports(int n, std::vector<int>* ports, std::string* error) {
   return ok;
 }
 
+// The ring's steps over bare loopback TCP on the same sizes (tools/tcp_floor.hpp), and ours against them.
+int compare_floor(const options& o, const std::vector<std::pair<size_t, double>>& ours) {
+  std::printf("# floor: the ring's %d steps over bare loopback TCP, %d ranks spinning on their sockets, no adds or checks,\n"
+              "# timed the same way (up to --small, ours takes the small-buffer path instead, and may beat it)\n",
+              2 * (o.ranks - 1), o.ranks);
+  std::printf("# %10s %12s %12s %10s\n", "size_bytes", "floor_us", "ours_us", "floor/ours");
+  for (const auto& [bytes, us] : ours) {
+    std::string error;
+    const double floor = ringmaster::tools::tcp_ring_floor(o.ranks, bytes, o.iters, o.warmup, o.pin, &error);
+    if (floor < 0) return std::fprintf(stderr, "allreduce_bench: --compare floor: %s\n", error.c_str()), 1;
+    std::printf("floor %6zu %12.2f %12.2f %10.2f\n", bytes, floor * 1e6, us, floor * 1e6 / us);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 // Gloo's ring on the same sizes, timed as ours (tools/gloo_allreduce.py), by the first of python3 and
 // /usr/bin/python3 (Debian's python3-torch) that imports torch; then each size's time against ours.
 int compare_gloo(const options& o, const std::vector<std::pair<size_t, double>>& ours) {
@@ -548,7 +574,8 @@ int run_parent(const options& o, int argc, char** argv) {
     }
   }
   reader.join();  // the pipe ends with rank 0
-  if (status_all == 0 && o.compare == "gloo") status_all = compare_gloo(o, ours);
+  if (status_all == 0 && o.floor == 1) status_all = compare_floor(o, ours);
+  if (status_all == 0 && o.gloo) status_all = compare_gloo(o, ours);
   return status_all;
 }
 
