@@ -15,6 +15,7 @@
 #include "net/shm_link.hpp"
 #include "net/shm_segment.hpp"
 #include "net/shm_window.hpp"
+#include "net/spin.hpp"
 
 namespace ringmaster::net {
 using namespace shm_segment;
@@ -296,20 +297,9 @@ bool shm_receiver::poll(std::chrono::steady_clock::time_point until, const std::
       if (c.head.load(std::memory_order_seq_cst) != d.taken.load(std::memory_order_seq_cst)) futex_wake(&c.head_seq);
     }
   } give_back{d, c, lock};
-  bool finished = done();
-  for (uint32_t idle = 0; !finished && !d.stop.load(std::memory_order_relaxed);) {
-    const int n = d.take();
-    if (n < 0) break;
-    if (n > 0) {
-      finished = done();
-      continue;
-    }
-    // Nothing to take: the end may still come from another thread (sends let go, a strand that ran the
-    // last job elsewhere), so ask done() now and then, not only after a record.
-    if ((++idle & 63) == 0 && ((finished = done()) || std::chrono::steady_clock::now() >= until)) break;
-    cpu_relax();
-  }
-  return finished;
+  // With nothing to take, the end may still come from another thread (sends let go, a strand that ran
+  // the last job elsewhere): done() is asked now and then, not only after a record.
+  return spin_taking([&d] { return d.take(); }, done, until, d.stop, 64);
 }
 
 }  // namespace ringmaster::net

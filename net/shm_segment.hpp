@@ -70,13 +70,6 @@ constexpr size_t kSegmentBytes = kControlBytes + kShmCapacity;
 static_assert(ring::driver_options{}.segment_elems * sizeof(float) <= kShmMaxPayload &&
               ring::driver_options{}.pair_small_bytes <= kShmMaxPayload);
 
-// A spinning thread's hint to the core (and to its hyperthread twin).
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 // Shared (not FUTEX_PRIVATE): the word lives in memory two processes map. True when it waited the whole
 // kWaitMs (nobody woke it).
 inline bool futex_wait(std::atomic<uint32_t>* word, uint32_t seen) {

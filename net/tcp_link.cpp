@@ -1,4 +1,5 @@
 #include "net/tcp_link.hpp"
+#include "net/spin.hpp"
 #include "net/tcp_io.hpp"
 
 #include <arpa/inet.h>
@@ -36,12 +37,6 @@ using tcp_io::set_nodelay;
 using tcp_io::signal_fd;
 // A tagged message where the pair has no key: the sender seals, this side runs --insecure (or a stranger).
 constexpr char kSealedOnPlain[] = "a sealed message on a plain link (is only one side --insecure?)";
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 std::string sys_error(const std::string& what, int e = errno) { return what + ": " + std::strerror(e); }
 
@@ -268,18 +263,7 @@ bool tcp_receiver::poll(std::chrono::steady_clock::time_point until, const std::
       signal_fd(d.wake);
     }
   } give_back{d, lock};
-  bool finished = done();
-  for (uint32_t idle = 0; !finished && !d.stop.load(std::memory_order_relaxed);) {
-    const int n = d.take();
-    if (n < 0) break;
-    if (n > 0) {
-      finished = done();
-      continue;
-    }
-    if ((++idle & 15) == 0 && ((finished = done()) || clock_type::now() >= until)) break;
-    cpu_relax();
-  }
-  return finished;
+  return spin_taking([&d] { return d.take(); }, done, until, d.stop, 16);
 }
 
 // ---- port ----
