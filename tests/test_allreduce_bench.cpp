@@ -122,6 +122,12 @@ TEST_CASE("allreduce_bench --compare: the floor's ring over bare TCP with 3 rank
   CHECK(rows_of(none.out).size() == 1);
   CHECK(floor_rows_of(none.out).empty());
   CHECK(none.out.find("# floor") == std::string::npos);
+  // One rank has no ring to measure: no floor by default, and no failure for it.
+  const run_result one = run_bench("--ranks 1 --transport tcp --security none --sizes 4K --iters 2 --warmup 1");
+  INFO(one.out);
+  CHECK(one.status == 0);
+  CHECK(rows_of(one.out).size() == 1);
+  CHECK(floor_rows_of(one.out).empty());
 }
 
 TEST_CASE("allreduce_bench: bad flags exit 2 with a clear message", "[bench]") {
@@ -141,7 +147,8 @@ TEST_CASE("allreduce_bench: bad flags exit 2 with a clear message", "[bench]") {
       {"--transport ipc --security sealed", "--security sealed needs --transport tcp"},
       {"--transport tcp --segment 8M", "--segment and --small are at most 4M"},
       {"--compare mpi", "bad value for --compare: 'mpi' (floor, gloo or none)"},
-      {"--transport shm --compare floor", "--compare floor: with --transport tcp"},
+      {"--transport shm --compare floor", "--compare floor: with --transport tcp and 2 ranks or more"},
+      {"--ranks 1 --compare floor", "--compare floor: with --transport tcp and 2 ranks or more"},
       {"--transport inproc --compare gloo", "--compare gloo: with --transport ipc, tcp or shm"},
   };
   for (const auto& [args, want] : cases) {

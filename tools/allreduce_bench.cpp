@@ -223,8 +223,8 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   if (o->security.empty()) o->security = o->transport == "tcp" ? "sealed" : "curve";
   if (o->gloo && o->transport == "inproc")
     return "--compare gloo: with --transport ipc, tcp or shm (Gloo's ring runs between processes)";
-  if (o->floor == 1 && o->transport != "tcp") return "--compare floor: with --transport tcp";
-  if (o->floor < 0) o->floor = o->transport == "tcp";
+  if (o->floor == 1 && (o->transport != "tcp" || o->ranks < 2)) return "--compare floor: with --transport tcp and 2 ranks or more";
+  if (o->floor < 0) o->floor = o->transport == "tcp" && o->ranks >= 2;
   if (o->security == "sealed" && o->transport == "shm")
     return "--transport shm: chunks stay on this host and are not sealed (--security curve or none)";
   if (o->transport == "shm" && (o->segment > ringmaster::net::kShmMaxPayload || o->small > ringmaster::net::kShmMaxPayload))
