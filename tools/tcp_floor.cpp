@@ -34,22 +34,29 @@ struct fds {
   }
 };
 
-// One ring step of one rank: n bytes to the next rank while n come from the one before. Spins while
-// either socket moves; after a while without progress it sleeps in poll() (more ranks than CPUs). False
-// with *error on a broken socket, after 10 s without progress, or when another rank failed.
-bool exchange(int out, int in, const char* s, char* r, size_t n, const std::atomic<bool>& failed, std::string* error) {
+// One all-reduce of one rank: `steps` steps of n bytes to the next rank while as many come from the one
+// before, pipelined byte by byte as the ring's segments are, only finer: byte j of step k+1 may go once
+// byte j of step k is in. Spins while either socket moves; after a while without progress it sleeps in
+// poll() (more ranks than CPUs). False with *error on a broken socket, after 10 s without progress, or
+// when another rank failed.
+bool allreduce(int out, int in, const char* s, char* r, size_t n, int steps, const std::atomic<bool>& failed,
+               std::string* error) {
+  const size_t total = n * size_t(steps);
   size_t sent = 0, got = 0;
   int idle = 0;
   auto last = clock_type::now();
-  while (sent < n || got < n) {
+  while (sent < total || got < total) {
     bool moved = false;
-    if (sent < n) {
-      const ssize_t k = send(out, s + sent, n - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    const size_t may_send = std::min(total, n + got);
+    if (sent < may_send) {
+      const size_t at = sent % n, len = std::min(may_send - sent, n - at);
+      const ssize_t k = send(out, s + at, len, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (k > 0) sent += size_t(k), moved = true;
       else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return *error = std::string("send: ") + std::strerror(errno), false;
     }
-    if (got < n) {
-      const ssize_t k = recv(in, r + got, n - got, MSG_DONTWAIT);
+    if (got < total) {
+      const size_t at = got % n, len = std::min(total - got, n - at);
+      const ssize_t k = recv(in, r + at, len, MSG_DONTWAIT);
       if (k > 0) got += size_t(k), moved = true;
       else if (k == 0) return *error = "the rank before closed its connection", false;
       else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return *error = std::string("recv: ") + std::strerror(errno), false;
@@ -61,7 +68,7 @@ bool exchange(int out, int in, const char* s, char* r, size_t n, const std::atom
     }
     if (failed.load(std::memory_order_relaxed)) return *error = "another rank failed", false;
     if (++idle < 2000) continue;
-    pollfd p[2] = {{sent < n ? out : -1, POLLOUT, 0}, {got < n ? in : -1, POLLIN, 0}};
+    pollfd p[2] = {{sent < may_send ? out : -1, POLLOUT, 0}, {got < total ? in : -1, POLLIN, 0}};
     ::poll(p, 2, 100);
     if (clock_type::now() - last > std::chrono::seconds(10)) return *error = "no progress for 10 s", false;
   }
@@ -120,9 +127,8 @@ double tcp_ring_floor(int ranks, size_t bytes, int iters, int warmup, bool pin, 
       std::vector<char> s(step, char(r)), got(step);
       const auto run = [&](int n) {
         for (int i = 0; i < n && !failed.load(); ++i)
-          for (int k = 0; k < steps; ++k)
-            if (!exchange(out[size_t(r)], in[size_t(r)], s.data(), got.data(), step, failed, &errors[size_t(r)]))
-              return void(failed.store(true));
+          if (!allreduce(out[size_t(r)], in[size_t(r)], s.data(), got.data(), step, steps, failed, &errors[size_t(r)]))
+            return void(failed.store(true));
       };
       run(warmup);
       start.arrive_and_wait();  // every rank arrives, failed or not
