@@ -83,10 +83,12 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("stall-at-join-pause", po::bool_switch(&o.stall_at_join_pause), "for testing: this node's replicas stop once told to pause for a node that rejoins, while the node goes on answering");
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc > 0 ? argc : 1, argv).options(desc).run(), vm);
+    po::store(po::command_line_parser(argc > 0 ? argc : 1, argv).options(desc).positional(po::positional_options_description()).run(), vm);
     po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "%s: %s\nTry '%s --help'.\n", prog.c_str(), e.what(), prog.c_str());
+  } catch (const po::error& e) {  // a stray word (no positional arguments) included: it is not ignored
+    const bool stray = dynamic_cast<const po::too_many_positional_options_error*>(&e) != nullptr;
+    std::fprintf(stderr, "%s: %s\nTry '%s --help'.\n", prog.c_str(),
+                 stray ? "unexpected argument: every option starts with --" : e.what(), prog.c_str());
     return 2;
   }
   if (vm.count("help")) {

@@ -14,6 +14,7 @@
 
 #include <boost/program_options.hpp>
 #include <cfloat>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -52,6 +53,7 @@ struct options {
   int64_t checkpoint_every = 0;
   bool resume = false;
   int64_t crash_after = 0;  // testing: SIGKILL after writing this many checkpoints
+  std::string seed = "42";  // as given: an unsigned option would take -1 for 2^64-1
   train_config cfg;
 };
 
@@ -197,8 +199,10 @@ bool model_text(std::string* model, std::string* error) {
     *error = "--model " + *model + ": " + path + " is not a regular file";
     return false;
   }
+  // Up to 1 MiB, so that white space after a description of nearly 64 KiB is not cut into it.
+  constexpr size_t kMostRead = size_t(1) << 20, kMostModel = 64 * 1024;
   std::ifstream f(path, std::ios::binary);
-  std::string text(size_t(64 * 1024 + 1), '\0');
+  std::string text(kMostRead + 1, '\0');
   if (!f.read(text.data(), std::streamsize(text.size())) && !f.eof()) {
     *error = "--model " + *model + ": cannot read " + path;
     return false;
@@ -207,6 +211,9 @@ bool model_text(std::string* model, std::string* error) {
   // As editors and `echo` write files: a UTF-8 byte-order mark before, white space and a newline after.
   if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) text.erase(0, 3);
   text.erase(text.find_last_not_of(" \t\r\n") + 1);
+  if (text.size() > kMostModel)
+    return *error = "--model " + *model + ": the description in " + path + " is over 64 KiB", false;
+  if (text.empty()) return *error = "--model " + *model + ": " + path + " holds no model description", false;
   *model = std::move(text);
   return true;
 }
@@ -228,7 +235,7 @@ int main(int argc, char** argv) {
        "cpu; cuda (every GPU, one replica each; with --replicas, replicas go round-robin over the GPUs); "
        "or cuda:0,1,... (one replica per listed GPU, an index may repeat). A job runs on CPUs or on GPUs, "
        "not both. With --nodes: cpu or cuda, and each node uses the devices it offers")
-      ("epochs", po::value(&c.epochs)->default_value(c.epochs), "passes over the training set")
+      ("epochs", po::value(&c.epochs)->default_value(c.epochs), "passes over the training set (1..1048576)")
       ("batch", po::value(&c.global_batch)->default_value(c.global_batch),
        "global batch size (each replica takes batch/replicas)")
       ("optimizer", po::value(&o.optimizer)->default_value(o.optimizer), "adam or sgd (momentum 0.9)")
@@ -236,7 +243,7 @@ int main(int argc, char** argv) {
       ("model", po::value(&c.model)->default_value(c.model),
        "784-512-512-10 (layer widths: Dense layers, ReLU between), cnn (the Keras simple MNIST convnet), a JSON "
        "description ({\"layers\": [{\"type\": \"conv2d\", \"filters\": 32, \"kernel\": 3}, ...]}), or @FILE holding one")
-      ("seed", po::value(&c.seed)->default_value(c.seed), "seed for the initial weights and the shuffles")
+      ("seed", po::value(&o.seed)->default_value(o.seed), "seed for the initial weights and the shuffles (0..2^64-1)")
       ("save", po::value(&o.save), "write the final weights to this file (safetensors)")
       ("report-json", po::value(&o.report_json), "write a JSON report of the run to this file")
       ("checkpoint-dir", po::value(&o.checkpoint_dir),
@@ -268,14 +275,17 @@ int main(int argc, char** argv) {
       ("ring-timeout", po::value(&o.ring_timeout)->default_value(o.ring_timeout), "seconds an all-reduce may wait for a "
        "neighbour without a message before it fails, naming the rank it waited for; with --nodes and continue, the "
        "node of the rank every other waited for (hung while its node still answers) is dropped like a lost one")
-      ("limit-train", po::value(&o.limit_train), "use only the first N training samples")
-      ("limit-test", po::value(&o.limit_test), "use only the first N test samples")
+      ("limit-train", po::value(&o.limit_train), "use only the first N training samples (0: all)")
+      ("limit-test", po::value(&o.limit_test), "use only the first N test samples (0: all)")
       ("no-eval", po::bool_switch(&o.no_eval), "skip the test-set evaluation after each epoch")
       ("quiet,q", po::bool_switch(&o.quiet), "print only the summary");
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    // No positional arguments: a stray word is an error, not ignored ("--epochs 1 2").
+    po::store(po::command_line_parser(argc, argv).options(desc).positional(po::positional_options_description()).run(), vm);
     po::notify(vm);
+  } catch (const po::too_many_positional_options_error&) {
+    return usage_error("unexpected argument: every option starts with -- (a value with a space in it goes in quotes)");
   } catch (const po::error& e) {
     return usage_error(e.what());
   }
@@ -287,6 +297,9 @@ int main(int argc, char** argv) {
   for (const auto& [flag, value] : vm)
     if (!value.defaulted() && value.value().type() == typeid(std::string) && value.as<std::string>().empty())
       return usage_error("--" + flag + " must not be empty");
+  if (const auto [ptr, ec] = std::from_chars(o.seed.data(), o.seed.data() + o.seed.size(), c.seed);
+      ec != std::errc() || ptr != o.seed.data() + o.seed.size())
+    return usage_error("--seed must be a whole number in 0..18446744073709551615, not '" + o.seed + "'");
   if (o.optimizer == "adam") c.opt.kind = optimizer_config::adam;
   else if (o.optimizer == "sgd") c.opt.kind = optimizer_config::sgd;
   else return usage_error("--optimizer must be adam or sgd, not '" + o.optimizer + "'");
@@ -330,9 +343,14 @@ int main(int argc, char** argv) {
     return usage_error("--save and --report-json name one file, " + o.save + ": give each a path of its own");
   if (!o.checkpoint_dir.empty())
     for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
-      if (!path.empty() && where(path).parent_path() == where(o.checkpoint_dir) && where(path).filename().string().rfind("ckpt-", 0) == 0)
-        return usage_error(std::string(flag) + " " + path + " is a checkpoint's name in --checkpoint-dir " + o.checkpoint_dir +
-                           " (such files are the job's: overwritten, or removed as old checkpoints): name it otherwise");
+      if (const std::string name = where(path).filename().string(); !path.empty() && where(path).parent_path() == where(o.checkpoint_dir)) {
+        if (name.rfind("ckpt-", 0) == 0)
+          return usage_error(std::string(flag) + " " + path + " is a checkpoint's name in --checkpoint-dir " + o.checkpoint_dir +
+                             " (such files are the job's: overwritten, or removed as old checkpoints): name it otherwise");
+        if (name.rfind(".ringmaster-", 0) == 0)
+          return usage_error(std::string(flag) + " " + path + " is the name of the lock or probe file of --checkpoint-dir " +
+                             o.checkpoint_dir + ": name it otherwise");
+      }
   if (!o.checkpoint_dir.empty())
     for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
       if (!path.empty() && where(path) == where(o.checkpoint_dir))
@@ -378,13 +396,22 @@ int main(int argc, char** argv) {
     return usage_error("--replicas-per-node needs --nodes");
   } else if (!vm["on-node-loss"].defaulted()) {
     return usage_error("--on-node-loss needs --nodes");
-  } else if (o.no_rejoin) {
-    return usage_error("--no-rejoin needs --nodes");
+  } else if (o.no_rejoin || o.insecure || o.no_shared_memory || vm.count("key-dir")) {
+    return usage_error(std::string(o.no_rejoin ? "--no-rejoin" : o.insecure ? "--insecure" : o.no_shared_memory ? "--no-shared-memory" : "--key-dir") +
+                       " needs --nodes");
   }
   if (o.on_node_loss != "continue" && o.on_node_loss != "abort")
     return usage_error("--on-node-loss must be continue or abort, not '" + o.on_node_loss + "'");
   if (!(o.rejoin_lead >= 0.1 && o.rejoin_lead <= 24 * 3600.0)) return usage_error("--rejoin-lead must be between 0.1 and 86400 seconds");
   if (nodes.empty() && !vm["rejoin-lead"].defaulted()) return usage_error("--rejoin-lead needs --nodes");
+  // Our keys now (made on first use), not after the data has loaded: a key directory that is no folder,
+  // or one others may write, is a usage error.
+  if (!nodes.empty() && !o.insecure) {
+    net::key_pair keys;
+    std::string why;
+    if (!net::load_or_create_keys(o.key_dir.empty() ? net::default_key_dir() : o.key_dir, &keys, &why))
+      return usage_error("--key-dir: " + why);
+  }
   if (o.no_rejoin && o.on_node_loss == "abort")
     return usage_error("--no-rejoin is for --on-node-loss continue (with abort no lost node comes back)");
   if (!nodes.empty()) {
@@ -393,7 +420,7 @@ int main(int argc, char** argv) {
     return usage_error(e);
   }
   if (c.replicas < 1 || c.replicas > 1024) return usage_error("--replicas must be in 1..1024");
-  if (c.epochs < 1) return usage_error("--epochs must be at least 1");
+  if (c.epochs < 1 || c.epochs > 1048576) return usage_error("--epochs must be in 1..1048576");
   if (c.global_batch < 1) return usage_error("--batch must be positive");
   if (c.global_batch % c.replicas)
     return usage_error("--batch " + std::to_string(c.global_batch) + " is not divisible by --replicas " +

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -228,6 +229,55 @@ TEST_CASE("launcher: bad flags and values exit 2 with a clear message", "[launch
   r = run("--help");
   CHECK(r.status == 0);
   CHECK(r.out.find("--replicas") != std::string::npos);
+  // Found by a hostile run of the launcher: each of these used to run (or fail late, with exit 1).
+  const std::string dir = "/tmp/ringmaster-e2e-flags-" + std::to_string(::getpid());
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"--epochs 1 2", "unexpected argument"},  // trained one epoch, the 2 ignored
+           {"--seed -1", "--seed must be a whole number in 0..18446744073709551615, not '-1'"},  // wrapped to 2^64-1
+           {"--seed 18446744073709551616", "--seed must be a whole number"},
+           {"--epochs 1048577", "--epochs must be in 1..1048576"},  // refused late, as the job plan's field
+           {"--insecure", "--insecure needs --nodes"},
+           {"--no-shared-memory", "--no-shared-memory needs --nodes"},
+           {"--key-dir /tmp", "--key-dir needs --nodes"},
+           {"--nodes tcp://127.0.0.1:1 --key-dir /etc/hostname", "--key-dir: /etc/hostname is not a directory"},  // exit 1 after loading data
+           {"--checkpoint-dir " + dir + " --save " + dir + "/.ringmaster-lock", "is the name of the lock or probe file of --checkpoint-dir"}}) {
+    r = run(args + " --limit-train 256 --limit-test 64 -q");
+    INFO(args << "\n" << r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(want) != std::string::npos);
+    CHECK(r.out.find("Done:") == std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("launcher: --model @FILE over 64 KiB, or of white space only, is named as such", "[launcher]") {
+  const std::string path = "/tmp/ringmaster-e2e-model-big-" + std::to_string(::getpid()) + ".json";
+  // Valid JSON of 70,000 bytes: it was cut at 64 KiB and then called "not valid JSON".
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << R"([{"type": "dense", "units": 10, "name": ")" << std::string(70000, 'a') << R"("}])";
+  }
+  run_result big = run("--model @" + path + " -q");
+  INFO(big.out);
+  CHECK(big.status == 2);
+  CHECK(big.out.find("is over 64 KiB") != std::string::npos);
+  // A description just under the limit followed by white space that takes the file past it still reads.
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << "784-32-10" << std::string(70000, ' ') << "\n";
+  }
+  run_result spaced = run("--model @" + path + " --batch 64 --epochs 1 --limit-train 256 --limit-test 64 -q");
+  INFO(spaced.out);
+  CHECK(spaced.status == 0);
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << "  \n\t\n";
+  }
+  run_result blank = run("--model @" + path + " -q");
+  INFO(blank.out);
+  CHECK(blank.status == 2);
+  CHECK(blank.out.find("holds no model description") != std::string::npos);
+  std::remove(path.c_str());
 }
 
 TEST_CASE("launcher: unwritable outputs and a node named twice exit 2 before training", "[launcher]") {

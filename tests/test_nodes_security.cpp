@@ -409,6 +409,9 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
   const test::run_result spin = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --ring-poll-us -1");
   CHECK(spin.status == 2);
   CHECK(spin.out.find("--ring-poll-us must be 0-1000000") != std::string::npos);
+  const test::run_result stray = test::run("timeout 10 " + std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --insecure extra");
+  CHECK(stray.status == 2);  // it served, the word ignored
+  CHECK(stray.out.find("unexpected argument") != std::string::npos);
   const test::run_result local = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen ipc:///tmp/ringmaster-test-ring-port --ring-port " +
                                            std::to_string(port));
   CHECK(local.status == 2);
