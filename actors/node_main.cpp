@@ -76,7 +76,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("data", po::value(&o.data_dir)->default_value(o.data_dir), "this node's copy of the data (IDX files)")
       ("key-dir", po::value(&o.key_dir), "this node's key, key.pub and authorized_keys (default ~/.ringmaster; made on first use)")
       ("insecure", po::bool_switch(&o.insecure), "no keys and no encryption: anyone who reaches the port can command this node")
-      ("max-connections", po::value(&o.max_connections)->default_value(o.max_connections), "clients connected at once; more are refused at the handshake")
+      ("max-connections", po::value(&o.max_connections)->default_value(o.max_connections), "clients connected at once (at most what the file descriptor limit leaves room for); the first few over it are refused at the handshake, more are hung up as they connect")
       ("ring-port", po::value(&o.ring_port)->default_value(o.ring_port), "the port other nodes send ring chunks to (sealed with AES-128-OCB; plain with --insecure), on the --listen host (open it in a firewall); 0: any free port")
       ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory or to the ring port itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never")
       ("stall-after-steps", po::value(&o.stall_after_steps), "for testing: this node's replicas stop after N steps of a job while the node goes on answering, as a stuck GPU would")
@@ -153,8 +153,20 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
   // Every connection holds a file descriptor: take all the system allows us (the soft limit is often 1024).
   rlimit files{};
   if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &files);
+    const rlimit want{files.rlim_max, files.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &want) == 0) files = want;
+  }
+  // And serve no more clients at once than the limit leaves room for beside the data, segments, ring
+  // links and ZeroMQ's own: a flood of connections is then hung up as it comes, rather than running us
+  // out of descriptors (libzmq retries a failed accept in a busy loop, at 100% CPU, until one is free).
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    const long limit = long(std::min<rlim_t>(files.rlim_cur, rlim_t(1) << 24));
+    const long room = limit - std::max(64L, std::min(256L, limit / 4));  // an idle node holds some 20
+    if (room < o.max_connections) {
+      std::fprintf(stderr, "%s: file descriptor limit %ld (ulimit -n): serving at most %ld client%s at once, not %d\n",
+                   prog.c_str(), limit, std::max(1L, room), room > 1 ? "s" : "", o.max_connections);
+      o.max_connections = int(std::max(1L, room));
+    }
   }
 
   blocked_signals signals;  // before the node starts its threads, so they inherit the mask

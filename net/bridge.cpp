@@ -2,11 +2,13 @@
 #include "net/bridge.hpp"
 
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <future>
 
@@ -66,6 +68,14 @@ void bridge::impl::serve_listen_monitor() {
         ::getnameinfo(reinterpret_cast<sockaddr*>(&a), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST);
       connection_address[fd] = host;
       ++per_address[host];
+      // Over the limit: the first few over it stay for the handshake, which tells a client why it is
+      // refused ("too many connections"). Past those, a connection is hung up now, before it holds a
+      // file descriptor for the handshake's 3 s: a flood of idle connections would otherwise run us out
+      // of them, and libzmq retries a failed accept in a busy loop. libzmq sees the hang-up and closes
+      // the fd itself; a client's libzmq knocks again later.
+      const int told_why = std::clamp(opt.max_connections / 4, 1, 16);
+      if (int(connection_address.size()) > opt.max_connections + told_why && !within_limit(host) && accepted_here(fd))
+        ::shutdown(fd, SHUT_RDWR);
     }
     if (what == ZMQ_EVENT_ACCEPT_FAILED) {
       ++accept_failures;
@@ -110,6 +120,17 @@ zap_handler::verdict bridge::impl::admit(const zap_handler::request& r) {
     return within_limit(r.address) ? zap_handler::verdict{"200", "OK"} : zap_handler::verdict{"500", "too many connections"};
   }
   return admit(r.key, r.address);
+}
+
+bool bridge::impl::accepted_here(int fd) const {
+  // The fd came in a monitor event: it may have closed and been reused since. Only a TCP connection on
+  // our listening port is touched (an outgoing connection of ours has another local port).
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (listen_port <= 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return false;
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port) == listen_port;
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port) == listen_port;
+  return false;
 }
 
 bool bridge::impl::within_limit(const std::string& address) {
@@ -168,7 +189,8 @@ void bridge::impl::serve_monitor(int id) {
     } else if (++c.failed_handshakes == 3) {
       c.failed_handshakes = -1;
       report(fault::handshake_failed, from, c.endpoint + " hangs up during the handshake: it does not hold the key "
-                                                "we expect, or it runs without keys (--insecure)");
+                                                "we expect, it runs without keys (--insecure), or it is flooded "
+                                                "with connections (far over its --max-connections)");
     }
   });
 }
@@ -250,6 +272,10 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
       std::lock_guard<std::mutex> lock(d_->mu);
       d_->endpoint = d_->listener.socket->get(zmq::sockopt::last_endpoint);
       d_->listener.endpoint = d_->endpoint;
+      if (d_->endpoint.rfind("tcp://", 0) == 0) {  // ZeroMQ's own text: "tcp://HOST:PORT"
+        const std::string port = d_->endpoint.substr(d_->endpoint.rfind(':') + 1);
+        std::from_chars(port.data(), port.data() + port.size(), d_->listen_port);
+      }
     }
   } catch (const zmq::error_t& e) {
     return undo(error, listen_endpoint + ": " + e.what());

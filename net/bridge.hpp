@@ -97,8 +97,10 @@ struct bridge_options {
   // keys (empty): plain text, anyone who reaches the port may talk (--insecure).
   key_pair keys;
   std::function<bool(const std::string& client_key)> authorize;
-  // At most this many clients connected to our listening socket at once; more are refused at the
-  // handshake (0: no limit), with keys or without. An unfinished handshake is dropped after 3 s either way.
+  // At most this many clients connected to our listening socket at once (0: no limit), with keys or
+  // without. The first few over it (a quarter of it, 1 to 16) are refused at the handshake, which says
+  // why; more are hung up as they are accepted, so a flood holds no file descriptors. An unfinished
+  // handshake is dropped after 3 s either way.
   int max_connections = 0;
 };
 

@@ -135,14 +135,18 @@ struct bridge::impl {
   std::map<int, std::string> connection_address;
   std::map<std::string, int> per_address;
   uint64_t accept_failures = 0, overloaded_refusals = 0;
+  int listen_port = 0;  // the listener's TCP port (0: ipc, or none)
   std::chrono::steady_clock::time_point last_overload_report{};
 
   // At most one overload report a minute, saying how often it happened since the last one.
   void report_overload(const std::string& what);
-  // ACCEPTED and DISCONNECTED keep the count of open connections; ACCEPT_FAILED is a lack of file
-  // descriptors (libzmq retries the accept at once, in its I/O thread, until one is free: we can only
-  // say so, once, and refuse clients at the handshake so that their connections close).
+  // ACCEPTED and DISCONNECTED keep the count of open connections, and a TCP connection over the limit
+  // (within_limit) is hung up as it is accepted; ACCEPT_FAILED is a lack of file descriptors (libzmq
+  // retries the accept at once, in its I/O thread, until one is free: we can only say so, once, and
+  // refuse clients so that their connections close).
   void serve_listen_monitor();
+  // Whether fd is still a connection accepted on our TCP listening port.
+  bool accepted_here(int fd) const;
   void report(fault kind, peer_info from, std::string message, bool retrying = false);
   void set_common_options(zmq::socket_t& s);
   // Large payloads go without a copy (their owner is held until ZeroMQ lets go of them).

@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -690,7 +693,7 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   CHECK(r.ok);
 }
 
-TEST_CASE("a node out of file descriptors says so once and serves again when the flood is gone", "[nodes][keys]") {
+TEST_CASE("a node under a low descriptor limit hangs up a flood at accept, without spinning, and serves again after it", "[nodes][keys]") {
   char tmpl[] = "/tmp/ringmaster-fdlog-XXXXXX";
   const int fd = mkstemp(tmpl);
   REQUIRE(fd >= 0);
@@ -702,19 +705,35 @@ TEST_CASE("a node out of file descriptors says so once and serves again when the
       RINGMASTER_DATA_DIR);
   const std::string ep = nodes[0]->endpoint;
   const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
+  // CPU time (user + system, in clock ticks) the daemon has used so far.
+  const auto cpu_ticks = [pid = nodes[0]->pid] {
+    std::istringstream in(test::slurp("/proc/" + std::to_string(pid) + "/stat"));
+    std::string field;
+    long long ticks = 0;
+    for (int i = 1; i <= 15 && in >> field; ++i)  // fields 14 and 15 (after a name without spaces)
+      if (i >= 14) ticks += std::strtoll(field.c_str(), nullptr, 10);
+    return ticks;
+  };
   std::vector<int> flood;
   for (int i = 0; i < 200; ++i) {
     const int s = test::loopback_connect(port, true);
     REQUIRE(s >= 0);
     flood.push_back(s);
   }
+  const long long before = cpu_ticks();
   std::this_thread::sleep_for(1500ms);
+  const long long spent = cpu_ticks() - before;
   for (int s : flood) close(s);
   const std::string text = test::slurp(log);
   INFO(text);
+  // It fitted its clients to the limit, so the flood was hung up as it came: at most one report of
+  // running out, and no busy loop (libzmq retrying a failed accept took both cores: ~300 ticks here).
+  CHECK(text.find("file descriptor limit 64 (ulimit -n): serving at most 1 client at once") != std::string::npos);
   size_t reports = 0;
   for (size_t at = 0; (at = text.find("out of file descriptors", at)) != std::string::npos; ++at) ++reports;
-  CHECK(reports == 1);
+  CHECK(reports <= 1);
+  INFO("CPU ticks over 1.5 s of the flood: " << spent);
+  CHECK(spent < 60);
   // The strangers' connections close (handshake timeout or hang-up), and a launcher is served again.
   remote_options ro;
   ro.nodes = {ep};
@@ -725,6 +744,47 @@ TEST_CASE("a node out of file descriptors says so once and serves again when the
   INFO(r.error);
   CHECK(r.ok);
   std::remove(log.c_str());
+}
+
+TEST_CASE("a flood of idle connections from one host, hung up at accept, does not keep a launcher from another out", "[nodes][keys]") {
+  auto nodes = test::start_daemons(1, {RINGMASTER_NODE_BIN, "--max-connections", "4"}, "cpu:1", RINGMASTER_DATA_DIR);
+  const std::string ep = nodes[0]->endpoint;
+  const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
+  // Four times the limit in idle connections from 127.0.0.2: past the few told why at the handshake,
+  // they are hung up as they come; the rest stay until the handshake timeout (3 s).
+  std::vector<int> idle;
+  for (int i = 0; i < 16; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    idle.push_back(fd);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    REQUIRE(inet_pton(AF_INET, "127.0.0.2", &a.sin_addr) == 1);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(inet_pton(AF_INET, "127.0.0.1", &a.sin_addr) == 1);
+    a.sin_port = htons(uint16_t(port));
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  }
+  std::this_thread::sleep_for(300ms);  // the node has counted them, and hung up most
+  int hung_up = 0;
+  for (int fd : idle) {
+    char buf[256];  // libzmq may have written its greeting before the hang-up
+    ssize_t n = 0;
+    while ((n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT)) > 0) {
+    }
+    hung_up += n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  }
+  CHECK(hung_up >= 10);  // 16, less the 4 within the limit and the 1 told why
+  // The launcher, from 127.0.0.1, is let in at once, long before the strangers' handshakes time out.
+  remote_options ro;
+  ro.nodes = {ep};
+  ro.limit_train = 600;
+  ro.limit_test = 100;
+  ro.connect_timeout = 2s;
+  train_result r = train_remote(small_job(), ro);
+  INFO(r.error);
+  CHECK(r.ok);
+  for (int fd : idle) close(fd);
 }
 
 TEST_CASE("a node logs at most 5 lines of one kind of fault per 10 s, however many come", "[nodes]") {
