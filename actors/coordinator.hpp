@@ -82,6 +82,7 @@ struct train_result {
   // Samples trained whose loss and accuracy were lost with their node (a report in flight when it
   // died): counted in train_samples, not in the means.
   int64_t unmeasured = 0;
+  int interrupted = 0;  // !ok because remote_options::interrupt stopped the job: the signal's number
 };
 
 uint64_t fnv1a(const float* p, size_t n);

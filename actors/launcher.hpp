@@ -138,7 +138,8 @@ struct launcher {
   // Tells every node to drop the job, and gives the bridge a moment to send that before it stops.
   void abort_all(const std::string& reason);
   // Waits for one reply of `type` from every node; "" or what went wrong. A node that says nothing at all
-  // (not even a heartbeat) for `silence` is given up on before the deadline.
+  // (not even a heartbeat) for `silence` is given up on before the deadline; an interrupt (ro.interrupt)
+  // ends the wait at once.
   std::string await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
                         std::chrono::milliseconds silence);
 

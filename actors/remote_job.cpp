@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <charconv>
+#include <csignal>
 #include <cstdio>
 #include <random>
 #include <thread>
@@ -17,7 +18,9 @@ namespace ringmaster {
 
 using clock_type = std::chrono::steady_clock;
 
-train_result train_remote(train_config cfg, const remote_options& ro) {
+namespace {
+
+train_result run_remote(train_config cfg, const remote_options& ro) {
   train_result failed;
   if (ro.nodes.empty()) {
     failed.error = "no nodes given";
@@ -336,6 +339,10 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     auto woke = clock_type::now();
     while (running) {
       std::this_thread::sleep_for(ro.heartbeat);
+      if (const int sig = ro.interrupt ? ro.interrupt->load() : 0) {  // the job fails, and every node is told
+        L.br.post([&L, why = interrupted_by(sig)] { L.kill_node(-1, why); });
+        break;
+      }
       // This process itself was stopped (SIGSTOP, a debugger) or starved: the silence was ours, not the
       // nodes'. Under their patience they are heard afresh; past it they have dropped the job, and we say why.
       const auto slept = clock_type::now() - woke;
@@ -380,11 +387,25 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
   running = false;
   watchdog.join();
   // Every node goes back to idle, whether the job succeeded or not.
-  L.abort_all(result->ok ? "finished" : "the job failed: " + result->error);
+  const int sig = ro.interrupt ? ro.interrupt->load() : 0;
+  L.abort_all(result->ok ? "finished" : sig ? interrupted_by(sig) + " on the launcher" : "the job failed: " + result->error);
   L.br.stop();
   for (auto* group : {&L.proxies, &L.retired})
     for (auto& p : *group) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
   return std::move(*result);
+}
+
+}  // namespace
+
+std::string interrupted_by(int sig) {
+  const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : nullptr;
+  return std::string("interrupted (") + (name ? name : "signal " + std::to_string(sig)) + ")";
+}
+
+train_result train_remote(train_config cfg, const remote_options& ro) {
+  train_result r = run_remote(std::move(cfg), ro);
+  if (!r.ok && ro.interrupt && r.error.find("interrupted (") != std::string::npos) r.interrupted = ro.interrupt->load();
+  return r;
 }
 
 }  // namespace ringmaster

@@ -5,6 +5,7 @@
 // global batch cut among them (actors/reform.hpp); or, with abort_on_node_loss, the job ends with an
 // error naming the node and its ranks, and the other nodes are told to go idle.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <string>
@@ -54,11 +55,18 @@ struct remote_options {
   std::chrono::milliseconds rejoin_lead{3000};
   // A line about the job as it happens (a node lost, the job going on); any thread, one call at a time.
   std::function<void(const std::string&)> on_event;
+  // Set to a signal's number (from a handler of SIGINT, say) to stop the job: the nodes are told to drop
+  // it at once, not left to notice our silence, and the result says so (train_result::interrupted).
+  // Looked at every 50 ms while the nodes set up, and every heartbeat after. Null: never.
+  const std::atomic<int>* interrupt = nullptr;
 };
 
 // cfg.train / cfg.test are ignored: the nodes read their own data. Of cfg.devices only the kind of the
 // first counts ("cpu" when empty; "cuda" or "cuda:N": GPUs): each node runs its ranks on the devices it
 // offers, and refuses a job of another kind. cfg.replicas is set from the placement.
 train_result train_remote(train_config cfg, const remote_options& ro);
+
+// Why a job that signal `sig` interrupted (remote_options::interrupt) stopped: "interrupted (SIGINT)".
+std::string interrupted_by(int sig);
 
 }  // namespace ringmaster

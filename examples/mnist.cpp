@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 
 #include <boost/program_options.hpp>
@@ -178,6 +179,18 @@ bool write_report(const std::string& path, const options& o, const train_result&
   j << (r.joins.empty() ? "]" : "\n  ]") << ",\n  \"unmeasured_samples\": " << r.unmeasured << "\n}\n";
   const std::string text = j.str();
   return write_output(path, {{text.data(), text.size()}}, error);
+}
+
+// The signal that interrupted a job on nodes (remote_options::interrupt), set by its handler: a
+// handler can reach nothing else.
+std::atomic<int> interrupt_signal{0};
+
+// Ctrl-C or SIGTERM: the job on the nodes is stopped cleanly (they are told to drop it now, not seconds
+// later when they miss our heartbeats). A second one ends this process at once, as it would have.
+void on_interrupt(int sig) {
+  if (interrupt_signal.exchange(sig) == 0) return;
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
 }
 
 }  // namespace
@@ -494,6 +507,8 @@ int main(int argc, char** argv) {
         std::printf("%sringmaster-mnist: %s\n", tty ? "\r\033[K" : "", line.c_str());
         std::fflush(stdout);
       };
+    ro.interrupt = &interrupt_signal;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_interrupt);
     r = train_remote(c, ro);
     return finish(o, r);
   }
@@ -529,6 +544,12 @@ int finish(const options& o, const train_result& r) {
   const train_config& c = o.cfg;
   std::string error;
   if (!r.ok && r.invalid) return usage_error(r.error);
+  if (!r.ok && r.interrupted) {
+    std::fprintf(stderr, "ringmaster-mnist: %s: the nodes were told to drop the job%s%s%s\n",
+                 interrupted_by(r.interrupted).c_str(), r.checkpoint.empty() ? "" : " (--resume continues from the last checkpoint, ",
+                 r.checkpoint.c_str(), r.checkpoint.empty() ? "" : ")");
+    return 128 + r.interrupted;  // as a shell reports a process a signal ended
+  }
   if (!r.ok) {
     std::fprintf(stderr, "ringmaster-mnist: training failed: %s\n", r.error.c_str());
     return 1;

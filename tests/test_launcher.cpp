@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -357,4 +358,23 @@ TEST_CASE("launcher: --device is checked before anything runs, and no GPU is a c
     CHECK(r.status == 2);
     CHECK(r.out.find("no CUDA device found (") != std::string::npos);
   }
+}
+
+TEST_CASE("launcher: Ctrl-C on a job on nodes tells them to drop it, so they take the next job at once", "[launcher][nodes]") {
+  daemons node(2);
+  const std::string job = "--nodes " + node.list() + " --model 784-32-10 --batch 64 --limit-test 64";
+  // Far more epochs than 3 s hold; SIGINT (as Ctrl-C sends) after 3 s, while it trains.
+  const auto start = std::chrono::steady_clock::now();
+  run_result r = ringmaster::test::run("timeout --preserve-status -s INT 3 " + std::string(RINGMASTER_MNIST_BIN) + " " + job +
+                                       " --epochs 1000 --limit-train 6000");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.out);
+  CHECK(r.status == 130);
+  CHECK(r.out.find("Epoch 1/1000") != std::string::npos);  // it was training
+  CHECK(r.out.find("interrupted (SIGINT): the nodes were told to drop the job") != std::string::npos);
+  CHECK(took < 5);
+  // The nodes are free now, not once they miss the launcher's heartbeats (4 s): a job started at once runs.
+  run_result next = run(job + " --epochs 1 --limit-train 256 -q");
+  INFO(next.out);
+  CHECK(next.status == 0);
 }
