@@ -70,7 +70,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
                                " --listen ENDPOINT [options]\n\nOptions");
   desc.add_options()
       ("help,h", "show this help and exit")
-      ("listen", po::value(&o.listen), "where launchers and other nodes reach this node: tcp://HOST:PORT or ipc://PATH")
+      ("listen", po::value(&o.listen), "where launchers and other nodes reach this node: tcp://ADDRESS:PORT (ADDRESS an IP address, * or a network interface such as eth0; PORT 0 or *: any free port) or ipc://PATH")
       ("name", po::value(&o.name), "name in logs and errors (default: the endpoint)")
       ("devices", po::value(&o.devices)->default_value(o.devices), "what this node offers, one replica per device: cpu:N (N CPU replicas), cuda (every GPU), cuda:I[,J...] (those GPUs)")
       ("data", po::value(&o.data_dir)->default_value(o.data_dir), "this node's copy of the data (IDX files)")
@@ -119,7 +119,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     std::fprintf(stderr, "%s: --data %s is not a folder (the IDX files of the data set)\n", prog.c_str(), o.data_dir.c_str());
     return 2;
   }
-  if (!net::check_endpoint(o.listen, true, &error)) {
+  if (!net::check_endpoint(o.listen, true, &error) || !net::check_listen_host(o.listen, &error)) {
     std::fprintf(stderr, "%s: --listen: %s\n", prog.c_str(), error.c_str());
     return 2;
   }

@@ -1,6 +1,8 @@
 #include "net/keys.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -261,6 +263,19 @@ bool check_endpoint(const std::string& endpoint, bool any_port, std::string* err
   // 017601 is 17601 to the socket but another endpoint to known_nodes and to a check for a node given twice.
   if (port.size() > 1 && port[0] == '0') return fail(error, "'" + endpoint + "': write the port without leading zeros");
   return true;
+}
+
+bool check_listen_host(const std::string& endpoint, std::string* error) {
+  if (endpoint.rfind("tcp://", 0) != 0) return true;
+  std::string host = endpoint.substr(6, endpoint.rfind(':') - 6);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  in6_addr a6{};
+  in_addr a4{};
+  if (host == "*" || inet_pton(AF_INET, host.c_str(), &a4) == 1 || inet_pton(AF_INET6, host.c_str(), &a6) == 1 ||
+      if_nametoindex(host.c_str()) != 0)
+    return true;
+  return fail(error, "'" + host + "' is neither an IP address nor a network interface of this machine (listen on 127.0.0.1, "
+                     "0.0.0.0, * or eth0, say: ZeroMQ does not listen on a host name)");
 }
 
 }  // namespace ringmaster::net

@@ -455,6 +455,16 @@ TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
     CHECK_FALSE(net::check_endpoint(endpoint, false, &err));
     CHECK(err.find(says) != std::string::npos);
   }
+  // What ZeroMQ listens on: *, an address, an interface; not a host name.
+  for (const char* ok : {"tcp://*:1", "tcp://0.0.0.0:1", "tcp://127.0.0.1:1", "tcp://[::1]:1", "tcp://lo:1", "ipc:///tmp/x"}) {
+    INFO(ok);
+    CHECK(net::check_listen_host(ok, &err));
+  }
+  for (const char* name : {"tcp://localhost:1", "tcp://nosuchhost.invalid:1", "tcp://127.0.0.1.5:1"}) {
+    INFO(name);
+    CHECK_FALSE(net::check_listen_host(name, &err));
+    CHECK(err.find("is neither an IP address nor a network interface of this machine") != std::string::npos);
+  }
 }
 
 TEST_CASE("is_key agrees with libzmq's Z85 decoder") {

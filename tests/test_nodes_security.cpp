@@ -426,6 +426,10 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
   const test::run_result wrapped = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://127.0.0.1:99999");
   CHECK(wrapped.status == 2);
   CHECK(wrapped.out.find("--listen: 'tcp://127.0.0.1:99999': the port must be a number in 0-65535") != std::string::npos);
+  // A host name: ZeroMQ would not listen on it, and the ring port was blamed (exit 1).
+  const test::run_result named_host = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://nosuchhost.invalid:5601");
+  CHECK(named_host.status == 2);
+  CHECK(named_host.out.find("--listen: 'nosuchhost.invalid' is neither an IP address nor a network interface") != std::string::npos);
   const test::run_result no_dir = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --key-dir ''");
   CHECK(no_dir.status == 2);
   CHECK(no_dir.out.find("--key-dir must not be empty") != std::string::npos);
