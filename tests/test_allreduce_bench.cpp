@@ -1,4 +1,5 @@
-// The all-reduce benchmark end to end: its output format, its correctness count, its flag errors.
+// The benchmarks end to end: allreduce_bench's output format, its correctness count, its flag errors;
+// latency_probe's rows; train_bench's and layer_bench's rows and flag errors.
 #include <catch2/catch.hpp>
 #include <cctype>
 #include <sstream>
@@ -236,4 +237,38 @@ TEST_CASE("latency_probe: one row per transport with its ratio to blocking TCP, 
   const run_result help = probe("--help");
   CHECK(help.status == 0);
   CHECK(help.out.find("tcp-spin") != std::string::npos);
+}
+
+TEST_CASE("train_bench and layer_bench: a short run prints its row, and bad flags exit 2 with a clear message", "[bench]") {
+  const std::string train = "timeout 120 " + std::string(RINGMASTER_TRAIN_BENCH_BIN);
+  const std::string layer = "timeout 120 " + std::string(RINGMASTER_LAYER_BENCH_BIN);
+  run_result t = ringmaster::test::run(train + " --models 784-16-10 --replicas 2 --batch 8 --steps 20 --repeat 1");
+  INFO(t.out);
+  CHECK(t.status == 0);
+  CHECK(t.out.find("\n  784-16-10 ") != std::string::npos);
+  run_result l = ringmaster::test::run(layer + " --model 784-16-10 --batch 8 --iters 2 --repeat 1");
+  INFO(l.out);
+  CHECK(l.status == 0);
+  CHECK(l.out.find("forward_backward+adam") != std::string::npos);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      // atoi read these as 0 or 12, and --nodes 0 ran the local mode.
+      {train + " --batch abc", "--batch wants a whole number in 1-65536, not 'abc'"},
+      {train + " --batch 12abc", "--batch wants a whole number in 1-65536, not '12abc'"},
+      {train + " --steps 0", "--steps wants a whole number in 1-100000000, not '0'"},
+      {train + " --nodes 0", "--nodes wants a whole number in 2-64, not '0'"},
+      {train + " --data /tmp", "--node-bin and --data go with --nodes N"},
+      // A Python that cannot run printed 0 as PyTorch's figure.
+      {train + " --torch --python /nonexistent", "--torch: /nonexistent cannot import torch"},
+      // Buffers too large for memory aborted with bad_alloc (exit 1 now, with a word).
+      {"ulimit -v 2000000 && " + train + " --models 784-10 --batch 65536 --replicas 256 --steps 1 --repeat 1",
+       "out of memory: try a smaller --batch"},
+      {layer + " --batch abc", "--batch wants a whole number in 1-65536, not 'abc'"},
+      {layer + " --iters 0", "--iters wants a whole number in 1-1000000, not '0'"},
+  };
+  for (const auto& [cmd, says] : bad) {
+    run_result r = ringmaster::test::run(cmd);
+    INFO(cmd << "\n" << r.out);
+    CHECK(r.status == (says.rfind("out of memory", 0) == 0 ? 1 : 2));
+    CHECK(r.out.find(says) != std::string::npos);
+  }
 }

@@ -40,11 +40,13 @@
 #include "net/keys.hpp"
 #include "net/seal.hpp"
 #include "net/shm_link.hpp"
+#include "tools/cli.hpp"
 #include "tools/tcp_floor.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+using ringmaster::cli::parse_int;
 
 struct options {
   int ranks = 2;
@@ -123,18 +125,6 @@ bool parse_size(const std::string& s, size_t* out) {
   if (v > (1ull << 40) / mul) return false;
   *out = size_t(v * mul);
   return true;
-}
-
-bool parse_int(const std::string& s, int lo, int hi, int* out) {
-  try {
-    size_t pos = 0;
-    const long v = std::stol(s, &pos);
-    if (pos != s.size() || v < lo || v > hi) return false;
-    *out = int(v);
-    return true;
-  } catch (...) {
-    return false;
-  }
 }
 
 std::vector<std::string> split(const std::string& s) {

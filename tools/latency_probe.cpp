@@ -34,11 +34,13 @@
 #include <zmq.hpp>
 
 #include "net/bridge.hpp"
+#include "tools/cli.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 namespace net = ringmaster::net;
+using ringmaster::cli::parse_int;
 
 struct options {
   size_t bytes = 4096;
@@ -58,14 +60,6 @@ const char* kUsage =
     "  bridge     two ringmaster bridges answering on their own threads, as ring chunks go\n"
     "  --bytes N  message size, 1-1048576 (default 4096)\n"
     "  --pin      on: the two processes on CPUs 0 and 1 (default); off: where the OS puts them\n";
-
-bool parse_int(const std::string& s, long lo, long hi, long* out) {
-  long v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size() || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
 
 // "" or what is wrong with the command line.
 std::string parse(int argc, char** argv, options* o, bool* help) {

@@ -22,6 +22,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/layer.hpp"
 #include "kernels/model.hpp"
+#include "tools/cli.hpp"
 
 using namespace ringmaster;
 
@@ -63,9 +64,7 @@ void print(const row& r, double step) {
   std::printf("\n");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string text = "cnn";
   int B = 64;
   shape input{1, 28, 28};
@@ -75,16 +74,25 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) std::fprintf(stderr, "layer_bench: %s needs a value\n", a.c_str()), std::exit(2);
       return argv[++i];
     };
+    // A number flag's value, whole and in [lo, hi], or exit 2 naming the flag.
+    auto number = [&](long long lo, long long hi, int* out) {
+      const std::string v = next();
+      if (cli::parse_int(v, lo, hi, out)) return true;
+      std::fprintf(stderr, "layer_bench: %s wants a whole number in %lld-%lld, not '%s'\n", a.c_str(), lo, hi, v.c_str());
+      return false;
+    };
     if (a == "--model") text = next();
-    else if (a == "--batch") B = std::atoi(next().c_str());
-    else if (a == "--iters") iters = std::atoi(next().c_str());
-    else if (a == "--repeat") repeat = std::atoi(next().c_str());
-    else {
+    else if (a == "--batch") {
+      if (!number(1, 65536, &B)) return 2;
+    } else if (a == "--iters") {
+      if (!number(1, 1000000, &iters)) return 2;
+    } else if (a == "--repeat") {
+      if (!number(1, 1000, &repeat)) return 2;
+    } else {
       std::printf("usage: layer_bench [--model cnn|784-512-512-10|JSON] [--batch 64] [--iters 20] [--repeat 7]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
-  if (B < 1 || iters < 1 || repeat < 1) return std::fprintf(stderr, "layer_bench: bad numbers\n"), 2;
   model_desc desc;
   std::string err;
   if (!parse_model_desc(text, &desc, &err)) return std::fprintf(stderr, "layer_bench: %s\n", err.c_str()), 2;
@@ -202,4 +210,15 @@ int main(int argc, char** argv) {
     for (const row& r : detail) print(r, step + adam);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::bad_alloc&) {  // the buffers for a --batch too large
+    std::fprintf(stderr, "layer_bench: out of memory: try a smaller --batch\n");
+    return 1;
+  }
 }

@@ -32,6 +32,7 @@
 
 #include "actors/training.hpp"
 #include "kernels/cpu_kernels.hpp"
+#include "tools/cli.hpp"
 #include "tools/train_bench.hpp"
 
 using namespace ringmaster;
@@ -204,15 +205,14 @@ bool parse_input(const std::string& s, shape* out) {
   return false;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::vector<std::string> models = {"784-512-512-10", "784-64-10"};
   int replicas = 2, per_replica = 64, steps = 0, repeat = 3;
   shape default_input{1, 28, 28};
   bool torch = false, replicas_given = false, input_given = false, data_given = false;
   std::string python, node_bin, data_dir = "/usr/share/datasets/fashion-mnist";
   int nodes = 0;
+  bool nodes_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -222,13 +222,27 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
+    // A number flag's value, whole and in [lo, hi], or exit 2 naming the flag.
+    auto number = [&](long long lo, long long hi, int* out) {
+      const std::string v = next();
+      if (cli::parse_int(v, lo, hi, out)) return true;
+      std::fprintf(stderr, "train_bench: %s wants a whole number in %lld-%lld, not '%s'\n", a.c_str(), lo, hi, v.c_str());
+      return false;
+    };
     if (a == "--models") models = split_models(next());
-    else if (a == "--replicas") replicas = std::atoi(next().c_str()), replicas_given = true;
-    else if (a == "--batch") per_replica = std::atoi(next().c_str());
-    else if (a == "--steps") steps = std::atoi(next().c_str());
-    else if (a == "--repeat") repeat = std::atoi(next().c_str());
-    else if (a == "--nodes") nodes = std::atoi(next().c_str());
-    else if (a == "--node-bin") node_bin = next();
+    else if (a == "--replicas") {
+      if (!number(1, 256, &replicas)) return 2;
+      replicas_given = true;
+    } else if (a == "--batch") {
+      if (!number(1, 65536, &per_replica)) return 2;
+    } else if (a == "--steps") {
+      if (!number(1, 100000000, &steps)) return 2;
+    } else if (a == "--repeat") {
+      if (!number(1, 1000, &repeat)) return 2;
+    } else if (a == "--nodes") {
+      if (!number(2, 64, &nodes)) return 2;
+      nodes_given = true;
+    } else if (a == "--node-bin") node_bin = next();
     else if (a == "--data") data_dir = next(), data_given = true;
     else if (a == "--input") {
       input_given = true;
@@ -262,13 +276,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (replicas < 1 || per_replica < 1 || steps < 0 || repeat < 1) {
-    std::fprintf(stderr, "train_bench: replicas, batch and steps must be positive\n");
-    return 2;
-  }
-  if (nodes != 0 || !node_bin.empty() || data_given) {
-    if (nodes < 2) {
-      std::fprintf(stderr, "train_bench: --nodes wants N >= 2 (one replica per node daemon)\n");
+  if (nodes_given || !node_bin.empty() || data_given) {
+    if (!nodes_given) {
+      std::fprintf(stderr, "train_bench: --node-bin and --data go with --nodes N (N >= 2: one replica per node daemon)\n");
       return 2;
     }
     // One replica per node, and only what a node can read: flags of the local mode would be ignored.
@@ -278,6 +288,21 @@ int main(int argc, char** argv) {
       return 2;
     }
     return nodes_main(models, nodes, per_replica, steps, repeat, data_dir, node_bin);
+  }
+  // PyTorch that cannot run would print 0s as if measured.
+  if (torch) {
+    if (python.find('\'') != std::string::npos) {
+      std::fprintf(stderr, "train_bench: --python must not contain a single quote\n");
+      return 2;
+    }
+    const std::string probe = python.empty()
+                                  ? "for p in python3 /usr/bin/python3; do $p -c 'import torch' 2>/dev/null && exit 0; done; exit 1"
+                                  : "'" + python + "' -c 'import torch' 2>/dev/null";
+    if (std::system(probe.c_str()) != 0) {
+      std::fprintf(stderr, "train_bench: --torch: %s cannot import torch (on Debian: apt install python3-torch)\n",
+                   python.empty() ? "neither python3 nor /usr/bin/python3" : python.c_str());
+      return 2;
+    }
   }
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   std::printf("# train_bench: %d replicas, batch %d per replica, %d cores, Adam, backward GEMM: %s\n", replicas,
@@ -319,6 +344,9 @@ int main(int argc, char** argv) {
       return v[v.size() / 2];
     };
     const double base = median(bases), rm = median(rms), ideal = median(ideals), th = median(torches);
+    if (torch && th <= 0)
+      std::fprintf(stderr, "train_bench: PyTorch DDP gave no figure for %s (run tools/torch_ddp_bench.py by hand to see why)\n",
+                   m.c_str());
     // Per CPU-second, times the cores: what each would do on an idle machine if nothing waited; less
     // disturbed by other load than wall-clock rates (ringmaster's includes CAF's idle polling).
     const double rm_cpu = median(rm_cpus), th_cpu = median(torch_cpus);
@@ -329,4 +357,15 @@ int main(int argc, char** argv) {
                 rm / ideal, th, th > 0 ? rm / th : 0.0);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::bad_alloc&) {  // the data or the replicas' buffers for a --batch or --replicas too large
+    std::fprintf(stderr, "train_bench: out of memory: try a smaller --batch or fewer --replicas\n");
+    return 1;
+  }
 }

@@ -1,0 +1,19 @@
+// What the tools' command lines share: numbers are read whole and in range, never with atoi or
+// std::sto* (atoi reads "abc" as 0 and "12abc" as 12; std::sto* throws).
+#pragma once
+#include <charconv>
+#include <string>
+
+namespace ringmaster::cli {
+
+// `s` as a whole number in [lo, hi] into *out; false for anything else ("", "12abc", " 3", "-0x1", too big).
+template <typename T>
+bool parse_int(const std::string& s, long long lo, long long hi, T* out) {
+  T v{};
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || (long long)v < lo || (long long)v > hi) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace ringmaster::cli
