@@ -8,6 +8,7 @@
 
 #include <boost/program_options.hpp>
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "actors/node_service.hpp"
+#include "kernels/backend.hpp"
 #include "net/keys.hpp"
 
 namespace po = boost::program_options;
@@ -126,6 +128,19 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
   if (!parse_devices(o.devices, &slots, &error)) {
     std::fprintf(stderr, "%s: %s\n", prog.c_str(), error.c_str());
     return 2;
+  }
+  // GPUs this machine does not have are a mistake in the command line too (exit 2, as --devices cuda).
+  if (std::any_of(slots.begin(), slots.end(), [](const std::string& s) { return device_kind(s) == "cuda"; })) {
+    const int gpus = cuda_device_count();
+    for (const std::string& s : slots) {
+      int g = 0;  // parse_devices took 1-4 digits after "cuda:"
+      if (device_kind(s) == "cuda" && (std::from_chars(s.data() + 5, s.data() + s.size(), g).ec != std::errc() || g >= gpus)) {
+        if (gpus == 0) std::fprintf(stderr, "%s: --devices %s: this machine has no usable CUDA device\n", prog.c_str(), o.devices.c_str());
+        else std::fprintf(stderr, "%s: --devices %s: there is no GPU %s here (this machine has %d: 0-%d)\n", prog.c_str(),
+                          o.devices.c_str(), s.substr(5).c_str(), gpus, gpus - 1);
+        return 2;
+      }
+    }
   }
 
   // The name is the routing id of our links to other nodes, which plans carry: 1..255 printable bytes.

@@ -12,6 +12,7 @@
 #include "actors/training.hpp"
 #include "tests/test_data.hpp"
 #include "tests/sim_backend.hpp"
+#include "tests/test_util.hpp"
 
 using namespace ringmaster;
 
@@ -169,6 +170,10 @@ TEST_CASE("node --devices: cpu:N, GPUs by number, and clear errors", "[devices][
     node_service node(no);
     CHECK_FALSE(node.start(&error));
     CHECK(error.find("--devices cuda:0: cuda:0:") != std::string::npos);
+    // The daemon says so before it starts, as a mistake in its command line (exit 2, as for cuda).
+    const test::run_result listed = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://127.0.0.1:0 --devices cuda:0,1");
+    CHECK(listed.status == 2);
+    CHECK(listed.out.find("--devices cuda:0,1: this machine has no usable CUDA device") != std::string::npos);
   }
 }
 
