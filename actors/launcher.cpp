@@ -131,7 +131,7 @@ void launcher::broadcast(wire::msg_type type, const wire::kv_map& kv, bool skip_
 
 void launcher::abort_all(const std::string& reason) {
   broadcast(wire::msg_type::abort, {{"reason", reason}});
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  aborted = true;
 }
 
 std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,

@@ -39,6 +39,12 @@ struct launcher {
   };
 
   launcher(remote_options o, net::bridge_options bo) : ro(std::move(o)), br(std::move(bo)) {}
+  // After abort_all, the bridge stops only once the aborts are out (or kAbortDrain has passed): a
+  // node that missed its abort would hold the job until it misses our heartbeats.
+  ~launcher() { br.stop(aborted ? kAbortDrain : std::chrono::milliseconds(0)); }
+  launcher(const launcher&) = delete;
+  launcher& operator=(const launcher&) = delete;
+  static constexpr std::chrono::milliseconds kAbortDrain{500};
   remote_options ro;
   net::bridge br;
   std::vector<int> peer;  // node index -> connection
@@ -135,8 +141,9 @@ struct launcher {
   void send_state(int node, const state_ptr& s);
   // To every node (but lost ones, the joining one excepted, when skip_gone).
   void broadcast(wire::msg_type type, const wire::kv_map& kv, bool skip_gone = false);
-  // Tells every node to drop the job, and gives the bridge a moment to send that before it stops.
+  // Tells every node to drop the job; the bridge stops only once that is sent (~launcher).
   void abort_all(const std::string& reason);
+  bool aborted = false;
   // Waits for one reply of `type` from every node; "" or what went wrong. A node that says nothing at all
   // (not even a heartbeat) for `silence` is given up on before the deadline; an interrupt (ro.interrupt)
   // ends the wait at once.

@@ -65,6 +65,9 @@ class blocked_signals {
 
 int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layers) {
   const std::string prog = program_name(argc, argv);
+  // First, before anything may start a thread (CUDA's driver does, asked for its devices), so that every
+  // thread inherits the mask and SIGINT or SIGTERM always reach the sigwait below.
+  blocked_signals signals;
   node_options o;
   o.layers = layers;
   int64_t poll_us = o.ring_poll.count();
@@ -184,7 +187,6 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     }
   }
 
-  blocked_signals signals;  // before the node starts its threads, so they inherit the mask
   node_service node(o);
   if (!node.start(&error)) {
     std::fprintf(stderr, "%s: cannot start: %s\n", prog.c_str(), error.c_str());

@@ -181,7 +181,8 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   failed.error = L.await_all(wire::msg_type::job_ack, &replies, ro.setup_timeout, std::max(ro.node_timeout, ro.connect_timeout));
   if (!failed.error.empty()) {
     failed.invalid = L.refused_invalid;
-    L.abort_all("another node refused the job");
+    const int sig = ro.interrupt ? ro.interrupt->load() : 0;
+    L.abort_all(sig ? interrupted_by(sig) + " on the launcher" : "another node refused the job");
     return failed;
   }
   // Each node's data fingerprint (data_fingerprint()): a node's word, so checked, never std::stoul.
@@ -389,7 +390,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   // Every node goes back to idle, whether the job succeeded or not.
   const int sig = ro.interrupt ? ro.interrupt->load() : 0;
   L.abort_all(result->ok ? "finished" : sig ? interrupted_by(sig) + " on the launcher" : "the job failed: " + result->error);
-  L.br.stop();
+  L.br.stop(launcher::kAbortDrain);
   for (auto* group : {&L.proxies, &L.retired})
     for (auto& p : *group) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
   return std::move(*result);

@@ -23,6 +23,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <vector>
 
 #include "actors/checkpoint.hpp"
 #include "actors/remote_job.hpp"
@@ -184,6 +185,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
 // The signal that interrupted a job on nodes (remote_options::interrupt), set by its handler: a
 // handler can reach nothing else.
 std::atomic<int> interrupt_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
 // Ctrl-C or SIGTERM: the job on the nodes is stopped cleanly (they are told to drop it now, not seconds
 // later when they miss our heartbeats). A second one ends this process at once, as it would have.
@@ -507,10 +509,20 @@ int main(int argc, char** argv) {
         std::printf("%sringmaster-mnist: %s\n", tty ? "\r\033[K" : "", line.c_str());
         std::fflush(stdout);
       };
+    // Not a signal the caller ignores (SIGHUP under nohup, SIGINT in a background job of a script).
     ro.interrupt = &interrupt_signal;
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_interrupt);
+    std::vector<int> caught;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP})
+      if (struct sigaction was {}; sigaction(sig, nullptr, &was) == 0 && was.sa_handler != SIG_IGN) {
+        std::signal(sig, on_interrupt);
+        caught.push_back(sig);
+      }
     r = train_remote(c, ro);
-    return finish(o, r);
+    for (int sig : caught) std::signal(sig, SIG_DFL);  // what comes now (the summary, --save) ends as before
+    const int status = finish(o, r);
+    // Stopped by that signal, as a shell expects of a process it interrupted (a loop around us stops too).
+    if (r.interrupted) std::fflush(nullptr), std::raise(r.interrupted);
+    return status;
   }
 
   auto train = std::make_shared<dataset>(), test = std::make_shared<dataset>();

@@ -72,7 +72,9 @@ void bridge::impl::serve_listen_monitor() {
       // refused ("too many connections"). Past those, a connection is hung up now, before it holds a
       // file descriptor for the handshake's 3 s: a flood of idle connections would otherwise run us out
       // of them, and libzmq retries a failed accept in a busy loop. libzmq sees the hang-up and closes
-      // the fd itself; a client's libzmq knocks again later.
+      // the fd itself; a client's libzmq knocks again later. (Between accepted_here and shutdown the fd
+      // could close and be reused, in microseconds, by another connection to our port: that one is then
+      // hung up instead, as over the limit from the same count; one of ours elsewhere never is.)
       const int told_why = std::clamp(opt.max_connections / 4, 1, 16);
       if (int(connection_address.size()) > opt.max_connections + told_why && !within_limit(host) && accepted_here(fd))
         ::shutdown(fd, SHUT_RDWR);
@@ -300,12 +302,13 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
   return true;
 }
 
-void bridge::stop() {
+void bridge::stop(std::chrono::milliseconds drain) {
   {
     std::lock_guard<std::mutex> lock(d_->mu);
     if (!d_->running && !d_->thread.joinable()) return;
     d_->running = false;
   }
+  d_->drain_ms.store(int(std::clamp<int64_t>(drain.count(), 0, 60000)), std::memory_order_release);
   d_->quit.store(true, std::memory_order_release);
   // stop() from a handler: the loop ends when the handler returns; a later stop() (or the destructor,
   // from another thread) joins.
@@ -316,7 +319,7 @@ void bridge::stop() {
     d_->thread.join();
   }
   d_->queue.clear();  // closures holding payloads that never went out
-  d_->ctx.reset();    // after every socket closed: returns at once with linger 0
+  d_->ctx.reset();    // after every socket closed: at once with linger 0, else once sent or drained
   // libzmq 4.3 leaves a bound ipc:// socket file behind (it unlinks a stale one at bind time instead).
   const std::string ipc = "ipc://";
   const std::string& ep = d_->listener.endpoint;

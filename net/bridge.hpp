@@ -123,8 +123,10 @@ class bridge {
   // listening socket) and starts the bridge thread. False, with e.g. "tcp://127.0.0.1:5601: address
   // already in use" in *error, if it cannot.
   bool start(const std::string& listen_endpoint, std::string* error);
-  // Joins the bridge thread; queued and unsent messages are dropped (linger 0). Idempotent.
-  void stop();
+  // Joins the bridge thread; queued and unsent messages are dropped (linger 0). Idempotent. With a
+  // drain, what is queued is sent first, and closing waits up to `drain` for ZeroMQ to hand every
+  // message to its peer (an abort to every node as a launcher ends: it must not be lost).
+  void stop(std::chrono::milliseconds drain = std::chrono::milliseconds(0));
   bool running() const;
   // The endpoint actually bound (the real port when asked for port 0); empty before start().
   std::string endpoint() const;

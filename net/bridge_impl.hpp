@@ -117,6 +117,7 @@ struct bridge::impl {
   std::atomic<std::thread::id> tid{};
   std::atomic<uint64_t> dropped{0};
   std::atomic<bool> quit{false};
+  std::atomic<int> drain_ms{0};  // stop(drain): what is queued goes out, and closing waits this long for it
   int wake_fd = -1;
   std::thread thread;
 

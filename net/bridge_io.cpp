@@ -376,7 +376,14 @@ void bridge::impl::loop() {
     std::lock_guard<std::mutex> lock(mu);
     running = false;
   }
-  // Close every socket here, on their own thread; linger 0 drops what is unsent.
+  // Close every socket here, on their own thread; linger 0 drops what is unsent. A drain sends what
+  // is queued first, and lets the context's end wait that long for ZeroMQ to deliver it.
+  if (const int drain = drain_ms.load(std::memory_order_acquire); drain > 0) {
+    run_queue();
+    for (connection& c : peers)
+      if (c.socket) c.socket->set(zmq::sockopt::linger, drain);
+    if (listener.socket) listener.socket->set(zmq::sockopt::linger, drain);
+  }
   listener.backlog.clear();
   listener.held.clear();
   listener.socket.reset();

@@ -269,6 +269,12 @@ bool check_listen_host(const std::string& endpoint, std::string* error) {
   if (endpoint.rfind("tcp://", 0) != 0) return true;
   std::string host = endpoint.substr(6, endpoint.rfind(':') - 6);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  // A scoped IPv6 address, fe80::1%eth0: the address and its interface.
+  if (const size_t pct = host.find('%'); pct != std::string::npos && host.find(':') < pct) {
+    if (if_nametoindex(host.substr(pct + 1).c_str()) == 0)
+      return fail(error, "'" + host + "': no network interface '" + host.substr(pct + 1) + "' on this machine");
+    host.resize(pct);
+  }
   in6_addr a6{};
   in_addr a4{};
   if (host == "*" || inet_pton(AF_INET, host.c_str(), &a4) == 1 || inet_pton(AF_INET6, host.c_str(), &a6) == 1 ||

@@ -456,7 +456,7 @@ TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
     CHECK(err.find(says) != std::string::npos);
   }
   // What ZeroMQ listens on: *, an address, an interface; not a host name.
-  for (const char* ok : {"tcp://*:1", "tcp://0.0.0.0:1", "tcp://127.0.0.1:1", "tcp://[::1]:1", "tcp://lo:1", "ipc:///tmp/x"}) {
+  for (const char* ok : {"tcp://*:1", "tcp://0.0.0.0:1", "tcp://127.0.0.1:1", "tcp://[::1]:1", "tcp://[fe80::1%lo]:1", "tcp://lo:1", "ipc:///tmp/x"}) {
     INFO(ok);
     CHECK(net::check_listen_host(ok, &err));
   }

@@ -3,12 +3,14 @@
 #pragma once
 #include <charconv>
 #include <string>
+#include <type_traits>
 
 namespace ringmaster::cli {
 
 // `s` as a whole number in [lo, hi] into *out; false for anything else ("", "12abc", " 3", "-0x1", too big).
 template <typename T>
 bool parse_int(const std::string& s, long long lo, long long hi, T* out) {
+  static_assert(std::is_signed_v<T>, "compared as long long: an unsigned value past LLONG_MAX would wrap");
   T v{};
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || end != s.data() + s.size() || (long long)v < lo || (long long)v > hi) return false;

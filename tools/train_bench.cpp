@@ -364,7 +364,7 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
-  } catch (const std::bad_alloc&) {  // the data or the replicas' buffers for a --batch or --replicas too large
+  } catch (const std::bad_alloc&) {  // the synthetic data for a --batch or --replicas too large (made here)
     std::fprintf(stderr, "train_bench: out of memory: try a smaller --batch or fewer --replicas\n");
     return 1;
   }
