@@ -20,6 +20,7 @@
 
 #include "net/bridge.hpp"
 #include "net/keys.hpp"
+#include "tests/test_util.hpp"
 
 using namespace ringmaster;
 using namespace std::chrono_literals;
@@ -395,16 +396,8 @@ TEST_CASE("a stranger on one host who holds connections open does not crowd out 
   // times out (3 s).
   std::vector<int> held;
   for (int i = 0; i < 8; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    REQUIRE(inet_pton(AF_INET, "127.0.0.2", &a.sin_addr) == 1);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(inet_pton(AF_INET, "127.0.0.1", &a.sin_addr) == 1);
-    a.sin_port = htons(uint16_t(port));
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    held.push_back(fd);
+    held.push_back(test::loopback_connect_from("127.0.0.2", port));
+    REQUIRE(held.back() >= 0);
   }
   std::this_thread::sleep_for(300ms);  // the server has counted them
   net::bridge_options o;

@@ -181,6 +181,16 @@ struct two_node_job {
   ~two_node_job() { finish(); }
 };
 
+// small_job() on one node, on 600 training and 100 test samples.
+train_result small_job_on(const std::string& endpoint, std::chrono::milliseconds connect_timeout) {
+  remote_options ro;
+  ro.nodes = {endpoint};
+  ro.limit_train = 600;
+  ro.limit_test = 100;
+  ro.connect_timeout = connect_timeout;
+  return train_remote(small_job(), ro);
+}
+
 }  // namespace
 
 TEST_CASE("a node fed malformed frames keeps serving and refuses other protocol versions", "[nodes]") {
@@ -739,12 +749,7 @@ TEST_CASE("a node under a low descriptor limit hangs up a flood at accept, witho
   INFO("CPU ticks over 1.5 s of the flood: " << spent);
   CHECK(spent < 60);
   // The strangers' connections close (handshake timeout or hang-up), and a launcher is served again.
-  remote_options ro;
-  ro.nodes = {ep};
-  ro.limit_train = 600;
-  ro.limit_test = 100;
-  ro.connect_timeout = 10s;
-  train_result r = train_remote(small_job(), ro);
+  train_result r = small_job_on(ep, 10s);
   INFO(r.error);
   CHECK(r.ok);
   std::remove(log.c_str());
@@ -758,16 +763,8 @@ TEST_CASE("a flood of idle connections from one host, hung up at accept, does no
   // they are hung up as they come; the rest stay until the handshake timeout (3 s).
   std::vector<int> idle;
   for (int i = 0; i < 16; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    idle.push_back(fd);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    REQUIRE(inet_pton(AF_INET, "127.0.0.2", &a.sin_addr) == 1);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(inet_pton(AF_INET, "127.0.0.1", &a.sin_addr) == 1);
-    a.sin_port = htons(uint16_t(port));
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    idle.push_back(test::loopback_connect_from("127.0.0.2", port));
+    REQUIRE(idle.back() >= 0);
   }
   // Before the handshakes of those kept could time out (3 s): 16, less the 4 within the limit and the
   // 1 told why, are hung up.
@@ -785,12 +782,7 @@ TEST_CASE("a flood of idle connections from one host, hung up at accept, does no
   }
   CHECK(hung_up == 11);
   // The launcher, from 127.0.0.1, is let in at once, long before the strangers' handshakes time out.
-  remote_options ro;
-  ro.nodes = {ep};
-  ro.limit_train = 600;
-  ro.limit_test = 100;
-  ro.connect_timeout = 2s;
-  train_result r = train_remote(small_job(), ro);
+  train_result r = small_job_on(ep, 2s);
   INFO(r.error);
   CHECK(r.ok);
   for (int fd : idle) close(fd);

@@ -94,6 +94,26 @@ inline int loopback_connect(int port, bool nonblocking = false) {
   return s;
 }
 
+// A blocking TCP connection to 127.0.0.1:port from another loopback address (127.0.0.2, say: another
+// host, as a server counting connections per address sees it); its descriptor, or -1.
+inline int loopback_connect_from(const std::string& source, int port) {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  if (s < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  if (inet_pton(AF_INET, source.c_str(), &a.sin_addr) != 1 || bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(s);
+    return -1;
+  }
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
 // A daemon as a child process, `argv... --listen ENDPOINT --devices DEVICES --data DATA_DIR`, killed
 // (SIGKILL) when this goes unless stopped before.
 struct daemon_process {
