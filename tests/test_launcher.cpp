@@ -68,6 +68,40 @@ struct daemons {
   std::string list() const { return ringmaster::test::node_list(nodes); }
 };
 
+// A launcher run as `sh -c CMD` (its output in a file) and sent `sig` once its output shows `when`:
+// its output, how it ended (a wait status) and the seconds from the signal to its end (killed past 10 s).
+struct signalled_run {
+  std::string out;
+  int status = 0;
+  double took = 0;
+};
+signalled_run run_and_signal(const std::string& cmd, const std::string& when, int sig) {
+  char log_name[] = "/tmp/ringmaster-signal-XXXXXX";
+  const int log = mkstemp(log_name);
+  REQUIRE(log >= 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(log, 1), dup2(log, 2);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(log);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (slurp(log_name).find(when) == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  kill(pid, sig);
+  const auto sent = std::chrono::steady_clock::now();
+  signalled_run r;
+  while (waitpid(pid, &r.status, WNOHANG) == 0 && std::chrono::steady_clock::now() - sent < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  r.took = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  if (r.took >= 10) kill(pid, SIGKILL), waitpid(pid, &r.status, 0);
+  r.out = slurp(log_name);
+  std::remove(log_name);
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("launcher: one epoch on a subset writes a sane JSON report and safetensors", "[launcher]") {
@@ -364,38 +398,29 @@ TEST_CASE("launcher: --device is checked before anything runs, and no GPU is a c
 TEST_CASE("launcher: Ctrl-C on a job on nodes tells them to drop it, so they take the next job at once", "[launcher][nodes]") {
   daemons node(2);
   const std::string job = "--nodes " + node.list() + " --model 784-32-10 --batch 64 --limit-test 64";
-  char log_name[] = "/tmp/ringmaster-sigint-XXXXXX";
-  const int log = mkstemp(log_name);
-  REQUIRE(log >= 0);
   // Far more epochs than the test waits for; SIGINT (as Ctrl-C sends) once it trains.
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(log, 1), dup2(log, 2);
-    const std::string cmd = "exec " + std::string(RINGMASTER_MNIST_BIN) + " " + job + " --epochs 1000 --limit-train 6000";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(log);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (slurp(log_name).find("Epoch 2/1000") == std::string::npos && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  kill(pid, SIGINT);
-  const auto sent = std::chrono::steady_clock::now();
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() - sent < std::chrono::seconds(10))
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
-  if (took >= 10) kill(pid, SIGKILL), waitpid(pid, &status, 0);
-  const std::string out = slurp(log_name);
-  std::remove(log_name);
-  INFO(out);
-  CHECK(out.find("Epoch 2/1000") != std::string::npos);  // it was training
-  CHECK(out.find("interrupted (SIGINT): the nodes were told to drop the job") != std::string::npos);
-  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGINT));  // as a shell expects of an interrupted program
-  CHECK(took < 3);
+  const signalled_run r = run_and_signal("exec " + std::string(RINGMASTER_MNIST_BIN) + " " + job + " --epochs 1000 --limit-train 6000",
+                                         "Epoch 2/1000", SIGINT);
+  INFO(r.out);
+  CHECK(r.out.find("Epoch 2/1000") != std::string::npos);  // it was training
+  CHECK(r.out.find("interrupted (SIGINT): the nodes were told to drop the job") != std::string::npos);
+  CHECK((WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGINT));  // as a shell expects of an interrupted program
+  CHECK(r.took < 3);
   // The nodes are free now, not once they miss the launcher's heartbeats (4 s): a job started at once runs.
   run_result next = run(job + " --epochs 1 --limit-train 256 -q");
   INFO(next.out);
   CHECK(next.status == 0);
+}
+
+TEST_CASE("launcher: a SIGHUP that the caller ignores (nohup) leaves a job on nodes running", "[launcher][nodes]") {
+  daemons node(2);
+  const std::string job = "--nodes " + node.list() + " --model 784-32-10 --batch 64 --limit-test 64";
+  const signalled_run r = run_and_signal("trap '' HUP; exec " + std::string(RINGMASTER_MNIST_BIN) + " " + job +
+                                             " --epochs 100 --limit-train 6000",
+                                         "Epoch 2/100", SIGHUP);
+  INFO(r.out);
+  CHECK(r.out.find("Epoch 2/100") != std::string::npos);
+  CHECK((WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0));
+  CHECK(r.out.find("Done: 100 epochs") != std::string::npos);
+  CHECK(r.out.find("interrupted") == std::string::npos);
 }
