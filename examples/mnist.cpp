@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -188,9 +189,18 @@ std::atomic<int> interrupt_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
 // Ctrl-C or SIGTERM: the job on the nodes is stopped cleanly (they are told to drop it now, not seconds
-// later when they miss our heartbeats). A second one ends this process at once, as it would have.
+// later when they miss our heartbeats). A second one, a second or more after, ends this process at once.
+// When the first came (CLOCK_MONOTONIC, ms): a second within a second is a double tap of Ctrl-C, which
+// must not end us before the nodes are told.
+std::atomic<long long> interrupt_ms{0};
+static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
+
 void on_interrupt(int sig) {
-  if (interrupt_signal.exchange(sig) == 0) return;
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  const long long ms = now.tv_sec * 1000LL + now.tv_nsec / 1000000;
+  if (interrupt_signal.exchange(sig) == 0) return void(interrupt_ms.store(ms));
+  if (ms - interrupt_ms.load() < 1000) return;
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }
@@ -521,7 +531,9 @@ int main(int argc, char** argv) {
     for (int sig : caught) std::signal(sig, SIG_DFL);  // what comes now (the summary, --save) ends as before
     const int status = finish(o, r);
     // Stopped by that signal, as a shell expects of a process it interrupted (a loop around us stops too).
-    if (r.interrupted) std::fflush(nullptr), std::raise(r.interrupted);
+    // Also a signal that came as the job was ending anyway: it finished, and is reported, but a loop
+    // around us must still stop.
+    if (const int sig = r.interrupted ? r.interrupted : interrupt_signal.load()) std::fflush(nullptr), std::raise(sig);
     return status;
   }
 
@@ -557,6 +569,8 @@ int finish(const options& o, const train_result& r) {
   std::string error;
   if (!r.ok && r.invalid) return usage_error(r.error);
   if (!r.ok && r.interrupted) {
+    std::printf("\n");  // off the progress bar's line
+    std::fflush(stdout);
     std::fprintf(stderr, "ringmaster-mnist: %s: the nodes were told to drop the job%s%s%s\n",
                  interrupted_by(r.interrupted).c_str(), r.checkpoint.empty() ? "" : " (--resume continues from the last checkpoint, ",
                  r.checkpoint.c_str(), r.checkpoint.empty() ? "" : ")");

@@ -75,7 +75,8 @@ struct signalled_run {
   int status = 0;
   double took = 0;
 };
-signalled_run run_and_signal(const std::string& cmd, const std::string& when, int sig) {
+// again_ms >= 0: the signal again that many ms later (a double tap of Ctrl-C).
+signalled_run run_and_signal(const std::string& cmd, const std::string& when, int sig, int again_ms = -1) {
   char log_name[] = "/tmp/ringmaster-signal-XXXXXX";
   const int log = mkstemp(log_name);
   REQUIRE(log >= 0);
@@ -92,6 +93,7 @@ signalled_run run_and_signal(const std::string& cmd, const std::string& when, in
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   kill(pid, sig);
   const auto sent = std::chrono::steady_clock::now();
+  if (again_ms >= 0) std::this_thread::sleep_for(std::chrono::milliseconds(again_ms)), kill(pid, sig);
   signalled_run r;
   while (waitpid(pid, &r.status, WNOHANG) == 0 && std::chrono::steady_clock::now() - sent < std::chrono::seconds(10))
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -399,8 +401,9 @@ TEST_CASE("launcher: Ctrl-C on a job on nodes tells them to drop it, so they tak
   daemons node(2);
   const std::string job = "--nodes " + node.list() + " --model 784-32-10 --batch 64 --limit-test 64";
   // Far more epochs than the test waits for; SIGINT (as Ctrl-C sends) once it trains.
+  // Twice, 20 ms apart, as a hasty Ctrl-C does: the second must not end it before the nodes are told.
   const signalled_run r = run_and_signal("exec " + std::string(RINGMASTER_MNIST_BIN) + " " + job + " --epochs 1000 --limit-train 6000",
-                                         "Epoch 2/1000", SIGINT);
+                                         "Epoch 2/1000", SIGINT, 20);
   INFO(r.out);
   CHECK(r.out.find("Epoch 2/1000") != std::string::npos);  // it was training
   CHECK(r.out.find("interrupted (SIGINT): the nodes were told to drop the job") != std::string::npos);

@@ -304,6 +304,7 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
+  bool torch_failed = false;  // asked for, and gave no figure: the run fails once the table is out
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   std::printf("# train_bench: %d replicas, batch %d per replica, %d cores, Adam, backward GEMM: %s\n", replicas,
               per_replica, cores, cpu::gemm_name().c_str());
@@ -344,6 +345,7 @@ int run(int argc, char** argv) {
       return v[v.size() / 2];
     };
     const double base = median(bases), rm = median(rms), ideal = median(ideals), th = median(torches);
+    if (torch && th <= 0) torch_failed = true;
     if (torch && th <= 0)
       std::fprintf(stderr, "train_bench: PyTorch DDP gave no figure for %s (run tools/torch_ddp_bench.py by hand to see why)\n",
                    m.c_str());
@@ -356,7 +358,7 @@ int run(int argc, char** argv) {
     std::printf("  %-16s %12.0f %12.0f %12.0f %10.2f %12.0f %10.2f\n", md->label().c_str(), rm, base, ideal,
                 rm / ideal, th, th > 0 ? rm / th : 0.0);
   }
-  return 0;
+  return torch_failed ? 1 : 0;
 }
 
 }  // namespace
