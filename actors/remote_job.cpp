@@ -181,7 +181,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   failed.error = L.await_all(wire::msg_type::job_ack, &replies, ro.setup_timeout, std::max(ro.node_timeout, ro.connect_timeout));
   if (!failed.error.empty()) {
     failed.invalid = L.refused_invalid;
-    const int sig = ro.interrupt ? ro.interrupt->load() : 0;
+    const int sig = ro.interrupted();
     L.abort_all(sig ? interrupted_by(sig) + " on the launcher" : "another node refused the job");
     return failed;
   }
@@ -340,7 +340,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     auto woke = clock_type::now();
     while (running) {
       std::this_thread::sleep_for(ro.heartbeat);
-      if (const int sig = ro.interrupt ? ro.interrupt->load() : 0) {  // the job fails, and every node is told
+      if (const int sig = ro.interrupted()) {  // the job fails, and every node is told
         L.br.post([&L, why = interrupted_by(sig)] { L.kill_node(-1, why); });
         break;
       }
@@ -388,7 +388,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   running = false;
   watchdog.join();
   // Every node goes back to idle, whether the job succeeded or not.
-  const int sig = ro.interrupt ? ro.interrupt->load() : 0;
+  const int sig = ro.interrupted();
   L.abort_all(result->ok ? "finished" : sig ? interrupted_by(sig) + " on the launcher" : "the job failed: " + result->error);
   L.br.stop(launcher::kAbortDrain);
   for (auto* group : {&L.proxies, &L.retired})
@@ -405,7 +405,7 @@ std::string interrupted_by(int sig) {
 
 train_result train_remote(train_config cfg, const remote_options& ro) {
   train_result r = run_remote(std::move(cfg), ro);
-  if (!r.ok && ro.interrupt && r.error.find("interrupted (") != std::string::npos) r.interrupted = ro.interrupt->load();
+  if (!r.ok && r.error.find("interrupted (") != std::string::npos) r.interrupted = ro.interrupted();
   return r;
 }
 

@@ -59,6 +59,7 @@ struct remote_options {
   // it at once, not left to notice our silence, and the result says so (train_result::interrupted).
   // Looked at every 50 ms while the nodes set up, and every heartbeat after. Null: never.
   const std::atomic<int>* interrupt = nullptr;
+  int interrupted() const { return interrupt ? interrupt->load() : 0; }  // the signal, or 0
 };
 
 // cfg.train / cfg.test are ignored: the nodes read their own data. Of cfg.devices only the kind of the

@@ -188,13 +188,13 @@ bool write_report(const std::string& path, const options& o, const train_result&
 std::atomic<int> interrupt_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
-// Ctrl-C or SIGTERM: the job on the nodes is stopped cleanly (they are told to drop it now, not seconds
-// later when they miss our heartbeats). A second one, a second or more after, ends this process at once.
 // When the first came (CLOCK_MONOTONIC, ms): a second within a second is a double tap of Ctrl-C, which
 // must not end us before the nodes are told.
 std::atomic<long long> interrupt_ms{0};
 static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
+// Ctrl-C, SIGTERM or SIGHUP: the job on the nodes is stopped cleanly (they are told to drop it now, not
+// seconds later when they miss our heartbeats). Another, a second or more after, ends this process at once.
 void on_interrupt(int sig) {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe

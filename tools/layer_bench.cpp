@@ -74,13 +74,7 @@ int run(int argc, char** argv) {
       if (i + 1 >= argc) std::fprintf(stderr, "layer_bench: %s needs a value\n", a.c_str()), std::exit(2);
       return argv[++i];
     };
-    // A number flag's value, whole and in [lo, hi], or exit 2 naming the flag.
-    auto number = [&](long long lo, long long hi, int* out) {
-      const std::string v = next();
-      if (cli::parse_int(v, lo, hi, out)) return true;
-      std::fprintf(stderr, "layer_bench: %s wants a whole number in %lld-%lld, not '%s'\n", a.c_str(), lo, hi, v.c_str());
-      return false;
-    };
+    auto number = [&](long long lo, long long hi, int* out) { return cli::number_flag("layer_bench", a, next(), lo, hi, out); };
     if (a == "--model") text = next();
     else if (a == "--batch") {
       if (!number(1, 65536, &B)) return 2;

@@ -222,13 +222,7 @@ int run(int argc, char** argv) {
       }
       return argv[++i];
     };
-    // A number flag's value, whole and in [lo, hi], or exit 2 naming the flag.
-    auto number = [&](long long lo, long long hi, int* out) {
-      const std::string v = next();
-      if (cli::parse_int(v, lo, hi, out)) return true;
-      std::fprintf(stderr, "train_bench: %s wants a whole number in %lld-%lld, not '%s'\n", a.c_str(), lo, hi, v.c_str());
-      return false;
-    };
+    auto number = [&](long long lo, long long hi, int* out) { return cli::number_flag("train_bench", a, next(), lo, hi, out); };
     if (a == "--models") models = split_models(next());
     else if (a == "--replicas") {
       if (!number(1, 256, &replicas)) return 2;
@@ -345,10 +339,11 @@ int run(int argc, char** argv) {
       return v[v.size() / 2];
     };
     const double base = median(bases), rm = median(rms), ideal = median(ideals), th = median(torches);
-    if (torch && th <= 0) torch_failed = true;
-    if (torch && th <= 0)
+    if (torch && th <= 0) {
+      torch_failed = true;
       std::fprintf(stderr, "train_bench: PyTorch DDP gave no figure for %s (run tools/torch_ddp_bench.py by hand to see why)\n",
                    m.c_str());
+    }
     // Per CPU-second, times the cores: what each would do on an idle machine if nothing waited; less
     // disturbed by other load than wall-clock rates (ringmaster's includes CAF's idle polling).
     const double rm_cpu = median(rm_cpus), th_cpu = median(torch_cpus);
