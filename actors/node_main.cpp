@@ -132,6 +132,13 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     std::fprintf(stderr, "%s: %s\n", prog.c_str(), error.c_str());
     return 2;
   }
+  // parse_devices takes any KIND:I (tests offer simulated devices); a daemon has CPUs and CUDA GPUs.
+  for (const std::string& s : slots)
+    if (const std::string kind = device_kind(s); kind != "cpu" && kind != "cuda") {
+      std::fprintf(stderr, "%s: --devices %s: unknown device kind '%s': expected cpu:N (N CPU replicas), cuda (every GPU) "
+                   "or cuda:I[,J...] (GPUs by number)\n", prog.c_str(), o.devices.c_str(), kind.c_str());
+      return 2;
+    }
   // GPUs this machine does not have are a mistake in the command line too (exit 2, as --devices cuda).
   if (std::any_of(slots.begin(), slots.end(), [](const std::string& s) { return device_kind(s) == "cuda"; })) {
     const int gpus = cuda_device_count();

@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -251,6 +253,10 @@ bool check_endpoint(const std::string& endpoint, bool any_port, std::string* err
   const size_t colon = endpoint.rfind(':');
   const std::string host = endpoint.substr(6, colon - 6), port = endpoint.substr(colon + 1);
   if (colon < 6 || host.empty()) return fail(error, "'" + endpoint + "' is not tcp://HOST:PORT");
+  // tcp://::1:5601 reads to ZeroMQ as an interface named "::1" ("No such device").
+  if (host.find(':') != std::string::npos && (host.front() != '[' || host.back() != ']'))
+    return fail(error, "'" + endpoint + "': write an IPv6 address in brackets, tcp://[" +
+                           (host.front() == '[' ? host.substr(1) : host) + "]:" + port);
   if (port == "*" && any_port) return true;  // ZeroMQ's own word for any free port
   const std::string range = any_port ? "0-65535 (0 or *: any free port)" : "1-65535";
   long value = 0;
@@ -277,9 +283,37 @@ bool check_listen_host(const std::string& endpoint, std::string* error) {
   }
   in6_addr a6{};
   in_addr a4{};
-  if (host == "*" || inet_pton(AF_INET, host.c_str(), &a4) == 1 || inet_pton(AF_INET6, host.c_str(), &a6) == 1 ||
-      if_nametoindex(host.c_str()) != 0)
+  const bool v4 = inet_pton(AF_INET, host.c_str(), &a4) == 1, v6 = !v4 && inet_pton(AF_INET6, host.c_str(), &a6) == 1;
+  if (v4 || v6) {
+    // An address of another machine (a typo, or the address of the machine one came from) would fail
+    // later, in whichever socket binds first, with "Cannot assign requested address": name it now.
+    // Scoped addresses are left to ZeroMQ: their interface was checked above.
+    if (endpoint.find('%') != std::string::npos) return true;
+    sockaddr_storage sa{};
+    socklen_t len = 0;
+    if (v4) {
+      auto* a = reinterpret_cast<sockaddr_in*>(&sa);
+      a->sin_family = AF_INET;
+      a->sin_addr = a4;
+      len = sizeof *a;
+    } else {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&sa);
+      a->sin6_family = AF_INET6;
+      a->sin6_addr = a6;
+      len = sizeof *a;
+    }
+    const int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    // No socket of that family at all (IPv6 off): no address of it is ours. Other failures (no file
+    // descriptors left) prove nothing: ZeroMQ will say what it finds.
+    const bool here = fd < 0 ? errno != EAFNOSUPPORT
+                             : ::bind(fd, reinterpret_cast<const sockaddr*>(&sa), len) == 0 || errno != EADDRNOTAVAIL;
+    if (fd >= 0) ::close(fd);
+    if (!here)
+      return fail(error, "'" + host + "' is not an address of this machine (listen on one of its own addresses, 0.0.0.0, * "
+                         "or an interface such as eth0)");
     return true;
+  }
+  if (host == "*" || if_nametoindex(host.c_str()) != 0) return true;
   return fail(error, "'" + host + "' is neither an IP address nor a network interface of this machine (listen on 127.0.0.1, "
                      "0.0.0.0, * or eth0, say: ZeroMQ does not listen on a host name)");
 }

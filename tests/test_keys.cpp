@@ -33,6 +33,18 @@ std::string temp_dir() {
   return tmpl;
 }
 
+// Whether this machine has the IPv6 loopback address (a container may have no IPv6 at all).
+bool ipv6_loopback() {
+  const int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool ok = ::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
 net::key_pair fresh_keys() {
   char pub[41], sec[41];
   REQUIRE(zmq_curve_keypair(pub, sec) == 0);
@@ -442,6 +454,8 @@ TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
       {"ipc://", "names no path"},
       {"tcp://127.0.0.1:017601", "write the port without leading zeros"},
       {"udp://h:1", "is not a tcp:// or ipc:// endpoint"},
+      {"tcp://::1:5601", "write an IPv6 address in brackets, tcp://[::1]:5601"},
+      {"tcp://[::1:5601", "write an IPv6 address in brackets, tcp://[::1]:5601"},
   };
   for (const auto& [endpoint, says] : bad) {
     INFO(endpoint);
@@ -449,15 +463,22 @@ TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
     CHECK(err.find(says) != std::string::npos);
   }
   // What ZeroMQ listens on: *, an address, an interface; not a host name.
-  for (const char* ok : {"tcp://*:1", "tcp://0.0.0.0:1", "tcp://127.0.0.1:1", "tcp://[::1]:1", "tcp://[fe80::1%lo]:1", "tcp://lo:1", "ipc:///tmp/x"}) {
+  for (const char* ok : {"tcp://*:1", "tcp://0.0.0.0:1", "tcp://127.0.0.1:1", "tcp://[fe80::1%lo]:1", "tcp://lo:1", "ipc:///tmp/x"}) {
     INFO(ok);
     CHECK(net::check_listen_host(ok, &err));
   }
+  // IPv6 where this machine has it (a container may not): ::1 is ours, a documentation address is not.
+  const bool v6 = ipv6_loopback();
+  CHECK(net::check_listen_host("tcp://[::1]:1", &err) == v6);
+  if (v6) CHECK_FALSE(net::check_listen_host("tcp://[2001:db8::1]:1", &err));
   for (const char* name : {"tcp://localhost:1", "tcp://nosuchhost.invalid:1", "tcp://127.0.0.1.5:1"}) {
     INFO(name);
     CHECK_FALSE(net::check_listen_host(name, &err));
     CHECK(err.find("is neither an IP address nor a network interface of this machine") != std::string::npos);
   }
+  // An address, but of another machine (TEST-NET and IPv6 documentation addresses are nobody's).
+  CHECK_FALSE(net::check_listen_host("tcp://192.0.2.1:1", &err));
+  CHECK(err.find("'192.0.2.1' is not an address of this machine") != std::string::npos);
 }
 
 TEST_CASE("is_key agrees with libzmq's Z85 decoder") {

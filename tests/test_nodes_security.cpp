@@ -440,6 +440,18 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
   const test::run_result named_host = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://nosuchhost.invalid:5601");
   CHECK(named_host.status == 2);
   CHECK(named_host.out.find("--listen: 'nosuchhost.invalid' is neither an IP address nor a network interface") != std::string::npos);
+  // An address of another machine: named as such (exit 2), not blamed on the ring port (exit 1).
+  const test::run_result elsewhere = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://192.0.2.1:5601");
+  CHECK(elsewhere.status == 2);
+  CHECK(elsewhere.out.find("--listen: '192.0.2.1' is not an address of this machine") != std::string::npos);
+  // An IPv6 address without brackets: ZeroMQ said "No such device" (exit 1).
+  const test::run_result bare_v6 = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://::1:5601");
+  CHECK(bare_v6.status == 2);
+  CHECK(bare_v6.out.find("write an IPv6 address in brackets, tcp://[::1]:5601") != std::string::npos);
+  // A device kind no daemon has: a mistake in the command line (exit 2), not a failed start (exit 1).
+  const test::run_result gpu = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --devices gpu:0");
+  CHECK(gpu.status == 2);
+  CHECK(gpu.out.find("--devices gpu:0: unknown device kind 'gpu'") != std::string::npos);
   const test::run_result no_dir = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --key-dir ''");
   CHECK(no_dir.status == 2);
   CHECK(no_dir.out.find("--key-dir must not be empty") != std::string::npos);
