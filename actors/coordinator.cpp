@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <map>
 
@@ -48,6 +49,11 @@ std::string format_progress(const progress& p) {
     line += val;
   }
   return line;
+}
+
+std::string interrupted_by(int sig) {
+  const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : nullptr;
+  return std::string("interrupted (") + (name ? name : "signal " + std::to_string(sig)) + ")";
 }
 
 namespace {
@@ -334,6 +340,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
           self->send(st->replicas[r], run_atom::value, st->loaders[r], st->reducers[r],
                      caf::actor_cast<caf::actor>(self));
         if (st->cfg.report_timeout.count() > 0) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+        if (st->cfg.interrupt) self->send(self, signal_atom::value);
         return st->reply;
       },
       [self, st](const step_report& r) {
@@ -415,6 +422,14 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
             return finish(self, *st, silent + " (their nodes still answer)");
         }
         self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+      },
+      [self, st](signal_atom) {  // Ctrl-C, say: the replicas stop after the step they are in
+        if (st->finished) return;
+        if (const int sig = st->cfg.interrupt->load()) {
+          st->result->interrupted = sig;
+          return finish(self, *st, interrupted_by(sig));
+        }
+        self->delayed_send(self, std::chrono::milliseconds(50), signal_atom::value);
       },
       [self, st](done_atom, int rank) {
         if (st->finished || rank < 0 || rank >= st->cfg.replicas) return;

@@ -2,6 +2,7 @@
 // only: whoever spawned the reducers wired them into the ring the job plan orders (actors/job_plan.hpp).
 #pragma once
 #include <caf/all.hpp>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -82,10 +83,13 @@ struct train_result {
   // Samples trained whose loss and accuracy were lost with their node (a report in flight when it
   // died): counted in train_samples, not in the means.
   int64_t unmeasured = 0;
-  int interrupted = 0;  // !ok because remote_options::interrupt stopped the job: the signal's number
+  int interrupted = 0;  // !ok because train_config::interrupt stopped the job: the signal's number
 };
 
 uint64_t fnv1a(const float* p, size_t n);
+
+// Why a job that signal `sig` interrupted (train_config::interrupt) stopped: "interrupted (SIGINT)".
+std::string interrupted_by(int sig);
 
 // Where a job stands after `step` steps, for checkpoints: the epochs closed so far and the open epoch's
 // exact sums over its first step % steps_per_epoch steps. A resumed job starts from it, so its epochs
@@ -123,6 +127,9 @@ struct coordinator_config {
   int64_t eval_batches = 0;
   // Where each rank runs, for errors that name a rank ("node tcp://10.0.0.2:5601"); empty: this process.
   std::vector<std::string> where;
+  // Ranks in this process: once this holds a signal's number (train_config::interrupt), looked at every
+  // 50 ms, the job ends with train_result::interrupted. Null: never (a launcher's own watchdog looks).
+  const std::atomic<int>* interrupt = nullptr;
 };
 
 // {reform_atom, reform_note}: the ring was re-formed without lost nodes' ranks, or with a node that

@@ -144,7 +144,7 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
   std::unique_lock<std::mutex> lock(mu);
   while (n < ro.nodes.size()) {
     if (!cv.wait_for(lock, std::chrono::milliseconds(50), [this] { return !inbox.empty(); })) {
-      if (const int sig = ro.interrupted()) return interrupted_by(sig);
+      if (const int sig = interrupted()) return interrupted_by(sig);
       const auto now = clock_type::now();
       // Heartbeats while the nodes set up, too: a node whose launcher died frees itself within seconds.
       if (job_id != 0 && now - beat >= ro.heartbeat) {

@@ -46,6 +46,8 @@ struct launcher {
   launcher& operator=(const launcher&) = delete;
   static constexpr std::chrono::milliseconds kAbortDrain{500};
   remote_options ro;
+  const std::atomic<int>* interrupt = nullptr;  // train_config::interrupt
+  int interrupted() const { return interrupt ? interrupt->load() : 0; }
   net::bridge br;
   std::vector<int> peer;  // node index -> connection
   uint64_t job_id = 0;
@@ -145,7 +147,7 @@ struct launcher {
   void abort_all(const std::string& reason);
   bool aborted = false;
   // Waits for one reply of `type` from every node; "" or what went wrong. A node that says nothing at all
-  // (not even a heartbeat) for `silence` is given up on before the deadline; an interrupt (ro.interrupt)
+  // (not even a heartbeat) for `silence` is given up on before the deadline; an interrupt (train_config::interrupt)
   // ends the wait at once.
   std::string await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
                         std::chrono::milliseconds silence);

@@ -37,6 +37,7 @@ using weights_atom = caf::atom_constant<caf::atom("weights")>;
 using release_atom = caf::atom_constant<caf::atom("release")>;  // "done reading your buffer"
 using fail_atom = caf::atom_constant<caf::atom("fail")>;  // {fail_atom, why}: a proxy's peer is gone
 using tick_atom = caf::atom_constant<caf::atom("tick")>;  // a watchdog's periodic look
+using signal_atom = caf::atom_constant<caf::atom("signal")>;  // a coordinator's look at train_config::interrupt
 using checkpt_atom = caf::atom_constant<caf::atom("checkpt")>;  // {checkpt_atom, state_ptr}: rank 0 after a step
 using restore_atom = caf::atom_constant<caf::atom("restore")>;  // {restore_atom, state_ptr}: start from here
 using pause_atom = caf::atom_constant<caf::atom("pause")>;    // {pause_atom, generation}: stop, say how far

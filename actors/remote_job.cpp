@@ -74,6 +74,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     }
   }
   launcher L{ro, bo};
+  L.interrupt = cfg.interrupt;
   if (!make_job_plan(cfg, where, &L.plan, &failed.error)) {
     failed.invalid = true;  // the settings or the placement, not a node
     return failed;
@@ -181,7 +182,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   failed.error = L.await_all(wire::msg_type::job_ack, &replies, ro.setup_timeout, std::max(ro.node_timeout, ro.connect_timeout));
   if (!failed.error.empty()) {
     failed.invalid = L.refused_invalid;
-    const int sig = ro.interrupted();
+    const int sig = cfg.interrupted();
     L.abort_all(sig ? interrupted_by(sig) + " on the launcher" : "another node refused the job");
     return failed;
   }
@@ -340,7 +341,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     auto woke = clock_type::now();
     while (running) {
       std::this_thread::sleep_for(ro.heartbeat);
-      if (const int sig = ro.interrupted()) {  // the job fails, and every node is told
+      if (const int sig = cfg.interrupted()) {  // the job fails, and every node is told
         L.br.post([&L, why = interrupted_by(sig)] { L.kill_node(-1, why); });
         break;
       }
@@ -388,7 +389,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   running = false;
   watchdog.join();
   // Every node goes back to idle, whether the job succeeded or not.
-  const int sig = ro.interrupted();
+  const int sig = cfg.interrupted();
   L.abort_all(result->ok ? "finished" : sig ? interrupted_by(sig) + " on the launcher" : "the job failed: " + result->error);
   L.br.stop(launcher::kAbortDrain);
   for (auto* group : {&L.proxies, &L.retired})
@@ -398,14 +399,10 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
 
 }  // namespace
 
-std::string interrupted_by(int sig) {
-  const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : nullptr;
-  return std::string("interrupted (") + (name ? name : "signal " + std::to_string(sig)) + ")";
-}
-
 train_result train_remote(train_config cfg, const remote_options& ro) {
+  const std::atomic<int>* interrupt = cfg.interrupt;
   train_result r = run_remote(std::move(cfg), ro);
-  if (!r.ok && r.error.find("interrupted (") != std::string::npos) r.interrupted = ro.interrupted();
+  if (!r.ok && r.error.find("interrupted (") != std::string::npos && interrupt) r.interrupted = interrupt->load();
   return r;
 }
 

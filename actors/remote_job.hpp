@@ -55,11 +55,6 @@ struct remote_options {
   std::chrono::milliseconds rejoin_lead{3000};
   // A line about the job as it happens (a node lost, the job going on); any thread, one call at a time.
   std::function<void(const std::string&)> on_event;
-  // Set to a signal's number (from a handler of SIGINT, say) to stop the job: the nodes are told to drop
-  // it at once, not left to notice our silence, and the result says so (train_result::interrupted).
-  // Looked at every 50 ms while the nodes set up, and every heartbeat after. Null: never.
-  const std::atomic<int>* interrupt = nullptr;
-  int interrupted() const { return interrupt ? interrupt->load() : 0; }  // the signal, or 0
 };
 
 // cfg.train / cfg.test are ignored: the nodes read their own data. Of cfg.devices only the kind of the
@@ -67,7 +62,5 @@ struct remote_options {
 // offers, and refuses a job of another kind. cfg.replicas is set from the placement.
 train_result train_remote(train_config cfg, const remote_options& ro);
 
-// Why a job that signal `sig` interrupted (remote_options::interrupt) stopped: "interrupted (SIGINT)".
-std::string interrupted_by(int sig);
 
 }  // namespace ringmaster

@@ -241,8 +241,9 @@ train_result train(const train_config& cfg) {
   if (std::min(workers, cpu_cores()) >= plan.replicas())
     for (auto& p : all.ports) set_poller(*p, spin_until_done(), cfg.ring_poll);
   auto last = std::make_shared<std::string>();
-  const coordinator_config cc = job_coordinator_config(cfg, m, cfg.replicas, cfg.evaluate && cfg.test != nullptr,
-                                                       int64_t(cfg.train->count), train_data, steps, last);
+  coordinator_config cc = job_coordinator_config(cfg, m, cfg.replicas, cfg.evaluate && cfg.test != nullptr,
+                                                 int64_t(cfg.train->count), train_data, steps, last);
+  cc.interrupt = cfg.interrupt;
   train_result r = std::move(*run_coordinator(sys, sys.spawn(coordinator, cc), all));
   r.model = m->description();
   r.checkpoint = *last;

@@ -2,6 +2,7 @@
 // data loader and reducer, and a coordinator. One call runs a whole job.
 #pragma once
 #include <caf/all.hpp>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -59,6 +60,12 @@ struct train_config {
   // Continue the job that wrote this checkpoint (latest_checkpoint()), bit for bit: its settings must be
   // this job's (resume_mismatch(); a refusal is result.invalid), but epochs may be more.
   std::shared_ptr<const checkpoint> resume;
+  // Set to a signal's number (from a handler of SIGINT, say) to stop the job: replicas stop after the
+  // step they are in; on nodes, the nodes are told to drop it at once, not left to notice our silence. The
+  // result says so (train_result::interrupted). Looked at every 50 ms (on nodes, while they set up, and
+  // every heartbeat after). Null: never.
+  const std::atomic<int>* interrupt = nullptr;
+  int interrupted() const { return interrupt ? interrupt->load() : 0; }  // the signal, or 0
 };
 
 // Builds cfg.model for cfg.train's samples with cfg.layers; null with *error.

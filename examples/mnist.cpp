@@ -183,8 +183,8 @@ bool write_report(const std::string& path, const options& o, const train_result&
   return write_output(path, {{text.data(), text.size()}}, error);
 }
 
-// The signal that interrupted a job on nodes (remote_options::interrupt), set by its handler: a
-// handler can reach nothing else.
+// The signal that interrupted the job (train_config::interrupt), set by its handler: a handler can
+// reach nothing else.
 std::atomic<int> interrupt_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
@@ -193,8 +193,9 @@ static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only 
 std::atomic<long long> interrupt_ms{0};
 static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
 
-// Ctrl-C, SIGTERM or SIGHUP: the job on the nodes is stopped cleanly (they are told to drop it now, not
-// seconds later when they miss our heartbeats). Another, a second or more after, ends this process at once.
+// Ctrl-C, SIGTERM or SIGHUP: the job is stopped cleanly (nodes are told to drop it now, not seconds later
+// when they miss our heartbeats; replicas here stop after their step, so the summary can say where the
+// last checkpoint is). Another, a second or more after, ends this process at once.
 void on_interrupt(int sig) {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
@@ -203,6 +204,27 @@ void on_interrupt(int sig) {
   if (ms - interrupt_ms.load() < 1000) return;
   std::signal(sig, SIG_DFL);
   std::raise(sig);
+}
+
+// Trains with on_interrupt caught while it runs: not for a signal the caller ignores (SIGHUP under
+// nohup, SIGINT in a background job of a script). Afterwards (the summary, --save) signals end us as
+// before; finish() reports an interrupted job, and then the signal ends us, as a shell expects of a
+// process it interrupted (a loop around us stops too). Also a signal that came as the job was ending
+// anyway: it finished, and is reported, but a loop around us must still stop.
+template <class Train>
+int train_interruptibly(train_config& c, Train train, const std::function<int(const train_result&)>& finish) {
+  c.interrupt = &interrupt_signal;
+  std::vector<int> caught;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP})
+    if (struct sigaction was {}; sigaction(sig, nullptr, &was) == 0 && was.sa_handler != SIG_IGN) {
+      std::signal(sig, on_interrupt);
+      caught.push_back(sig);
+    }
+  const train_result r = train(c);
+  for (int sig : caught) std::signal(sig, SIG_DFL);
+  const int status = finish(r);
+  if (const int sig = r.interrupted ? r.interrupted : interrupt_signal.load()) std::fflush(nullptr), std::raise(sig);
+  return status;
 }
 
 }  // namespace
@@ -488,7 +510,6 @@ int main(int argc, char** argv) {
     };
   }
 
-  train_result r;
   if (!nodes.empty()) {
     std::printf("ringmaster-mnist: model %s, %d replicas on %zu nodes, global batch %d (%d per replica), %s lr %g\n",
                 c.model.size() > 40 ? "(JSON)" : c.model.c_str(), c.replicas, nodes.size(), c.global_batch, c.global_batch / c.replicas,
@@ -519,22 +540,8 @@ int main(int argc, char** argv) {
         std::printf("%sringmaster-mnist: %s\n", tty ? "\r\033[K" : "", line.c_str());
         std::fflush(stdout);
       };
-    // Not a signal the caller ignores (SIGHUP under nohup, SIGINT in a background job of a script).
-    ro.interrupt = &interrupt_signal;
-    std::vector<int> caught;
-    for (int sig : {SIGINT, SIGTERM, SIGHUP})
-      if (struct sigaction was {}; sigaction(sig, nullptr, &was) == 0 && was.sa_handler != SIG_IGN) {
-        std::signal(sig, on_interrupt);
-        caught.push_back(sig);
-      }
-    r = train_remote(c, ro);
-    for (int sig : caught) std::signal(sig, SIG_DFL);  // what comes now (the summary, --save) ends as before
-    const int status = finish(o, r);
-    // Stopped by that signal, as a shell expects of a process it interrupted (a loop around us stops too).
-    // Also a signal that came as the job was ending anyway: it finished, and is reported, but a loop
-    // around us must still stop.
-    if (const int sig = r.interrupted ? r.interrupted : interrupt_signal.load()) std::fflush(nullptr), std::raise(sig);
-    return status;
+    return train_interruptibly(c, [&ro](const train_config& tc) { return train_remote(tc, ro); },
+                               [&o](const train_result& r) { return finish(o, r); });
   }
 
   auto train = std::make_shared<dataset>(), test = std::make_shared<dataset>();
@@ -559,8 +566,8 @@ int main(int argc, char** argv) {
               c.global_batch / c.replicas, o.optimizer.c_str(), double(c.opt.lr), train->count,
               c.test ? test->count : size_t(0));
   if (!o.quiet && !mdesc.input_width) std::printf("%s", m->summary().c_str());
-  r = ringmaster::train(c);
-  return finish(o, r);
+  return train_interruptibly(c, [](const train_config& tc) { return ringmaster::train(tc); },
+                             [&o](const train_result& r) { return finish(o, r); });
 }
 
 // Prints the summary, writes --save and --report-json; the exit status.
@@ -571,9 +578,14 @@ int finish(const options& o, const train_result& r) {
   if (!r.ok && r.interrupted) {
     std::printf("\n");  // off the progress bar's line
     std::fflush(stdout);
-    std::fprintf(stderr, "ringmaster-mnist: %s: the nodes were told to drop the job%s%s%s\n",
-                 interrupted_by(r.interrupted).c_str(), r.checkpoint.empty() ? "" : " (--resume continues from the last checkpoint, ",
-                 r.checkpoint.c_str(), r.checkpoint.empty() ? "" : ")");
+    // Where to go on from: the last checkpoint, or why there is none.
+    const std::string from = !r.checkpoint.empty() ? "--resume continues from the last checkpoint, " + r.checkpoint
+                             : o.checkpoint_dir.empty() ? "no checkpoints were kept: --checkpoint-dir DIR keeps them"
+                                                        : "no checkpoint was written yet, the first is due " +
+                                                              std::string(o.checkpoint_every ? "after step " + std::to_string(o.checkpoint_every)
+                                                                                                : "at the end of the first epoch");
+    std::fprintf(stderr, "ringmaster-mnist: %s: %s (%s)\n", interrupted_by(r.interrupted).c_str(),
+                 o.nodes.empty() ? "training stopped" : "the nodes were told to drop the job", from.c_str());
     return 128 + r.interrupted;  // as a shell reports a process a signal ended
   }
   if (!r.ok) {

@@ -415,6 +415,39 @@ TEST_CASE("launcher: Ctrl-C on a job on nodes tells them to drop it, so they tak
   CHECK(next.status == 0);
 }
 
+TEST_CASE("launcher: Ctrl-C or SIGTERM on a local job stops it with a message that says where to go on from", "[launcher]") {
+  const std::string dir = "/tmp/ringmaster-test-interrupt-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  const std::string job = std::string(RINGMASTER_MNIST_BIN) + " --replicas 2 --batch 64 --limit-test 64 --epochs 1000";
+  const std::string small = " --model 784-32-10 --limit-train 6000";  // an epoch in some 50 ms
+  {  // Checkpoints were written: the message names the last, and it is there.
+    const signalled_run r = run_and_signal("exec " + job + small + " --checkpoint-dir " + dir, "Epoch 3/1000", SIGINT);
+    INFO(r.out);
+    CHECK((WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGINT));  // it died of the signal before (no message)
+    CHECK(r.took < 3);
+    const size_t at = r.out.find("interrupted (SIGINT): training stopped (--resume continues from the last checkpoint, " + dir + "/ckpt-");
+    REQUIRE(at != std::string::npos);
+    const size_t from = r.out.find(dir, at);
+    CHECK(std::filesystem::is_regular_file(r.out.substr(from, r.out.find(')', from) - from)));
+  }
+  std::filesystem::remove_all(dir);
+  {  // Before the first checkpoint (an epoch of the default model takes seconds): none yet, and when it is due.
+    const signalled_run r = run_and_signal("exec " + job + " --checkpoint-dir " + dir, "Epoch 1/1000", SIGINT);
+    INFO(r.out);
+    CHECK((WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGINT));
+    CHECK(r.out.find("interrupted (SIGINT): training stopped (no checkpoint was written yet, the first is due at the end of the "
+                     "first epoch)") != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+  {  // No checkpoints asked for: it says how to keep them. SIGTERM, as a batch system sends.
+    const signalled_run r = run_and_signal("exec " + job + small, "Epoch 2/1000", SIGTERM);
+    INFO(r.out);
+    CHECK((WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGTERM));
+    CHECK(r.out.find("interrupted (SIGTERM): training stopped (no checkpoints were kept: --checkpoint-dir DIR keeps them)") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("launcher: a SIGHUP that the caller ignores (nohup) leaves a job on nodes running", "[launcher][nodes]") {
   daemons node(2);
   const std::string job = "--nodes " + node.list() + " --model 784-32-10 --batch 64 --limit-test 64";
