@@ -264,6 +264,10 @@ TEST_CASE("train_bench and layer_bench: a short run prints its row, and bad flag
        "out of memory: try a smaller --batch"},
       {layer + " --batch abc", "--batch wants a whole number in 1-65536, not 'abc'"},
       {layer + " --iters 0", "--iters wants a whole number in 1-1000000, not '0'"},
+      // Each was taken without a word: 1,28 as 1,28,1, --python without --torch ignored, a typo as --help.
+      {train + " --input 1,28", "--input wants C,H,W (e.g. 1,28,28), not '1,28'"},
+      {train + " --python python3", "--python names the interpreter for --torch; add --torch"},
+      {layer + " --bogus", "layer_bench: unknown flag --bogus (try --help)"},
   };
   for (const auto& [cmd, says] : bad) {
     run_result r = ringmaster::test::run(cmd);

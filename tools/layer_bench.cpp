@@ -82,9 +82,12 @@ int run(int argc, char** argv) {
       if (!number(1, 1000000, &iters)) return 2;
     } else if (a == "--repeat") {
       if (!number(1, 1000, &repeat)) return 2;
-    } else {
+    } else if (a == "--help" || a == "-h") {
       std::printf("usage: layer_bench [--model cnn|784-512-512-10|JSON] [--batch 64] [--iters 20] [--repeat 7]\n");
-      return a == "--help" || a == "-h" ? 0 : 2;
+      return 0;
+    } else {
+      std::fprintf(stderr, "layer_bench: unknown flag %s (try --help)\n", a.c_str());
+      return 2;
     }
   }
   model_desc desc;

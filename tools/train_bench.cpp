@@ -197,6 +197,7 @@ bool parse_input(const std::string& s, shape* out) {
     v[i] = std::atoi(part.c_str());
     if (v[i] < 1) return false;
     if (c == std::string::npos) {
+      if (i != 2) return false;  // all three: 1,28 is not 1,28,1 (a flat input is 784,1,1)
       *out = shape{v[0], v[1], v[2]};
       return true;
     }
@@ -282,6 +283,10 @@ int run(int argc, char** argv) {
       return 2;
     }
     return nodes_main(models, nodes, per_replica, steps, repeat, data_dir, node_bin);
+  }
+  if (!python.empty() && !torch) {
+    std::fprintf(stderr, "train_bench: --python names the interpreter for --torch; add --torch\n");
+    return 2;
   }
   // PyTorch that cannot run would print 0s as if measured.
   if (torch) {
