@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <csignal>
 
 #include <boost/program_options.hpp>
@@ -29,6 +28,7 @@
 #include "actors/checkpoint.hpp"
 #include "actors/remote_job.hpp"
 #include "actors/training.hpp"
+#include "examples/interrupt.hpp"
 #include "kernels/safetensors.hpp"
 #include "net/keys.hpp"
 
@@ -181,50 +181,6 @@ bool write_report(const std::string& path, const options& o, const train_result&
   j << (r.joins.empty() ? "]" : "\n  ]") << ",\n  \"unmeasured_samples\": " << r.unmeasured << "\n}\n";
   const std::string text = j.str();
   return write_output(path, {{text.data(), text.size()}}, error);
-}
-
-// The signal that interrupted the job (train_config::interrupt), set by its handler: a handler can
-// reach nothing else.
-std::atomic<int> interrupt_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
-
-// When the first came (CLOCK_MONOTONIC, ms): a second within a second is a double tap of Ctrl-C, which
-// must not end us before the nodes are told.
-std::atomic<long long> interrupt_ms{0};
-static_assert(std::atomic<long long>::is_always_lock_free, "a signal handler may only touch lock-free atomics");
-
-// Ctrl-C, SIGTERM or SIGHUP: the job is stopped cleanly (nodes are told to drop it now, not seconds later
-// when they miss our heartbeats; replicas here stop after their step, so the summary can say where the
-// last checkpoint is). Another, a second or more after, ends this process at once.
-void on_interrupt(int sig) {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
-  const long long ms = now.tv_sec * 1000LL + now.tv_nsec / 1000000;
-  if (interrupt_signal.exchange(sig) == 0) return void(interrupt_ms.store(ms));
-  if (ms - interrupt_ms.load() < 1000) return;
-  std::signal(sig, SIG_DFL);
-  std::raise(sig);
-}
-
-// Trains with on_interrupt caught while it runs: not for a signal the caller ignores (SIGHUP under
-// nohup, SIGINT in a background job of a script). Afterwards (the summary, --save) signals end us as
-// before; finish() reports an interrupted job, and then the signal ends us, as a shell expects of a
-// process it interrupted (a loop around us stops too). Also a signal that came as the job was ending
-// anyway: it finished, and is reported, but a loop around us must still stop.
-template <class Train>
-int train_interruptibly(train_config& c, Train train, const std::function<int(const train_result&)>& finish) {
-  c.interrupt = &interrupt_signal;
-  std::vector<int> caught;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP})
-    if (struct sigaction was {}; sigaction(sig, nullptr, &was) == 0 && was.sa_handler != SIG_IGN) {
-      std::signal(sig, on_interrupt);
-      caught.push_back(sig);
-    }
-  const train_result r = train(c);
-  for (int sig : caught) std::signal(sig, SIG_DFL);
-  const int status = finish(r);
-  if (const int sig = r.interrupted ? r.interrupted : interrupt_signal.load()) std::fflush(nullptr), std::raise(sig);
-  return status;
 }
 
 }  // namespace
@@ -540,7 +496,7 @@ int main(int argc, char** argv) {
         std::printf("%sringmaster-mnist: %s\n", tty ? "\r\033[K" : "", line.c_str());
         std::fflush(stdout);
       };
-    return train_interruptibly(c, [&ro](const train_config& tc) { return train_remote(tc, ro); },
+    return examples::train_interruptibly(c, [&ro](const train_config& tc) { return train_remote(tc, ro); },
                                [&o](const train_result& r) { return finish(o, r); });
   }
 
@@ -566,7 +522,7 @@ int main(int argc, char** argv) {
               c.global_batch / c.replicas, o.optimizer.c_str(), double(c.opt.lr), train->count,
               c.test ? test->count : size_t(0));
   if (!o.quiet && !mdesc.input_width) std::printf("%s", m->summary().c_str());
-  return train_interruptibly(c, [](const train_config& tc) { return ringmaster::train(tc); },
+  return examples::train_interruptibly(c, [](const train_config& tc) { return ringmaster::train(tc); },
                              [&o](const train_result& r) { return finish(o, r); });
 }
 
