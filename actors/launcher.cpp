@@ -168,6 +168,12 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
       refused_invalid = m.kv.count("invalid") && m.kv["invalid"] == "1";  // a bad model or settings
       return m.kv.count("error") ? node_text(m.kv["error"], kMaxNodeError) : "node " + ro.nodes[m.node] + " refused the job";
     }
+    if (m.h.type == wire::msg_type::abort) {  // stopped while it set up: say so, not that it fell silent
+      const std::string& sig = m.kv["stopped"];
+      return "node " + ro.nodes[m.node] +
+             (sig == "SIGTERM" || sig == "SIGINT" ? " was stopped (" + sig + ") while it set up the job"
+                                                  : " gave up the job as it set it up: " + node_text(m.kv["reason"], kMaxNodeError));
+    }
     if (m.h.type != type || got[m.node]) continue;
     got[m.node] = true;
     (*replies)[m.node] = std::move(m.kv);
@@ -482,9 +488,17 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
     return;
   }
   last_heard[node] = clock_type::now().time_since_epoch().count();
-  // Reports, weights and aborts concern the proxies and the coordinator, which exist once started.
+  // Reports, weights and aborts concern the proxies and the coordinator, which exist once started; before
+  // that an abort is an answer to the setup.
   const bool setup_reply = h.type == msg_type::hello_ack || h.type == msg_type::job_ack || h.type == msg_type::error;
-  if (!setup_reply && !running) return;
+  if (!setup_reply && !running) {
+    if (h.type == msg_type::abort && wire::decode_kv(p.text(), &kv, &error)) {
+      std::lock_guard<std::mutex> lock(mu);
+      inbox.push_back({node, h, std::move(kv)});
+      cv.notify_all();
+    }
+    return;
+  }
   switch (h.type) {
     case msg_type::hello_ack:
     case msg_type::job_ack:

@@ -148,6 +148,15 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   // A node takes ring chunks for a rank only from the node that runs its left neighbour, known by the
   // routing id it sends with.
   for (size_t i = 0; i < ro.nodes.size(); ++i) L.plan.nodes[i].id = replies[i]["id"];
+  // Two endpoints of one daemon (127.0.0.1 and its host name, say): one node named twice.
+  for (size_t i = 0; i < ro.nodes.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (!L.plan.nodes[i].id.empty() && L.plan.nodes[i].id == L.plan.nodes[j].id) {
+        failed.error = "--nodes " + ro.nodes[j] + " and " + ro.nodes[i] + " are one node (the same daemon answered both): name each node once";
+        failed.invalid = true;
+        L.abort_all("bad hello");
+        return failed;
+      }
   // Nodes on one host as one user pass ring chunks through shared memory (net/shm_link.hpp). A host id
   // that would not make a valid plan is no host id: that node uses the network.
   for (size_t i = 0; i < ro.nodes.size(); ++i) L.plan.nodes[i].host = host_of(replies[i]["host"]);

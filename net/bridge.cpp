@@ -5,6 +5,8 @@
 #include <netinet/in.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -218,6 +220,33 @@ bool bridge::set_error_handler(error_handler h) {
   return true;
 }
 
+namespace {
+
+// libzmq 4.3 unlinks whatever is at an ipc:// path before it binds: a file that is not a socket, or the
+// socket of a daemon running now (which then serves no one). Bind only where nothing is, or where a
+// socket is left over from a process that is gone (connecting to it is refused).
+bool check_ipc_path(const std::string& path, std::string* error) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0)
+    return errno == ENOENT ? true : fail(error, "ipc://" + path + ": " + std::strerror(errno));
+  if (!S_ISSOCK(st.st_mode))
+    return fail(error, "ipc://" + path + ": a file that is not a socket is there; it is left alone (choose another path)");
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.size() >= sizeof a.sun_path) return true;  // ZeroMQ says "File name too long"
+  std::memcpy(a.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(error, std::string("socket: ") + std::strerror(errno));
+  const bool live = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (live) return fail(error, "ipc://" + path + ": another process is listening there (stop it, or choose another path)");
+  if (err != ECONNREFUSED) return fail(error, "ipc://" + path + ": " + std::strerror(err));
+  return true;
+}
+
+}  // namespace
+
 bool bridge::start(const std::string& listen_endpoint, std::string* error) {
   {
     std::lock_guard<std::mutex> lock(d_->mu);
@@ -265,11 +294,14 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
                                                   ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED);
       d_->listener.socket->set(zmq::sockopt::router_mandatory, 1);  // unroutable replies are errors, not silence
       d_->listener.socket->set(zmq::sockopt::router_handover, 1);   // a peer that reconnects keeps its identity
+      const bool ipc_path = listen_endpoint.rfind("ipc://", 0) == 0 && listen_endpoint.size() > 6 && listen_endpoint[6] != '@';
+      if (ipc_path && !check_ipc_path(listen_endpoint.substr(6), error)) return undo(nullptr, "");
       try {
         d_->listener.socket->bind(listen_endpoint);
       } catch (const zmq::error_t& e) {
         return undo(error, listen_endpoint + ": " + (e.num() == EADDRINUSE ? "address already in use" : e.what()));
       }
+      if (ipc_path) ::lstat(listen_endpoint.c_str() + 6, &d_->ipc_file);
       d_->listener.routed = true;
       std::lock_guard<std::mutex> lock(d_->mu);
       d_->endpoint = d_->listener.socket->get(zmq::sockopt::last_endpoint);
@@ -320,10 +352,14 @@ void bridge::stop(std::chrono::milliseconds drain) {
   }
   d_->queue.clear();  // closures holding payloads that never went out
   d_->ctx.reset();    // after every socket closed: at once with linger 0, else once sent or drained
-  // libzmq 4.3 leaves a bound ipc:// socket file behind (it unlinks a stale one at bind time instead).
-  const std::string ipc = "ipc://";
+  // libzmq 4.3 leaves a bound ipc:// socket file behind. Ours goes; one another process has put there
+  // since (after someone removed ours) stays.
   const std::string& ep = d_->listener.endpoint;
-  if (ep.rfind(ipc, 0) == 0 && ep.size() > ipc.size() && ep[ipc.size()] != '@') unlink(ep.c_str() + ipc.size());
+  struct stat now {};
+  if (ep.rfind("ipc://", 0) == 0 && ep.size() > 6 && ep[6] != '@' && ::lstat(ep.c_str() + 6, &now) == 0 &&
+      now.st_ino == d_->ipc_file.st_ino && now.st_dev == d_->ipc_file.st_dev && S_ISSOCK(now.st_mode))
+    ::unlink(ep.c_str() + 6);
+  d_->ipc_file = {};
   d_->listener.endpoint.clear();
   if (d_->wake_fd >= 0) close(d_->wake_fd);
   d_->wake_fd = -1;

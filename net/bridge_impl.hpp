@@ -4,6 +4,7 @@
 #pragma once
 #include "net/bridge.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -124,6 +125,7 @@ struct bridge::impl {
   // Bridge thread only (created in start() before the thread exists).
   std::unique_ptr<zmq::context_t> ctx;
   connection listener;  // the ROUTER; socket null without a listen endpoint
+  struct stat ipc_file{};  // the socket file an ipc:// listener made: removed at stop only while it is still that one
   std::vector<connection> peers;
   std::unique_ptr<zap_handler> zap;  // with keys and a listening socket
   std::set<std::string> refused;  // client keys already reported as refused

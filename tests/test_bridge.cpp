@@ -2,10 +2,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <condition_variable>
+#include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -189,6 +192,62 @@ TEST_CASE("bridge: ipc endpoints and many sending threads", "[bridge]") {
   CHECK(access(file.c_str(), F_OK) == 0);
   b.stop();
   CHECK(access(file.c_str(), F_OK) != 0);
+}
+
+TEST_CASE("bridge: an ipc path that holds a file or a live socket is refused and left alone, a stale socket is taken", "[bridge]") {
+  const std::string file = "/tmp/ringmaster-test-owned-" + std::to_string(getpid()) + ".ipc";
+  const std::string path = "ipc://" + file;
+  std::string err;
+  {
+    // Someone's file: libzmq would unlink it before binding.
+    { std::ofstream(file) << "precious"; }
+    bridge b;
+    CHECK_FALSE(b.start(path, &err));
+    CHECK(err.find("a file that is not a socket is there; it is left alone") != std::string::npos);
+    std::ifstream in(file);
+    std::string text;
+    in >> text;
+    CHECK(text == "precious");
+    unlink(file.c_str());
+  }
+  {
+    // A daemon serving there now: a second one must not take its endpoint, and the first keeps serving.
+    bridge a, b, c;
+    inbox ia;
+    ia.attach(a);
+    REQUIRE(a.start(path, &err));
+    CHECK_FALSE(b.start(path, &err));
+    CHECK(err.find("another process is listening there") != std::string::npos);
+    b.stop();  // a bridge that never started removes nothing
+    REQUIRE(c.start("", &err));
+    const int peer = c.connect(path, &err);
+    REQUIRE(peer >= 0);
+    wire::header h;
+    h.type = msg_type::report;
+    c.send(peer, h);
+    CHECK(ia.wait_messages(1, 10s));
+    // Someone else's socket put there after ours was removed stays when we stop.
+    unlink(file.c_str());
+    { std::ofstream(file) << "theirs"; }
+    a.stop();
+    CHECK(access(file.c_str(), F_OK) == 0);
+    unlink(file.c_str());
+  }
+  {
+    // A socket left by a process that is gone (nothing accepts on it): taken.
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", file.c_str());
+    REQUIRE(bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
+    close(fd);  // the file stays
+    REQUIRE(access(file.c_str(), F_OK) == 0);
+    bridge b;
+    CHECK(b.start(path, &err));
+    b.stop();
+    CHECK(access(file.c_str(), F_OK) != 0);
+  }
 }
 
 TEST_CASE("bridge: garbage from a raw socket is dropped and the bridge keeps serving", "[bridge]") {

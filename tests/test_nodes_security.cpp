@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <algorithm>
 #include <atomic>
@@ -458,6 +459,15 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
   const test::run_result no_data = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --data /nonexistent");
   CHECK(no_data.status == 2);
   CHECK(no_data.out.find("--data /nonexistent is not a folder") != std::string::npos);
+  // An ipc path where a file is: ZeroMQ would have deleted it to bind there.
+  const std::string file = "/tmp/ringmaster-test-not-a-socket-" + std::to_string(getpid());
+  { std::ofstream(file) << "keep"; }
+  const test::run_result on_file = test::run("timeout 10 " + std::string(RINGMASTER_NODE_BIN) + " --listen ipc://" + file);
+  CHECK(on_file.status == 1);
+  CHECK(on_file.out.find("cannot start: ipc://" + file + ": a file that is not a socket is there; it is left alone") !=
+        std::string::npos);
+  CHECK(access(file.c_str(), F_OK) == 0);
+  unlink(file.c_str());
 }
 
 TEST_CASE("node daemons on IPv6 loopback: launcher and ring chunks (sealed, over TCP) reach them at tcp://[::1]:P", "[nodes][keys]") {
@@ -885,6 +895,61 @@ TEST_CASE("a lying node that answers the job with train=abc, params=-1, another 
   CHECK(r.error.find(char(27)) == std::string::npos);
   CHECK(r.error.find(char(7)) == std::string::npos);
   liar.stop();
+}
+
+TEST_CASE("one daemon reached at two addresses in --nodes is named as one node, exit 2", "[nodes]") {
+  // Listening on every address: 127.0.0.1 and 127.0.0.2 are the same daemon. (Text alone cannot tell.)
+  const int port = test::free_port();
+  test::daemon_process d({RINGMASTER_NODE_BIN}, "tcp://0.0.0.0:" + std::to_string(port), "cpu:1", RINGMASTER_DATA_DIR);
+  std::this_thread::sleep_for(300ms);
+  const std::string a = "tcp://127.0.0.1:" + std::to_string(port), b = "tcp://127.0.0.2:" + std::to_string(port);
+  const test::run_result r = test::run(std::string(RINGMASTER_MNIST_BIN) + " --epochs 1 --limit-train 256 --nodes " + a + "," + b);
+  INFO(r.out);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--nodes " + a + " and " + b + " are one node (the same daemon answered both): name each node once") !=
+        std::string::npos);
+  CHECK(r.out.find("Epoch") == std::string::npos);
+}
+
+TEST_CASE("a node stopped while it sets up a job is named as stopped at once, not waited for as a silent one", "[nodes]") {
+  // As a daemon stopped by Ctrl-C while it loads the job's data answers the plan (node_service::stop).
+  wire::kv_map abort = {{"reason", "node quitter was stopped (SIGINT)"}, {"stopped", "SIGINT"}};
+  net::bridge_options bo;
+  std::string err;
+  REQUIRE(net::load_or_create_keys(net::default_key_dir(), &bo.keys, &err));
+  bo.authorize = [](const std::string&) { return true; };
+  net::bridge quitter(bo);
+  quitter.set_handler([&](const net::peer_info& from, const wire::header& h, net::payload) {
+    wire::kv_map kv;
+    wire::header r;
+    r.job_id = h.job_id;
+    if (h.type == wire::msg_type::hello) {
+      r.type = wire::msg_type::hello_ack;
+      kv = {{"name", "quitter"}, {"id", "quitter"}, {"devices", "cpu:1"}, {"version", "3"}};
+    } else if (h.type == wire::msg_type::job) {
+      r.type = wire::msg_type::abort;
+      kv = abort;
+    } else {
+      return;
+    }
+    std::string text, e;
+    wire::encode_kv(kv, &text, &e);
+    quitter.reply(from, r, net::payload::copy_of(text));
+  });
+  quitter.set_error_handler([](const net::bridge_error&) {});
+  REQUIRE(quitter.start("tcp://127.0.0.1:0", &err));
+  remote_options ro;
+  ro.nodes = {quitter.endpoint()};
+  auto t0 = std::chrono::steady_clock::now();
+  train_result r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error == "node " + quitter.endpoint() + " was stopped (SIGINT) while it set up the job");
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);  // was "did not answer within 5.00 s"
+  // Any other abort: its reason.
+  abort = {{"reason", "out of patience"}};
+  r = train_remote(small_job(), ro);
+  CHECK(r.error == "node " + quitter.endpoint() + " gave up the job as it set it up: out of patience");
+  quitter.stop();
 }
 
 TEST_CASE("a node of another release is named as such at once, not waited for as a silent one", "[nodes]") {
