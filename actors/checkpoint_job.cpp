@@ -19,6 +19,9 @@ namespace fs = std::filesystem;
 std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::shared_ptr<const void>* lock) {
   if (dir.empty()) return "no folder given";
   struct stat st {};
+  // Nothing to resume from: say so, and leave no empty folder behind (a typo would make one).
+  if (resuming && ::stat(dir.c_str(), &st) != 0 && errno == ENOENT)
+    return "there is no folder " + dir + ", so no checkpoint to resume from (a run writes them there when started with --checkpoint-dir " + dir + ")";
   // Another launcher may make it at the same moment: then it is there.
   if (::stat(dir.c_str(), &st) != 0 && (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST))
     return "cannot create folder " + dir + ": " + std::strerror(errno);

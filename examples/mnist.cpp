@@ -6,6 +6,7 @@
 //   ringmaster-mnist --help
 //
 // Exit status: 0 done, 1 the job failed, 2 bad command line or input data.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -41,6 +43,7 @@ struct options {
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string optimizer = "adam";
   std::string save, report_json, device = "cpu";
+  std::shared_ptr<const void> held[2];  // --report-json's and --save's FIFO, held open from the start (check_writable)
   double lr = -1;
   int64_t limit_train = 0, limit_test = 0;
   std::string nodes, key_dir;
@@ -61,8 +64,10 @@ struct options {
 };
 
 // "" when `path` (if given) can be written when the run ends: its folder exists and takes files, and the
-// file, if it is there, is a file we may overwrite. Nothing is created or changed.
-std::string check_writable(const std::string& path) {
+// file, if it is there, is a file we may overwrite, or a FIFO something reads from now (written through
+// at the end: with no reader the run's result would be lost after training). Such a FIFO is held open in
+// *hold until then, so that its reader does not see its end before. Nothing is created or changed.
+std::string check_writable(const std::string& path, std::shared_ptr<const void>* hold) {
   if (path.empty()) return "";
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
@@ -76,6 +81,12 @@ std::string check_writable(const std::string& path) {
   if (stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) return "cannot write " + path + ": it is a folder";
     if (access(path.c_str(), W_OK) != 0) return "cannot write " + path + ": the file is not writable";
+    if (S_ISFIFO(st.st_mode)) {
+      const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      if (fd < 0)
+        return "cannot write " + path + ": " + (errno == ENXIO ? "a FIFO nothing reads from (start its reader first)" : std::strerror(errno));
+      *hold = std::shared_ptr<const void>(nullptr, [fd](const void*) { ::close(fd); });
+    }
   }
   return "";
 }
@@ -365,7 +376,7 @@ int main(int argc, char** argv) {
   };
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
     if (!in_checkpoint_dir(path))
-      if (std::string why = check_writable(path); !why.empty()) return usage_error(std::string(flag) + ": " + why);
+      if (std::string why = check_writable(path, &o.held[flag[2] == 's']); !why.empty()) return usage_error(std::string(flag) + ": " + why);
   if (o.checkpoint_dir.empty() && (vm.count("checkpoint-every") || o.resume || vm.count("crash-after-checkpoint")))
     return usage_error(std::string(o.resume ? "--resume" : vm.count("checkpoint-every") ? "--checkpoint-every" : "--crash-after-checkpoint") +
                        " needs --checkpoint-dir");
@@ -384,7 +395,7 @@ int main(int argc, char** argv) {
   }
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
     if (in_checkpoint_dir(path))
-      if (std::string why = check_writable(path); !why.empty()) return usage_error(std::string(flag) + ": " + why);
+      if (std::string why = check_writable(path, &o.held[flag[2] == 's']); !why.empty()) return usage_error(std::string(flag) + ": " + why);
   if (!nodes.empty()) {
     const int n = int(nodes.size()) * o.replicas_per_node;
     if (!vm["replicas"].defaulted() && c.replicas != n)
@@ -467,8 +478,9 @@ int main(int argc, char** argv) {
   }
 
   if (!nodes.empty()) {
-    std::printf("ringmaster-mnist: model %s, %d replicas on %zu nodes, global batch %d (%d per replica), %s lr %g\n",
-                c.model.size() > 40 ? "(JSON)" : c.model.c_str(), c.replicas, nodes.size(), c.global_batch, c.global_batch / c.replicas,
+    std::printf("ringmaster-mnist: model %s, %d replica%s on %zu node%s, global batch %d (%d per replica), %s lr %g\n",
+                c.model.size() > 40 ? "(JSON)" : c.model.c_str(), c.replicas, c.replicas == 1 ? "" : "s", nodes.size(),
+                nodes.size() == 1 ? "" : "s", c.global_batch, c.global_batch / c.replicas,
                 o.optimizer.c_str(), double(c.opt.lr));
     c.evaluate = !o.no_eval;
     // The file is written here, from the layout of this program's layers: refuse now, not after training,
@@ -553,7 +565,7 @@ int finish(const options& o, const train_result& r) {
     return 1;
   }
   const epoch_stats& last = r.history.back();
-  std::printf("Done: %lld epochs", (long long)c.epochs);
+  std::printf("Done: %lld epoch%s", (long long)c.epochs, c.epochs == 1 ? "" : "s");
   // A resumed run trained only the rest: its time and rate are of that part; its metrics are whole.
   if (c.resume) std::printf(" (resumed after epoch %lld, step %lld)", (long long)c.resume->epoch(), (long long)c.resume->epoch_step());
   std::printf(" in %.2fs (training %.2fs, %.0f samples/s)", r.wall_seconds, r.train_seconds,

@@ -1,5 +1,6 @@
 // Checkpoints and --resume: the file on its own (read back exactly, damage noticed, older files pruned),
 // then through the real launcher, killed after a checkpoint and resumed, locally and on node daemons.
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,9 +13,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -571,7 +574,11 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
     std::string args, says;
   };
   const std::string empty = fresh_dir("empty");
+  const std::string fifo = empty + "/report.fifo";  // nothing reads it: once found after training
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   const std::vector<bad> cases = {
+      {"--report-json " + fifo, "--report-json: cannot write " + fifo + ": a FIFO nothing reads from (start its reader first)"},
+      {"--save " + fifo, "--save: cannot write " + fifo + ": a FIFO nothing reads from"},
       {"--checkpoint-dir /nonexistent/ck", "--checkpoint-dir: cannot create folder /nonexistent/ck: No such file or directory"},
       {"--checkpoint-dir /etc/hostname", "--checkpoint-dir: /etc/hostname is not a folder"},
       {"--checkpoint-dir /sys/kernel", "--checkpoint-dir: "},  // not writable, even for root
@@ -579,6 +586,8 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
       {"--resume", "--resume needs --checkpoint-dir"},
       {"--checkpoint-dir " + empty + " --checkpoint-every 0", "--checkpoint-every must be at least 1"},
       {"--checkpoint-dir " + empty + " --resume", "--resume: no checkpoint (ckpt-E-S.safetensors) in " + empty},
+      // A folder not there (a typo): nothing to resume, and none is made.
+      {"--checkpoint-dir " + empty + "/typo --resume", "--checkpoint-dir: there is no folder " + empty + "/typo, so no checkpoint to resume from"},
       // Names ckpt-* in the folder are the job's: weights saved so would be overwritten or pruned as a
       // checkpoint; so too in a folder not made yet.
       {"--checkpoint-dir " + empty + " --save " + empty + "/ckpt-1-0.safetensors",
@@ -598,6 +607,20 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
     CHECK(r.out.find(b.says) != std::string::npos);
     CHECK(r.out.find("Epoch") == std::string::npos);  // nothing trained
   }
+  CHECK(access((empty + "/typo").c_str(), F_OK) != 0);
+  // With its reader there it is held open from the start, so the reader sees the whole report, then its end.
+  std::string got;
+  std::thread reader([&] {
+    std::ifstream in(fifo);
+    got.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const run_result ok = mnist("--epochs 1 --limit-train 256 --limit-test 64 -q --report-json " + fifo);
+  if (const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK); fd >= 0) ::close(fd);  // a reader left waiting: let it go
+  reader.join();
+  CHECK(ok.status == 0);
+  CHECK(got.find("\"test_accuracy\"") != std::string::npos);
+  CHECK(got.find("\"unmeasured_samples\"") != std::string::npos);
 }
 
 TEST_CASE("checkpoint: one run a folder, outputs into a folder made for checkpoints and under long names, and a "

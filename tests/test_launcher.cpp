@@ -150,7 +150,7 @@ TEST_CASE("launcher: --report-json /dev/stdout with stdout in a file adds the re
   REQUIRE(close != std::string::npos);
   const nlohmann::json j = nlohmann::json::parse(text.substr(open + 1, close - open + 2));
   CHECK(j["epochs"] == 1);
-  CHECK(text.find("Done: 1 epochs") != std::string::npos);
+  CHECK(text.find("Done: 1 epoch in") != std::string::npos);
 }
 
 TEST_CASE("launcher: --model cnn trains one short epoch and writes its report and Keras-layout weights", "[launcher][cnn]") {
