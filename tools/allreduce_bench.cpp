@@ -211,6 +211,16 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   if (o->worker_rank >= 0 && (o->endpoints.size() != size_t(o->ranks) || o->worker_rank >= o->ranks))
     return "a worker needs --endpoints with one endpoint per rank";
   if (o->security.empty()) o->security = o->transport == "tcp" ? "sealed" : "curve";
+  // Each rank holds its buffer and about as much again in chunks in flight and copies; all ranks are on
+  // this machine. Too much would end in std::bad_alloc or the OOM killer, after the smaller sizes ran.
+  const double largest = double(*std::max_element(o->sizes.begin(), o->sizes.end()));
+  const double need = 2.0 * largest * o->ranks, ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (o->worker_rank < 0 && ram > 0 && need > ram) {
+    char text[200];
+    std::snprintf(text, sizeof text, "--sizes: %.0f bytes on %d ranks needs about %.1f GiB of memory, more than this machine's %.1f GiB",
+                  largest, o->ranks, need / (1 << 30), ram / (1 << 30));
+    return text;
+  }
   if (o->gloo && o->transport == "inproc")
     return "--compare gloo: with --transport ipc, tcp or shm (Gloo's ring runs between processes)";
   if (o->floor == 1 && (o->transport != "tcp" || o->ranks < 2)) return "--compare floor: with --transport tcp and 2 ranks or more";
