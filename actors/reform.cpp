@@ -129,6 +129,14 @@ std::string check_reform(const job_plan& current, const job_plan& next) {
   return "";
 }
 
+int64_t rejoin_step(int64_t seen, int64_t spe, int64_t total_steps, int64_t ahead, int64_t least) {
+  if (spe <= 0 || seen < 0 || total_steps <= spe) return -1;
+  const int64_t at = (seen + std::max<int64_t>(0, ahead) + spe - 1) / spe * spe;
+  if (at < total_steps) return at;
+  const int64_t last = (total_steps - 1) / spe * spe;  // the last epoch's start: the end of the one before
+  return last > 0 && last >= seen + std::max<int64_t>(0, least) ? last : -1;
+}
+
 std::string rank_list(const std::vector<int>& rs) {
   bool contiguous = !rs.empty() && rs.back() - rs.front() == int(rs.size()) - 1;
   if (contiguous && rs.size() > 1) return std::to_string(rs.front()) + "-" + std::to_string(rs.back());

@@ -63,6 +63,13 @@ bool make_grow(const job_plan& current, int node, int ranks, const plan_node& en
 // may name a new routing id, host and ring port, and must name a later life. "" or what does not fit.
 std::string check_reform(const job_plan& current, const job_plan& next);
 
+// The step after which a node that is back rejoins: an epoch's end (a multiple of steps_per_epoch) at
+// least `ahead` steps past `seen` (the ring's pace times the time it takes to set up, with a margin),
+// or, when the job ends before that, the last epoch's end at least `least` steps past `seen` (the
+// setup without the margin: if the node is not ready by then the join is given up, which costs only
+// the try). -1 when no epoch's end is left for it.
+int64_t rejoin_step(int64_t seen, int64_t steps_per_epoch, int64_t total_steps, int64_t ahead, int64_t least);
+
 // "2-3" or "1,4": a list of ranks as messages show it.
 std::string rank_list(const std::vector<int>& ranks);
 

@@ -617,3 +617,19 @@ TEST_CASE("reform: a replica paused a step behind takes the state of one that fi
   CHECK(down);
   CHECK(err.find("paused after 4 steps, it was sent the state after 6") != std::string::npos);
 }
+
+TEST_CASE("reform: a node that is back rejoins at the first epoch's end it has time for, or the last one", "[reform]") {
+  // 100 steps an epoch, 6 epochs: step 150 seen.
+  CHECK(rejoin_step(150, 100, 600, 30, 16) == 200);
+  CHECK(rejoin_step(150, 100, 600, 50, 16) == 200);  // exactly at an epoch's end
+  CHECK(rejoin_step(150, 100, 600, 51, 16) == 300);
+  // A margin that reaches past the job's end (the pace of a ring with more nodes, say): the last epoch's
+  // end, which was refused with epochs still to go.
+  CHECK(rejoin_step(150, 100, 600, 1000, 16) == 500);
+  CHECK(rejoin_step(480, 100, 600, 1000, 16) == 500);
+  // Too close to it for the setup itself, or in the last epoch, or a job of one epoch: none.
+  CHECK(rejoin_step(490, 100, 600, 1000, 16) == -1);
+  CHECK(rejoin_step(520, 100, 600, 30, 16) == -1);
+  CHECK(rejoin_step(10, 100, 100, 16, 16) == -1);
+  CHECK(rejoin_step(10, 0, 100, 16, 16) == -1);
+}
