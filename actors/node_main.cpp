@@ -175,6 +175,10 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     std::fprintf(stderr, "%s: --ring-port must be a port number, 0-65535 (0: any free port)\n", prog.c_str());
     return 2;
   }
+  if (o.ring_port != 0 && o.listen.substr(o.listen.rfind(':') + 1) == std::to_string(o.ring_port)) {
+    std::fprintf(stderr, "%s: --ring-port %d is the --listen port: ring chunks need a port of their own\n", prog.c_str(), o.ring_port);
+    return 2;
+  }
   // Every connection holds a file descriptor: take all the system allows us (the soft limit is often 1024).
   rlimit files{};
   if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {

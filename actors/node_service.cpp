@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <condition_variable>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <deque>
@@ -264,7 +265,12 @@ struct node_service::impl {
   void setup(const net::peer_info& from, const wire::header& h, const net::payload& p) {
     // Which job, and whose, is none of the asker's business. Before the plan is read: a flood of large
     // plans must not keep this thread from the running job's heartbeats.
-    if (job) return refuse(from, h.job_id, "busy with another job");
+    if (job) {
+      char gone[120];  // a launcher stopped with kill -9 leaves its job here until then
+      std::snprintf(gone, sizeof gone, " (one whose launcher is gone is dropped within %.0f s)",
+                    std::ceil(std::chrono::duration<double>(opt.launcher_timeout).count()));
+      return refuse(from, h.job_id, std::string("busy with another job") + gone);
+    }
     job_plan plan;
     std::string error;
     if (!from_json(p.text(), &plan, &error)) return refuse(from, h.job_id, error, true);  // "job plan: ..."

@@ -26,6 +26,12 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     failed.error = "no nodes given";
     return failed;
   }
+  for (const std::string& node : ro.nodes)
+    if (!net::check_endpoint(node, false, &failed.error) || !net::check_host_resolves(node, &failed.error)) {
+      failed.error = "node " + failed.error;
+      failed.invalid = true;
+      return failed;
+    }
   if (ro.replicas_per_node < 1) {
     failed.error = "replicas per node must be at least 1";
     return failed;

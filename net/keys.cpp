@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -247,6 +248,11 @@ bool split_endpoint_key(const std::string& text, std::string* endpoint, std::str
 }
 
 bool check_endpoint(const std::string& endpoint, bool any_port, std::string* error) {
+  // Plans and known_nodes carry endpoints as printable ASCII; a host name in another script has an
+  // ASCII form (xn--...).
+  for (unsigned char c : endpoint)
+    if (c <= ' ' || c >= 0x7f)
+      return fail(error, "'" + endpoint + "': an endpoint is printable ASCII without spaces (write a host name in its ASCII form, xn--...)");
   if (endpoint.rfind("ipc://", 0) == 0)
     return endpoint.size() > 6 ? true : fail(error, "'" + endpoint + "' names no path");
   if (endpoint.rfind("tcp://", 0) != 0) return fail(error, "'" + endpoint + "' is not a tcp:// or ipc:// endpoint");
@@ -268,6 +274,22 @@ bool check_endpoint(const std::string& endpoint, bool any_port, std::string* err
     return fail(error, "'" + endpoint + "': the port must be a number in " + range);
   // 017601 is 17601 to the socket but another endpoint to known_nodes and to a check for a node given twice.
   if (port.size() > 1 && port[0] == '0') return fail(error, "'" + endpoint + "': write the port without leading zeros");
+  return true;
+}
+
+bool check_host_resolves(const std::string& endpoint, std::string* error) {
+  if (endpoint.rfind("tcp://", 0) != 0) return true;
+  std::string host = endpoint.substr(6, endpoint.rfind(':') - 6);
+  if (host.size() > 2 && host.front() == '[') return true;  // an IPv6 address
+  in_addr a4{};
+  if (host == "*" || inet_pton(AF_INET, host.c_str(), &a4) == 1) return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (found) ::freeaddrinfo(found);
+  if (rc == EAI_NONAME || rc == EAI_NODATA)
+    return fail(error, "'" + endpoint + "': no host is named '" + host + "' (the name does not resolve)");
   return true;
 }
 

@@ -456,6 +456,8 @@ TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
       {"udp://h:1", "is not a tcp:// or ipc:// endpoint"},
       {"tcp://::1:5601", "write an IPv6 address in brackets, tcp://[::1]:5601"},
       {"tcp://[::1:5601", "write an IPv6 address in brackets, tcp://[::1]:5601"},
+      {"tcp://h\xc3\xb4st:1", "an endpoint is printable ASCII without spaces"},  // a plan could not carry it
+      {"tcp://a b:1", "an endpoint is printable ASCII without spaces"},
   };
   for (const auto& [endpoint, says] : bad) {
     INFO(endpoint);
@@ -475,6 +477,14 @@ TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
     INFO(name);
     CHECK_FALSE(net::check_listen_host(name, &err));
     CHECK(err.find("is neither an IP address nor a network interface of this machine") != std::string::npos);
+  }
+  // A launcher's nodes: a name that does not resolve is said at once (.invalid never does); addresses,
+  // names that resolve and ipc paths pass.
+  CHECK_FALSE(net::check_host_resolves("tcp://nosuchhost.invalid:1", &err));
+  CHECK(err == "'tcp://nosuchhost.invalid:1': no host is named 'nosuchhost.invalid' (the name does not resolve)");
+  for (const char* ok : {"tcp://localhost:1", "tcp://127.0.0.1:1", "tcp://[::1]:1", "ipc:///tmp/x"}) {
+    INFO(ok);
+    CHECK(net::check_host_resolves(ok, &err));
   }
   // An address, but of another machine (TEST-NET and IPv6 documentation addresses are nobody's).
   CHECK_FALSE(net::check_listen_host("tcp://192.0.2.1:1", &err));

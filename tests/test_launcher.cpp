@@ -335,6 +335,8 @@ TEST_CASE("launcher: unwritable outputs and a node named twice exit 2 before tra
       {"--save /tmp/rm-same.bin --report-json /tmp/./rm-same.bin", "--save and --report-json name one file"},
       {"--nodes tcp://127.0.0.1:112537", "--nodes: 'tcp://127.0.0.1:112537': the port must be a number in 1-65535"},
       {"--nodes tcp://127.0.0.1", "--nodes: 'tcp://127.0.0.1' is not tcp://HOST:PORT"},
+      // Once said only after 5 s, as a node that did not answer.
+      {"--nodes tcp://nosuchhost.invalid:5601", "node 'tcp://nosuchhost.invalid:5601': no host is named 'nosuchhost.invalid'"},
       {"--save ''", "--save must not be empty"},
       {"--report-json ''", "--report-json must not be empty"},
       {"--checkpoint-dir ''", "--checkpoint-dir must not be empty"},

@@ -415,6 +415,12 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
                                            " --ring-port " + std::to_string(port));
   CHECK(taken.status == 1);
   CHECK(taken.out.find("the ring port 127.0.0.1:" + std::to_string(port) + ": address already in use") != std::string::npos);
+  // Its own listen port: once "address already in use" (exit 1), as if another program held it.
+  const test::run_result same = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://127.0.0.1:" + std::to_string(port) +
+                                          " --ring-port " + std::to_string(port));
+  CHECK(same.status == 2);
+  CHECK(same.out.find("--ring-port " + std::to_string(port) + " is the --listen port: ring chunks need a port of their own") !=
+        std::string::npos);
   const test::run_result bad = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --ring-port 70000");
   CHECK(bad.status == 2);
   CHECK(bad.out.find("--ring-port must be a port number") != std::string::npos);
@@ -526,7 +532,7 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   plan.job_id = job.job_id = 77;
   plan.recipient = 0;
   const std::string busy = send_and_read_error(a.node->endpoint(), job, to_json(plan));
-  CHECK(busy == "node node-a: busy with another job (invalid=0)");
+  CHECK(busy == "node node-a: busy with another job (one whose launcher is gone is dropped within 4 s) (invalid=0)");
   CHECK(busy.find(id_text) == std::string::npos);
 
   // A chunk said to come from rank 0 (which node-a runs), sent to node-b by a stranger who knows the job id.
