@@ -107,23 +107,14 @@ const char* kUsage =
     "                    gloo (ipc/tcp/shm): Gloo's ring (PyTorch, tools/gloo_allreduce.py) over TCP\n"
     "                    loopback; none: neither\n";
 
+// "4096", "4K", "64M", "1G" (x1024), at most 1 TiB.
 bool parse_size(const std::string& s, size_t* out) {
-  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) return false;
-  size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(s, &pos);
-  } catch (...) {
-    return false;
-  }
-  const std::string suffix = s.substr(pos);
-  unsigned long long mul = 1;
-  if (suffix == "K" || suffix == "k") mul = 1ull << 10;
-  else if (suffix == "M" || suffix == "m") mul = 1ull << 20;
-  else if (suffix == "G" || suffix == "g") mul = 1ull << 30;
-  else if (!suffix.empty()) return false;
-  if (v > (1ull << 40) / mul) return false;
-  *out = size_t(v * mul);
+  const size_t digits = s.find_first_not_of("0123456789");
+  const std::string suffix = digits == std::string::npos ? "" : s.substr(digits);
+  const int shift = suffix.empty() ? 0 : suffix == "K" || suffix == "k" ? 10 : suffix == "M" || suffix == "m" ? 20 : suffix == "G" || suffix == "g" ? 30 : -1;
+  long long v = 0;
+  if (shift < 0 || !parse_int(s.substr(0, digits), 0, (1ll << 40) >> shift, &v)) return false;
+  *out = size_t(v) << shift;
   return true;
 }
 
@@ -211,8 +202,7 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   if (o->worker_rank >= 0 && (o->endpoints.size() != size_t(o->ranks) || o->worker_rank >= o->ranks))
     return "a worker needs --endpoints with one endpoint per rank";
   if (o->security.empty()) o->security = o->transport == "tcp" ? "sealed" : "curve";
-  // Each rank holds its buffer and about as much again in chunks in flight and copies; all ranks are on
-  // this machine. Too much would end in std::bad_alloc or the OOM killer, after the smaller sizes ran.
+  // Each rank (all on this machine) holds its buffer and as much again in chunks and copies: else bad_alloc.
   const double largest = double(*std::max_element(o->sizes.begin(), o->sizes.end()));
   const double need = 2.0 * largest * o->ranks, ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (o->worker_rank < 0 && ram > 0 && need > ram) {
