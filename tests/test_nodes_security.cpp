@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <functional>
+#include <tuple>
 #include <iterator>
 #include <vector>
 #include <zmq.hpp>
@@ -839,36 +840,50 @@ TEST_CASE("a node logs at most 5 lines of one kind of fault per 10 s, however ma
   CHECK(lines == 5);
 }
 
+// A node that speaks our protocol (with our key) and answers as a script says: a hello with hello_ack, a
+// job plan with `on_job` (a message type and its fields), anything else not at all.
+struct scripted_node {
+  std::function<std::pair<wire::msg_type, wire::kv_map>()> on_job;
+  std::unique_ptr<net::bridge> br;
+
+  explicit scripted_node(std::function<std::pair<wire::msg_type, wire::kv_map>()> job) : on_job(std::move(job)) {
+    net::bridge_options bo;
+    std::string err;
+    REQUIRE(net::load_or_create_keys(net::default_key_dir(), &bo.keys, &err));
+    bo.authorize = [](const std::string&) { return true; };
+    br = std::make_unique<net::bridge>(bo);
+    br->set_handler([this](const net::peer_info& from, const wire::header& h, net::payload) {
+      wire::header r;
+      r.job_id = h.job_id;
+      wire::kv_map kv;
+      if (h.type == wire::msg_type::hello) {
+        r.type = wire::msg_type::hello_ack;
+        kv = {{"name", "scripted"}, {"id", "scripted"}, {"devices", "cpu:1"}, {"version", "3"}};
+      } else if (h.type == wire::msg_type::job) {
+        std::tie(r.type, kv) = on_job();
+      } else {
+        return;
+      }
+      std::string text, e;
+      wire::encode_kv(kv, &text, &e);
+      br->reply(from, r, net::payload::copy_of(text));
+    });
+    br->set_error_handler([](const net::bridge_error&) {});
+    REQUIRE(br->start("tcp://127.0.0.1:0", &err));
+  }
+  ~scripted_node() { br->stop(); }
+  std::string endpoint() const { return br->endpoint(); }
+};
+
 TEST_CASE("a lying node that answers the job with train=abc, params=-1, another model or terminal escapes gets a clear "
           "error, not a crash", "[nodes]") {
   std::string train = "abc", params = "1000", train_data = "7", description = "784-64-10", refusal;
-  net::bridge_options bo;
-  std::string err;
-  REQUIRE(net::load_or_create_keys(net::default_key_dir(), &bo.keys, &err));
-  bo.authorize = [](const std::string&) { return true; };
-  net::bridge liar(bo);
-  liar.set_handler([&](const net::peer_info& from, const wire::header& h, net::payload) {
-    wire::kv_map kv;
-    wire::header r;
-    r.job_id = h.job_id;
-    if (h.type == wire::msg_type::hello) {
-      r.type = wire::msg_type::hello_ack;
-      kv = {{"name", "liar"}, {"id", "liar"}, {"devices", "cpu:1"}, {"version", "3"}};
-    } else if (h.type == wire::msg_type::job && !refusal.empty()) {
-      r.type = wire::msg_type::error;
-      kv = {{"error", refusal}};
-    } else if (h.type == wire::msg_type::job) {
-      r.type = wire::msg_type::job_ack;
-      kv = {{"train", train}, {"train_data", train_data}, {"test", "1"}, {"model", "1"}, {"params", params}, {"description", description}};
-    } else {
-      return;
-    }
-    std::string text, e;
-    wire::encode_kv(kv, &text, &e);
-    liar.reply(from, r, net::payload::copy_of(text));
+  scripted_node liar([&]() -> std::pair<wire::msg_type, wire::kv_map> {
+    if (!refusal.empty()) return {wire::msg_type::error, {{"error", refusal}}};
+    return {wire::msg_type::job_ack,
+            {{"train", train}, {"train_data", train_data}, {"test", "1"}, {"model", "1"}, {"params", params}, {"description", description}}};
   });
-  liar.set_error_handler([](const net::bridge_error&) {});
-  REQUIRE(liar.start("tcp://127.0.0.1:0", &err));
+  std::string err;
   remote_options ro;
   ro.nodes = {liar.endpoint()};
   train_result r = train_remote(small_job(), ro);
@@ -900,7 +915,6 @@ TEST_CASE("a lying node that answers the job with train=abc, params=-1, another 
   CHECK(r.error.find("PWNED") != std::string::npos);
   CHECK(r.error.find(char(27)) == std::string::npos);
   CHECK(r.error.find(char(7)) == std::string::npos);
-  liar.stop();
 }
 
 TEST_CASE("one daemon reached at two addresses in --nodes is named as one node, exit 2", "[nodes]") {
@@ -920,30 +934,7 @@ TEST_CASE("one daemon reached at two addresses in --nodes is named as one node, 
 TEST_CASE("a node stopped while it sets up a job is named as stopped at once, not waited for as a silent one", "[nodes]") {
   // As a daemon stopped by Ctrl-C while it loads the job's data answers the plan (node_service::stop).
   wire::kv_map abort = {{"reason", "node quitter was stopped (SIGINT)"}, {"stopped", "SIGINT"}};
-  net::bridge_options bo;
-  std::string err;
-  REQUIRE(net::load_or_create_keys(net::default_key_dir(), &bo.keys, &err));
-  bo.authorize = [](const std::string&) { return true; };
-  net::bridge quitter(bo);
-  quitter.set_handler([&](const net::peer_info& from, const wire::header& h, net::payload) {
-    wire::kv_map kv;
-    wire::header r;
-    r.job_id = h.job_id;
-    if (h.type == wire::msg_type::hello) {
-      r.type = wire::msg_type::hello_ack;
-      kv = {{"name", "quitter"}, {"id", "quitter"}, {"devices", "cpu:1"}, {"version", "3"}};
-    } else if (h.type == wire::msg_type::job) {
-      r.type = wire::msg_type::abort;
-      kv = abort;
-    } else {
-      return;
-    }
-    std::string text, e;
-    wire::encode_kv(kv, &text, &e);
-    quitter.reply(from, r, net::payload::copy_of(text));
-  });
-  quitter.set_error_handler([](const net::bridge_error&) {});
-  REQUIRE(quitter.start("tcp://127.0.0.1:0", &err));
+  scripted_node quitter([&] { return std::make_pair(wire::msg_type::abort, abort); });
   remote_options ro;
   ro.nodes = {quitter.endpoint()};
   auto t0 = std::chrono::steady_clock::now();
@@ -955,7 +946,6 @@ TEST_CASE("a node stopped while it sets up a job is named as stopped at once, no
   abort = {{"reason", "out of patience"}};
   r = train_remote(small_job(), ro);
   CHECK(r.error == "node " + quitter.endpoint() + " gave up the job as it set it up: out of patience");
-  quitter.stop();
 }
 
 TEST_CASE("a node of another release is named as such at once, not waited for as a silent one", "[nodes]") {
