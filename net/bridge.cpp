@@ -235,9 +235,10 @@ bool check_ipc_path(const std::string& path, std::string* error) {
   a.sun_family = AF_UNIX;
   if (path.size() >= sizeof a.sun_path) return true;  // ZeroMQ says "File name too long"
   std::memcpy(a.sun_path, path.data(), path.size());
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Not blocking: a listener whose queue is full (a stopped or wedged daemon) would hold connect() for ever.
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return fail(error, std::string("socket: ") + std::strerror(errno));
-  const bool live = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+  const bool live = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0 || errno == EAGAIN;
   const int err = errno;
   ::close(fd);
   if (live) return fail(error, "ipc://" + path + ": another process is listening there (stop it, or choose another path)");

@@ -234,6 +234,33 @@ TEST_CASE("bridge: an ipc path that holds a file or a live socket is refused and
     unlink(file.c_str());
   }
   {
+    // A listener that accepts nothing and whose queue is full (a stopped daemon): refused, not waited on.
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", file.c_str());
+    REQUIRE(bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(listen(fd, 0) == 0);
+    std::vector<int> queued;
+    for (int i = 0; i < 8; ++i) {
+      const int c = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      if (connect(c, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+        close(c);
+        break;
+      }
+      queued.push_back(c);
+    }
+    bridge b;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_FALSE(b.start(path, &err));
+    CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+    CHECK(err.find("another process is listening there") != std::string::npos);
+    for (int c : queued) close(c);
+    close(fd);
+    unlink(file.c_str());
+  }
+  {
     // A socket left by a process that is gone (nothing accepts on it): taken.
     const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     REQUIRE(fd >= 0);
