@@ -15,14 +15,18 @@
 //
 // Exit status: 0 done, 1 the job failed, 2 bad command line, data or model.
 #include <boost/program_options.hpp>
+#include <charconv>
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
 #include <iostream>
+#include <memory>
 #include <stdexcept>
+#include <tuple>
 
 #include "actors/node_main.hpp"
 #include "actors/remote_job.hpp"
 #include "actors/training.hpp"
+#include "examples/outputs.hpp"
 #include "kernels/layers.hpp"
 #include "kernels/safetensors.hpp"
 #include "net/keys.hpp"
@@ -123,7 +127,7 @@ int train_main(int argc, char** argv) {
   cfg.layers = my_layers();
   cfg.global_batch = 64;
   cfg.epochs = 2;
-  std::string nodes, data = "/usr/share/datasets/fashion-mnist", report, save, key_dir;
+  std::string nodes, data = "/usr/share/datasets/fashion-mnist", report, save, key_dir, seed = std::to_string(cfg.seed);
   bool insecure = false;
   int64_t limit_train = 0, limit_test = 0;
   int per_node = 1;
@@ -139,7 +143,7 @@ int train_main(int argc, char** argv) {
       ("replicas-per-node", po::value(&per_node)->default_value(per_node), "replicas on each node (with --nodes)")
       ("epochs", po::value(&cfg.epochs)->default_value(cfg.epochs), "passes over the training set")
       ("batch", po::value(&cfg.global_batch)->default_value(cfg.global_batch), "global batch size")
-      ("seed", po::value(&cfg.seed)->default_value(cfg.seed), "seed for the initial weights and the shuffles")
+      ("seed", po::value(&seed)->default_value(seed), "seed for the initial weights and the shuffles (0..2^64-1)")
       ("limit-train", po::value(&limit_train), "use only the first N training samples")
       ("limit-test", po::value(&limit_test), "use only the first N test samples")
       ("data", po::value(&data)->default_value(data), "folder with the IDX files (without --nodes; nodes read their own)")
@@ -156,6 +160,16 @@ int train_main(int argc, char** argv) {
     std::cout << desc << "\nExample: custom_layer train --nodes tcp://127.0.0.1:5701,tcp://127.0.0.1:5702\n";
     return 0;
   }
+  // As text: an unsigned option would take -1 for 2^64-1.
+  if (const auto [end, ec] = std::from_chars(seed.data(), seed.data() + seed.size(), cfg.seed); ec != std::errc() || end != seed.data() + seed.size())
+    return usage_error("--seed must be a whole number in 0..18446744073709551615, not '" + seed + "'", "train");
+  // Outputs are checked now, not after training; one file for both would keep only the report.
+  std::error_code ec;
+  if (!save.empty() && std::filesystem::weakly_canonical(save, ec) == std::filesystem::weakly_canonical(report, ec))
+    return usage_error("--save and --report-json name one file, " + save + ": give each a path of its own", "train");
+  std::shared_ptr<const void> held[2];  // a FIFO's reader must not see its end before we write
+  for (const auto& [flag, path, hold] : {std::tuple{"--save", &save, &held[0]}, {"--report-json", &report, &held[1]}})
+    if (std::string why = examples::check_writable(*path, hold); !why.empty()) return usage_error(std::string(flag) + ": " + why, "train");
   if (cfg.epochs < 1) return usage_error("--epochs must be at least 1", "train");
   if (limit_train < 0 || limit_test < 0) return usage_error("--limit-train/--limit-test must be >= 0", "train");
   if (per_node < 1 || per_node > 256) return usage_error("--replicas-per-node must be in 1..256", "train");
@@ -225,9 +239,9 @@ int train_main(int argc, char** argv) {
     json j = {{"ok", true}, {"replicas", cfg.replicas}, {"nodes", endpoints.size()}, {"epochs", cfg.epochs},
               {"identical", r.identical}, {"weights_checksum", "fnv1a64:" + hex(r.checksums[0])},
               {"test_accuracy", last.val_accuracy}, {"test_loss", last.val_loss}, {"model", r.model}};
-    std::ofstream f(report, std::ios::trunc);
-    if (!(f << j.dump(2) << "\n") || !f.flush()) {
-      std::fprintf(stderr, "custom_layer: %s: cannot write the report\n", report.c_str());
+    const std::string text = j.dump(2) + "\n";
+    if (!write_output(report, {{text.data(), text.size()}}, &error)) {
+      std::fprintf(stderr, "custom_layer: %s\n", error.c_str());
       return 1;
     }
   }

@@ -1,6 +1,9 @@
 // A user-defined layer everywhere a job runs, through the real programs: examples/custom_layer's own
 // daemons (custom_layer serve) know its channel_scale layer, and training on two of them equals training
 // in one process bit for bit; a plain ringmaster-node refuses such a job naming the layer type.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <string>
@@ -100,6 +103,9 @@ TEST_CASE("custom_layer: a plain ringmaster-node refuses a job with the custom l
 }
 
 TEST_CASE("custom_layer: bad command lines exit 2 with a message, --help exits 0", "[custom_layer]") {
+  const std::string fifo = "/tmp/rm-cl-fifo-" + std::to_string(getpid());
+  std::remove(fifo.c_str());
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
   struct bad {
     std::string args;
     int status;
@@ -112,6 +118,12 @@ TEST_CASE("custom_layer: bad command lines exit 2 with a message, --help exits 0
       {" train --nodes localhost:5601", 2, "not a tcp:// or ipc:// endpoint"},
       {" train --nodes tcp://127.0.0.1:1@bad", 2, "is not a Z85 public key"},
       {" train --insecure --nodes 'tcp://127.0.0.1:1@rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7'", 2, "with --insecure"},
+      // Found before training, not after it (or never: a FIFO with no reader blocked for ever).
+      {" train --seed -1", 2, "--seed must be a whole number in 0..18446744073709551615, not '-1'"},
+      {" train --save /tmp/rm-cl-same --report-json /tmp/./rm-cl-same", 2, "--save and --report-json name one file"},
+      {" train --save /nonexistent/w", 2, "--save: cannot write /nonexistent/w: no folder /nonexistent"},
+      {" train --report-json /tmp", 2, "--report-json: cannot write /tmp: it is a folder"},
+      {" train --report-json " + fifo, 2, "a FIFO nothing reads from"},
       {" serve", 2, "--listen is required"},
       {" serve --listen tcp://127.0.0.1:1 --devices cuda", 2, "CPU-only"},
       {" serve --help", 0, "channel_scale"},  // the layer types it builds
@@ -123,5 +135,7 @@ TEST_CASE("custom_layer: bad command lines exit 2 with a message, --help exits 0
     INFO("custom_layer" << b.args << "\n" << r.out);
     CHECK(r.status == b.status);
     if (!b.says.empty()) CHECK(r.out.find(b.says) != std::string::npos);
+    CHECK(r.out.find("Epoch") == std::string::npos);
   }
+  std::remove(fifo.c_str());
 }
