@@ -171,7 +171,7 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
     if (m.h.type == wire::msg_type::abort) {  // stopped while it set up: say so, not that it fell silent
       const std::string& sig = m.kv["stopped"];
       return "node " + ro.nodes[m.node] +
-             (sig == "SIGTERM" || sig == "SIGINT" ? " was stopped (" + sig + ") while it set up the job"
+             (sig == "SIGTERM" || sig == "SIGINT" || sig == "SIGHUP" ? " was stopped (" + sig + ") while it set up the job"
                                                   : " gave up the job as it set it up: " + node_text(m.kv["reason"], kMaxNodeError));
     }
     if (m.h.type != type || got[m.node]) continue;
@@ -575,7 +575,7 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       wire::decode_kv(p.text(), &kv, &error);
       // A node stopped by a signal is a lost node (elastic jobs go on without it), and so is one that fails
       // before its first step after it rejoined; other aborts end the job.
-      if (kv["stopped"] == "SIGTERM" || kv["stopped"] == "SIGINT") return node_lost(node, "was stopped (" + kv["stopped"] + ")");
+      if (kv["stopped"] == "SIGTERM" || kv["stopped"] == "SIGINT" || kv["stopped"] == "SIGHUP") return node_lost(node, "was stopped (" + kv["stopped"] + ")");
       if (node == fresh) return node_lost(node, "failed before its first step after it rejoined: " + node_text(kv["reason"]));
       kill_node(node, kv.count("reason") ? node_text(kv["reason"], kMaxNodeError) : "node " + ro.nodes[node] + " aborted the job");
       return;

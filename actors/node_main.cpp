@@ -31,7 +31,7 @@ std::string program_name(int argc, char** argv) {
   return p.empty() ? "ringmaster-node" : p;
 }
 
-// Blocks SIGINT and SIGTERM in this thread (and so in every thread started from here on) for as long as
+// Blocks SIGINT, SIGTERM and SIGHUP (the ssh session it runs in closed) in this thread (and so in every thread started from here on) for as long as
 // it lives, so that sigwait takes them rather than a handler on some other thread; then drops any still
 // pending (a second Ctrl-C during shutdown) and restores the caller's mask.
 class blocked_signals {
@@ -40,6 +40,7 @@ class blocked_signals {
     sigemptyset(&set_);
     sigaddset(&set_, SIGINT);
     sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set_, &old_);
   }
   ~blocked_signals() {
@@ -66,7 +67,7 @@ class blocked_signals {
 int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layers) {
   const std::string prog = program_name(argc, argv);
   // First, before anything may start a thread (CUDA's driver does, asked for its devices), so that every
-  // thread inherits the mask and SIGINT or SIGTERM always reach the sigwait below.
+  // thread inherits the mask and SIGINT, SIGTERM or SIGHUP always reach the sigwait below.
   blocked_signals signals;
   node_options o;
   o.layers = layers;
@@ -204,8 +205,9 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     return 1;
   }
   const int sig = signals.wait();
-  std::fprintf(stderr, "%s: %s received, shutting down\n", prog.c_str(), sig == SIGINT ? "SIGINT" : "SIGTERM");
-  node.stop(sig == SIGINT ? "SIGINT" : "SIGTERM");
+  const char* name = sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM";
+  std::fprintf(stderr, "%s: %s received, shutting down\n", prog.c_str(), name);
+  node.stop(name);
   return 0;
 }
 

@@ -287,7 +287,7 @@ TEST_CASE("a launcher that dies while its node sets up the job frees the node wi
   CHECK_FALSE(a.node->busy());
 }
 
-TEST_CASE("a node stopped with SIGTERM tells the launcher so", "[nodes]") {
+TEST_CASE("a node stopped with SIGTERM or SIGHUP (its ssh session closed) tells the launcher so", "[nodes]") {
   auto nodes = start_nodes(2);
   remote_options ro;
   ro.nodes = endpoints(nodes);
@@ -300,10 +300,11 @@ TEST_CASE("a node stopped with SIGTERM tells the launcher so", "[nodes]") {
   big.evaluate = false;
   ro.limit_train = 12000;
   std::atomic<bool> training{false};
+  int hup_status = -1;
   big.on_progress = [&](const progress& p) { training = training || p.epoch >= 1; };
   std::thread stopper([&] {
     for (int i = 0; i < 6000 && !training; ++i) std::this_thread::sleep_for(10ms);
-    nodes[1]->stop(SIGTERM);
+    hup_status = nodes[1]->stop(SIGHUP);  // once it died without a word: the launcher heard only silence
   });
   train_result r = train_remote(big, ro);
   stopper.join();
@@ -312,7 +313,8 @@ TEST_CASE("a node stopped with SIGTERM tells the launcher so", "[nodes]") {
   REQUIRE(r.ok);
   REQUIRE(r.losses.size() == 1);
   CHECK(r.losses[0].node == nodes[1]->endpoint);
-  CHECK(r.losses[0].why == "was stopped (SIGTERM)");
+  CHECK(r.losses[0].why == "was stopped (SIGHUP)");
+  CHECK((WIFEXITED(hup_status) && WEXITSTATUS(hup_status) == 0));
   // Abort on node loss: the job ends, saying so.
   auto more = start_nodes(2);
   ro.nodes = endpoints(more);
