@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
       "Usage: ringmaster-mnist [options]\n\nOptions");
   desc.add_options()
       ("help,h", "show this help and exit")
-      ("data", po::value(&o.data)->default_value(o.data), "folder with the IDX files (raw or .gz)")
+      ("data", po::value(&o.data)->default_value(o.data), "folder with the IDX files (raw or .gz); not with --nodes (nodes read their own)")
       ("replicas", po::value(&c.replicas)->default_value(c.replicas), "replicas in this process")
       ("device", po::value(&o.device)->default_value(o.device),
        "cpu; cuda (every GPU, one replica each; with --replicas, replicas go round-robin over the GPUs); "
@@ -391,6 +391,8 @@ int main(int argc, char** argv) {
     return usage_error("--on-node-loss must be continue or abort, not '" + o.on_node_loss + "'");
   if (!(o.rejoin_lead >= 0.1 && o.rejoin_lead <= 24 * 3600.0)) return usage_error("--rejoin-lead must be between 0.1 and 86400 seconds");
   if (nodes.empty() && !vm["rejoin-lead"].defaulted()) return usage_error("--rejoin-lead needs --nodes");
+  if (!nodes.empty() && !vm["data"].defaulted())  // it was ignored: a job trained on other data than asked for
+    return usage_error("--data is for a run in this process: with --nodes each node reads its own (ringmaster-node --data DIR)");
   // Our keys now (made on first use), not after the data has loaded: a key directory that is no folder,
   // or one others may write, is a usage error.
   if (!nodes.empty() && !o.insecure) {

@@ -346,6 +346,7 @@ TEST_CASE("launcher: unwritable outputs and a node named twice exit 2 before tra
       {"--lr 1e-320", "--lr is out of float range"},
       {"--rejoin-lead 0 --nodes tcp://127.0.0.1:1", "--rejoin-lead must be between 0.1 and 86400 seconds"},
       {"--rejoin-lead 1", "--rejoin-lead needs --nodes"},
+      {"--data /nonexistent --nodes tcp://127.0.0.1:1", "--data is for a run in this process: with --nodes each node reads its own"},
       {"--model @", "--model @ names no file"},
       {"--nodes tcp://127.0.0.1:017601", "write the port without leading zeros"},
   };
