@@ -35,9 +35,12 @@ std::string check_plan(const job_plan& plan, const node_context& ctx, bool* inva
     return "the job plan has this node join ring generation " + std::to_string(plan.generation) +
            " with the sealing keys of its first life";
   }
+  // What the node offers is how it was started, not a passing state: a job that asks for more or for other
+  // devices is a mistake in its command line (the launcher exits 2), as a bad model is.
   const size_t mine = plan.ranks_on(plan.recipient).size();
+  *invalid = mine > ctx.slots.size() || plan.device != device_kind(ctx.slots[0]);
   if (mine > ctx.slots.size())
-    return "job asks for " + std::to_string(mine) + " replicas, this node offers " + ctx.offers;
+    return "job asks for " + std::to_string(mine) + " replica" + (mine == 1 ? "" : "s") + ", this node offers " + ctx.offers;
   if (plan.device != device_kind(ctx.slots[0]))
     return "job runs on " + plan.device + " replicas, this node offers " + ctx.offers;
   model_desc desc;  // the description's syntax now; its layers and shapes once the data is here

@@ -917,7 +917,7 @@ TEST_CASE("a lying node that answers the job with train=abc, params=-1, another 
   CHECK(r.error.find(char(7)) == std::string::npos);
 }
 
-TEST_CASE("one daemon reached at two addresses in --nodes is named as one node, exit 2", "[nodes]") {
+TEST_CASE("launcher: nodes that do not fit the daemons exit 2: one daemon at two addresses, more replicas than it offers", "[nodes]") {
   // Listening on every address: 127.0.0.1 and 127.0.0.2 are the same daemon. (Text alone cannot tell.)
   const int port = test::free_port();
   test::daemon_process d({RINGMASTER_NODE_BIN}, "tcp://0.0.0.0:" + std::to_string(port), "cpu:1", RINGMASTER_DATA_DIR);
@@ -929,6 +929,12 @@ TEST_CASE("one daemon reached at two addresses in --nodes is named as one node, 
   CHECK(r.out.find("--nodes " + a + " and " + b + " are one node (the same daemon answered both): name each node once") !=
         std::string::npos);
   CHECK(r.out.find("Epoch") == std::string::npos);
+  // It offers cpu:1 (exit 1 once, as if the node had failed).
+  const test::run_result more = test::run(std::string(RINGMASTER_MNIST_BIN) + " --epochs 1 --limit-train 256 --nodes " + a +
+                                          " --replicas-per-node 2");
+  INFO(more.out);
+  CHECK(more.status == 2);
+  CHECK(more.out.find("job asks for 2 replicas, this node offers cpu:1") != std::string::npos);
 }
 
 TEST_CASE("a node stopped while it sets up a job is named as stopped at once, not waited for as a silent one", "[nodes]") {
