@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -199,6 +200,17 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     }
   }
 
+  // A key folder that will not do (a file, a secret key others may read, a damaged key or authorized_keys)
+  // is a mistake in how the node is set up: named before it serves, and with the launcher's exit status.
+  if (!o.insecure) {
+    const std::string dir = o.key_dir.empty() ? net::default_key_dir() : o.key_dir;
+    net::key_pair keys;
+    std::set<std::string> authorized;
+    if (!net::load_or_create_keys(dir, &keys, &error) || !net::read_authorized_keys(dir + "/authorized_keys", &authorized, &error)) {
+      std::fprintf(stderr, "%s: --key-dir: %s\n", prog.c_str(), error.c_str());
+      return 2;
+    }
+  }
   node_service node(o);
   if (!node.start(&error)) {
     std::fprintf(stderr, "%s: cannot start: %s\n", prog.c_str(), error.c_str());

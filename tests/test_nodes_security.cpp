@@ -460,6 +460,14 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
   const test::run_result gpu = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --devices gpu:0");
   CHECK(gpu.status == 2);
   CHECK(gpu.out.find("--devices gpu:0: unknown device kind 'gpu'") != std::string::npos);
+  // A key folder that will not do: exit 2 as the launcher's (exit 1 once, as if it had failed to start).
+  const std::string keys = "/tmp/ringmaster-test-node-keys-" + std::to_string(getpid());
+  { std::ofstream(keys) << "not a folder"; }
+  const test::run_result key_file = test::run("timeout 10 " + std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
+                                              " --key-dir " + keys);
+  CHECK(key_file.status == 2);
+  CHECK(key_file.out.find("--key-dir: ") != std::string::npos);
+  unlink(keys.c_str());
   const test::run_result no_dir = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --key-dir ''");
   CHECK(no_dir.status == 2);
   CHECK(no_dir.out.find("--key-dir must not be empty") != std::string::npos);
