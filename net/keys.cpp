@@ -82,6 +82,9 @@ bool read_text(const std::string& path, std::string* text, bool* missing, std::s
     if (text->size() + size_t(n) > size_t(kMaxKeyFileBytes)) return fail(error, path + " grew past what a key file holds");
     text->append(buf, size_t(n));
   }
+  // A file saved by a Windows editor: its byte-order mark is not part of the first key (its CRLF line
+  // ends are whitespace to the readers already).
+  if (text->rfind("\xEF\xBB\xBF", 0) == 0) text->erase(0, 3);
   return true;
 }
 

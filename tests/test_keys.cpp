@@ -153,6 +153,10 @@ TEST_CASE("authorized_keys and known_nodes files are read line by line, with err
   std::ofstream(dir + "/authorized_keys", std::ios::app) << "not-a-key\n";
   CHECK_FALSE(net::read_authorized_keys(dir + "/authorized_keys", &keys, &err));
   CHECK(err == dir + "/authorized_keys:5: not a Z85 public key (40 characters)");
+  // As a Windows editor saves it: a byte-order mark and CRLF line ends.
+  std::ofstream(dir + "/authorized_keys") << "\xEF\xBB\xBF" << k1.public_key << " alice@a\r\n" << k2.public_key << "\r\n";
+  REQUIRE(net::read_authorized_keys(dir + "/authorized_keys", &keys, &err));
+  CHECK(keys == std::set<std::string>{k1.public_key, k2.public_key});
 
   const std::string known = dir + "/known_nodes", ep = "tcp://10.0.0.1:5601";
   std::string key;
