@@ -32,16 +32,19 @@ std::string program_name(int argc, char** argv) {
   return p.empty() ? "ringmaster-node" : p;
 }
 
-// Blocks SIGINT, SIGTERM and SIGHUP (the ssh session it runs in closed) in this thread (and so in every thread started from here on) for as long as
-// it lives, so that sigwait takes them rather than a handler on some other thread; then drops any still
-// pending (a second Ctrl-C during shutdown) and restores the caller's mask.
+// Blocks SIGINT, SIGTERM and SIGHUP (its ssh session closed; unless ignored, as under nohup) in this
+// thread (and so in every thread started from here on) for as long as it lives, so that sigwait takes
+// them rather than a handler on some other thread; then drops any still pending (a second Ctrl-C during
+// shutdown) and restores the caller's mask.
 class blocked_signals {
  public:
   blocked_signals() {
     sigemptyset(&set_);
     sigaddset(&set_, SIGINT);
     sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGHUP);
+    // Not when the caller ignores it (nohup): blocked, it would stay pending and reach sigwait.
+    struct sigaction was {};
+    if (sigaction(SIGHUP, nullptr, &was) == 0 && was.sa_handler != SIG_IGN) sigaddset(&set_, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set_, &old_);
   }
   ~blocked_signals() {

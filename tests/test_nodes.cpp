@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <zmq.hpp>
@@ -328,6 +330,24 @@ TEST_CASE("a node stopped with SIGTERM or SIGHUP (its ssh session closed) tells 
   stopper2.join();
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("node " + more[1]->endpoint + " (ranks 1) was stopped (SIGTERM)") != std::string::npos);
+}
+
+TEST_CASE("a node daemon under nohup outlives SIGHUP, as nohup asks", "[nodes]") {
+  const std::string log = "/tmp/ringmaster-test-nohup-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  test::daemon_process d({"/usr/bin/nohup", RINGMASTER_NODE_BIN}, test::free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR, log);
+  std::this_thread::sleep_for(500ms);
+  kill(d.pid, SIGHUP);
+  std::this_thread::sleep_for(500ms);
+  int status = 0;
+  CHECK(waitpid(d.pid, &status, WNOHANG) == 0);  // still serving
+  status = d.stop(SIGTERM);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("SIGHUP") == std::string::npos);
+  CHECK(text.find("SIGTERM received, shutting down") != std::string::npos);
+  std::remove(log.c_str());
 }
 
 TEST_CASE("nodes on one host pass ring chunks through shared memory, bit for bit as over the network and as local",
