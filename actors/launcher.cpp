@@ -172,7 +172,8 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
       const std::string& sig = m.kv["stopped"];
       return "node " + ro.nodes[m.node] +
              (sig == "SIGTERM" || sig == "SIGINT" || sig == "SIGHUP" ? " was stopped (" + sig + ") while it set up the job"
-                                                  : " gave up the job as it set it up: " + node_text(m.kv["reason"], kMaxNodeError));
+                                                  : " gave up the job as it set it up" +
+                                                        (m.kv["reason"].empty() ? "" : ": " + node_text(m.kv["reason"], kMaxNodeError)));
     }
     if (m.h.type != type || got[m.node]) continue;
     got[m.node] = true;

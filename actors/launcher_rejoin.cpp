@@ -20,18 +20,18 @@ void launcher::on_back(int node, wire::kv_map& kv) {
     return;
   const std::string& name = ro.nodes[size_t(node)];
   const int64_t spe = steps_per_epoch;
-  // Steps a second: this ring's own pace once it has run two seconds (the fastest second so far may be
-  // from before the loss, when more nodes shared the work, and would put the join past the job's end),
-  // else the faster of that and the fastest second; it is asked again meanwhile.
+  // Steps a second: this ring's own pace once it has run two seconds and 16 steps (the fastest second so
+  // far may be from before the loss, when more nodes shared the work, and would put the join past the
+  // job's end), else the faster of that and the fastest second; it is asked again meanwhile.
   const double ran = std::chrono::duration<double>(clock_type::now() - ring_since).count();
   if (ran < 0.5) return;
   const double pace = double(seen_step - ring_from) / ran;
-  const double rate = ran >= 2 ? pace : std::max(step_rate, pace);
+  const double rate = ran >= 2 && seen_step - ring_from >= 16 ? pace : std::max(step_rate, pace);
   const double setup = join_setup[size_t(node)];
   const double lead = std::max(std::chrono::duration<double>(ro.rejoin_lead).count(), 1.5 * setup) *
                       double(1 + std::min(join_late[size_t(node)], 4));
   const int64_t at = rejoin_step(seen_step, spe, total_steps, std::max<int64_t>(16, int64_t(rate * lead)),
-                                 std::max<int64_t>(16, int64_t(rate * std::max(0.5, setup))));
+                                 std::max<int64_t>(16, int64_t(rate * std::max(1.0, setup))));
   if (at < 0) {
     join_failures[size_t(node)] = kJoinTries;
     return event("node " + name + " is back, but no epoch's end is left for it to rejoin at");

@@ -267,8 +267,8 @@ struct node_service::impl {
     // plans must not keep this thread from the running job's heartbeats.
     if (job) {
       char gone[120];  // a launcher stopped with kill -9 leaves its job here until then
-      std::snprintf(gone, sizeof gone, " (one whose launcher is gone is dropped within %.0f s)",
-                    std::ceil(std::chrono::duration<double>(opt.launcher_timeout).count()));
+      std::snprintf(gone, sizeof gone, " (one whose launcher is gone is dropped within %.0f s)",  // the timeout, and a tick
+                    std::ceil(std::chrono::duration<double>(opt.launcher_timeout).count()) + 1);
       return refuse(from, h.job_id, std::string("busy with another job") + gone);
     }
     job_plan plan;

@@ -27,7 +27,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     return failed;
   }
   for (const std::string& node : ro.nodes)
-    if (!net::check_endpoint(node, false, &failed.error) || !net::check_host_resolves(node, &failed.error)) {
+    if (!net::check_endpoint(node, false, &failed.error)) {
       failed.error = "node " + failed.error;
       failed.invalid = true;
       return failed;
@@ -136,6 +136,14 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   std::vector<wire::kv_map> replies;
   L.broadcast(wire::msg_type::hello, {{"role", "launcher"}});
   failed.error = L.await_all(wire::msg_type::hello_ack, &replies, ro.connect_timeout, ro.connect_timeout);
+  // A node that did not answer because its name does not resolve: a typo, said as such (exit 2). Asked only
+  // now: a lookup may wait for DNS, which ZeroMQ has done meanwhile.
+  for (size_t i = 0; i < ro.nodes.size(); ++i)
+    if (std::string why; failed.error.rfind("node " + ro.nodes[i] + " did not answer", 0) == 0 && !net::check_host_resolves(ro.nodes[i], &why)) {
+      failed.error = "node " + why;
+      failed.invalid = true;
+      return failed;
+    }
   // A silent node we know no key for was expected to share ours: the likeliest cause, said plainly.
   for (size_t i = 0; i < ro.nodes.size() && !ro.insecure; ++i)
     if ((failed.error.rfind("node " + ro.nodes[i] + " did not answer", 0) == 0 ||
@@ -158,7 +166,8 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   for (size_t i = 0; i < ro.nodes.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       if (!L.plan.nodes[i].id.empty() && L.plan.nodes[i].id == L.plan.nodes[j].id) {
-        failed.error = "--nodes " + ro.nodes[j] + " and " + ro.nodes[i] + " are one node (the same daemon answered both): name each node once";
+        failed.error = "--nodes " + ro.nodes[j] + " and " + ro.nodes[i] + " answered with the same id " + ringmaster::quoted(L.plan.nodes[i].id) +
+                       ": one daemon named twice (name each node once), or two started with the same --name (give each its own)";
         failed.invalid = true;
         L.abort_all("bad hello");
         return failed;

@@ -164,8 +164,12 @@ int train_main(int argc, char** argv) {
   if (const auto [end, ec] = std::from_chars(seed.data(), seed.data() + seed.size(), cfg.seed); ec != std::errc() || end != seed.data() + seed.size())
     return usage_error("--seed must be a whole number in 0..18446744073709551615, not '" + seed + "'", "train");
   // Outputs are checked now, not after training; one file for both would keep only the report.
-  std::error_code ec;
-  if (!save.empty() && std::filesystem::weakly_canonical(save, ec) == std::filesystem::weakly_canonical(report, ec))
+  const auto where = [](const std::string& path) {
+    std::error_code ec;
+    const auto p = std::filesystem::weakly_canonical(path, ec);
+    return ec ? std::filesystem::path(path).lexically_normal() : p;
+  };
+  if (!save.empty() && !report.empty() && where(save) == where(report))
     return usage_error("--save and --report-json name one file, " + save + ": give each a path of its own", "train");
   std::shared_ptr<const void> held[2];  // a FIFO's reader must not see its end before we write
   for (const auto& [flag, path, hold] : {std::tuple{"--save", &save, &held[0]}, {"--report-json", &report, &held[1]}})
@@ -183,6 +187,8 @@ int train_main(int argc, char** argv) {
     endpoints.push_back(e);
     node_keys.push_back(key);
   }
+  if (!endpoints.empty() && !vm["data"].defaulted())  // it was ignored: a job trained on other data than asked for
+    return usage_error("--data is for a run in this process: with --nodes each node reads its own", "train");
   if (!endpoints.empty()) cfg.replicas = int(endpoints.size()) * per_node;
   if (cfg.replicas < 1 || cfg.replicas > 1024) return usage_error("--replicas must be in 1..1024", "train");
   if (cfg.global_batch < 1 || cfg.global_batch % cfg.replicas)

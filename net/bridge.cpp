@@ -242,7 +242,7 @@ bool check_ipc_path(const std::string& path, std::string* error) {
   const int err = errno;
   ::close(fd);
   if (live) return fail(error, "ipc://" + path + ": another process is listening there (stop it, or choose another path)");
-  if (err != ECONNREFUSED) return fail(error, "ipc://" + path + ": " + std::strerror(err));
+  if (err != ECONNREFUSED && err != ENOENT) return fail(error, "ipc://" + path + ": " + std::strerror(err));  // ENOENT: gone since
   return true;
 }
 
@@ -296,17 +296,17 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
       d_->listener.socket->set(zmq::sockopt::router_mandatory, 1);  // unroutable replies are errors, not silence
       d_->listener.socket->set(zmq::sockopt::router_handover, 1);   // a peer that reconnects keeps its identity
       const bool ipc_path = listen_endpoint.rfind("ipc://", 0) == 0 && listen_endpoint.size() > 6 && listen_endpoint[6] != '@';
-      if (ipc_path && !check_ipc_path(listen_endpoint.substr(6), error)) return undo(nullptr, "");
+      if (ipc_path && listen_endpoint != "ipc://*" && !check_ipc_path(listen_endpoint.substr(6), error)) return undo(nullptr, "");
       try {
         d_->listener.socket->bind(listen_endpoint);
       } catch (const zmq::error_t& e) {
         return undo(error, listen_endpoint + ": " + (e.num() == EADDRINUSE ? "address already in use" : e.what()));
       }
-      if (ipc_path) ::lstat(listen_endpoint.c_str() + 6, &d_->ipc_file);
       d_->listener.routed = true;
       std::lock_guard<std::mutex> lock(d_->mu);
       d_->endpoint = d_->listener.socket->get(zmq::sockopt::last_endpoint);
       d_->listener.endpoint = d_->endpoint;
+      if (ipc_path) ::lstat(d_->endpoint.c_str() + 6, &d_->ipc_file);  // its own path (ipc://*: one ZeroMQ chose)
       if (d_->endpoint.rfind("tcp://", 0) == 0) {  // ZeroMQ's own text: "tcp://HOST:PORT"
         const std::string port = d_->endpoint.substr(d_->endpoint.rfind(':') + 1);
         std::from_chars(port.data(), port.data() + port.size(), d_->listen_port);
@@ -354,11 +354,12 @@ void bridge::stop(std::chrono::milliseconds drain) {
   d_->queue.clear();  // closures holding payloads that never went out
   d_->ctx.reset();    // after every socket closed: at once with linger 0, else once sent or drained
   // libzmq 4.3 leaves a bound ipc:// socket file behind. Ours goes; one another process has put there
-  // since (after someone removed ours) stays.
+  // since (after someone removed ours) stays, even on our inode number.
   const std::string& ep = d_->listener.endpoint;
   struct stat now {};
   if (ep.rfind("ipc://", 0) == 0 && ep.size() > 6 && ep[6] != '@' && ::lstat(ep.c_str() + 6, &now) == 0 &&
-      now.st_ino == d_->ipc_file.st_ino && now.st_dev == d_->ipc_file.st_dev && S_ISSOCK(now.st_mode))
+      now.st_ino == d_->ipc_file.st_ino && now.st_dev == d_->ipc_file.st_dev && S_ISSOCK(now.st_mode) &&
+      now.st_ctim.tv_sec == d_->ipc_file.st_ctim.tv_sec && now.st_ctim.tv_nsec == d_->ipc_file.st_ctim.tv_nsec)  // inodes are reused
     ::unlink(ep.c_str() + 6);
   d_->ipc_file = {};
   d_->listener.endpoint.clear();

@@ -253,9 +253,11 @@ bool split_endpoint_key(const std::string& text, std::string* endpoint, std::str
 bool check_endpoint(const std::string& endpoint, bool any_port, std::string* error) {
   // Plans and known_nodes carry endpoints as printable ASCII; a host name in another script has an
   // ASCII form (xn--...).
+  const bool ipc = endpoint.rfind("ipc://", 0) == 0;
   for (unsigned char c : endpoint)
-    if (c <= ' ' || c >= 0x7f)
-      return fail(error, "'" + endpoint + "': an endpoint is printable ASCII without spaces (write a host name in its ASCII form, xn--...)");
+    if (c <= ' ' || c == 0x7f || (c > 0x7f && !ipc))
+      return fail(error, "'" + endpoint + "': " + (ipc ? "a path without spaces or control characters"
+                                                       : "an endpoint is printable ASCII without spaces (write a host name in its ASCII form, xn--...)"));
   if (endpoint.rfind("ipc://", 0) == 0)
     return endpoint.size() > 6 ? true : fail(error, "'" + endpoint + "' names no path");
   if (endpoint.rfind("tcp://", 0) != 0) return fail(error, "'" + endpoint + "' is not a tcp:// or ipc:// endpoint");
@@ -283,6 +285,7 @@ bool check_endpoint(const std::string& endpoint, bool any_port, std::string* err
 bool check_host_resolves(const std::string& endpoint, std::string* error) {
   if (endpoint.rfind("tcp://", 0) != 0) return true;
   std::string host = endpoint.substr(6, endpoint.rfind(':') - 6);
+  if (const size_t semi = host.rfind(';'); semi != std::string::npos) host.erase(0, semi + 1);  // tcp://eth0;HOST:P
   if (host.size() > 2 && host.front() == '[') return true;  // an IPv6 address
   in_addr a4{};
   if (host == "*" || inet_pton(AF_INET, host.c_str(), &a4) == 1) return true;

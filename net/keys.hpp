@@ -74,9 +74,8 @@ bool split_endpoint_key(const std::string& text, std::string* endpoint, std::str
 // or ipc://PATH. False, saying why, for anything else (a port of 99999 would wrap to another one).
 bool check_endpoint(const std::string& endpoint, bool any_port, std::string* error);
 
-// An endpoint (checked as above) a launcher can reach: a tcp:// host name resolves (getaddrinfo), so that a
-// typo is said at once, not as a node silent for the connect timeout. Failures other than "no such name"
-// (DNS down for a moment) pass: the connection will tell.
+// Whether a tcp:// endpoint's host name resolves (getaddrinfo, which may wait for DNS): a launcher asks
+// about a node that did not answer, to name a typo as such. Failures other than "no such name" pass.
 bool check_host_resolves(const std::string& endpoint, std::string* error);
 
 // An endpoint (checked as above) that ZeroMQ can listen on: its host is *, an IP address of this machine

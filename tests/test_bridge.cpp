@@ -226,11 +226,17 @@ TEST_CASE("bridge: an ipc path that holds a file or a live socket is refused and
     h.type = msg_type::report;
     c.send(peer, h);
     CHECK(ia.wait_messages(1, 10s));
-    // Someone else's socket put there after ours was removed stays when we stop.
+    // Someone else's socket put there after ours was removed stays when we stop (it may even have our
+    // inode number: they are reused at once).
     unlink(file.c_str());
-    { std::ofstream(file) << "theirs"; }
+    const int theirs = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::snprintf(sa.sun_path, sizeof sa.sun_path, "%s", file.c_str());
+    REQUIRE(bind(theirs, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0);
     a.stop();
     CHECK(access(file.c_str(), F_OK) == 0);
+    close(theirs);
     unlink(file.c_str());
   }
   {

@@ -124,6 +124,7 @@ TEST_CASE("custom_layer: bad command lines exit 2 with a message, --help exits 0
       {" train --save /nonexistent/w", 2, "--save: cannot write /nonexistent/w: no folder /nonexistent"},
       {" train --report-json /tmp", 2, "--report-json: cannot write /tmp: it is a folder"},
       {" train --report-json " + fifo, 2, "a FIFO nothing reads from"},
+      {" train --nodes tcp://127.0.0.1:1 --data /tmp", 2, "--data is for a run in this process"},
       {" serve", 2, "--listen is required"},
       {" serve --listen tcp://127.0.0.1:1 --devices cuda", 2, "CPU-only"},
       {" serve --help", 0, "channel_scale"},  // the layer types it builds

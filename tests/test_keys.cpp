@@ -439,7 +439,7 @@ TEST_CASE("a stranger on one host who holds connections open does not crowd out 
 TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
   std::string err;
   for (const char* ok : {"tcp://127.0.0.1:5601", "tcp://*:5601", "tcp://[::1]:5601", "tcp://eth0:5601", "tcp://eth0;host:5601",
-                         "tcp://h:65535", "ipc:///tmp/node", "ipc://@abstract"}) {
+                         "tcp://h:65535", "ipc:///tmp/node", "ipc://@abstract", "ipc:///home/j\xC3\xB6rg/node"}) {
     INFO(ok);
     CHECK(net::check_endpoint(ok, false, &err));
   }
@@ -462,6 +462,7 @@ TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
       {"tcp://[::1:5601", "write an IPv6 address in brackets, tcp://[::1]:5601"},
       {"tcp://h\xc3\xb4st:1", "an endpoint is printable ASCII without spaces"},  // a plan could not carry it
       {"tcp://a b:1", "an endpoint is printable ASCII without spaces"},
+      {"ipc:///tmp/a b", "a path without spaces or control characters"},
   };
   for (const auto& [endpoint, says] : bad) {
     INFO(endpoint);
@@ -486,7 +487,7 @@ TEST_CASE("endpoints as users type them: ports in range, ZeroMQ's forms kept") {
   // names that resolve and ipc paths pass.
   CHECK_FALSE(net::check_host_resolves("tcp://nosuchhost.invalid:1", &err));
   CHECK(err == "'tcp://nosuchhost.invalid:1': no host is named 'nosuchhost.invalid' (the name does not resolve)");
-  for (const char* ok : {"tcp://localhost:1", "tcp://127.0.0.1:1", "tcp://[::1]:1", "ipc:///tmp/x"}) {
+  for (const char* ok : {"tcp://localhost:1", "tcp://127.0.0.1:1", "tcp://[::1]:1", "tcp://lo;127.0.0.1:1", "tcp://lo;localhost:1", "ipc:///tmp/x"}) {
     INFO(ok);
     CHECK(net::check_host_resolves(ok, &err));
   }

@@ -541,7 +541,7 @@ TEST_CASE("a node names the bad field of a plan, tells a stranger only that it i
   plan.job_id = job.job_id = 77;
   plan.recipient = 0;
   const std::string busy = send_and_read_error(a.node->endpoint(), job, to_json(plan));
-  CHECK(busy == "node node-a: busy with another job (one whose launcher is gone is dropped within 4 s) (invalid=0)");
+  CHECK(busy == "node node-a: busy with another job (one whose launcher is gone is dropped within 5 s) (invalid=0)");
   CHECK(busy.find(id_text) == std::string::npos);
 
   // A chunk said to come from rank 0 (which node-a runs), sent to node-b by a stranger who knows the job id.
@@ -934,8 +934,8 @@ TEST_CASE("launcher: nodes that do not fit the daemons exit 2: one daemon at two
   const test::run_result r = test::run(std::string(RINGMASTER_MNIST_BIN) + " --epochs 1 --limit-train 256 --nodes " + a + "," + b);
   INFO(r.out);
   CHECK(r.status == 2);
-  CHECK(r.out.find("--nodes " + a + " and " + b + " are one node (the same daemon answered both): name each node once") !=
-        std::string::npos);
+  CHECK(r.out.find("--nodes " + a + " and " + b + " answered with the same id ") != std::string::npos);
+  CHECK(r.out.find(": one daemon named twice (name each node once), or two started with the same --name") != std::string::npos);
   CHECK(r.out.find("Epoch") == std::string::npos);
   // It offers cpu:1 (exit 1 once, as if the node had failed).
   const test::run_result more = test::run(std::string(RINGMASTER_MNIST_BIN) + " --epochs 1 --limit-train 256 --nodes " + a +
@@ -955,7 +955,7 @@ TEST_CASE("a node stopped while it sets up a job is named as stopped at once, no
   train_result r = train_remote(small_job(), ro);
   CHECK_FALSE(r.ok);
   CHECK(r.error == "node " + quitter.endpoint() + " was stopped (SIGINT) while it set up the job");
-  CHECK(std::chrono::steady_clock::now() - t0 < 3s);  // was "did not answer within 5.00 s"
+  CHECK(std::chrono::steady_clock::now() - t0 < 4500ms);  // was "did not answer within 5.00 s"
   // Any other abort: its reason.
   abort = {{"reason", "out of patience"}};
   r = train_remote(small_job(), ro);
