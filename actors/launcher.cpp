@@ -468,6 +468,22 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
   now = phase::running;
 }
 
+void launcher::on_abort(int node, wire::kv_map& kv) {
+  if (kv["stopped"] == "SIGTERM" || kv["stopped"] == "SIGINT" || kv["stopped"] == "SIGHUP") return node_lost(node, "was stopped (" + kv["stopped"] + ")");
+  if (node == fresh) return node_lost(node, "failed before its first step after it rejoined: " + node_text(kv["reason"]));
+  kill_node(node, kv.count("reason") ? node_text(kv["reason"], kMaxNodeError) : "node " + ro.nodes[node] + " aborted the job");
+}
+
+void launcher::take_early_aborts() {
+  std::deque<control_msg> early;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    early.swap(inbox);
+  }
+  for (control_msg& m : early)
+    if (m.h.type == wire::msg_type::abort) on_abort(m.node, m.kv);
+}
+
 void launcher::on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
   const int node = node_of(from);
   if (node < 0 || (h.job_id != job_id && h.type != wire::msg_type::hello_ack)) return;
@@ -574,12 +590,7 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       return;
     case msg_type::abort:
       wire::decode_kv(p.text(), &kv, &error);
-      // A node stopped by a signal is a lost node (elastic jobs go on without it), and so is one that fails
-      // before its first step after it rejoined; other aborts end the job.
-      if (kv["stopped"] == "SIGTERM" || kv["stopped"] == "SIGINT" || kv["stopped"] == "SIGHUP") return node_lost(node, "was stopped (" + kv["stopped"] + ")");
-      if (node == fresh) return node_lost(node, "failed before its first step after it rejoined: " + node_text(kv["reason"]));
-      kill_node(node, kv.count("reason") ? node_text(kv["reason"], kMaxNodeError) : "node " + ro.nodes[node] + " aborted the job");
-      return;
+      return on_abort(node, kv);
     default:
       return;
   }

@@ -154,6 +154,9 @@ struct launcher {
 
   // After setup, on the bridge thread.
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p);
+  // Once started: an abort that came after the setup's last answer and before the start waits in the
+  // inbox; it is taken as one that came after (on_abort).
+  void take_early_aborts();
   // Surviving nodes that run ranks of the plan.
   std::vector<int> survivors() const;
   // Node `node` is lost: dead or silent (why: "no heartbeat for 1.6 s"), or stopped by a signal ("was
@@ -168,6 +171,9 @@ struct launcher {
 
  private:
   void take_checkpoint(int node, const wire::header& h, const net::payload& p);
+  // A node stopped by a signal is a lost node (elastic jobs go on without it), and so is one that fails
+  // before its first step after it rejoined; other aborts end the job.
+  void on_abort(int node, wire::kv_map& kv);
   void pause_survivors(const wire::kv_map& extra);
   void on_paused(int node, int rank, const pause_report& r);
   void on_stall(int node, int rank, const stall_report& r);

@@ -353,6 +353,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.rate_since = L.ring_since = clock_type::now();
   L.ring_from = L.seen_step = L.rate_mark = L.plan.first_step;  // a resumed job's steps are not this run's pace
   L.started.store(true, std::memory_order_release);
+  L.br.post([&L] { L.take_early_aborts(); });
   // A resumed job's state to every node, before any start (the same connection keeps the order); a node
   // that cannot take it answers with an error, which fails the job.
   if (cfg.resume)

@@ -849,32 +849,32 @@ TEST_CASE("a node logs at most 5 lines of one kind of fault per 10 s, however ma
 }
 
 // A node that speaks our protocol (with our key) and answers as a script says: a hello with hello_ack, a
-// job plan with `on_job` (a message type and its fields), anything else not at all.
+// job plan with `on_job` (messages: a type and its fields each), anything else not at all.
 struct scripted_node {
-  std::function<std::pair<wire::msg_type, wire::kv_map>()> on_job;
+  using answers = std::vector<std::pair<wire::msg_type, wire::kv_map>>;
+  std::function<answers()> on_job;
   std::unique_ptr<net::bridge> br;
 
-  explicit scripted_node(std::function<std::pair<wire::msg_type, wire::kv_map>()> job) : on_job(std::move(job)) {
+  explicit scripted_node(std::function<answers()> job) : on_job(std::move(job)) {
     net::bridge_options bo;
     std::string err;
     REQUIRE(net::load_or_create_keys(net::default_key_dir(), &bo.keys, &err));
     bo.authorize = [](const std::string&) { return true; };
     br = std::make_unique<net::bridge>(bo);
     br->set_handler([this](const net::peer_info& from, const wire::header& h, net::payload) {
-      wire::header r;
-      r.job_id = h.job_id;
-      wire::kv_map kv;
-      if (h.type == wire::msg_type::hello) {
-        r.type = wire::msg_type::hello_ack;
-        kv = {{"name", "scripted"}, {"id", "scripted"}, {"devices", "cpu:1"}, {"version", "3"}};
-      } else if (h.type == wire::msg_type::job) {
-        std::tie(r.type, kv) = on_job();
-      } else {
-        return;
+      answers say;
+      if (h.type == wire::msg_type::hello)
+        say = {{wire::msg_type::hello_ack, {{"name", "scripted"}, {"id", "scripted"}, {"devices", "cpu:1"}, {"version", "3"}}}};
+      else if (h.type == wire::msg_type::job)
+        say = on_job();
+      for (const auto& [type, kv] : say) {
+        wire::header r;
+        r.job_id = h.job_id;
+        r.type = type;
+        std::string text, e;
+        wire::encode_kv(kv, &text, &e);
+        br->reply(from, r, net::payload::copy_of(text));
       }
-      std::string text, e;
-      wire::encode_kv(kv, &text, &e);
-      br->reply(from, r, net::payload::copy_of(text));
     });
     br->set_error_handler([](const net::bridge_error&) {});
     REQUIRE(br->start("tcp://127.0.0.1:0", &err));
@@ -886,10 +886,10 @@ struct scripted_node {
 TEST_CASE("a lying node that answers the job with train=abc, params=-1, another model or terminal escapes gets a clear "
           "error, not a crash", "[nodes]") {
   std::string train = "abc", params = "1000", train_data = "7", description = "784-64-10", refusal;
-  scripted_node liar([&]() -> std::pair<wire::msg_type, wire::kv_map> {
-    if (!refusal.empty()) return {wire::msg_type::error, {{"error", refusal}}};
-    return {wire::msg_type::job_ack,
-            {{"train", train}, {"train_data", train_data}, {"test", "1"}, {"model", "1"}, {"params", params}, {"description", description}}};
+  scripted_node liar([&]() -> scripted_node::answers {
+    if (!refusal.empty()) return {{wire::msg_type::error, {{"error", refusal}}}};
+    return {{wire::msg_type::job_ack,
+             {{"train", train}, {"train_data", train_data}, {"test", "1"}, {"model", "1"}, {"params", params}, {"description", description}}}};
   });
   std::string err;
   remote_options ro;
@@ -948,7 +948,16 @@ TEST_CASE("launcher: nodes that do not fit the daemons exit 2: one daemon at two
 TEST_CASE("a node stopped while it sets up a job is named as stopped at once, not waited for as a silent one", "[nodes]") {
   // As a daemon stopped by Ctrl-C while it loads the job's data answers the plan (node_service::stop).
   wire::kv_map abort = {{"reason", "node quitter was stopped (SIGINT)"}, {"stopped", "SIGINT"}};
-  scripted_node quitter([&] { return std::make_pair(wire::msg_type::abort, abort); });
+  bool ack_first = false;  // stopped just after its answer, before the launcher starts the job
+  std::string err;
+  const auto m = build_model(small_job().model, shape{1, 28, 28}, &err);
+  REQUIRE(m);
+  scripted_node quitter([&]() -> scripted_node::answers {
+    if (!ack_first) return {{wire::msg_type::abort, abort}};
+    return {{wire::msg_type::job_ack, {{"train", "60000"}, {"train_data", "7"}, {"test", "10000"}, {"model", "1"},
+                                       {"params", std::to_string(m->param_count())}, {"description", m->description()}}},
+            {wire::msg_type::abort, abort}};
+  });
   remote_options ro;
   ro.nodes = {quitter.endpoint()};
   auto t0 = std::chrono::steady_clock::now();
@@ -960,6 +969,13 @@ TEST_CASE("a node stopped while it sets up a job is named as stopped at once, no
   abort = {{"reason", "out of patience"}};
   r = train_remote(small_job(), ro);
   CHECK(r.error == "node " + quitter.endpoint() + " gave up the job as it set it up: out of patience");
+  // Stopped between its answer and the start: named as stopped (it was "no heartbeat" 1.5 s later).
+  abort = {{"reason", "node quitter was stopped (SIGINT)"}, {"stopped", "SIGINT"}};
+  ack_first = true;
+  r = train_remote(small_job(), ro);
+  INFO(r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("node " + quitter.endpoint() + " (ranks 0) was stopped (SIGINT)") != std::string::npos);
 }
 
 TEST_CASE("a node of another release is named as such at once, not waited for as a silent one", "[nodes]") {
