@@ -194,6 +194,29 @@ TEST_CASE("bridge: ipc endpoints and many sending threads", "[bridge]") {
   CHECK(access(file.c_str(), F_OK) != 0);
 }
 
+namespace {
+
+// path as a Unix socket's address.
+sockaddr_un unix_address(const std::string& path) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+  return a;
+}
+
+// A Unix stream socket bound to `path` (its file made), or -1.
+int bound_unix_socket(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  const sockaddr_un a = unix_address(path);
+  if (fd >= 0 && bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
 TEST_CASE("bridge: an ipc path that holds a file or a live socket is refused and left alone, a stale socket is taken", "[bridge]") {
   const std::string file = "/tmp/ringmaster-test-owned-" + std::to_string(getpid()) + ".ipc";
   const std::string path = "ipc://" + file;
@@ -229,11 +252,8 @@ TEST_CASE("bridge: an ipc path that holds a file or a live socket is refused and
     // Someone else's socket put there after ours was removed stays when we stop (it may even have our
     // inode number: they are reused at once).
     unlink(file.c_str());
-    const int theirs = socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un sa{};
-    sa.sun_family = AF_UNIX;
-    std::snprintf(sa.sun_path, sizeof sa.sun_path, "%s", file.c_str());
-    REQUIRE(bind(theirs, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0);
+    const int theirs = bound_unix_socket(file);
+    REQUIRE(theirs >= 0);
     a.stop();
     CHECK(access(file.c_str(), F_OK) == 0);
     close(theirs);
@@ -241,13 +261,10 @@ TEST_CASE("bridge: an ipc path that holds a file or a live socket is refused and
   }
   {
     // A listener that accepts nothing and whose queue is full (a stopped daemon): refused, not waited on.
-    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    const int fd = bound_unix_socket(file);
     REQUIRE(fd >= 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", file.c_str());
-    REQUIRE(bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
     REQUIRE(listen(fd, 0) == 0);
+    const sockaddr_un a = unix_address(file);
     std::vector<int> queued;
     for (int i = 0; i < 8; ++i) {
       const int c = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
@@ -268,12 +285,8 @@ TEST_CASE("bridge: an ipc path that holds a file or a live socket is refused and
   }
   {
     // A socket left by a process that is gone (nothing accepts on it): taken.
-    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    const int fd = bound_unix_socket(file);
     REQUIRE(fd >= 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", file.c_str());
-    REQUIRE(bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
     close(fd);  // the file stays
     REQUIRE(access(file.c_str(), F_OK) == 0);
     bridge b;
