@@ -927,10 +927,22 @@ TEST_CASE("a lying node that answers the job with train=abc, params=-1, another 
 
 TEST_CASE("launcher: nodes that do not fit the daemons exit 2: one daemon at two addresses, more replicas than it offers", "[nodes]") {
   // Listening on every address: 127.0.0.1 and 127.0.0.2 are the same daemon. (Text alone cannot tell.)
-  const int port = test::free_port();
-  test::daemon_process d({RINGMASTER_NODE_BIN}, "tcp://0.0.0.0:" + std::to_string(port), "cpu:1", RINGMASTER_DATA_DIR);
-  std::this_thread::sleep_for(300ms);
-  const std::string a = "tcp://127.0.0.1:" + std::to_string(port), b = "tcp://127.0.0.2:" + std::to_string(port);
+  // On a port it picks, read from its log: a free 127.0.0.1 port may not be free on every address.
+  const std::string log = "/tmp/ringmaster-test-any-address-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  test::daemon_process d({RINGMASTER_NODE_BIN}, "tcp://0.0.0.0:0", "cpu:1", RINGMASTER_DATA_DIR, log);
+  std::string port;
+  for (int i = 0; i < 500 && port.empty(); ++i) {
+    std::this_thread::sleep_for(20ms);
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string mark = "listening on tcp://0.0.0.0:";
+    if (const size_t at = text.find(mark); at != std::string::npos)
+      port = text.substr(at + mark.size(), text.find_first_not_of("0123456789", at + mark.size()) - at - mark.size());
+  }
+  std::remove(log.c_str());
+  REQUIRE(!port.empty());
+  const std::string a = "tcp://127.0.0.1:" + port, b = "tcp://127.0.0.2:" + port;
   const test::run_result r = test::run(std::string(RINGMASTER_MNIST_BIN) + " --epochs 1 --limit-train 256 --nodes " + a + "," + b);
   INFO(r.out);
   CHECK(r.status == 2);
