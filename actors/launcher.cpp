@@ -16,6 +16,9 @@ namespace {
 
 using clock_type = launcher::clock_type;
 
+// An abort saying a signal stopped the node (node_service::stop): a lost node, not a failed job.
+bool stopped_by_signal(const std::string& sig) { return sig == "SIGTERM" || sig == "SIGINT" || sig == "SIGHUP"; }
+
 struct rank_proxy_state {
   caf::response_promise weights;
 };
@@ -169,11 +172,9 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
       return m.kv.count("error") ? node_text(m.kv["error"], kMaxNodeError) : "node " + ro.nodes[m.node] + " refused the job";
     }
     if (m.h.type == wire::msg_type::abort) {  // stopped while it set up: say so, not that it fell silent
-      const std::string& sig = m.kv["stopped"];
-      return "node " + ro.nodes[m.node] +
-             (sig == "SIGTERM" || sig == "SIGINT" || sig == "SIGHUP" ? " was stopped (" + sig + ") while it set up the job"
-                                                  : " gave up the job as it set it up" +
-                                                        (m.kv["reason"].empty() ? "" : ": " + node_text(m.kv["reason"], kMaxNodeError)));
+      const std::string& sig = m.kv["stopped"], &why = m.kv["reason"];
+      if (stopped_by_signal(sig)) return "node " + ro.nodes[m.node] + " was stopped (" + sig + ") while it set up the job";
+      return "node " + ro.nodes[m.node] + " gave up the job as it set it up" + (why.empty() ? "" : ": " + node_text(why, kMaxNodeError));
     }
     if (m.h.type != type || got[m.node]) continue;
     got[m.node] = true;
@@ -469,17 +470,15 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
 }
 
 void launcher::on_abort(int node, wire::kv_map& kv) {
-  if (kv["stopped"] == "SIGTERM" || kv["stopped"] == "SIGINT" || kv["stopped"] == "SIGHUP") return node_lost(node, "was stopped (" + kv["stopped"] + ")");
+  if (stopped_by_signal(kv["stopped"])) return node_lost(node, "was stopped (" + kv["stopped"] + ")");
   if (node == fresh) return node_lost(node, "failed before its first step after it rejoined: " + node_text(kv["reason"]));
   kill_node(node, kv.count("reason") ? node_text(kv["reason"], kMaxNodeError) : "node " + ro.nodes[node] + " aborted the job");
 }
 
 void launcher::take_early_aborts() {
-  std::deque<control_msg> early;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    early.swap(inbox);
-  }
+  std::unique_lock<std::mutex> lock(mu);
+  std::deque<control_msg> early = std::exchange(inbox, {});
+  lock.unlock();
   for (control_msg& m : early)
     if (m.h.type == wire::msg_type::abort) on_abort(m.node, m.kv);
 }

@@ -6,7 +6,6 @@
 //   ringmaster-mnist --help
 //
 // Exit status: 0 done, 1 the job failed, 2 bad command line or input data.
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <vector>
@@ -44,7 +44,7 @@ struct options {
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string optimizer = "adam";
   std::string save, report_json, device = "cpu";
-  std::shared_ptr<const void> held[2];  // --report-json's and --save's FIFO, held open from the start (check_writable)
+  std::map<std::string, std::shared_ptr<const void>> held;  // by flag: a FIFO held open from the start (check_writable)
   double lr = -1;
   int64_t limit_train = 0, limit_test = 0;
   std::string nodes, key_dir;
@@ -349,7 +349,7 @@ int main(int argc, char** argv) {
   };
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
     if (!in_checkpoint_dir(path))
-      if (std::string why = examples::check_writable(path, &o.held[flag[2] == 's']); !why.empty()) return usage_error(std::string(flag) + ": " + why);
+      if (std::string why = examples::check_writable(path, &o.held[flag]); !why.empty()) return usage_error(std::string(flag) + ": " + why);
   if (o.checkpoint_dir.empty() && (vm.count("checkpoint-every") || o.resume || vm.count("crash-after-checkpoint")))
     return usage_error(std::string(o.resume ? "--resume" : vm.count("checkpoint-every") ? "--checkpoint-every" : "--crash-after-checkpoint") +
                        " needs --checkpoint-dir");
@@ -368,7 +368,7 @@ int main(int argc, char** argv) {
   }
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
     if (in_checkpoint_dir(path))
-      if (std::string why = examples::check_writable(path, &o.held[flag[2] == 's']); !why.empty()) return usage_error(std::string(flag) + ": " + why);
+      if (std::string why = examples::check_writable(path, &o.held[flag]); !why.empty()) return usage_error(std::string(flag) + ": " + why);
   if (!nodes.empty()) {
     const int n = int(nodes.size()) * o.replicas_per_node;
     if (!vm["replicas"].defaulted() && c.replicas != n)
