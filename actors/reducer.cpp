@@ -10,6 +10,7 @@
 #include "actors/ring_links.hpp"
 #include "kernels/cpu_kernels.hpp"
 #include "net/bridge.hpp"
+#include "net/spin.hpp"
 #include "net/strand.hpp"
 
 namespace ringmaster {
@@ -324,8 +325,10 @@ void poll_briefly(reducer_port& port, const std::function<bool()>& done) {
 
 ring_poller spin_until_done() {
   return [](clock_type::time_point until, const std::function<bool()>& done) {
-    for (uint32_t i = 1; !done(); ++i)
+    for (uint32_t i = 1; !done(); ++i) {
       if ((i & 63) == 0 && clock_type::now() >= until) return false;
+      net::cpu_relax();
+    }
     return true;
   };
 }

@@ -104,9 +104,11 @@ double kernel_threads(std::shared_ptr<const model> md, int batch, int steps, con
 }
 
 // *cpu_rate: samples per CPU-second of the whole job (every thread, setup included), times the cores.
+// ring_poll_us: train_config::ring_poll; -1: its default.
 double ringmaster_run(const std::string& desc, const std::string& label, int replicas, int per_replica, int steps,
-                      std::shared_ptr<dataset> d, int cores, double* cpu_rate) {
+                      std::shared_ptr<dataset> d, int cores, int ring_poll_us, double* cpu_rate) {
   train_config c;
+  if (ring_poll_us >= 0) c.ring_poll = std::chrono::microseconds(ring_poll_us);
   c.model = desc;
   c.replicas = replicas;
   c.global_batch = per_replica * replicas;
@@ -212,7 +214,7 @@ int run(int argc, char** argv) {
   shape default_input{1, 28, 28};
   bool torch = false, replicas_given = false, input_given = false, data_given = false;
   std::string python, node_bin, data_dir = "/usr/share/datasets/fashion-mnist";
-  int nodes = 0;
+  int nodes = 0, ring_poll_us = -1;
   bool nodes_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -237,6 +239,8 @@ int run(int argc, char** argv) {
     } else if (a == "--nodes") {
       if (!number(2, 64, &nodes)) return 2;
       nodes_given = true;
+    } else if (a == "--ring-poll-us") {
+      if (!number(0, 1000000, &ring_poll_us)) return 2;
     } else if (a == "--node-bin") node_bin = next();
     else if (a == "--data") data_dir = next(), data_given = true;
     else if (a == "--input") {
@@ -250,9 +254,9 @@ int run(int argc, char** argv) {
     else if (a == "--python") python = next();
     else if (a == "--help" || a == "-h") {
       std::printf("usage: train_bench [--models A,B] [--replicas N] [--batch PER_REPLICA] [--steps N] [--repeat N]\n"
-                  "                   [--input C,H,W] [--torch] [--python INTERPRETER]\n"
+                  "                   [--input C,H,W] [--torch] [--python INTERPRETER] [--ring-poll-us N]\n"
                   "       train_bench --nodes N [--models A,B] [--batch PER_REPLICA] [--steps N] [--repeat N]\n"
-                  "                   [--node-bin PATH] [--data DIR]\n"
+                  "                   [--node-bin PATH] [--data DIR] [--ring-poll-us N]\n"
                   "Models: MLP widths (784-512-512-10), cnn, or JSON descriptions (see kernels/model.hpp);\n"
                   "default 784-512-512-10,784-64-10. Synthetic data of the model's input shape (--input,\n"
                   "default 1,28,28, for descriptions that do not say). Each figure is the median of --repeat\n"
@@ -264,7 +268,10 @@ int run(int argc, char** argv) {
                   "model compares train_remote over them with N replicas in this process, both on the same\n"
                   "real data (--data, default /usr/share/datasets/fashion-mnist; nodes cannot take synthetic\n"
                   "data). Samples/s of the epochs after the first (evaluation off); medians of --repeat rounds,\n"
-                  "local and nodes interleaved; --steps: steps measured (default: about 2e11 flops' worth).\n");
+                  "local and nodes interleaved; --steps: steps measured (default: about 2e11 flops' worth).\n"
+                  "--ring-poll-us N: how long a replica whose next batch is in spins for its ring's end, taking\n"
+                  "chunks itself: in this process train_config::ring_poll (default 0, never), with --nodes the\n"
+                  "daemons' --ring-poll-us (default theirs, 300); for A/B runs.\n");
       return 0;
     } else {
       std::fprintf(stderr, "train_bench: unknown flag %s (try --help)\n", a.c_str());
@@ -282,7 +289,7 @@ int run(int argc, char** argv) {
                            "--input and --torch\n");
       return 2;
     }
-    return nodes_main(models, nodes, per_replica, steps, repeat, data_dir, node_bin);
+    return nodes_main(models, nodes, per_replica, steps, repeat, data_dir, node_bin, ring_poll_us);
   }
   if (!python.empty() && !torch) {
     std::fprintf(stderr, "train_bench: --python names the interpreter for --torch; add --torch\n");
@@ -330,7 +337,7 @@ int run(int argc, char** argv) {
     for (int k = 0; k < repeat; ++k) {
       double cpu_rate = 0;
       bases.push_back(kernel_one_thread(md, per_replica, std::max(50, n / 2), *d));
-      rms.push_back(ringmaster_run(m, md->label(), replicas, per_replica, n, d, cores, &cpu_rate));
+      rms.push_back(ringmaster_run(m, md->label(), replicas, per_replica, n, d, cores, ring_poll_us, &cpu_rate));
       rm_cpus.push_back(cpu_rate);
       ideals.push_back(kernel_threads(md, per_replica, std::max(50, n / 2), *d, std::min(replicas, cores)));
       if (torch) {

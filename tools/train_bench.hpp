@@ -19,8 +19,9 @@ double macs_per_sample(const model& m);
 double process_cpu();
 
 // --nodes N: the models trained on N node daemons against N replicas in this process; the exit status.
-// node_bin: the daemon to start; empty: ringmaster-node next to this program.
+// node_bin: the daemon to start; empty: ringmaster-node next to this program. ring_poll_us: the daemons'
+// --ring-poll-us; -1: their default.
 int nodes_main(const std::vector<std::string>& models, int nodes, int per_replica, int steps, int repeat,
-               const std::string& data_dir, std::string node_bin);
+               const std::string& data_dir, std::string node_bin, int ring_poll_us);
 
 }  // namespace ringmaster::train_bench

@@ -137,8 +137,10 @@ class node_daemons {
   // Starts n daemons one after the other (each holds its port before the next one looks for a free
   // one) and waits until each logs that it listens. False with *error (and nothing left running).
   // insecure: the daemons run --insecure (no keys, no encryption); else they use ~/.ringmaster, as we do.
-  bool start(const std::string& bin, const std::string& data_dir, int n, bool insecure, std::string* error) {
+  // ring_poll_us: their --ring-poll-us; -1: their default.
+  bool start(const std::string& bin, const std::string& data_dir, int n, bool insecure, int ring_poll_us, std::string* error) {
     insecure_ = insecure;
+    ring_poll_us_ = ring_poll_us;
     if (::access(bin.c_str(), X_OK) != 0) {
       *error = "cannot run the node daemon " + bin + ": " + std::strerror(errno) +
                " (build the ringmaster-node target, or give --node-bin PATH)";
@@ -206,6 +208,7 @@ class node_daemons {
   };
 
   bool insecure_ = false;
+  int ring_poll_us_ = -1;
 
   bool start_one(const std::string& bin, const std::string& data_dir, int index, std::string* error) {
     constexpr int kTries = 5;
@@ -225,6 +228,7 @@ class node_daemons {
       std::vector<std::string> args = {bin,         "--listen", c.endpoint, "--name",   name,
                                        "--devices", "cpu:1",    "--data",   data_dir};
       if (insecure_) args.push_back("--insecure");
+      if (ring_poll_us_ >= 0) args.insert(args.end(), {"--ring-poll-us", std::to_string(ring_poll_us_)});
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(&a[0]);
       argv.push_back(nullptr);
@@ -324,7 +328,7 @@ void print_breakdown(const std::string& what, const train_result& r, int replica
 namespace ringmaster::train_bench {
 
 int nodes_main(const std::vector<std::string>& models, int nodes, int per_replica, int steps, int repeat,
-               const std::string& data_dir, std::string node_bin) {
+               const std::string& data_dir, std::string node_bin, int ring_poll_us) {
   std::string err;
   auto whole = std::make_shared<dataset>();
   if (!load_mnist(data_dir, "train", 256, whole.get(), &err)) {  // 256 classes: as the nodes load it
@@ -346,7 +350,8 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
   if (node_bin.empty()) node_bin = default_node_bin();
   // Two sets of daemons: encrypted (CurveZMQ, the default) and --insecure, so both are measured in one run.
   node_daemons daemons, plain_daemons;
-  if (!daemons.start(node_bin, data_dir, nodes, false, &err) || !plain_daemons.start(node_bin, data_dir, nodes, true, &err)) {
+  if (!daemons.start(node_bin, data_dir, nodes, false, ring_poll_us, &err) ||
+      !plain_daemons.start(node_bin, data_dir, nodes, true, ring_poll_us, &err)) {
     std::fprintf(stderr, "train_bench: %s\n", err.c_str());
     return 1;
   }
