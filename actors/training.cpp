@@ -18,6 +18,7 @@
 #include "actors/reducer.hpp"
 #include "actors/replica.hpp"
 #include "actors/ring_links.hpp"
+#include "kernels/host_memory.hpp"
 
 namespace ringmaster {
 
@@ -29,13 +30,14 @@ std::shared_ptr<const model> build_model(const train_config& cfg, std::string* e
   return model::build(cfg.model, cfg.layers ? *cfg.layers : layer_registry::with_builtins(), cfg.train->sample(), error);
 }
 
-// Whether `bytes` more fit in the tighter of two bounds: half the machine's memory, and what the
-// address-space limit (ulimit -v) leaves this process once the threads a job starts have their stacks
-// and malloc arenas (8 + 64 MiB of address space each); else false with *room naming that bound.
+// Whether `bytes` more fit in the tighter of two bounds: half the memory this process may use (the
+// machine's, or its control group's limit: kernels/host_memory.hpp), and what the address-space limit
+// (ulimit -v) leaves this process once the threads a job starts have their stacks and malloc arenas
+// (8 + 64 MiB of address space each); else false with *room naming that bound.
 bool enough_memory(double bytes, std::string* room) {
-  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  double most = ram > 0 ? ram / 2 : HUGE_VAL;
-  *room = "half of this machine's memory";
+  const memory_bound usable = usable_memory();
+  double most = usable.bytes > 0 ? usable.bytes / 2 : HUGE_VAL;
+  *room = usable.group.empty() ? "half of this machine's memory" : "half of " + describe(usable);
   rlimit as{};
   if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
     long pages = 0;  // the address space in use now: /proc/self/statm's first figure

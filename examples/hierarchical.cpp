@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "actors/topology.hpp"
+#include "kernels/host_memory.hpp"
 
 using namespace ringmaster;
 using clk = std::chrono::steady_clock;
@@ -74,10 +75,10 @@ int main(int argc, char** argv) {
   // Three copies (the input, and each scheme's result) of every rank's buffer: more than this machine has
   // would end in the OOM killer.
   const double need = 3.0 * nodes * per_node * double(floats) * sizeof(float);
-  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  if (ram > 0 && need > ram) {
-    std::fprintf(stderr, "hierarchical: %d x %d ranks of %zu floats need about %.1f GiB of memory, more than this machine's %.1f GiB\n",
-                 nodes, per_node, floats, need / (1 << 30), ram / (1 << 30));
+  const memory_bound usable = usable_memory();  // the machine's, or its control group's limit
+  if (usable.bytes > 0 && need > usable.bytes) {
+    std::fprintf(stderr, "hierarchical: %d x %d ranks of %zu floats need about %.1f GiB of memory, more than %s\n",
+                 nodes, per_node, floats, need / (1 << 30), describe(usable).c_str());
     return 2;
   }
   const int n = nodes * per_node;

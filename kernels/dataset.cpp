@@ -12,24 +12,27 @@
 #include <new>
 #include <random>
 
+#include "kernels/host_memory.hpp"
+
 namespace ringmaster {
 namespace {
 
 uint32_t be32(const uint8_t* p) { return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3]; }
 
 // Larger files (or their contents, uncompressed) are no MNIST-style data set: 4 GiB, and at most an
-// eighth of this machine's memory, as loading one holds it some 6 times over (the file, its data, the
-// floats). A gzip bomb of a few MB, or a header that lies, is refused before it takes the machine down.
+// eighth of the memory this process may use (kernels/host_memory.hpp), as loading one holds it some 6
+// times over (the file, its data, the floats). A gzip bomb of a few MB, or a header that lies, is
+// refused before it takes the machine down.
 size_t max_idx_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const memory_bound usable = usable_memory();
   const size_t cap = size_t(4) << 30;
-  if (pages <= 0 || page <= 0) return cap;
-  return std::min(cap, size_t(pages) / 8 * size_t(page));
+  if (usable.bytes <= 0) return cap;
+  return std::min(cap, size_t(usable.bytes / 8));
 }
 
 std::string too_large(size_t limit) {
   return "more than " + std::to_string(limit >> 20) + " MiB, not an MNIST-style file here (at most 4 GiB and an eighth of "
-         "this machine's memory)";
+         "the memory this process may use)";
 }
 
 // Reads the whole file as it is, compressed or not: a regular file (a FIFO would hang us, /dev/zero

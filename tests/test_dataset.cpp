@@ -13,6 +13,7 @@
 #include "actors/data_loader.hpp"
 #include "actors/messages.hpp"
 #include "kernels/dataset.hpp"
+#include "kernels/host_memory.hpp"
 
 using namespace ringmaster;
 namespace fs = std::filesystem;
@@ -432,4 +433,64 @@ TEST_CASE("data_fingerprint tells data sets of one count apart by any value, lab
   CHECK(data_fingerprint(b) != print);
   truncate(a, 1);
   CHECK(data_fingerprint(a) != print);
+}
+
+TEST_CASE("host memory: a control group's limit bounds a process below the machine's memory, the tightest of its groups", "[dataset]") {
+  tmpdir t;
+  const std::string root = t.p.string();
+  auto put = [&](const std::string& rel, const std::string& text) {
+    fs::create_directories((t.p / rel).parent_path());
+    std::ofstream(t.p / rel) << text;
+  };
+  const double gib = double(1 << 30), machine = 64 * gib;
+  // No group files: the machine's memory, said as such.
+  memory_bound b = usable_memory(machine, "0::/user.slice/job\n", root);
+  CHECK(b.bytes == machine);
+  CHECK(b.group.empty());
+  CHECK(describe(b) == "this machine's 64.0 GiB");
+  // cgroup v2: the job's own limit, and a tighter parent's (a Slurm job step under its job).
+  put("slurm/job_7/step_0/memory.max", "max\n");
+  put("slurm/job_7/memory.max", "4294967296\n");
+  put("slurm/memory.max", "8589934592\n");
+  b = usable_memory(machine, "0::/slurm/job_7/step_0\n", root);
+  CHECK(b.bytes == 4 * gib);
+  CHECK(b.group == "/slurm/job_7");
+  CHECK(describe(b) == "the 4.0 GiB control group /slurm/job_7 allows");
+  // A container's namespace: its group is "/", and the mount's own memory.max is its limit.
+  put("memory.max", "536870912\n");
+  b = usable_memory(machine, "0::/\n", root);
+  CHECK(b.bytes == 512.0 * (1 << 20));
+  CHECK(describe(b) == "the 512 MiB control group / allows");
+  fs::remove(t.p / "memory.max");
+  // cgroup v1: the memory controller's hierarchy (alone or with others on one line); its "unlimited"
+  // (a huge number) is no bound, and neither is a limit above the machine's memory.
+  put("memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n");
+  put("memory/docker/memory.limit_in_bytes", "2147483648\n");
+  b = usable_memory(machine, "5:cpu,memory:/docker/abc\n1:name=systemd:/\n", root);
+  CHECK(b.bytes == 2 * gib);
+  CHECK(b.group == "/docker");
+  b = usable_memory(machine, "4:memory:/docker/abc\n", root);
+  CHECK(b.bytes == 2 * gib);
+  b = usable_memory(machine, "4:cpuacct:/docker/abc\n", root);  // no memory controller named: no v1 bound
+  CHECK(b.bytes == machine);
+  // What is not a number of bytes is no bound: text, a negative or fractional figure, a number with
+  // garbage after it, an empty file; nor are malformed lines or paths that climb out of the mount.
+  for (const char* bad : {"lots\n", "-1\n", "1.5e9\n", "1073741824x\n", "", "0\n"}) {
+    put("odd/memory.max", bad);
+    b = usable_memory(machine, "0::/odd\n", root);
+    INFO(bad);
+    CHECK(b.bytes == machine);
+  }
+  put("x/memory.max", "1048576\n");
+  CHECK(usable_memory(machine, "0::/a/../x\n", root).bytes == machine);
+  CHECK(usable_memory(machine, "0::/x/..\n", root).bytes == machine);
+  CHECK(usable_memory(machine, "0::relative/x\ngarbage\n:\n", root).bytes == machine);
+  CHECK(usable_memory(machine, "0::/x/\n", root).bytes == 1048576);  // a trailing slash is the same group
+  // The machine's size unknown: a group's limit is still a bound; none at all is 0 (unknown).
+  CHECK(usable_memory(0, "0::/x\n", root).bytes == 1048576);
+  CHECK(usable_memory(0, "0::/\n", root).bytes == 0);
+  // This process: at most the machine's memory, and some.
+  const memory_bound here = usable_memory();
+  CHECK(here.bytes > 0);
+  CHECK(here.bytes <= double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)));
 }

@@ -37,6 +37,7 @@
 
 #include "actors/local_ring.hpp"
 #include "actors/process_ring.hpp"
+#include "kernels/host_memory.hpp"
 #include "net/keys.hpp"
 #include "net/seal.hpp"
 #include "net/shm_link.hpp"
@@ -204,11 +205,12 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   if (o->security.empty()) o->security = o->transport == "tcp" ? "sealed" : "curve";
   // Each rank (all on this machine) holds its buffer and as much again in chunks and copies: else bad_alloc.
   const double largest = double(*std::max_element(o->sizes.begin(), o->sizes.end()));
-  const double need = 2.0 * largest * o->ranks, ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  if (o->worker_rank < 0 && ram > 0 && need > ram) {
-    char text[200];
-    std::snprintf(text, sizeof text, "--sizes: %.0f bytes on %d ranks needs about %.1f GiB of memory, more than this machine's %.1f GiB",
-                  largest, o->ranks, need / (1 << 30), ram / (1 << 30));
+  const double need = 2.0 * largest * o->ranks;
+  const ringmaster::memory_bound usable = ringmaster::usable_memory();  // the machine's, or its control group's limit
+  if (o->worker_rank < 0 && usable.bytes > 0 && need > usable.bytes) {
+    char text[300];
+    std::snprintf(text, sizeof text, "--sizes: %.0f bytes on %d ranks needs about %.1f GiB of memory, more than %s",
+                  largest, o->ranks, need / (1 << 30), ringmaster::describe(usable).c_str());
     return text;
   }
   if (o->gloo && o->transport == "inproc")
