@@ -53,7 +53,7 @@ struct train_config {
   // (actors/reducer.hpp, poll_briefly) before it sleeps until they wake it; 0: never, the default. In one
   // process the neighbour's thread runs the ring anyway, and a spinning replica only takes that work over:
   // train_bench 784-64-10, 2 replicas on 2 cores, alternating runs gave 0.89-0.95 of the ideal without the
-  // spin, 0.86-0.89 with it (and 0.55-0.65 in half the runs while the spin lacked a pause instruction).
+  // spin, 0.55-0.90 with it (README, Benchmarks).
   std::chrono::microseconds ring_poll{0};
   // Checkpoints (actors/checkpoint.hpp): written into checkpoint_dir ("" none) every checkpoint_every steps
   // (0: at the end of every epoch) and after the last step. on_checkpoint hears of each file written.
@@ -75,7 +75,8 @@ struct train_config {
 std::shared_ptr<const model> build_model(const train_config& cfg, std::string* error);
 // Checks the configuration against the built model; returns an empty string or what is wrong.
 // replicas_here: how many of cfg.replicas this process runs (their memory, and their loaders' prefetched
-// batches, must fit in half of this machine's); 0: none (a launcher whose ranks run on nodes).
+// batches, must fit in half the memory this process may use: kernels/host_memory.hpp); 0: none (a
+// launcher whose ranks run on nodes).
 std::string check_config(const train_config& cfg, const model& m, int replicas_here);
 
 // Building blocks shared by local jobs, node daemons and remote jobs.

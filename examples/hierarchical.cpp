@@ -72,8 +72,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hierarchical: %d x %d ranks: at most 256 in all\n", nodes, per_node);
     return 2;
   }
-  // Three copies (the input, and each scheme's result) of every rank's buffer: more than this machine has
-  // would end in the OOM killer.
+  // Three copies (the input, and each scheme's result) of every rank's buffer: more than this process may
+  // use (the machine's memory, or its control group's limit) would end in the OOM killer.
   const double need = 3.0 * nodes * per_node * double(floats) * sizeof(float);
   const memory_bound usable = usable_memory();  // the machine's, or its control group's limit
   if (usable.bytes > 0 && need > usable.bytes) {

@@ -437,60 +437,83 @@ TEST_CASE("data_fingerprint tells data sets of one count apart by any value, lab
 
 TEST_CASE("host memory: a control group's limit bounds a process below the machine's memory, the tightest of its groups", "[dataset]") {
   tmpdir t;
-  const std::string root = t.p.string();
   auto put = [&](const std::string& rel, const std::string& text) {
     fs::create_directories((t.p / rel).parent_path());
     std::ofstream(t.p / rel) << text;
   };
+  // mountinfo lines as the kernel writes them: the group the mount shows (its root), and where.
+  auto mount = [&](const std::string& root, const std::string& dir, const std::string& type, const std::string& opts) {
+    return "31 23 0:28 " + root + " " + (t.p / dir).string() + " rw,relatime shared:9 - " + type + " " + type + " " + opts + "\n";
+  };
+  const std::string v2 = mount("/", "v2", "cgroup2", "rw,nsdelegate"), v1 = mount("/", "v1mem", "cgroup", "rw,memory");
   const double gib = double(1 << 30), machine = 64 * gib;
   // No group files: the machine's memory, said as such.
-  memory_bound b = usable_memory(machine, "0::/user.slice/job\n", root);
+  memory_bound b = usable_memory(machine, "0::/user.slice/job\n", v2);
   CHECK(b.bytes == machine);
   CHECK(b.group.empty());
   CHECK(describe(b) == "this machine's 64.0 GiB");
   // cgroup v2: the job's own limit, and a tighter parent's (a Slurm job step under its job).
-  put("slurm/job_7/step_0/memory.max", "max\n");
-  put("slurm/job_7/memory.max", "4294967296\n");
-  put("slurm/memory.max", "8589934592\n");
-  b = usable_memory(machine, "0::/slurm/job_7/step_0\n", root);
+  put("v2/slurm/job_7/step_0/memory.max", "max\n");
+  put("v2/slurm/job_7/memory.max", "4294967296\n");
+  put("v2/slurm/memory.max", "8589934592\n");
+  b = usable_memory(machine, "0::/slurm/job_7/step_0\n", v2);
   CHECK(b.bytes == 4 * gib);
   CHECK(b.group == "/slurm/job_7");
   CHECK(describe(b) == "the 4.0 GiB control group /slurm/job_7 allows");
-  // A container's namespace: its group is "/", and the mount's own memory.max is its limit.
-  put("memory.max", "536870912\n");
-  b = usable_memory(machine, "0::/\n", root);
+  CHECK(usable_memory(machine, "0::/slurm/job_7/step_0/\n", v2).bytes == 4 * gib);  // a trailing slash: the same group
+  // v2 is read only where cgroup2 is mounted: not from the v1 mount, nor from a tmpfs at another place.
+  CHECK(usable_memory(machine, "0::/slurm/job_7/step_0\n", mount("/", "v2", "tmpfs", "rw")).bytes == machine);
+  // A container with its own cgroup namespace: its group is "/", and the mount's own file is its limit.
+  put("v2/memory.max", "536870912\n");
+  b = usable_memory(machine, "0::/\n", v2);
   CHECK(b.bytes == 512.0 * (1 << 20));
-  CHECK(describe(b) == "the 512 MiB control group / allows");
-  fs::remove(t.p / "memory.max");
-  // cgroup v1: the memory controller's hierarchy (alone or with others on one line); its "unlimited"
-  // (a huge number) is no bound, and neither is a limit above the machine's memory.
-  put("memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n");
-  put("memory/docker/memory.limit_in_bytes", "2147483648\n");
-  b = usable_memory(machine, "5:cpu,memory:/docker/abc\n1:name=systemd:/\n", root);
+  CHECK(describe(b) == "the 512 MiB this container's control group allows");
+  fs::remove(t.p / "v2/memory.max");
+  // cgroup v1 (the memory controller's hierarchy, alone or with others on one line): its "unlimited" (a
+  // huge number) is no bound, and neither is a limit above the machine's memory.
+  put("v1mem/docker/abc/memory.limit_in_bytes", "9223372036854771712\n");
+  put("v1mem/docker/memory.limit_in_bytes", "2147483648\n");
+  b = usable_memory(machine, "5:cpu,memory:/docker/abc\n1:name=systemd:/\n", v1);
   CHECK(b.bytes == 2 * gib);
   CHECK(b.group == "/docker");
-  b = usable_memory(machine, "4:memory:/docker/abc\n", root);
-  CHECK(b.bytes == 2 * gib);
-  b = usable_memory(machine, "4:cpuacct:/docker/abc\n", root);  // no memory controller named: no v1 bound
-  CHECK(b.bytes == machine);
+  CHECK(usable_memory(machine, "4:cpuacct:/docker/abc\n", v1).bytes == machine);  // no memory controller named
+  CHECK(usable_memory(0, "4:memory:/docker/abc\n", mount("/docker/abc", "v1mem/docker/abc", "cgroup", "rw,memory")).bytes == 0);
+  // A v1 container without a cgroup namespace: /proc/self/cgroup names the group in the whole hierarchy,
+  // the mount shows only that group; memory.stat's hierarchical limit counts the groups above it.
+  put("ctr/memory.limit_in_bytes", "9223372036854771712\n");
+  put("ctr/memory.stat", "cache 0\nhierarchical_memory_limit 1073741824\nrss 0\n");
+  const std::string ctr = mount("/docker/abc", "ctr", "cgroup", "rw,memory");
+  b = usable_memory(machine, "4:memory:/docker/abc\n", ctr);
+  CHECK(b.bytes == gib);
+  CHECK(describe(b) == "the 1.0 GiB control group /docker/abc allows");
+  put("ctr/job/memory.limit_in_bytes", "268435456\n");  // a group made inside that container
+  b = usable_memory(machine, "4:memory:/docker/abc/job\n", ctr);
+  CHECK(b.bytes == 256.0 * (1 << 20));
+  CHECK(b.group == "/docker/abc/job");
+  CHECK(usable_memory(machine, "4:memory:/other\n", ctr).bytes == machine);  // a group the mount does not show
+  // Mount points with spaces come escaped (\040).
+  put("with space/memory.max", "1073741824\n");
+  std::string spaced = mount("/", "with space", "cgroup2", "rw");
+  spaced.replace(spaced.find("with space"), 10, "with\\040space");
+  CHECK(usable_memory(machine, "0::/\n", spaced).bytes == gib);
   // What is not a number of bytes is no bound: text, a negative or fractional figure, a number with
-  // garbage after it, an empty file; nor are malformed lines or paths that climb out of the mount.
+  // garbage after it, an empty file, 0, a FIFO (which is not opened to block); nor are malformed lines or
+  // paths that climb out of the mount.
   for (const char* bad : {"lots\n", "-1\n", "1.5e9\n", "1073741824x\n", "", "0\n"}) {
-    put("odd/memory.max", bad);
-    b = usable_memory(machine, "0::/odd\n", root);
+    put("v2/odd/memory.max", bad);
     INFO(bad);
-    CHECK(b.bytes == machine);
+    CHECK(usable_memory(machine, "0::/odd\n", v2).bytes == machine);
   }
-  put("x/memory.max", "1048576\n");
-  CHECK(usable_memory(machine, "0::/a/../x\n", root).bytes == machine);
-  CHECK(usable_memory(machine, "0::/x/..\n", root).bytes == machine);
-  CHECK(usable_memory(machine, "0::relative/x\ngarbage\n:\n", root).bytes == machine);
-  CHECK(usable_memory(machine, "0::/x/\n", root).bytes == 1048576);  // a trailing slash is the same group
-  // The machine's size unknown: a group's limit is still a bound; none at all is 0 (unknown).
-  CHECK(usable_memory(0, "0::/x\n", root).bytes == 1048576);
-  CHECK(usable_memory(0, "0::/\n", root).bytes == 0);
-  // This process: at most the machine's memory, and some.
-  const memory_bound here = usable_memory();
-  CHECK(here.bytes > 0);
-  CHECK(here.bytes <= double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)));
+  fs::create_directories(t.p / "v2/fifo");
+  REQUIRE(mkfifo((t.p / "v2/fifo/memory.max").c_str(), 0600) == 0);
+  CHECK(usable_memory(machine, "0::/fifo\n", v2).bytes == machine);
+  put("v2/x/memory.max", "1048576\n");
+  CHECK(usable_memory(machine, "0::/a/../x\n", v2).bytes == machine);
+  CHECK(usable_memory(machine, "0::/x/..\n", v2).bytes == machine);
+  CHECK(usable_memory(machine, "0::relative/x\ngarbage\n:\n", v2).bytes == machine);
+  CHECK(usable_memory(machine, "0::/x\n", "garbage\n- cgroup2\n31 23 0:28 /\n").bytes == machine);
+  CHECK(usable_memory(machine, "0::/x\n", v2).bytes == 1048576);
+  CHECK(usable_memory(0, "0::/x\n", v2).bytes == 1048576);  // the machine's size unknown: a group's limit still binds
+  // This process: some memory, found.
+  CHECK(usable_memory().bytes > 0);
 }

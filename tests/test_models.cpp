@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "actors/training.hpp"
+#include "kernels/host_memory.hpp"
 #include "kernels/layers.hpp"
 #include "kernels/model.hpp"
 #include "kernels/registry.hpp"
@@ -507,9 +508,9 @@ TEST_CASE("hostile descriptions and files: wrapped sizes, control characters, hu
   CHECK((has(r.error, "MiB, over half of ") || has(r.error, "the limit is 2^28")));
   // The memory budget counts every replica of this process and its loader's prefetched batches: a job
   // each replica of which fits may still not fit all of them (a node offering cpu:4), nor a prefetch of 64
-  // huge batches. Sized from this machine's memory; the data set is only its labels (nothing here reads
-  // the pixels).
-  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  // huge batches. Sized from the memory this process may use (the machine's, or its control group's
+  // limit, as check_config weighs it); the data set is only its labels (nothing here reads the pixels).
+  const double ram = usable_memory().bytes;
   const int64_t in = 1000, per_replica = int64_t(ram / 120 / in);  // ~20 bytes a sample and feature: a sixth of memory
   auto big = std::make_shared<dataset>();
   big->count = size_t(4 * per_replica);

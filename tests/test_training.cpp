@@ -133,6 +133,24 @@ TEST_CASE("gradient buckets overlapped with backward give the weights of one all
   }
 }
 
+TEST_CASE("replicas that spin for their ring's end (train_config::ring_poll) train the same weights, bit for bit", "[training]") {
+  // Off by default in one process; on, a replica whose next batch is in takes the ring's chunks on its own
+  // thread (actors/reducer.hpp, poll_briefly). Two replicas: a worker each on any machine of 2+ cores, the
+  // condition for the spin. Buckets, so chunks come while the replica still computes.
+  auto train_set = load("train", 1200);
+  train_config c = like_one_config("784-64-32-10", optimizer_config::adam, 2, train_set);
+  c.bucket_bytes = 8000;
+  train_result still = train(c);
+  REQUIRE(still.ok);
+  c.ring_poll = std::chrono::microseconds(300);
+  train_result spun = train(c);
+  REQUIRE(spun.ok);
+  CHECK(spun.identical);
+  CHECK(spun.history[0].samples == int64_t(train_set->count));
+  CHECK(spun.weights == still.weights);
+  check_weights_moved(c, spun.weights);
+}
+
 TEST_CASE("metrics are exact sums and training learns", "[training]") {
   train_config c;
   c.model = "784-128-10";

@@ -206,12 +206,10 @@ std::string parse(int argc, char** argv, options* o, bool* help) {
   // Each rank (all on this machine) holds its buffer and as much again in chunks and copies: else bad_alloc.
   const double largest = double(*std::max_element(o->sizes.begin(), o->sizes.end()));
   const double need = 2.0 * largest * o->ranks;
-  const ringmaster::memory_bound usable = ringmaster::usable_memory();  // the machine's, or its control group's limit
-  if (o->worker_rank < 0 && usable.bytes > 0 && need > usable.bytes) {
-    char text[300];
-    std::snprintf(text, sizeof text, "--sizes: %.0f bytes on %d ranks needs about %.1f GiB of memory, more than %s",
-                  largest, o->ranks, need / (1 << 30), ringmaster::describe(usable).c_str());
-    return text;
+  if (const auto usable = ringmaster::usable_memory(); o->worker_rank < 0 && usable.bytes > 0 && need > usable.bytes) {
+    char text[120];  // the bound may be a control group's limit (kernels/host_memory.hpp)
+    std::snprintf(text, sizeof text, "--sizes: %.0f bytes on %d ranks needs about %.1f GiB of memory, more than ", largest, o->ranks, need / (1 << 30));
+    return text + ringmaster::describe(usable);
   }
   if (o->gloo && o->transport == "inproc")
     return "--compare gloo: with --transport ipc, tcp or shm (Gloo's ring runs between processes)";

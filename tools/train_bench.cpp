@@ -270,8 +270,9 @@ int run(int argc, char** argv) {
                   "data). Samples/s of the epochs after the first (evaluation off); medians of --repeat rounds,\n"
                   "local and nodes interleaved; --steps: steps measured (default: about 2e11 flops' worth).\n"
                   "--ring-poll-us N: how long a replica whose next batch is in spins for its ring's end, taking\n"
-                  "chunks itself: in this process train_config::ring_poll (default 0, never), with --nodes the\n"
-                  "daemons' --ring-poll-us (default theirs, 300); for A/B runs.\n");
+                  "chunks itself (train_config::ring_poll; with --nodes also the daemons' --ring-poll-us), for\n"
+                  "A/B runs. Without it each side runs its default, as users run them: 0 (never) in one\n"
+                  "process, where the neighbour's thread runs the ring anyway, 300 on nodes.\n");
       return 0;
     } else {
       std::fprintf(stderr, "train_bench: unknown flag %s (try --help)\n", a.c_str());

@@ -20,7 +20,7 @@ double process_cpu();
 
 // --nodes N: the models trained on N node daemons against N replicas in this process; the exit status.
 // node_bin: the daemon to start; empty: ringmaster-node next to this program. ring_poll_us: the daemons'
-// --ring-poll-us; -1: their default.
+// --ring-poll-us and the local replicas' train_config::ring_poll; -1: each side's default.
 int nodes_main(const std::vector<std::string>& models, int nodes, int per_replica, int steps, int repeat,
                const std::string& data_dir, std::string node_bin, int ring_poll_us);
 

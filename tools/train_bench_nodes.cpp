@@ -372,6 +372,7 @@ int nodes_main(const std::vector<std::string>& models, int nodes, int per_replic
     train_config c;
     c.model = m;
     c.replicas = nodes;
+    if (ring_poll_us >= 0) c.ring_poll = std::chrono::microseconds(ring_poll_us);  // else each side's default
     c.global_batch = global_batch;
     c.evaluate = false;
     c.train = data;
