@@ -23,6 +23,7 @@
 #include "actors/data_cache.hpp"
 #include "actors/job_plan.hpp"
 #include "actors/node_job.hpp"
+#include "kernels/host_memory.hpp"
 #include "net/bridge.hpp"
 #include "net/shm_link.hpp"
 
@@ -518,6 +519,9 @@ bool node_service::start(std::string* error) {
                              (d->opt.insecure ? ", plain)" : ", sealed)")
                        : "") +
          ", offering " + d->opt.devices + ", data from " + d->opt.data_dir);
+  // Under Slurm, systemd or a container the group's limit, not the machine's memory, decides which jobs fit.
+  if (const memory_bound usable = usable_memory(); !usable.group.empty())
+    d->log("memory: " + describe(usable) + "; a job needing more than half of it is refused");
   // Segments a daemon killed with SIGKILL left behind (their memory stays reserved until removed).
   if (const int swept = net::sweep_segments())
     d->log("removed " + std::to_string(swept) + " shared-memory segment(s) of processes that are gone");

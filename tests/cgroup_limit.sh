@@ -32,4 +32,16 @@ echo "$out"
 [ $rc -eq 2 ] || { echo "FAIL: exit $rc, want 2"; exit 1; }
 echo "$out" | grep -q "over half of the 768 MiB control group [^ ]*/ringmaster-test-$$ allows" ||
   { echo "FAIL: the group's limit is not named"; exit 1; }
+# A node daemon started in the group says at start which limit its jobs must fit in.
+node="$(dirname "$mnist")/ringmaster-node"
+log=$(mktemp)
+sh -c 'echo $$ > "$1/cgroup.procs" && exec "$2" --listen "ipc://$3.sock" --insecure' sh "$g" "$node" "$log" > "$log" 2>&1 &
+pid=$!
+for i in $(seq 100); do grep -q "listening on" "$log" && break; sleep 0.1; done
+kill $pid 2>/dev/null; wait $pid 2>/dev/null
+cat "$log"
+grep -q "memory: the 768 MiB control group [^ ]*/ringmaster-test-$$ allows; a job needing more than half of it is refused" "$log"
+ok=$?
+rm -f "$log" "$log.sock"
+[ $ok -eq 0 ] || { echo "FAIL: the node did not name its group's limit"; exit 1; }
 echo "OK"
