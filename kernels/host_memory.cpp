@@ -23,7 +23,7 @@ std::string head_of(const std::string& path) {
   struct stat st {};
   std::string out;
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    char buf[4096];
+    char buf[16384];  // v1's memory.stat, the longest read, is some 1 KB
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n > 0) out.assign(buf, size_t(n));
   }

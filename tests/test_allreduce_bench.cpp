@@ -244,10 +244,12 @@ TEST_CASE("latency_probe: one row per transport with its ratio to blocking TCP, 
 TEST_CASE("train_bench and layer_bench: a short run prints its row, and bad flags exit 2 with a clear message", "[bench]") {
   const std::string train = "timeout 120 " + std::string(RINGMASTER_TRAIN_BENCH_BIN);
   const std::string layer = "timeout 120 " + std::string(RINGMASTER_LAYER_BENCH_BIN);
-  run_result t = ringmaster::test::run(train + " --models 784-16-10 --replicas 2 --batch 8 --steps 20 --repeat 1");
-  INFO(t.out);
-  CHECK(t.status == 0);
-  CHECK(t.out.find("\n  784-16-10 ") != std::string::npos);
+  for (const std::string spin : {"", " --ring-poll-us 300"}) {  // the default, and the in-process spin on
+    run_result t = ringmaster::test::run(train + " --models 784-16-10 --replicas 2 --batch 8 --steps 20 --repeat 1" + spin);
+    INFO(t.out);
+    CHECK(t.status == 0);
+    CHECK(t.out.find("\n  784-16-10 ") != std::string::npos);
+  }
   run_result l = ringmaster::test::run(layer + " --model 784-16-10 --batch 8 --iters 2 --repeat 1");
   INFO(l.out);
   CHECK(l.status == 0);
@@ -258,6 +260,7 @@ TEST_CASE("train_bench and layer_bench: a short run prints its row, and bad flag
       {train + " --batch 12abc", "--batch wants a whole number in 1-65536, not '12abc'"},
       {train + " --steps 0", "--steps wants a whole number in 1-100000000, not '0'"},
       {train + " --nodes 0", "--nodes wants a whole number in 2-64, not '0'"},
+      {train + " --ring-poll-us -1", "--ring-poll-us wants a whole number in 0-1000000, not '-1'"},
       {train + " --data /tmp", "--node-bin and --data go with --nodes N"},
       // A Python that cannot run printed 0 as PyTorch's figure.
       {train + " --torch --python /nonexistent", "--torch: /nonexistent cannot import torch"},
