@@ -11,7 +11,9 @@ elif [ -w /sys/fs/cgroup ] && grep -qw memory /sys/fs/cgroup/cgroup.subtree_cont
   base=/sys/fs/cgroup limit=memory.max
 fi
 if [ -n "$base" ]; then
-  for old in "$base"/ringmaster-test-*; do rmdir "$old" 2>/dev/null; done  # left by a run killed with SIGKILL
+  for old in "$base"/ringmaster-test-*; do  # left by a run killed with SIGKILL (its shell is gone)
+    [ -d "$old" ] && ! kill -0 "${old##*-}" 2>/dev/null && rmdir "$old" 2>/dev/null
+  done
   g="$base/ringmaster-test-$$"
 fi
 if [ -z "$g" ] || ! mkdir "$g" 2>/dev/null; then
