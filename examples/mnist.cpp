@@ -209,6 +209,9 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, which is reported and leaves the old
   // file, rather than kill us with no word and a temporary file left behind.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Whole lines, even into a file or pipe: a job log that takes both streams (Slurm's slurm-%j.out) then
+  // has the header before an error on stderr, not after it. A line an epoch costs nothing.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   options o;
   train_config& c = o.cfg;
   po::options_description desc(

@@ -955,6 +955,8 @@ TEST_CASE("launcher: nodes that do not fit the daemons exit 2: one daemon at two
   INFO(more.out);
   CHECK(more.status == 2);
   CHECK(more.out.find("job asks for 2 replicas, this node offers cpu:1") != std::string::npos);
+  // Into a pipe too, the header (stdout) comes before the error (stderr), as it was printed.
+  CHECK(more.out.find("ringmaster-mnist: model ") < more.out.find("job asks for 2 replicas"));
 }
 
 TEST_CASE("a node stopped while it sets up a job is named as stopped at once, not waited for as a silent one", "[nodes]") {
