@@ -22,12 +22,15 @@ uint32_t be32(const uint8_t* p) { return uint32_t(p[0]) << 24 | uint32_t(p[1]) <
 // Larger files (or their contents, uncompressed) are no MNIST-style data set: 4 GiB, and at most an
 // eighth of the memory this process may use (kernels/host_memory.hpp), as loading one holds it some 6
 // times over (the file, its data, the floats). A gzip bomb of a few MB, or a header that lies, is
-// refused before it takes the machine down.
+// refused before it takes the machine down. Worked out once a process: it reads /proc and the cgroup
+// files, and a reader may be called for many small inputs (the fuzzer: for each).
 size_t max_idx_bytes() {
-  const memory_bound usable = usable_memory();
-  const size_t cap = size_t(4) << 30;
-  if (usable.bytes <= 0) return cap;
-  return std::min(cap, size_t(usable.bytes / 8));
+  static const size_t limit = [] {
+    const memory_bound usable = usable_memory();
+    const size_t cap = size_t(4) << 30;
+    return usable.bytes <= 0 ? cap : std::min(cap, size_t(usable.bytes / 8));
+  }();
+  return limit;
 }
 
 std::string too_large(size_t limit) {
