@@ -532,42 +532,10 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       if (h.type == msg_type::error && running) kill_node(node, why);
       return;
     }
-    case msg_type::report: {
-      if (!wire::decode_kv(p.text(), &kv, &error)) return;
-      const std::string kind = report_kind(kv);
-      if (kind == "paused") {  // numbered as the replica knew itself: counted per node
-        pause_report r;
-        if (from_kv(kv, &r, &error)) on_paused(node, h.sender_rank, r);
-        return;
-      }
-      if (!reports_to_us(node, h.sender_rank)) return;
-      if (kind == "stall") {
-        stall_report r;
-        if (from_kv(kv, &r, int(proxies.size()), &error)) on_stall(node, h.sender_rank, r);
-        return;
-      }
-      if (kind == "step") {
-        step_report r;
-        r.rank = h.sender_rank;
-        // A report we cannot read would leave its step open for ever: the node is faulty, say so.
-        if (!from_kv(kv, &r, &error)) return kill_node(node, "node " + ro.nodes[size_t(node)] + " sent a bad step report: " + error);
-        if (node == fresh) fresh = -1, join_failures[size_t(node)] = join_late[size_t(node)] = 0;  // it runs
-        // Within the job (the coordinator refuses the rest): then the product cannot overflow.
-        if (r.epoch >= 0 && r.step >= 0 && r.step < steps_per_epoch && r.epoch < total_steps / std::max<int64_t>(1, steps_per_epoch) &&
-            r.epoch * steps_per_epoch + r.step + 1 > seen_step) {
-          seen_step = r.epoch * steps_per_epoch + r.step + 1;
-          seen_step_at = clock_type::now();
-          if (joins == join_step::pausing) forming_since = clock_type::now();  // on the way to the pause
-        }
-        caf::anon_send(coordinator, r);
-      } else if (kind == "eval") {
-        eval_report r;
-        r.rank = h.sender_rank;
-        if (!from_kv(kv, &r, &error)) return kill_node(node, "node " + ro.nodes[size_t(node)] + " sent a bad evaluation report: " + error);
-        caf::anon_send(coordinator, r);
-      }
-      return;
-    }
+    case msg_type::report:
+      return on_report(node, h, p);
+    case msg_type::steps:
+      return on_steps(node, p);
     case msg_type::done:
       if (reports_to_us(node, h.sender_rank)) caf::anon_send(coordinator, done_atom::value, int(h.sender_rank));
       return;

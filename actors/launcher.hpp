@@ -171,6 +171,9 @@ struct launcher {
 
  private:
   void take_checkpoint(int node, const wire::header& h, const net::payload& p);
+  // A report message (kind=eval, paused or stall), and a steps message's step reports (launcher_reports.cpp).
+  void on_report(int node, const wire::header& h, const net::payload& p);
+  void on_steps(int node, const net::payload& p);
   // A node stopped by a signal is a lost node (elastic jobs go on without it), and so is one that fails
   // before its first step after it rejoined; other aborts end the job.
   void on_abort(int node, wire::kv_map& kv);

@@ -1,5 +1,6 @@
 #include "actors/node_links.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -92,14 +93,16 @@ struct report_queue {
   std::vector<step_report> reports;
   bool flush_due = false;
 
+  // In one steps message (each rank's reports in their order), or more when there are that many.
   void flush(net::bridge* br, const net::peer_info& launcher, uint64_t job) {
-    for (const step_report& r : reports) {
+    for (size_t at = 0; at < reports.size(); at += wire::kMaxStepRecords) {
+      const size_t n = std::min<size_t>(reports.size() - at, wire::kMaxStepRecords);
       wire::header h;
-      h.type = wire::msg_type::report;
+      h.type = wire::msg_type::steps;
       h.job_id = job;
-      h.step = r.step;
-      h.sender_rank = r.rank;
-      send_kv(br, launcher, h, to_kv(r));  // kind=step
+      h.step = reports[at + n - 1].step;
+      h.elements = n;
+      br->reply(launcher, h, net::payload::copy_of(encode_steps(&reports[at], n)));
     }
     reports.clear();
   }

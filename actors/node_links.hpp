@@ -10,7 +10,8 @@
 namespace ringmaster {
 
 // On a node: the coordinator as the node's replicas see it. Ships step reports (gathered for up to
-// kReportFlush or kReportBatch reports, so a fast job does not wake three threads per step for them; any
+// kReportFlush or kReportBatch reports into one steps message, so a fast job does not wake three threads
+// per step for them, nor costs the launcher a message per rank and step; any
 // other message sends them first, so the launcher sees everything in order), eval reports, pause reports,
 // done and rank 0's states for checkpoints (checkpoint messages, one per buffer) to the launcher; answers
 // {weights_atom, rank} by fetching that replica's weights and sending them, and {checkpt_atom, rank,

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "kernels/registry.hpp"
 
@@ -61,22 +62,28 @@ struct reader {
 };
 
 // A generation: 0..2^20 (job_plan.cpp's limit).
+constexpr int64_t kMaxGen = 1 << 20;
 void gen(reader& rd, int* out) {
   int64_t g = 0;
-  rd.num("gen", &g, 0, 1 << 20);
+  rd.num("gen", &g, 0, kMaxGen);
   *out = int(g);
 }
 
-}  // namespace
-
-wire::kv_map to_kv(const step_report& r) {
-  return {{"kind", "step"},                   {"gen", std::to_string(r.gen)}, {"epoch", std::to_string(r.epoch)},
-          {"step", std::to_string(r.step)},   {"loss", hexf(r.loss_sum)},
-          {"correct", std::to_string(r.correct)},
-          {"count", std::to_string(r.count)}, {"wait_batch", hexf(r.wait_batch)},
-          {"compute", hexf(r.compute)},       {"wait_ring", hexf(r.wait_ring)},
-          {"update", hexf(r.update)}};
+void put_f64(unsigned char* p, double v) {
+  uint64_t u;
+  std::memcpy(&u, &v, sizeof u);
+  wire::put_le<uint64_t>(p, u);
 }
+double get_f64(const unsigned char* p) {
+  const uint64_t u = wire::get_le<uint64_t>(p);
+  double v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+// Seconds: 0 to a year, as the kv reader's times.
+bool is_time(double s) { return s >= 0 && s <= 3.2e7; }
+
+}  // namespace
 
 wire::kv_map to_kv(const eval_report& r) {
   return {{"kind", "eval"},                   {"gen", std::to_string(r.gen)}, {"epoch", std::to_string(r.epoch)},
@@ -92,27 +99,62 @@ wire::kv_map to_kv(const stall_report& r) {
   return {{"kind", "stall"}, {"gen", std::to_string(r.gen)}, {"waiting_for", std::to_string(r.waiting_for)}, {"why", r.why.substr(0, 1000)}};
 }
 
+std::string encode_steps(const step_report* r, size_t n) {
+  std::string out(n * wire::kStepRecordBytes, '\0');
+  auto* p = reinterpret_cast<unsigned char*>(out.data());
+  for (size_t i = 0; i < n; ++i, p += wire::kStepRecordBytes) {
+    wire::put_le<int32_t>(p + 0, r[i].rank);
+    wire::put_le<int32_t>(p + 4, r[i].gen);
+    wire::put_le<int64_t>(p + 8, r[i].epoch);
+    wire::put_le<int64_t>(p + 16, r[i].step);
+    put_f64(p + 24, r[i].loss_sum);
+    wire::put_le<int64_t>(p + 32, r[i].correct);
+    wire::put_le<int64_t>(p + 40, r[i].count);
+    put_f64(p + 48, r[i].wait_batch);
+    put_f64(p + 56, r[i].compute);
+    put_f64(p + 64, r[i].wait_ring);
+    put_f64(p + 72, r[i].update);
+  }
+  return out;
+}
+
+bool decode_steps(const void* data, size_t bytes, std::vector<step_report>* out, std::string* error) {
+  if (bytes == 0 || bytes % wire::kStepRecordBytes != 0 || bytes / wire::kStepRecordBytes > wire::kMaxStepRecords) {
+    *error = "step records of " + std::to_string(bytes) + " bytes";
+    return false;
+  }
+  const auto* p = static_cast<const unsigned char*>(data);
+  out->resize(bytes / wire::kStepRecordBytes);
+  for (size_t i = 0; i < out->size(); ++i, p += wire::kStepRecordBytes) {
+    step_report& r = (*out)[i];
+    r.rank = wire::get_le<int32_t>(p + 0);
+    r.gen = wire::get_le<int32_t>(p + 4);
+    r.epoch = wire::get_le<int64_t>(p + 8);
+    r.step = wire::get_le<int64_t>(p + 16);
+    r.loss_sum = get_f64(p + 24);  // may be NaN or infinite: the coordinator stops that job and says why
+    r.correct = wire::get_le<int64_t>(p + 32);
+    r.count = wire::get_le<int64_t>(p + 40);
+    r.wait_batch = get_f64(p + 48);
+    r.compute = get_f64(p + 56);
+    r.wait_ring = get_f64(p + 64);
+    r.update = get_f64(p + 72);
+    const char* bad = r.rank < 0 ? "rank" : r.gen < 0 || r.gen > kMaxGen ? "gen" : r.epoch < 0 ? "epoch" : r.step < 0 ? "step"
+                    : r.correct < 0 ? "correct" : r.count < 0 ? "count" : !is_time(r.wait_batch) ? "wait_batch"
+                    : !is_time(r.compute) ? "compute" : !is_time(r.wait_ring) ? "wait_ring" : !is_time(r.update) ? "update" : nullptr;
+    if (bad) {
+      *error = "step record " + std::to_string(i) + " has a bad " + bad;
+      return false;
+    }
+  }
+  return true;
+}
+
 std::string report_kind(const wire::kv_map& kv) {
   auto it = kv.find("kind");
   if (it == kv.end()) return "";
-  for (const char* k : {"step", "eval", "paused", "stall"})
+  for (const char* k : {"eval", "paused", "stall"})
     if (it->second == k) return it->second;
   return "";
-}
-
-bool from_kv(const wire::kv_map& kv, step_report* r, std::string* error) {
-  reader rd{kv, error};
-  gen(rd, &r->gen);
-  rd.num("epoch", &r->epoch, 0, INT64_MAX);
-  rd.num("step", &r->step, 0, INT64_MAX);
-  rd.real("loss", &r->loss_sum, false);
-  rd.num("correct", &r->correct, 0, INT64_MAX);
-  rd.num("count", &r->count, 0, INT64_MAX);
-  rd.real("wait_batch", &r->wait_batch, true);
-  rd.real("compute", &r->compute, true);
-  rd.real("wait_ring", &r->wait_ring, true);
-  rd.real("update", &r->update, true);
-  return rd.ok;
 }
 
 bool from_kv(const wire::kv_map& kv, eval_report* r, std::string* error) {

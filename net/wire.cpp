@@ -6,22 +6,6 @@
 namespace ringmaster::wire {
 namespace {
 
-// Explicit little-endian packing: the layout is the same whatever the host's byte order or padding.
-template <class T>
-void put(unsigned char* p, T v) {
-  using U = std::make_unsigned_t<T>;
-  U u = static_cast<U>(v);
-  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<unsigned char>(u >> (8 * i));
-}
-
-template <class T>
-T get(const unsigned char* p) {
-  using U = std::make_unsigned_t<T>;
-  U u = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) u |= static_cast<U>(U(p[i]) << (8 * i));
-  return static_cast<T>(u);
-}
-
 std::string hex32(uint32_t v) {
   char b[16];
   std::snprintf(b, sizeof b, "0x%08x", v);
@@ -53,6 +37,7 @@ const char* type_name(msg_type t) {
     case msg_type::checkpoint: return "checkpoint";
     case msg_type::pause: return "pause";
     case msg_type::reform: return "reform";
+    case msg_type::steps: return "steps";
   }
   return "unknown";
 }
@@ -66,17 +51,17 @@ bool is_tensor_type(msg_type t) {
 header_bytes encode(const header& h) {
   header_bytes b{};
   unsigned char* p = b.data();
-  put<uint32_t>(p + 0, kMagic);
-  put<uint16_t>(p + 4, h.version);
-  put<uint16_t>(p + 6, static_cast<uint16_t>(h.type));
-  put<uint64_t>(p + 8, h.job_id);
-  put<int64_t>(p + 16, h.step);
-  put<int32_t>(p + 24, h.sender_rank);
-  put<int32_t>(p + 28, h.round);
-  put<int32_t>(p + 32, h.segment);
-  put<uint32_t>(p + 36, h.flags);
-  put<uint64_t>(p + 40, h.elements);
-  put<uint64_t>(p + 48, h.payload_bytes);
+  put_le<uint32_t>(p + 0, kMagic);
+  put_le<uint16_t>(p + 4, h.version);
+  put_le<uint16_t>(p + 6, static_cast<uint16_t>(h.type));
+  put_le<uint64_t>(p + 8, h.job_id);
+  put_le<int64_t>(p + 16, h.step);
+  put_le<int32_t>(p + 24, h.sender_rank);
+  put_le<int32_t>(p + 28, h.round);
+  put_le<int32_t>(p + 32, h.segment);
+  put_le<uint32_t>(p + 36, h.flags);
+  put_le<uint64_t>(p + 40, h.elements);
+  put_le<uint64_t>(p + 48, h.payload_bytes);
   return b;
 }
 
@@ -96,6 +81,9 @@ bool validate(const header& h, std::string* error) {
   if (h.payload_bytes > kMaxPayloadBytes)
     return fail(error, "payload of " + std::to_string(h.payload_bytes) + " bytes exceeds the limit of " +
                            std::to_string(kMaxPayloadBytes));
+  if (h.type == msg_type::steps && (h.elements < 1 || h.elements > kMaxStepRecords || h.elements * kStepRecordBytes != h.payload_bytes))
+    return fail(error, "steps message says " + std::to_string(h.elements) + " records (1.." + std::to_string(kMaxStepRecords) +
+                           ") in " + std::to_string(h.payload_bytes) + " payload bytes");
   if (is_tensor_type(h.type)) {
     // Compare without multiplying first: elements * 4 could overflow for a forged count.
     if (h.elements > kMaxPayloadBytes / sizeof(float) || h.elements * sizeof(float) != h.payload_bytes)
@@ -111,19 +99,19 @@ bool decode(const void* data, size_t size, header* out, std::string* error) {
     return fail(error, "header frame is " + std::to_string(size) + " bytes, expected " +
                            std::to_string(kHeaderSize));
   const auto* p = static_cast<const unsigned char*>(data);
-  const auto magic = get<uint32_t>(p);
+  const auto magic = get_le<uint32_t>(p);
   if (magic != kMagic) return fail(error, "bad magic " + hex32(magic) + ", expected " + hex32(kMagic));
   header h;
-  h.version = get<uint16_t>(p + 4);
-  h.type = static_cast<msg_type>(get<uint16_t>(p + 6));
-  h.job_id = get<uint64_t>(p + 8);
-  h.step = get<int64_t>(p + 16);
-  h.sender_rank = get<int32_t>(p + 24);
-  h.round = get<int32_t>(p + 28);
-  h.segment = get<int32_t>(p + 32);
-  h.flags = get<uint32_t>(p + 36);
-  h.elements = get<uint64_t>(p + 40);
-  h.payload_bytes = get<uint64_t>(p + 48);
+  h.version = get_le<uint16_t>(p + 4);
+  h.type = static_cast<msg_type>(get_le<uint16_t>(p + 6));
+  h.job_id = get_le<uint64_t>(p + 8);
+  h.step = get_le<int64_t>(p + 16);
+  h.sender_rank = get_le<int32_t>(p + 24);
+  h.round = get_le<int32_t>(p + 28);
+  h.segment = get_le<int32_t>(p + 32);
+  h.flags = get_le<uint32_t>(p + 36);
+  h.elements = get_le<uint64_t>(p + 40);
+  h.payload_bytes = get_le<uint64_t>(p + 48);
   if (!validate(h, error)) return false;
   *out = h;
   return true;
@@ -132,9 +120,9 @@ bool decode(const void* data, size_t size, header* out, std::string* error) {
 bool peek_version(const void* data, size_t size, uint16_t* version, uint16_t* type) {
   if (!data || size < 8) return false;
   const auto* p = static_cast<const unsigned char*>(data);
-  if (get<uint32_t>(p) != kMagic) return false;
-  *version = get<uint16_t>(p + 4);
-  *type = get<uint16_t>(p + 6);
+  if (get_le<uint32_t>(p) != kMagic) return false;
+  *version = get_le<uint16_t>(p + 4);
+  *type = get_le<uint16_t>(p + 6);
   return true;
 }
 

@@ -23,7 +23,14 @@
 // Payloads: chunk, weights and checkpoint carry floats; job and reform a JSON job plan (actors/job_plan.hpp,
 // at most kMaxJobBytes); hello, hello_ack, job_ack, report, abort, error and pause key=value text
 // (kMaxKvBytes; the bridge's refusal of another version is plain text), a report naming its kind
-// ("kind=step", "kind=eval" or "kind=paused"); start, done, heartbeat and bye nothing. A chunk's job_id is
+// ("kind=eval", "kind=paused" or "kind=stall"); steps `elements` step records; start, done, heartbeat
+// and bye nothing.
+//
+// Step record (kStepRecordBytes = 80, little-endian like the header; what a replica reports after each
+// step, actors/messages.hpp's step_report; a node sends those of every step, so they go in batches, not
+// one key=value message each, which cost the launcher more than a core's tenth in a fast job):
+//   0  i32 rank   4 i32 gen      8 i64 epoch     16 i64 step      24 f64 loss_sum   32 i64 correct
+//  40  i64 count 48 f64 wait_batch              56 f64 compute   64 f64 wait_ring  72 f64 update A chunk's job_id is
 // its ring's id: the job's, until a lost node makes the launcher re-form the ring (actors/reform.hpp).
 #pragma once
 #include <array>
@@ -32,6 +39,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace ringmaster::wire {
 
@@ -49,12 +57,15 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // sealed_port is its ring_port, which nodes started --insecure have too: ring chunks between their hosts
 // go there, plain (net/tcp_link.hpp), not through the bridge. 11: job_ack says the training set's
 // data_fingerprint (train_data); a plan may start at its job's last step (a finished run resumed).
-constexpr uint16_t kProtocolVersion = 11;
+// 12: step reports travel as binary records, many to a steps message.
+constexpr uint16_t kProtocolVersion = 12;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small
 // A job plan: a model description of up to 64 KiB and 1024 ranks and nodes fit with room to spare.
 constexpr size_t kMaxJobBytes = 1024 * 1024;
+constexpr size_t kStepRecordBytes = 80;
+constexpr uint64_t kMaxStepRecords = 4096;  // in one steps message
 
 // chunk flag: the payload is rank `segment`'s whole buffer, `round` hops from its origin (the
 // small-buffer all-reduce); without it a chunk is one ring round of one piece.
@@ -83,8 +94,9 @@ enum class msg_type : uint16_t {
   checkpoint,
   pause,       // the ring is re-formed: stop (after step `at` if given), say how far (kv payload: gen[, at])
   reform,      // continue in a re-formed ring (JSON plan of the new generation); answered by job_ack
+  steps,       // step reports, `elements` records in order (binary payload, above)
 };
-constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::reform);
+constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::steps);
 constexpr int32_t kStateBuffers = 3;  // checkpoint segments: 0..2
 
 const char* type_name(msg_type t);
@@ -106,6 +118,22 @@ struct header {
 };
 
 using header_bytes = std::array<unsigned char, kHeaderSize>;
+
+// Explicit little-endian packing of one integer: the layout is the same whatever the host's byte order or
+// padding.
+template <class T>
+void put_le(unsigned char* p, T v) {
+  using U = std::make_unsigned_t<T>;
+  const U u = static_cast<U>(v);
+  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<unsigned char>(u >> (8 * i));
+}
+template <class T>
+T get_le(const unsigned char* p) {
+  using U = std::make_unsigned_t<T>;
+  U u = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) u |= static_cast<U>(U(p[i]) << (8 * i));
+  return static_cast<T>(u);
+}
 
 header_bytes encode(const header& h);
 

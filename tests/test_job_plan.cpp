@@ -1,6 +1,8 @@
 // The job plan: made once, sent as JSON, and refused on receipt with the bad field named whatever a
 // hostile sender writes.
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -361,55 +363,107 @@ TEST_CASE("job plan: damaged text never throws and is refused or still a valid p
   CHECK(refused > 1000);
 }
 
-TEST_CASE("reports name their kind in the payload", "[plan][wire]") {
-  step_report s;
-  s.epoch = 2;
-  s.step = 17;
-  s.loss_sum = 1.0 / 3;
+TEST_CASE("reports name their kind in the payload, and step reports travel as exact binary records, many to a message", "[plan][wire]") {
   eval_report e;
   e.epoch = 2;
   e.seconds = 0.25;
-  CHECK(report_kind(to_kv(s)) == "step");
   CHECK(report_kind(to_kv(e)) == "eval");
   CHECK(report_kind({{"kind", "weights"}}).empty());
-  step_report back;
+  CHECK(report_kind({{"kind", "step"}}).empty());  // steps messages carry those
+  std::vector<step_report> s(3);
+  for (int i = 0; i < 3; ++i) {
+    s[size_t(i)].rank = i;
+    s[size_t(i)].gen = 5;
+    s[size_t(i)].epoch = 2;
+    s[size_t(i)].step = 17 + i;
+    s[size_t(i)].loss_sum = 1.0 / (3 + i);
+    s[size_t(i)].correct = 40 + i;
+    s[size_t(i)].count = 64;
+    s[size_t(i)].wait_batch = 1e-6 * i;
+    s[size_t(i)].compute = 1.0 / 7;
+    s[size_t(i)].wait_ring = 0.25;
+    s[size_t(i)].update = 3e7;
+  }
+  s[2].loss_sum = NAN;  // the coordinator stops such a job with its own message
+  const std::string bytes = encode_steps(s.data(), s.size());
+  REQUIRE(bytes.size() == 3 * wire::kStepRecordBytes);
+  std::vector<step_report> back;
   std::string err;
-  REQUIRE(from_kv(to_kv(s), &back, &err));
-  CHECK(back.step == 17);
-  CHECK(back.loss_sum == s.loss_sum);
+  REQUIRE(decode_steps(bytes.data(), bytes.size(), &back, &err));
+  REQUIRE(back.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(back[i].rank == s[i].rank);
+    CHECK(back[i].gen == 5);
+    CHECK(back[i].epoch == 2);
+    CHECK(back[i].step == s[i].step);
+    CHECK(back[i].correct == s[i].correct);
+    CHECK(back[i].count == 64);
+    CHECK(std::memcmp(&back[i].loss_sum, &s[i].loss_sum, sizeof(double)) == 0);  // bit for bit
+    CHECK(back[i].wait_batch == s[i].wait_batch);
+    CHECK(back[i].compute == s[i].compute);
+    CHECK(back[i].wait_ring == s[i].wait_ring);
+    CHECK(back[i].update == s[i].update);
+  }
+  // The header's checks: a steps message holds 1..kMaxStepRecords whole records.
+  wire::header h;
+  h.type = wire::msg_type::steps;
+  h.elements = 3;
+  h.payload_bytes = bytes.size();
+  CHECK(wire::validate(h, &err));
+  for (auto [n, size] : {std::pair<uint64_t, uint64_t>{0, 0}, {3, bytes.size() - 1}, {3, bytes.size() + 80},
+                         {wire::kMaxStepRecords + 1, (wire::kMaxStepRecords + 1) * wire::kStepRecordBytes},
+                         {uint64_t(1) << 62, 0}}) {
+    h.elements = n, h.payload_bytes = size;
+    CHECK_FALSE(wire::validate(h, &err));
+    CHECK(err.find("steps message") != std::string::npos);
+  }
 }
 
-TEST_CASE("a node's report is read strictly: the whole value is the number, times are times", "[plan][wire]") {
-  step_report s;
-  s.step = 17;
-  s.loss_sum = 0.5;
-  s.compute = 0.25;
-  const wire::kv_map good = to_kv(s);
-  auto read = [&](const char* key, const std::string& value, std::string* err) {
-    wire::kv_map kv = good;
-    kv[key] = value;
-    step_report r;
-    return from_kv(kv, &r, err);
+TEST_CASE("a node's step records are read strictly: counts are counts, times are times", "[plan][wire]") {
+  step_report good;
+  good.rank = 1;
+  good.step = 17;
+  good.loss_sum = 0.5;
+  good.compute = 0.25;
+  // The record with field `offset` overwritten by a 4- or 8-byte value.
+  auto read = [&](size_t offset, auto value, std::string* err) {
+    std::vector<step_report> two{good, good};
+    std::string bytes = encode_steps(two.data(), two.size());
+    std::memcpy(&bytes[wire::kStepRecordBytes + offset], &value, sizeof value);  // the second record
+    std::vector<step_report> out;
+    return decode_steps(bytes.data(), bytes.size(), &out, err);
   };
   std::string err;
-  for (const std::string& v : {std::string(" 17"), std::string("17 "), std::string("+17"), std::string("0x11"),
-                               std::string("1e1"), std::string("9223372036854775808"), std::string("17\0" "9", 4),
-                               std::string(""), std::string("-")}) {
-    CHECK_FALSE(read("step", v, &err));
-    CHECK(err.find("for 'step'") != std::string::npos);
+  const struct {
+    size_t offset;
+    int64_t value;
+    const char* field;
+  } ints[] = {{8, -1, "epoch"}, {16, INT64_MIN, "step"}, {32, -5, "correct"}, {40, -1, "count"}};
+  for (const auto& c : ints) {
+    CHECK_FALSE(read(c.offset, c.value, &err));
+    CHECK(err == std::string("step record 1 has a bad ") + c.field);
   }
-  for (const std::string& v : {std::string("-0x1p+0"), std::string("nan"), std::string("inf"), std::string("0x1p+30"),
-                               std::string(" 0x1p-2"), std::string("0x1p-2\n"), std::string("0x1p-2\0", 7)}) {
-    CHECK_FALSE(read("compute", v, &err));
-    CHECK(err.find("for 'compute'") != std::string::npos);
+  CHECK_FALSE(read(0, int32_t(-1), &err));
+  CHECK(err == "step record 1 has a bad rank");
+  CHECK_FALSE(read(4, int32_t((1 << 20) + 1), &err));
+  CHECK(err == "step record 1 has a bad gen");
+  for (double v : {-1.0, double(NAN), double(INFINITY), 1e9, -0.0 - 1e-300}) {
+    CHECK_FALSE(read(56, v, &err));
+    CHECK(err == "step record 1 has a bad compute");
   }
-  // Control characters in a bad value are escaped in the message, and it is cut short.
-  CHECK_FALSE(read("step", "1\n" + std::string(500, 'x'), &err));
-  CHECK(err.find('\n') == std::string::npos);
-  CHECK(err.size() < 80);
-  // A loss may be NaN: the coordinator stops that job with its own message.
-  CHECK(read("loss", "nan", &err));
-  CHECK(read("compute", "0x1p-2", &err));
+  for (size_t off : {48, 64, 72}) CHECK_FALSE(read(off, -1.0, &err));
+  // A loss may be NaN or infinite: the coordinator stops that job with its own message.
+  CHECK(read(24, double(NAN), &err));
+  CHECK(read(24, -double(INFINITY), &err));
+  CHECK(read(56, 0.0, &err));
+  // Sizes that are not whole records, none, or too many.
+  const std::string one = encode_steps(&good, 1);
+  std::vector<step_report> out;
+  CHECK_FALSE(decode_steps(one.data(), one.size() - 1, &out, &err));
+  CHECK_FALSE(decode_steps(one.data(), 0, &out, &err));
+  const std::string many((wire::kMaxStepRecords + 1) * wire::kStepRecordBytes, '\0');
+  CHECK_FALSE(decode_steps(many.data(), many.size(), &out, &err));
+  CHECK(decode_steps(many.data(), many.size() - wire::kStepRecordBytes, &out, &err));  // zeros are a valid record
 }
 
 TEST_CASE("a stall report names a rank of the job and says why in at most 1000 bytes", "[plan][wire][stall]") {

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -29,6 +30,7 @@
 #include "actors/job_plan.hpp"
 #include "actors/node_service.hpp"
 #include "actors/remote_job.hpp"
+#include "actors/report_kv.hpp"
 #include "actors/training.hpp"
 #include "net/bridge.hpp"
 #include "net/keys.hpp"
@@ -853,6 +855,8 @@ TEST_CASE("a node logs at most 5 lines of one kind of fault per 10 s, however ma
 struct scripted_node {
   using answers = std::vector<std::pair<wire::msg_type, wire::kv_map>>;
   std::function<answers()> on_job;
+  // Any other message (a start, heartbeats): whatever it does with the bridge.
+  std::function<void(net::bridge&, const net::peer_info&, const wire::header&)> on_other;
   std::unique_ptr<net::bridge> br;
 
   explicit scripted_node(std::function<answers()> job) : on_job(std::move(job)) {
@@ -867,6 +871,8 @@ struct scripted_node {
         say = {{wire::msg_type::hello_ack, {{"name", "scripted"}, {"id", "scripted"}, {"devices", "cpu:1"}, {"version", "3"}}}};
       else if (h.type == wire::msg_type::job)
         say = on_job();
+      else if (on_other)
+        on_other(*br, from, h);
       for (const auto& [type, kv] : say) {
         wire::header r;
         r.job_id = h.job_id;
@@ -923,6 +929,45 @@ TEST_CASE("a lying node that answers the job with train=abc, params=-1, another 
   CHECK(r.error.find("PWNED") != std::string::npos);
   CHECK(r.error.find(char(27)) == std::string::npos);
   CHECK(r.error.find(char(7)) == std::string::npos);
+}
+
+TEST_CASE("a lying node whose step records say a negative count or a time that is no time is named, and the job ends", "[nodes]") {
+  std::string err;
+  const auto m = build_model(small_job().model, shape{1, 28, 28}, &err);
+  REQUIRE(m);
+  step_report lie;  // rank 0, step 0 of epoch 0, as a first report would be
+  lie.count = 32;
+  lie.loss_sum = 7;
+  std::string bad_field;
+  scripted_node liar([&]() -> scripted_node::answers {
+    return {{wire::msg_type::job_ack, {{"train", "60000"}, {"train_data", "7"}, {"test", "10000"}, {"model", "1"},
+                                       {"params", std::to_string(m->param_count())}, {"description", m->description()}}}};
+  });
+  liar.on_other = [&](net::bridge& br, const net::peer_info& from, const wire::header& h) {
+    if (h.type != wire::msg_type::start) return;
+    step_report r[2] = {lie, lie};
+    r[1].step = 1;
+    if (bad_field == "count") r[1].count = -1;
+    if (bad_field == "compute") r[1].compute = NAN;
+    wire::header out;
+    out.type = wire::msg_type::steps;
+    out.job_id = h.job_id;
+    out.elements = 2;
+    const std::string records = encode_steps(r, 2);
+    out.payload_bytes = records.size();
+    br.reply(from, out, net::payload::copy_of(records));
+  };
+  remote_options ro;
+  ro.nodes = {liar.endpoint()};
+  for (const char* field : {"count", "compute"}) {
+    bad_field = field;
+    const auto t0 = std::chrono::steady_clock::now();
+    const train_result r = train_remote(small_job(), ro);
+    INFO(r.error);
+    CHECK_FALSE(r.ok);
+    CHECK(r.error.find("node " + liar.endpoint() + " sent a bad step report: step record 1 has a bad " + field) != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - t0 < 4s);  // named at once, not waited for as a silent node
+  }
 }
 
 TEST_CASE("launcher: nodes that do not fit the daemons exit 2: one daemon at two addresses, more replicas than it offers", "[nodes]") {
@@ -1191,7 +1236,7 @@ TEST_CASE("a launcher that reads nothing while a job checkpoints every step, or 
   int steps = 0, states = 0;
   while (next_message(s, &rh, &text)) {
     if (rh.type == wire::msg_type::checkpoint && rh.segment == 0) ++states;
-    if (rh.type == wire::msg_type::report && text.find("kind=step") != std::string::npos) ++steps;
+    if (rh.type == wire::msg_type::steps) steps += int(rh.elements);
   }
   WARN(states << " states for " << steps << " steps and 2000 requests");
   CHECK(steps >= 30);
@@ -1233,7 +1278,7 @@ TEST_CASE("a node that checkpoints every step for a launcher slow to read sends 
   int64_t last_state = -1;
   bool done = false, state_after_done = false;
   while (next_message(s, &rh, &text)) {
-    if (rh.type == wire::msg_type::report && text.find("kind=step") != std::string::npos) ++steps;
+    if (rh.type == wire::msg_type::steps) steps += int(rh.elements);
     if (rh.type == wire::msg_type::checkpoint && rh.segment == 0) last_state = rh.step, state_after_done |= done;
     if (rh.type == wire::msg_type::done) done = true;
   }

@@ -54,6 +54,7 @@ TEST_CASE("wire: header round trip keeps every field", "[wire]") {
     x.type = msg_type(t);
     x.sender_rank = -1;
     if (wire::is_tensor_type(x.type)) x.elements = 2, x.payload_bytes = 8;
+    if (x.type == msg_type::steps) x.elements = 2, x.payload_bytes = 2 * wire::kStepRecordBytes;
     const auto bx = wire::encode(x);
     REQUIRE(wire::decode(bx.data(), bx.size(), &out, &err));
     CHECK(out.type == x.type);

@@ -1,5 +1,6 @@
 // libFuzzer harness: a received multipart message as the bridge sees it (net/wire.hpp's check_message:
-// frame count, header, payload size, the answer to another version's hello) and key=value payloads.
+// frame count, header, payload size, the answer to another version's hello), key=value payloads and step
+// records (actors/report_kv.hpp).
 //
 // Input: byte 0 = number of frames (mod 4), byte 1 = length of the header frame (cut to what is there),
 // then the header frame's bytes, then the payload frame's (the rest).
@@ -9,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "actors/report_kv.hpp"
 #include "net/wire.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 
@@ -51,6 +53,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     require(wire::encode_kv(kv, &encoded, &err), "decoded key=value pairs encode", err);
     require(encoded.size() == text.size(), "key=value text keeps its size");
     require(wire::decode_kv(encoded, &back, &err) && back == kv, "key=value round trip", err);
+  }
+  // The payload as step records: what decodes encodes back to the same bytes (every bit is read).
+  std::vector<step_report> steps;
+  if (decode_steps(body.data(), body.size(), &steps, &err)) {
+    require(encode_steps(steps.data(), steps.size()) == text, "step records round trip");
+  } else {
+    require(!err.empty(), "a refused step record says why");
   }
   return 0;
 }

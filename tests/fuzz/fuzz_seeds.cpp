@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "actors/job_plan.hpp"
+#include "actors/report_kv.hpp"
 #include "kernels/model.hpp"
 #include "kernels/safetensors.hpp"
 #include "net/wire.hpp"
@@ -71,10 +72,18 @@ void frames(const fs::path& dir) {
   }
   h = wire::header{};
   h.type = wire::msg_type::report;
-  require(wire::encode_kv({{"kind", "step"}, {"loss", "0.25"}, {"correct", "12"}}, &text, &err), "encode_kv", err);
+  require(wire::encode_kv({{"kind", "eval"}, {"loss", "0x1p-2"}, {"correct", "12"}}, &text, &err), "encode_kv", err);
   h.payload_bytes = text.size();
   put(dir, "report", message(h, of(text)));
   put(dir, "three-frames", message(h, of(text), 3));
+  step_report r[2];
+  r[0].step = 3, r[0].loss_sum = 0.25, r[0].correct = 12, r[0].count = 32, r[0].compute = 1e-3;
+  r[1] = r[0], r[1].rank = 1;
+  const std::string records = encode_steps(r, 2);
+  h.type = wire::msg_type::steps;
+  h.elements = 2;
+  h.payload_bytes = records.size();
+  put(dir, "steps", message(h, of(records)));
 }
 
 void job(const fs::path& dir) {
