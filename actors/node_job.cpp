@@ -210,6 +210,16 @@ bool node_job::wire_ring(std::string* error) {
   return true;
 }
 
+bool node_job::sends_through_bridge(const std::string& key) const {
+  for (int r = 0; r < plan_.replicas(); ++r) {
+    const int node = plan_.ranks[size_t(r)].node;
+    if (node != plan_.recipient && plan_.nodes[size_t(node)].key == key && !on_ring_ports(node) &&
+        plan_.ranks[size_t(plan_.right(r))].node == plan_.recipient)
+      return true;  // as route_chunk takes chunks
+  }
+  return false;
+}
+
 bool node_job::on_ring_ports(int node) const {
   if (plan_.nodes[size_t(plan_.recipient)].ring_port == 0 || plan_.nodes[size_t(node)].ring_port == 0) return false;
   return sealers_.count(node) || (ctx_.keys.empty() && plan_.seal_salt.empty() && plan_.nodes[size_t(node)].key.empty());

@@ -61,6 +61,10 @@ class node_job {
   const job_plan& plan() const { return plan_; }
   const net::peer_info& launcher() const { return launcher_; }
   bool from_launcher(const net::peer_info& p) const;
+  // Whether the node holding this key sends ring chunks to us through the bridge (our left neighbour,
+  // without ring ports): the only reason another node of the job may connect to our command port. A node
+  // let in could send one message of endless frames, all of which ZeroMQ holds until the last.
+  bool sends_through_bridge(const std::string& key) const;
   bool running() const { return !reducers_.empty(); }
 
   // Once the data is here (train_data: data_fingerprint(*train)): builds the model, spawns this node's

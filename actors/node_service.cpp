@@ -199,19 +199,17 @@ struct node_service::impl {
     authorized_error = error;
   }
 
-  // Whether a key may command this node: its own, or one in authorized_keys. A running job's other nodes
-  // get through the handshake too, but only to send ring chunks.
+  // Whether a key may command this node: its own, or one in authorized_keys. A running job's nodes that
+  // send us ring chunks through the bridge get through the handshake too, but only to send those.
   bool commander(const std::string& key) const { return key == keys.public_key || authorized.count(key) > 0; }
 
   // On the bridge thread, for each client's handshake: our own key (a launcher sharing our key
-  // directory), an authorized launcher's, or one of the running job's nodes.
+  // directory), an authorized launcher's, or that of a running job's node that sends us chunks through
+  // the bridge (node_job::sends_through_bridge; the others send them to our ring port or through shared
+  // memory, and have no business on this port).
   bool authorized_key(const std::string& key) {
     refresh_authorized();
-    if (commander(key)) return true;
-    if (job)
-      for (const plan_node& n : job->plan().nodes)
-        if (n.key == key) return true;
-    return false;
+    return commander(key) || (job && job->sends_through_bridge(key));
   }
 
   std::string name() const { return opt.name.empty() ? br.endpoint() : opt.name; }
