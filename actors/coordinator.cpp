@@ -12,6 +12,9 @@
 
 namespace ringmaster {
 
+// How long a replica (a proxy for a node's, which asks the node) may take to hand over its final weights.
+constexpr std::chrono::seconds kWeightsTimeout{60};
+
 using namespace coordinator_detail;
 
 uint64_t fnv1a(const float* p, size_t n) {
@@ -449,7 +452,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         st->result->checksums.assign(n, 0);
         for (size_t r = 0; r < n; ++r) {
           // An answer for a generation given up on (a node lost meanwhile) is ignored.
-          self->request(st->replicas[r], std::chrono::seconds(60), weights_atom::value)
+          self->request(st->replicas[r], kWeightsTimeout, weights_atom::value)
               .then(
                   [self, st, r, gen = st->gen](chunk_ptr w) {
                     if (gen != st->gen) return;
@@ -470,8 +473,9 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
                   },
                   [self, st, r, gen = st->gen](caf::error& e) {
                     if (gen == st->gen)
-                      finish(self, *st, "replica " + std::to_string(r) + " did not send its weights: " +
-                                          self->system().render(e));
+                      finish(self, *st, "replica " + std::to_string(r) + " did not send its weights" +
+                                          (e == caf::sec::request_timeout ? " within " + std::to_string(kWeightsTimeout.count()) + " s"
+                                                                          : ": " + self->system().render(e)));
                   });
         }
       },

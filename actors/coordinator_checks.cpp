@@ -12,6 +12,22 @@ namespace ringmaster::coordinator_detail {
 // (actors/node_links.cpp) apart; this only bounds what a lying node can make us hold.
 constexpr int64_t kMaxReportLead = 100000;
 
+namespace {
+
+// A node's double in our words: at most a dozen characters, whatever it sent (to_string writes 1e308 in
+// 310 digits).
+std::string number(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
+// Index i counted from 1, as our messages count steps and epochs; a node's i may be anything (INT64_MAX + 1
+// would overflow).
+std::string nth(int64_t i) { return i >= 0 ? std::to_string(uint64_t(i) + 1) : "index " + std::to_string(i); }
+
+}  // namespace
+
 // Steps complete so far in the whole job: those of the closed epochs and the first open one's (a later
 // epoch may be open already: a fast rank's reports of it come before a slow one's of this one).
 int64_t steps_complete(const coordinator_state& st) {
@@ -28,7 +44,7 @@ int64_t steps_complete(const coordinator_state& st) {
 // other processes (actors/launcher.cpp): a node may lie, and its lies must neither crash, hang nor fool us.
 std::string check_report(const coordinator_state& st, const step_report& r) {
   const int64_t spe = st.cfg.steps_per_epoch;
-  const std::string what = "step " + std::to_string(r.step + 1) + " of epoch " + std::to_string(r.epoch + 1);
+  const std::string what = "step " + nth(r.step) + " of epoch " + nth(r.epoch);
   if (r.epoch < 0 || r.epoch >= st.cfg.epochs || r.step < 0 || r.step >= spe)
     return what + ", which the job (" + std::to_string(st.cfg.epochs) + " epochs of " + std::to_string(spe) + " steps) does not have";
   const int64_t at = r.epoch * spe + r.step, complete = steps_complete(st);
@@ -36,9 +52,9 @@ std::string check_report(const coordinator_state& st, const step_report& r) {
   if (at - complete > kMaxReportLead) return what + ", far ahead of the steps complete (" + std::to_string(complete) + ")";
   if (r.count < 0 || r.count > st.cfg.global_batch || r.correct < 0 || r.correct > r.count || r.loss_sum < 0)
     return what + " with " + std::to_string(r.correct) + " of " + std::to_string(r.count) + " samples right, loss sum " +
-           std::to_string(r.loss_sum) + ": not a batch of at most " + std::to_string(st.cfg.global_batch);
+           number(r.loss_sum) + ": not a batch of at most " + std::to_string(st.cfg.global_batch);
   for (double t : {r.wait_batch, r.compute, r.wait_ring, r.update})  // summed into train_result: no NaN, no lies below 0
-    if (!(t >= 0 && t < 1e9)) return what + " with a time of " + std::to_string(t) + " s";
+    if (!(t >= 0 && t < 1e9)) return what + " with a time of " + number(t) + " s";
   auto e = st.epochs.find(r.epoch);
   if (e != st.epochs.end()) {
     auto s = e->second.pending.find(r.step);
@@ -49,7 +65,7 @@ std::string check_report(const coordinator_state& st, const step_report& r) {
 }
 
 std::string check_report(const coordinator_state& st, const eval_report& r) {
-  const std::string what = "an evaluation of epoch " + std::to_string(r.epoch + 1);
+  const std::string what = "an evaluation of epoch " + nth(r.epoch);
   if (!st.cfg.evaluate || r.epoch < 0 || r.epoch >= st.cfg.epochs) return what + ", which the job does not have";
   auto e = st.epochs.find(r.epoch);
   if (e != st.epochs.end() && size_t(r.rank) < e->second.evaluated.size() && e->second.evaluated[size_t(r.rank)])
@@ -60,8 +76,8 @@ std::string check_report(const coordinator_state& st, const eval_report& r) {
   const int64_t most = st.cfg.eval_batches > 0 ? st.cfg.eval_batches * int64_t(st.cfg.global_batch) : int64_t(1) << 40;
   if (r.count < 0 || r.count > most || r.correct < 0 || r.correct > r.count || !std::isfinite(r.loss_sum) || r.loss_sum < 0)
     return what + " with " + std::to_string(r.correct) + " of " + std::to_string(r.count) + " samples right, loss sum " +
-           std::to_string(r.loss_sum);
-  if (!(r.seconds >= 0 && r.seconds < 1e9)) return what + " that took " + std::to_string(r.seconds) + " s";  // printed
+           number(r.loss_sum);
+  if (!(r.seconds >= 0 && r.seconds < 1e9)) return what + " that took " + number(r.seconds) + " s";  // printed
   return "";
 }
 

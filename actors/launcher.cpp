@@ -157,11 +157,13 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
       for (size_t i = 0; i < got.size(); ++i) {
         if (got[i]) continue;
         const auto quiet = now - std::max(heard(int(i)), start);
-        if (now > deadline || quiet > silence)
-          return "node " + ro.nodes[i] + " did not answer within " +
-                 std::to_string(std::chrono::duration<double>(now > deadline ? limit : silence).count()).substr(0, 4) +
+        if (now > deadline || quiet > silence) {
+          char secs[32];  // 3, 1.5, 120: not "120."
+          std::snprintf(secs, sizeof secs, "%.3g", std::chrono::duration<double>(now > deadline ? limit : silence).count());
+          return "node " + ro.nodes[i] + " did not answer within " + secs +
                  " s (is ringmaster-node running there? A node that does not hold the key we expect, or runs "
                  "--insecure while we do not, stays silent)";
+        }
       }
       continue;
     }

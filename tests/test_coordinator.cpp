@@ -138,7 +138,9 @@ TEST_CASE("coordinator: reports outside the job, twice, or of impossible batches
   const std::vector<lie> lies = {
       {[](job& j) { j.step(1, 2, 0); }, "rank 1 reported step 1 of epoch 3, which the job (2 epochs of 3 steps) does not have"},
       {[](job& j) { j.step(1, 0, 3); }, "rank 1 reported step 4 of epoch 1, which the job"},
-      {[](job& j) { j.step(0, -1, 0); }, "rank 0 reported step 1 of epoch 0, which the job"},
+      {[](job& j) { j.step(0, -1, 0); }, "rank 0 reported step 1 of epoch index -1, which the job"},
+      // The largest numbers a node can send, counted from 1 without overflow (UBSan would stop here).
+      {[](job& j) { j.step(0, INT64_MAX, INT64_MAX); }, "step 9223372036854775808 of epoch 9223372036854775808, which the job"},
       {[](job& j) { j.step(1, 0, 0), j.step(1, 0, 0); }, "rank 1 reported step 1 of epoch 1 twice"},
       {[](job& j) { j.step(0, 0, 0), j.step(1, 0, 0), j.step(1, 0, 0); }, "rank 1 reported step 1 of epoch 1 again: it is complete"},
       {[](job& j) { j.step(0, 0, 0, 2, 3); }, "rank 0 reported step 1 of epoch 1 with 3 of 2 samples right"},
@@ -146,7 +148,8 @@ TEST_CASE("coordinator: reports outside the job, twice, or of impossible batches
       {[](job& j) { j.step(0, 0, 0, 2, 1, -3.0); }, "loss sum -3"},
       {[](job& j) { j.step(0, 0, 0, 1), j.step(1, 0, 0, 2); }, "the ranks reported 3 samples for step 1 of epoch 1, not the global batch of 4"},
       {[](job& j) { j.step(1, 0, 0, 2, 1, 0.5, 0, std::nan("")); }, "rank 1 reported step 1 of epoch 1 with a time of nan s"},
-      {[](job& j) { j.step(0, 0, 0, 2, 1, 0.5, 0, -1.0); }, "rank 0 reported step 1 of epoch 1 with a time of -1.0"},
+      {[](job& j) { j.step(0, 0, 0, 2, 1, 0.5, 0, -1.0); }, "rank 0 reported step 1 of epoch 1 with a time of -1 s"},
+      {[](job& j) { j.step(0, 0, 0, 2, 1, -1e308); }, "loss sum -1e+308: not a batch"},  // not 310 digits
   };
   for (const lie& l : lies) {
     job j;
@@ -156,7 +159,7 @@ TEST_CASE("coordinator: reports outside the job, twice, or of impossible batches
     CHECK(r.error.find(l.says) != std::string::npos);
   }
   // An evaluation's time is printed: none that is not a time.
-  for (double t : {std::numeric_limits<double>::infinity(), -2.0}) {
+  for (auto [t, said] : {std::pair<double, const char*>{std::numeric_limits<double>::infinity(), "inf"}, {-2.0, "-2"}}) {
     coordinator_config cc = job::small();
     cc.evaluate = true;
     job j(cc);
@@ -170,7 +173,7 @@ TEST_CASE("coordinator: reports outside the job, twice, or of impossible batches
     });
     INFO(r.error);
     CHECK_FALSE(r.ok);
-    CHECK(r.error.find("rank 1 reported an evaluation of epoch 1 that took " + std::to_string(t) + " s") != std::string::npos);
+    CHECK(r.error.find(std::string("rank 1 reported an evaluation of epoch 1 that took ") + said + " s") != std::string::npos);
   }
   // An evaluation of more samples than the test set has (its sums would overflow), or whose loss is not a
   // number: a node's lie, not a result.
