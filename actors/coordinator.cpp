@@ -125,6 +125,7 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
                       ": rank 0's node sent no state for it, only for a later step");
   st.checkpoints.erase(st.checkpoints.begin(), std::next(it));
   st.written = std::max(st.written, done);
+  if (st.written == done) st.written_params = fnv1a(c.state->params.data(), c.state->params.size());
   if (std::string error = st.cfg.on_checkpoint(c.progress, *c.state); !error.empty())
     finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error);
 }
@@ -465,6 +466,12 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
                     bool same = true;
                     for (uint64_t c : st->result->checksums) same = same && c == st->result->checksums[0];
                     st->result->identical = same;
+                    // The checkpoint after the last step is the result too (a resume of the finished run
+                    // gives it): rank 0's node sent its state, and must not have sent another.
+                    if (same && st->written == st->cfg.steps_per_epoch * st->cfg.epochs && st->written_params != st->result->checksums[0])
+                      return finish(self, *st, "the checkpoint after the last step (" + std::to_string(st->written) +
+                                                   ") holds other weights than every rank's final ones: rank " + rank_where(*st, 0) +
+                                                   " sent a state that was not its own; do not resume from it");
                     // Every state and report came before its rank's done: a checkpoint still waiting is a bug.
                     if (!st->checkpoints.empty())
                       return finish(self, *st, "the checkpoint after step " + std::to_string(st->checkpoints.begin()->first) +

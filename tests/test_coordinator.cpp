@@ -315,11 +315,11 @@ coordinator_config checkpoint_each_step(int64_t steps) {
   return cc;
 }
 
-// Rank 0's state after `steps` steps, of n parameters.
-void send_state(job& j, int64_t steps, size_t n) {
+// Rank 0's state after `steps` steps, of n parameters: those the stand-ins end with (3 zeros), or else.
+void send_state(job& j, int64_t steps, size_t n, float value = 0.0f) {
   auto s = std::make_shared<network_state>();
   s->steps = steps;
-  s->params.assign(n, 0.5f);
+  s->params.assign(n, value);
   caf::anon_send(j.coord, checkpt_atom::value, state_ptr(std::move(s)));
 }
 }  // namespace
@@ -330,7 +330,7 @@ TEST_CASE("coordinator: a node that sends states for steps far ahead makes it ho
   job j(cc);
   train_result out = j.run([](job& j) {
     for (int64_t k = 1; k <= 20; ++k) {  // rank 0's state after every step, before any step is reported
-      send_state(j, k, 1000);
+      send_state(j, k, k < 20 ? 1000 : 3);
     }
     for (int64_t s = 0; s < 20; ++s) j.step(0, 0, s), j.step(1, 0, s);
     j.done(0), j.done(1);
@@ -350,7 +350,7 @@ TEST_CASE("coordinator: a checkpoint whose state never comes, only a later one's
   job j(cc);
   train_result out = j.run([](job& j) {
     for (int64_t k : {1, 3}) {  // rank 0's node withholds the state after step 2
-      send_state(j, k, 10);
+      send_state(j, k, k < 3 ? 10 : 3);
     }
     for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s), j.step(1, 0, s);
     j.done(0), j.done(1);
@@ -360,6 +360,27 @@ TEST_CASE("coordinator: a checkpoint whose state never comes, only a later one's
   CHECK(rec.events->front() == "skipped the checkpoint after step 2: rank 0's node sent no state for it, only for a later step");
   INFO(out.error);
   CHECK(out.ok);
+}
+
+TEST_CASE("coordinator: a checkpoint after the last step that holds other weights than the final ones is an error", "[coordinator]") {
+  // As rank 0's node would make it by sending a state that is not its own: --save and a resume of the
+  // finished run would disagree.
+  for (float value : {0.0f, 1234.5f}) {
+    coordinator_config cc = checkpoint_each_step(3);
+    const recorded rec(&cc);
+    job j(cc);
+    train_result out = j.run([value](job& j) {
+      for (int64_t k = 1; k <= 3; ++k) send_state(j, k, 3, k < 3 ? 7.0f : value);  // earlier ones are not compared
+      for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s), j.step(1, 0, s);
+      j.done(0), j.done(1);
+    });
+    CHECK(*rec.written == std::vector<int64_t>{1, 2, 3});
+    INFO(out.error);
+    CHECK(out.ok == (value == 0.0f));
+    if (value != 0.0f)
+      CHECK(out.error == "the checkpoint after the last step (3) holds other weights than every rank's final ones: rank 0 sent a "
+                         "state that was not its own; do not resume from it");
+  }
 }
 
 namespace {
