@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <algorithm>
@@ -1079,25 +1080,44 @@ TEST_CASE("a node of another release is named as such at once, not waited for as
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);  // not the 5 s a silent node is given
 }
 
-TEST_CASE("keys: nodes with keys of their own train together, each trusting the launcher and, for the job, each other", "[nodes][keys]") {
-  char tmpl[] = "/tmp/ringmaster-ownkeys-XXXXXX";
-  REQUIRE(mkdtemp(tmpl));
-  const std::string dir = tmpl, launcher_dir = dir + "/launcher";
-  net::key_pair lk;
-  std::string err;
-  REQUIRE(net::load_or_create_keys(launcher_dir, &lk, &err));
+// n node daemons in this process, each with a key of its own that trusts only the launcher's (not the
+// other nodes'), all in a fresh folder `dir` (removed at the end); ro names them, their keys and the
+// launcher's key folder.
+struct own_key_nodes {
+  std::string dir;
   std::vector<std::unique_ptr<logged_node>> nodes;
   remote_options ro;
-  for (int i = 0; i < 3; ++i) {
-    const std::string nd = dir + "/node" + std::to_string(i);
-    net::key_pair nk;
-    REQUIRE(net::load_or_create_keys(nd, &nk, &err));
-    std::ofstream(nd + "/authorized_keys") << lk.public_key << "\n";  // the launcher's, not the other nodes'
-    nodes.push_back(std::make_unique<logged_node>("node" + std::to_string(i), nd));
-    ro.nodes.push_back(nodes.back()->node->endpoint());
-    ro.node_keys.push_back(nk.public_key);
+  explicit own_key_nodes(int n) {
+    char tmpl[] = "/tmp/ringmaster-ownkeys-XXXXXX";
+    REQUIRE(mkdtemp(tmpl));
+    dir = tmpl;
+    net::key_pair lk;
+    std::string err;
+    REQUIRE(net::load_or_create_keys(dir + "/launcher", &lk, &err));
+    for (int i = 0; i < n; ++i) {
+      const std::string nd = dir + "/node" + std::to_string(i);
+      net::key_pair nk;
+      REQUIRE(net::load_or_create_keys(nd, &nk, &err));
+      std::ofstream(nd + "/authorized_keys") << lk.public_key << "\n";
+      nodes.push_back(std::make_unique<logged_node>("node" + std::to_string(i), nd));
+      ro.nodes.push_back(nodes.back()->node->endpoint());
+      ro.node_keys.push_back(nk.public_key);
+    }
+    ro.key_dir = dir + "/launcher";
   }
-  ro.key_dir = launcher_dir;
+  ~own_key_nodes() {
+    nodes.clear();  // stopped before their folders go
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
+TEST_CASE("keys: nodes with keys of their own train together, each trusting the launcher and, for the job, each other", "[nodes][keys]") {
+  own_key_nodes own(3);
+  const std::string& dir = own.dir;
+  std::string err;
+  auto& nodes = own.nodes;
+  remote_options ro = own.ro;
   ro.shared_memory = false;  // as between hosts: the ring's chunks sealed between them
   ro.limit_train = 600;
   ro.limit_test = 100;
@@ -1123,24 +1143,10 @@ TEST_CASE("keys: nodes with keys of their own train together, each trusting the 
 TEST_CASE("keys: a job's node gets through another's command port only if it sends its chunks there", "[nodes][keys]") {
   // One that may connect can send one message of endless frames, which ZeroMQ holds until the last:
   // nodes whose chunks go to the ring ports (sealed) have no business there.
-  char tmpl[] = "/tmp/ringmaster-peerkeys-XXXXXX";
-  REQUIRE(mkdtemp(tmpl));
-  const std::string dir = tmpl;
-  net::key_pair lk;
-  std::string err;
-  REQUIRE(net::load_or_create_keys(dir + "/launcher", &lk, &err));
-  std::vector<std::unique_ptr<logged_node>> nodes;
-  remote_options ro;
-  for (int i = 0; i < 2; ++i) {
-    const std::string nd = dir + "/node" + std::to_string(i);
-    net::key_pair nk;
-    REQUIRE(net::load_or_create_keys(nd, &nk, &err));
-    std::ofstream(nd + "/authorized_keys") << lk.public_key << "\n";
-    nodes.push_back(std::make_unique<logged_node>("node" + std::to_string(i), nd));
-    ro.nodes.push_back(nodes.back()->node->endpoint());
-    ro.node_keys.push_back(nk.public_key);
-  }
-  ro.key_dir = dir + "/launcher";
+  own_key_nodes own(2);
+  const std::string& dir = own.dir;
+  auto& nodes = own.nodes;
+  remote_options ro = own.ro;
   ro.shared_memory = false;  // as between hosts
   ro.limit_train = 6000;
   ro.limit_test = 100;
@@ -1154,6 +1160,7 @@ TEST_CASE("keys: a job's node gets through another's command port only if it sen
   train_result r;
   std::thread launcher([&] { r = train_remote(c, ro); });
   for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(50ms);
+  if (!training) stop = SIGINT, launcher.join();  // a failed REQUIRE must not leave the thread running
   REQUIRE(training);
   // While node 1 sends its chunks to node 0's ring port, its key is refused at node 0's command port.
   remote_options by_node1;
