@@ -125,7 +125,10 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
                       ": rank 0's node sent no state for it, only for a later step");
   st.checkpoints.erase(st.checkpoints.begin(), std::next(it));
   st.written = std::max(st.written, done);
-  if (st.written == done) st.written_params = fnv1a(c.state->params.data(), c.state->params.size());
+  if (done == st.cfg.steps_per_epoch * st.cfg.epochs) {  // the result's twin: compared with the final weights
+    st.written_params = fnv1a(c.state->params.data(), c.state->params.size());
+    st.written_by = rank_where(st, 0);  // who sent it (a re-formed ring may number another node's rank 0)
+  }
   if (std::string error = st.cfg.on_checkpoint(c.progress, *c.state); !error.empty())
     finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error);
 }
@@ -470,7 +473,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
                     // gives it): rank 0's node sent its state, and must not have sent another.
                     if (same && st->written == st->cfg.steps_per_epoch * st->cfg.epochs && st->written_params != st->result->checksums[0])
                       return finish(self, *st, "the checkpoint after the last step (" + std::to_string(st->written) +
-                                                   ") holds other weights than every rank's final ones: rank " + rank_where(*st, 0) +
+                                                   ") holds other weights than every rank's final ones: rank " + st->written_by +
                                                    " sent a state that was not its own; do not resume from it");
                     // Every state and report came before its rank's done: a checkpoint still waiting is a bug.
                     if (!st->checkpoints.empty())

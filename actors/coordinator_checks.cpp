@@ -14,7 +14,7 @@ constexpr int64_t kMaxReportLead = 100000;
 
 namespace {
 
-// A node's double in our words: at most a dozen characters, whatever it sent (to_string writes 1e308 in
+// A node's double in our words: at most 13 characters, whatever it sent (to_string writes 1e308 in
 // 310 digits).
 std::string number(double v) {
   char b[32];

@@ -60,7 +60,8 @@ struct coordinator_state {
   std::map<int64_t, epoch_acc> epochs;
   std::map<int64_t, pending_checkpoint> checkpoints;  // by steps done
   int64_t written = -1;  // the last checkpoint written (they come in step order): states up to it are late
-  uint64_t written_params = 0;  // fnv1a of its parameters: after the last step, the final weights'
+  uint64_t written_params = 0;  // after the last step: fnv1a of its parameters (the final weights')
+  std::string written_by;       // and rank 0 where it was then (rank_where)
   int64_t current_epoch = 0;
   int done = 0, weights_in = 0;
   std::vector<char> done_ranks;  // per rank: said it is done

@@ -158,8 +158,8 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
         if (got[i]) continue;
         const auto quiet = now - std::max(heard(int(i)), start);
         if (now > deadline || quiet > silence) {
-          char secs[32];  // 3, 1.5, 120: not "120."
-          std::snprintf(secs, sizeof secs, "%.3g", std::chrono::duration<double>(now > deadline ? limit : silence).count());
+          char secs[32];  // 3, 1.5, 120, 3600: not "120." nor "3.6e+03"
+          std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(now > deadline ? limit : silence).count());
           return "node " + ro.nodes[i] + " did not answer within " + secs +
                  " s (is ringmaster-node running there? A node that does not hold the key we expect, or runs "
                  "--insecure while we do not, stays silent)";

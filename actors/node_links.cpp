@@ -88,6 +88,8 @@ void send_done(net::bridge* br, const net::peer_info& to, uint64_t job, int rank
   br->reply(to, h);
 }
 
+static_assert(kReportBatch <= wire::kMaxStepRecords, "a batch of step reports goes in one steps message");
+
 // Step reports not sent yet, and whether a flush is on its way.
 struct report_queue {
   std::vector<step_report> reports;

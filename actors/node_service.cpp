@@ -209,7 +209,14 @@ struct node_service::impl {
   // memory, and have no business on this port).
   bool authorized_key(const std::string& key) {
     refresh_authorized();
-    return commander(key) || (job && job->sends_through_bridge(key));
+    if (commander(key) || (job && job->sends_through_bridge(key))) return true;
+    if (job)  // say why, not only that its key is not authorized (the bridge's line)
+      for (const plan_node& n : job->plan().nodes)
+        if (n.key == key)
+          return log_limited("refused node", "refused node " + n.endpoint + " of job " + std::to_string(job->id()) +
+                                                 " at this port: its ring chunks come to our ring port or through shared memory"),
+                 false;
+    return false;
   }
 
   std::string name() const { return opt.name.empty() ? br.endpoint() : opt.name; }

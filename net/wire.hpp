@@ -9,7 +9,8 @@
 //   4  u16 version       kProtocolVersion           version keeps magic, version and type where they are,
 //   6  u16 type          msg_type                   so a peer can always say "you speak version N".
 //   8  u64 job_id        the job the message belongs to (0 before there is one, e.g. a launcher's hello)
-//  16  i64 step          training step / all-reduce number, >= 0 (chunks, step reports)
+//  16  i64 step          training step / all-reduce number, >= 0 (chunks; in a steps message the last
+//                        record's step, for logs: the records say theirs)
 //  24  i32 sender_rank   the ring rank the message is about, >= -1 (-1: none): the sending rank for
 //                        chunk, report, done and weights from a node; the rank addressed by a
 //                        launcher's start and weights request
@@ -17,21 +18,21 @@
 //                        every other message
 //  32  i32 segment       which segment of a chunk (with kFlagWhole: the origin rank), >= 0
 //  36  u32 flags         kFlagWhole or 0; other bits must be 0
-//  40  u64 elements      floats in the payload (tensor messages)
+//  40  u64 elements      floats in the payload (tensor messages); records (steps)
 //  48  u64 payload_bytes size of the payload frame (0: no payload frame)
 //
 // Payloads: chunk, weights and checkpoint carry floats; job and reform a JSON job plan (actors/job_plan.hpp,
 // at most kMaxJobBytes); hello, hello_ack, job_ack, report, abort, error and pause key=value text
 // (kMaxKvBytes; the bridge's refusal of another version is plain text), a report naming its kind
 // ("kind=eval", "kind=paused" or "kind=stall"); steps `elements` step records; start, done, heartbeat
-// and bye nothing.
+// and bye nothing. A chunk's job_id is its ring's id: the job's, until a lost node makes the launcher
+// re-form the ring (actors/reform.hpp).
 //
 // Step record (kStepRecordBytes = 80, little-endian like the header; what a replica reports after each
 // step, actors/messages.hpp's step_report; a node sends those of every step, so they go in batches, not
 // one key=value message each, which cost the launcher more than a core's tenth in a fast job):
 //   0  i32 rank   4 i32 gen      8 i64 epoch     16 i64 step      24 f64 loss_sum   32 i64 correct
-//  40  i64 count 48 f64 wait_batch              56 f64 compute   64 f64 wait_ring  72 f64 update A chunk's job_id is
-// its ring's id: the job's, until a lost node makes the launcher re-form the ring (actors/reform.hpp).
+//  40  i64 count 48 f64 wait_batch              56 f64 compute   64 f64 wait_ring  72 f64 update
 #pragma once
 #include <array>
 #include <cstddef>

@@ -425,7 +425,8 @@ TEST_CASE("a node's step records are read strictly: counts are counts, times are
   good.step = 17;
   good.loss_sum = 0.5;
   good.compute = 0.25;
-  // The record with field `offset` overwritten by a 4- or 8-byte value.
+  // The record with field `offset` overwritten by a 4- or 8-byte value (in the host's order: the wire's
+  // little-endian on the machines we build for).
   auto read = [&](size_t offset, auto value, std::string* err) {
     std::vector<step_report> two{good, good};
     std::string bytes = encode_steps(two.data(), two.size());

@@ -1174,6 +1174,7 @@ TEST_CASE("keys: a job's node gets through another's command port only if it sen
   CHECK_FALSE(probe.ok);
   CHECK(probe.error.find("refused our key") != std::string::npos);  // was: in, then told "busy"
   CHECK(nodes[0]->wait_for("its key " + ro.node_keys[1] + " is not authorized") != "");
+  CHECK(nodes[0]->wait_for("refused node " + ro.nodes[1] + " of job ") != "");  // and why
   // Without ring ports the chunks go through the bridges: there the sending node is let in.
   ro.ring_ports = false;
   c = small_job();

@@ -56,6 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // The payload as step records: what decodes encodes back to the same bytes (every bit is read).
   std::vector<step_report> steps;
+  err.clear();
   if (decode_steps(body.data(), body.size(), &steps, &err)) {
     require(encode_steps(steps.data(), steps.size()) == text, "step records round trip");
   } else {
