@@ -104,7 +104,8 @@ struct report_queue {
       h.job_id = job;
       h.step = reports[at + n - 1].step;
       h.elements = n;
-      br->reply(launcher, h, net::payload::copy_of(encode_steps(&reports[at], n)));
+      auto bytes = std::make_shared<const std::string>(encode_steps(&reports[at], n));  // moved in, not copied again
+      br->reply(launcher, h, net::payload{bytes->data(), bytes->size(), bytes});
     }
     reports.clear();
   }
