@@ -17,13 +17,6 @@ constexpr std::chrono::seconds kWeightsTimeout{60};
 
 using namespace coordinator_detail;
 
-uint64_t fnv1a(const float* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* b = reinterpret_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 std::string format_progress(const progress& p) {
   const int width = 30;
   const int filled = p.steps ? int(width * p.step / p.steps) : width;

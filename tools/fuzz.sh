@@ -4,7 +4,7 @@
 # The fuzz_smoke test runs it briefly (tests/CMakeLists.txt). Run with --help for the options.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
-all=(frames job idx safetensors sealed)
+all=(frames job idx safetensors checkpoint sealed)
 
 usage() {
   cat << EOF
@@ -16,6 +16,7 @@ UndefinedBehaviorSanitizer, then fuzzes each in turn. Harnesses (default: all):
   job          a job plan's JSON from the network (actors/job_plan: from_json, validate)
   idx          IDX data files, raw and gzip-compressed (kernels/dataset: read_idx_bytes)
   safetensors  weights files for two small models (kernels/safetensors: read_safetensors_bytes)
+  checkpoint   checkpoint files as --resume reads them (actors/checkpoint: read_checkpoint)
   sealed       sealed ring chunks: round trips, flipped bits, replays, strangers' messages (net/seal)
 
 Options:

@@ -1,6 +1,6 @@
 // Writes the seed inputs of the harnesses, made by the code they fuzz so that they follow the formats as
-// they are now: fuzz_seeds DIR writes DIR/frames, DIR/job, DIR/sealed, DIR/idx and DIR/safetensors (tools/fuzz.sh
-// runs it after building).
+// they are now: fuzz_seeds DIR writes DIR/frames, DIR/job, DIR/sealed, DIR/idx, DIR/safetensors and DIR/checkpoint
+// (tools/fuzz.sh runs it after building).
 #include <zlib.h>
 
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/checkpoint.hpp"
 #include "actors/job_plan.hpp"
 #include "actors/report_kv.hpp"
 #include "kernels/model.hpp"
@@ -188,6 +189,60 @@ void safetensors(const fs::path& dir) {
   }
 }
 
+// Checkpoints of the harness's MLP, as training writes them: Adam mid-epoch, SGD at an epoch's end, and
+// one after the first step (no history), each with byte 0 of every mode (fuzz_checkpoint.cpp).
+void checkpoints(const fs::path& dir) {
+  std::string err;
+  auto m = build_model(fuzz::kMlpModel, shape{4, 1, 1}, &err);
+  require(m != nullptr, "build_model", err);
+  const fs::path tmp = dir / "tmp";
+  fs::create_directories(tmp);
+  int which = 0;
+  for (const auto& [kind, step] : {std::pair{optimizer_config::adam, int64_t(13)}, std::pair{optimizer_config::sgd, int64_t(20)},
+                                   std::pair{optimizer_config::adam, int64_t(1)}}) {
+    checkpoint c;
+    c.model = m->description();
+    c.label = m->label();
+    c.fingerprint = m->fingerprint();
+    c.opt.kind = kind;
+    c.opt.lr = 0.01f;
+    c.opt.momentum = kind == optimizer_config::sgd ? 0.9f : 0.0f;
+    c.seed = 42;
+    c.global_batch = 8;
+    c.replicas = 2;
+    c.train_samples = 80;
+    c.train_data = 0x1234abcd;
+    c.steps_per_epoch = 10;
+    c.epochs = 3;
+    c.progress.step = step;
+    for (int64_t e = 0; e < step / 10; ++e) {
+      epoch_stats s;
+      s.epoch = e, s.loss = 0.5, s.accuracy = 0.75, s.val_loss = 0.6, s.val_accuracy = 0.7, s.samples = 80, s.seconds = 0.01;
+      c.progress.history.push_back(s);
+    }
+    c.progress.count = 8 * (step % 10);
+    c.progress.correct = c.progress.count / 2;
+    c.progress.loss = 0.25 * double(c.progress.count);
+    c.state.steps = step;
+    c.state.params = init_params(*m, 1);
+    c.state.m1.assign(m->param_count(), 0.125f);
+    if (kind == optimizer_config::adam) c.state.m2.assign(m->param_count(), 0.0625f);
+    std::string path;
+    require(write_checkpoint(tmp.string(), *m, c, &path, &err), "write_checkpoint", err);
+    std::ifstream f(path, std::ios::binary);
+    const bytes file{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    for (uint8_t mode = 0; mode < 4; ++mode) {
+      bytes b = {mode};
+      b.insert(b.end(), file.begin(), file.end());
+      put(dir, "ckpt-" + std::to_string(which) + "-mode" + std::to_string(mode), b);
+    }
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    ++which;
+  }
+  fs::remove_all(tmp);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -201,5 +256,6 @@ int main(int argc, char** argv) {
   sealed(dir / "sealed");
   idx_seeds(dir / "idx");
   safetensors(dir / "safetensors");
+  checkpoints(dir / "checkpoint");
   return 0;
 }
