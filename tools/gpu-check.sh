@@ -9,8 +9,15 @@
 # Environment: BUILD_DIR (default <repo>/build-gpu), JOBS (16), BUDGET_S (290, for all steps together).
 # Exit status: 0 when the build, every test (GPU tests included) and the benchmark passed.
 set -u
-out=${1:?usage: tools/gpu-check.sh OUTDIR}
-mkdir -p "$out" && out=$(cd "$out" && pwd)
+# The comment above, without its "# ", is the usage text.
+usage() { sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+case ${1:-} in
+  -h | --help) usage; exit 0 ;;
+  "" | -*) { [[ -n ${1:-} ]] && echo "gpu-check.sh: unknown option $1" || echo "gpu-check.sh: the output folder is missing"; usage; } >&2; exit 2 ;;
+esac
+(($# == 1)) || { echo "gpu-check.sh: one argument, the output folder (see --help)" >&2; exit 2; }
+out=$1
+mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 src=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$src/build-gpu}
 jobs=${JOBS:-16}

@@ -7,7 +7,14 @@
 # Each step's output goes to OUTDIR; the figures are printed last. Environment: BUDGET_S (360).
 # Exit status: 0 when every step ran and exited 0.
 set -u
-out=${1:?usage: tools/host-bench.sh OUTDIR}
+# The comment above, without its "# ", is the usage text.
+usage() { sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+case ${1:-} in
+  -h | --help) usage; exit 0 ;;
+  "" | -*) { [[ -n ${1:-} ]] && echo "host-bench.sh: unknown option $1" || echo "host-bench.sh: the output folder is missing"; usage; } >&2; exit 2 ;;
+esac
+(($# == 1)) || { echo "host-bench.sh: one argument, the output folder (see --help)" >&2; exit 2; }
+out=$1
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 src=$(cd "$(dirname "$0")/.." && pwd)
 carried=$src/.host-carry
