@@ -34,6 +34,11 @@ struct epoch_stats {
   double seconds = 0, eval_seconds = 0;
 };
 
+// "rank 1" or "ranks 2-3" for a list of ranks as node_loss holds it, for messages.
+inline std::string ranks_named(const std::string& list) {
+  return (list.find_first_of("-,") == std::string::npos ? "rank " : "ranks ") + list;
+}
+
 // A node lost during an elastic job and how the job went on (actors/reform.hpp), for the summary.
 struct node_loss {
   std::string node;             // its endpoint

@@ -160,9 +160,9 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
         if (now > deadline || quiet > silence) {
           char secs[32];  // 3, 1.5, 120, 3600: not "120." nor "3.6e+03"
           std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(now > deadline ? limit : silence).count());
-          return "node " + ro.nodes[i] + " did not answer within " + secs +
-                 " s (is ringmaster-node running there? A node that does not hold the key we expect, or runs "
-                 "--insecure while we do not, stays silent)";
+          return "node " + ro.nodes[i] + " did not answer within " + secs + " s (is ringmaster-node running there? " +
+                 (ro.insecure ? "We run --insecure: a node with keys does not answer us, and logs that it refused a client that offers no keys)"
+                              : "A node that does not hold the key we expect, or runs --insecure while we do not, stays silent)");
         }
       }
       continue;
@@ -213,7 +213,7 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
     if (node == joining) give_up_join("it " + node_text(said));
     return;
   }
-  if (!plan.elastic) return kill_node(node, "node " + ro.nodes[node] + " (ranks " + ranks_of(node) + ") " + said);
+  if (!plan.elastic) return kill_node(node, "node " + ro.nodes[node] + " (" + ranks_named(ranks_of(node)) + ") " + said);
   gone[node] = true;
   if (node == fresh) ++join_failures[size_t(node)], fresh = -1;  // it rejoined, and was lost before its first step
   node_loss l;
@@ -227,9 +227,9 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   last_word = std::min(last_word, since);
   send_kv(node, wire::msg_type::abort, {{"reason", "dropped from the job: " + l.why}});  // if it lives
   const std::vector<int> left = survivors();
-  if (left.empty()) return kill_node(node, "node " + l.node + " (ranks " + l.ranks + ") " + said + ", and no node is left");
+  if (left.empty()) return kill_node(node, "node " + l.node + " (" + ranks_named(l.ranks) + ") " + said + ", and no node is left");
   if (joining >= 0) give_up_join("node " + l.node + " was lost meanwhile", true, true);
-  event("lost node " + l.node + " (ranks " + l.ranks + "): " + why + "; re-forming the ring from " +
+  event("lost node " + l.node + " (" + ranks_named(l.ranks) + "): " + why + "; re-forming the ring from " +
         std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : ""));
   pause_survivors({});
 }

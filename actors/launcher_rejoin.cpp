@@ -34,7 +34,8 @@ void launcher::on_back(int node, wire::kv_map& kv) {
                                  std::max<int64_t>(16, int64_t(rate * std::max(1.0, setup))));
   if (at < 0) {
     join_failures[size_t(node)] = kJoinTries;
-    return event("node " + name + " is back, but no epoch's end is left for it to rejoin at");
+    return event("node " + name + " is back, but no epoch's end is left for it to rejoin at (one at least --rejoin-lead, " +
+                 std::to_string(int(lead + 0.5)) + " s, of steps ahead, and after its data is loaded)");
   }
   plan_node entry = plan.nodes[size_t(node)];
   entry.id = kv["id"];

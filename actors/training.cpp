@@ -49,7 +49,10 @@ bool enough_memory(double bytes, std::string* room) {
     const double left = std::max(0.0, double(as.rlim_cur) - double(pages) * double(sysconf(_SC_PAGE_SIZE)) - threads * (72 << 20));
     if (left < most) {
       most = left;
-      *room = "the " + std::to_string(int64_t(left / (1 << 20))) + " MiB its address-space limit (ulimit -v) leaves";
+      const auto mib = [](double b) { return std::to_string(int64_t(b / (1 << 20))); };
+      *room = "the " + mib(left) + " MiB its address-space limit (ulimit -v, " + mib(double(as.rlim_cur)) + " MiB) leaves after the " +
+              mib(double(pages) * double(sysconf(_SC_PAGE_SIZE))) + " MiB this process has mapped (its libraries, the data) and " +
+              mib(threads * (72 << 20)) + " MiB for its threads' stacks and heaps";
     }
   }
   return bytes <= most;

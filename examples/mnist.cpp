@@ -268,7 +268,7 @@ int main(int argc, char** argv) {
       ("limit-train", po::value(&o.limit_train), "use only the first N training samples (0: all)")
       ("limit-test", po::value(&o.limit_test), "use only the first N test samples (0: all)")
       ("no-eval", po::bool_switch(&o.no_eval), "skip the test-set evaluation after each epoch")
-      ("quiet,q", po::bool_switch(&o.quiet), "print only the summary");
+      ("quiet,q", po::bool_switch(&o.quiet), "no progress: print only the job's line and the summary");
   po::variables_map vm;
   try {
     // No positional arguments: a stray word is an error, not ignored ("--epochs 1 2").
@@ -376,7 +376,8 @@ int main(int argc, char** argv) {
     const int n = int(nodes.size()) * o.replicas_per_node;
     if (!vm["replicas"].defaulted() && c.replicas != n)
       return usage_error("--replicas " + std::to_string(c.replicas) + " disagrees with " + std::to_string(nodes.size()) +
-                         " nodes x " + std::to_string(o.replicas_per_node) + " replicas per node");
+                         (nodes.size() == 1 ? " node x " : " nodes x ") + std::to_string(o.replicas_per_node) +
+                         (o.replicas_per_node == 1 ? " replica per node" : " replicas per node"));
     // On nodes, --device says the kind; each node runs its ranks on the devices it offers (--devices).
     if (o.device != "cpu" && o.device != "cuda")
       return usage_error("with --nodes, --device is cpu or cuda (each node uses the devices it offers), not '" +
@@ -430,6 +431,8 @@ int main(int argc, char** argv) {
     const bool found = latest_checkpoint(o.checkpoint_dir, layer_registry::with_builtins(), &ck, &path, &skipped, &why, &c.model);
     for (const std::string& s : skipped) std::fprintf(stderr, "ringmaster-mnist: skipping a checkpoint: %s\n", s.c_str());
     if (!found) return usage_error("--resume: " + why);
+    // What can be checked before the data is loaded, before we say we resume (the data: once it is read).
+    if (std::string bad = resume_mismatch(ck, c, nullptr, -1); !bad.empty()) return usage_error("--resume: " + bad);
     std::printf("Resuming from %s: %lld epoch%s and %lld of %lld steps done\n", path.c_str(), (long long)ck.epoch(),
                 ck.epoch() == 1 ? "" : "s", (long long)ck.epoch_step(), (long long)ck.steps_per_epoch);
     if (trained_to_end(ck, c))
@@ -528,7 +531,8 @@ int finish(const options& o, const train_result& r) {
     const std::string from = !r.checkpoint.empty() ? "--resume continues from the last checkpoint, " + r.checkpoint
                              : o.checkpoint_dir.empty() ? "no checkpoints were kept: --checkpoint-dir DIR keeps them"
                                                         : "no checkpoint was written yet, the first is due " +
-                                                              std::string(o.checkpoint_every ? "after step " + std::to_string(o.checkpoint_every)
+                                                              std::string(o.checkpoint_every ? "after step " + std::to_string(o.checkpoint_every) +
+                                                                                                   " or the last step, whichever comes first"
                                                                                                 : "at the end of the first epoch");
     std::fprintf(stderr, "ringmaster-mnist: %s: %s (%s)\n", interrupted_by(r.interrupted).c_str(),
                  o.nodes.empty() ? "training stopped" : "the nodes were told to drop the job", from.c_str());
@@ -553,32 +557,40 @@ int finish(const options& o, const train_result& r) {
               hex(r.checksums[0]).c_str());
   for (const node_loss& l : r.losses) {
     const char* since = l.hung ? "the ring's last step" : "its last message";
-    std::printf("Lost node %s (ranks %s): %s, named %.2f s after %s; %d ranks went on from epoch %lld, "
-                "step %lld", l.node.c_str(), l.ranks.c_str(), l.why.c_str(), l.detected, since, l.survivors,
+    std::printf("Lost node %s (%s): %s, named %.2f s after %s; %d rank%s went on from epoch %lld, "
+                "step %lld", l.node.c_str(), ranks_named(l.ranks).c_str(), l.why.c_str(), l.detected, since, l.survivors,
+                l.survivors == 1 ? "" : "s",
                 (long long)l.epoch + 1, (long long)l.step + 1);
     if (std::isnan(l.recovered)) std::printf(" (no step was left to run)\n");
     else std::printf("; the next step was complete %.2f s after %s\n", l.recovered, since);
   }
   for (const node_join& n : r.joins)
-    std::printf("Node %s came back and rejoined as ranks %s: %d ranks went on from epoch %lld (the others stood still "
-                "for %.2f s)\n", n.node.c_str(), n.ranks.c_str(), n.replicas, (long long)n.epoch + 1, n.paused);
+    std::printf("Node %s came back and rejoined as %s: %d ranks went on from epoch %lld (the others stood still "
+                "for %.2f s)\n", n.node.c_str(), ranks_named(n.ranks).c_str(), n.replicas, (long long)n.epoch + 1, n.paused);
   if (r.unmeasured)
     std::printf("%lld training samples of lost nodes count without their loss and accuracy (reports lost with them)\n",
                 (long long)r.unmeasured);
+  // The folder was checked before training, but may have changed since: a --save that fails still leaves
+  // the report, and says where the weights are kept.
+  bool written = true;
   if (!o.save.empty()) {
     std::map<std::string, std::string> meta{{"format", "ringmaster"}, {"epochs", std::to_string(c.epochs)},
                                             {"layout", "keras"}};
     auto m = model::build(r.model, layer_registry::with_builtins(), &error);
     if (!m || !write_safetensors(o.save, *m, r.weights, meta, &error)) {
-      std::fprintf(stderr, "ringmaster-mnist: %s\n", error.c_str());
-      return 1;
+      std::fprintf(stderr, "ringmaster-mnist: --save %s was not written: %s\n", o.save.c_str(), error.c_str());
+      if (!r.checkpoint.empty())
+        std::fprintf(stderr, "ringmaster-mnist: the final weights are in the last checkpoint, %s: run again with --resume "
+                             "(and a --save that can be written) to write them without training\n", r.checkpoint.c_str());
+      written = false;
+    } else {
+      std::printf("Saved weights to %s\n", o.save.c_str());
     }
-    std::printf("Saved weights to %s\n", o.save.c_str());
   }
   if (!r.checkpoint.empty()) std::printf("Last checkpoint: %s\n", r.checkpoint.c_str());
   if (!o.report_json.empty() && !write_report(o.report_json, o, r, &error)) {
-    std::fprintf(stderr, "ringmaster-mnist: %s\n", error.c_str());
-    return 1;
+    std::fprintf(stderr, "ringmaster-mnist: --report-json %s was not written: %s\n", o.report_json.c_str(), error.c_str());
+    written = false;
   }
-  return r.identical ? 0 : 1;
+  return written && r.identical ? 0 : 1;
 }

@@ -1,6 +1,7 @@
 #include "kernels/dataset.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -268,7 +269,10 @@ bool load_mnist(const std::string& dir, const std::string& prefix, int classes, 
   try {  // the limits above keep a data set under an eighth of the memory; what else runs may still take it
     return load_files(dir, prefix, classes, out, error);
   } catch (const std::bad_alloc&) {
-    *error = dir + ": out of memory loading the " + prefix + " set";
+    rlimit as{};
+    const bool capped = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;
+    *error = dir + ": out of memory loading the " + prefix + " set (the bound: " + describe(usable_memory()) +
+             (capped ? ", and an address-space limit (ulimit -v) of " + std::to_string(uint64_t(as.rlim_cur) >> 20) + " MiB" : "") + ")";
     return false;
   }
 }

@@ -208,8 +208,9 @@ settings_reader& settings_reader::number(const char* key, float* out, double lo,
       return *this;
     }
   }
-  fail(std::string("'") + key + "': expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-       "], got " + v->dump().substr(0, 40));
+  char range[64];  // [0, 0.999], not [0.000000, 0.999000]
+  std::snprintf(range, sizeof range, "[%.6g, %.6g]", lo, hi);
+  fail(std::string("'") + key + "': expected a number in " + range + ", got " + v->dump().substr(0, 40));
   return *this;
 }
 

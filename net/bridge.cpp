@@ -81,6 +81,16 @@ void bridge::impl::serve_listen_monitor() {
       if (int(connection_address.size()) > opt.max_connections + told_why && !within_limit(host) && accepted_here(fd))
         ::shutdown(fd, SHUT_RDWR);
     }
+    if (what == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+      const auto now = std::chrono::steady_clock::now();
+      if (last_mismatch_report != std::chrono::steady_clock::time_point{} && now - last_mismatch_report < std::chrono::minutes(1))
+        return;
+      last_mismatch_report = now;
+      report(fault::unauthorized, {}, opt.keys.empty()
+          ? listener.endpoint + ": refused a client that offers CurveZMQ keys: this node runs --insecure (reported at most once a minute)"
+          : listener.endpoint + ": refused a client that offers no keys (a launcher or node run --insecure?): this node "
+                                "runs with keys (reported at most once a minute)");
+    }
     if (what == ZMQ_EVENT_ACCEPT_FAILED) {
       ++accept_failures;
       report_overload(listener.endpoint + ": cannot accept a connection: " + zmq_strerror(int(value)) +
@@ -292,7 +302,8 @@ bool bridge::start(const std::string& listen_endpoint, std::string* error) {
       // clients out.)
       d_->listener.socket->set(zmq::sockopt::handshake_ivl, 3000);
       d_->listen_monitor = socket_monitor::attach(*d_->ctx, *d_->listener.socket, "inproc://ringmaster-listener",
-                                                  ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED);
+                                                  ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED |
+                                                      ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL);
       d_->listener.socket->set(zmq::sockopt::router_mandatory, 1);  // unroutable replies are errors, not silence
       d_->listener.socket->set(zmq::sockopt::router_handover, 1);   // a peer that reconnects keeps its identity
       const bool ipc_path = listen_endpoint.rfind("ipc://", 0) == 0 && listen_endpoint.size() > 6 && listen_endpoint[6] != '@';

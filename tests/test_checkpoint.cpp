@@ -498,6 +498,12 @@ TEST_CASE("checkpoint: a local run killed after a checkpoint resumes to the unin
   INFO(resumed.out);
   REQUIRE(resumed.status == 0);
   CHECK(resumed.out.find("Resuming from " + dir + "/ckpt-1-4.safetensors: 1 epoch and 4 of 16 steps done") != std::string::npos);
+  // Another seed is refused before the launcher says it resumes (the data is checked once it is loaded).
+  run_result other_seed = mnist(job + " --seed 5 --checkpoint-dir " + dir + " --checkpoint-every 5 --resume");
+  INFO(other_seed.out);
+  CHECK(other_seed.status == 2);
+  CHECK(other_seed.out.find("--resume: the checkpoint was made with seed 42, this job's is 5") != std::string::npos);
+  CHECK(other_seed.out.find("Resuming from") == std::string::npos);
   CHECK(resumed.out.find("Epoch 1/3") == std::string::npos);
   CHECK(resumed.out.find("(resumed at step 4)") != std::string::npos);
   CHECK(resumed.out.find("Done: 3 epochs (resumed after epoch 1, step 4)") != std::string::npos);
@@ -596,7 +602,9 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
       {"--checkpoint-dir " + empty + "/made --save " + empty + "/made/", "--save " + empty + "/made/ names the --checkpoint-dir folder"},
       {"--checkpoint-dir " + empty + "/made2 --report-json " + empty + "/made2", "names the --checkpoint-dir folder"},
       // A name longer than the folder allows: once found only after training, as its temporary file's.
-      {"--save " + empty + "/" + std::string(256, 'w'), "its name is longer than the 255 bytes folder " + empty + " allows"},
+      {"--save " + empty + "/" + std::string(256, 'w'), "its name is longer than the 255 bytes that folder " + empty + " allows"},
+      // A folder access() calls writable (for root) that takes no files: once found only after training.
+      {"--save /proc/weights.safetensors", "cannot write /proc/weights.safetensors: "},
   };
   for (const bad& b : cases) {
     const run_result r = mnist("--epochs 1 --limit-train 256 --limit-test 64 " + b.args);
@@ -618,6 +626,29 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
   CHECK(ok.status == 0);
   CHECK(got.find("\"test_accuracy\"") != std::string::npos);
   CHECK(got.find("\"unmeasured_samples\"") != std::string::npos);
+}
+
+TEST_CASE("checkpoint: a --save that fails after training still leaves the report, and names the checkpoint that "
+          "holds the weights", "[checkpoint][launcher]") {
+  // /dev/full takes the check before training (it exists and is writable), and every write fails.
+  if (geteuid() != 0) {  // /dev takes no files of ours: refused before training instead
+    const run_result r = mnist("--epochs 1 --limit-train 256 --limit-test 64 --save /dev/full");
+    CHECK(r.status == 2);
+    CHECK(r.out.find("--save: cannot write /dev/full: folder /dev is not writable") != std::string::npos);
+    return;
+  }
+  const std::string dir = fresh_dir("save-fails");
+  const run_result r = mnist("--epochs 1 --limit-train 256 --limit-test 64 --save /dev/full --checkpoint-dir " + dir +
+                             "/ck --report-json " + dir + "/run.json");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("--save /dev/full was not written: /dev/full: write failed: No space left on device") != std::string::npos);
+  CHECK(r.out.find("the final weights are in the last checkpoint, " + dir + "/ck/ckpt-1-0.safetensors: run again with --resume") !=
+        std::string::npos);
+  const auto report = nlohmann::json::parse(slurp(dir + "/run.json"));
+  CHECK(report["epochs"] == 1);
+  CHECK(report["history"].size() == 1);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("checkpoint: one run a folder, outputs into a folder made for checkpoints and under long names, and a "

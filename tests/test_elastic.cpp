@@ -568,7 +568,7 @@ TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, train
   if (killer.joinable()) killer.join();
   INFO(r.out);
   REQUIRE(r.status == 0);
-  CHECK(r.out.find("Lost node " + nodes[1]->endpoint + " (ranks 1): no heartbeat for") != std::string::npos);
+  CHECK(r.out.find("Lost node " + nodes[1]->endpoint + " (rank 1): no heartbeat for") != std::string::npos);
   CHECK(r.out.find("2 ranks went on from epoch") != std::string::npos);
   CHECK(r.out.find("bit-identical") != std::string::npos);
   const nlohmann::json lost = report(json_path);
@@ -601,7 +601,7 @@ TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, train
   if (killer2.joinable()) killer2.join();
   INFO(ab.out);
   CHECK(ab.status == 1);
-  CHECK(ab.out.find("node " + fresh[2]->endpoint + " (ranks 2) stopped answering: no heartbeat for") != std::string::npos);
+  CHECK(ab.out.find("node " + fresh[2]->endpoint + " (rank 2) stopped answering: no heartbeat for") != std::string::npos);
   test::run_result bad = run_launcher("--nodes " + test::node_list(fresh) + " --on-node-loss maybe", [](const std::string&) {});
   CHECK(bad.status == 2);
   CHECK(bad.out.find("--on-node-loss must be continue or abort, not 'maybe'") != std::string::npos);
@@ -628,7 +628,7 @@ TEST_CASE("elastic with checkpoints: the node running rank 0 is killed, the job 
   if (killer.joinable()) killer.join();
   INFO(r.out);
   REQUIRE(r.status == 0);
-  CHECK(r.out.find("Lost node " + nodes[0]->endpoint + " (ranks 0)") != std::string::npos);
+  CHECK(r.out.find("Lost node " + nodes[0]->endpoint + " (rank 0)") != std::string::npos);
   // The last checkpoint is the finished job's: the new rank 0 sent it.
   CHECK(r.out.find("Last checkpoint: " + dir + "/ckpt-2-0.safetensors") != std::string::npos);
   test::run(std::string("rm -rf ") + dir);
@@ -656,7 +656,7 @@ TEST_CASE("elastic: ringmaster-mnist takes a node started again back in and says
   INFO(r.out);
   REQUIRE(r.status == 0);
   CHECK(r.out.find("is back; it rejoins after step") != std::string::npos);
-  CHECK(r.out.find("Node " + nodes[1]->endpoint + " came back and rejoined as ranks 2: 3 ranks went on from epoch") != std::string::npos);
+  CHECK(r.out.find("Node " + nodes[1]->endpoint + " came back and rejoined as rank 2: 3 ranks went on from epoch") != std::string::npos);
   const nlohmann::json j = report(json_path);
   REQUIRE(j["history"].size() == 120);
   for (const auto& e : j["history"]) CHECK(e["samples"] == 6000);

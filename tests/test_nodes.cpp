@@ -329,7 +329,7 @@ TEST_CASE("a node stopped with SIGTERM or SIGHUP (its ssh session closed) tells 
   r = train_remote(big, ro);
   stopper2.join();
   CHECK_FALSE(r.ok);
-  CHECK(r.error.find("node " + more[1]->endpoint + " (ranks 1) was stopped (SIGTERM)") != std::string::npos);
+  CHECK(r.error.find("node " + more[1]->endpoint + " (rank 1) was stopped (SIGTERM)") != std::string::npos);
 }
 
 TEST_CASE("a node daemon under nohup outlives SIGHUP, as nohup asks", "[nodes]") {

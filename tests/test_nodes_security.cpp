@@ -741,10 +741,21 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   po.connect_timeout = 3s;
   r = train_remote(small_job(), po);
   CHECK_FALSE(r.ok);
+  // Neither libzmq says more than that the handshake failed: the node says what it saw (once a minute).
+  CHECK(plain.wait_for("refused a client that offers CurveZMQ keys: this node runs --insecure") != "");
   po.insecure = true;
   r = train_remote(small_job(), po);
   INFO(r.error);
   CHECK(r.ok);
+
+  // And the other way round: a launcher run --insecure at the node with keys is told which side lacks them.
+  remote_options io = po;
+  io.nodes = {node.node->endpoint()};
+  r = train_remote(small_job(), io);
+  CHECK_FALSE(r.ok);
+  INFO(r.error);
+  CHECK(r.error.find("We run --insecure: a node with keys does not answer us") != std::string::npos);
+  CHECK(node.wait_for("refused a client that offers no keys (a launcher or node run --insecure?): this node runs with keys") != "");
 }
 
 TEST_CASE("a node under a low descriptor limit hangs up a flood at accept, without spinning, and serves again after it", "[nodes][keys]") {
@@ -1035,7 +1046,7 @@ TEST_CASE("a node stopped while it sets up a job is named as stopped at once, no
   r = train_remote(small_job(), ro);
   INFO(r.error);
   CHECK_FALSE(r.ok);
-  CHECK(r.error.find("node " + quitter.endpoint() + " (ranks 0) was stopped (SIGINT)") != std::string::npos);
+  CHECK(r.error.find("node " + quitter.endpoint() + " (rank 0) was stopped (SIGINT)") != std::string::npos);
 }
 
 TEST_CASE("a node of another release is named as such at once, not waited for as a silent one", "[nodes]") {
