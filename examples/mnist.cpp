@@ -391,6 +391,7 @@ int main(int argc, char** argv) {
     return usage_error(std::string(o.no_rejoin ? "--no-rejoin" : o.insecure ? "--insecure" : o.no_shared_memory ? "--no-shared-memory" : "--key-dir") +
                        " needs --nodes");
   }
+  if (o.insecure && vm.count("key-dir")) return usage_error("--key-dir and --insecure: an --insecure launcher uses no keys");
   if (o.on_node_loss != "continue" && o.on_node_loss != "abort")
     return usage_error("--on-node-loss must be continue or abort, not '" + o.on_node_loss + "'");
   if (!(o.rejoin_lead >= 0.1 && o.rejoin_lead <= 24 * 3600.0)) return usage_error("--rejoin-lead must be between 0.1 and 86400 seconds");

@@ -282,6 +282,7 @@ TEST_CASE("launcher: bad flags and values exit 2 with a clear message", "[launch
            {"--insecure", "--insecure needs --nodes"},
            {"--no-shared-memory", "--no-shared-memory needs --nodes"},
            {"--key-dir /tmp", "--key-dir needs --nodes"},
+           {"--nodes tcp://127.0.0.1:1 --insecure --key-dir /tmp", "--key-dir and --insecure: an --insecure launcher uses no keys"},
            {"--nodes tcp://127.0.0.1:1 --key-dir /etc/hostname", "--key-dir: /etc/hostname is not a directory"},  // exit 1 after loading data
            {"--checkpoint-dir " + dir + " --save " + dir + "/.ringmaster-lock", "is the name of the lock or probe file of --checkpoint-dir"}}) {
     r = run(args + " --limit-train 256 --limit-test 64 -q");
