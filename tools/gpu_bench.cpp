@@ -241,7 +241,19 @@ ring_numbers bench_device_ring(size_t bytes, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const double seconds = argc > 1 ? std::atof(argv[1]) : 1.5;
+  double seconds = 1.5;
+  if (argc > 2 || (argc == 2 && (std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help"))) {
+    std::printf("usage: gpu_bench [SECONDS]   (seconds per measurement, 0.1..600, default 1.5; needs a GPU: exits 77 without one)\n");
+    return argc > 2 ? 2 : 0;
+  }
+  if (argc == 2) {
+    char* end = nullptr;
+    seconds = std::strtod(argv[1], &end);
+    if (end == argv[1] || *end || !(seconds >= 0.1 && seconds <= 600)) {
+      std::fprintf(stderr, "gpu_bench: SECONDS must be a number in 0.1..600, not '%s' (see --help)\n", argv[1]);
+      return 2;
+    }
+  }
   if (cuda_device_count() == 0) {
     std::string why;
     make_cuda_backend(0, &why);
