@@ -1,8 +1,12 @@
 #include "actors/launcher.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <set>
 #include <thread>
@@ -160,6 +164,13 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
         if (now > deadline || quiet > silence) {
           char secs[32];  // 3, 1.5, 120, 3600: not "120." nor "3.6e+03"
           std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(now > deadline ? limit : silence).count());
+          // An ipc path with no socket (ZeroMQ waits for one, so a daemon started with us may still come).
+          struct stat st {};
+          const std::string& ep = ro.nodes[i];
+          if (ep.rfind("ipc://", 0) == 0 && ep.size() > 6 && ep[6] != '@' && ::stat(ep.c_str() + 6, &st) != 0)
+            return "node " + ep + " did not answer within " + secs + " s: " +
+                   (errno == ENOENT ? "there is no socket at " + ep.substr(6) + " (is ringmaster-node running there?)"
+                                    : "cannot reach " + ep.substr(6) + ": " + std::strerror(errno));
           return "node " + ro.nodes[i] + " did not answer within " + secs + " s (is ringmaster-node running there? " +
                  (ro.insecure ? "We run --insecure: a node with keys does not answer us, and logs that it refused a client that offers no keys)"
                               : "A node that does not hold the key we expect, or runs --insecure while we do not, stays silent)");

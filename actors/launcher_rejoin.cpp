@@ -34,8 +34,10 @@ void launcher::on_back(int node, wire::kv_map& kv) {
                                  std::max<int64_t>(16, int64_t(rate * std::max(1.0, setup))));
   if (at < 0) {
     join_failures[size_t(node)] = kJoinTries;
-    return event("node " + name + " is back, but no epoch's end is left for it to rejoin at (one at least --rejoin-lead, " +
-                 std::to_string(int(lead + 0.5)) + " s, of steps ahead, and after its data is loaded)");
+    char ahead[32];
+    std::snprintf(ahead, sizeof ahead, "%.3g", lead);
+    return event("node " + name + " is back, but no epoch's end is left far enough ahead for it to rejoin at: " + ahead +
+                 " s of steps (--rejoin-lead, or longer for a node slow to set up)");
   }
   plan_node entry = plan.nodes[size_t(node)];
   entry.id = kv["id"];

@@ -172,6 +172,10 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     std::fprintf(stderr, "%s: --max-connections must be at least 1\n", prog.c_str());
     return 2;
   }
+  if (o.insecure && !o.key_dir.empty()) {
+    std::fprintf(stderr, "%s: --key-dir and --insecure: a node run --insecure uses no keys\n", prog.c_str());
+    return 2;
+  }
   if (o.ring_port != 0 && o.listen.rfind("tcp://", 0) != 0) {
     std::fprintf(stderr, "%s: --ring-port needs a tcp:// --listen endpoint\n", prog.c_str());
     return 2;

@@ -177,6 +177,7 @@ int train_main(int argc, char** argv) {
   if (cfg.epochs < 1) return usage_error("--epochs must be at least 1", "train");
   if (limit_train < 0 || limit_test < 0) return usage_error("--limit-train/--limit-test must be >= 0", "train");
   if (per_node < 1 || per_node > 256) return usage_error("--replicas-per-node must be in 1..256", "train");
+  if (insecure && vm.count("key-dir")) return usage_error("--key-dir and --insecure: an --insecure launcher uses no keys", "train");
   std::vector<std::string> endpoints, node_keys;
   for (const std::string& given : nodes.empty() ? std::vector<std::string>{} : split(nodes)) {
     std::string e, key, bad;

@@ -529,7 +529,8 @@ int finish(const options& o, const train_result& r) {
     std::printf("\n");  // off the progress bar's line
     std::fflush(stdout);
     // Where to go on from: the last checkpoint, or why there is none.
-    const std::string from = !r.checkpoint.empty() ? "--resume continues from the last checkpoint, " + r.checkpoint
+    const std::string last = !r.checkpoint.empty() ? r.checkpoint : c.resume ? c.resume->file : "";
+    const std::string from = !last.empty() ? "--resume continues from the last checkpoint, " + last
                              : o.checkpoint_dir.empty() ? "no checkpoints were kept: --checkpoint-dir DIR keeps them"
                                                         : "no checkpoint was written yet, the first is due " +
                                                               std::string(o.checkpoint_every ? "after step " + std::to_string(o.checkpoint_every) +

@@ -6,48 +6,63 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 
 namespace ringmaster::examples {
 
-// "" when `path` (if given) can be written when the run ends: its folder exists and takes files, and the
-// file, if it is there, is a file we may overwrite, or a FIFO something reads from now (written through
-// at the end: with no reader the run's result would be lost after training). Such a FIFO is held open in
-// *hold until then, so that its reader does not see its end before. A file is written under a temporary
-// name in its folder and renamed: a probe file is made there and removed at once (access() alone passes
-// folders that take no files, such as /proc and /sys for root); nothing else is created or changed.
+// "" when `path` (if given) can be written when the run ends. What is there and not a plain file (a link
+// to a file, a FIFO, a device, /dev/stdout) is written through: only it must take writes, and a FIFO must
+// have its reader now (with none the run's result would be lost after training; it is held open in *hold
+// until then, so that its reader does not see its end before). A plain file, or a new one, is written
+// under a temporary name in its folder and renamed: the folder must take new files, which a probe file
+// made and removed at once shows (access() alone passes /proc and /sys for root). A link to nothing yet
+// is checked as a new file in the link's folder. Nothing else is created or changed.
 inline std::string check_writable(const std::string& path, std::shared_ptr<const void>* hold) {
   if (path.empty()) return "";
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return "cannot write " + path + ": it is a folder";
+    for (int out : {STDOUT_FILENO, STDERR_FILENO}) {  // our own stdout or stderr is written as it is, not opened
+      struct stat o {};
+      if (fstat(out, &o) == 0 && o.st_dev == st.st_dev && o.st_ino == st.st_ino) return "";
+    }
+    if (access(path.c_str(), W_OK) != 0) return "cannot write " + path + ": it is not writable";
+    if (S_ISFIFO(st.st_mode)) {
+      const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      if (fd < 0)
+        return "cannot write " + path + ": " + (errno == ENXIO ? "a FIFO nothing reads from (start its reader first)" : std::strerror(errno));
+      *hold = std::shared_ptr<const void>(nullptr, [fd](const void*) { ::close(fd); });
+    }
+    return "";
+  }
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  struct stat st {};
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return "cannot write " + path + ": no folder " + dir;
   if (access(dir.c_str(), W_OK | X_OK) != 0) return "cannot write " + path + ": folder " + dir + " is not writable";
   // (The file is written under a temporary name that fits whenever its own name does.)
   const long name_max = pathconf(dir.c_str(), _PC_NAME_MAX);
   if (name_max > 0 && path.size() - (slash == std::string::npos ? 0 : slash + 1) > size_t(name_max))
     return "cannot write " + path + ": its name is longer than the " + std::to_string(name_max) + " bytes that folder " + dir + " allows";
-  if (stat(path.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return "cannot write " + path + ": it is a folder";
-    if (access(path.c_str(), W_OK) != 0) return "cannot write " + path + ": the file is not writable";
-    if (S_ISFIFO(st.st_mode)) {
-      const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-      if (fd < 0)
-        return "cannot write " + path + ": " + (errno == ENXIO ? "a FIFO nothing reads from (start its reader first)" : std::strerror(errno));
-      *hold = std::shared_ptr<const void>(nullptr, [fd](const void*) { ::close(fd); });
+  if (stat(path.c_str(), &st) == 0 && access(path.c_str(), W_OK) != 0) return "cannot write " + path + ": the file is not writable";
+  // A name of this run's own (two launchers may share a folder, over NFS too; a killed one may leave its probe).
+  std::random_device rd;
+  for (int tries = 0;; ++tries) {
+    char name[48];
+    std::snprintf(name, sizeof name, "/.ringmaster-probe-%d-%08x", int(::getpid()), unsigned(rd()));
+    const std::string probe = dir + name;
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(probe.c_str());
       return "";
     }
+    if (errno != EEXIST || tries == 3)
+      return "cannot write " + path + ": folder " + dir + " takes no new files (making one there failed: " + std::strerror(errno) + ")";
   }
-  // Written through (a link, a device): no new file in the folder. Else one comes, under a temporary name.
-  if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return "";
-  const std::string probe = dir + "/.ringmaster-probe-" + std::to_string(::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return "cannot write " + path + ": folder " + dir + " takes no new files (" + std::strerror(errno) + ")";
-  ::close(fd);
-  ::unlink(probe.c_str());
-  return "";
 }
 
 }  // namespace ringmaster::examples

@@ -24,9 +24,10 @@ class cpu_backend final : public backend {
     return p;
   }
   void release(void* p) override { std::free(p); }
-  void copy_in(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
-  void copy_out(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
-  void copy(void* d, const void* s, size_t n) override { std::memmove(d, s, n); }
+  // n == 0 may come with null pointers (an empty buffer's data()), which memcpy must not be given.
+  void copy_in(void* d, const void* s, size_t n) override { if (n) std::memcpy(d, s, n); }
+  void copy_out(void* d, const void* s, size_t n) override { if (n) std::memcpy(d, s, n); }
+  void copy(void* d, const void* s, size_t n) override { if (n) std::memmove(d, s, n); }
   void synchronize() override {}
   std::shared_ptr<void> alloc_host(size_t bytes) override { return std::shared_ptr<void>(alloc(bytes), std::free); }
 

@@ -269,10 +269,16 @@ bool load_mnist(const std::string& dir, const std::string& prefix, int classes, 
   try {  // the limits above keep a data set under an eighth of the memory; what else runs may still take it
     return load_files(dir, prefix, classes, out, error);
   } catch (const std::bad_alloc&) {
-    rlimit as{};
-    const bool capped = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;
-    *error = dir + ": out of memory loading the " + prefix + " set (the bound: " + describe(usable_memory()) +
-             (capped ? ", and an address-space limit (ulimit -v) of " + std::to_string(uint64_t(as.rlim_cur) >> 20) + " MiB" : "") + ")";
+    *error = dir + ": out of memory loading the " + prefix + " set";
+    try {  // the memory freed by the failed load is likely back; if not, the plain message stays
+      rlimit as{};
+      const bool capped = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;
+      const memory_bound b = usable_memory();
+      std::string why = b.bytes > 0 ? describe(b) : "";
+      if (capped) why += (why.empty() ? "" : ", and ") + std::string("an address-space limit (ulimit -v) of ") + std::to_string(uint64_t(as.rlim_cur) >> 20) + " MiB";
+      if (!why.empty()) *error += " (the bound: " + why + ")";
+    } catch (...) {
+    }
     return false;
   }
 }

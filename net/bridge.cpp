@@ -39,6 +39,7 @@ const char* fault_name(fault f) {
     case fault::unauthorized: return "unauthorized client";
     case fault::handshake_failed: return "handshake failed";
     case fault::overloaded: return "overloaded";
+    case fault::keys_mismatch: return "keys mismatch";
   }
   return "fault";
 }
@@ -86,7 +87,7 @@ void bridge::impl::serve_listen_monitor() {
       if (last_mismatch_report != std::chrono::steady_clock::time_point{} && now - last_mismatch_report < std::chrono::minutes(1))
         return;
       last_mismatch_report = now;
-      report(fault::unauthorized, {}, opt.keys.empty()
+      report(fault::keys_mismatch, {}, opt.keys.empty()
           ? listener.endpoint + ": refused a client that offers CurveZMQ keys: this node runs --insecure (reported at most once a minute)"
           : listener.endpoint + ": refused a client that offers no keys (a launcher or node run --insecure?): this node "
                                 "runs with keys (reported at most once a minute)");
@@ -189,6 +190,15 @@ void bridge::impl::serve_monitor(int id) {
     peer_info from;
     from.peer = id;
     if (c.failed_handshakes < 0) return;  // reported already
+    // libzmq does not try again after this: say it now, and which side lacks the keys.
+    if (what == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+      c.failed_handshakes = -1;
+      report(fault::handshake_failed, from, opt.keys.empty()
+          ? c.endpoint + " uses keys (CurveZMQ) and we run --insecure: run both sides with --insecure, or neither"
+          : c.endpoint + " runs --insecure and we use keys: run both sides with --insecure, or neither");
+      return;
+    }
+    if (opt.keys.empty()) return;  // the rest is about keys
     // A peer that let us in before and now refuses us was started again (a killed node back on its port):
     // it is no longer in this job, which is its launcher's to say (elastic jobs go on without it). Failing
     // our side here would end the job for a loss it survives.

@@ -69,7 +69,9 @@ struct peer_info {
 // unauthorized: a client whose key we do not accept tried to connect (reported once per key).
 // handshake_failed: a server refused our key on a connection (from.peer says which).
 // overloaded: too many connections, or no file descriptors left (reported once a minute at most).
-enum class fault { malformed, version_mismatch, send_failed, handler_failed, unauthorized, handshake_failed, overloaded };
+// keys_mismatch: a client at our listener offers keys where we have none, or none where we have keys
+// (a side run --insecure by mistake), at most once a minute.
+enum class fault { malformed, version_mismatch, send_failed, handler_failed, unauthorized, handshake_failed, overloaded, keys_mismatch };
 const char* fault_name(fault f);
 
 struct bridge_error {

@@ -148,8 +148,8 @@ struct bridge::impl {
   // (within_limit) is hung up as it is accepted; ACCEPT_FAILED is a lack of file descriptors (libzmq
   // retries the accept at once, in its I/O thread, until one is free: we can only say so, once, and
   // refuse clients so that their connections close). HANDSHAKE_FAILED_PROTOCOL with a mechanism mismatch
-  // is a client run --insecure at a node with keys, or the reverse: logged at most once a minute, as
-  // neither side's libzmq says more than that the handshake failed.
+  // is a client run --insecure at a node with keys, or the reverse: logged at most once a minute (the
+  // client is told too, by its own monitor).
   void serve_listen_monitor();
   // Whether fd is still a connection accepted on our TCP listening port.
   bool accepted_here(int fd) const;

@@ -89,6 +89,10 @@ TEST_CASE("custom_layer: a plain ringmaster-node refuses a job with the custom l
   INFO(r.out);
   CHECK(r.status == 2);
   CHECK(r.out.find("unknown layer type 'channel_scale'") != std::string::npos);
+  // A key folder with an --insecure launcher is refused, not ignored.
+  r = run(custom_layer + " train --nodes " + plain.endpoint + " --insecure --key-dir /tmp" + small);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--key-dir and --insecure: an --insecure launcher uses no keys") != std::string::npos);
   // Locally the stock launcher does not know the layer either.
   r = run(std::string(RINGMASTER_MNIST_BIN) + " --model '" + model + "'" + small);
   CHECK(r.status == 2);

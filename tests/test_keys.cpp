@@ -278,17 +278,23 @@ TEST_CASE("encrypted bridges: an accepted key talks and is named, a refused or w
   REQUIRE(at_stranger.wait([&] { return !at_stranger.errors.empty(); }));
   CHECK(at_stranger.errors[0].kind == net::fault::handshake_failed);
   CHECK(at_stranger.errors[0].message.find("refused our key") != std::string::npos);
+  // A client that offers no keys is logged (its mechanism always reaches the server this way).
+  CHECK(test::zmtp_greeting(std::stoi(server.endpoint().substr(server.endpoint().rfind(':') + 1)), "NULL"));
   std::this_thread::sleep_for(1500ms);  // the stranger, the confused and the plain client keep retrying
   {
     std::lock_guard<std::mutex> lock(at_server.mu);
     CHECK(at_server.messages.size() == 1);  // nothing but the friend's hello got through
-    int refusals = 0;
+    int refusals = 0, plain = 0;
     for (auto& e : at_server.errors)
-      if (e.kind == net::fault::unauthorized) {
+      if (e.kind == net::fault::keys_mismatch) {
+        ++plain;  // the plain clients, once (at most once a minute)
+        CHECK(e.message.find("refused a client that offers no keys") != std::string::npos);
+      } else if (e.kind == net::fault::unauthorized) {
         ++refusals;
         CHECK(e.message.find(stranger_keys.public_key) != std::string::npos);
       }
     CHECK(refusals == 1);
+    CHECK(plain == 1);
   }
   // A client expecting another server key never hears from this one.
   CHECK(at_confused.messages.empty());

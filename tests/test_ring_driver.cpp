@@ -106,7 +106,7 @@ TEST_CASE("ring driver: any buckets, segments and path give the ring's bits", "[
               dr->finish();
             }
           }
-          for (int r = 0; r < n; ++r) CHECK(std::memcmp(x[size_t(r)].data(), want.data(), total * sizeof(float)) == 0);
+          for (int r = 0; r < n; ++r) CHECK((total == 0 || std::memcmp(x[size_t(r)].data(), want.data(), total * sizeof(float)) == 0));
         }
 }
 

@@ -52,7 +52,7 @@ sealed_message seal_one(net::sealer& s, const std::vector<float>& data, uint64_t
 bool open_one(net::opener& o, sealed_message m, std::vector<float>* out, std::string* err) {
   if (!o.open(m.header.data(), m.header.size(), m.payload.data(), m.payload.size(), m.trailer, err)) return false;
   out->resize(m.payload.size() / sizeof(float));
-  std::memcpy(out->data(), m.payload.data(), m.payload.size());
+  if (!m.payload.empty()) std::memcpy(out->data(), m.payload.data(), m.payload.size());
   return true;
 }
 

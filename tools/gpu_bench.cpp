@@ -242,9 +242,14 @@ ring_numbers bench_device_ring(size_t bytes, int iters) {
 
 int main(int argc, char** argv) {
   double seconds = 1.5;
-  if (argc > 2 || (argc == 2 && (std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help"))) {
-    std::printf("usage: gpu_bench [SECONDS]   (seconds per measurement, 0.1..600, default 1.5; needs a GPU: exits 77 without one)\n");
-    return argc > 2 ? 2 : 0;
+  const char* usage = "usage: gpu_bench [SECONDS]   (seconds per measurement, 0.1..600, default 1.5; needs a GPU: exits 77 without one)\n";
+  if (argc > 2) {
+    std::fprintf(stderr, "gpu_bench: one argument at most, SECONDS\n%s", usage);
+    return 2;
+  }
+  if (argc == 2 && (std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help")) {
+    std::printf("%s", usage);
+    return 0;
   }
   if (argc == 2) {
     char* end = nullptr;

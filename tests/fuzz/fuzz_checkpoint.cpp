@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -100,12 +101,20 @@ void check_read(const checkpoint& c, const layer_registry& reg, const scratch& s
               again.steps_per_epoch == c.steps_per_epoch && again.train_samples == c.train_samples &&
               again.train_data == c.train_data && again.opt.kind == c.opt.kind,
           "as it was: its settings");
-  require(std::memcmp(&again.opt.lr, &c.opt.lr, sizeof c.opt.lr) == 0 && std::memcmp(&again.opt.eps, &c.opt.eps, sizeof c.opt.eps) == 0,
-          "as it was: the optimizer's settings, bit for bit");
+  for (auto [a, b] : {std::pair{again.opt.lr, c.opt.lr}, {again.opt.beta1, c.opt.beta1}, {again.opt.beta2, c.opt.beta2},
+                      {again.opt.eps, c.opt.eps}, {again.opt.momentum, c.opt.momentum}})
+    require(std::memcmp(&a, &b, sizeof a) == 0, "as it was: the optimizer's settings, bit for bit");
   require(again.progress.step == c.progress.step && again.progress.count == c.progress.count &&
               again.progress.correct == c.progress.correct && again.progress.history.size() == c.progress.history.size() &&
               std::memcmp(&again.progress.loss, &c.progress.loss, sizeof(double)) == 0,
           "as it was: its progress");
+  for (size_t e = 0; e < c.progress.history.size(); ++e) {  // NaN (no evaluation) reads back as NaN: compared as bits
+    const epoch_stats &x = again.progress.history[e], &y = c.progress.history[e];
+    require(x.epoch == y.epoch && x.samples == y.samples, "as it was: an epoch's number and samples");
+    for (auto [p, q] : {std::pair{x.loss, y.loss}, {x.accuracy, y.accuracy}, {x.val_loss, y.val_loss}, {x.val_accuracy, y.val_accuracy},
+                        {x.seconds, y.seconds}, {x.eval_seconds, y.eval_seconds}})
+      require(std::memcmp(&p, &q, sizeof p) == 0 || (std::isnan(p) && std::isnan(q)), "as it was: an epoch's figures");
+  }
   require(same_bits(again.state.params, c.state.params) && same_bits(again.state.m1, c.state.m1) &&
               same_bits(again.state.m2, c.state.m2),
           "as it was: its state, bit for bit");
