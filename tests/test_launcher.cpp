@@ -439,6 +439,15 @@ TEST_CASE("launcher: Ctrl-C or SIGTERM on a local job stops it with a message th
     const size_t from = r.out.find(dir, at);
     CHECK(std::filesystem::is_regular_file(r.out.substr(from, r.out.find(')', from) - from)));
   }
+  {  // Resumed, and stopped before a checkpoint of its own: the one it resumed from is where to go on from.
+    const signalled_run r = run_and_signal("exec " + job + small + " --checkpoint-dir " + dir + " --checkpoint-every 1000000 --resume",
+                                           "/1000", SIGINT);
+    INFO(r.out);
+    CHECK((WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGINT));
+    const size_t at = r.out.find("interrupted (SIGINT): training stopped (--resume continues from the last checkpoint, " + dir + "/ckpt-");
+    CHECK(at != std::string::npos);
+    CHECK(r.out.find("no checkpoint was written yet") == std::string::npos);
+  }
   std::filesystem::remove_all(dir);
   {  // Before the first checkpoint (an epoch of the default model takes seconds): none yet, and when it is due.
     const signalled_run r = run_and_signal("exec " + job + " --checkpoint-dir " + dir, "Epoch 1/1000", SIGINT);
