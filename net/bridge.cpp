@@ -190,15 +190,13 @@ void bridge::impl::serve_monitor(int id) {
     peer_info from;
     from.peer = id;
     if (c.failed_handshakes < 0) return;  // reported already
-    // libzmq does not try again after this: say it now, and which side lacks the keys.
+    // libzmq does not try again after this: say it now. (Only sockets with keys have a monitor; a plain
+    // launcher that meets a node with keys is told so when it gives up waiting.)
     if (what == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
       c.failed_handshakes = -1;
-      report(fault::handshake_failed, from, opt.keys.empty()
-          ? c.endpoint + " uses keys (CurveZMQ) and we run --insecure: run both sides with --insecure, or neither"
-          : c.endpoint + " runs --insecure and we use keys: run both sides with --insecure, or neither");
+      report(fault::handshake_failed, from, c.endpoint + " runs --insecure and we use keys: run both sides with --insecure, or neither");
       return;
     }
-    if (opt.keys.empty()) return;  // the rest is about keys
     // A peer that let us in before and now refuses us was started again (a killed node back on its port):
     // it is no longer in this job, which is its launcher's to say (elastic jobs go on without it). Failing
     // our side here would end the job for a loss it survives.
