@@ -74,6 +74,17 @@ struct shm_receiver::impl {
   std::string name;
   std::thread thread;
   std::atomic<bool> stop{false};
+  // The receiver was destroyed on this thread (from a handler): it cannot join itself, so it closes the
+  // segment and frees this after loop() returns.
+  bool self_owned = false;
+  void close_segment() {
+    if (seg.ctl) {
+      seg.ctl->closed.store(1);
+      seg.ctl->tail_seq.fetch_add(1);
+      futex_wake(&seg.ctl->tail_seq);  // a sender waiting for room sees it and drops its queue
+    }
+    shm_unlink(name.c_str());  // ENOENT when the sender has removed it
+  }
   handler on_message;
   error_handler on_error;
   // Records are taken by the thread or, while it waits for them, by a poller (poll()): whoever holds
@@ -141,7 +152,10 @@ void shm_receiver::start(handler h, error_handler e) {
   d_->on_message = std::move(h);
   d_->on_error = std::move(e);
   try {
-    d_->thread = std::thread([d = d_.get()] { d->loop(); });
+    d_->thread = std::thread([d = d_.get()] {
+      d->loop();
+      if (d->self_owned) d->close_segment(), delete d;  // set on this thread, by the destructor that ran here
+    });
     pthread_setname_np(d_->thread.native_handle(), "rm-shm-recv");
   } catch (const std::exception& x) {  // no thread to be had: the link is dead, the ring's watchdog names it
     std::lock_guard<std::mutex> lock(d_->consume);
@@ -154,13 +168,14 @@ shm_receiver::~shm_receiver() {
   d_->stop.store(true);
   // The words change before the wake, so a thread about to sleep on the old value does not.
   if (d_->seg.ctl) d_->seg.ctl->head_seq.fetch_add(1), futex_wake(&d_->seg.ctl->head_seq);
-  if (d_->thread.joinable()) d_->thread.join();
-  if (d_->seg.ctl) {
-    d_->seg.ctl->closed.store(1);
-    d_->seg.ctl->tail_seq.fetch_add(1);
-    futex_wake(&d_->seg.ctl->tail_seq);  // a sender waiting for room sees it and drops its queue
+  if (d_->thread.joinable() && d_->thread.get_id() == std::this_thread::get_id()) {  // see impl::self_owned
+    d_->thread.detach();
+    d_->self_owned = true;
+    d_.release();
+    return;
   }
-  shm_unlink(d_->name.c_str());  // ENOENT when the sender has removed it
+  if (d_->thread.joinable()) d_->thread.join();
+  d_->close_segment();
 }
 
 void shm_receiver::impl::loop() {

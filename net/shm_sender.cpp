@@ -48,6 +48,9 @@ struct shm_sender::impl {
   bool stop = false;
   uint64_t head = 0;  // ours alone; changed only under mu
   std::thread thread;
+  // The sender was destroyed on this thread (an owner's last release, let go in loop(), took it with it):
+  // the thread cannot join itself, so it ends on its own and frees this after loop() returns.
+  bool self_owned = false;
 
   bool closed() const { return seg.ctl->closed.load(std::memory_order_acquire) != 0; }
   // Room for a record of `need` bytes (and the padding before it, if it must wrap)?
@@ -139,7 +142,10 @@ std::unique_ptr<shm_sender> shm_sender::open(const shm_stamp& stamp, std::string
   }
   auto s = std::unique_ptr<shm_sender>(new shm_sender(std::move(d)));
   try {
-    s->d_->thread = std::thread([d = s->d_.get()] { d->loop(); });
+    s->d_->thread = std::thread([d = s->d_.get()] {
+      d->loop();
+      if (d->self_owned) delete d;  // set on this thread, by the destructor that ran here
+    });
     pthread_setname_np(s->d_->thread.native_handle(), "rm-shm-send");
   } catch (const std::exception& x) {  // the name stays: the receiver removes it; we use the network
     *error = std::string("cannot start the sender's thread: ") + x.what();
@@ -298,6 +304,12 @@ shm_sender::~shm_sender() {
   d_->wake.notify_one();
   d_->seg.ctl->tail_seq.fetch_add(1);  // not ours to bump, but harmless: the receiver only counts on it
   futex_wake(&d_->seg.ctl->tail_seq);
+  if (d_->thread.joinable() && d_->thread.get_id() == std::this_thread::get_id()) {  // see impl::self_owned
+    d_->thread.detach();
+    d_->self_owned = true;
+    d_.release();
+    return;
+  }
   if (d_->thread.joinable()) d_->thread.join();
 }
 

@@ -589,6 +589,35 @@ struct keeper {
 
 }  // namespace
 
+TEST_CASE("shm link: a sender destroyed by an owner its own thread lets go of ends cleanly", "[shm]") {
+  // A ring's last reference to its link can go with the last owner of a sent buffer, which the sender's
+  // thread lets go of: the sender is then destroyed on its own thread, which cannot join itself (this
+  // ended the process with "Resource deadlock avoided").
+  keeper k;
+  pair_link l;
+  std::string error;
+  auto w = net::shm_window::create(4096 * sizeof(float), &error);
+  REQUIRE(w);
+  k.start(*l.rx);
+  l.tx->lend(w);
+  REQUIRE(eventually([&] { return l.tx->lending() == net::shm_sender::window_state::taken; }));
+  auto gone = std::make_shared<std::atomic<bool>>(false);
+  auto on_thread = std::make_shared<std::atomic<bool>>(false);
+  const std::thread::id test_thread = std::this_thread::get_id();
+  std::shared_ptr<const void> owner(w->floats(), [&l, gone, on_thread, test_thread](const void*) {
+    *on_thread = std::this_thread::get_id() != test_thread;
+    l.tx.reset();
+    *gone = true;
+  });
+  REQUIRE(l.tx->send(chunk_header(l.stamp, 0, 100), net::payload{w->floats(), 100 * sizeof(float), std::move(owner)}, &error, true));
+  REQUIRE(eventually([&] { return k.count() == 1; }));
+  l.tx->await_release();  // no reaper: the sender's thread lets the owner go once the receiver has read
+  k.let_go(0);
+  CHECK(eventually([&] { return gone->load(); }, 2s));
+  CHECK(on_thread->load());
+  CHECK(k.error().empty());
+}
+
 TEST_CASE("shm link: messages in place in a lent window go by reference, and their owners are held until read", "[shm]") {
   keeper k;  // before the link: its thread hands payloads to it
   pair_link l;
