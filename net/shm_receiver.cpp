@@ -168,10 +168,8 @@ shm_receiver::~shm_receiver() {
   d_->stop.store(true);
   // The words change before the wake, so a thread about to sleep on the old value does not.
   if (d_->seg.ctl) d_->seg.ctl->head_seq.fetch_add(1), futex_wake(&d_->seg.ctl->head_seq);
-  if (d_->thread.joinable() && d_->thread.get_id() == std::this_thread::get_id()) {  // see impl::self_owned
-    d_->thread.detach();
-    d_->self_owned = true;
-    d_.release();
+  if (detached_from_own_thread(d_->thread, &d_->self_owned)) {
+    d_.release();  // the thread closes the segment and frees it
     return;
   }
   if (d_->thread.joinable()) d_->thread.join();

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <thread>
 
 #include "net/ring_driver.hpp"
 #include "net/shm_link.hpp"
@@ -82,6 +83,16 @@ inline void futex_wake(std::atomic<uint32_t>* word) {
 }
 
 inline std::string sys_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// For a link end's destructor: true when it runs on the end's own thread `t` (the last owner of what it
+// holds, let go there, took the end with it), which cannot join itself. `t` is then detached and
+// *self_owned set: the caller releases its state, and the thread frees it once its loop returns.
+inline bool detached_from_own_thread(std::thread& t, bool* self_owned) {
+  if (!t.joinable() || t.get_id() != std::this_thread::get_id()) return false;
+  t.detach();
+  *self_owned = true;
+  return true;
+}
 
 inline size_t record_bytes(size_t payload) { return (kRecordHead + payload + kRecordAlign - 1) / kRecordAlign * kRecordAlign; }
 

@@ -304,10 +304,8 @@ shm_sender::~shm_sender() {
   d_->wake.notify_one();
   d_->seg.ctl->tail_seq.fetch_add(1);  // not ours to bump, but harmless: the receiver only counts on it
   futex_wake(&d_->seg.ctl->tail_seq);
-  if (d_->thread.joinable() && d_->thread.get_id() == std::this_thread::get_id()) {  // see impl::self_owned
-    d_->thread.detach();
-    d_->self_owned = true;
-    d_.release();
+  if (detached_from_own_thread(d_->thread, &d_->self_owned)) {
+    d_.release();  // the thread frees it
     return;
   }
   if (d_->thread.joinable()) d_->thread.join();
