@@ -44,11 +44,15 @@ const char* fault_name(fault f) {
   return "fault";
 }
 
-void bridge::impl::report_overload(const std::string& what) {
+bool bridge::impl::once_a_minute(std::chrono::steady_clock::time_point* last) {
   const auto now = std::chrono::steady_clock::now();
-  if (last_overload_report != std::chrono::steady_clock::time_point{} && now - last_overload_report < std::chrono::minutes(1))
-    return;
-  last_overload_report = now;
+  if (*last != std::chrono::steady_clock::time_point{} && now - *last < std::chrono::minutes(1)) return false;
+  *last = now;
+  return true;
+}
+
+void bridge::impl::report_overload(const std::string& what) {
+  if (!once_a_minute(&last_overload_report)) return;
   report(fault::overloaded, {}, what + " (" + std::to_string(accept_failures) + " failed accepts, " +
                                     std::to_string(overloaded_refusals) + " clients refused so far; reported at most once a minute)");
 }
@@ -82,11 +86,8 @@ void bridge::impl::serve_listen_monitor() {
       if (int(connection_address.size()) > opt.max_connections + told_why && !within_limit(host) && accepted_here(fd))
         ::shutdown(fd, SHUT_RDWR);
     }
-    if (what == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
-      const auto now = std::chrono::steady_clock::now();
-      if (last_mismatch_report != std::chrono::steady_clock::time_point{} && now - last_mismatch_report < std::chrono::minutes(1))
-        return;
-      last_mismatch_report = now;
+    if (what == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH &&
+        once_a_minute(&last_mismatch_report)) {
       report(fault::keys_mismatch, {}, opt.keys.empty()
           ? listener.endpoint + ": refused a client that offers CurveZMQ keys: this node runs --insecure (reported at most once a minute)"
           : listener.endpoint + ": refused a client that offers no keys (a launcher or node run --insecure?): this node "

@@ -142,14 +142,16 @@ struct bridge::impl {
   std::chrono::steady_clock::time_point last_overload_report{};
   std::chrono::steady_clock::time_point last_mismatch_report{};  // a client with keys where we have none, or the reverse
 
+  // Whether a report last made at *last may be made again (a minute later); if so, *last becomes now.
+  static bool once_a_minute(std::chrono::steady_clock::time_point* last);
   // At most one overload report a minute, saying how often it happened since the last one.
   void report_overload(const std::string& what);
   // ACCEPTED and DISCONNECTED keep the count of open connections, and a TCP connection over the limit
   // (within_limit) is hung up as it is accepted; ACCEPT_FAILED is a lack of file descriptors (libzmq
   // retries the accept at once, in its I/O thread, until one is free: we can only say so, once, and
   // refuse clients so that their connections close). HANDSHAKE_FAILED_PROTOCOL with a mechanism mismatch
-  // is a client run --insecure at a node with keys, or the reverse: logged at most once a minute (the
-  // client is told too, by its own monitor).
+  // is a client run --insecure at a node with keys, or the reverse: logged at most once a minute (a
+  // client with keys is told too, by its own monitor).
   void serve_listen_monitor();
   // Whether fd is still a connection accepted on our TCP listening port.
   bool accepted_here(int fd) const;
