@@ -108,6 +108,7 @@ struct launcher {
   clock_type::time_point join_since, last_hello;
   clock_type::time_point join_paused;   // when the last of the others stopped for it
   std::vector<node_join> joined;        // since the last re-forming, for the coordinator
+  std::vector<failed_join> failed_joins;  // all, for the summary (read once the bridge has stopped)
   int lives = 0;                        // lives given to nodes taken back (plan_node::life): one per try
   int fresh = -1;                       // the node that joined last, until its first step report: if it
                                         // fails before, it is lost, not the job
@@ -194,6 +195,7 @@ struct launcher {
   // it tries again, aiming as far ahead as its last try took to load (its data is cached by then).
   // others_pause: the caller pauses the others next (a node lost), so they are left as they are here.
   void give_up_join(const std::string& why, bool late = false, bool others_pause = false);
+  void join_failed(int node, const std::string& why, bool again);
 };
 
 // A new ring id: random, never 0 nor the job's id.

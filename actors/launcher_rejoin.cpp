@@ -36,8 +36,8 @@ void launcher::on_back(int node, wire::kv_map& kv) {
     join_failures[size_t(node)] = kJoinTries;
     char ahead[32];
     std::snprintf(ahead, sizeof ahead, "%.3g", lead);
-    return event("node " + name + " is back, but no epoch's end is left far enough ahead for it to rejoin at: " + ahead +
-                 " s of steps (--rejoin-lead, or longer for a node slow to set up)");
+    return join_failed(node, std::string("no epoch's end is left far enough ahead for it to rejoin at: ") + ahead +
+                                 " s of steps (--rejoin-lead, or longer for a node slow to set up)", false);
   }
   plan_node entry = plan.nodes[size_t(node)];
   entry.id = kv["id"];
@@ -49,12 +49,12 @@ void launcher::on_back(int node, wire::kv_map& kv) {
   if (!make_grow(plan, node, original_ranks[size_t(node)], entry, gen + 1, fresh_ring_id(job_id), at, &join_plan, &error) ||
       !(theirs = join_plan, theirs.recipient = node, theirs.first_step = at, validate(theirs, &error))) {
     join_failures[size_t(node)] = kJoinTries;
-    return event("node " + name + " is back, but cannot rejoin: " + error);
+    return join_failed(node, error, false);
   }
   const std::string text = to_json(theirs);
   if (text.size() > wire::kMaxJobBytes) {
     join_failures[size_t(node)] = kJoinTries;
-    return event("node " + name + " is back, but its plan is over the size limit");
+    return join_failed(node, "its plan is over the size limit", false);
   }
   joining = node;
   joins = join_step::setting_up;
@@ -113,6 +113,12 @@ void launcher::take_join_state(const wire::header& h, const net::payload& p) {
   now = phase::reforming;
 }
 
+// A node that is back did not get in, for the log and the summary.
+void launcher::join_failed(int node, const std::string& why, bool again) {
+  failed_joins.push_back({ro.nodes[size_t(node)], why, again});
+  event("node " + ro.nodes[size_t(node)] + " is back, but could not rejoin: " + why + (again ? "; it is asked again" : "; it stays out"));
+}
+
 // The join is off: the newcomer drops the job, and the survivors go on among themselves (re-formed once
 // more if they are waiting for a plan already, or took the grown one).
 void launcher::give_up_join(const std::string& why, bool late, bool others_pause) {
@@ -120,8 +126,7 @@ void launcher::give_up_join(const std::string& why, bool late, bool others_pause
   if (j < 0) return;
   const join_step was = others_pause ? join_step::none : joins;
   send_kv(j, wire::msg_type::abort, {{"reason", "could not rejoin: " + why}});
-  const bool again = late ? ++join_late[size_t(j)] > 0 : ++join_failures[size_t(j)] < kJoinTries;
-  event("node " + ro.nodes[size_t(j)] + " could not rejoin: " + why + (again ? "; it is asked again" : "; it stays out"));
+  join_failed(j, why, late ? ++join_late[size_t(j)] > 0 : ++join_failures[size_t(j)] < kJoinTries);
   joining = -1;
   joins = join_step::none;
   join_state.reset();

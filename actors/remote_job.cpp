@@ -417,6 +417,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   const int sig = cfg.interrupted();
   L.abort_all(result->ok ? "finished" : sig ? interrupted_by(sig) + " on the launcher" : "the job failed: " + result->error);
   L.br.stop(launcher::kAbortDrain);
+  result->failed_joins = std::move(L.failed_joins);  // the bridge thread has stopped
   for (auto* group : {&L.proxies, &L.retired})
     for (auto& p : *group) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
   return std::move(*result);

@@ -24,7 +24,6 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <vector>
 
 #include "actors/checkpoint.hpp"
@@ -120,50 +119,33 @@ std::string hex(uint64_t v) {
   return b;
 }
 
+// The report: nlohmann's ordered_json keeps the keys in this order, and writes NaN and infinities as null.
 bool write_report(const std::string& path, const options& o, const train_result& r, std::string* error) {
+  using ojson = nlohmann::ordered_json;
   const epoch_stats last = r.history.empty() ? epoch_stats{} : r.history.back();
-  auto num = [](double v) {
-    if (!std::isfinite(v)) return std::string("null");
-    std::ostringstream s;
-    s.precision(9);
-    s << v;
-    return s.str();
-  };
-  std::ostringstream j;
-  j << "{\n  \"test_accuracy\": " << num(last.val_accuracy) << ",\n  \"test_loss\": " << num(last.val_loss)
-    << ",\n  \"train_accuracy\": " << num(last.accuracy) << ",\n  \"train_loss\": " << num(last.loss)
-    << ",\n  \"train_samples_per_sec\": " << num(r.train_seconds > 0 ? r.train_samples / r.train_seconds : 0)
-    << ",\n  \"train_seconds\": " << num(r.train_seconds) << ",\n  \"wall_seconds\": " << num(r.wall_seconds)
-    << ",\n  \"replicas\": " << o.cfg.replicas << ",\n  \"global_batch\": " << o.cfg.global_batch
-    << ",\n  \"epochs\": " << o.cfg.epochs << ",\n  \"resumed_at_step\": " << (o.cfg.resume ? o.cfg.resume->progress.step : 0)
-    << ",\n  \"model\": " << json(o.cfg.model).dump() << ",\n  \"optimizer\": \""
-    << o.optimizer << "\",\n  \"seed\": " << o.cfg.seed << ",\n  \"weights_checksum\": \"fnv1a64:"
-    << hex(r.checksums.empty() ? 0 : r.checksums[0]) << "\",\n  \"replicas_identical\": "
-    << (r.identical ? "true" : "false") << ",\n  \"history\": [";
-  for (size_t i = 0; i < r.history.size(); ++i) {
-    const epoch_stats& e = r.history[i];
-    j << (i ? "," : "") << "\n    {\"epoch\": " << e.epoch + 1 << ", \"loss\": " << num(e.loss)
-      << ", \"accuracy\": " << num(e.accuracy) << ", \"val_loss\": " << num(e.val_loss)
-      << ", \"val_accuracy\": " << num(e.val_accuracy) << ", \"seconds\": " << num(e.seconds)
-      << ", \"samples\": " << e.samples << "}";
-  }
-  j << "\n  ],\n  \"node_losses\": [";
-  for (size_t i = 0; i < r.losses.size(); ++i) {
-    const node_loss& l = r.losses[i];
-    j << (i ? "," : "") << "\n    {\"node\": " << json(l.node).dump() << ", \"ranks\": " << json(l.ranks).dump()
-      << ", \"why\": " << json(l.why).dump() << ", \"detected_seconds\": " << num(l.detected)
-      << ", \"survivors\": " << l.survivors << ", \"epoch\": " << l.epoch + 1 << ", \"step\": " << l.step + 1
-      << ", \"recovered_seconds\": " << num(l.recovered) << "}";
-  }
-  j << (r.losses.empty() ? "]" : "\n  ]") << ",\n  \"node_rejoins\": [";
-  for (size_t i = 0; i < r.joins.size(); ++i) {
-    const node_join& n = r.joins[i];
-    j << (i ? "," : "") << "\n    {\"node\": " << json(n.node).dump() << ", \"ranks\": " << json(n.ranks).dump()
-      << ", \"generation\": " << n.generation << ", \"replicas\": " << n.replicas << ", \"epoch\": " << n.epoch + 1
-      << ", \"paused_seconds\": " << num(n.paused) << "}";
-  }
-  j << (r.joins.empty() ? "]" : "\n  ]") << ",\n  \"unmeasured_samples\": " << r.unmeasured << "\n}\n";
-  const std::string text = j.str();
+  ojson j = {{"test_accuracy", last.val_accuracy}, {"test_loss", last.val_loss}, {"train_accuracy", last.accuracy},
+             {"train_loss", last.loss}, {"train_samples_per_sec", r.train_seconds > 0 ? r.train_samples / r.train_seconds : 0},
+             {"train_seconds", r.train_seconds}, {"wall_seconds", r.wall_seconds}, {"replicas", o.cfg.replicas},
+             {"global_batch", o.cfg.global_batch}, {"epochs", o.cfg.epochs},
+             {"resumed_at_step", o.cfg.resume ? o.cfg.resume->progress.step : 0}, {"model", o.cfg.model},
+             {"optimizer", o.optimizer}, {"seed", o.cfg.seed},
+             {"weights_checksum", "fnv1a64:" + hex(r.checksums.empty() ? 0 : r.checksums[0])},
+             {"replicas_identical", r.identical}, {"history", ojson::array()}, {"node_losses", ojson::array()},
+             {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"unmeasured_samples", r.unmeasured}};
+  for (const epoch_stats& e : r.history)
+    j["history"].push_back({{"epoch", e.epoch + 1}, {"loss", e.loss}, {"accuracy", e.accuracy}, {"val_loss", e.val_loss},
+                            {"val_accuracy", e.val_accuracy}, {"seconds", e.seconds}, {"samples", e.samples}});
+  for (const node_loss& l : r.losses)
+    j["node_losses"].push_back({{"node", l.node}, {"ranks", l.ranks}, {"why", l.why}, {"detected_seconds", l.detected},
+                                {"survivors", l.survivors}, {"epoch", l.epoch + 1}, {"step", l.step + 1},
+                                {"recovered_seconds", l.recovered}});
+  for (const node_join& n : r.joins)
+    j["node_rejoins"].push_back({{"node", n.node}, {"ranks", n.ranks}, {"generation", n.generation},
+                                 {"replicas", n.replicas}, {"epoch", n.epoch + 1}, {"paused_seconds", n.paused}});
+  for (const failed_join& f : r.failed_joins)
+    j["node_rejoins_failed"].push_back({{"node", f.node}, {"why", f.why}, {"asked_again", f.asked_again}});
+  // Text from nodes is printable ASCII already (node_text); replace keeps a stray byte from throwing.
+  const std::string text = j.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
   return write_output(path, {{text.data(), text.size()}}, error);
 }
 
@@ -569,6 +551,9 @@ int finish(const options& o, const train_result& r) {
   for (const node_join& n : r.joins)
     std::printf("Node %s came back and rejoined as %s: %d ranks went on from epoch %lld (the others stood still "
                 "for %.2f s)\n", n.node.c_str(), ranks_named(n.ranks).c_str(), n.replicas, (long long)n.epoch + 1, n.paused);
+  for (const failed_join& f : r.failed_joins)
+    std::printf("Node %s came back but did not rejoin: %s%s\n", f.node.c_str(), f.why.c_str(),
+                f.asked_again ? " (it was to be asked again)" : "");
   if (r.unmeasured)
     std::printf("%lld training samples of lost nodes count without their loss and accuracy (reports lost with them)\n",
                 (long long)r.unmeasured);

@@ -459,6 +459,9 @@ TEST_CASE("elastic: a node whose try to rejoin failed is taken back at the next,
   CHECK(events.said("could not rejoin"));
   CHECK_FALSE(events.said("already ran a job"));
   REQUIRE(r.joins.size() == 1);
+  REQUIRE(r.failed_joins.size() == 1);  // the try given up, asked again: it got in at the next
+  CHECK(r.failed_joins[0].node == nodes[2]->endpoint);
+  CHECK(r.failed_joins[0].asked_again);
   CHECK(r.joins[0].node == nodes[2]->endpoint);
   CHECK(r.checksums.size() == 3);
 }
@@ -476,6 +479,9 @@ TEST_CASE("elastic: a node that dies while it rejoins is given up, and the other
   CHECK(r.joins.empty());
   CHECK(r.checksums.size() == 2);
   CHECK(job.said("could not rejoin: it stopped answering"));
+  REQUIRE_FALSE(r.failed_joins.empty());  // the summary's list too
+  CHECK(r.failed_joins.back().node == nodes[1]->endpoint);
+  CHECK(r.failed_joins.back().why.rfind("it stopped answering", 0) == 0);
 }
 
 TEST_CASE("elastic: another node lost while one rejoins: the join is given up, the job goes on and finishes", "[nodes][elastic][rejoin]") {
@@ -632,6 +638,50 @@ TEST_CASE("elastic with checkpoints: the node running rank 0 is killed, the job 
   // The last checkpoint is the finished job's: the new rank 0 sent it.
   CHECK(r.out.find("Last checkpoint: " + dir + "/ckpt-2-0.safetensors") != std::string::npos);
   test::run(std::string("rm -rf ") + dir);
+}
+
+TEST_CASE("elastic: ringmaster-mnist names a node that came back but could not rejoin in its summary and report", "[nodes][elastic][launcher][rejoin]") {
+  // Node 1 is started again on data whose first label differs: its data's fingerprint is not the job's,
+  // so it stays out, and the summary and report say why.
+  const std::string json_path = "/tmp/ringmaster-rejoin-failed-test.json", data = RINGMASTER_DATA_DIR;
+  char tmpl[] = "/tmp/ringmaster-other-data-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string other = tmpl;
+  REQUIRE(test::run("for f in train-images-idx3-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do ln -s " + data + "/$f.gz " + other +
+                    "/; done && gunzip -c " + data + "/train-labels-idx1-ubyte.gz > " + other + "/train-labels-idx1-ubyte && printf '\\001' | "
+                    "dd of=" + other + "/train-labels-idx1-ubyte bs=1 seek=8 conv=notrunc status=none").status == 0);
+  auto nodes = start_nodes(3, "cpu:1");
+  std::remove(json_path.c_str());
+  std::thread killer, starter;
+  test::run_result r = run_launcher("--nodes " + test::node_list(nodes) +
+                                        " --model 784-512-512-10 --batch 60 --epochs 40 --limit-train 6000 --limit-test 500 --rejoin-lead 2 --report-json " + json_path,
+                                    [&](const std::string& line) {
+                                      if (line.find("Epoch 1/40") != std::string::npos && !killer.joinable())
+                                        killer = std::thread([&] { nodes[1]->stop(SIGKILL); });
+                                      if (line.find("lost node " + nodes[1]->endpoint) != std::string::npos && !starter.joinable())
+                                        starter = std::thread([&] {
+                                          killer.join();
+                                          nodes[1] = std::make_unique<test::daemon_process>(
+                                              std::vector<std::string>{RINGMASTER_NODE_BIN}, nodes[1]->endpoint, "cpu:1", other);
+                                        });
+                                    });
+  if (starter.joinable()) starter.join();
+  if (killer.joinable()) killer.join();
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("node " + nodes[1]->endpoint + " is back, but could not rejoin: it has 6000 training samples (data fingerprint") != std::string::npos);
+  CHECK(r.out.find("Node " + nodes[1]->endpoint + " came back but did not rejoin: it has 6000 training samples") != std::string::npos);
+  CHECK(r.out.find("came back and rejoined") == std::string::npos);
+  const nlohmann::json j = report(json_path);
+  for (const auto& e : j["history"]) CHECK(e["samples"] == 6000);
+  CHECK(j["node_rejoins"].empty());
+  REQUIRE(j["node_rejoins_failed"].size() == 1);  // refused for its data: it is not asked again
+  CHECK(j["node_rejoins_failed"][0]["node"] == nodes[1]->endpoint);
+  CHECK(j["node_rejoins_failed"][0]["asked_again"] == false);
+  CHECK(j["node_rejoins_failed"][0]["why"].get<std::string>().find("data fingerprint") != std::string::npos);
+  std::remove(json_path.c_str());
+  nodes.clear();
+  std::filesystem::remove_all(other);
 }
 
 TEST_CASE("elastic: ringmaster-mnist takes a node started again back in and says so", "[nodes][elastic][launcher][rejoin]") {
