@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -20,7 +21,7 @@ namespace ringmaster::examples {
 // until then, so that its reader does not see its end before). A plain file, or a new one, is written
 // under a temporary name in its folder and renamed: the folder must take new files, which a probe file
 // made and removed at once shows (access() alone passes /proc and /sys for root). A link to nothing yet
-// is checked as a new file in the link's folder. Nothing else is created or changed.
+// is written through too: the file it names is made and removed. Nothing else is created or changed.
 inline std::string check_writable(const std::string& path, std::shared_ptr<const void>* hold) {
   if (path.empty()) return "";
   struct stat st {};
@@ -37,6 +38,15 @@ inline std::string check_writable(const std::string& path, std::shared_ptr<const
         return "cannot write " + path + ": " + (errno == ENXIO ? "a FIFO nothing reads from (start its reader first)" : std::strerror(errno));
       *hold = std::shared_ptr<const void>(nullptr, [fd](const void*) { ::close(fd); });
     }
+    return "";
+  }
+  if (lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    // A link to nothing yet: written through at the end, as a shell's `>` does, making the file it names.
+    // So that file is made now, by the same open, and removed (a loop or a missing folder fails here).
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0) return "cannot write " + path + ": a link to nothing that cannot be made (" + std::strerror(errno) + ")";
+    ::close(fd);
+    if (char* made = realpath(path.c_str(), nullptr)) ::unlink(made), std::free(made);
     return "";
   }
   const size_t slash = path.rfind('/');

@@ -580,7 +580,14 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
   const std::string empty = fresh_dir("empty");
   const std::string fifo = empty + "/report.fifo";  // nothing reads it: once found after training
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // Links to nothing are written through at the end, as a shell's `>` does: to a folder not there, or
+  // in a loop, they cannot be (once found only after training).
+  const std::string nowhere = empty + "/nowhere.json", loop = empty + "/loop.json";
+  REQUIRE(::symlink("/nonexistent/run.json", nowhere.c_str()) == 0);
+  REQUIRE(::symlink(loop.c_str(), loop.c_str()) == 0);
   const std::vector<bad> cases = {
+      {"--report-json " + nowhere, "--report-json: cannot write " + nowhere + ": a link to nothing that cannot be made (No such file or directory)"},
+      {"--save " + loop, "--save: cannot write " + loop + ": a link to nothing that cannot be made (Too many levels of symbolic links)"},
       {"--report-json " + fifo, "--report-json: cannot write " + fifo + ": a FIFO nothing reads from (start its reader first)"},
       {"--save " + fifo, "--save: cannot write " + fifo + ": a FIFO nothing reads from"},
       {"--checkpoint-dir /nonexistent/ck", "--checkpoint-dir: cannot create folder /nonexistent/ck: No such file or directory"},
@@ -626,6 +633,17 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
   CHECK(ok.status == 0);
   CHECK(got.find("\"test_accuracy\"") != std::string::npos);
   CHECK(got.find("\"unmeasured_samples\"") != std::string::npos);
+  // A link to a file not made yet, in a folder that is there: the check leaves nothing behind, and the
+  // report lands in that file, the link kept.
+  const std::string target = empty + "/made-by-run.json", link = empty + "/run.json";
+  REQUIRE(::symlink(target.c_str(), link.c_str()) == 0);
+  const run_result through = mnist("--epochs 1 --limit-train 256 --limit-test 64 -q --no-eval --report-json " + link);
+  INFO(through.out);
+  CHECK(through.status == 0);
+  struct stat st {};
+  CHECK((::lstat(link.c_str(), &st) == 0 && S_ISLNK(st.st_mode)));
+  CHECK(slurp(target).find("\"history\"") != std::string::npos);
+  CHECK(names(empty).count("made-by-run.json") == 1);
 }
 
 TEST_CASE("checkpoint: a --save that fails after training still leaves the report, and names the checkpoint that "
