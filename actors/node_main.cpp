@@ -73,6 +73,10 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
   // First, before anything may start a thread (CUDA's driver does, asked for its devices), so that every
   // thread inherits the mask and SIGINT, SIGTERM or SIGHUP always reach the sigwait below.
   blocked_signals signals;
+  // A daemon's stderr may be a pipe whose reader is gone (`| head`, a log shipper that died): a write
+  // to it is an error to shrug off, not the end of the node and of its jobs (as sshd and nginx do).
+  struct sigaction pipe_was {};
+  if (sigaction(SIGPIPE, nullptr, &pipe_was) == 0 && pipe_was.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   node_options o;
   o.layers = layers;
   int64_t poll_us = o.ring_poll.count();

@@ -25,6 +25,7 @@
 #include "actors/node_job.hpp"
 #include "kernels/host_memory.hpp"
 #include "net/bridge.hpp"
+#include "net/log_writer.hpp"
 #include "net/shm_link.hpp"
 
 namespace ringmaster {
@@ -71,6 +72,8 @@ bool parse_devices(const std::string& text, std::vector<std::string>* slots, std
 // work is node_job's; loading data is data_cache's.
 struct node_service::impl {
   node_options opt;
+  // stderr, unless opt.log takes the lines: written by a thread of its own (net/log_writer.hpp). Last to go.
+  std::unique_ptr<net::log_writer> out = opt.log ? nullptr : std::make_unique<net::log_writer>();
   std::vector<std::string> slots;  // one device per replica this node offers
   caf::actor_system_config sys_cfg;
   std::unique_ptr<caf::actor_system> sys;
@@ -227,7 +230,7 @@ struct node_service::impl {
     std::strftime(ts, sizeof ts, "%H:%M:%S", std::localtime(&t));
     std::string msg = std::string(ts) + " ringmaster-node " + name() + ": " + line;
     if (opt.log) opt.log(msg);
-    else std::fprintf(stderr, "%s\n", msg.c_str());
+    else out->write(msg);
   }
 
   node_context context() {

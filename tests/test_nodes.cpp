@@ -1,7 +1,9 @@
 // Node daemons as real processes on 127.0.0.1 (free ports found at run time), driven by train_remote:
 // training across nodes, and nodes lost or launchers gone mid-job. What a node refuses hostile peers, and
 // keys: test_nodes_security.cpp.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
@@ -400,4 +402,51 @@ TEST_CASE("nodes on one host pass ring chunks through shared memory, bit for bit
   train_result l = train(local);
   REQUIRE(l.ok);
   CHECK(l.weights == shm.weights);
+}
+
+TEST_CASE("a node daemon whose log reader stalls, and then is gone, goes on serving jobs", "[nodes]") {
+  // Its stderr a FIFO of 4 KiB that the test does not read (a terminal stopped with Ctrl-S, `| less`):
+  // before, the bridge thread blocked on a log line, and the node fell silent. Then the reader goes
+  // (`| head`): before, SIGPIPE ended the daemon.
+  const std::string fifo = "/tmp/ringmaster-test-log-" + std::to_string(getpid()) + ".fifo";
+  std::remove(fifo.c_str());
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const int rfd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  REQUIRE(rfd >= 0);
+  ::fcntl(rfd, F_SETPIPE_SZ, 4096);
+  test::daemon_process d({RINGMASTER_NODE_BIN}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR, fifo);
+  std::this_thread::sleep_for(300ms);
+  remote_options ro;
+  ro.nodes = {d.endpoint};
+  ro.limit_train = 120;
+  ro.limit_test = 60;
+  for (int i = 0; i < 20; ++i) {  // 4 lines of 50-200 bytes a job: the pipe is full by the 15th
+    train_result r = train_remote(small_job(), ro);
+    INFO("job " << i << ": " << r.error);
+    REQUIRE(r.ok);
+  }
+  // Read at last: the lines queued meanwhile come, in order.
+  std::string got;
+  auto ended = [&] {
+    size_t n = 0;
+    for (size_t at = got.find("ended: finished"); at != std::string::npos; at = got.find("ended: finished", at + 1)) ++n;
+    return n;
+  };
+  for (auto until = std::chrono::steady_clock::now() + 5s; ended() < 20 && std::chrono::steady_clock::now() < until;) {
+    char buf[4096];
+    const ssize_t n = ::read(rfd, buf, sizeof buf);
+    if (n > 0) got.append(buf, size_t(n));
+    else std::this_thread::sleep_for(5ms);
+  }
+  INFO(got);
+  CHECK(got.size() > 4096);
+  CHECK(ended() == 20);
+  CHECK(got.find("job ") < got.find("ended: finished"));
+  ::close(rfd);  // the reader is gone
+  train_result r = train_remote(small_job(), ro);
+  INFO(r.error);
+  CHECK(r.ok);
+  const int status = d.stop(SIGTERM);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));  // not ended by SIGPIPE (141 from a shell)
+  std::remove(fifo.c_str());
 }
