@@ -191,6 +191,11 @@ void bridge::impl::serve_monitor(int id) {
     peer_info from;
     from.peer = id;
     if (c.failed_handshakes < 0) return;  // reported already
+    // A peer that let us in before and now refuses us, or hangs up, or runs without keys, was started
+    // again (a killed node back on its port, with another key or none): it is no longer in this job, which
+    // is its launcher's to say (elastic jobs go on without it). Failing our side here would end the job
+    // for a loss it survives. Only "too many connections" is still ours to hear.
+    if (c.handshook && !(what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500)) return;
     // libzmq does not try again after this: say it now. (Only sockets with keys have a monitor; a plain
     // launcher that meets a node with keys is told so when it gives up waiting.)
     if (what == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
@@ -198,10 +203,6 @@ void bridge::impl::serve_monitor(int id) {
       report(fault::handshake_failed, from, c.endpoint + " runs --insecure and we use keys: run both sides with --insecure, or neither");
       return;
     }
-    // A peer that let us in before and now refuses us was started again (a killed node back on its port):
-    // it is no longer in this job, which is its launcher's to say (elastic jobs go on without it). Failing
-    // our side here would end the job for a loss it survives.
-    if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value != 500 && c.handshook) return;
     if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
       c.failed_handshakes = -1;
       report(fault::handshake_failed, from, c.endpoint + " has too many connections open and refused ours", true);

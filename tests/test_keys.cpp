@@ -303,6 +303,55 @@ TEST_CASE("encrypted bridges: an accepted key talks and is named, a refused or w
   server.stop();
 }
 
+TEST_CASE("a peer that let us in and is started again without keys, or with another key, fails no link of ours", "[keys]") {
+  // A node killed and started again on its port, by mistake --insecure or with a fresh key folder: its
+  // neighbours' reconnects fail their handshakes, which is a lost node's to say (the launcher's), not a
+  // fault of their own links (before, one ended a job that goes on without a lost node).
+  REQUIRE(net::curve_available());
+  const auto server_keys = fresh_keys(), client_keys = fresh_keys();
+  for (const bool plain_again : {true, false}) {
+    INFO((plain_again ? "started again --insecure" : "started again with another key"));
+    net::bridge_options so;
+    so.keys = server_keys;
+    so.authorize = [&](const std::string& k) { return k == client_keys.public_key; };
+    auto server = std::make_unique<net::bridge>(so);
+    collected at_server, at_client;
+    listen_on_loopback(*server, at_server);
+    const std::string endpoint = server->endpoint();
+    net::bridge_options co;
+    co.keys = client_keys;
+    net::bridge client(co);
+    at_client.attach(client);
+    std::string err;
+    REQUIRE(client.start("", &err));
+    const int id = client.connect(endpoint, server_keys.public_key, &err);
+    REQUIRE(id >= 0);
+    REQUIRE(client.send(id, hello(), {}, &err));
+    REQUIRE(at_server.wait([&] { return !at_server.messages.empty(); }));
+    server->stop();
+    server.reset();
+    net::bridge_options again;
+    if (!plain_again) again.keys = fresh_keys();
+    net::bridge restarted(again);
+    collected at_restarted;
+    at_restarted.attach(restarted);
+    REQUIRE(restarted.start(endpoint, &err));
+    for (int i = 0; i < 10; ++i) {  // reconnects meet the new server
+      client.send(id, hello());
+      std::this_thread::sleep_for(150ms);
+    }
+    {
+      std::lock_guard<std::mutex> lock(at_client.mu);
+      std::string said;
+      for (auto& e : at_client.errors) said += e.message + "\n";
+      CHECK(said == "");
+    }
+    CHECK(at_restarted.messages.empty());  // and nothing got through
+    restarted.stop();
+    client.stop();
+  }
+}
+
 TEST_CASE("a launcher's links carry routing ids of their own: a peer cannot take over its link to another", "[keys]") {
   // A ROUTER hands a routing id to the newest connection that shows it. Were a launcher's id the same on
   // every link, a node of its job (which sees it) could connect to another node under it, with any key that
