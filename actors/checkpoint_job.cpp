@@ -117,6 +117,7 @@ train_result finished_run(const checkpoint& c) {
   r.model = c.model;
   r.checksums = {fnv1a(r.weights.data(), r.weights.size())};
   r.identical = true;
+  r.checkpoint = c.file;  // the last checkpoint, and it holds the final weights
   return r;
 }
 

@@ -661,6 +661,13 @@ TEST_CASE("checkpoint: a --save that fails after training still leaves the repor
   const auto report = nlohmann::json::parse(slurp(dir + "/run.json"));
   CHECK(report["epochs"] == 1);
   CHECK(report["history"].size() == 1);
+  // Resumed from that finished checkpoint, which trains nothing: the same hint, naming it.
+  const run_result again = mnist("--epochs 1 --limit-train 256 --limit-test 64 --save /dev/full --checkpoint-dir " + dir + "/ck --resume");
+  INFO(again.out);
+  CHECK(again.status == 1);
+  CHECK(again.out.find("the final weights are in the last checkpoint, " + dir + "/ck/ckpt-1-0.safetensors: run again with --resume") !=
+        std::string::npos);
+  CHECK(again.out.find("Last checkpoint: " + dir + "/ck/ckpt-1-0.safetensors") != std::string::npos);
   fs::remove_all(dir);
 
   // Not root (nobody, where we are root): outputs written through need only be writable themselves, not
