@@ -167,10 +167,12 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
           // An ipc path with no socket (ZeroMQ waits for one, so a daemon started with us may still come).
           struct stat st {};
           const std::string& ep = ro.nodes[i];
-          if (ep.rfind("ipc://", 0) == 0 && ep.size() > 6 && ep[6] != '@' && ::stat(ep.c_str() + 6, &st) != 0)
+          if (ep.rfind("ipc://", 0) == 0 && ep.size() > 6 && ep[6] != '@' && ::stat(ep.c_str() + 6, &st) != 0) {
+            const int why = errno;  // before the strings below allocate
             return "node " + ep + " did not answer within " + secs + " s: " +
-                   (errno == ENOENT ? "there is no socket at " + ep.substr(6) + " (is ringmaster-node running there?)"
-                                    : "cannot reach " + ep.substr(6) + ": " + std::strerror(errno));
+                   (why == ENOENT ? "there is no socket at " + ep.substr(6) + " (is ringmaster-node running there?)"
+                                  : "cannot reach " + ep.substr(6) + ": " + std::strerror(why));
+          }
           return "node " + ro.nodes[i] + " did not answer within " + secs + " s (is ringmaster-node running there? " +
                  (ro.insecure ? "We run --insecure: a node with keys does not answer us, and logs that it refused a client that offers no keys)"
                               : "A node that does not hold the key we expect, or runs --insecure while we do not, stays silent)");

@@ -130,7 +130,7 @@ struct bridge::impl {
   std::unique_ptr<zap_handler> zap;  // with keys and a listening socket
   std::set<std::string> refused;  // client keys already reported as refused
   int monitors = 0;               // monitors made so far: each gets its own inproc name
-  // The listener's monitor (with keys): connections open now, and failures to accept one.
+  // The listener's monitor (with keys or without): connections open now, and failures to accept one.
   std::unique_ptr<socket_monitor> listen_monitor;
   // Open connections (fd -> the address it comes from, as the monitor names connections by their fd),
   // and how many each address holds: one address may fill at most a quarter of max_connections for a client from elsewhere, so

@@ -95,8 +95,9 @@ class shm_receiver {
   // (the tests check it), or a sender stalled between writing a record and waking us just as the wait
   // ran out; a thread that was woken but waited for a core does not count.
   uint64_t missed_wakeups() const;
-  // Stops and joins the thread, marks the segment closed (a sender then drops what it sends) and removes
-  // its name if the sender has not.
+  // Stops and joins the thread (on the thread itself, from a handler: lets it end on its own, and it frees
+  // what it holds), marks the segment closed (a sender then drops what it sends) and removes its name if
+  // the sender has not. Not from a handler before start() has returned.
   ~shm_receiver();
   shm_receiver(const shm_receiver&) = delete;
   shm_receiver& operator=(const shm_receiver&) = delete;
@@ -146,7 +147,9 @@ class shm_sender {
   // Referenced messages whose owners are still held; references written so far.
   size_t held() const;
   uint64_t references() const;
-  ~shm_sender();  // drops what is still queued, lets go of what is held
+  // Drops what is still queued, lets go of what is held (on its own thread, from an owner it let go of:
+  // once the thread ends, which it does at once).
+  ~shm_sender();
   shm_sender(const shm_sender&) = delete;
   shm_sender& operator=(const shm_sender&) = delete;
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -37,6 +38,14 @@ std::string mended(const uint8_t* data, size_t size) {
   uint64_t hn = 0;
   for (int i = 7; i >= 0; --i) hn = hn << 8 | data[i];
   if (hn > size - 8) return {};
+  // Deeper than the reader takes (8) is refused there anyway; dump() below would recurse that deep.
+  int depth = 0, deepest = 0;
+  for (uint64_t i = 0; i < hn; ++i) {
+    const char c = char(data[8 + i]);
+    depth += c == '[' || c == '{' ? 1 : c == ']' || c == '}' ? -1 : 0;
+    deepest = std::max(deepest, depth);
+  }
+  if (deepest > 16) return {};
   auto h = nlohmann::json::parse(data + 8, data + 8 + hn, nullptr, /*allow_exceptions=*/false);
   if (h.is_discarded() || !h.is_object() || !h.contains("__metadata__") || !h["__metadata__"].is_object()) return {};
   h["__metadata__"].erase("checksum");
