@@ -173,6 +173,11 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
                    (why == ENOENT ? "there is no socket at " + ep.substr(6) + " (is ringmaster-node running there?)"
                                   : "cannot reach " + ep.substr(6) + ": " + std::strerror(why));
           }
+          // It answered our hello (every node did, before a job was sent): not a matter of keys or addresses.
+          if (type != wire::msg_type::hello_ack)
+            return "node " + ep + (now > deadline ? " did not set the job up within " + std::string(secs) + " s, though it still answers"
+                                                  : " fell silent while it set the job up: nothing from it for " + std::string(secs) +
+                                                        " s since it answered our hello (stopped, killed or cut off?)");
           return "node " + ro.nodes[i] + " did not answer within " + secs + " s (is ringmaster-node running there? " +
                  (ro.insecure ? "We run --insecure: a node with keys does not answer us, and logs that it refused a client that offers no keys)"
                               : "A node that does not hold the key we expect, or runs --insecure while we do not, stays silent)");

@@ -916,6 +916,18 @@ struct scripted_node {
   std::string endpoint() const { return br->endpoint(); }
 };
 
+TEST_CASE("a node that answers our hello and then falls silent as it sets up is named as such, not as one that never "
+          "answered", "[nodes]") {
+  scripted_node mute([]() -> scripted_node::answers { return {}; });  // takes the job, says nothing more
+  remote_options ro;
+  ro.nodes = {mute.endpoint()};
+  train_result r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("node " + mute.endpoint() + " fell silent while it set the job up: nothing from it for") != std::string::npos);
+  CHECK(r.error.find("since it answered our hello") != std::string::npos);
+  CHECK(r.error.find("is ringmaster-node running there") == std::string::npos);
+}
+
 TEST_CASE("a lying node that answers the job with train=abc, params=-1, another model or terminal escapes gets a clear "
           "error, not a crash", "[nodes]") {
   std::string train = "abc", params = "1000", train_data = "7", description = "784-64-10", refusal;
