@@ -412,7 +412,8 @@ int main(int argc, char** argv) {
     // The job's model, so that a checkpoint of another is passed over before its data is read (and one
     // trained to its end is not taken for this job's: its results would be written as they are).
     const bool found = latest_checkpoint(o.checkpoint_dir, layer_registry::with_builtins(), &ck, &path, &skipped, &why, &c.model);
-    for (const std::string& s : skipped) std::fprintf(stderr, "ringmaster-mnist: skipping a checkpoint: %s\n", s.c_str());
+    for (size_t i = 0; i < skipped.size() && i < 10; ++i) std::fprintf(stderr, "ringmaster-mnist: skipping a checkpoint: %s\n", skipped[i].c_str());
+    if (skipped.size() > 10) std::fprintf(stderr, "ringmaster-mnist: skipping %zu more checkpoints that do not read back whole\n", skipped.size() - 10);
     if (!found) return usage_error("--resume: " + why);
     // What can be checked before the data is loaded, before we say we resume (the data: once it is read).
     if (std::string bad = resume_mismatch(ck, c, nullptr, -1); !bad.empty()) return usage_error("--resume: " + bad);

@@ -564,11 +564,17 @@ TEST_CASE("checkpoint: --resume skips a damaged newest checkpoint for the one be
   CHECK(other.status == 2);
   CHECK(other.out.find("--resume: the checkpoint was made on other training data: 1024 samples as this job's") != std::string::npos);
 
-  // Nothing readable: exit 2, and no training.
+  // Nothing readable: exit 2, and no training. Of many files passed over, ten are named and the rest counted.
+  for (int i = 0; i < 30; ++i) write_bytes(dir + "/ckpt-0-" + std::to_string(1000 + i) + ".safetensors", "planted");
   for (const auto& f : names(dir)) write_bytes(dir + "/" + f, "not a checkpoint");
+  const size_t files = names(dir).size();
   const run_result none = mnist(job + " --checkpoint-dir " + dir + " --resume");
   INFO(none.out);
   CHECK(none.status == 2);
+  size_t named = 0;
+  for (size_t at = none.out.find("skipping a checkpoint: "); at != std::string::npos; at = none.out.find("skipping a checkpoint: ", at + 1)) ++named;
+  CHECK(named == 10);
+  CHECK(none.out.find("skipping " + std::to_string(files - 10) + " more checkpoints that do not read back whole") != std::string::npos);
   CHECK(none.out.find("--resume: no checkpoint in " + dir + " reads back whole") != std::string::npos);
   CHECK(none.out.find("Done") == std::string::npos);
 }
