@@ -79,8 +79,7 @@ caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer
 }
 
 void launcher::event(const std::string& line) {
-  std::lock_guard<std::mutex> lock(event_mu);
-  if (ro.on_event) ro.on_event(line);
+  if (events) events->write(line);
 }
 
 int launcher::node_of(const net::peer_info& from) const {

@@ -22,6 +22,7 @@
 #include "actors/job_plan.hpp"
 #include "actors/remote_job.hpp"
 #include "net/bridge.hpp"
+#include "net/log_writer.hpp"
 
 namespace ringmaster {
 
@@ -88,7 +89,9 @@ struct launcher {
   clock_type::time_point forming_since;
   std::vector<node_loss> losses;               // since the last re-forming, for the coordinator
   clock_type::time_point last_word = clock_type::time_point::max();  // the earliest last message of those
-  std::mutex event_mu;
+  // ro.on_event's lines, handed over by a thread of their own: the user prints them, and a terminal
+  // stopped with Ctrl-S or a pipe nobody reads must not stop the bridge thread's heartbeats.
+  std::unique_ptr<net::log_writer> events = ro.on_event ? std::make_unique<net::log_writer>(ro.on_event) : nullptr;
 
   // Rejoining (reform.hpp). A lost node is asked every kHelloEvery whether it is back; one that answers
   // gets the grown ring's plan (join_plan) and, once it has loaded its data, the others pause after step

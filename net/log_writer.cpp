@@ -13,17 +13,26 @@
 namespace ringmaster::net {
 
 struct log_writer::state {
-  int fd;
+  int fd = -1;
+  std::function<void(const std::string&)> sink;
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::string> queue;  // lines with their newlines
+  std::deque<std::string> queue;  // lines, without their newlines
   size_t bytes = 0;
   size_t dropped = 0, dropped_total = 0;
   bool stop = false, done = false, gone = false;
 
-  // Writes all of `text`, waiting for the stream in short polls so that a stop is seen. False when the
-  // stream is gone or broken.
-  bool put(const std::string& text) {
+  // Hands `line` to the sink, or writes all of it and a newline, waiting for the stream in short polls
+  // so that a stop is seen. False when the stream is gone or broken.
+  bool put(const std::string& line) {
+    if (sink) {
+      try {
+        sink(line);
+      } catch (...) {  // the sink's trouble, not the logger's
+      }
+      return true;
+    }
+    const std::string text = line + '\n';
     for (size_t at = 0; at < text.size();) {
       pollfd p{fd, POLLOUT, 0};
       const int r = ::poll(&p, 1, 200);
@@ -52,16 +61,17 @@ struct log_writer::state {
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
       cv.wait(lock, [&] { return stop || !queue.empty(); });
-      if (queue.empty()) break;
+      if (queue.empty() || (stop && sink)) break;  // a sink's owner may be gone once we stop
       std::string line = std::move(queue.front());
       queue.pop_front();
-      bytes -= line.size();
+      bytes -= line.size() + 1;
       const size_t lost = queue.empty() ? dropped : 0;  // said once the backlog is written
       if (lost) dropped = 0;
       lock.unlock();
       bool ok = put(line);
-      if (ok && lost) ok = put(std::to_string(lost) + " log line" + (lost == 1 ? "" : "s") + " dropped: this log's reader took none for a while\n");
+      if (ok && lost) ok = put(std::to_string(lost) + " log line" + (lost == 1 ? "" : "s") + " dropped: this log's reader took none for a while");
       lock.lock();
+      if (queue.empty()) cv.notify_all();  // a destructor waits for the backlog to go
       if (!ok) {
         gone = true;
         break;
@@ -79,13 +89,23 @@ log_writer::log_writer(int fd) : s_(std::make_shared<state>()) {
   std::thread([s = s_] { s->run(); }).detach();
 }
 
+log_writer::log_writer(std::function<void(const std::string&)> sink) : s_(std::make_shared<state>()) {
+  s_->sink = std::move(sink);
+  std::thread([s = s_] { s->run(); }).detach();
+}
+
 log_writer::~log_writer() {
   std::unique_lock<std::mutex> lock(s_->mu);
-  // What is queued goes first, for up to a second: the stream may be stopped for good.
-  s_->cv.wait_for(lock, std::chrono::seconds(1), [&] { return s_->queue.empty() || s_->done; });
+  // What is queued goes first: to a sink all of it (its owner prints the lines, and waits as its
+  // terminal does); to a stream for up to a second (it may be stopped for good).
+  const auto drained = [&] { return s_->queue.empty() || s_->done; };
+  if (s_->sink) s_->cv.wait(lock, drained);
+  else s_->cv.wait_for(lock, std::chrono::seconds(1), drained);
   s_->stop = true;
   s_->cv.notify_all();
-  s_->cv.wait_for(lock, std::chrono::milliseconds(300), [&] { return s_->done; });
+  // A sink is its owner's code: the call under way ends before we do, however long it takes.
+  if (s_->sink) s_->cv.wait(lock, [&] { return s_->done; });
+  else s_->cv.wait_for(lock, std::chrono::milliseconds(300), [&] { return s_->done; });
 }
 
 void log_writer::write(const std::string& line) noexcept {
@@ -96,7 +116,7 @@ void log_writer::write(const std::string& line) noexcept {
       ++s_->dropped, ++s_->dropped_total;
       return;
     }
-    s_->queue.push_back(line + '\n');
+    s_->queue.push_back(line);
     s_->bytes += line.size() + 1;
     s_->cv.notify_all();
   } catch (...) {  // out of memory: the line is lost, not the caller

@@ -5,10 +5,13 @@
 //
 // Up to kMostQueued bytes wait; past that, lines are dropped and counted, and the count is written once
 // the stream takes lines again. A stream that is gone (EPIPE) takes nothing more, and says nothing.
+// With a sink instead of a stream, the thread hands it the lines (a launcher's events, which its user
+// prints): the bridge thread that says them never waits on the user's terminal.
 #pragma once
 #include <unistd.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -19,8 +22,11 @@ class log_writer {
   static constexpr size_t kMostQueued = size_t(1) << 20;
 
   explicit log_writer(int fd = STDERR_FILENO);
-  // Waits up to `drain` (1 s) for what is queued to be written; a thread still stuck on the stream then
-  // is left to end with the process (it holds its own state).
+  // Each line goes to `sink` (which may block; it is called from one thread, in order).
+  explicit log_writer(std::function<void(const std::string&)> sink);
+  // Waits up to a second for what is queued to be written; a thread still stuck on the stream then is
+  // left to end with the process (it holds its own state). A sink is handed every line first, however
+  // long that takes.
   ~log_writer();
   log_writer(const log_writer&) = delete;
   log_writer& operator=(const log_writer&) = delete;

@@ -218,6 +218,30 @@ TEST_CASE("elastic: kill -9 of one of 3 nodes running 2 ranks each: the 4 others
   CHECK(to_next < 2.5);
 }
 
+TEST_CASE("elastic: a launcher whose user's terminal stops taking its lines (Ctrl-S) as a node is lost still finishes the job", "[nodes][elastic]") {
+  // The event hook (ringmaster-mnist prints there) blocks for longer than nodes wait for their launcher:
+  // before, it was called on the bridge thread, whose heartbeats then stopped, and the nodes left the job.
+  auto nodes = start_nodes(3, "cpu:1");
+  remote_options ro;
+  ro.nodes = test::endpoints(nodes);
+  ro.limit_train = 3000;
+  ro.limit_test = 300;
+  std::vector<std::string> events;
+  ro.on_event = [&](const std::string& line) {
+    if (events.empty()) std::this_thread::sleep_for(6s);  // node_options::launcher_timeout is 4 s
+    events.push_back(line);
+  };
+  clock_type::time_point killed;
+  train_result r = run_killing(small_job(3), ro, nodes, 1, SIGKILL, 0, 10, &killed);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 3000);
+  REQUIRE(r.losses.size() == 1);
+  REQUIRE(events.size() == 3);  // all said, in order, once the terminal took them
+  CHECK(events[0].rfind("lost node " + nodes[1]->endpoint, 0) == 0);
+}
+
 TEST_CASE("elastic: a node that falls silent (SIGSTOP) is dropped, the others finish, and woken it has left the job", "[nodes][elastic]") {
   auto nodes = start_nodes(3, "cpu:1");
   remote_options ro;

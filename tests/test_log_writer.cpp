@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <chrono>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "net/log_writer.hpp"
@@ -84,4 +86,27 @@ TEST_CASE("log writer: a reader that is gone ends nothing (no SIGPIPE), and the 
   ::close(p[1]);
   ::close(q[0]);
   ::close(q[1]);
+}
+
+TEST_CASE("log writer: a sink that blocks holds up no caller, and is handed every line, in order, before the writer ends",
+          "[log_writer]") {
+  std::vector<std::string> got;
+  std::atomic<bool> release{false};
+  double took = 0;
+  {
+    ringmaster::net::log_writer log([&](const std::string& line) {
+      while (!release) std::this_thread::sleep_for(1ms);  // a terminal stopped with Ctrl-S
+      got.push_back(line);
+    });
+    const auto t0 = clock_type::now();
+    for (int i = 0; i < 100; ++i) log.write("event " + std::to_string(i));
+    took = std::chrono::duration<double>(clock_type::now() - t0).count();
+    std::thread([&] {
+      std::this_thread::sleep_for(1500ms);  // longer than a stream's drain
+      release = true;
+    }).detach();
+  }
+  CHECK(took < 0.5);
+  REQUIRE(got.size() == 100);
+  for (int i = 0; i < 100; ++i) CHECK(got[size_t(i)] == "event " + std::to_string(i));
 }
