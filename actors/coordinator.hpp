@@ -65,8 +65,8 @@ struct node_join {
   double paused = 0;  // seconds the others stood still for it: from the last one's stop to the new ring's start
 };
 
-// A lost node that came back and did not get into the ring (launcher_rejoin.cpp): why, and whether it
-// was to be asked again or stays out for the rest of the job.
+// A try to take a lost node that came back into the ring that failed (launcher_rejoin.cpp): why, and
+// whether it was to be asked again (a later try may have taken it in) or stays out for the rest of the job.
 struct failed_join {
   std::string node;  // its endpoint
   std::string why;   // "it refused: ..."
@@ -93,7 +93,7 @@ struct train_result {
   double wait_slower = 0;
   std::vector<node_loss> losses;  // nodes lost on the way (elastic jobs went on without them)
   std::vector<node_join> joins;   // lost nodes that came back and joined again
-  std::vector<failed_join> failed_joins;  // and those that came back but did not get in
+  std::vector<failed_join> failed_joins;  // and tries to take one back that failed
   // Samples trained whose loss and accuracy were lost with their node (a report in flight when it
   // died): counted in train_samples, not in the means.
   int64_t unmeasured = 0;

@@ -173,10 +173,12 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
                                   : "cannot reach " + ep.substr(6) + ": " + std::strerror(why));
           }
           // It answered our hello (every node did, before a job was sent): not a matter of keys or addresses.
-          if (type != wire::msg_type::hello_ack)
-            return "node " + ep + (now > deadline ? " did not set the job up within " + std::string(secs) + " s, though it still answers"
-                                                  : " fell silent while it set the job up: nothing from it for " + std::string(secs) +
-                                                        " s since it answered our hello (stopped, killed or cut off?)");
+          if (type != wire::msg_type::hello_ack) {
+            if (quiet <= silence) return "node " + ep + " did not set the job up within " + secs + " s, though it still answers";
+            std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(silence).count());
+            return "node " + ep + " fell silent while it set the job up: nothing from it for " + secs +
+                   " s (it had answered our hello: stopped, killed or cut off?)";
+          }
           return "node " + ro.nodes[i] + " did not answer within " + secs + " s (is ringmaster-node running there? " +
                  (ro.insecure ? "We run --insecure: a node with keys does not answer us, and logs that it refused a client that offers no keys)"
                               : "A node that does not hold the key we expect, or runs --insecure while we do not, stays silent)");

@@ -229,7 +229,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
   }
   const int sig = signals.wait();
   const char* name = sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM";
-  std::fprintf(stderr, "%s: %s received, shutting down\n", prog.c_str(), name);
+  node.log(std::string(name) + " received, shutting down");  // not on stderr itself: it may be stalled
   node.stop(name);
   return 0;
 }

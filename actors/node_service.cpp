@@ -578,6 +578,7 @@ void node_service::stop(const std::string& why) {
   d->sys.reset();  // waits for the job's actors to finish
 }
 
+void node_service::log(const std::string& line) { d_->log(line); }
 std::string node_service::endpoint() const { return d_->br.endpoint(); }
 int node_service::jobs_done() const { return d_->jobs_done; }
 bool node_service::busy() const { return d_->busy; }

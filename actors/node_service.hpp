@@ -67,6 +67,8 @@ class node_service {
   bool start(std::string* error);
   // Aborts a running job, telling its launcher why ("SIGTERM received", say), and stops serving.
   void stop(const std::string& why = "");
+  // A line in this node's log, after the time and the node's name (never waits on stderr).
+  void log(const std::string& line);
   std::string endpoint() const;
   // Jobs finished or aborted so far, and whether one runs now (for tests and logs).
   int jobs_done() const;

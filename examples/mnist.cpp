@@ -553,8 +553,8 @@ int finish(const options& o, const train_result& r) {
     std::printf("Node %s came back and rejoined as %s: %d ranks went on from epoch %lld (the others stood still "
                 "for %.2f s)\n", n.node.c_str(), ranks_named(n.ranks).c_str(), n.replicas, (long long)n.epoch + 1, n.paused);
   for (const failed_join& f : r.failed_joins)
-    std::printf("Node %s came back but did not rejoin: %s%s\n", f.node.c_str(), f.why.c_str(),
-                f.asked_again ? " (it was to be asked again)" : "");
+    std::printf("Node %s came back, but a try to rejoin failed: %s (%s)\n", f.node.c_str(), f.why.c_str(),
+                f.asked_again ? "it was to be asked again" : "it stayed out");
   if (r.unmeasured)
     std::printf("%lld training samples of lost nodes count without their loss and accuracy (reports lost with them)\n",
                 (long long)r.unmeasured);

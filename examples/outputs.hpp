@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -42,11 +41,28 @@ inline std::string check_writable(const std::string& path, std::shared_ptr<const
   }
   if (lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
     // A link to nothing yet: written through at the end, as a shell's `>` does, making the file it names.
-    // So that file is made now, by the same open, and removed (a loop or a missing folder fails here).
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
-    if (fd < 0) return "cannot write " + path + ": a link to nothing that cannot be made (" + std::strerror(errno) + ")";
+    // That file is made now and removed: the links followed by hand to the last one's target, made only
+    // where nothing is (O_EXCL: nothing of anyone else's is ever removed), removed only while still ours.
+    std::string target = path;
+    for (int hops = 0;; ++hops) {
+      struct stat l {};
+      if (lstat(target.c_str(), &l) != 0) break;  // nothing there (or unreachable): the open below says
+      if (!S_ISLNK(l.st_mode)) return "";          // made meanwhile: written through, as any file
+      if (hops == 40) return "cannot write " + path + ": its links go round in a loop";
+      char to[4096];
+      const ssize_t n = readlink(target.c_str(), to, sizeof to - 1);
+      if (n <= 0) return "cannot write " + path + ": cannot read the link " + target;
+      to[n] = '\0';
+      const size_t cut = target.rfind('/');
+      target = to[0] == '/' || cut == std::string::npos ? std::string(to) : target.substr(0, cut + 1) + to;
+    }
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST) return "";  // made meanwhile
+    if (fd < 0) return "cannot write " + path + ": it links to " + target + ", which cannot be made (" + std::strerror(errno) + ")";
+    struct stat made {}, now {};
+    if (fstat(fd, &made) == 0 && lstat(target.c_str(), &now) == 0 && now.st_dev == made.st_dev && now.st_ino == made.st_ino)
+      ::unlink(target.c_str());
     ::close(fd);
-    if (char* made = realpath(path.c_str(), nullptr)) ::unlink(made), std::free(made);
     return "";
   }
   const size_t slash = path.rfind('/');
@@ -58,6 +74,11 @@ inline std::string check_writable(const std::string& path, std::shared_ptr<const
   if (name_max > 0 && path.size() - (slash == std::string::npos ? 0 : slash + 1) > size_t(name_max))
     return "cannot write " + path + ": its name is longer than the " + std::to_string(name_max) + " bytes that folder " + dir + " allows";
   if (stat(path.c_str(), &st) == 0 && access(path.c_str(), W_OK) != 0) return "cannot write " + path + ": the file is not writable";
+  // A file of another user's in a sticky folder (/tmp) cannot be replaced, though it may be writable.
+  struct stat folder {};
+  if (stat(path.c_str(), &st) == 0 && stat(dir.c_str(), &folder) == 0 && (folder.st_mode & S_ISVTX) && geteuid() != 0 &&
+      st.st_uid != geteuid() && folder.st_uid != geteuid())
+    return "cannot write " + path + ": it belongs to another user, in a folder (as /tmp) where only its owner may replace it";
   // A name of this run's own (two launchers may share a folder, over NFS too; a killed one may leave its probe).
   std::random_device rd;
   for (int tries = 0;; ++tries) {

@@ -1,5 +1,6 @@
 #include "net/log_writer.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 
@@ -13,42 +14,49 @@
 namespace ringmaster::net {
 
 struct log_writer::state {
-  int fd = -1;
+  int fd = -1;  // our own duplicate
   std::function<void(const std::string&)> sink;
+  std::thread::id thread;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::string> queue;  // lines, without their newlines
   size_t bytes = 0;
   size_t dropped = 0, dropped_total = 0;
+  bool in_flight = false;  // a line taken from the queue and not yet written
   bool stop = false, done = false, gone = false;
 
+  ~state() {
+    if (fd >= 0) ::close(fd);
+  }
+
+  enum class put_result { written, failed, gone };
   // Hands `line` to the sink, or writes all of it and a newline, waiting for the stream in short polls
-  // so that a stop is seen. False when the stream is gone or broken.
-  bool put(const std::string& line) {
+  // so that a stop is seen. Only a stream that is gone (no reader, a closed descriptor) ends the writer;
+  // other errors (a full disk, EIO) lose the line.
+  put_result put(const std::string& line) {
     if (sink) {
-      try {
-        sink(line);
-      } catch (...) {  // the sink's trouble, not the logger's
-      }
-      return true;
+      sink(line);
+      return put_result::written;
     }
+    if (fd < 0) return put_result::gone;
     const std::string text = line + '\n';
     for (size_t at = 0; at < text.size();) {
       pollfd p{fd, POLLOUT, 0};
       const int r = ::poll(&p, 1, 200);
-      if (r < 0 && errno != EINTR) return false;
+      if (r < 0 && errno != EINTR && errno != EAGAIN) return put_result::failed;
       if (r <= 0) {
         std::lock_guard<std::mutex> lock(mu);
-        if (stop) return false;  // the drain ran out: what is left stays unwritten
+        if (stop) return put_result::failed;  // the drain ran out: what is left stays unwritten
         continue;
       }
-      if (p.revents & (POLLERR | POLLNVAL)) return false;
+      if (p.revents & (POLLERR | POLLNVAL)) return put_result::gone;
       const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
       if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (n <= 0) return false;  // EPIPE (no reader), EBADF, EIO: nothing more can be written
+      if (n < 0 && (errno == EPIPE || errno == EBADF)) return put_result::gone;
+      if (n <= 0) return put_result::failed;
       at += size_t(n);
     }
-    return true;
+    return put_result::written;
   }
 
   void run() {
@@ -67,38 +75,57 @@ struct log_writer::state {
       bytes -= line.size() + 1;
       const size_t lost = queue.empty() ? dropped : 0;  // said once the backlog is written
       if (lost) dropped = 0;
+      in_flight = true;
       lock.unlock();
-      bool ok = put(line);
-      if (ok && lost) ok = put(std::to_string(lost) + " log line" + (lost == 1 ? "" : "s") + " dropped: this log's reader took none for a while");
+      put_result got = put_result::failed;
+      try {  // out of memory, or the sink's own trouble: the line is lost, not the process
+        got = put(line);
+        if (got == put_result::written && lost)
+          got = put(std::to_string(lost) + " log line" + (lost == 1 ? "" : "s") + " dropped: this log's reader took none for a while");
+      } catch (...) {
+      }
       lock.lock();
+      in_flight = false;
+      if (got == put_result::failed) ++dropped, ++dropped_total;
       if (queue.empty()) cv.notify_all();  // a destructor waits for the backlog to go
-      if (!ok) {
+      if (got == put_result::gone) {
         gone = true;
         break;
       }
     }
     queue.clear();
     bytes = 0;
+    sink = nullptr;  // what it holds goes here, before its owner is told we are done
     done = true;
     cv.notify_all();
   }
 };
 
 log_writer::log_writer(int fd) : s_(std::make_shared<state>()) {
-  s_->fd = fd;
-  std::thread([s = s_] { s->run(); }).detach();
+  s_->fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);  // -1 (a closed fd): the stream is gone from the start
+  std::lock_guard<std::mutex> lock(s_->mu);
+  std::thread t([s = s_] { s->run(); });
+  s_->thread = t.get_id();
+  t.detach();
 }
 
 log_writer::log_writer(std::function<void(const std::string&)> sink) : s_(std::make_shared<state>()) {
   s_->sink = std::move(sink);
-  std::thread([s = s_] { s->run(); }).detach();
+  std::lock_guard<std::mutex> lock(s_->mu);
+  std::thread t([s = s_] { s->run(); });
+  s_->thread = t.get_id();
+  t.detach();
 }
 
 log_writer::~log_writer() {
   std::unique_lock<std::mutex> lock(s_->mu);
+  if (std::this_thread::get_id() == s_->thread) {  // from within the sink: the loop ends after this line
+    s_->stop = true;
+    return;
+  }
   // What is queued goes first: to a sink all of it (its owner prints the lines, and waits as its
   // terminal does); to a stream for up to a second (it may be stopped for good).
-  const auto drained = [&] { return s_->queue.empty() || s_->done; };
+  const auto drained = [&] { return (s_->queue.empty() && !s_->in_flight) || s_->done; };
   if (s_->sink) s_->cv.wait(lock, drained);
   else s_->cv.wait_for(lock, std::chrono::seconds(1), drained);
   s_->stop = true;

@@ -4,7 +4,8 @@
 // node's heartbeats and fail its jobs, or SIGPIPE would end the daemon.
 //
 // Up to kMostQueued bytes wait; past that, lines are dropped and counted, and the count is written once
-// the stream takes lines again. A stream that is gone (EPIPE) takes nothing more, and says nothing.
+// the backlog is. A line the stream fails to take (a full disk) is dropped and counted the same way; a
+// stream that is gone (EPIPE, a closed descriptor) takes nothing more, and says nothing.
 // With a sink instead of a stream, the thread hands it the lines (a launcher's events, which its user
 // prints): the bridge thread that says them never waits on the user's terminal.
 #pragma once
@@ -21,24 +22,24 @@ class log_writer {
  public:
   static constexpr size_t kMostQueued = size_t(1) << 20;
 
+  // Writes to its own duplicate of fd (the caller may close fd whenever it likes).
   explicit log_writer(int fd = STDERR_FILENO);
   // Each line goes to `sink` (which may block; it is called from one thread, in order).
   explicit log_writer(std::function<void(const std::string&)> sink);
   // Waits up to a second for what is queued to be written; a thread still stuck on the stream then is
-  // left to end with the process (it holds its own state). A sink is handed every line first, however
-  // long that takes.
+  // left to end with the process (it holds its own state). A sink is handed every line queued first,
+  // however long that takes (from within the sink itself: what is left is dropped, nothing is waited for).
   ~log_writer();
   log_writer(const log_writer&) = delete;
   log_writer& operator=(const log_writer&) = delete;
 
   // One line, without its newline. Never blocks on the stream; never throws.
   void write(const std::string& line) noexcept;
-  // Lines dropped so far because the stream took none (for tests).
+  // Lines dropped so far: past the queue's bound, or not taken by the stream (for tests).
   size_t dropped() const;
 
-  struct state;
-
  private:
+  struct state;
   std::shared_ptr<state> s_;
 };
 

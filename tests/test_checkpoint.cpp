@@ -592,8 +592,8 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
   REQUIRE(::symlink("/nonexistent/run.json", nowhere.c_str()) == 0);
   REQUIRE(::symlink(loop.c_str(), loop.c_str()) == 0);
   const std::vector<bad> cases = {
-      {"--report-json " + nowhere, "--report-json: cannot write " + nowhere + ": a link to nothing that cannot be made (No such file or directory)"},
-      {"--save " + loop, "--save: cannot write " + loop + ": a link to nothing that cannot be made (Too many levels of symbolic links)"},
+      {"--report-json " + nowhere, "--report-json: cannot write " + nowhere + ": it links to /nonexistent/run.json, which cannot be made (No such file or directory)"},
+      {"--save " + loop, "--save: cannot write " + loop + ": its links go round in a loop"},
       {"--report-json " + fifo, "--report-json: cannot write " + fifo + ": a FIFO nothing reads from (start its reader first)"},
       {"--save " + fifo, "--save: cannot write " + fifo + ": a FIFO nothing reads from"},
       {"--checkpoint-dir /nonexistent/ck", "--checkpoint-dir: cannot create folder /nonexistent/ck: No such file or directory"},
@@ -650,6 +650,13 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
   CHECK((::lstat(link.c_str(), &st) == 0 && S_ISLNK(st.st_mode)));
   CHECK(slurp(target).find("\"history\"") != std::string::npos);
   CHECK(names(empty).count("made-by-run.json") == 1);
+  // A relative link names a file beside the link, not in our working folder.
+  const std::string rel = empty + "/rel.json";
+  REQUIRE(::symlink("made-rel.json", rel.c_str()) == 0);
+  const run_result relative = mnist("--epochs 1 --limit-train 256 --limit-test 64 -q --no-eval --report-json " + rel);
+  INFO(relative.out);
+  CHECK(relative.status == 0);
+  CHECK(slurp(empty + "/made-rel.json").find("\"history\"") != std::string::npos);
 }
 
 TEST_CASE("checkpoint: a --save that fails after training still leaves the report, and names the checkpoint that "
@@ -684,6 +691,19 @@ TEST_CASE("checkpoint: a --save that fails after training still leaves the repor
   INFO(user.out);
   CHECK(user.status == 0);
   CHECK(user.out.find("\"test_accuracy\"") != std::string::npos);
+  // Another user's file in /tmp, writable by all: the sticky bit keeps it from being replaced, which the
+  // check says before training (once found as EPERM after it).
+  if (geteuid() == 0) {
+    const std::string theirs = "/tmp/ringmaster-theirs-" + std::to_string(getpid()) + ".json";
+    write_bytes(theirs, "{}");
+    REQUIRE(::chmod(theirs.c_str(), 0666) == 0);
+    const run_result sticky = test::run(as_user + RINGMASTER_MNIST_BIN + " --epochs 1 --limit-train 256 --limit-test 64 -q --report-json " + theirs);
+    INFO(sticky.out);
+    CHECK(sticky.status == 2);
+    CHECK(sticky.out.find("cannot write " + theirs + ": it belongs to another user") != std::string::npos);
+    CHECK(sticky.out.find("Done") == std::string::npos);
+    std::remove(theirs.c_str());
+  }
 }
 
 TEST_CASE("checkpoint: one run a folder, outputs into a folder made for checkpoints and under long names, and a "

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 #include <thread>
@@ -27,7 +28,7 @@ std::string drain(int fd) {
 
 }  // namespace
 
-TEST_CASE("log writer: a reader that takes nothing holds up no caller; lines past the queue are dropped and counted",
+TEST_CASE("log writer: a reader that takes nothing holds up no caller, and lines past the queue are dropped and counted",
           "[log_writer]") {
   int p[2];
   REQUIRE(::pipe2(p, O_CLOEXEC | O_NONBLOCK) == 0);
@@ -109,4 +110,30 @@ TEST_CASE("log writer: a sink that blocks holds up no caller, and is handed ever
   CHECK(took < 0.5);
   REQUIRE(got.size() == 100);
   for (int i = 0; i < 100; ++i) CHECK(got[size_t(i)] == "event " + std::to_string(i));
+}
+
+TEST_CASE("log writer: a stream that fails a write (a full disk) loses that line only, and the writer may end from within its sink",
+          "[log_writer]") {
+  {
+    const int full = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+    REQUIRE(full >= 0);
+    ringmaster::net::log_writer log(full);
+    ::close(full);  // the writer keeps its own duplicate
+    for (int i = 0; i < 5; ++i) log.write("line " + std::to_string(i));
+    const auto until = clock_type::now() + 5s;
+    while (log.dropped() < 5 && clock_type::now() < until) std::this_thread::sleep_for(1ms);
+    CHECK(log.dropped() == 5);  // each tried and counted: the writer went on (a gone stream counts none)
+  }
+  // The writer destroyed from within its own sink (its owner torn down there): it waits for nothing.
+  std::atomic<bool> ended{false};
+  std::unique_ptr<ringmaster::net::log_writer> self;
+  self = std::make_unique<ringmaster::net::log_writer>([&](const std::string&) {
+    self.reset();
+    ended = true;
+  });
+  self->write("one");
+  const auto until = clock_type::now() + 5s;
+  while (!ended && clock_type::now() < until) std::this_thread::sleep_for(1ms);
+  CHECK(ended);
+  CHECK_FALSE(self);
 }

@@ -924,7 +924,7 @@ TEST_CASE("a node that answers our hello and then falls silent as it sets up is 
   train_result r = train_remote(small_job(), ro);
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("node " + mute.endpoint() + " fell silent while it set the job up: nothing from it for") != std::string::npos);
-  CHECK(r.error.find("since it answered our hello") != std::string::npos);
+  CHECK(r.error.find("(it had answered our hello: stopped, killed or cut off?)") != std::string::npos);
   CHECK(r.error.find("is ringmaster-node running there") == std::string::npos);
 }
 
