@@ -580,6 +580,23 @@ nlohmann::json report(const std::string& path) {
   return j;
 }
 
+// The launcher with `args` on `nodes`: node 1 is killed as the first epoch starts, and started again on
+// its endpoint, reading `data`, once the launcher has named it lost.
+test::run_result run_restarting_node_1(test::daemons& nodes, const std::string& args, const std::string& data) {
+  std::thread killer, starter;
+  test::run_result r = run_launcher("--nodes " + test::node_list(nodes) + " " + args, [&](const std::string& line) {
+    if (line.find("Epoch 1/") != std::string::npos && !killer.joinable()) killer = std::thread([&] { nodes[1]->stop(SIGKILL); });
+    if (line.find("lost node " + nodes[1]->endpoint) != std::string::npos && !starter.joinable())
+      starter = std::thread([&] {
+        killer.join();
+        nodes[1] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, nodes[1]->endpoint, "cpu:1", data);
+      });
+  });
+  if (starter.joinable()) starter.join();
+  if (killer.joinable()) killer.join();
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, trains on every sample once an epoch, says what happened", "[nodes][elastic][launcher]") {
@@ -676,21 +693,8 @@ TEST_CASE("elastic: ringmaster-mnist names a node that came back but could not r
                     "dd of=" + other + "/train-labels-idx1-ubyte bs=1 seek=8 conv=notrunc status=none").status == 0);
   auto nodes = start_nodes(3, "cpu:1");
   std::remove(json_path.c_str());
-  std::thread killer, starter;
-  test::run_result r = run_launcher("--nodes " + test::node_list(nodes) +
-                                        " --model 784-512-512-10 --batch 60 --epochs 40 --limit-train 6000 --limit-test 500 --rejoin-lead 2 --report-json " + json_path,
-                                    [&](const std::string& line) {
-                                      if (line.find("Epoch 1/40") != std::string::npos && !killer.joinable())
-                                        killer = std::thread([&] { nodes[1]->stop(SIGKILL); });
-                                      if (line.find("lost node " + nodes[1]->endpoint) != std::string::npos && !starter.joinable())
-                                        starter = std::thread([&] {
-                                          killer.join();
-                                          nodes[1] = std::make_unique<test::daemon_process>(
-                                              std::vector<std::string>{RINGMASTER_NODE_BIN}, nodes[1]->endpoint, "cpu:1", other);
-                                        });
-                                    });
-  if (starter.joinable()) starter.join();
-  if (killer.joinable()) killer.join();
+  test::run_result r = run_restarting_node_1(
+      nodes, "--model 784-512-512-10 --batch 60 --epochs 40 --limit-train 6000 --limit-test 500 --rejoin-lead 2 --report-json " + json_path, other);
   INFO(r.out);
   REQUIRE(r.status == 0);
   CHECK(r.out.find("node " + nodes[1]->endpoint + " is back, but could not rejoin: it has 6000 training samples (data fingerprint") != std::string::npos);
@@ -713,21 +717,9 @@ TEST_CASE("elastic: ringmaster-mnist takes a node started again back in and says
   const std::string json_path = "/tmp/ringmaster-rejoin-test.json";
   auto nodes = start_nodes(3, "cpu:1");
   std::remove(json_path.c_str());
-  std::thread killer, starter;
-  test::run_result r = run_launcher("--nodes " + test::node_list(nodes) +
-                                        " --model 784-512-10 --batch 60 --epochs 120 --limit-train 6000 --limit-test 500 --rejoin-lead 2 --report-json " + json_path,
-                                    [&](const std::string& line) {
-                                      if (line.find("Epoch 1/120") != std::string::npos && !killer.joinable())
-                                        killer = std::thread([&] { nodes[1]->stop(SIGKILL); });
-                                      if (line.find("lost node " + nodes[1]->endpoint) != std::string::npos && !starter.joinable())
-                                        starter = std::thread([&] {
-                                          killer.join();
-                                          nodes[1] = std::make_unique<test::daemon_process>(
-                                              std::vector<std::string>{RINGMASTER_NODE_BIN}, nodes[1]->endpoint, "cpu:1", RINGMASTER_DATA_DIR);
-                                        });
-                                    });
-  if (starter.joinable()) starter.join();
-  if (killer.joinable()) killer.join();
+  test::run_result r = run_restarting_node_1(
+      nodes, "--model 784-512-10 --batch 60 --epochs 120 --limit-train 6000 --limit-test 500 --rejoin-lead 2 --report-json " + json_path,
+      RINGMASTER_DATA_DIR);
   INFO(r.out);
   REQUIRE(r.status == 0);
   CHECK(r.out.find("is back; it rejoins after step") != std::string::npos);
