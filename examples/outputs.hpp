@@ -32,9 +32,9 @@ inline std::string check_writable(const std::string& path, std::shared_ptr<const
     }
     if (access(path.c_str(), W_OK) != 0) return "cannot write " + path + ": it is not writable";
     if (S_ISFIFO(st.st_mode)) {
-      const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC), why = errno;
       if (fd < 0)
-        return "cannot write " + path + ": " + (errno == ENXIO ? "a FIFO nothing reads from (start its reader first)" : std::strerror(errno));
+        return "cannot write " + path + ": " + (why == ENXIO ? "a FIFO nothing reads from (start its reader first)" : std::strerror(why));
       *hold = std::shared_ptr<const void>(nullptr, [fd](const void*) { ::close(fd); });
     }
     return "";
@@ -57,8 +57,9 @@ inline std::string check_writable(const std::string& path, std::shared_ptr<const
       target = to[0] == '/' || cut == std::string::npos ? std::string(to) : target.substr(0, cut + 1) + to;
     }
     const int fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    if (fd < 0 && errno == EEXIST) return "";  // made meanwhile
-    if (fd < 0) return "cannot write " + path + ": it links to " + target + ", which cannot be made (" + std::strerror(errno) + ")";
+    const int why = errno;  // before a message allocates
+    if (fd < 0 && why == EEXIST) return "";  // made meanwhile
+    if (fd < 0) return "cannot write " + path + ": it links to " + target + ", which cannot be made (" + std::strerror(why) + ")";
     struct stat made {}, now {};
     if (fstat(fd, &made) == 0 && lstat(target.c_str(), &now) == 0 && now.st_dev == made.st_dev && now.st_ino == made.st_ino)
       ::unlink(target.c_str());
