@@ -51,12 +51,18 @@ train_config small_job(int64_t epochs) {
   return c;
 }
 
-// The hung-rank tests' run: small_job(epochs) on 3000 samples over `nodes`, a ring timeout of 1 s; *took:
-// its seconds.
-train_result run_with_hung_rank(const test::daemons& nodes, remote_options ro, int64_t epochs, double* took) {
+// `ro` over `nodes`, on 3000 training and 300 test samples.
+remote_options on_small_data(const test::daemons& nodes, remote_options ro = {}) {
   ro.nodes = test::endpoints(nodes);
   ro.limit_train = 3000;
   ro.limit_test = 300;
+  return ro;
+}
+
+// The hung-rank tests' run: small_job(epochs) on 3000 samples over `nodes`, a ring timeout of 1 s; *took:
+// its seconds.
+train_result run_with_hung_rank(const test::daemons& nodes, remote_options ro, int64_t epochs, double* took) {
+  ro = on_small_data(nodes, std::move(ro));
   train_config c = small_job(epochs);
   c.ring_timeout = 1000ms;
   const auto t0 = clock_type::now();
@@ -222,10 +228,7 @@ TEST_CASE("elastic: a launcher whose user's terminal stops taking its lines (Ctr
   // The event hook (ringmaster-mnist prints there) blocks for longer than nodes wait for their launcher:
   // before, it was called on the bridge thread, whose heartbeats then stopped, and the nodes left the job.
   auto nodes = start_nodes(3, "cpu:1");
-  remote_options ro;
-  ro.nodes = test::endpoints(nodes);
-  ro.limit_train = 3000;
-  ro.limit_test = 300;
+  remote_options ro = on_small_data(nodes);
   std::vector<std::string> events;
   ro.on_event = [&](const std::string& line) {
     if (events.empty()) std::this_thread::sleep_for(6s);  // node_options::launcher_timeout is 4 s
@@ -244,10 +247,7 @@ TEST_CASE("elastic: a launcher whose user's terminal stops taking its lines (Ctr
 
 TEST_CASE("elastic: a node that falls silent (SIGSTOP) is dropped, the others finish, and woken it has left the job", "[nodes][elastic]") {
   auto nodes = start_nodes(3, "cpu:1");
-  remote_options ro;
-  ro.nodes = test::endpoints(nodes);
-  ro.limit_train = 3000;
-  ro.limit_test = 300;
+  remote_options ro = on_small_data(nodes);
   clock_type::time_point stopped;
   train_result r = run_killing(small_job(2), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
   INFO(r.error);
