@@ -309,8 +309,10 @@ void launcher::tick() {
   if (!plan.elastic || !ro.rejoin || now != phase::running || t - last_hello < kHelloEvery) return;
   last_hello = t;
   for (size_t i = 0; i < ro.nodes.size(); ++i)
-    if (gone[i] && original_ranks[i] > 0 && join_failures[i] < kJoinTries)
+    if (gone[i] && original_ranks[i] > 0 && join_failures[i] < kJoinTries) {
       send_kv(int(i), wire::msg_type::hello, {{"role", "launcher"}});
+      if (!changed[i].empty()) join_failed(int(i), std::exchange(changed[i], {}), true);
+    }
 }
 
 // Whether a stall now is judged: while the ring runs, and on its way to a planned pause for a node that

@@ -102,6 +102,7 @@ struct launcher {
   std::vector<int> join_failures;       // per node
   std::vector<double> join_setup;       // per node: seconds its last try took to load (0: none yet)
   std::vector<int> join_late;           // per node: tries since it last ran that came too late (each aims further)
+  std::vector<std::string> changed;     // per node: why it now fails the handshake (started again with another key), unsaid
   std::atomic<int> joining{-1};         // the node joining; its messages are heard, it gets heartbeats
   enum class join_step { none, setting_up, pausing, state, reforming } joins = join_step::none;
   job_plan join_plan;                   // the grown ring's (recipient -1; first_step as the others')
@@ -172,6 +173,8 @@ struct launcher {
   // Each heartbeat: a re-forming that takes too long fails the job; lost nodes are asked whether they
   // are back, and a join that takes too long is given up.
   void tick();
+  // Bridge thread: node `node` let us in before and now fails the handshake (net::fault::peer_changed).
+  void on_changed(int node, const std::string& why);
 
  private:
   void take_checkpoint(int node, const wire::header& h, const net::payload& p);

@@ -15,6 +15,7 @@ using clock_type = launcher::clock_type;
 // plan, to join after the first epoch's end that leaves it time to load its data: rejoin_lead's worth of
 // steps, or half as long again as its last try took; more after tries that came too late.
 void launcher::on_back(int node, wire::kv_map& kv) {
+  changed[size_t(node)].clear();  // it let us in: what it said before is past
   if (!plan.elastic || !ro.rejoin || now != phase::running || !stalls.empty() || joining >= 0 || original_ranks[size_t(node)] == 0 ||
       join_failures[size_t(node)] >= kJoinTries)
     return;
@@ -117,6 +118,14 @@ void launcher::take_join_state(const wire::header& h, const net::payload& p) {
 void launcher::join_failed(int node, const std::string& why, bool again) {
   failed_joins.push_back({ro.nodes[size_t(node)], why, again});
   event("node " + ro.nodes[size_t(node)] + " is back, but could not rejoin: " + why + (again ? "; it is asked again" : "; it stays out"));
+}
+
+// A lost node started again with another key (or none) fails the handshake: it cannot rejoin until it is
+// started with its own. Said once, as a failed try (asked again: it may be), when it is lost.
+void launcher::on_changed(int node, const std::string& why) {
+  const std::string said = " let us in before, and now ";  // net/bridge.cpp's words after the endpoint
+  const size_t at = why.find(said);
+  changed[size_t(node)] = at == std::string::npos ? why : "it now " + why.substr(at + said.size());
 }
 
 // The join is off: the newcomer drops the job, and the survivors go on among themselves (re-formed once

@@ -109,6 +109,12 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     std::string why;
     if (e.kind == net::fault::handshake_failed) why = "node " + e.message;  // the message names the endpoint
     const int node = L.node_of(e.from);
+    // A node started again with another key, or none: while the job runs, it cannot rejoin, and its
+    // user hears why once it is lost (tick); while the job is set up, it failed us.
+    if (e.kind == net::fault::peer_changed && node >= 0) {
+      if (L.started.load(std::memory_order_acquire)) return L.on_changed(node, e.message);
+      why = "node " + e.message;
+    }
     if (e.kind == net::fault::version_mismatch && node >= 0 && !L.started.load(std::memory_order_acquire))
       why = "node " + L.ro.nodes[size_t(node)] + " runs another release of ringmaster (" + e.message +
             "): run the same one on the launcher and every node";
@@ -327,6 +333,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.join_failures.assign(ro.nodes.size(), 0);
   L.join_setup.assign(ro.nodes.size(), 0.0);
   L.join_late.assign(ro.nodes.size(), 0);
+  L.changed.assign(ro.nodes.size(), {});
   for (size_t i = 0; i < ro.nodes.size(); ++i) L.original_ranks.push_back(int(L.plan.ranks_on(int(i)).size()));
 
   caf::actor_system_config sys_cfg;

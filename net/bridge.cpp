@@ -40,6 +40,7 @@ const char* fault_name(fault f) {
     case fault::handshake_failed: return "handshake failed";
     case fault::overloaded: return "overloaded";
     case fault::keys_mismatch: return "keys mismatch";
+    case fault::peer_changed: return "peer changed";
   }
   return "fault";
 }
@@ -193,28 +194,30 @@ void bridge::impl::serve_monitor(int id) {
     if (c.failed_handshakes < 0) return;  // reported already
     // A peer that let us in before and now refuses us, or hangs up, or runs without keys, was started
     // again (a killed node back on its port, with another key or none): it is no longer in this job, which
-    // is its launcher's to say (elastic jobs go on without it). Failing our side here would end the job
-    // for a loss it survives. Only "too many connections" is still ours to hear.
-    if (c.handshook && !(what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500)) return;
+    // is its launcher's to say (elastic jobs go on without it, and tell their user why it cannot rejoin).
+    // Failing our side here would end the job for a loss it survives. Only "too many connections" is
+    // still a handshake failure of ours.
+    const bool changed = c.handshook && !(what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500);
+    auto say = [&](const std::string& before, const std::string& after, bool retrying) {
+      c.failed_handshakes = -1;
+      if (changed) report(fault::peer_changed, from, c.endpoint + " let us in before, and now " + after, true);
+      else report(fault::handshake_failed, from, c.endpoint + " " + before, retrying);
+    };
     // libzmq does not try again after this: say it now. (Only sockets with keys have a monitor; a plain
     // launcher that meets a node with keys is told so when it gives up waiting.)
     if (what == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
-      c.failed_handshakes = -1;
-      report(fault::handshake_failed, from, c.endpoint + " runs --insecure and we use keys: run both sides with --insecure, or neither");
-      return;
-    }
-    if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
-      c.failed_handshakes = -1;
-      report(fault::handshake_failed, from, c.endpoint + " has too many connections open and refused ours", true);
+      say("runs --insecure and we use keys: run both sides with --insecure, or neither", "runs without keys (--insecure)", false);
+    } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
+      say("has too many connections open and refused ours", "", true);
     } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
-      c.failed_handshakes = -1;
-      report(fault::handshake_failed, from, c.endpoint + " refused our key (status " + std::to_string(value) +
-                                                "): add our key.pub to its authorized_keys (if it is there, the file may be refused: see the node's log)");
+      const std::string status = "(status " + std::to_string(value) + ")";
+      say("refused our key " + status + ": add our key.pub to its authorized_keys (if it is there, the file may be refused: see the node's log)",
+          "refuses our key " + status + ": its authorized_keys lacks it", false);
     } else if (++c.failed_handshakes == 3) {
-      c.failed_handshakes = -1;
-      report(fault::handshake_failed, from, c.endpoint + " hangs up during the handshake: it does not hold the key "
-                                                "we expect, it runs without keys (--insecure), or it is flooded "
-                                                "with connections (far over its --max-connections)");
+      say("hangs up during the handshake: it does not hold the key we expect, it runs without keys (--insecure), or it is "
+          "flooded with connections (far over its --max-connections)",
+          "hangs up during the handshake: it holds another key than the one we know for it (a new key folder?), runs "
+          "without keys (--insecure), or is flooded with connections", false);
     }
   });
 }

@@ -71,7 +71,9 @@ struct peer_info {
 // overloaded: too many connections, or no file descriptors left (reported once a minute at most).
 // keys_mismatch: a client at our listener offers keys where we have none, or none where we have keys
 // (a side run --insecure by mistake), at most once a minute.
-enum class fault { malformed, version_mismatch, send_failed, handler_failed, unauthorized, handshake_failed, overloaded, keys_mismatch };
+// peer_changed: a peer that let us in before now fails the handshake (started again with another key, or
+// none): no fault of our link, for whoever runs the job to weigh; said once until it lets us in again.
+enum class fault { malformed, version_mismatch, send_failed, handler_failed, unauthorized, handshake_failed, overloaded, keys_mismatch, peer_changed };
 const char* fault_name(fault f);
 
 struct bridge_error {

@@ -1,0 +1,332 @@
+// Rejoining (actors/reform.hpp, actors/launcher_rejoin.cpp): a node lost mid-epoch (killed and started
+// again, or stopped and woken) is taken back at an epoch's end, or named with why it could not be.
+#include <catch2/catch.hpp>
+
+#include "tests/elastic_util.hpp"
+
+using namespace ringmaster;
+using namespace ringmaster::elastic_test;
+using namespace std::chrono_literals;
+
+TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoch's end, every sample once an epoch", "[nodes][elastic][rejoin]") {
+  auto nodes = start_nodes(3, "cpu:1");
+  rejoin_run job;
+  train_result r = job.run(rejoin_job(), rejoin_options(nodes), nodes, 1, 30);
+  INFO(r.error);
+  INFO(job.all_events());
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  REQUIRE(r.history.size() == size_t(kRejoinEpochs));
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.losses.size() == 1);
+  CHECK(r.losses[0].node == nodes[1]->endpoint);
+  REQUIRE(r.joins.size() == 1);
+  const node_join& j = r.joins[0];
+  CHECK(j.node == nodes[1]->endpoint);
+  CHECK(j.ranks == "2");  // after the two that went on
+  CHECK(j.replicas == 3);
+  CHECK(j.generation == 2);
+  CHECK(j.epoch > 0);
+  CHECK(r.checksums.size() == 3);  // every rank of the grown ring, bit-identical
+  WARN("the node rejoined at the start of epoch " << j.epoch + 1 << " of " << kRejoinEpochs);
+}
+
+TEST_CASE("elastic: a node that rejoined goes on in the rings after, when another node is lost", "[nodes][elastic][rejoin]") {
+  auto nodes = start_nodes(3, "cpu:1");
+  rejoin_run job;
+  const std::string third = nodes[2]->endpoint;
+  // Once node 1 is back in the ring, node 2 goes: node 1 (its plan says it started late) takes the
+  // survivors' re-formed ring as they do.
+  train_result r = job.run(rejoin_job(), rejoin_options(nodes), nodes, 1, 30, [&] {
+    for (int i = 0; i < 3000 && !job.said("rejoined the job"); ++i) std::this_thread::sleep_for(10ms);
+    if (job.said("rejoined the job")) nodes[2]->stop(SIGKILL);
+  });
+  INFO(r.error);
+  INFO(job.all_events());
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.joins.size() == 1);
+  REQUIRE(r.losses.size() == 2);
+  CHECK(r.losses[0].node == nodes[1]->endpoint);
+  CHECK(r.losses[1].node == third);
+  CHECK(r.checksums.size() == 2);  // nodes 0 and 1, bit-identical
+}
+
+TEST_CASE("elastic with --insecure nodes between hosts: a node killed and started again rejoins, every chunk plain on the ring ports", "[nodes][elastic][rejoin]") {
+  char tmpl[] = "/tmp/ringmaster-plain-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string dir = tmpl;
+  const std::vector<std::string> argv{RINGMASTER_NODE_BIN, "--insecure"};
+  test::daemons nodes;
+  for (int i = 0; i < 3; ++i)
+    nodes.push_back(std::make_unique<test::daemon_process>(argv, test::free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR,
+                                                           dir + "/node" + std::to_string(i) + ".log"));
+  std::this_thread::sleep_for(300ms);
+  rejoin_run job;
+  job.argv = argv;
+  job.log = dir + "/node1.log";
+  remote_options ro = rejoin_options(nodes);
+  ro.insecure = true;
+  ro.shared_memory = false;  // as between hosts: chunks go plain over TCP to the ring ports
+  train_result r = job.run(rejoin_job(), ro, nodes, 1, 30);
+  INFO(r.error);
+  INFO(job.all_events());
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  REQUIRE(r.history.size() == size_t(kRejoinEpochs));
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.losses.size() == 1);
+  REQUIRE(r.joins.size() == 1);
+  CHECK(r.checksums.size() == 3);
+  // Each ring's links between the nodes went plain to ring ports: node 0's to node 1, then (re-formed
+  // without it) to node 2, then (grown) to node 1 again.
+  nodes.clear();
+  std::ifstream in(dir + "/node0.log");
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO(log);
+  size_t plain = 0;
+  for (size_t at = 0; (at = log.find(" plain (--insecure) at tcp://", at)) != std::string::npos; ++at) ++plain;
+  CHECK(plain == 3);
+  CHECK(log.find("sealed") == std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job it was dropped from, sealing with new keys", "[nodes][elastic][rejoin]") {
+  // Ring chunks over the network, sealed (net/seal.hpp), as between hosts; each node's log in a file.
+  char tmpl[] = "/tmp/ringmaster-rejoin-sealed-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string dir = tmpl;
+  test::daemons nodes;
+  for (int i = 0; i < 3; ++i)
+    nodes.push_back(std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, test::free_endpoint(),
+                                                           "cpu:1", RINGMASTER_DATA_DIR, dir + "/node" + std::to_string(i) + ".log"));
+  std::this_thread::sleep_for(300ms);
+  remote_options ro = rejoin_options(nodes);
+  ro.shared_memory = false;
+  stop_wake_events events;
+  ro.on_event = events.hook(nodes, 2);
+  clock_type::time_point stopped;
+  // The same job id again, on a node that ran it: taken because the plan has it join in a new life, whose
+  // pair keys are new (its old keys' counters went on in the life it was dropped from).
+  train_result r = run_killing(rejoin_job(), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
+  INFO(r.error);
+  for (auto& e : events.lines) INFO(e);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.losses.size() == 1);
+  REQUIRE(r.joins.size() == 1);
+  CHECK(r.joins[0].node == nodes[2]->endpoint);
+  CHECK(r.checksums.size() == 3);
+  nodes.clear();  // the logs are complete
+  auto log_of = [&](int i) {
+    std::ifstream in(dir + "/node" + std::to_string(i) + ".log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto count = [](const std::string& text, const std::string& part) {  // non-overlapping occurrences
+    size_t n = 0;
+    for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+    return n;
+  };
+  // Node 2 (rank 2) sends to node 0 (rank 0) in the first ring and in the grown one, sealed both times;
+  // node 1 (rank 1) sends to it sealed in the first ring and again once it is back.
+  const std::string sealed_to = std::string("sealed (") + net::kSealCipher + ")";
+  CHECK(count(log_of(2), "ring chunks to node " + ro.nodes[0] + " " + sealed_to) == 2);
+  CHECK(count(log_of(1), "ring chunks to node " + ro.nodes[2] + " " + sealed_to) == 2);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("elastic: a node started again with another key is named once as unable to rejoin, and taken back started with its own", "[nodes][elastic][rejoin]") {
+  // Started again with a new key folder by mistake, it hangs up on the launcher's handshakes, which said
+  // nothing before (the launcher asked it every second, in vain, for the rest of the job).
+  char tmpl[] = "/tmp/ringmaster-other-key-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string other = tmpl;
+  auto nodes = start_nodes(3, "cpu:1");
+  const std::string who = nodes[1]->endpoint;
+  rejoin_run run;
+  run.argv = {RINGMASTER_NODE_BIN, "--key-dir", other};
+  run.back = " is back, but could not rejoin: it now hangs up during the handshake";
+  train_result r = run.run(rejoin_job(), rejoin_options(nodes), nodes, 1, 10, [&] {
+    std::this_thread::sleep_for(2s);  // asked every second meanwhile: still said once
+    nodes[1]->stop(SIGKILL);
+    nodes[1] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, who, "cpu:1", RINGMASTER_DATA_DIR);
+  });
+  const std::string events = run.all_events();
+  INFO(r.error << "\n" << events);
+  REQUIRE(r.ok);
+  size_t said = 0;
+  for (size_t at = events.find("could not rejoin"); at != std::string::npos; at = events.find("could not rejoin", at + 1)) ++said;
+  CHECK(said == 1);
+  CHECK(events.find("node " + who + " is back, but could not rejoin: it now hangs up during the handshake: it holds another key than the "
+                    "one we know for it (a new key folder?), runs without keys (--insecure), or is flooded with connections; it is "
+                    "asked again") != std::string::npos);
+  REQUIRE(r.failed_joins.size() == 1);
+  CHECK(r.failed_joins[0].node == who);
+  CHECK(r.failed_joins[0].asked_again);
+  REQUIRE(r.joins.size() == 1);  // and with its own key it came back in
+  CHECK(r.joins[0].node == who);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  nodes.clear();
+  std::filesystem::remove_all(other);
+}
+
+TEST_CASE("elastic: a node whose try to rejoin failed is taken back at the next, sealing with the keys of a third life", "[nodes][elastic][rejoin]") {
+  auto nodes = start_nodes(3, "cpu:1");
+  remote_options ro = rejoin_options(nodes);
+  ro.shared_memory = false;  // sealed, as between hosts
+  std::atomic<bool> back{false}, woken{false};
+  stop_wake_events events;
+  ro.on_event = events.hook(nodes, 2, [&](const std::string& line) {
+    // Silent again while it sets up: that try is given up, and then it wakes.
+    if (line.find("is back; it rejoins") != std::string::npos && !back.exchange(true)) kill(nodes[2]->pid, SIGSTOP);
+    if (line.find("could not rejoin") != std::string::npos && back && !woken.exchange(true)) kill(nodes[2]->pid, SIGCONT);
+  });
+  clock_type::time_point stopped;
+  // The same process takes the job back twice: the try it may have started on was a life of its own, so
+  // the next comes with another, which it takes (a daemon refuses only a life it has run).
+  train_result r = run_killing(rejoin_job(), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
+  if (back && !woken) kill(nodes[2]->pid, SIGCONT);  // so the daemon can be stopped, whatever happened
+  INFO(r.error);
+  for (auto& e : events.lines) INFO(e);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  CHECK(events.said("could not rejoin"));
+  CHECK_FALSE(events.said("already ran a job"));
+  REQUIRE(r.joins.size() == 1);
+  REQUIRE(r.failed_joins.size() == 1);  // the try given up, asked again: it got in at the next
+  CHECK(r.failed_joins[0].node == nodes[2]->endpoint);
+  CHECK(r.failed_joins[0].asked_again);
+  CHECK(r.joins[0].node == nodes[2]->endpoint);
+  CHECK(r.checksums.size() == 3);
+}
+
+TEST_CASE("elastic: a node that dies while it rejoins is given up, and the others finish without it", "[nodes][elastic][rejoin]") {
+  auto nodes = start_nodes(3, "cpu:1");
+  rejoin_run job;
+  // Its second life is killed while it loads its data, or while the others pause for it.
+  train_result r = job.run(rejoin_job(), rejoin_options(nodes), nodes, 1, 30, [&] { nodes[1]->stop(SIGKILL); });
+  INFO(r.error);
+  INFO(job.all_events());
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  CHECK(r.joins.empty());
+  CHECK(r.checksums.size() == 2);
+  CHECK(job.said("could not rejoin: it stopped answering"));
+  REQUIRE_FALSE(r.failed_joins.empty());  // the summary's list too
+  CHECK(r.failed_joins.back().node == nodes[1]->endpoint);
+  CHECK(r.failed_joins.back().why.rfind("it stopped answering", 0) == 0);
+}
+
+TEST_CASE("elastic: another node lost while one rejoins: the join is given up, the job goes on and finishes", "[nodes][elastic][rejoin]") {
+  auto nodes = start_nodes(4, "cpu:1");
+  rejoin_run job;
+  train_config c = rejoin_job();
+  c.global_batch = 120;  // 4, 3 and 2 ranks
+  // A survivor is killed while node 1 loads its data.
+  train_result r = job.run(c, rejoin_options(nodes), nodes, 1, 10, [&] { nodes[3]->stop(SIGKILL); });
+  INFO(r.error);
+  INFO(job.all_events());
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.losses.size() == 2);
+  CHECK(r.losses[1].node == nodes[3]->endpoint);
+  CHECK(job.said("could not rejoin: node " + nodes[3]->endpoint + " was lost meanwhile"));
+  // Asked again, it may still rejoin the two that are left before the job ends.
+  CHECK(r.checksums.size() == 2 + r.joins.size());
+}
+
+TEST_CASE("elastic: a rank that hangs while the others pause for a node that rejoins is dropped, the join given up, the job finishes",
+          "[nodes][elastic][rejoin][stall]") {
+  // Node 2's replicas stop as soon as they are told to pause for the join: the ring stalls on its way to
+  // the pause (before, that failed the job once the setup timeout ran out).
+  test::daemons nodes;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> argv{RINGMASTER_NODE_BIN};
+    if (i == 2) argv.push_back("--stall-at-join-pause");
+    nodes.push_back(std::make_unique<test::daemon_process>(argv, test::free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR));
+  }
+  std::this_thread::sleep_for(300ms);
+  rejoin_run job;
+  train_config c = rejoin_job();
+  c.ring_timeout = 1000ms;
+  const auto t0 = clock_type::now();
+  train_result r = job.run(c, rejoin_options(nodes), nodes, 1, 30);
+  const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  INFO(r.error);
+  INFO(job.all_events());
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  REQUIRE(r.losses.size() >= 2);
+  CHECK(r.losses[0].node == nodes[1]->endpoint);
+  CHECK(r.losses[1].node == nodes[2]->endpoint);
+  CHECK(r.losses[1].why.find("stopped taking part in the ring") != std::string::npos);
+  CHECK(job.said("could not rejoin: node " + nodes[2]->endpoint + " was lost meanwhile"));
+  WARN("job with a rank hung on the way to a join's pause, ring timeout 1 s: " << took << " s");
+  CHECK(took < 100);  // the setup timeout alone is 120 s
+}
+
+TEST_CASE("elastic: ringmaster-mnist names a node that came back but could not rejoin in its summary and report", "[nodes][elastic][launcher][rejoin]") {
+  // Node 1 is started again on data whose first label differs: its data's fingerprint is not the job's,
+  // so it stays out, and the summary and report say why.
+  const std::string json_path = "/tmp/ringmaster-rejoin-failed-test.json", data = RINGMASTER_DATA_DIR;
+  char tmpl[] = "/tmp/ringmaster-other-data-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string other = tmpl;
+  REQUIRE(test::run("for f in train-images-idx3-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do ln -s " + data + "/$f.gz " + other +
+                    "/; done && gunzip -c " + data + "/train-labels-idx1-ubyte.gz > " + other + "/train-labels-idx1-ubyte && printf '\\001' | "
+                    "dd of=" + other + "/train-labels-idx1-ubyte bs=1 seek=8 conv=notrunc status=none").status == 0);
+  auto nodes = start_nodes(3, "cpu:1");
+  std::remove(json_path.c_str());
+  test::run_result r = run_restarting_node_1(
+      nodes, "--model 784-512-512-10 --batch 60 --epochs 40 --limit-train 6000 --limit-test 500 --rejoin-lead 2 --report-json " + json_path, other);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("node " + nodes[1]->endpoint + " is back, but could not rejoin: it has 6000 training samples (data fingerprint") != std::string::npos);
+  CHECK(r.out.find("Node " + nodes[1]->endpoint + " came back, but a try to rejoin failed: it has 6000 training samples") != std::string::npos);
+  CHECK(r.out.find("(it stayed out)") != std::string::npos);
+  CHECK(r.out.find("came back and rejoined") == std::string::npos);
+  const nlohmann::json j = report(json_path);
+  for (const auto& e : j["history"]) CHECK(e["samples"] == 6000);
+  CHECK(j["node_rejoins"].empty());
+  REQUIRE(j["node_rejoins_failed"].size() == 1);  // refused for its data: it is not asked again
+  CHECK(j["node_rejoins_failed"][0]["node"] == nodes[1]->endpoint);
+  CHECK(j["node_rejoins_failed"][0]["asked_again"] == false);
+  CHECK(j["node_rejoins_failed"][0]["why"].get<std::string>().find("data fingerprint") != std::string::npos);
+  std::remove(json_path.c_str());
+  nodes.clear();
+  std::filesystem::remove_all(other);
+}
+
+TEST_CASE("elastic: ringmaster-mnist takes a node started again back in and says so", "[nodes][elastic][launcher][rejoin]") {
+  const std::string json_path = "/tmp/ringmaster-rejoin-test.json";
+  auto nodes = start_nodes(3, "cpu:1");
+  std::remove(json_path.c_str());
+  test::run_result r = run_restarting_node_1(
+      nodes, "--model 784-512-10 --batch 60 --epochs 120 --limit-train 6000 --limit-test 500 --rejoin-lead 2 --report-json " + json_path,
+      RINGMASTER_DATA_DIR);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("is back; it rejoins after step") != std::string::npos);
+  CHECK(r.out.find("Node " + nodes[1]->endpoint + " came back and rejoined as rank 2: 3 ranks went on from epoch") != std::string::npos);
+  const nlohmann::json j = report(json_path);
+  REQUIRE(j["history"].size() == 120);
+  for (const auto& e : j["history"]) CHECK(e["samples"] == 6000);
+  REQUIRE(j["node_rejoins"].size() == 1);
+  CHECK(j["node_rejoins"][0]["node"] == nodes[1]->endpoint);
+  CHECK(j["node_rejoins"][0]["replicas"] == 3);
+  CHECK(j["node_rejoins"][0]["generation"] == 2);
+  CHECK(j["node_rejoins"][0]["paused_seconds"] < 10.0);  // a state and a plan on loopback: some ms
+  CHECK(j["replicas_identical"] == true);
+  test::run_result here = run_launcher("--no-rejoin", [](const std::string&) {});
+  CHECK(here.status == 2);
+  CHECK(here.out.find("--no-rejoin needs --nodes") != std::string::npos);
+  test::run_result both = run_launcher("--nodes " + test::node_list(nodes) + " --no-rejoin --on-node-loss abort", [](const std::string&) {});
+  CHECK(both.status == 2);
+  CHECK(both.out.find("--no-rejoin is for --on-node-loss continue") != std::string::npos);
+}
