@@ -232,6 +232,34 @@ TEST_CASE("bad configurations are refused before anything runs", "[training]") {
   CHECK(train(c).error.find("the limit is 2^28") != std::string::npos);
 }
 
+TEST_CASE("a data set filled by hand whose count is more than its arrays hold is refused, not read past its end", "[training]") {
+  // Its fields are public: a program may set count and forget an array (before: SIGSEGV in the loader,
+  // or a label check that read past the labels and named garbage).
+  train_config c;
+  c.model = "784-10";
+  c.global_batch = 32;
+  auto bad = [&](const std::function<void(dataset&)>& spoil) {
+    auto d = std::make_shared<dataset>(*load("train", 64));
+    spoil(*d);
+    c.train = d;
+    const train_result r = train(c);
+    CHECK(!r.ok);
+    CHECK(r.invalid);
+    return r.error;
+  };
+  CHECK(bad([](dataset& d) { d.count = 200000, d.labels.resize(200000); }) ==
+        "200000 training samples of 784 values each with 50176 pixel values");
+  CHECK(bad([](dataset& d) { d.count = 200000; }) == "200000 training samples with 64 labels");
+  CHECK(bad([](dataset& d) { d.bytes.resize(10); }) == "64 training samples with 50176 pixel values and 10 bytes");
+  c.train = load("train", 64);
+  auto test = std::make_shared<dataset>(*load("train", 64));
+  test->labels.pop_back();
+  c.test = test;
+  CHECK(train(c).error == "64 test samples with 63 labels");
+  c.test = load("train", 64);
+  CHECK(train(c).ok);  // and whole, it trains
+}
+
 // ---- models made of layers ------------------------------------------------------------------------------
 
 TEST_CASE("N replicas train the cnn (with dropout) like one replica, reruns are bit-identical", "[training]") {
