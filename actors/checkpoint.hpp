@@ -111,9 +111,17 @@ coordinator_config job_coordinator_config(const train_config& cfg, std::shared_p
                                           bool evaluate, int64_t train_samples, uint32_t train_data,
                                           int64_t steps_per_epoch, std::shared_ptr<std::string> last);
 
-// A state as it travels, one checkpoint message a buffer (net/wire.hpp): one buffer of a state after
-// `h.step` steps into *into (a fresh state for segment 0; one out of order, of another step or of the
-// wrong size drops what came before and leaves *into empty). True once all `buffers` are in.
+// A buffer as it travels (net/wire.hpp): in pieces, each handed to `send` with `h`'s fields and its own
+// round and elements. The floats stay `buffer`'s until every piece has let go of them.
+void send_pieces(wire::header h, const std::shared_ptr<const std::vector<float>>& buffer,
+                 const std::function<void(const wire::header&, net::payload)>& send);
+// One piece of a buffer of `total` floats appended to *into; false, *into as it was, when it is not the
+// next piece or not of that piece's size (total 0: nothing fits).
+bool add_piece(std::vector<float>* into, const wire::header& h, const net::payload& p, size_t total);
+// A state as it travels, one checkpoint message a piece of a buffer (net/wire.hpp): one piece of a
+// state after `h.step` steps into *into (a fresh state for the first piece of segment 0; one out of order,
+// of another step or of the wrong size drops what came before and leaves *into empty). True once all
+// `buffers` of param_count floats are in.
 // "" when every value of a state could come from training: finite, and Adam's second moments not
 // negative; else what is wrong (a state from another process is checked before it is written or used).
 std::string state_fault(const network_state& s);

@@ -81,20 +81,40 @@ std::string state_fault(const network_state& s) {
   return "";
 }
 
+void send_pieces(wire::header h, const std::shared_ptr<const std::vector<float>>& buffer,
+                 const std::function<void(const wire::header&, net::payload)>& send) {
+  const size_t total = buffer->size();
+  for (size_t at = 0; at == 0 || at < total; at += wire::kPieceFloats) {
+    h.round = int32_t(at / wire::kPieceFloats);
+    h.elements = std::min<uint64_t>(wire::kPieceFloats, total - at);
+    send(h, net::payload{buffer->data() + at, h.elements * sizeof(float), buffer});
+  }
+}
+
+bool add_piece(std::vector<float>* into, const wire::header& h, const net::payload& p, size_t total) {
+  const size_t at = into->size();
+  if (at >= total || h.round != int32_t(at / wire::kPieceFloats) || h.elements != std::min<uint64_t>(wire::kPieceFloats, total - at))
+    return false;
+  if (at == 0) into->reserve(total);  // total is ours (the model's), not the sender's word
+  into->insert(into->end(), p.floats(), p.floats() + h.elements);
+  return true;
+}
+
 bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& h, const net::payload& p,
                       size_t param_count, int32_t buffers) {
-  const size_t filled = into ? size_t(!into->params.empty()) + size_t(!into->m1.empty()) + size_t(!into->m2.empty()) : 0;
-  const bool next = h.segment == 0 || (into && h.step == into->steps && h.segment == int32_t(filled));
-  const size_t expected = param_count ? param_count : h.segment > 0 && into ? into->params.size() : h.elements;
-  if (!next || h.segment < 0 || h.segment >= buffers || h.elements == 0 || h.elements != expected) {
+  if (h.segment == 0 && h.round == 0) {  // a state starts: anything before it is dropped
+    into = std::make_shared<network_state>();
+    into->steps = h.step;
+  }
+  // The buffer being filled: the first that is not whole.
+  int32_t at = 0;
+  std::vector<float>* dst[] = {into ? &into->params : nullptr, into ? &into->m1 : nullptr, into ? &into->m2 : nullptr};
+  while (into && at < buffers && dst[at]->size() == param_count && param_count > 0) ++at;
+  if (!into || h.step != into->steps || at >= buffers || h.segment != at || !add_piece(dst[at], h, p, param_count)) {
     into.reset();
     return false;
   }
-  if (h.segment == 0) into = std::make_shared<network_state>();
-  into->steps = h.step;
-  std::vector<float>* dst[] = {&into->params, &into->m1, &into->m2};
-  dst[h.segment]->assign(p.floats(), p.floats() + h.elements);
-  return h.segment + 1 == buffers;
+  return at + 1 == buffers && dst[at]->size() == param_count;
 }
 
 // Here rather than in coordinator.cpp: checkpoints need it too, and the fuzz harness links these without CAF.

@@ -118,8 +118,7 @@ void launcher::send_state(int node, const state_ptr& s) {
     h.job_id = job_id;
     h.step = s->steps;
     h.segment = b;
-    h.elements = buffers[b]->size();
-    br.send(peer[size_t(node)], h, net::payload::of(chunk_ptr(s, buffers[b])));
+    send_pieces(h, chunk_ptr(s, buffers[b]), [&](const wire::header& piece, net::payload p) { br.send(peer[size_t(node)], piece, std::move(p)); });
   }
 }
 
@@ -564,11 +563,16 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
       return;
     case msg_type::weights:
       if (reports_to_us(node, h.sender_rank)) {
-        if (h.elements != param_count)  // as its job_ack said: else the result would be another model's
-          return kill_node(node, "node " + ro.nodes[size_t(node)] + " sent final weights of " + std::to_string(h.elements) +
-                                     " values for rank " + std::to_string(h.sender_rank) + ", the model has " + std::to_string(param_count));
-        auto w = std::make_shared<std::vector<float>>(p.floats(), p.floats() + h.elements);
-        caf::anon_send(proxies[size_t(h.sender_rank)], weights_atom::value, chunk_ptr(std::move(w)));
+        std::vector<float>& w = weights_in[h.sender_rank];
+        if (!add_piece(&w, h, p, param_count))  // as its job_ack said: else the result would be another model's
+          return kill_node(node, "node " + ro.nodes[size_t(node)] + " sent final weights for rank " + std::to_string(h.sender_rank) +
+                                     " out of order or of the wrong size (piece " + std::to_string(h.round) + " of " +
+                                     std::to_string(h.elements) + " values, after " + std::to_string(w.size()) + "; the model has " +
+                                     std::to_string(param_count) + ")");
+        if (w.size() < param_count) return;
+        auto whole = std::make_shared<std::vector<float>>(std::move(w));
+        weights_in.erase(h.sender_rank);
+        caf::anon_send(proxies[size_t(h.sender_rank)], weights_atom::value, chunk_ptr(std::move(whole)));
       }
       return;
     case msg_type::checkpoint:

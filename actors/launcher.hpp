@@ -113,6 +113,7 @@ struct launcher {
   clock_type::time_point join_paused;   // when the last of the others stopped for it
   std::vector<node_join> joined;        // since the last re-forming, for the coordinator
   std::vector<failed_join> failed_joins;  // all, for the summary (read once the bridge has stopped)
+  std::map<int, std::vector<float>> weights_in;  // by rank: final weights, pieces in so far
   int lives = 0;                        // lives given to nodes taken back (plan_node::life): one per try
   int fresh = -1;                       // the node that joined last, until its first step report: if it
                                         // fails before, it is lost, not the job

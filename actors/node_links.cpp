@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "actors/checkpoint.hpp"
 #include "actors/messages.hpp"
 #include "actors/report_kv.hpp"
 
@@ -45,8 +46,7 @@ void send_state(net::bridge* br, const net::peer_info& to, uint64_t job, int ran
     h.step = s->steps;
     h.sender_rank = rank;
     h.segment = b;
-    h.elements = buffers[b]->size();
-    br->reply(to, h, net::payload::of(chunk_ptr(s, buffers[b])));
+    send_pieces(h, chunk_ptr(s, buffers[b]), [&](const wire::header& piece, net::payload p) { br->reply(to, piece, std::move(p)); });
   }
 }
 
@@ -218,10 +218,9 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
               h.type = wire::msg_type::weights;
               h.job_id = job;
               h.sender_rank = rank;
-              h.elements = w->size();
               // The same floats, owned so that the rank is free to be asked again once they are sent.
               chunk_ptr sent(w.get(), [w, out, rank](const std::vector<float>*) { out->release(rank); });
-              br->reply(launcher, h, net::payload::of(std::move(sent)));
+              send_pieces(h, sent, [&](const wire::header& piece, net::payload p) { br->reply(launcher, piece, std::move(p)); });
             },
             [out, rank](caf::error&) { out->release(rank); });
       },

@@ -14,12 +14,16 @@
 //  24  i32 sender_rank   the ring rank the message is about, >= -1 (-1: none): the sending rank for
 //                        chunk, report, done and weights from a node; the rank addressed by a
 //                        launcher's start and weights request
-//  28  i32 round         ring round of a chunk (with kFlagWhole: hops from its origin), >= 0; 0 in
-//                        every other message
+//  28  i32 round         ring round of a chunk (with kFlagWhole: hops from its origin); the piece of
+//                        a weights or checkpoint buffer (below); >= 0; 0 in every other message
 //  32  i32 segment       which segment of a chunk (with kFlagWhole: the origin rank), >= 0
 //  36  u32 flags         kFlagWhole or 0; other bits must be 0
 //  40  u64 elements      floats in the payload (tensor messages); records (steps)
 //  48  u64 payload_bytes size of the payload frame (0: no payload frame)
+//
+// Weights and checkpoint buffers travel in pieces of kPieceFloats floats, in order, the last one the
+// rest: `round` numbers them, `elements` counts this piece's floats. A peer's messages behind a buffer
+// then wait for one piece, not for the whole model, so its heartbeats keep coming.
 //
 // Payloads: chunk, weights and checkpoint carry floats; job and reform a JSON job plan (actors/job_plan.hpp,
 // at most kMaxJobBytes); hello, hello_ack, job_ack, report, abort, error and pause key=value text
@@ -58,13 +62,15 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // sealed_port is its ring_port, which nodes started --insecure have too: ring chunks between their hosts
 // go there, plain (net/tcp_link.hpp), not through the bridge. 11: job_ack says the training set's
 // data_fingerprint (train_data); a plan may start at its job's last step (a finished run resumed).
-// 12: step reports travel as binary records, many to a steps message.
-constexpr uint16_t kProtocolVersion = 12;
+// 12: step reports travel as binary records, many to a steps message. 13: weights and checkpoint
+// buffers travel in pieces (a launcher took a node for lost while 950 MB of weights came in one message).
+constexpr uint16_t kProtocolVersion = 13;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small
 // A job plan: a model description of up to 64 KiB and 1024 ranks and nodes fit with room to spare.
 constexpr size_t kMaxJobBytes = 1024 * 1024;
+constexpr uint64_t kPieceFloats = uint64_t(1) << 22;  // 16 MiB: some 40 ms over CurveZMQ on loopback
 constexpr size_t kStepRecordBytes = 80;
 constexpr uint64_t kMaxStepRecords = 4096;  // in one steps message
 
