@@ -110,6 +110,7 @@ train_result topology::train(train_config cfg) {
     no.name = "this process";
     no.devices = local_devices;
     no.make_backend = cfg.make_backend;
+    no.layers = cfg.layers;  // the ranks here build the program's own layers, as a local job does
     no.data_dir = data_dir_;
     no.log = [](const std::string&) {};
     no.key_dir = key_dir_;  // our own keys: the node accepts us, we know its key

@@ -26,6 +26,7 @@
 #include "kernels/registry.hpp"
 #include "kernels/safetensors.hpp"
 #include "tests/layer_reference.hpp"
+#include "tests/scale_layer.hpp"
 #include "tests/sim_backend.hpp"
 #include "tests/test_util.hpp"
 
@@ -138,47 +139,6 @@ std::string build_error(const std::string& text, const shape& in = shape{1, 28, 
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-// A user layer: y = x * scale, one learnable scale per value, starting at ones. CPU only.
-class scale_layer final : public layer {
- public:
-  std::string type() const override { return "scale"; }
-  bool build(const shape& in, shape* out, std::vector<param_info>* params, std::string*) override {
-    *out = in;
-    params->push_back({"scale", {in.size()}, param_init::ones, 0, 0});
-    return true;
-  }
-  void forward(const layer_io& io) const override {
-    if (!io.be.is_host()) throw std::runtime_error("scale: this layer runs on the CPU only");
-    const size_t n = io.in.size();
-    for (int b = 0; b < io.batch; ++b)
-      for (size_t i = 0; i < n; ++i) io.y[b * n + i] = io.x[b * n + i] * io.params[0][i];
-  }
-  void backward(const layer_io& io, const float* dy, float* dx) const override {
-    if (!io.be.is_host()) throw std::runtime_error("scale: this layer runs on the CPU only");
-    const size_t n = io.in.size();
-    for (size_t i = 0; i < n; ++i) {
-      float s = 0;
-      for (int b = 0; b < io.batch; ++b) s += dy[b * n + i] * io.x[b * n + i];
-      io.grads[0][i] = s;
-    }
-    if (dx)
-      for (int b = 0; b < io.batch; ++b)
-        for (size_t i = 0; i < n; ++i) dx[b * n + i] = dy[b * n + i] * io.params[0][i];
-  }
-};
-
-layer_registry with_scale() {
-  layer_registry reg = layer_registry::with_builtins();
-  std::string err;
-  const bool added = reg.add("scale", [](const json& s, std::string* error) -> std::unique_ptr<layer> {
-    settings_reader r(s);
-    if (!r.only({}).ok()) return *error = r.error(), nullptr;
-    return std::make_unique<scale_layer>();
-  }, &err);
-  REQUIRE(added);
-  return reg;
-}
 
 // n samples of 8 features, two classes: the sign of (features 0..3 summed) - (features 4..7 summed).
 std::shared_ptr<const dataset> two_class_set(size_t n, uint32_t seed) {

@@ -23,6 +23,7 @@
 #include "actors/remote_job.hpp"
 #include "actors/topology.hpp"
 #include "actors/training.hpp"
+#include "tests/scale_layer.hpp"
 #include "tests/test_data.hpp"
 #include "tests/test_nodes.hpp"
 #include "tests/test_util.hpp"
@@ -178,6 +179,42 @@ TEST_CASE("topology API: ranks here and on a node, one ring, equal to all ranks 
   topology bad;
   bad.place(1, {"tcp://127.0.0.1:1", "cpu"});
   CHECK(bad.train(small_job()).error.find("not connect()ed") != std::string::npos);
+}
+
+TEST_CASE("topology API: ranks here and on a node build a layer of the program's own, here as on the node", "[nodes][topology]") {
+  // The node is a daemon of the program's own that knows the layer (node_options::layers); the ranks here
+  // once got a node service without cfg.layers: "bad model: layer 0: unknown layer type 'scale'".
+  auto reg = std::make_shared<const layer_registry>(test::with_scale());
+  node_options no;
+  no.listen = "tcp://127.0.0.1:0";
+  no.name = "with-scale";
+  no.devices = "cpu:1";
+  no.data_dir = RINGMASTER_DATA_DIR;
+  no.layers = reg;
+  no.log = [](const std::string&) {};
+  node_service node(no);
+  std::string err;
+  REQUIRE(node.start(&err));
+  train_config c = small_job();
+  c.model = R"([{"type": "scale"}, {"type": "flatten"}, {"type": "dense", "units": 10}])";
+  c.layers = reg;
+  topology t;
+  t.connect(node.endpoint());
+  t.place(1, {"", "cpu"});
+  t.place(1, {node.endpoint(), "cpu"});
+  t.data_dir(RINGMASTER_DATA_DIR).limit(600, 100);
+  const train_result mixed = t.train(c);
+  INFO(mixed.error);
+  REQUIRE(mixed.ok);
+  CHECK(mixed.identical);
+  topology here;
+  here.place(2, {"", "cpu"});
+  c.train = load("train", 600);
+  c.test = load("t10k", 100);
+  const train_result local = here.train(c);
+  INFO(local.error);
+  REQUIRE(local.ok);
+  CHECK(local.weights == mixed.weights);
 }
 
 TEST_CASE("the cnn (conv, pooling, dropout) on 2 nodes x 1 replica equals 2 local replicas bit for bit", "[nodes][cnn]") {
