@@ -80,18 +80,10 @@ std::string check_config(const train_config& cfg, const model& m, int replicas_h
            " parameters; the limit is 2^28 (each replica holds 4 such buffers)";
   if (!cfg.train) return "no training data";
   // A dataset filled by hand (its fields are public) whose count is more than its arrays hold would be read
-  // past their ends: by the label check below, and by the loaders.
-  for (const auto& [d, name] : {std::pair{cfg.train.get(), "training"}, std::pair{cfg.test.get(), "test"}}) {
-    if (!d) continue;
-    const std::string n = std::to_string(d->count) + " " + name + " samples";
-    if (d->channels < 1 || d->rows < 1 || d->cols < 1)
-      return std::string(name) + " data: samples of " + d->sample().str() + ": channels, rows and cols must be positive";
-    if (d->labels.size() != d->count) return n + " with " + std::to_string(d->labels.size()) + " labels";
-    if (d->pixels.size() / d->features() != d->count || d->pixels.size() % d->features() != 0)
-      return n + " of " + std::to_string(d->features()) + " values each with " + std::to_string(d->pixels.size()) + " pixel values";
-    if (!d->bytes.empty() && d->bytes.size() != d->pixels.size())
-      return n + " with " + std::to_string(d->pixels.size()) + " pixel values and " + std::to_string(d->bytes.size()) + " bytes";
-  }
+  // past their ends: its labels by the check below, its samples by the loaders (checked last).
+  for (const auto& [d, name] : {std::pair{cfg.train.get(), "training"}, std::pair{cfg.test.get(), "test"}})
+    if (d && d->labels.size() != d->count)
+      return std::to_string(d->count) + " " + name + " samples with " + std::to_string(d->labels.size()) + " labels";
   if (cfg.train->sample() != m.input())
     return "model input " + m.input().str() + " does not match the data's samples " + cfg.train->sample().str();
   if (steps_per_epoch(cfg.train->count, cfg.global_batch) == 0)
@@ -123,6 +115,14 @@ std::string check_config(const train_config& cfg, const model& m, int replicas_h
     return "model " + m.label() + " at " + std::to_string(b) + " samples per replica, " + std::to_string(replicas_here) +
            " replica" + (replicas_here == 1 ? "" : "s") + " here with " + std::to_string(cfg.prefetch) +
            " batches prefetched each, needs " + std::to_string(int64_t(bytes / (1 << 20))) + " MiB, over " + room;
+  for (const auto& [d, name] : {std::pair{cfg.train.get(), "training"}, std::pair{cfg.test.get(), "test"}}) {
+    if (!d) continue;
+    const std::string n = std::to_string(d->count) + " " + name + " samples";
+    if (d->features() == 0 || d->pixels.size() / d->features() != d->count || d->pixels.size() % d->features() != 0)
+      return n + " of " + std::to_string(d->features()) + " values each with " + std::to_string(d->pixels.size()) + " pixel values";
+    if (!d->bytes.empty() && d->bytes.size() != d->pixels.size())
+      return n + " with " + std::to_string(d->pixels.size()) + " pixel values and " + std::to_string(d->bytes.size()) + " bytes";
+  }
   return "";
 }
 
