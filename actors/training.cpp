@@ -102,13 +102,22 @@ std::string check_config(const train_config& cfg, const model& m, int replicas_h
     return "optimizer settings out of range (beta1, beta2 in [0, 1), eps > 0, momentum in [0, 1])";
   // What one replica will hold, before any of it is allocated (a description can ask for terabytes).
   const int b = cfg.global_batch / cfg.replicas;
-  if (m.largest_buffer_floats(b) >= double(INT32_MAX))
+  double largest = 0, floats = 0;
+  try {  // a user layer's workspace() may throw: the caller's thread must not end
+    largest = m.largest_buffer_floats(b);
+    floats = m.memory_floats(b);
+  } catch (const std::exception& x) {
+    return "model " + m.label() + ": a layer's workspace() threw: " + x.what();
+  } catch (...) {
+    return "model " + m.label() + ": a layer's workspace() threw";
+  }
+  if (largest >= double(INT32_MAX))
     return "model " + m.label() + " at " + std::to_string(b) + " samples per replica needs a buffer of over 2^31 floats";
   // Each replica's model and buffers, and its loader's batches (up to prefetch + 1 live at a time); and
   // once per process the initial weights all replicas share and the final ones (a replica's answer and the
   // result's copy).
   const double batches = double(cfg.prefetch + 1) * b * double(m.input().size() + 1);
-  const double bytes = 4 * ((m.memory_floats(b) + batches) * replicas_here + 3 * double(m.param_count()));
+  const double bytes = 4 * ((floats + batches) * replicas_here + 3 * double(m.param_count()));
   const bool host = cfg.devices.empty() || device_kind(cfg.devices[0]) == "cpu";
   std::string room;
   if (host && !enough_memory(bytes, &room))

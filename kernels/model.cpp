@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <map>
+#include <set>
 #include <random>
 #include <sstream>
 
@@ -142,6 +143,8 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
   m->input_ = input;
   shape cur = input;
   std::map<std::string, int> per_type;
+  std::vector<std::string> types;  // each layer's type(), asked once
+  std::set<std::string> names;     // the parameters', which name them in saved files
   for (size_t i = 0; i < d.layers.size(); ++i) {
     std::string why;
     entry e;
@@ -151,7 +154,17 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
       *error = where + ": " + why;
       return nullptr;
     }
-    e.name = e.impl->type() + "_" + std::to_string(per_type[e.impl->type()]++);
+    std::string type;
+    try {  // a user layer's, like build below
+      type = e.impl->type();
+    } catch (...) {
+    }
+    if (type.empty()) {
+      *error = where + ": its type() threw or is empty";
+      return nullptr;
+    }
+    types.push_back(type);
+    e.name = type + "_" + std::to_string(per_type[type]++);
     e.in = cur;
     std::vector<param_info> ps;
     bool built = false;
@@ -179,6 +192,16 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
         *error = where + " (" + e.name + "): parameter '" + p.name + "' is empty or has over 2^30 values";
         return nullptr;
       }
+      // Two of one name would be one tensor in a saved file (a checkpoint would then not resume bit for
+      // bit), and glorot_uniform over no fan would start at infinity.
+      if (p.name.empty() || !names.insert(e.name + "/" + p.name).second) {
+        *error = where + " (" + e.name + "): parameter '" + p.name + "' is " + (p.name.empty() ? "unnamed" : "named twice");
+        return nullptr;
+      }
+      if (p.init == param_init::glorot_uniform && p.fan_in + p.fan_out == 0) {
+        *error = where + " (" + e.name + "): parameter '" + p.name + "' is glorot_uniform with fan_in and fan_out 0";
+        return nullptr;
+      }
       m->params_.push_back({e.name + "/" + p.name, p.dims, m->param_count_, n, p.init, p.fan_in, p.fan_out});
       m->param_count_ += n;
       if (m->param_count_ > (size_t(1) << 30)) {
@@ -196,7 +219,8 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
     return nullptr;
   }
   json canonical = {{"input", {input.c, input.h, input.w}}, {"layers", json::array()}};
-  for (const entry& e : m->layers_) {
+  for (size_t i = 0; i < m->layers_.size(); ++i) {
+    const entry& e = m->layers_[i];
     json l;
     try {
       l = e.impl->config();
@@ -205,7 +229,7 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
       return nullptr;
     }
     if (!l.is_object()) l = json::object();
-    l["type"] = e.impl->type();
+    l["type"] = types[i];
     canonical["layers"].push_back(l);
   }
   m->text_ = canonical.dump();

@@ -192,6 +192,61 @@ TEST_CASE("the registry refuses unknown types, duplicates and bad names", "[laye
   CHECK(has(build_error(R"({"layers": [{"type": "silent"}]})", {8, 1, 1}, reg), "layer 0: silent: could not be created"));
 }
 
+namespace {
+// A user layer that misbehaves as `how` says: "type" throws from type(), "workspace" from workspace(),
+// "twice" declares two parameters of one name, "fanless" a glorot_uniform parameter with no fan.
+class odd_layer final : public layer {
+ public:
+  explicit odd_layer(std::string how) : how_(std::move(how)) {}
+  std::string type() const override {
+    if (how_ == "type") throw std::runtime_error("type() throws");
+    return "odd";
+  }
+  bool build(const shape& in, shape* out, std::vector<param_info>* params, std::string*) override {
+    *out = in;
+    params->push_back({"w", {in.size()}, how_ == "fanless" ? param_init::glorot_uniform : param_init::ones, 0, 0});
+    if (how_ == "twice") params->push_back({"w", {in.size()}, param_init::ones, 0, 0});
+    return true;
+  }
+  size_t workspace(const shape&, const shape&, int) const override {
+    if (how_ == "workspace") throw std::runtime_error("workspace() throws");
+    return 0;
+  }
+  void forward(const layer_io& io) const override { std::copy(io.x, io.x + io.batch * io.in.size(), io.y); }
+  void backward(const layer_io& io, const float*, float*) const override { std::fill(io.grads[0], io.grads[0] + io.in.size(), 0.f); }
+
+ private:
+  std::string how_;
+};
+}  // namespace
+
+TEST_CASE("a user layer whose type() or workspace() throws, or whose parameters clash or have no fan, is refused by train()", "[layers]") {
+  // Before: std::terminate from type() and workspace(); two parameters of one name saved as one tensor
+  // (4 of 42 values came back wrong); a glorot_uniform parameter over no fan started at -inf.
+  auto reg = std::make_shared<layer_registry>(layer_registry::with_builtins());
+  std::string err;
+  REQUIRE(reg->add("odd", [](const json& s, std::string*) { return std::make_unique<odd_layer>(s.value("how", "")); }, &err));
+  train_config c;
+  c.layers = reg;
+  c.global_batch = 32;
+  c.train = two_class_set(64, 1);
+  auto refused = [&](const std::string& how) {
+    c.model = R"({"layers": [{"type": "odd", "how": ")" + how + R"("}, {"type": "dense", "units": 2}]})";
+    const train_result r = train(c);
+    CHECK(!r.ok);
+    CHECK(r.invalid);
+    return r.error;
+  };
+  CHECK(refused("type") == "layer 0: its type() threw or is empty");
+  CHECK(has(refused("workspace"), ": a layer's workspace() threw: workspace() throws"));
+  CHECK(has(refused("twice"), "layer 0 (odd_0): parameter 'w' is named twice"));
+  CHECK(has(refused("fanless"), "layer 0 (odd_0): parameter 'w' is glorot_uniform with fan_in and fan_out 0"));
+  c.model = R"({"layers": [{"type": "odd"}, {"type": "dense", "units": 2}]})";
+  const train_result fine = train(c);
+  INFO(fine.error);
+  CHECK(fine.ok);
+}
+
 TEST_CASE("bad layer settings are refused naming the layer and the problem", "[layers]") {
   struct bad_case {
     const char* layer;
