@@ -1,6 +1,8 @@
 #include "actors/local_ring.hpp"
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 
 #include "actors/messages.hpp"
@@ -9,7 +11,7 @@
 
 namespace ringmaster {
 
-local_ring::local_ring(caf::actor_system& sys, int ranks) : sys_(sys) {
+local_ring::local_ring(caf::actor_system& sys, int ranks, std::shared_ptr<const void> owner) : owner_(std::move(owner)), sys_(sys) {
   std::vector<std::shared_ptr<reducer_port>>& ports = ports_;
   for (int r = 0; r < ranks; ++r) {
     reducer_config rc;
@@ -45,6 +47,17 @@ std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len
     return std::to_string(buffers.size()) + " buffers and " + std::to_string(devices.size()) +
            " devices for a ring of " + std::to_string(reducers_.size());
   if (!broken_.empty()) return "ring unusable after an earlier failure: " + broken_;
+  // Each rank reads its neighbour's buffer and writes its own: one buffer twice would be summed into itself.
+  std::vector<std::pair<uintptr_t, size_t>> at;
+  for (size_t r = 0; r < buffers.size() && len > 0; ++r) {
+    if (!buffers[r]) return "buffer " + std::to_string(r) + " is null";
+    at.push_back({reinterpret_cast<uintptr_t>(buffers[r]), r});
+  }
+  std::sort(at.begin(), at.end());
+  for (size_t i = 1; i < at.size(); ++i)
+    if (at[i].first - at[i - 1].first < len * sizeof(float))
+      return "buffers " + std::to_string(std::min(at[i - 1].second, at[i].second)) + " and " +
+             std::to_string(std::max(at[i - 1].second, at[i].second)) + " overlap: each rank needs a buffer of its own";
   // Each rank's all-reduce runs on the threads that bring its chunks; this thread only waits for the ends.
   struct waiter {
     std::mutex mu;

@@ -7,6 +7,7 @@
 #pragma once
 #include <caf/all.hpp>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,14 +18,17 @@ namespace ringmaster {
 
 class local_ring {
  public:
-  local_ring(caf::actor_system& sys, int ranks);
+  // owner: kept until the reducers have ended (topology::ring() passes its actor system's, so that a ring
+  // may outlive the topology that made it).
+  local_ring(caf::actor_system& sys, int ranks, std::shared_ptr<const void> owner = nullptr);
   // Stops the reducers and waits for them (they release staging buffers on the callers' backends).
   // Blocks: do not destroy a ring inside an actor's handler.
   ~local_ring();
   local_ring(const local_ring&) = delete;
   local_ring& operator=(const local_ring&) = delete;
   int size() const { return int(reducers_.size()); }
-  // Sums buffers[r][0..len) over r into every buffer. Returns "" or what failed, at once when a reducer
+  // Sums buffers[r][0..len) over r into every buffer (len > 0: none null, no two overlapping). Returns ""
+  // or what failed, at once when a reducer
   // dies; `timeout` is the longest silence between the reducers' replies. After a failure or a
   // timeout the ring refuses further work (its reducers may still touch the buffers of the failed
   // call, so keep those alive until the ring is destroyed).
@@ -37,6 +41,7 @@ class local_ring {
                         std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
  private:
+  std::shared_ptr<const void> owner_;  // first: it goes last, once the reducers are gone
   caf::actor_system& sys_;
   std::vector<caf::actor> reducers_;
   std::vector<std::shared_ptr<reducer_port>> ports_;

@@ -140,13 +140,18 @@ train_result topology::train(train_config cfg) {
   return train_remote(cfg, ro);
 }
 
+struct topology::ring_system {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;  // after cfg, which it reads until it is gone
+};
+
 std::unique_ptr<local_ring> topology::ring(int size) {
-  if (!sys_) {
-    sys_cfg_ = std::make_unique<caf::actor_system_config>();
-    configure(*sys_cfg_, 0);
-    sys_ = std::make_unique<caf::actor_system>(*sys_cfg_);
+  if (!rings_) {
+    rings_ = std::make_shared<ring_system>();
+    configure(rings_->cfg, 0);
+    rings_->sys = std::make_unique<caf::actor_system>(rings_->cfg);
   }
-  return std::make_unique<local_ring>(*sys_, size);
+  return std::make_unique<local_ring>(*rings_->sys, size, rings_);
 }
 
 }  // namespace ringmaster

@@ -68,8 +68,9 @@ class topology {
   std::vector<placement> places_;
   std::string data_dir_ = "/usr/share/datasets/fashion-mnist";
   int64_t limit_train_ = 0, limit_test_ = 0;
-  std::unique_ptr<caf::actor_system_config> sys_cfg_;
-  std::unique_ptr<caf::actor_system> sys_;
+  // ring()'s actor system, shared with the rings it made: one may outlive the topology.
+  struct ring_system;
+  std::shared_ptr<ring_system> rings_;
 };
 
 }  // namespace ringmaster

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "actors/local_ring.hpp"
+#include "actors/topology.hpp"
 #include "actors/reducer.hpp"
 #include "actors/ring_links.hpp"
 #include "net/ring.hpp"
@@ -128,6 +129,27 @@ TEST_CASE("ring all-reduce between N reducer actors equals the serial sum", "[ri
     REQUIRE(ring.allreduce(ptrs, 12345) == "");
     for (int r = 1; r < n; ++r) CHECK(f[r] == f[0]);
   }
+}
+
+TEST_CASE("local_ring refuses null and overlapping buffers, and a topology's ring may outlive the topology", "[ring][actors][topology]") {
+  // Before: a null buffer was a SIGSEGV, one buffer given twice summed into itself (3 for 1 + 1), and a
+  // topology destroyed before its ring waited for the ring's reducers for ever.
+  auto t = std::make_unique<topology>();
+  std::unique_ptr<local_ring> ring = t->ring(3);
+  std::vector<float> a(100, 1.f), b(100, 1.f), c(100, 1.f);
+  CHECK(ring->allreduce({a.data(), nullptr, c.data()}, 100) == "buffer 1 is null");
+  CHECK(ring->allreduce({a.data(), b.data(), a.data()}, 100) == "buffers 0 and 2 overlap: each rank needs a buffer of its own");
+  CHECK(ring->allreduce({a.data(), a.data() + 50, c.data()}, 100) == "buffers 0 and 1 overlap: each rank needs a buffer of its own");
+  CHECK(a == std::vector<float>(100, 1.f));  // refused before anything ran
+  CHECK(ring->allreduce({a.data(), a.data() + 50, b.data()}, 50) == "");  // halves of one vector: their own
+  CHECK(a == std::vector<float>(100, 3.f));
+  CHECK(std::vector<float>(b.begin(), b.begin() + 50) == std::vector<float>(50, 3.f));
+  CHECK(b[50] == 1.f);
+  t.reset();  // the ring goes on
+  std::vector<float> x(10, 1.f), y(10, 2.f), z(10, 3.f);
+  CHECK(ring->allreduce({x.data(), y.data(), z.data()}, 10) == "");
+  CHECK(x == std::vector<float>(10, 6.f));
+  ring.reset();  // and ends the actor system with it
 }
 
 TEST_CASE("ring: a replica that polls for its ring's end adds the chunks into its own buffer itself", "[ring][actors]") {
