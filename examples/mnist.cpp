@@ -176,6 +176,7 @@ bool model_text(std::string* model, std::string* error) {
     *error = "--model " + *model + ": cannot read " + path;
     return false;
   }
+  if (size_t(f.gcount()) > kMostRead) return *error = "--model " + *model + ": " + path + " is over 1 MiB", false;
   text.resize(size_t(f.gcount()));
   // As editors and `echo` write files: a UTF-8 byte-order mark before, white space and a newline after.
   if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) text.erase(0, 3);
@@ -313,6 +314,13 @@ int main(int argc, char** argv) {
   };
   if (!o.save.empty() && !o.report_json.empty() && where(o.save) == where(o.report_json))
     return usage_error("--save and --report-json name one file, " + o.save + ": give each a path of its own");
+  std::vector<std::pair<std::string, std::string>> inputs;  // nor may one be a file this run reads
+  if (c.model.rfind('@', 0) == 0) inputs.push_back({c.model.substr(1), "the model description"});
+  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"})
+    for (const char* gz : {"", ".gz"}) inputs.push_back({o.data + "/" + f + gz, "the data file"});
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
+    if (const std::string in = examples::input_named(path, inputs); !in.empty())
+      return usage_error(std::string(flag) + " " + path + " is " + in + ", which this run reads: give it a path of its own");
   if (!o.checkpoint_dir.empty())
     for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
       if (const std::string name = where(path).filename().string(); !path.empty() && where(path).parent_path() == where(o.checkpoint_dir)) {

@@ -11,6 +11,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ringmaster::examples {
 
@@ -95,6 +97,18 @@ inline std::string check_writable(const std::string& path, std::shared_ptr<const
     if (errno != EEXIST || tries == 3)
       return "cannot write " + path + ": folder " + dir + " takes no new files (making one there failed: " + std::strerror(errno) + ")";
   }
+}
+
+// "" unless `path` (given, and there) is the file one of `inputs` (a path, and what it is) names, links
+// followed: then what and which, for the error (a --save over a data file replaced it with weights).
+inline std::string input_named(const std::string& path, const std::vector<std::pair<std::string, std::string>>& inputs) {
+  struct stat out {};
+  if (path.empty() || ::stat(path.c_str(), &out) != 0 || !S_ISREG(out.st_mode)) return "";
+  for (const auto& [in, what] : inputs) {
+    struct stat st {};
+    if (::stat(in.c_str(), &st) == 0 && st.st_dev == out.st_dev && st.st_ino == out.st_ino) return what + " " + in;
+  }
+  return "";
 }
 
 }  // namespace ringmaster::examples

@@ -324,6 +324,35 @@ TEST_CASE("launcher: --model @FILE over 64 KiB, or of white space only, is named
   std::remove(path.c_str());
 }
 
+TEST_CASE("launcher: an output that is a file the run reads (its model file, a data file) exits 2, as does a model file over 1 MiB", "[launcher]") {
+  // Before: --save over a data file replaced it with weights (exit 0), --report-json over the model
+  // file replaced the description; a description, 1 MiB of white space and then garbage was taken.
+  char tmpl[] = "/tmp/ringmaster-inputs-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string dir = tmpl, labels = dir + "/t10k-labels-idx1-ubyte.gz", model = dir + "/m.json";
+  REQUIRE(ringmaster::test::run("cp " + std::string(RINGMASTER_DATA_DIR) + "/t10k-labels-idx1-ubyte.gz " + labels).status == 0);
+  const std::string before = slurp(labels);
+  run_result r = run("--data " + dir + " --epochs 1 --save " + labels);
+  INFO(r.out);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--save " + labels + " is the data file " + labels + ", which this run reads: give it a path of its own") != std::string::npos);
+  CHECK(slurp(labels) == before);
+  REQUIRE(::symlink(labels.c_str(), (dir + "/link").c_str()) == 0);  // through a link, too
+  r = run("--data " + dir + " --epochs 1 --report-json " + dir + "/link");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--report-json " + dir + "/link is the data file " + labels) != std::string::npos);
+  std::ofstream(model) << "784-32-10\n";
+  r = run("--model @" + model + " --epochs 1 --report-json " + model);
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--report-json " + model + " is the model description " + model) != std::string::npos);
+  CHECK(slurp(model) == "784-32-10\n");
+  std::ofstream(model) << "784-32-10" << std::string((1 << 20) + 10, ' ') << "GARBAGE";
+  r = run("--model @" + model + " --epochs 1");
+  CHECK(r.status == 2);
+  CHECK(r.out.find("--model @" + model + ": " + model + " is over 1 MiB") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("launcher: unwritable outputs and a node named twice exit 2 before training", "[launcher]") {
   auto r = run("--epochs 1 --save /nonexistent/w.safetensors");
   CHECK(r.status == 2);
