@@ -480,7 +480,15 @@ bool node_service::start(std::string* error) {
   for (const std::string& dev : d_->slots) {
     if (dev == "cpu") continue;
     std::string why;
-    if (!(d_->opt.make_backend ? d_->opt.make_backend(dev, &why) : make_backend(dev, &why))) {
+    bool made = false;
+    try {  // a program's own factory may throw
+      made = bool(d_->opt.make_backend ? d_->opt.make_backend(dev, &why) : make_backend(dev, &why));
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+      why = "its backend factory threw";
+    }
+    if (!made) {
       *error = "--devices " + d_->opt.devices + ": " + dev + ": " + why;
       return false;
     }

@@ -176,7 +176,7 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
       why = "its build() threw";
     }
     if (!built) {
-      *error = where + " (" + e.name + "): " + why;
+      *error = where + " (" + e.name + "): " + (why.empty() ? "its build() failed and said nothing" : why);
       return nullptr;
     }
     if (e.out.size() == 0 || e.out.size() > (size_t(1) << 26) || e.out.c < 1 || e.out.h < 1 || e.out.w < 1) {

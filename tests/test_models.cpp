@@ -194,7 +194,8 @@ TEST_CASE("the registry refuses unknown types, duplicates and bad names", "[laye
 
 namespace {
 // A user layer that misbehaves as `how` says: "type" throws from type(), "workspace" from workspace(),
-// "twice" declares two parameters of one name, "fanless" a glorot_uniform parameter with no fan.
+// "twice" declares two parameters of one name, "fanless" a glorot_uniform parameter with no fan, "mute"
+// fails its build without a word.
 class odd_layer final : public layer {
  public:
   explicit odd_layer(std::string how) : how_(std::move(how)) {}
@@ -203,6 +204,7 @@ class odd_layer final : public layer {
     return "odd";
   }
   bool build(const shape& in, shape* out, std::vector<param_info>* params, std::string*) override {
+    if (how_ == "mute") return false;
     *out = in;
     params->push_back({"w", {in.size()}, how_ == "fanless" ? param_init::glorot_uniform : param_init::ones, 0, 0});
     if (how_ == "twice") params->push_back({"w", {in.size()}, param_init::ones, 0, 0});
@@ -240,6 +242,7 @@ TEST_CASE("a user layer whose type() or workspace() throws, or whose parameters 
   CHECK(refused("type") == "layer 0: its type() threw or is empty");
   CHECK(has(refused("workspace"), ": a layer's workspace() threw: workspace() throws"));
   CHECK(has(refused("twice"), "layer 0 (odd_0): parameter 'w' is named twice"));
+  CHECK(has(refused("mute"), "layer 0 (odd_0): its build() failed and said nothing"));
   CHECK(has(refused("fanless"), "layer 0 (odd_0): parameter 'w' is glorot_uniform with fan_in and fan_out 0"));
   c.model = R"({"layers": [{"type": "odd"}, {"type": "dense", "units": 2}]})";
   const train_result fine = train(c);

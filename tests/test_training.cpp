@@ -202,6 +202,16 @@ TEST_CASE("a replica that cannot start ends the job with an error, not a hang", 
   CHECK(r.error.find("replica ") != std::string::npos);
   INFO(r.error);
   CHECK(r.error.find("cuda:9") != std::string::npos);
+  // A program's own backend factory that throws, or gives none and says nothing: named as such (the
+  // error was "system_error(runtime_error)", or ended in ": ").
+  c = tiny_job();
+  c.make_backend = [](const std::string&, std::string*) -> std::unique_ptr<backend> { throw std::runtime_error("no such card"); };
+  r = train(c);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("on cpu: its backend factory threw: no such card") != std::string::npos);
+  c.make_backend = [](const std::string&, std::string*) -> std::unique_ptr<backend> { return nullptr; };
+  r = train(c);
+  CHECK(r.error.find("on cpu: its backend factory gave none, and said nothing") != std::string::npos);
 }
 
 TEST_CASE("an exception in the coordinator (a throwing on_progress) ends the job with its message, not a hang", "[training]") {
