@@ -66,6 +66,14 @@ train_result topology::train(train_config cfg) {
     for (const placement& p : places_) cfg.devices.push_back(p.device);
     return ringmaster::train(cfg);
   }
+  // Each node reads its own copy of the data, this process's ranks too: data in memory would be passed over
+  // in silence (a job given 32 samples trained on the 60,000 of data_dir()).
+  if (cfg.train || cfg.test) {
+    failed.invalid = true;
+    failed.error = "a job with ranks on nodes reads its data on each node, from data_dir() (" + data_dir_ +
+                   "): leave cfg.train and cfg.test unset, or place every rank in this process to train on data in memory";
+    return failed;
+  }
   // One kind of device per job. A rank on a node names only the kind ("cpu", "cuda"): the node runs it on
   // the devices it offers. A rank here names its device ("cpu", "cuda:1").
   std::string local_devices;  // the --devices of this process's own node service

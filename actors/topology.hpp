@@ -54,7 +54,8 @@ class topology {
   topology& limit(int64_t train_samples, int64_t test_samples);
 
   // Runs a training job over the placed ranks. All ranks here: cfg.train (and cfg.test) must be set.
-  // With nodes: each node, this process included, reads its own copy of the data. Never throws for bad
+  // With nodes: each node, this process included, reads its own copy of the data (cfg.train and cfg.test
+  // unset; a job over data in memory places every rank here). Never throws for bad
   // input: result.ok is false and result.error says why.
   train_result train(train_config cfg);
 

@@ -179,6 +179,12 @@ TEST_CASE("topology API: ranks here and on a node, one ring, equal to all ranks 
   topology bad;
   bad.place(1, {"tcp://127.0.0.1:1", "cpu"});
   CHECK(bad.train(small_job()).error.find("not connect()ed") != std::string::npos);
+  // Data in memory for a job with a node: refused, not passed over for the data_dir()'s.
+  const train_result given = t.train(lc);
+  CHECK(!given.ok);
+  CHECK(given.invalid);
+  CHECK(given.error.find("a job with ranks on nodes reads its data on each node, from data_dir() (" + std::string(RINGMASTER_DATA_DIR) +
+                         "): leave cfg.train and cfg.test unset") != std::string::npos);
 }
 
 TEST_CASE("topology API: ranks here and on a node build a layer of the program's own, here as on the node", "[nodes][topology]") {
