@@ -115,16 +115,16 @@ coordinator_config job_coordinator_config(const train_config& cfg, std::shared_p
 // round and elements. The floats stay `buffer`'s until every piece has let go of them.
 void send_pieces(wire::header h, const std::shared_ptr<const std::vector<float>>& buffer,
                  const std::function<void(const wire::header&, net::payload)>& send);
-// One piece of a buffer of `total` floats appended to *into; false, *into as it was, when it is not the
-// next piece or not of that piece's size (total 0: nothing fits).
+// One piece of a buffer of `total` floats appended to *into (a first piece starts it afresh); false, *into
+// as it was, when it is not the next piece or not of that piece's size (total 0: nothing fits).
 bool add_piece(std::vector<float>* into, const wire::header& h, const net::payload& p, size_t total);
+// "" when every value of a state could come from training: finite, and Adam's second moments not
+// negative; else what is wrong (a state from another process is checked before it is written or used).
+std::string state_fault(const network_state& s);
 // A state as it travels, one checkpoint message a piece of a buffer (net/wire.hpp): one piece of a
 // state after `h.step` steps into *into (a fresh state for the first piece of segment 0; one out of order,
 // of another step or of the wrong size drops what came before and leaves *into empty). True once all
 // `buffers` of param_count floats are in.
-// "" when every value of a state could come from training: finite, and Adam's second moments not
-// negative; else what is wrong (a state from another process is checked before it is written or used).
-std::string state_fault(const network_state& s);
 bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& h, const net::payload& p,
                       size_t param_count, int32_t buffers);
 

@@ -92,10 +92,12 @@ void send_pieces(wire::header h, const std::shared_ptr<const std::vector<float>>
 }
 
 bool add_piece(std::vector<float>* into, const wire::header& h, const net::payload& p, size_t total) {
-  const size_t at = into->size();
+  // A first piece starts the buffer afresh: what came before it was another sending's, cut short (a rank's
+  // node lost as it sent, its rank now another's).
+  const size_t at = h.round == 0 ? 0 : into->size();
   if (at >= total || h.round != int32_t(at / wire::kPieceFloats) || h.elements != std::min<uint64_t>(wire::kPieceFloats, total - at))
     return false;
-  if (at == 0) into->reserve(total);  // total is ours (the model's), not the sender's word
+  if (at == 0) into->clear(), into->reserve(total);  // total is ours (the model's), not the sender's word
   into->insert(into->end(), p.floats(), p.floats() + h.elements);
   return true;
 }

@@ -373,13 +373,13 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       [self, st](const eval_report& r) {
         if (st->finished || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;
         if (auto e = st->epochs.find(r.epoch); e != st->epochs.end() && e->second.closed) return;  // a lost rank's share
+        if (std::string bad = check_report(*st, r); !bad.empty())
+          return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
         // Trained weights whose test loss is not a number: the model's fault (an overflow), not the rank's.
-        if (std::isnan(r.loss_sum) || std::isinf(r.loss_sum))
+        if (!std::isfinite(r.loss_sum))
           return finish(self, *st, "the test loss became " + std::string(std::isnan(r.loss_sum) ? "NaN" : "infinite") +
                                        " in the evaluation after epoch " + std::to_string(r.epoch + 1) + " (rank " +
                                        rank_where(*st, r.rank) + "); the job was stopped");
-        if (std::string bad = check_report(*st, r); !bad.empty())
-          return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
         st->last_news = clock_type::now();
         epoch_acc& a = st->epochs[r.epoch];
         if (a.evals == 0) a.first_eval = clock_type::now();

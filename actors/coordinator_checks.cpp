@@ -71,10 +71,10 @@ std::string check_report(const coordinator_state& st, const eval_report& r) {
   if (e != st.epochs.end() && size_t(r.rank) < e->second.evaluated.size() && e->second.evaluated[size_t(r.rank)])
     return what + " twice";
   if (r.epoch * st.cfg.steps_per_epoch > steps_complete(st) + kMaxReportLead) return what + " before its steps";
-  // No more samples than the test set has (its batches, when known), so sums cannot overflow; a loss that
-  // is not a number ends the job, as in training.
+  // No more samples than the test set has (its batches, when known), so sums cannot overflow. (A loss that
+  // is NaN or infinite ends the job too, as the model's, not as a lie: the caller says so.)
   const int64_t most = st.cfg.eval_batches > 0 ? st.cfg.eval_batches * int64_t(st.cfg.global_batch) : int64_t(1) << 40;
-  if (r.count < 0 || r.count > most || r.correct < 0 || r.correct > r.count || !std::isfinite(r.loss_sum) || r.loss_sum < 0)
+  if (r.count < 0 || r.count > most || r.correct < 0 || r.correct > r.count || r.loss_sum < 0)
     return what + " with " + std::to_string(r.correct) + " of " + std::to_string(r.count) + " samples right, loss sum " +
            number(r.loss_sum);
   if (!(r.seconds >= 0 && r.seconds < 1e9)) return what + " that took " + number(r.seconds) + " s";  // printed

@@ -254,6 +254,7 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
 
 // A new generation: the survivors stop (at once, or with "at" after that step) and say how far they got.
 void launcher::pause_survivors(const wire::kv_map& extra) {
+  weights_in.clear();  // the ranks are numbered anew: weights still coming are asked for again
   ++gen;
   stalls.clear();
   applied.clear();
@@ -526,6 +527,7 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
     return;
   }
   last_heard[node] = clock_type::now().time_since_epoch().count();
+  changed[size_t(node)].clear();  // it lets us in: a failed handshake of a while ago is past
   // Reports, weights and aborts concern the proxies and the coordinator, which exist once started; before
   // that an abort is an answer to the setup.
   const bool setup_reply = h.type == msg_type::hello_ack || h.type == msg_type::job_ack || h.type == msg_type::error;
@@ -564,11 +566,14 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
     case msg_type::weights:
       if (reports_to_us(node, h.sender_rank)) {
         std::vector<float>& w = weights_in[h.sender_rank];
-        if (!add_piece(&w, h, p, param_count))  // as its job_ack said: else the result would be another model's
+        if (!add_piece(&w, h, p, param_count)) {  // as its job_ack said: else the result would be another model's
+          const std::string had = std::to_string(w.size());
+          weights_in.erase(h.sender_rank);  // its memory back now
           return kill_node(node, "node " + ro.nodes[size_t(node)] + " sent final weights for rank " + std::to_string(h.sender_rank) +
                                      " out of order or of the wrong size (piece " + std::to_string(h.round) + " of " +
-                                     std::to_string(h.elements) + " values, after " + std::to_string(w.size()) + "; the model has " +
+                                     std::to_string(h.elements) + " values, after " + had + "; the model has " +
                                      std::to_string(param_count) + ")");
+        }
         if (w.size() < param_count) return;
         auto whole = std::make_shared<std::vector<float>>(std::move(w));
         weights_in.erase(h.sender_rank);

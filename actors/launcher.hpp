@@ -69,7 +69,7 @@ struct launcher {
   // What every node said in its job_ack: a node that comes back must say the same.
   std::string train_count, train_data, model_layout;
   int64_t steps_per_epoch = 0, total_steps = 0;
-  // States travel one buffer at a time, each param_count floats (the nodes' job_acks said it): rank 0's
+  // States travel one buffer at a time, in pieces, each buffer param_count floats (the nodes' job_acks said it): rank 0's
   // for checkpoints (incoming), and those of a rejoin or of survivors a step apart. Set before start.
   size_t param_count = 0;
   int32_t state_buffers = 0;  // 3 for Adam, 2 for SGD
@@ -145,7 +145,7 @@ struct launcher {
   std::string ranks_of(int node) const;
   void send(int node, wire::msg_type type, const std::string& text, int rank = -1);
   void send_kv(int node, wire::msg_type type, const wire::kv_map& kv);
-  // A training state, one checkpoint message a buffer (the node takes them in this order).
+  // A training state, its buffers in pieces (the node takes them in this order).
   void send_state(int node, const state_ptr& s);
   // To every node (but lost ones, the joining one excepted, when skip_gone).
   void broadcast(wire::msg_type type, const wire::kv_map& kv, bool skip_gone = false);

@@ -28,7 +28,7 @@ void send_report(net::bridge* br, const net::peer_info& to, uint64_t job, int ra
   send_kv(br, to, h, kv);
 }
 
-// A rank's training state, one checkpoint message a buffer. `sent` runs (on whichever thread lets the last
+// A rank's training state, its buffers in pieces (net/wire.hpp). `sent` runs (on whichever thread lets the last
 // buffer go: ZeroMQ's, say) once none of them is held for sending any more.
 void send_state(net::bridge* br, const net::peer_info& to, uint64_t job, int rank, const state_ptr& state,
                 std::function<void()> sent) {

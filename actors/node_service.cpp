@@ -484,11 +484,12 @@ bool node_service::start(std::string* error) {
     try {  // a program's own factory may throw
       made = bool(d_->opt.make_backend ? d_->opt.make_backend(dev, &why) : make_backend(dev, &why));
     } catch (const std::exception& e) {
-      why = e.what();
+      why = std::string("its backend factory threw: ") + e.what();
     } catch (...) {
       why = "its backend factory threw";
     }
     if (!made) {
+      if (why.empty()) why = "its backend factory gave none, and said nothing";
       *error = "--devices " + d_->opt.devices + ": " + dev + ": " + why;
       return false;
     }

@@ -93,6 +93,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.plan.job_id = L.job_id;
   L.plan.elastic = !ro.abort_on_node_loss;
   L.plan.shared_memory = ro.shared_memory;
+  L.changed.assign(ro.nodes.size(), {});  // before the bridge thread, which alone touches it
   L.last_heard.reset(new std::atomic<int64_t>[ro.nodes.size()]);
   L.gone.reset(new std::atomic<bool>[ro.nodes.size()]);
   for (size_t i = 0; i < ro.nodes.size(); ++i) {
@@ -278,7 +279,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   const std::string& params = replies[0]["params"];
   const auto [params_end, params_ec] = std::from_chars(params.data(), params.data() + params.size(), L.param_count);
   if (params.empty() || params_ec != std::errc() || params_end != params.data() + params.size() || L.param_count == 0 ||
-      L.param_count > wire::kMaxPayloadBytes / sizeof(float)) {  // a state buffer travels in one message
+      L.param_count > wire::kMaxPayloadBytes / sizeof(float)) {  // a ring chunk of all of them fits one message
     failed.error = "node " + ro.nodes[0] + " sent a bad parameter count '" + params.substr(0, 20) + "'";
     L.abort_all("bad reply");
     return failed;
@@ -333,7 +334,6 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.join_failures.assign(ro.nodes.size(), 0);
   L.join_setup.assign(ro.nodes.size(), 0.0);
   L.join_late.assign(ro.nodes.size(), 0);
-  L.changed.assign(ro.nodes.size(), {});
   for (size_t i = 0; i < ro.nodes.size(); ++i) L.original_ranks.push_back(int(L.plan.ranks_on(int(i)).size()));
 
   caf::actor_system_config sys_cfg;

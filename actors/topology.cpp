@@ -66,14 +66,6 @@ train_result topology::train(train_config cfg) {
     for (const placement& p : places_) cfg.devices.push_back(p.device);
     return ringmaster::train(cfg);
   }
-  // Each node reads its own copy of the data, this process's ranks too: data in memory would be passed over
-  // in silence (a job given 32 samples trained on the 60,000 of data_dir()).
-  if (cfg.train || cfg.test) {
-    failed.invalid = true;
-    failed.error = "a job with ranks on nodes reads its data on each node, from data_dir() (" + data_dir_ +
-                   "): leave cfg.train and cfg.test unset, or place every rank in this process to train on data in memory";
-    return failed;
-  }
   // One kind of device per job. A rank on a node names only the kind ("cpu", "cuda"): the node runs it on
   // the devices it offers. A rank here names its device ("cpu", "cuda:1").
   std::string local_devices;  // the --devices of this process's own node service
@@ -101,6 +93,14 @@ train_result topology::train(train_config cfg) {
     else if (p.node.empty()) local_devices += local_devices.empty() ? p.device : "," + p.device.substr(p.device.find(':') + 1);
   }
   if (local_cpus) local_devices = "cpu:" + std::to_string(local_cpus);
+  // Each node reads its own copy of the data, this process's ranks too: data in memory would be passed over
+  // in silence (a job given 32 samples trained on the 60,000 of data_dir()).
+  if (cfg.train || cfg.test) {
+    failed.invalid = true;
+    failed.error = "a job with ranks on nodes reads its data on each node, from data_dir() (" + data_dir_ +
+                   "): leave cfg.train and cfg.test unset, or place every rank in this process to train on data in memory";
+    return failed;
+  }
   cfg.devices = {places_[0].device};  // the job's kind
   // Ranks of this process: served by a node service of our own on a loopback port.
   std::unique_ptr<node_service> here;

@@ -13,6 +13,7 @@
 #include <charconv>
 #include <cstring>
 #include <future>
+#include <utility>
 
 #include "net/bridge_impl.hpp"
 
@@ -186,9 +187,10 @@ void bridge::impl::serve_monitor(int id) {
     connection& c = peers[size_t(id)];
     if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
       c.failed_handshakes = 0;
-      c.handshook = true;
+      c.handshook = c.connected = true;
       return;
     }
+    if (what == ZMQ_EVENT_DISCONNECTED && std::exchange(c.connected, false)) return;  // a peer gone, or restarted
     peer_info from;
     from.peer = id;
     if (c.failed_handshakes < 0) return;  // reported already

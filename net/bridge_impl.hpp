@@ -57,6 +57,7 @@ struct connection {
   std::unique_ptr<socket_monitor> monitor;
   int failed_handshakes = 0;  // since the last one that succeeded; reported once
   bool handshook = false;     // a handshake succeeded once: a later refusal is a peer started again
+  bool connected = false;     // since that success: its connection's end is no failed handshake
   bool routed = false;        // a listening ROUTER: messages carry the client's routing id first
   bool waiting() const { return !backlog.empty() || !held.empty(); }
 };

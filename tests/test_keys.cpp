@@ -336,10 +336,9 @@ TEST_CASE("a peer that let us in and is started again without keys, or with anot
     collected at_restarted;
     at_restarted.attach(restarted);
     REQUIRE(restarted.start(endpoint, &err));
-    for (int i = 0; i < 10; ++i) {  // reconnects meet the new server
-      client.send(id, hello());
-      std::this_thread::sleep_for(150ms);
-    }
+    for (int i = 0; i < 60 && at_client.wait([&] { return !at_client.errors.empty(); }, 150ms) == false; ++i)
+      client.send(id, hello());  // reconnects meet the new server
+    std::this_thread::sleep_for(1s);  // and go on failing: said once
     {
       // One word that it changed, for the launcher to tell its user, and no failure of the link.
       std::lock_guard<std::mutex> lock(at_client.mu);
@@ -349,10 +348,13 @@ TEST_CASE("a peer that let us in and is started again without keys, or with anot
       REQUIRE(at_client.errors.size() == 1);
       CHECK(at_client.errors[0].kind == net::fault::peer_changed);
       CHECK(at_client.errors[0].from.peer == id);
-      // (A server without keys, too, hangs up on a client with keys: its mechanism's mismatch is seen there.)
-      CHECK(at_client.errors[0].message == endpoint + " let us in before, and now hangs up during the handshake: it holds another "
-                                                      "key than the one we know for it (a new key folder?), runs without keys "
-                                                      "(--insecure), or is flooded with connections");
+      // (A server without keys mostly hangs up on a client with keys, its mechanism's mismatch seen there;
+      // at times the client sees the mismatch itself.)
+      const std::string hangs_up = endpoint + " let us in before, and now hangs up during the handshake: it holds another key than the "
+                                              "one we know for it (a new key folder?), runs without keys (--insecure), or is flooded with "
+                                              "connections";
+      const std::string& said_once = at_client.errors[0].message;
+      CHECK((said_once == hangs_up || (plain_again && said_once == endpoint + " let us in before, and now runs without keys (--insecure)")));
     }
     CHECK(at_restarted.messages.empty());  // and nothing got through
     restarted.stop();

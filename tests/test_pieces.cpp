@@ -62,9 +62,15 @@ TEST_CASE("pieces: a buffer goes in pieces of kPieceFloats in order, and only th
   std::vector<float> partial;
   CHECK(!add_piece(&partial, ps[1].h, ps[1].payload(), total));
   REQUIRE(add_piece(&partial, ps[0].h, ps[0].payload(), total));
-  CHECK(!add_piece(&partial, ps[0].h, ps[0].payload(), total));
   CHECK(!add_piece(&partial, ps[2].h, ps[2].payload(), total));
+  CHECK(!add_piece(&partial, ps[1].h, ps[1].payload(), kPiece + 10));  // its last piece would be 10
   CHECK(partial.size() == kPiece);
+  // A first piece again starts over: a sending cut short (its node lost) leaves nothing in the way.
+  REQUIRE(add_piece(&partial, ps[1].h, ps[1].payload(), total));
+  REQUIRE(add_piece(&partial, ps[0].h, ps[0].payload(), total));
+  CHECK(partial.size() == kPiece);
+  for (size_t i = 1; i < 3; ++i) REQUIRE(add_piece(&partial, ps[i].h, ps[i].payload(), total));
+  CHECK(partial == v);
   std::vector<float> other;
   CHECK(!add_piece(&other, ps[0].h, ps[0].payload(), kPiece - 1));
   CHECK(!add_piece(&other, ps[0].h, ps[0].payload(), 0));
@@ -74,7 +80,7 @@ TEST_CASE("pieces: a buffer goes in pieces of kPieceFloats in order, and only th
   CHECK(pieces_of(h, {}).size() == 1);
 }
 
-TEST_CASE("pieces: a state's buffers in pieces make the state again; one out of order drops it", "[pieces]") {
+TEST_CASE("pieces: a state's buffers in pieces make the state again, and one out of order drops it", "[pieces]") {
   const size_t n = kPiece + 3;
   network_state s;
   s.steps = 17;

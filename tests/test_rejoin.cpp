@@ -148,7 +148,9 @@ TEST_CASE("elastic: a node started again with another key is named once as unabl
   rejoin_run run;
   run.argv = {RINGMASTER_NODE_BIN, "--key-dir", other};
   run.back = " is back, but could not rejoin: it now hangs up during the handshake";
-  train_result r = run.run(rejoin_job(), rejoin_options(nodes), nodes, 1, 10, [&] {
+  train_config job = rejoin_job();
+  job.epochs = 2 * kRejoinEpochs;  // room for both lives of the node, and a try that comes late
+  train_result r = run.run(job, rejoin_options(nodes), nodes, 1, 10, [&] {
     std::this_thread::sleep_for(2s);  // asked every second meanwhile: still said once
     nodes[1]->stop(SIGKILL);
     nodes[1] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, who, "cpu:1", RINGMASTER_DATA_DIR);
@@ -156,14 +158,17 @@ TEST_CASE("elastic: a node started again with another key is named once as unabl
   const std::string events = run.all_events();
   INFO(r.error << "\n" << events);
   REQUIRE(r.ok);
+  const std::string hangs_up = "could not rejoin: it now hangs up during the handshake";
   size_t said = 0;
-  for (size_t at = events.find("could not rejoin"); at != std::string::npos; at = events.find("could not rejoin", at + 1)) ++said;
+  for (size_t at = events.find(hangs_up); at != std::string::npos; at = events.find(hangs_up, at + 1)) ++said;
   CHECK(said == 1);
   CHECK(events.find("node " + who + " is back, but could not rejoin: it now hangs up during the handshake: it holds another key than the "
                     "one we know for it (a new key folder?), runs without keys (--insecure), or is flooded with connections; it is "
                     "asked again") != std::string::npos);
-  REQUIRE(r.failed_joins.size() == 1);
+  // (Under load a later try of its own key may come too late, and be counted as well.)
+  REQUIRE(!r.failed_joins.empty());
   CHECK(r.failed_joins[0].node == who);
+  CHECK(r.failed_joins[0].why.find("it now hangs up during the handshake") == 0);
   CHECK(r.failed_joins[0].asked_again);
   REQUIRE(r.joins.size() == 1);  // and with its own key it came back in
   CHECK(r.joins[0].node == who);
