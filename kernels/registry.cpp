@@ -130,7 +130,7 @@ std::unique_ptr<layer> layer_registry::create(const json& settings, std::string*
   if (it == makers_.end()) {
     std::string known;
     for (const std::string& n : types()) known += (known.empty() ? "" : ", ") + n;
-    *error = "unknown layer type " + quoted(type, 64) + " (known: " + known + ")";
+    *error = "unknown layer type " + quoted(type, 64) + (known.empty() ? " (no layer types are registered)" : " (known: " + known + ")");
     return nullptr;
   }
   std::string why;

@@ -163,6 +163,8 @@ TEST_CASE("the registry refuses unknown types, duplicates and bad names", "[laye
   CHECK(has(e, "layer 0"));
   CHECK(has(e, "unknown layer type 'conv3d'"));
   CHECK(has(e, "known: conv2d, dense, dropout, flatten, max_pool2d, relu"));
+  CHECK(has(build_error(R"({"layers": [{"type": "dense", "units": 2}]})", {8, 1, 1}, layer_registry{}),
+            "unknown layer type 'dense' (no layer types are registered)"));  // it said "(known: )"
   CHECK(has(build_error(R"({"layers": [{"type": "dense", "units": 4}, {"units": 2}]})"), "layer 1: a layer has no \"type\""));
   CHECK(has(build_error(R"({"layers": [{"type": 5}]})"), "has no \"type\""));
   CHECK(has(build_error(R"({"layers": [7]})"), "layer 0: a layer is a JSON object"));
