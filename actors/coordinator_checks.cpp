@@ -128,8 +128,12 @@ std::string silent_ranks(const coordinator_state& st, clock_type::time_point now
   for (int r = 0; r < st.cfg.replicas; ++r) ranks += (ranks.empty() ? "" : ", ") + rank_where(st, r);
   char slowest[32];
   std::snprintf(slowest, sizeof slowest, "%.3f", std::chrono::duration<double>(st.slowest_step).count());
+  // Not one step done: a model whose first step takes minutes (a huge one on CPUs) looks the same.
   return "no rank has reported anything for " + std::to_string(int64_t(secs(st.last_news, now))) +
-         " s (the slowest step so far took " + slowest + " s): ranks " + ranks + " are stuck";
+         (st.slowest_step.count() > 0 ? " s (the slowest step so far took " + std::string(slowest) + " s): ranks " + ranks + " are stuck"
+                                      : " s, and no step is done: ranks " + ranks +
+                                            " are stuck, or one step of this model takes longer than that (then raise the ring "
+                                            "timeout, --ring-timeout: this wait is twice it plus 20 s, at least 60 s)");
 }
 
 }  // namespace ringmaster::coordinator_detail
