@@ -227,4 +227,12 @@ inline test::run_result run_restarting_node_1(test::daemons& nodes, const std::s
 }
 
 
+// A job that went on through losses and joins: it finished, its replicas bit-identical, and every epoch
+// saw each of its 6000 samples once.
+inline void check_every_sample_once(const train_result& r) {
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+}
+
 }  // namespace ringmaster::elastic_test

@@ -157,6 +157,41 @@ inline void await_job_ack(zmq::socket_t& s) {
   }
 }
 
+// small_job() over `ro` with its nodes as between hosts (no shared memory), on 600 training and 100 test
+// samples: it trains, bit-identical everywhere. (REQUIRE: what follows reads the nodes' logs of it.)
+inline void train_between_hosts(remote_options ro) {
+  ro.shared_memory = false;
+  ro.limit_train = 600;
+  ro.limit_test = 100;
+  const train_result r = train_remote(small_job(), ro);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+}
+
+// A launcher by hand: a bare client of node `a` (named `name`) that sent it a one-node job of `model` on
+// 600 samples (send_own_job) and has its job_ack; it waits up to 20 s for each reply.
+struct raw_launcher {
+  zmq::context_t ctx;
+  zmq::socket_t s;
+  uint64_t id;
+  raw_launcher(logged_node& a, const std::string& name, const std::string& model, uint64_t job,
+               const std::function<void(job_plan&)>& tweak = {})
+      : s(client(ctx, a.node->endpoint())), id(job) {
+    s.set(zmq::sockopt::rcvtimeo, 20000);
+    send_own_job(s, a.node->endpoint(), name, model, id, 600, tweak);
+    await_job_ack(s);
+  }
+  // A message of the job without payload: a weights request for `rank`, an abort.
+  void send(wire::msg_type type, int rank = -1) {
+    wire::header h;
+    h.type = type;
+    h.job_id = id;
+    h.sender_rank = rank;
+    test::send_raw(s, h);
+  }
+};
+
 // A job of 784-128-10 on the first 6,000 samples, rank 0 on node a and rank 1 on node b, run by a launcher
 // thread: start() returns once it trains, finish() waits for its result (and so does the destructor, so a
 // failed REQUIRE does not leave the thread running).

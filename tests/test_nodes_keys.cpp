@@ -17,19 +17,20 @@ TEST_CASE("node daemons --insecure: ring chunks between hosts go plain to the ri
   ro.insecure = true;
   ro.ring_ports = ring_ports;
   ro.nodes = {a.node->endpoint(), b.node->endpoint()};
-  ro.shared_memory = false;  // as between hosts
-  ro.limit_train = 600;
-  ro.limit_test = 100;
-  train_result r = train_remote(small_job(), ro);
-  INFO(r.error);
-  CHECK(r.ok);
-  CHECK(r.identical);
+  train_between_hosts(ro);  // as between hosts
   const std::string said = " plain (--insecure) at tcp://127.0.0.1:";
   CHECK((a.wait_for(said, ring_ports ? 10s : 0s) != "") == ring_ports);
   CHECK((b.wait_for(said, ring_ports ? 10s : 0s) != "") == ring_ports);
 }
 
 TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts go to, a taken or bad one is a clear error", "[nodes][keys]") {
+  // The daemon with these arguments exits 2 at once, saying `says`.
+  auto refused = [](const std::string& args, const std::string& says) {
+    const test::run_result r = test::run("timeout 10 " + std::string(RINGMASTER_NODE_BIN) + " " + args);
+    INFO(args << "\n" << r.out);
+    CHECK(r.status == 2);
+    CHECK(r.out.find(says) != std::string::npos);
+  };
   const int port = test::free_port();
   test::daemon_process a({RINGMASTER_NODE_BIN, "--ring-port", std::to_string(port)}, free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR);
   logged_node b("node-b");
@@ -38,13 +39,7 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
   // The two train together, b's chunks going to a on that port.
   remote_options ro;
   ro.nodes = {a.endpoint, b.node->endpoint()};
-  ro.shared_memory = false;  // as between hosts
-  ro.limit_train = 600;
-  ro.limit_test = 100;
-  train_result r = train_remote(small_job(), ro);
-  INFO(r.error);
-  CHECK(r.ok);
-  CHECK(r.identical);
+  train_between_hosts(ro);  // as between hosts
   CHECK(b.wait_for(std::string("sealed (") + net::kSealCipher + ") at tcp://127.0.0.1:" + std::to_string(port)) != "");
 
   const test::run_result taken = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
@@ -52,68 +47,32 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
   CHECK(taken.status == 1);
   CHECK(taken.out.find("the ring port 127.0.0.1:" + std::to_string(port) + ": address already in use") != std::string::npos);
   // Its own listen port: once "address already in use" (exit 1), as if another program held it.
-  const test::run_result same = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://127.0.0.1:" + std::to_string(port) +
-                                          " --ring-port " + std::to_string(port));
-  CHECK(same.status == 2);
-  CHECK(same.out.find("--ring-port " + std::to_string(port) + " is the --listen port: ring chunks need a port of their own") !=
-        std::string::npos);
-  const test::run_result bad = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --ring-port 70000");
-  CHECK(bad.status == 2);
-  CHECK(bad.out.find("--ring-port must be a port number") != std::string::npos);
-  const test::run_result spin = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --ring-poll-us -1");
-  CHECK(spin.status == 2);
-  CHECK(spin.out.find("--ring-poll-us must be 0-1000000") != std::string::npos);
-  const test::run_result stray = test::run("timeout 10 " + std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --insecure extra");
-  CHECK(stray.status == 2);  // it served, the word ignored
-  CHECK(stray.out.find("unexpected argument") != std::string::npos);
-  const test::run_result local = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen ipc:///tmp/ringmaster-test-ring-port --ring-port " +
-                                           std::to_string(port));
-  CHECK(local.status == 2);
-  CHECK(local.out.find("--ring-port needs a tcp:// --listen endpoint") != std::string::npos);
+  refused(" --listen tcp://127.0.0.1:" + std::to_string(port) + " --ring-port " + std::to_string(port), "--ring-port " + std::to_string(port) + " is the --listen port: ring chunks need a port of their own");
+  refused(" --listen " + free_endpoint() + " --ring-port 70000", "--ring-port must be a port number");
+  refused(" --listen " + free_endpoint() + " --ring-poll-us -1", "--ring-poll-us must be 0-1000000");
+  refused(" --listen " + free_endpoint() + " --insecure extra", "unexpected argument");  // it served, the word ignored
+  refused(" --listen ipc:///tmp/ringmaster-test-ring-port --ring-port " + std::to_string(port), "--ring-port needs a tcp:// --listen endpoint");
   // A key folder with --insecure was ignored: the node served without keys.
-  const test::run_result keyless = test::run("timeout 10 " + std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
-                                             " --insecure --key-dir /tmp");
-  CHECK(keyless.status == 2);
-  CHECK(keyless.out.find("--key-dir and --insecure: a node run --insecure uses no keys") != std::string::npos);
+  refused(" --listen " + free_endpoint() + " --insecure --key-dir /tmp", "--key-dir and --insecure: a node run --insecure uses no keys");
   // The name is our links' routing id, which plans carry: too long a one is refused at once.
-  const test::run_result named = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --name " +
-                                           std::string(201, 'n'));
-  CHECK(named.status == 2);
-  CHECK(named.out.find("--name must be at most 200 printable ASCII characters") != std::string::npos);
+  refused(" --listen " + free_endpoint() + " --name " + std::string(201, 'n'), "--name must be at most 200 printable ASCII characters");
   // A port past 65535 would wrap to another one; an empty value is an unset variable, not the default.
-  const test::run_result wrapped = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://127.0.0.1:99999");
-  CHECK(wrapped.status == 2);
-  CHECK(wrapped.out.find("--listen: 'tcp://127.0.0.1:99999': the port must be a number in 0-65535") != std::string::npos);
+  refused(" --listen tcp://127.0.0.1:99999", "--listen: 'tcp://127.0.0.1:99999': the port must be a number in 0-65535");
   // A host name: ZeroMQ would not listen on it, and the ring port was blamed (exit 1).
-  const test::run_result named_host = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://nosuchhost.invalid:5601");
-  CHECK(named_host.status == 2);
-  CHECK(named_host.out.find("--listen: 'nosuchhost.invalid' is neither an IP address nor a network interface") != std::string::npos);
+  refused(" --listen tcp://nosuchhost.invalid:5601", "--listen: 'nosuchhost.invalid' is neither an IP address nor a network interface");
   // An address of another machine: named as such (exit 2), not blamed on the ring port (exit 1).
-  const test::run_result elsewhere = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://192.0.2.1:5601");
-  CHECK(elsewhere.status == 2);
-  CHECK(elsewhere.out.find("--listen: '192.0.2.1' is not an address of this machine") != std::string::npos);
+  refused(" --listen tcp://192.0.2.1:5601", "--listen: '192.0.2.1' is not an address of this machine");
   // An IPv6 address without brackets: ZeroMQ said "No such device" (exit 1).
-  const test::run_result bare_v6 = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen tcp://::1:5601");
-  CHECK(bare_v6.status == 2);
-  CHECK(bare_v6.out.find("write an IPv6 address in brackets, tcp://[::1]:5601") != std::string::npos);
+  refused(" --listen tcp://::1:5601", "write an IPv6 address in brackets, tcp://[::1]:5601");
   // A device kind no daemon has: a mistake in the command line (exit 2), not a failed start (exit 1).
-  const test::run_result gpu = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --devices gpu:0");
-  CHECK(gpu.status == 2);
-  CHECK(gpu.out.find("--devices gpu:0: unknown device kind 'gpu'") != std::string::npos);
+  refused(" --listen " + free_endpoint() + " --devices gpu:0", "--devices gpu:0: unknown device kind 'gpu'");
   // A key folder that will not do: exit 2 as the launcher's (exit 1 once, as if it had failed to start).
   const std::string keys = "/tmp/ringmaster-test-node-keys-" + std::to_string(getpid());
   { std::ofstream(keys) << "not a folder"; }
-  const test::run_result key_file = test::run("timeout 10 " + std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() +
-                                              " --key-dir " + keys);
-  CHECK(key_file.status == 2);
-  CHECK(key_file.out.find("--key-dir: ") != std::string::npos);
+  refused(" --listen " + free_endpoint() + " --key-dir " + keys, "--key-dir: ");
   unlink(keys.c_str());
-  const test::run_result no_dir = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --key-dir ''");
-  CHECK(no_dir.status == 2);
-  CHECK(no_dir.out.find("--key-dir must not be empty") != std::string::npos);
-  const test::run_result no_data = test::run(std::string(RINGMASTER_NODE_BIN) + " --listen " + free_endpoint() + " --data /nonexistent");
-  CHECK(no_data.status == 2);
-  CHECK(no_data.out.find("--data /nonexistent is not a folder") != std::string::npos);
+  refused(" --listen " + free_endpoint() + " --key-dir ''", "--key-dir must not be empty");
+  refused(" --listen " + free_endpoint() + " --data /nonexistent", "--data /nonexistent is not a folder");
   // An ipc path where a file is: ZeroMQ would have deleted it to bind there.
   const std::string file = "/tmp/ringmaster-test-not-a-socket-" + std::to_string(getpid());
   { std::ofstream(file) << "keep"; }
@@ -143,13 +102,7 @@ TEST_CASE("node daemons on IPv6 loopback: launcher and ring chunks (sealed, over
   std::this_thread::sleep_for(300ms);
   remote_options ro;
   ro.nodes = test::endpoints(nodes);
-  ro.shared_memory = false;  // as between hosts: each node's ring port, at [::1]
-  ro.limit_train = 600;
-  ro.limit_test = 100;
-  const train_result r = train_remote(small_job(), ro);
-  INFO(r.error);
-  CHECK(r.ok);
-  CHECK(r.identical);
+  train_between_hosts(ro);  // as between hosts: each node's ring port, at [::1]
 }
 
 TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a node's key, --insecure is both sides' choice",
@@ -307,13 +260,7 @@ TEST_CASE("keys: nodes with keys of their own train together, each trusting the 
   std::string err;
   auto& nodes = own.nodes;
   remote_options ro = own.ro;
-  ro.shared_memory = false;  // as between hosts: the ring's chunks sealed between them
-  ro.limit_train = 600;
-  ro.limit_test = 100;
-  train_result r = train_remote(small_job(), ro);
-  INFO(r.error);
-  REQUIRE(r.ok);
-  CHECK(r.identical);
+  train_between_hosts(ro);  // as between hosts: the ring's chunks sealed between them
   // Their ring chunks went sealed, each pair under the key only its two nodes can derive.
   for (int i = 0; i < 3; ++i)
     CHECK(nodes[size_t(i)]->wait_for("ring chunks to node " + ro.nodes[size_t((i + 1) % 3)] + " sealed (" + net::kSealCipher + ")") != "");
@@ -324,7 +271,7 @@ TEST_CASE("keys: nodes with keys of their own train together, each trusting the 
   by_node1.nodes = {ro.nodes[0]};
   by_node1.node_keys = {ro.node_keys[0]};
   by_node1.key_dir = dir + "/node1";
-  r = train_remote(small_job(), by_node1);
+  const train_result r = train_remote(small_job(), by_node1);
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("refused our key") != std::string::npos);
 }

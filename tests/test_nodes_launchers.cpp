@@ -179,33 +179,21 @@ TEST_CASE("a node that checkpoints every step for a launcher slow to read sends 
 
 TEST_CASE("a node answers its launcher's malformed pause with an error naming it, and goes on", "[nodes]") {
   logged_node a("node-a");
-  zmq::context_t ctx;
-  zmq::socket_t s = client(ctx, a.node->endpoint());
-  s.set(zmq::sockopt::rcvtimeo, 20000);
-  const uint64_t id = 4545;
-  send_own_job(s, a.node->endpoint(), "node-a", "784-64-10", id, 600, [](job_plan& p) { p.elastic = true; });
-  await_job_ack(s);
+  raw_launcher l(a, "node-a", "784-64-10", 4545, [](job_plan& p) { p.elastic = true; });
   wire::header rh;
   std::string text;
   for (const std::string bad : {"gen=abc\n", "gen=0\n", "gen=1\nat=-1\n", "not kv"}) {
     wire::header pause;
     pause.type = wire::msg_type::pause;
-    pause.job_id = id;
+    pause.job_id = l.id;
     pause.payload_bytes = bad.size();
-    test::send_raw(s, pause, {zmq::buffer(bad)});
-    REQUIRE(next_of(s, wire::msg_type::error, &rh, &text));
+    test::send_raw(l.s, pause, {zmq::buffer(bad)});
+    REQUIRE(next_of(l.s, wire::msg_type::error, &rh, &text));
     INFO(text);
     CHECK(text.find("error=node node-a ignored a pause with") == 0);
   }
   // Still its job: a weights request is answered.
-  wire::header want;
-  want.type = wire::msg_type::weights;
-  want.job_id = id;
-  want.sender_rank = 0;
-  test::send_raw(s, want);
-  CHECK(next_of(s, wire::msg_type::weights, &rh, &text));
-  wire::header bye;
-  bye.type = wire::msg_type::abort;
-  bye.job_id = id;
-  test::send_raw(s, bye);
+  l.send(wire::msg_type::weights, 0);
+  CHECK(next_of(l.s, wire::msg_type::weights, &rh, &text));
+  l.send(wire::msg_type::abort);
 }

@@ -126,32 +126,20 @@ TEST_CASE("pieces: a node sends a model's weights of more than one piece in piec
   // 784-6000-10: 4,770,010 parameters, 19 MB. Before, one message of all of them; a model of 950 MB
   // then kept the node's heartbeats from the launcher past its limit, and the job failed as it ended.
   logged_node a("node-a");
-  zmq::context_t ctx;
-  zmq::socket_t s = client(ctx, a.node->endpoint());
-  s.set(zmq::sockopt::rcvtimeo, 20000);
-  const uint64_t id = 4343;
-  send_own_job(s, a.node->endpoint(), "node-a", "784-6000-10", id, 600);
-  await_job_ack(s);
-  wire::header want;
-  want.type = wire::msg_type::weights;
-  want.job_id = id;
-  want.sender_rank = 0;
-  test::send_raw(s, want);
+  raw_launcher l(a, "node-a", "784-6000-10", 4343);
+  l.send(wire::msg_type::weights, 0);
   const size_t total = 784 * 6000 + 6000 + 6000 * 10 + 10;
   std::vector<int32_t> rounds;
   std::vector<uint64_t> sizes;
   wire::header rh;
   std::string text;
-  while (sizes.size() < 2 && next_of(s, wire::msg_type::weights, &rh, &text)) {
+  while (sizes.size() < 2 && next_of(l.s, wire::msg_type::weights, &rh, &text)) {
     rounds.push_back(rh.round);
     sizes.push_back(rh.elements);
   }
   CHECK(rounds == std::vector<int32_t>{0, 1});
   CHECK(sizes == std::vector<uint64_t>{kPiece, total - kPiece});
-  wire::header bye;
-  bye.type = wire::msg_type::abort;
-  bye.job_id = id;
-  test::send_raw(s, bye);
+  l.send(wire::msg_type::abort);
 }
 
 TEST_CASE("pieces: 2 nodes train a model of more than one piece like 2 local replicas, checkpoint it and resume from it, bit for bit",
