@@ -70,7 +70,7 @@ constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tenso
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small
 // A job plan: a model description of up to 64 KiB and 1024 ranks and nodes fit with room to spare.
 constexpr size_t kMaxJobBytes = 1024 * 1024;
-constexpr uint64_t kPieceFloats = uint64_t(1) << 22;  // 16 MiB: some 40 ms over CurveZMQ on loopback
+constexpr uint64_t kPieceFloats = uint64_t(1) << 22;  // 16 MiB: tens of ms on a link, even over CurveZMQ
 constexpr size_t kStepRecordBytes = 80;
 constexpr uint64_t kMaxStepRecords = 4096;  // in one steps message
 
