@@ -108,11 +108,15 @@ bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& 
     into = std::make_shared<network_state>();
     into->steps = h.step;
   }
+  if (!into || h.step != into->steps) {
+    into.reset();
+    return false;
+  }
   // The buffer being filled: the first that is not whole.
+  std::vector<float>* dst[] = {&into->params, &into->m1, &into->m2};
   int32_t at = 0;
-  std::vector<float>* dst[] = {into ? &into->params : nullptr, into ? &into->m1 : nullptr, into ? &into->m2 : nullptr};
-  while (into && at < buffers && dst[at]->size() == param_count && param_count > 0) ++at;
-  if (!into || h.step != into->steps || at >= buffers || h.segment != at || !add_piece(dst[at], h, p, param_count)) {
+  while (at < buffers && param_count > 0 && dst[at]->size() == param_count) ++at;
+  if (at >= buffers || h.segment != at || !add_piece(dst[at], h, p, param_count)) {
     into.reset();
     return false;
   }

@@ -22,6 +22,7 @@ local_ring::local_ring(caf::actor_system& sys, int ranks, std::shared_ptr<const 
     ports.push_back(spawn_reducer(sys, rc, &a));
     reducers_.push_back(a);
   }
+  starts_.reserve(size_t(ranks));
   for (int r = 0; r < ranks; ++r)
     join(*ports[size_t(r)], make_port_link(ports[size_t((r + 1) % ranks)]));
 }
@@ -48,7 +49,8 @@ std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len
            " devices for a ring of " + std::to_string(reducers_.size());
   if (!broken_.empty()) return "ring unusable after an earlier failure: " + broken_;
   // Each rank reads its neighbour's buffer and writes its own: one buffer twice would be summed into itself.
-  std::vector<std::pair<uintptr_t, size_t>> at;
+  std::vector<std::pair<uintptr_t, size_t>>& at = starts_;  // reserved once: no allocation a call
+  at.clear();
   for (size_t r = 0; r < buffers.size() && len > 0; ++r) {
     if (!buffers[r]) return "buffer " + std::to_string(r) + " is null";
     at.push_back({reinterpret_cast<uintptr_t>(buffers[r]), r});

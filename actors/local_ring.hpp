@@ -7,8 +7,10 @@
 #pragma once
 #include <caf/all.hpp>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/reducer.hpp"
@@ -46,6 +48,7 @@ class local_ring {
   std::vector<caf::actor> reducers_;
   std::vector<std::shared_ptr<reducer_port>> ports_;
   std::string broken_;
+  std::vector<std::pair<uintptr_t, size_t>> starts_;  // allreduce's: each buffer's address and rank, sorted
 };
 
 }  // namespace ringmaster
