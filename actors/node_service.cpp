@@ -480,16 +480,7 @@ bool node_service::start(std::string* error) {
   for (const std::string& dev : d_->slots) {
     if (dev == "cpu") continue;
     std::string why;
-    bool made = false;
-    try {  // a program's own factory may throw
-      made = bool(d_->opt.make_backend ? d_->opt.make_backend(dev, &why) : make_backend(dev, &why));
-    } catch (const std::exception& e) {
-      why = std::string("its backend factory threw: ") + e.what();
-    } catch (...) {
-      why = "its backend factory threw";
-    }
-    if (!made) {
-      if (why.empty()) why = "its backend factory gave none, and said nothing";
+    if (!make_backend_with(d_->opt.make_backend, dev, &why)) {
       *error = "--devices " + d_->opt.devices + ": " + dev + ": " + why;
       return false;
     }

@@ -154,15 +154,8 @@ std::vector<size_t> gradient_buckets(const model& m, size_t bucket_floats) {
 caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   auto st = std::make_shared<replica_state>();
   std::string error;
-  try {  // a program's own factory may throw
-    st->be = cfg.make_backend ? cfg.make_backend(cfg.device, &error) : make_backend(cfg.device, &error);
-  } catch (const std::exception& e) {
-    error = std::string("its backend factory threw: ") + e.what();
-  } catch (...) {
-    error = "its backend factory threw";
-  }
+  st->be = make_backend_with(cfg.make_backend, cfg.device, &error);
   if (!st->be) {
-    if (error.empty()) error = "its backend factory gave none, and said nothing";
     self->quit(caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(cfg.rank) + " on " + cfg.device + ": " + error));
     return {};
   }

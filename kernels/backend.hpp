@@ -100,6 +100,9 @@ std::unique_ptr<backend> make_backend(const std::string& device, std::string* er
 // Makes the backend for a device name; a train_config may bring its own (a device ringmaster does not
 // know, or a test's simulated device). Null with *error naming the problem.
 using backend_factory = std::function<std::unique_ptr<backend>(const std::string& device, std::string* error)>;
+// `make` (null: make_backend) for `device`, a program's own factory guarded: one that throws, or gives none
+// without a word, is named as such in *error; nothing escapes.
+std::unique_ptr<backend> make_backend_with(const backend_factory& make, const std::string& device, std::string* error);
 
 // Device memory owned by a backend, released on destruction. Destroy it before its backend: one that
 // outlives its backend leaks its memory, with one line on stderr saying so, rather than calling into the

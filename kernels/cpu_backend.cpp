@@ -1,6 +1,7 @@
 // The CPU backend: host memory and the Eigen kernels.
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <new>
 
@@ -89,6 +90,19 @@ std::unique_ptr<backend> make_cpu_backend() {
   // Replicas are the parallelism: one BLAS thread each, so BLAS does not fight them for the cores.
   cpu::use_one_blas_thread();
   return std::make_unique<cpu_backend>();
+}
+
+std::unique_ptr<backend> make_backend_with(const backend_factory& make, const std::string& device, std::string* error) {
+  std::unique_ptr<backend> be;
+  try {
+    be = make ? make(device, error) : make_backend(device, error);
+  } catch (const std::exception& e) {
+    *error = std::string("its backend factory threw: ") + e.what();
+  } catch (...) {
+    *error = "its backend factory threw";
+  }
+  if (!be && error->empty()) *error = "its backend factory gave none, and said nothing";
+  return be;
 }
 
 std::unique_ptr<backend> make_backend(const std::string& device, std::string* error) {
