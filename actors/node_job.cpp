@@ -90,6 +90,7 @@ void node_job::make_pair_key(size_t j) {
 }
 
 node_job::~node_job() {
+  cancelled_->store(true);
   say_lending();
   shm_in_.clear();  // their threads hand chunks to our ports: they stop first (one a replica polls, once
   tcp_in_.clear();  // its poll ends: its chunks go to the port it polls for, which the replica holds)
@@ -107,37 +108,62 @@ bool node_job::from_launcher(const net::peer_info& p) const {
   return p.peer == launcher_.peer && p.identity == launcher_.identity && p.key == launcher_.key;
 }
 
-bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, uint32_t train_data,
-                     wire::kv_map* ack, std::string* error, bool* invalid) {
+// The job's settings as the node runs them: its data, and what the node brings.
+static train_config job_config(const job_plan& plan, const node_context& ctx, std::shared_ptr<const dataset> train,
+                               std::shared_ptr<const dataset> test) {
+  train_config cfg = plan_train_config(plan);
+  cfg.train = std::move(train);
+  cfg.test = std::move(test);
+  cfg.layers = ctx.layers;
+  cfg.make_backend = ctx.make_backend;
+  cfg.stall_after_steps = ctx.stall_after_steps;
+  cfg.stall_at_join_pause = ctx.stall_at_join_pause;
+  return cfg;
+}
+
+std::shared_ptr<const job_model> prepare_model(const job_plan& plan, const node_context& ctx, std::shared_ptr<const dataset> train,
+                                               std::shared_ptr<const dataset> test, const std::atomic<bool>& cancelled,
+                                               std::string* error, bool* invalid) {
   *invalid = false;
-  train_config cfg = plan_train_config(plan_);
-  cfg.train = train;
-  cfg.test = test;
-  cfg.layers = ctx_.layers;
-  cfg.make_backend = ctx_.make_backend;
-  cfg.stall_after_steps = ctx_.stall_after_steps;
-  cfg.stall_at_join_pause = ctx_.stall_at_join_pause;
-  auto m = build_model(cfg, error);
-  if (!m) {
-    *error = "bad model: " + *error;
-    *invalid = true;
-    return false;
+  error->clear();
+  try {  // out of memory, say: the job is refused, the daemon lives on
+    const train_config cfg = job_config(plan, ctx, train, test);
+    auto out = std::make_shared<job_model>();
+    if (out->m = build_model(cfg, error); !out->m) {
+      *error = "bad model: " + *error;
+      *invalid = true;
+      return nullptr;
+    }
+    if (*error = check_config(cfg, *out->m, int(plan.ranks_on(plan.recipient).size())); !error->empty()) {
+      *invalid = true;
+      return nullptr;
+    }
+    const int64_t steps = int64_t(steps_per_epoch(train->count, size_t(plan.global_batch))) * plan.epochs;
+    // Equal: a job resumed from its last step's checkpoint, which its launcher checks against our model and
+    // data (our job_ack) and then ends, writing its results from that checkpoint. No rank runs before it says.
+    if (plan.first_step > steps) {
+      *error = "job plan: 'first_step' is " + std::to_string(plan.first_step) + ", but the job has " + std::to_string(steps) +
+               " steps on this node's " + std::to_string(train->count) + " training samples";
+      *invalid = true;
+      return nullptr;
+    }
+    if (cancelled.load()) return nullptr;
+    // A resumed job's ranks start from these too, until its state comes in a restore message.
+    out->init = std::make_shared<const std::vector<float>>(init_params(*out->m, plan.seed));
+    return out;
+  } catch (const std::exception& e) {
+    *error = std::string("could not start the job: ") + e.what();
+    return nullptr;
   }
-  if (*error = check_config(cfg, *m, int(mine_.size())); !error->empty()) {
-    *invalid = true;
-    return false;
-  }
-  const int64_t steps = int64_t(steps_per_epoch(train->count, size_t(plan_.global_batch))) * plan_.epochs;
-  // Equal: a job resumed from its last step's checkpoint, which its launcher checks against our model and
-  // data (our job_ack) and then ends, writing its results from that checkpoint. No rank runs before it says.
-  if (plan_.first_step > steps) {
-    *error = "job plan: 'first_step' is " + std::to_string(plan_.first_step) + ", but the job has " + std::to_string(steps) +
-             " steps on this node's " + std::to_string(train->count) + " training samples";
-    *invalid = true;
-    return false;
-  }
+}
+
+void node_job::start(const job_model& prepared, std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test,
+                     uint32_t train_data, wire::kv_map* ack) {
+  train_config cfg = job_config(plan_, ctx_, std::move(train), std::move(test));
+  cfg.init_params = prepared.init;
+  const std::shared_ptr<const model>& m = prepared.m;
   param_count_ = m->param_count();
-  test_count_ = test ? test->count : 0;
+  test_count_ = cfg.test ? cfg.test->count : 0;
   rank_actors local = spawn_ranks(*ctx_.sys, plan_, cfg, m, mine_, [this](int rank, size_t floats) { return lend_memory(rank, floats); });
   for (size_t i = 0; i < mine_.size(); ++i) {
     reducers_[mine_[i]] = local.reducers[i];
@@ -169,7 +195,6 @@ bool node_job::start(std::shared_ptr<const dataset> train, std::shared_ptr<const
           {"model", std::to_string(m->fingerprint())},
           {"params", std::to_string(m->param_count())},
           {"description", m->description()}};
-  return true;
 }
 
 // The ring as the plan orders it. False with *error when a node cannot be reached.

@@ -3,9 +3,10 @@
 // a rank on another node go through shared memory, a TCP connection to its ring port or the bridge), links them to
 // the launcher, routes the chunks that arrive for them, and stops it all when it is destroyed. When the
 // launcher lost another node (elastic jobs, actors/reform.hpp) it pauses the ranks and moves them into
-// the re-formed ring. Everything here runs on the bridge thread.
+// the re-formed ring. Everything here runs on the bridge thread, but prepare_model.
 #pragma once
 #include <caf/all.hpp>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -17,6 +18,7 @@
 #include "actors/replica.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/dataset.hpp"
+#include "kernels/model.hpp"
 #include "kernels/registry.hpp"
 #include "net/bridge.hpp"
 #include "net/shm_link.hpp"
@@ -49,6 +51,19 @@ struct node_context {
 // say), not merely unsuited to this node.
 std::string check_plan(const job_plan& plan, const node_context& ctx, bool* invalid);
 
+// The slow half of a job's setup, which touches nothing of the node's: the model built and checked against
+// the job's data, and its first weights made (a second or more per 100M parameters). It runs on the job's
+// data thread, so that the bridge thread goes on answering (heartbeats above all); start() goes on from it.
+struct job_model {
+  std::shared_ptr<const model> m;
+  std::shared_ptr<const std::vector<float>> init;  // the weights every rank starts from
+};
+// plan: the job's (node_job::plan()); of ctx only layers, make_backend and the testing fields are read.
+// Null with *error (*invalid as for check_plan), or with no error once *cancelled (the job has gone).
+std::shared_ptr<const job_model> prepare_model(const job_plan& plan, const node_context& ctx, std::shared_ptr<const dataset> train,
+                                               std::shared_ptr<const dataset> test, const std::atomic<bool>& cancelled,
+                                               std::string* error, bool* invalid);
+
 class node_job {
  public:
   // plan passed check_plan. Nothing runs until start().
@@ -67,11 +82,12 @@ class node_job {
   bool sends_through_bridge(const std::string& key) const;
   bool running() const { return !reducers_.empty(); }
 
-  // Once the data is here (train_data: data_fingerprint(*train)): builds the model, spawns this node's
-  // ranks and wires the ring. False with *error (*invalid as for check_plan); else *ack is the job_ack's
-  // payload.
-  bool start(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, uint32_t train_data,
-             wire::kv_map* ack, std::string* error, bool* invalid);
+  // Turns true when the job goes: prepare_model gives up then.
+  std::shared_ptr<const std::atomic<bool>> cancelled() const { return cancelled_; }
+  // Once the data is here (train_data: data_fingerprint(*train)) and the model prepared from it: spawns
+  // this node's ranks and opens the ring's receivers. *ack is the job_ack's payload.
+  void start(const job_model& prepared, std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test,
+             uint32_t train_data, wire::kv_map* ack);
 
   // Sends the step reports the job holds back (actors/node_links.hpp), waiting up to `wait` for them to
   // be queued: on the bridge thread they then leave before anything it sends next.
@@ -134,6 +150,7 @@ class node_job {
   bool same_host(int node) const;
 
   node_context ctx_;
+  std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
   net::peer_info launcher_;
   job_plan plan_;          // this node's ranks on this node's devices
   std::vector<int> mine_;  // the ranks this node runs

@@ -309,20 +309,32 @@ struct node_service::impl {
     job = std::make_unique<node_job>(context(), from, std::move(plan));
     busy = true;
     const job_plan& jp = job->plan();
+    // The data thread builds the model too, and makes its first weights: seconds for a big one.
     data.load_job(jp.limit_train, jp.limit_test, jp.evaluate,
-                  [this, id = jp.job_id](std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, uint32_t print,
-                                         std::string err) { br.post([this, id, train, test, print, err] { start_job(id, train, test, print, err); }); });
+                  [this, plan = jp, ctx = context(), cancelled = job->cancelled()](std::shared_ptr<const dataset> train,
+                                                                                   std::shared_ptr<const dataset> test, uint32_t print,
+                                                                                   std::string err) {
+                    std::shared_ptr<const job_model> prepared;
+                    bool invalid = false;
+                    if (train && !cancelled->load()) prepared = prepare_model(plan, ctx, train, test, *cancelled, &err, &invalid);
+                    if (cancelled->load()) return;  // nobody waits for it
+                    br.post([this, id = plan.job_id, train, test, print, prepared, err, invalid] {
+                      start_job(id, train, test, print, prepared, err, invalid);
+                    });
+                  });
   }
 
-  // Second half, once the data is loaded: the job spawns its ranks and joins the ring.
+  // Second half, once the data is loaded and the model prepared: the job spawns its ranks.
   void start_job(uint64_t id, std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test, uint32_t train_data,
-                 std::string error) {
+                 std::shared_ptr<const job_model> prepared, std::string error, bool invalid) {
     if (!job || job->id() != id || job->running()) return;  // aborted while loading
     const net::peer_info launcher = job->launcher();
-    wire::kv_map ack;
-    bool invalid = false;
     try {  // e.g. out of memory: refuse the job, keep the daemon
-      if (train && job->start(train, test, train_data, &ack, &error, &invalid)) return send_kv(launcher, wire::msg_type::job_ack, id, ack);
+      if (train && prepared) {
+        wire::kv_map ack;
+        job->start(*prepared, train, test, train_data, &ack);
+        return send_kv(launcher, wire::msg_type::job_ack, id, ack);
+      }
     } catch (const std::exception& e) {
       error = std::string("could not start the job: ") + e.what();
     }

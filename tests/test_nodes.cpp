@@ -223,6 +223,49 @@ TEST_CASE("topology API: ranks here and on a node build a layer of the program's
   CHECK(local.weights == mixed.weights);
 }
 
+TEST_CASE("a node whose model takes seconds to build goes on answering meanwhile, and trains", "[nodes]") {
+  // Building a job's model (and making its first weights: a second or more per 100M parameters) ran on the
+  // node's bridge thread, which then sent no heartbeats: "fell silent while it set the job up" after 1.5 s.
+  // Here a layer of the node's own takes 6 s to make (a launcher waits 5 s for a node setting a job up).
+  std::atomic<int> made{0};
+  layer_registry slow = layer_registry::with_builtins();
+  std::string err;
+  REQUIRE(slow.add("scale", [&made](const json&, std::string*) -> std::unique_ptr<layer> {
+    std::this_thread::sleep_for(6s);
+    ++made;
+    return std::make_unique<test::scale_layer>();
+  }, &err));
+  node_options no;
+  no.listen = "tcp://127.0.0.1:0";
+  no.name = "slow-build";
+  no.devices = "cpu:1";
+  no.data_dir = RINGMASTER_DATA_DIR;
+  no.layers = std::make_shared<const layer_registry>(std::move(slow));
+  no.log = [](const std::string&) {};
+  node_service node(no);
+  REQUIRE(node.start(&err));
+  train_config c = small_job();
+  c.epochs = 1;
+  c.model = R"([{"type": "scale"}, {"type": "flatten"}, {"type": "dense", "units": 10}])";
+  c.layers = std::make_shared<const layer_registry>(test::with_scale());
+  topology t;
+  t.connect(node.endpoint());
+  t.place(1, {node.endpoint(), "cpu"});
+  t.data_dir(RINGMASTER_DATA_DIR).limit(600, 100);
+  const train_result remote = t.train(c);
+  INFO(remote.error);
+  REQUIRE(remote.ok);
+  CHECK(made.load() >= 1);
+  topology here;
+  here.place(1, {"", "cpu"});
+  c.train = load("train", 600);
+  c.test = load("t10k", 100);
+  const train_result local = here.train(c);
+  INFO(local.error);
+  REQUIRE(local.ok);
+  CHECK(local.weights == remote.weights);
+}
+
 TEST_CASE("the cnn (conv, pooling, dropout) on 2 nodes x 1 replica equals 2 local replicas bit for bit", "[nodes][cnn]") {
   auto nodes = start_nodes(2, "cpu:1");
   train_config c;
