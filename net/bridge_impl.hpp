@@ -191,8 +191,10 @@ struct bridge::impl {
   // A bounded batch: sockets are polled again in between, however fast other threads post.
   void run_queue();
   connection* conn(int id);
-  // Sends what waits and reads what has come, a bounded batch so one busy peer cannot starve the
-  // others. Leaves the connection dirty if it stopped early, so the loop comes back without sleeping.
+  // Sends what waits and reads what has come, a bounded batch (64 messages, or kServeSlice of handlers'
+  // time) so one busy peer cannot starve the others. Leaves the connection dirty if it stopped early, so
+  // the loop comes back without sleeping.
+  static constexpr std::chrono::milliseconds kServeSlice{2};
   void serve(int id);
   // poll() on the sockets' ZMQ_FDs and the wake-up eventfd. ZMQ_FD only announces changes, so a
   // socket is served until it reports "nothing more" (a recv that would block, which also re-arms its

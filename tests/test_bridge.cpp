@@ -531,3 +531,57 @@ TEST_CASE("bridge: without keys too, clients past max_connections are refused, a
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
   close(fd);
 }
+
+TEST_CASE("bridge: one connection's many slow messages do not hold up another's for long", "[bridge]") {
+  // A launcher's handler took 150 ms for each 16 MB piece of one node's final weights; the bridge read 64
+  // of them (10 s) before the other node's heartbeats, and took that node for lost.
+  // What the handlers touch is declared first: the bridges (their threads) go before it, a failed
+  // REQUIRE included.
+  inbox ia, ib;
+  std::atomic<int> from_a{0};
+  std::atomic<int64_t> b_seen_at{0}, a_before_b{-1};
+  std::atomic<int> to_a{-1};
+  bridge l, a, b;
+  ia.attach(a);
+  ib.attach(b);
+  std::string err;
+  REQUIRE(a.start("tcp://127.0.0.1:0", &err));
+  REQUIRE(b.start("tcp://127.0.0.1:0", &err));
+  l.set_handler([&](const peer_info& f, const wire::header&, payload) {
+    if (f.peer == to_a) {
+      std::this_thread::sleep_for(20ms);
+      ++from_a;
+    } else {
+      a_before_b = from_a.load();
+      b_seen_at = std::chrono::steady_clock::now().time_since_epoch().count();
+    }
+  });
+  REQUIRE(l.start("", &err));
+  to_a = l.connect(a.endpoint(), &err);
+  const int to_b = l.connect(b.endpoint(), &err);
+  REQUIRE(to_a.load() >= 0);
+  REQUIRE(to_b >= 0);
+  wire::header hb;
+  hb.type = msg_type::heartbeat;
+  REQUIRE(l.send(to_a.load(), hb));
+  REQUIRE(l.send(to_b, hb));
+  REQUIRE(ia.wait_messages(1));
+  REQUIRE(ib.wait_messages(1));
+  peer_info back_a, back_b;
+  {
+    std::lock_guard<std::mutex> la(ia.mu), lb(ib.mu);
+    back_a = ia.messages[0].from, back_b = ib.messages[0].from;
+  }
+  for (int i = 0; i < 100; ++i) REQUIRE(a.reply(back_a, hb));
+  while (from_a.load() == 0) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(100ms);  // a's messages are all in; l is some way into them
+  const auto sent = std::chrono::steady_clock::now();
+  REQUIRE(b.reply(back_b, hb));
+  for (int i = 0; i < 500 && b_seen_at.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE(b_seen_at.load() != 0);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::duration(b_seen_at.load()) - sent.time_since_epoch()).count();
+  INFO("b's message waited " << waited << " s, behind " << a_before_b.load() << " of a's 100");
+  CHECK(waited < 0.5);  // 64 of a's, 1.28 s, before
+  CHECK(a_before_b.load() < 30);
+  l.stop();
+}
