@@ -289,6 +289,27 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   }
 }
 
+// Rank r's final weights are in (as their checksum): once every rank's are, the job ends.
+void final_weights_in(caf::event_based_actor* self, coordinator_state& st, int r, uint64_t sum, bool finite) {
+  // From a node these are its word: weights no training makes are not saved as a result.
+  if (!finite) return finish(self, st, "rank " + rank_where(st, r) + " sent final weights that hold NaN or infinite values");
+  st.result->checksums[size_t(r)] = sum;
+  if (++st.weights_in < int(st.replicas.size())) return;
+  bool same = true;
+  for (uint64_t c : st.result->checksums) same = same && c == st.result->checksums[0];
+  st.result->identical = same;
+  // The checkpoint after the last step is the result too (a resume of the finished run gives it): rank
+  // 0's node sent its state, and must not have sent another.
+  if (same && st.written == st.cfg.steps_per_epoch * st.cfg.epochs && st.written_params != st.result->checksums[0])
+    return finish(self, st, "the checkpoint after the last step (" + std::to_string(st.written) +
+                                 ") holds other weights than every rank's final ones: rank " + st.written_by +
+                                 " sent a state that was not its own; do not resume from it");
+  // Every state and report came before its rank's done: a checkpoint still waiting is a bug.
+  if (!st.checkpoints.empty())
+    return finish(self, st, "the checkpoint after step " + std::to_string(st.checkpoints.begin()->first) + " was never complete");
+  finish(self, st, "");
+}
+
 }  // namespace
 
 caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) {
@@ -452,39 +473,34 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
                                        std::to_string(st->cfg.epochs) + " epochs of " + std::to_string(st->cfg.steps_per_epoch) + " steps");
         const size_t n = st->replicas.size();
         st->result->checksums.assign(n, 0);
+        // Rank 0's weights are the result; of the others a checksum is enough to tell they are the same
+        // (from nodes each would cross the network, and the launcher held them all at once).
         for (size_t r = 0; r < n; ++r) {
           // An answer for a generation given up on (a node lost meanwhile) is ignored.
-          self->request(st->replicas[r], kWeightsTimeout, weights_atom::value)
-              .then(
-                  [self, st, r, gen = st->gen](chunk_ptr w) {
-                    if (gen != st->gen) return;
-                    // From a node these are its word: weights no training makes are not saved as a result.
-                    if (!std::all_of(w->begin(), w->end(), [](float x) { return std::isfinite(x); }))
-                      return finish(self, *st, "rank " + rank_where(*st, int(r)) + " sent final weights that hold NaN or infinite values");
-                    st->result->checksums[r] = fnv1a(w->data(), w->size());
-                    if (r == 0) st->result->weights = *w;
-                    if (++st->weights_in < int(st->replicas.size())) return;
-                    bool same = true;
-                    for (uint64_t c : st->result->checksums) same = same && c == st->result->checksums[0];
-                    st->result->identical = same;
-                    // The checkpoint after the last step is the result too (a resume of the finished run
-                    // gives it): rank 0's node sent its state, and must not have sent another.
-                    if (same && st->written == st->cfg.steps_per_epoch * st->cfg.epochs && st->written_params != st->result->checksums[0])
-                      return finish(self, *st, "the checkpoint after the last step (" + std::to_string(st->written) +
-                                                   ") holds other weights than every rank's final ones: rank " + st->written_by +
-                                                   " sent a state that was not its own; do not resume from it");
-                    // Every state and report came before its rank's done: a checkpoint still waiting is a bug.
-                    if (!st->checkpoints.empty())
-                      return finish(self, *st, "the checkpoint after step " + std::to_string(st->checkpoints.begin()->first) +
-                                                   " was never complete");
-                    finish(self, *st, "");
-                  },
-                  [self, st, r, gen = st->gen](caf::error& e) {
-                    if (gen == st->gen)
-                      finish(self, *st, "replica " + std::to_string(r) + " did not send its weights" +
-                                          (e == caf::sec::request_timeout ? " within " + std::to_string(kWeightsTimeout.count()) + " s"
-                                                                          : ": " + self->system().render(e)));
-                  });
+          auto failed = [self, st, r, gen = st->gen](caf::error& e) {
+            if (gen == st->gen)
+              finish(self, *st, "replica " + std::to_string(r) + " did not send its weights" +
+                                  (e == caf::sec::request_timeout ? " within " + std::to_string(kWeightsTimeout.count()) + " s"
+                                                                  : ": " + self->system().render(e)));
+          };
+          if (r == 0) {
+            self->request(st->replicas[r], kWeightsTimeout, weights_atom::value)
+                .then(
+                    [self, st, gen = st->gen](chunk_ptr w) {
+                      if (gen != st->gen) return;
+                      const bool finite = std::all_of(w->begin(), w->end(), [](float x) { return std::isfinite(x); });
+                      if (finite) st->result->weights = *w;
+                      final_weights_in(self, *st, 0, fnv1a(w->data(), w->size()), finite);
+                    },
+                    failed);
+          } else {
+            self->request(st->replicas[r], kWeightsTimeout, sum_atom::value)
+                .then(
+                    [self, st, r, gen = st->gen](uint64_t sum, bool finite) {
+                      if (gen == st->gen) final_weights_in(self, *st, int(r), sum, finite);
+                    },
+                    failed);
+          }
         }
       },
   };

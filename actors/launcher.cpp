@@ -24,7 +24,7 @@ using clock_type = launcher::clock_type;
 bool stopped_by_signal(const std::string& sig) { return sig == "SIGTERM" || sig == "SIGINT" || sig == "SIGHUP"; }
 
 struct rank_proxy_state {
-  caf::response_promise weights;
+  caf::response_promise weights, sum;
 };
 
 }  // namespace
@@ -74,6 +74,16 @@ caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer
         return st->weights;
       },
       [st](weights_atom, chunk_ptr w) { st->weights.deliver(std::move(w)); },
+      [self, st, br, peer, job, rank](sum_atom) {
+        st->sum = self->make_response_promise();
+        wire::header h;
+        h.type = wire::msg_type::weights_sum;
+        h.job_id = job;
+        h.sender_rank = rank;  // the rank addressed; no payload: a request
+        br->send(peer, h);
+        return st->sum;
+      },
+      [st](sum_atom, uint64_t sum, bool finite) { st->sum.deliver(sum, finite); },
       [self](fail_atom, const std::string& why) { self->quit(caf::make_error(caf::sec::runtime_error, why)); },
   };
 }
@@ -578,6 +588,20 @@ void launcher::on_message(const net::peer_info& from, const wire::header& h, net
         auto whole = std::make_shared<std::vector<float>>(std::move(w));
         weights_in.erase(h.sender_rank);
         caf::anon_send(proxies[size_t(h.sender_rank)], weights_atom::value, chunk_ptr(std::move(whole)));
+      }
+      return;
+    case msg_type::weights_sum:
+      if (reports_to_us(node, h.sender_rank)) {
+        wire::kv_map kv;
+        std::string error;
+        uint64_t sum = 0;
+        const bool read = wire::decode_kv(p.text(), &kv, &error) && (kv["finite"] == "1" || kv["finite"] == "0");
+        const std::string& said = kv["fnv1a64"];
+        const auto [end, ec] = std::from_chars(said.data(), said.data() + said.size(), sum);
+        if (!read || said.empty() || ec != std::errc() || end != said.data() + said.size())
+          return kill_node(node, "node " + ro.nodes[size_t(node)] + " sent a malformed checksum of rank " + std::to_string(h.sender_rank) +
+                                     "'s final weights ('" + node_text(std::string(p.text()), 80) + "')");
+        caf::anon_send(proxies[size_t(h.sender_rank)], sum_atom::value, sum, kv["finite"] == "1");
       }
       return;
     case msg_type::checkpoint:

@@ -42,6 +42,9 @@ using checkpt_atom = caf::atom_constant<caf::atom("checkpt")>;  // {checkpt_atom
 using restore_atom = caf::atom_constant<caf::atom("restore")>;  // {restore_atom, state_ptr}: start from here
 using pause_atom = caf::atom_constant<caf::atom("pause")>;    // {pause_atom, generation}: stop, say how far
 using reform_atom = caf::atom_constant<caf::atom("reform")>;  // continue in a re-formed ring
+// {sum_atom}: a replica's final weights as (fnv1a of their bytes, all finite), what the coordinator asks
+// of every rank but one: across nodes the weights themselves would each cross the network.
+using sum_atom = caf::atom_constant<caf::atom("sum")>;
 
 // One replica's shard of one global batch. Shared, immutable once sent: no copy on the way.
 struct batch {

@@ -541,6 +541,10 @@ void node_job::send_weights(int rank) {
   if (launcher_link_ && replicas_.count(rank)) caf::anon_send(launcher_link_, weights_atom::value, rank);
 }
 
+void node_job::send_weights_sum(int rank) {
+  if (launcher_link_ && replicas_.count(rank)) caf::anon_send(launcher_link_, sum_atom::value, rank);
+}
+
 bool node_job::launcher_gone(std::chrono::milliseconds timeout) const {
   // The launcher heartbeats from the moment it sends the job, while it waits for the nodes too.
   return clock_type::now() - last_heard_ > timeout;

@@ -92,10 +92,11 @@ class node_job {
   // Sends the step reports the job holds back (actors/node_links.hpp), waiting up to `wait` for them to
   // be queued: on the bridge thread they then leave before anything it sends next.
   void flush_reports(std::chrono::milliseconds wait);
-  // The launcher's word: it is alive; start a rank; send a rank's weights.
+  // The launcher's word: it is alive; start a rank; send a rank's weights, or their checksum.
   void heard();
   void run_rank(int rank);
   void send_weights(int rank);
+  void send_weights_sum(int rank);
   // Whether the launcher has been silent too long (it heartbeats from the moment it sends the job).
   bool launcher_gone(std::chrono::milliseconds timeout) const;
 

@@ -224,6 +224,18 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
             },
             [out, rank](caf::error&) { out->release(rank); });
       },
+      [self, br, launcher, job, ranks, flush](sum_atom, int rank) {
+        auto it = ranks->find(rank);
+        if (it == ranks->end()) return;
+        self->request(it->second, std::chrono::seconds(60), sum_atom::value).then([br, launcher, job, rank, flush](uint64_t sum, bool finite) {
+          flush();
+          wire::header h;
+          h.type = wire::msg_type::weights_sum;
+          h.job_id = job;
+          h.sender_rank = rank;
+          send_kv(br, launcher, h, {{"fnv1a64", std::to_string(sum)}, {"finite", finite ? "1" : "0"}});
+        });  // no answer: the launcher's time limit acts
+      },
   };
 }
 

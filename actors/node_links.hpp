@@ -14,7 +14,8 @@ namespace ringmaster {
 // per step for them, nor costs the launcher a message per rank and step; any
 // other message sends them first, so the launcher sees everything in order), eval reports, pause reports,
 // done and rank 0's states for checkpoints (checkpoint messages, one per buffer) to the launcher; answers
-// {weights_atom, rank} by fetching that replica's weights and sending them, and {checkpt_atom, rank,
+// {weights_atom, rank} by fetching that replica's weights and sending them, {sum_atom, rank} likewise with
+// their checksum (weights_sum), and {checkpt_atom, rank,
 // replica} by sending that (paused) replica's state as checkpoint messages from rank; watches the job's local
 // actors and tells the launcher (abort message) when one fails.
 // {reform_atom, map<int, actor> replicas, vector<actor> watch}: the ranks' new numbers after a

@@ -411,6 +411,9 @@ struct node_service::impl {
       case msg_type::weights:
         if (launcher) job->send_weights(h.sender_rank);
         return;
+      case msg_type::weights_sum:
+        if (launcher) job->send_weights_sum(h.sender_rank);
+        return;
       case msg_type::abort:
         if (launcher) {
           wire::kv_map kv;

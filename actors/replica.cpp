@@ -1,8 +1,11 @@
 #include "actors/replica.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 
+#include "actors/coordinator.hpp"  // fnv1a
 #include "actors/messages.hpp"
 
 namespace ringmaster {
@@ -336,6 +339,11 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
         auto w = std::make_shared<std::vector<float>>(st->model->size());
         st->model->get_params(w->data());
         return chunk_ptr(std::move(w));
+      },
+      [st](sum_atom) -> caf::result<uint64_t, bool> {
+        std::vector<float> w(st->model->size());
+        st->model->get_params(w.data());
+        return {fnv1a(w.data(), w.size()), std::all_of(w.begin(), w.end(), [](float x) { return std::isfinite(x); })};
       },
   };
 }

@@ -71,8 +71,9 @@ std::vector<size_t> gradient_buckets(const model& m, size_t bucket_floats);
 
 // Spawn detached (it computes on its own thread). Receives {run_atom, loader, reducer, coordinator}; sends
 // the coordinator step_report after every step, eval_report after every epoch, {done_atom, rank} at the
-// end. Answers {weights_atom} with its parameters (chunk_ptr). {restore_atom, state_ptr} before run sets
-// its parameters and optimizer state (a resumed job). Elastic: {pause_atom, gen} stops it (it answers the
+// end. Answers {weights_atom} with its parameters (chunk_ptr), {sum_atom} with their checksum (fnv1a) and
+// whether all are finite. {restore_atom, state_ptr} before run sets its parameters and optimizer state
+// (a resumed job). Elastic: {pause_atom, gen} stops it (it answers the
 // coordinator with a pause_report) until {reform_atom, rank_reform} lets it go on; {pause_atom, gen, at}
 // stops it so once it has applied `at` steps (at once if it has already). Paused, it answers
 // {checkpt_atom} with its state (for a node that joins the ring, or survivors a step behind), and takes

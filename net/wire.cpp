@@ -38,6 +38,7 @@ const char* type_name(msg_type t) {
     case msg_type::pause: return "pause";
     case msg_type::reform: return "reform";
     case msg_type::steps: return "steps";
+    case msg_type::weights_sum: return "weights_sum";
   }
   return "unknown";
 }

@@ -26,7 +26,7 @@
 // then wait for one piece, not for the whole model, so its heartbeats keep coming.
 //
 // Payloads: chunk, weights and checkpoint carry floats; job and reform a JSON job plan (actors/job_plan.hpp,
-// at most kMaxJobBytes); hello, hello_ack, job_ack, report, abort, error and pause key=value text
+// at most kMaxJobBytes); hello, hello_ack, job_ack, report, abort, error, pause and weights_sum key=value text
 // (kMaxKvBytes; the bridge's refusal of another version is plain text), a report naming its kind
 // ("kind=eval", "kind=paused" or "kind=stall"); steps `elements` step records; start, done, heartbeat
 // and bye nothing. A chunk's job_id is its ring's id: the job's, until a lost node makes the launcher
@@ -64,7 +64,9 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // data_fingerprint (train_data); a plan may start at its job's last step (a finished run resumed).
 // 12: step reports travel as binary records, many to a steps message. 13: weights and checkpoint
 // buffers travel in pieces (a launcher took a node for lost while 950 MB of weights came in one message).
-constexpr uint16_t kProtocolVersion = 13;
+// 14: a launcher asks every rank but one for a checksum of its final weights (weights_sum), not for all of
+// them: 16 ranks of a 237M-parameter model sent it 15 GB, held at once.
+constexpr uint16_t kProtocolVersion = 14;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small
@@ -102,8 +104,12 @@ enum class msg_type : uint16_t {
   pause,       // the ring is re-formed: stop (after step `at` if given), say how far (kv payload: gen[, at])
   reform,      // continue in a re-formed ring (JSON plan of the new generation); answered by job_ack
   steps,       // step reports, `elements` records in order (binary payload, above)
+  // Rank sender_rank's final weights as a checksum, which is all a launcher needs of every rank but one
+  // (kv payload: fnv1a64, the FNV-1a of their bytes in decimal, and finite, 1 or 0). From a launcher
+  // without payload: a request for it.
+  weights_sum,
 };
-constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::steps);
+constexpr uint16_t kFirstType = 1, kLastType = uint16_t(msg_type::weights_sum);
 constexpr int32_t kStateBuffers = 3;  // checkpoint segments: 0..2
 
 const char* type_name(msg_type t);

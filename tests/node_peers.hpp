@@ -125,7 +125,7 @@ inline void send_own_job(zmq::socket_t& s, const std::string& endpoint, const st
   test::send_raw(s, job, {zmq::buffer(text)});
 }
 
-// The next message a raw client gets: its header and, for a non-tensor one, its payload as text. False
+// The next message a raw client gets: its header and its payload (a tensor's floats as bytes). False
 // when none comes within the socket's receive timeout.
 inline bool next_message(zmq::socket_t& s, wire::header* h, std::string* body) {
   for (zmq::message_t head; s.recv(head);) {
@@ -133,7 +133,7 @@ inline bool next_message(zmq::socket_t& s, wire::header* h, std::string* body) {
     if (head.more()) REQUIRE(s.recv(payload));
     std::string err;
     if (!wire::decode(head.data(), head.size(), h, &err)) continue;
-    *body = wire::is_tensor_type(h->type) ? "" : payload.to_string();
+    *body = payload.to_string();  // a tensor's floats too, as bytes
     return true;
   }
   return false;

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "actors/checkpoint.hpp"
+#include "actors/coordinator.hpp"
 #include "actors/remote_job.hpp"
 #include "tests/node_peers.hpp"
 #include "tests/test_data.hpp"
@@ -139,6 +140,28 @@ TEST_CASE("pieces: a node sends a model's weights of more than one piece in piec
   }
   CHECK(rounds == std::vector<int32_t>{0, 1});
   CHECK(sizes == std::vector<uint64_t>{kPiece, total - kPiece});
+  l.send(wire::msg_type::abort);
+}
+
+TEST_CASE("pieces: a node asked for a checksum of a rank's final weights answers the fnv1a of the weights it sends", "[pieces][nodes]") {
+  // What a launcher asks of every rank but rank 0 (protocol 14): not all their weights.
+  logged_node a("node-a");
+  raw_launcher l(a, "node-a", "784-6000-10", 4344);
+  l.send(wire::msg_type::weights_sum, 0);
+  wire::header rh;
+  std::string text, err;
+  REQUIRE(next_of(l.s, wire::msg_type::weights_sum, &rh, &text));
+  CHECK(rh.sender_rank == 0);
+  wire::kv_map kv;
+  REQUIRE(wire::decode_kv(text, &kv, &err));
+  CHECK(kv["finite"] == "1");
+  l.send(wire::msg_type::weights, 0);
+  const size_t total = 784 * 6000 + 6000 + 6000 * 10 + 10;
+  std::vector<float> w;
+  while (w.size() < total && next_of(l.s, wire::msg_type::weights, &rh, &text))
+    REQUIRE(add_piece(&w, rh, {text.data(), text.size(), nullptr}, total));
+  REQUIRE(w.size() == total);
+  CHECK(kv["fnv1a64"] == std::to_string(fnv1a(w.data(), w.size())));
   l.send(wire::msg_type::abort);
 }
 
