@@ -47,10 +47,15 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
   if (fd < 0) return "cannot write in folder " + dir + ": " + std::strerror(errno);
   ::close(fd);
   ::unlink(probe.c_str());
-  if (const auto found = list_checkpoints(dir); !resuming && !found.empty())
+  const auto found = list_checkpoints(dir);
+  if (!resuming && !found.empty())
     return dir + " holds the checkpoints of another run (" + fs::path(found.front()).filename().string() +
            (found.size() > 1 ? " and " + std::to_string(found.size() - 1) + " more" : "") +
            "), which this one would delete: resume from them (--resume), or give another folder";
+  // A checkpoint cannot be renamed onto a folder: every resume would train up to it and fail there.
+  for (const std::string& path : found)
+    if (::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      return path + " is a folder, named as a checkpoint this run may write: move it out of " + dir;
   if (lock) *lock = held;
   return "";
 }

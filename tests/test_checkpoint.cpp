@@ -804,6 +804,18 @@ TEST_CASE("checkpoint: a new run refuses a folder of another run's checkpoints, 
   CHECK(names(linked) == std::set<std::string>{"ckpt-1-0.safetensors"});
 }
 
+TEST_CASE("checkpoint: a folder named as a checkpoint in the checkpoint folder is refused before a resume trains", "[checkpoint]") {
+  // A checkpoint cannot be renamed onto it: every --resume trained up to that step, failed there (exit 1)
+  // and lost those steps, for ever.
+  const std::string dir = fresh_dir("folder-named-as-checkpoint");
+  REQUIRE(std::filesystem::create_directory(dir + "/ckpt-3-0.safetensors"));
+  CHECK(check_checkpoint_dir(dir, true, nullptr) ==
+        dir + "/ckpt-3-0.safetensors is a folder, named as a checkpoint this run may write: move it out of " + dir);
+  std::filesystem::remove(dir + "/ckpt-3-0.safetensors");
+  CHECK(check_checkpoint_dir(dir, true, nullptr).empty());
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("checkpoint: one made for another model is refused before its data is read", "[checkpoint]") {
   const std::string dir = fresh_dir("stranger");
   const std::string data = " --epochs 1 --batch 64 --limit-train 512 --limit-test 128 -q --checkpoint-dir " + dir;
