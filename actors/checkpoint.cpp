@@ -574,8 +574,10 @@ std::function<std::string(const job_progress&, const network_state&)> checkpoint
   // The older checkpoint kept beside each new one: the one written before, or the one resumed from (a
   // newer file that resume passed over as damaged must not outlive it).
   std::string good = cfg.resume ? fs::path(cfg.resume->file).filename().string() : std::string();
-  return [head, m, last, good, dir = cfg.checkpoint_dir, told = cfg.on_checkpoint](const job_progress& p, const network_state& s) mutable {
+  return [head, m, last, good, dir = cfg.checkpoint_dir, told = cfg.on_checkpoint, job_replicas = cfg.replicas](
+             const job_progress& p, const network_state& s) mutable {
     std::string path, error;
+    head.replicas = p.replicas > 0 ? p.replicas : job_replicas;  // who made it: a resume on as many is exact
     if (!write_file(dir, *m, head, p, s, &path, &error, &good)) return error;
     good = fs::path(path).filename().string();
     *last = path;

@@ -136,6 +136,7 @@ void checkpoint_progress(caf::event_based_actor* self, coordinator_state& st, in
     st.checkpoints.erase(st.checkpoints.begin());
   c.have_progress = true;
   c.progress.step = done;
+  c.progress.replicas = st.cfg.replicas;  // the ring now, re-formed or not
   c.progress.history = st.result->history;
   if (open) {
     c.progress.loss = open->loss;

@@ -110,6 +110,7 @@ std::string interrupted_by(int sig);
 // print and report what the uninterrupted job's would (but for the time).
 struct job_progress {
   int64_t step = 0;
+  int replicas = 0;  // the ring's ranks that made it (fewer once a node is lost); 0: the job's
   std::vector<epoch_stats> history;
   double loss = 0;
   int64_t correct = 0, count = 0;

@@ -3,6 +3,7 @@
 // come back and rejoin: test_rejoin.cpp.)
 #include <catch2/catch.hpp>
 
+#include "actors/checkpoint.hpp"
 #include "tests/elastic_util.hpp"
 
 using namespace ringmaster;
@@ -231,5 +232,10 @@ TEST_CASE("elastic with checkpoints: the node running rank 0 is killed, the job 
   CHECK(r.out.find("Lost node " + nodes[0]->endpoint + " (rank 0)") != std::string::npos);
   // The last checkpoint is the finished job's: the new rank 0 sent it.
   CHECK(r.out.find("Last checkpoint: " + dir + "/ckpt-2-0.safetensors") != std::string::npos);
+  // Made by the 2 ranks left: a resume on 2 is exact, and is not told otherwise (it said 3).
+  checkpoint last;
+  std::string err;
+  REQUIRE(read_checkpoint(dir + "/ckpt-2-0.safetensors", layer_registry::with_builtins(), &last, &err));
+  CHECK(last.replicas == 2);
   test::run(std::string("rm -rf ") + dir);
 }
