@@ -103,6 +103,7 @@ struct launcher {
   std::vector<double> join_setup;       // per node: seconds its last try took to load (0: none yet)
   std::vector<int> join_late;           // per node: tries since it last ran that came too late (each aims further)
   std::vector<std::string> changed;     // per node: why it now fails the handshake (started again with another key), unsaid
+  std::vector<std::string> unfit;       // per node: the devices it came back with, too few for its ranks (said once)
   std::atomic<int> joining{-1};         // the node joining; its messages are heard, it gets heartbeats
   enum class join_step { none, setting_up, pausing, state, reforming } joins = join_step::none;
   job_plan join_plan;                   // the grown ring's (recipient -1; first_step as the others')

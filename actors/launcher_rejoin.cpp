@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "actors/launcher.hpp"
+#include "actors/node_service.hpp"  // parse_devices
 #include "actors/reform.hpp"
 
 namespace ringmaster {
@@ -20,6 +21,20 @@ void launcher::on_back(int node, wire::kv_map& kv) {
       join_failures[size_t(node)] >= kJoinTries)
     return;
   const std::string& name = ro.nodes[size_t(node)];
+  // Started again with too few devices, or others: no use asking it (it would refuse the plan). Said once
+  // for what it offers; it is asked again when that changes. ("cuda", every GPU it has, it alone can count.)
+  std::vector<std::string> slots;
+  std::string error;
+  const std::string& offers = kv["devices"];
+  if (offers != "cuda" && (!parse_devices(offers, &slots, &error) || int(slots.size()) < original_ranks[size_t(node)] ||
+                           device_kind(slots[0]) != plan.device)) {
+    if (unfit[size_t(node)] == offers) return;
+    unfit[size_t(node)] = offers;
+    const int need = original_ranks[size_t(node)];
+    return join_failed(node, "it now offers " + node_text(offers, 80) + ", and its part of the job is " + std::to_string(need) + " " +
+                                 plan.device + " replica" + (need == 1 ? "" : "s"), true);
+  }
+  unfit[size_t(node)].clear();
   const int64_t spe = steps_per_epoch;
   // Steps a second: this ring's own pace once it has run two seconds and 16 steps (the fastest second so
   // far may be from before the loss, when more nodes shared the work, and would put the join past the
@@ -45,7 +60,6 @@ void launcher::on_back(int node, wire::kv_map& kv) {
   entry.host = host_of(kv["host"]);
   entry.ring_port = ring_port_of(kv["ring_port"]);  // it seals again, with the keys of a new life:
   entry.life = ++lives;  // one per try, as one given up may have reached it (the daemon refuses a life again)
-  std::string error;
   job_plan theirs;
   if (!make_grow(plan, node, original_ranks[size_t(node)], entry, gen + 1, fresh_ring_id(job_id), at, &join_plan, &error) ||
       !(theirs = join_plan, theirs.recipient = node, theirs.first_step = at, validate(theirs, &error))) {

@@ -334,6 +334,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.join_failures.assign(ro.nodes.size(), 0);
   L.join_setup.assign(ro.nodes.size(), 0.0);
   L.join_late.assign(ro.nodes.size(), 0);
+  L.unfit.assign(ro.nodes.size(), {});
   for (size_t i = 0; i < ro.nodes.size(); ++i) L.original_ranks.push_back(int(L.plan.ranks_on(int(i)).size()));
 
   caf::actor_system_config sys_cfg;

@@ -169,6 +169,32 @@ TEST_CASE("elastic: a node started again with another key is named once as unabl
   std::filesystem::remove_all(other);
 }
 
+TEST_CASE("elastic: a node started again with fewer devices than its ranks is named once as unable to rejoin, and not asked to", "[nodes][elastic][rejoin]") {
+  // It was told "it rejoins after step N", then refused the plan ("job asks for 2 replicas, this node
+  // offers cpu:1"), and so again at each try.
+  auto nodes = start_nodes(2, "cpu:2");
+  const std::string who = nodes[1]->endpoint;
+  rejoin_run run;  // started again with cpu:1
+  run.back = " is back, but could not rejoin: it now offers cpu:1";
+  train_config job = rejoin_job();
+  job.epochs = kRejoinEpochs / 4;  // no join to leave room for
+  remote_options ro = rejoin_options(nodes);
+  ro.replicas_per_node = 2;
+  train_result r = run.run(job, ro, nodes, 1, 10, [] { std::this_thread::sleep_for(2s); });
+  const std::string events = run.all_events();
+  INFO(r.error << "\n" << events);
+  REQUIRE(r.ok);
+  const std::string unfit = "node " + who + " is back, but could not rejoin: it now offers cpu:1, and its part of the job is 2 cpu replicas; it is asked again";
+  size_t said = 0;
+  for (size_t at = events.find(unfit); at != std::string::npos; at = events.find(unfit, at + 1)) ++said;
+  CHECK(said == 1);  // asked every second meanwhile
+  CHECK(events.find("is back; it rejoins") == std::string::npos);
+  CHECK(r.joins.empty());
+  REQUIRE(r.failed_joins.size() == 1);
+  CHECK(r.failed_joins[0].asked_again);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+}
+
 TEST_CASE("elastic: a node whose try to rejoin failed is taken back at the next, sealing with the keys of a third life", "[nodes][elastic][rejoin]") {
   auto nodes = start_nodes(3, "cpu:1");
   remote_options ro = rejoin_options(nodes);
