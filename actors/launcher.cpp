@@ -56,31 +56,25 @@ int ring_port_of(const std::string& said) {  // a node's word: checked, never st
 
 caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer, uint64_t job, int rank) {
   auto st = std::make_shared<rank_proxy_state>();
+  // A message without payload to the rank's node, addressed to the rank: a start, or a request.
+  auto tell = [br, peer, job, rank](wire::msg_type type) {
+    wire::header h;
+    h.type = type;
+    h.job_id = job;
+    h.sender_rank = rank;
+    br->send(peer, h);
+  };
   return {
-      [br, peer, job, rank](run_atom, caf::actor, caf::actor, caf::actor) {
-        wire::header h;
-        h.type = wire::msg_type::start;
-        h.job_id = job;
-        h.sender_rank = rank;  // the rank addressed
-        br->send(peer, h);
-      },
-      [self, st, br, peer, job, rank](weights_atom) {
+      [tell](run_atom, caf::actor, caf::actor, caf::actor) { tell(wire::msg_type::start); },
+      [self, st, tell](weights_atom) {
         st->weights = self->make_response_promise();
-        wire::header h;
-        h.type = wire::msg_type::weights;
-        h.job_id = job;
-        h.sender_rank = rank;  // the rank addressed; no payload: a request
-        br->send(peer, h);
+        tell(wire::msg_type::weights);
         return st->weights;
       },
       [st](weights_atom, chunk_ptr w) { st->weights.deliver(std::move(w)); },
-      [self, st, br, peer, job, rank](sum_atom) {
+      [self, st, tell](sum_atom) {
         st->sum = self->make_response_promise();
-        wire::header h;
-        h.type = wire::msg_type::weights_sum;
-        h.job_id = job;
-        h.sender_rank = rank;  // the rank addressed; no payload: a request
-        br->send(peer, h);
+        tell(wire::msg_type::weights_sum);
         return st->sum;
       },
       [st](sum_atom, uint64_t sum, bool finite) { st->sum.deliver(sum, finite); },
