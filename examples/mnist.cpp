@@ -226,7 +226,8 @@ int main(int argc, char** argv) {
        "steps between checkpoints (default: at the end of every epoch); one is also written after the last step")
       ("resume", po::bool_switch(&o.resume),
        "continue from the newest good checkpoint in --checkpoint-dir (same model, optimizer, batch, seed and data; "
-       "--epochs may be more): the final weights are bit for bit those of an uninterrupted run")
+       "--epochs may be more): the final weights are bit for bit those of an uninterrupted run; with none there yet "
+       "(the folder must be), trains from the start")
       ("crash-after-checkpoint", po::value(&o.crash_after),
        "for testing --resume: kill this process (SIGKILL, as a crash would) right after writing the Nth checkpoint")
       ("nodes", po::value(&o.nodes), "train across ringmaster-node daemons: tcp://H:P,tcp://H:P,... "
@@ -413,7 +414,13 @@ int main(int argc, char** argv) {
   std::string error;
   model_desc mdesc;
   if (!model_text(&c.model, &error) || !parse_model_desc(c.model, &mdesc, &error)) return usage_error(error);
-  if (o.resume) {
+  // A folder that is there but holds no checkpoint yet: a run stopped before its first, or a batch script
+  // (Slurm --requeue) whose one command line serves the first start and every restart. It starts from the
+  // beginning, as Keras' BackupAndRestore does. A folder not there stays refused (a typo, above); damaged
+  // checkpoints too (below): training afresh would prune them.
+  if (o.resume && list_checkpoints(o.checkpoint_dir).empty())
+    std::printf("No checkpoint in %s yet: training from the start\n", o.checkpoint_dir.c_str());
+  else if (o.resume) {
     checkpoint ck;
     std::string path, why;
     std::vector<std::string> skipped;

@@ -531,6 +531,39 @@ TEST_CASE("checkpoint: a local run killed after a checkpoint resumes to the unin
   CHECK(fnv(resumed.out) == fnv(full.out));
 }
 
+TEST_CASE("checkpoint: --resume in a folder with no checkpoint yet trains from the start, so one command line "
+          "serves a batch job's first start and its restarts", "[checkpoint][launcher]") {
+  const std::string job = "--replicas 2 --epochs 2 --batch 64 --model 784-32-10 --limit-train 512 --limit-test 128";
+  const run_result full = mnist(job);
+  REQUIRE(full.status == 0);
+  const std::string dir = fresh_dir("requeue");  // made by the batch script, or by a run stopped before its first
+  const std::string again = job + " --checkpoint-dir " + dir + " --resume";
+  const run_result first = mnist(again);
+  INFO(first.out);
+  REQUIRE(first.status == 0);
+  CHECK(first.out.find("No checkpoint in " + dir + " yet: training from the start") != std::string::npos);
+  CHECK(first.out.find("Epoch 1/2") != std::string::npos);
+  CHECK(fnv(first.out) == fnv(full.out));
+  CHECK(names(dir) == std::set<std::string>{"ckpt-1-0.safetensors", "ckpt-2-0.safetensors"});
+  // Started again (requeued after it ended): it finds the last checkpoint and trains nothing.
+  const run_result second = mnist(again);
+  INFO(second.out);
+  CHECK(second.status == 0);
+  CHECK(second.out.find("The run had trained to its end") != std::string::npos);
+  CHECK(fnv(second.out) == fnv(full.out));
+  // Only damaged checkpoints: refused, not trained over (a fresh run would prune them).
+  for (const std::string& name : names(dir)) {
+    std::string bytes = slurp(dir + "/" + name);
+    bytes[bytes.size() - 3] ^= 0x40;
+    std::ofstream(dir + "/" + name, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  const run_result damaged = mnist(again);
+  INFO(damaged.out);
+  CHECK(damaged.status == 2);
+  CHECK(damaged.out.find("--resume: no checkpoint in " + dir + " reads back whole (2 tried)") != std::string::npos);
+  CHECK(damaged.out.find("Epoch") == std::string::npos);
+}
+
 TEST_CASE("checkpoint: --resume skips a damaged newest checkpoint for the one before it", "[checkpoint][launcher]") {
   const std::string dir = fresh_dir("damaged");
   const std::string job = "--replicas 2 --epochs 2 --batch 64 --model 784-32-10 --limit-train 1024 --limit-test 256 -q";
@@ -602,7 +635,6 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
       {"--checkpoint-every 5", "--checkpoint-every needs --checkpoint-dir"},
       {"--resume", "--resume needs --checkpoint-dir"},
       {"--checkpoint-dir " + empty + " --checkpoint-every 0", "--checkpoint-every must be at least 1"},
-      {"--checkpoint-dir " + empty + " --resume", "--resume: no checkpoint (ckpt-E-S.safetensors) in " + empty},
       // A folder not there (a typo): nothing to resume, and none is made.
       {"--checkpoint-dir " + empty + "/typo --resume", "--checkpoint-dir: there is no folder " + empty + "/typo, so no checkpoint to resume from"},
       // Names ckpt-* in the folder are the job's: weights saved so would be overwritten or pruned as a
