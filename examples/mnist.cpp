@@ -518,6 +518,16 @@ int main(int argc, char** argv) {
                              [&o](const train_result& r) { return finish(o, r); });
 }
 
+// Where a stopped job goes on from: the last checkpoint, or why there is none.
+std::string go_on_from(const options& o, const train_result& r) {
+  const std::string last = !r.checkpoint.empty() ? r.checkpoint : o.cfg.resume ? o.cfg.resume->file : "";
+  if (!last.empty()) return "--resume continues from the last checkpoint, " + last;
+  if (o.checkpoint_dir.empty()) return "no checkpoints were kept: --checkpoint-dir DIR keeps them";
+  return "no checkpoint was written yet, the first is due " +
+         std::string(o.checkpoint_every ? "after step " + std::to_string(o.checkpoint_every) + " or the last step, whichever comes first"
+                                        : "at the end of the first epoch");
+}
+
 // Prints the summary, writes --save and --report-json; the exit status.
 int finish(const options& o, const train_result& r) {
   const train_config& c = o.cfg;
@@ -526,20 +536,14 @@ int finish(const options& o, const train_result& r) {
   if (!r.ok && r.interrupted) {
     std::printf("\n");  // off the progress bar's line
     std::fflush(stdout);
-    // Where to go on from: the last checkpoint, or why there is none.
-    const std::string last = !r.checkpoint.empty() ? r.checkpoint : c.resume ? c.resume->file : "";
-    const std::string from = !last.empty() ? "--resume continues from the last checkpoint, " + last
-                             : o.checkpoint_dir.empty() ? "no checkpoints were kept: --checkpoint-dir DIR keeps them"
-                                                        : "no checkpoint was written yet, the first is due " +
-                                                              std::string(o.checkpoint_every ? "after step " + std::to_string(o.checkpoint_every) +
-                                                                                                   " or the last step, whichever comes first"
-                                                                                                : "at the end of the first epoch");
     std::fprintf(stderr, "ringmaster-mnist: %s: %s (%s)\n", interrupted_by(r.interrupted).c_str(),
-                 o.nodes.empty() ? "training stopped" : "the nodes were told to drop the job", from.c_str());
+                 o.nodes.empty() ? "training stopped" : "the nodes were told to drop the job", go_on_from(o, r).c_str());
     return 128 + r.interrupted;  // as a shell reports a process a signal ended
   }
   if (!r.ok) {
     std::fprintf(stderr, "ringmaster-mnist: training failed: %s\n", r.error.c_str());
+    // A lost node (--on-node-loss abort), a launcher stopped past its nodes' patience: what is kept.
+    if (!o.checkpoint_dir.empty()) std::fprintf(stderr, "ringmaster-mnist: %s\n", go_on_from(o, r).c_str());
     return 1;
   }
   if (r.history.empty()) {  // a job that trained nothing has no summary (the coordinator refuses that)

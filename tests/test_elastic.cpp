@@ -190,9 +190,14 @@ TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, train
   WARN("test accuracy " << a << " with a node lost mid-epoch, " << b << " without");
   CHECK(std::fabs(a - b) <= 0.005);
 
-  // --on-node-loss abort: the job fails naming the node; a bad value or no --nodes is a usage error.
+  // --on-node-loss abort: the job fails naming the node and the checkpoint to go on from; a bad value or
+  // no --nodes is a usage error.
+  char tmpl[] = "/tmp/ringmaster-elastic-abort-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string ck = tmpl;
   std::thread killer2;
-  test::run_result ab = run_launcher("--nodes " + test::node_list(fresh) + args + " --on-node-loss abort", [&](const std::string& line) {
+  test::run_result ab = run_launcher("--nodes " + test::node_list(fresh) + args + " --on-node-loss abort --checkpoint-dir " + ck +
+                                     " --checkpoint-every 20", [&](const std::string& line) {
     if (line.rfind("Epoch 1/2", 0) == 0 && !killer2.joinable())
       killer2 = std::thread([&] {
         std::this_thread::sleep_for(100ms);
@@ -203,6 +208,8 @@ TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, train
   INFO(ab.out);
   CHECK(ab.status == 1);
   CHECK(ab.out.find("node " + fresh[2]->endpoint + " (rank 2) stopped answering: no heartbeat for") != std::string::npos);
+  CHECK(ab.out.find("ringmaster-mnist: --resume continues from the last checkpoint, " + ck + "/ckpt-") != std::string::npos);
+  std::filesystem::remove_all(ck);
   test::run_result bad = run_launcher("--nodes " + test::node_list(fresh) + " --on-node-loss maybe", [](const std::string&) {});
   CHECK(bad.status == 2);
   CHECK(bad.out.find("--on-node-loss must be continue or abort, not 'maybe'") != std::string::npos);
