@@ -20,9 +20,6 @@ namespace {
 
 using clock_type = launcher::clock_type;
 
-// An abort saying a signal stopped the node (node_service::stop): a lost node, not a failed job.
-bool stopped_by_signal(const std::string& sig) { return sig == "SIGTERM" || sig == "SIGINT" || sig == "SIGHUP"; }
-
 struct rank_proxy_state {
   caf::response_promise weights, sum;
 };
@@ -35,6 +32,8 @@ uint64_t fresh_ring_id(uint64_t job_id) {
   while (ring == 0 || ring == job_id) ring = uint64_t(rd()) | uint64_t(rd()) << 32;
   return ring;
 }
+
+bool stopped_by_signal(const std::string& sig) { return sig == "SIGTERM" || sig == "SIGINT" || sig == "SIGHUP"; }
 
 std::string node_text(const std::string& said, size_t max) {
   std::string out = said.substr(0, max);
@@ -141,71 +140,6 @@ void launcher::broadcast(wire::msg_type type, const wire::kv_map& kv, bool skip_
 void launcher::abort_all(const std::string& reason) {
   broadcast(wire::msg_type::abort, {{"reason", reason}});
   aborted = true;
-}
-
-std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
-                                std::chrono::milliseconds silence) {
-  replies->assign(ro.nodes.size(), {});
-  std::vector<bool> got(ro.nodes.size(), false);
-  size_t n = 0;
-  const auto start = clock_type::now(), deadline = start + limit;
-  auto beat = start;
-  std::unique_lock<std::mutex> lock(mu);
-  while (n < ro.nodes.size()) {
-    if (!cv.wait_for(lock, std::chrono::milliseconds(50), [this] { return !inbox.empty(); })) {
-      if (const int sig = interrupted()) return interrupted_by(sig);
-      const auto now = clock_type::now();
-      // Heartbeats while the nodes set up, too: a node whose launcher died frees itself within seconds.
-      if (job_id != 0 && now - beat >= ro.heartbeat) {
-        beat = now;
-        broadcast(wire::msg_type::heartbeat, {});
-      }
-      for (size_t i = 0; i < got.size(); ++i) {
-        if (got[i]) continue;
-        const auto quiet = now - std::max(heard(int(i)), start);
-        if (now > deadline || quiet > silence) {
-          char secs[32];  // 3, 1.5, 120, 3600: not "120." nor "3.6e+03"
-          std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(now > deadline ? limit : silence).count());
-          // An ipc path with no socket (ZeroMQ waits for one, so a daemon started with us may still come).
-          struct stat st {};
-          const std::string& ep = ro.nodes[i];
-          if (ep.rfind("ipc://", 0) == 0 && ep.size() > 6 && ep[6] != '@' && ::stat(ep.c_str() + 6, &st) != 0) {
-            const int why = errno;  // before the strings below allocate
-            return "node " + ep + " did not answer within " + secs + " s: " +
-                   (why == ENOENT ? "there is no socket at " + ep.substr(6) + " (is ringmaster-node running there?)"
-                                  : "cannot reach " + ep.substr(6) + ": " + std::strerror(why));
-          }
-          // It answered our hello (every node did, before a job was sent): not a matter of keys or addresses.
-          if (type != wire::msg_type::hello_ack) {
-            if (quiet <= silence) return "node " + ep + " did not set the job up within " + secs + " s, though it still answers";
-            std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(silence).count());
-            return "node " + ep + " fell silent while it set the job up: nothing from it for " + secs +
-                   " s (it had answered our hello: stopped, killed or cut off?)";
-          }
-          return "node " + ro.nodes[i] + " did not answer within " + secs + " s (is ringmaster-node running there? " +
-                 (ro.insecure ? "We run --insecure: a node with keys does not answer us, and logs that it refused a client that offers no keys)"
-                              : "A node that does not hold the key we expect, or runs --insecure while we do not, stays silent)");
-        }
-      }
-      continue;
-    }
-    control_msg m = std::move(inbox.front());
-    inbox.pop_front();
-    if (m.h.type == wire::msg_type::error) {
-      refused_invalid = m.kv.count("invalid") && m.kv["invalid"] == "1";  // a bad model or settings
-      return m.kv.count("error") ? node_text(m.kv["error"], kMaxNodeError) : "node " + ro.nodes[m.node] + " refused the job";
-    }
-    if (m.h.type == wire::msg_type::abort) {  // stopped while it set up: say so, not that it fell silent
-      const std::string& sig = m.kv["stopped"], &why = m.kv["reason"];
-      if (stopped_by_signal(sig)) return "node " + ro.nodes[m.node] + " was stopped (" + sig + ") while it set up the job";
-      return "node " + ro.nodes[m.node] + " gave up the job as it set it up" + (why.empty() ? "" : ": " + node_text(why, kMaxNodeError));
-    }
-    if (m.h.type != type || got[m.node]) continue;
-    got[m.node] = true;
-    (*replies)[m.node] = std::move(m.kv);
-    ++n;
-  }
-  return "";
 }
 
 // A buffer of rank 0's state after a step; once whole it goes to the coordinator. One out of order or of

@@ -158,6 +158,9 @@ struct launcher {
   // ends the wait at once.
   std::string await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
                         std::chrono::milliseconds silence);
+  // After the hello: while a node says it is busy with another job, says so once and asks again, for at
+  // most ro.busy_wait (remote_options); *hellos are the latest answers. "" or what went wrong.
+  std::string await_free(std::vector<wire::kv_map>* hellos);
 
   // After setup, on the bridge thread.
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p);
@@ -211,6 +214,8 @@ uint64_t fresh_ring_id(uint64_t job_id);
 // What another node says, for our events and errors: at most `max` characters, no control characters
 // (a node's text must not move the cursor or retitle a terminal). An error a node gives may be longer.
 std::string node_text(const std::string& said, size_t max = 300);
+// An abort saying a signal stopped the node (node_service::stop): a lost node, not a failed job.
+bool stopped_by_signal(const std::string& sig);
 constexpr size_t kMaxNodeError = 2000;
 
 // A node's host id as its hello_ack says it: one that would not make a valid plan is none (that node

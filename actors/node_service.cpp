@@ -400,7 +400,7 @@ struct node_service::impl {
       case msg_type::hello:
         send_kv(from, msg_type::hello_ack, h.job_id,
                 {{"name", name()}, {"id", br.name()}, {"devices", opt.devices}, {"ring_port", std::to_string(ring_port ? ring_port->port() : 0)},
-                 {"host", host}, {"version", std::to_string(wire::kProtocolVersion)}});
+                 {"host", host}, {"version", std::to_string(wire::kProtocolVersion)}, {"busy", job ? "1" : "0"}});
         return;
       case msg_type::job:
         setup(from, h, p);

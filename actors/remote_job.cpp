@@ -143,6 +143,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   std::vector<wire::kv_map> replies;
   L.broadcast(wire::msg_type::hello, {{"role", "launcher"}});
   failed.error = L.await_all(wire::msg_type::hello_ack, &replies, ro.connect_timeout, ro.connect_timeout);
+  if (failed.error.empty()) failed.error = L.await_free(&replies);
   // A node that did not answer because its name does not resolve: a typo, said as such (exit 2). Asked only
   // now: a lookup may wait for DNS, which ZeroMQ has done meanwhile.
   for (size_t i = 0; i < ro.nodes.size(); ++i)

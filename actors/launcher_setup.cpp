@@ -1,0 +1,105 @@
+// The launcher's waits while its nodes set a job up (actors/launcher.hpp): for an answer from every node,
+// and for nodes busy with another job to be free. The caller's thread, not the bridge's.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "actors/launcher.hpp"
+
+namespace ringmaster {
+
+using clock_type = launcher::clock_type;
+
+std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
+                                std::chrono::milliseconds silence) {
+  replies->assign(ro.nodes.size(), {});
+  std::vector<bool> got(ro.nodes.size(), false);
+  size_t n = 0;
+  const auto start = clock_type::now(), deadline = start + limit;
+  auto beat = start;
+  std::unique_lock<std::mutex> lock(mu);
+  while (n < ro.nodes.size()) {
+    if (!cv.wait_for(lock, std::chrono::milliseconds(50), [this] { return !inbox.empty(); })) {
+      if (const int sig = interrupted()) return interrupted_by(sig);
+      const auto now = clock_type::now();
+      // Heartbeats while the nodes set up, too: a node whose launcher died frees itself within seconds.
+      if (job_id != 0 && now - beat >= ro.heartbeat) {
+        beat = now;
+        broadcast(wire::msg_type::heartbeat, {});
+      }
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (got[i]) continue;
+        const auto quiet = now - std::max(heard(int(i)), start);
+        if (now > deadline || quiet > silence) {
+          char secs[32];  // 3, 1.5, 120, 3600: not "120." nor "3.6e+03"
+          std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(now > deadline ? limit : silence).count());
+          // An ipc path with no socket (ZeroMQ waits for one, so a daemon started with us may still come).
+          struct stat st {};
+          const std::string& ep = ro.nodes[i];
+          if (ep.rfind("ipc://", 0) == 0 && ep.size() > 6 && ep[6] != '@' && ::stat(ep.c_str() + 6, &st) != 0) {
+            const int why = errno;  // before the strings below allocate
+            return "node " + ep + " did not answer within " + secs + " s: " +
+                   (why == ENOENT ? "there is no socket at " + ep.substr(6) + " (is ringmaster-node running there?)"
+                                  : "cannot reach " + ep.substr(6) + ": " + std::strerror(why));
+          }
+          // It answered our hello (every node did, before a job was sent): not a matter of keys or addresses.
+          if (type != wire::msg_type::hello_ack) {
+            if (quiet <= silence) return "node " + ep + " did not set the job up within " + secs + " s, though it still answers";
+            std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(silence).count());
+            return "node " + ep + " fell silent while it set the job up: nothing from it for " + secs +
+                   " s (it had answered our hello: stopped, killed or cut off?)";
+          }
+          return "node " + ro.nodes[i] + " did not answer within " + secs + " s (is ringmaster-node running there? " +
+                 (ro.insecure ? "We run --insecure: a node with keys does not answer us, and logs that it refused a client that offers no keys)"
+                              : "A node that does not hold the key we expect, or runs --insecure while we do not, stays silent)");
+        }
+      }
+      continue;
+    }
+    control_msg m = std::move(inbox.front());
+    inbox.pop_front();
+    if (m.h.type == wire::msg_type::error) {
+      refused_invalid = m.kv.count("invalid") && m.kv["invalid"] == "1";  // a bad model or settings
+      return m.kv.count("error") ? node_text(m.kv["error"], kMaxNodeError) : "node " + ro.nodes[m.node] + " refused the job";
+    }
+    if (m.h.type == wire::msg_type::abort) {  // stopped while it set up: say so, not that it fell silent
+      const std::string& sig = m.kv["stopped"], &why = m.kv["reason"];
+      if (stopped_by_signal(sig)) return "node " + ro.nodes[m.node] + " was stopped (" + sig + ") while it set up the job";
+      return "node " + ro.nodes[m.node] + " gave up the job as it set it up" + (why.empty() ? "" : ": " + node_text(why, kMaxNodeError));
+    }
+    if (m.h.type != type || got[m.node]) continue;
+    got[m.node] = true;
+    (*replies)[m.node] = std::move(m.kv);
+    ++n;
+  }
+  return "";
+}
+
+std::string launcher::await_free(std::vector<wire::kv_map>* hellos) {
+  const auto deadline = clock_type::now() + ro.busy_wait;
+  for (bool said = false;;) {
+    std::string busy;
+    for (size_t i = 0; i < hellos->size(); ++i)
+      if ((*hellos)[i]["busy"] == "1") busy += (busy.empty() ? "" : ", ") + ro.nodes[i];
+    // Still busy at the deadline: the job goes, and the node's refusal says why.
+    if (busy.empty() || clock_type::now() >= deadline) return "";
+    if (!said) {
+      said = true;
+      std::fprintf(stderr, "ringmaster: %s %s busy with another job (one whose launcher is gone ends within seconds): "
+                   "waiting up to %.0f s for it\n", busy.c_str(), busy.find(',') == std::string::npos ? "is" : "are",
+                   std::chrono::duration<double>(ro.busy_wait).count());
+    }
+    for (int k = 0; k < 5; ++k) {  // 250 ms, a Ctrl-C heard meanwhile
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (const int sig = interrupted()) return interrupted_by(sig);
+    }
+    broadcast(wire::msg_type::hello, {{"role", "launcher"}});
+    if (std::string error = await_all(wire::msg_type::hello_ack, hellos, ro.connect_timeout, ro.connect_timeout); !error.empty())
+      return error;
+  }
+}
+
+}  // namespace ringmaster
