@@ -154,10 +154,10 @@ struct launcher {
   void abort_all(const std::string& reason);
   bool aborted = false;
   // Waits for one reply of `type` from every node; "" or what went wrong. A node that says nothing at all
-  // (not even a heartbeat) for `silence` is given up on before the deadline; an interrupt (train_config::interrupt)
-  // ends the wait at once.
+  // (not even a heartbeat) for `silence` is given up on before the deadline (before its first word since
+  // the wait began: for first_word, when longer); an interrupt (train_config::interrupt) ends the wait at once.
   std::string await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
-                        std::chrono::milliseconds silence);
+                        std::chrono::milliseconds silence, std::chrono::milliseconds first_word = {});
   // After the hello: while a node says it is busy with another job, says so once and asks again, for at
   // most ro.busy_wait (remote_options); *hellos are the latest answers. "" or what went wrong.
   std::string await_free(std::vector<wire::kv_map>* hellos);

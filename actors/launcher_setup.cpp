@@ -14,7 +14,7 @@ namespace ringmaster {
 using clock_type = launcher::clock_type;
 
 std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
-                                std::chrono::milliseconds silence) {
+                                std::chrono::milliseconds silence, std::chrono::milliseconds first_word) {
   replies->assign(ro.nodes.size(), {});
   std::vector<bool> got(ro.nodes.size(), false);
   size_t n = 0;
@@ -33,9 +33,10 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
       for (size_t i = 0; i < got.size(); ++i) {
         if (got[i]) continue;
         const auto quiet = now - std::max(heard(int(i)), start);
-        if (now > deadline || quiet > silence) {
+        const auto allowed = heard(int(i)) > start ? silence : std::max(silence, first_word);
+        if (now > deadline || quiet > allowed) {
           char secs[32];  // 3, 1.5, 120, 3600: not "120." nor "3.6e+03"
-          std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(now > deadline ? limit : silence).count());
+          std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(now > deadline ? limit : allowed).count());
           // An ipc path with no socket (ZeroMQ waits for one, so a daemon started with us may still come).
           struct stat st {};
           const std::string& ep = ro.nodes[i];
@@ -47,8 +48,8 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
           }
           // It answered our hello (every node did, before a job was sent): not a matter of keys or addresses.
           if (type != wire::msg_type::hello_ack) {
-            if (quiet <= silence) return "node " + ep + " did not set the job up within " + secs + " s, though it still answers";
-            std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(silence).count());
+            if (quiet <= allowed) return "node " + ep + " did not set the job up within " + secs + " s, though it still answers";
+            std::snprintf(secs, sizeof secs, "%.6g", std::chrono::duration<double>(allowed).count());
             return "node " + ep + " fell silent while it set the job up: nothing from it for " + secs +
                    " s (it had answered our hello: stopped, killed or cut off?)";
           }

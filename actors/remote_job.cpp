@@ -210,8 +210,9 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     L.br.send(L.peer[i], h, net::payload::copy_of(text));
   }
   L.plan.recipient = -1;
-  // A node heartbeats once it has the job; until then (a loaded machine) it gets the hello's allowance.
-  failed.error = L.await_all(wire::msg_type::job_ack, &replies, ro.setup_timeout, std::max(ro.node_timeout, ro.connect_timeout));
+  // A node heartbeats once it has the job (its setup runs off its bridge thread); until then (a loaded
+  // machine) it gets the hello's allowance, after that a running job's.
+  failed.error = L.await_all(wire::msg_type::job_ack, &replies, ro.setup_timeout, ro.node_timeout, ro.connect_timeout);
   if (!failed.error.empty()) {
     failed.invalid = L.refused_invalid;
     const int sig = cfg.interrupted();

@@ -226,7 +226,8 @@ TEST_CASE("topology API: ranks here and on a node build a layer of the program's
 TEST_CASE("a node whose model takes seconds to build goes on answering meanwhile, and trains", "[nodes]") {
   // Building a job's model (and making its first weights: a second or more per 100M parameters) ran on the
   // node's bridge thread, which then sent no heartbeats: "fell silent while it set the job up" after 1.5 s.
-  // Here a layer of the node's own takes 6 s to make (a launcher waits 5 s for a node setting a job up).
+  // Here a layer of the node's own takes 6 s to make (a launcher gives a node setting a job up 5 s for its
+  // first word, then 1.5 s of silence).
   std::atomic<int> made{0};
   layer_registry slow = layer_registry::with_builtins();
   std::string err;

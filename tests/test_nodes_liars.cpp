@@ -57,6 +57,16 @@ TEST_CASE("a node that answers our hello and then falls silent as it sets up is 
   CHECK(r.error.find("node " + mute.endpoint() + " fell silent while it set the job up: nothing from it for") != std::string::npos);
   CHECK(r.error.find("(it had answered our hello: stopped, killed or cut off?)") != std::string::npos);
   CHECK(r.error.find("is ringmaster-node running there") == std::string::npos);
+  // One that heartbeats once it has the job (as ringmaster-node does) and then falls silent is given up
+  // on as a running job's node is, after 1.5 s (before its first word: the hello's 5 s).
+  scripted_node stops([]() -> scripted_node::answers { return {{wire::msg_type::heartbeat, {}}}; });
+  ro.nodes = {stops.endpoint()};
+  const auto t0 = std::chrono::steady_clock::now();
+  r = train_remote(small_job(), ro);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("node " + stops.endpoint() + " fell silent while it set the job up: nothing from it for 1.5 s") != std::string::npos);
+  CHECK(took < 4);
 }
 
 TEST_CASE("a lying node that answers the job with train=abc, params=-1, another model or terminal escapes gets a clear "
