@@ -86,8 +86,8 @@ zmq::message_t frame(const void* p, size_t n) { return zmq::message_t(p, n); }
 }  // namespace
 
 TEST_CASE("bridge: two bridges exchange payloads both ways over tcp", "[bridge]") {
-  bridge a, b;
   inbox ia, ib;
+  bridge a, b;
   ia.attach(a);
   ib.attach(b);
   std::string err;
@@ -154,8 +154,8 @@ TEST_CASE("bridge: two bridges exchange payloads both ways over tcp", "[bridge]"
 
 TEST_CASE("bridge: ipc endpoints and many sending threads", "[bridge]") {
   const std::string path = "ipc:///tmp/ringmaster-test-" + std::to_string(getpid()) + ".ipc";
-  bridge a, b;
   inbox ib;
+  bridge a, b;
   ib.attach(b);
   std::string err;
   REQUIRE(b.start(path, &err));
@@ -235,8 +235,8 @@ TEST_CASE("bridge: an ipc path that holds a file or a live socket is refused and
   }
   {
     // A daemon serving there now: a second one must not take its endpoint, and the first keeps serving.
-    bridge a, b, c;
     inbox ia;
+    bridge a, b, c;
     ia.attach(a);
     REQUIRE(a.start(path, &err));
     CHECK_FALSE(b.start(path, &err));
@@ -297,8 +297,8 @@ TEST_CASE("bridge: an ipc path that holds a file or a live socket is refused and
 }
 
 TEST_CASE("bridge: garbage from a raw socket is dropped and the bridge keeps serving", "[bridge]") {
-  bridge b;
   inbox ib;
+  bridge b;
   ib.attach(b);
   std::string err;
   REQUIRE(b.start("tcp://127.0.0.1:0", &err));
@@ -390,8 +390,8 @@ TEST_CASE("bridge: binding a port twice is a clear error, not a crash", "[bridge
 }
 
 TEST_CASE("bridge: invalid sends, sends after stop and unknown peers fail cleanly", "[bridge]") {
-  bridge a;
   inbox ia;
+  bridge a;
   ia.attach(a);
   std::string err;
   wire::header h = chunk_header(3);  // 3 floats, but the payload below is 8 bytes
