@@ -106,14 +106,16 @@ bool parse_name(const std::string& name, int64_t* e, int64_t* s) {
   return r.ec == std::errc() && r.ptr == end && *s >= 0;
 }
 
-// The checkpoints in dir with their (epoch, step), newest first.
-std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> checkpoints_in(const std::string& dir) {
+// The checkpoints in dir with their (epoch, step), newest first; *error (if given) when the folder could
+// not be read to its end (then what was read).
+std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> checkpoints_in(const std::string& dir, std::string* error = nullptr) {
   std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> out;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     int64_t e = 0, s = 0;
     if (parse_name(it->path().filename().string(), &e, &s)) out.push_back({{e, s}, it->path().string()});
   }
+  if (ec && error) *error = "cannot read folder " + dir + ": " + ec.message();
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
 }
@@ -492,9 +494,9 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
 }
 }  // namespace
 
-std::vector<std::string> list_checkpoints(const std::string& dir) {
+std::vector<std::string> list_checkpoints(const std::string& dir, std::string* error) {
   std::vector<std::string> out;
-  for (auto& [at, path] : checkpoints_in(dir)) out.push_back(path);
+  for (auto& [at, path] : checkpoints_in(dir, error)) out.push_back(path);
   return out;
 }
 

@@ -67,8 +67,9 @@ bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& 
 bool read_checkpoint(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error,
                      const std::string* want = nullptr, bool* other_model = nullptr);
 
-// The checkpoint files in dir (by name), newest first.
-std::vector<std::string> list_checkpoints(const std::string& dir);
+// The checkpoint files in dir (by name), newest first; *error (if given) when dir could not be read
+// to its end (then those read).
+std::vector<std::string> list_checkpoints(const std::string& dir, std::string* error = nullptr);
 
 // The newest checkpoint in dir that reads back whole. *skipped gets a line for each newer one that did
 // not ("DIR/ckpt-3-0.safetensors: checksum ... : the file is damaged"). False with *error when there is

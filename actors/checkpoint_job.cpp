@@ -47,7 +47,11 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
   if (fd < 0) return "cannot write in folder " + dir + ": " + std::strerror(errno);
   ::close(fd);
   ::unlink(probe.c_str());
-  const auto found = list_checkpoints(dir);
+  // A folder that cannot be listed (no read permission, a network file system's error) must not pass for
+  // one without checkpoints: a --resume would then train from the start over them.
+  std::string unreadable;
+  const auto found = list_checkpoints(dir, &unreadable);
+  if (!unreadable.empty()) return unreadable;
   if (!resuming && !found.empty())
     return dir + " holds the checkpoints of another run (" + fs::path(found.front()).filename().string() +
            (found.size() > 1 ? " and " + std::to_string(found.size() - 1) + " more" : "") +

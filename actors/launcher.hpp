@@ -155,11 +155,14 @@ struct launcher {
   bool aborted = false;
   // Waits for one reply of `type` from every node; "" or what went wrong. A node that says nothing at all
   // (not even a heartbeat) for `silence` is given up on before the deadline (before its first word since
-  // the wait began: for first_word, when longer); an interrupt (train_config::interrupt) ends the wait at once.
+  // `since`, when the request was sent, default now: for first_word, when longer); an interrupt
+  // (train_config::interrupt) ends the wait at once.
   std::string await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
-                        std::chrono::milliseconds silence, std::chrono::milliseconds first_word = {});
-  // After the hello: while a node says it is busy with another job, says so once and asks again, for at
-  // most ro.busy_wait (remote_options); *hellos are the latest answers. "" or what went wrong.
+                        std::chrono::milliseconds silence, std::chrono::milliseconds first_word = {},
+                        std::optional<clock_type::time_point> since = std::nullopt);
+  // After the hello: while a node holds a job whose launcher fell silent (its hello_ack's free_in_ms),
+  // says so once and asks again, if it will be free within ro.busy_wait (remote_options); a node busy with
+  // a live launcher's job is left to refuse ours. *hellos are the latest answers. "" or what went wrong.
   std::string await_free(std::vector<wire::kv_map>* hellos);
 
   // After setup, on the bridge thread.

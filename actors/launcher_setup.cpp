@@ -2,7 +2,9 @@
 // and for nodes busy with another job to be free. The caller's thread, not the bridge's.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -13,12 +15,16 @@ namespace ringmaster {
 
 using clock_type = launcher::clock_type;
 
+// How long a node busy with a job whose launcher still heartbeats is asked again (await_free).
+constexpr std::chrono::milliseconds kLiveBusyWait{1000};
+
 std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
-                                std::chrono::milliseconds silence, std::chrono::milliseconds first_word) {
+                                std::chrono::milliseconds silence, std::chrono::milliseconds first_word,
+                                std::optional<clock_type::time_point> since) {
   replies->assign(ro.nodes.size(), {});
   std::vector<bool> got(ro.nodes.size(), false);
   size_t n = 0;
-  const auto start = clock_type::now(), deadline = start + limit;
+  const auto start = since.value_or(clock_type::now()), deadline = start + limit;
   auto beat = start;
   std::unique_lock<std::mutex> lock(mu);
   while (n < ro.nodes.size()) {
@@ -80,18 +86,36 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
 }
 
 std::string launcher::await_free(std::vector<wire::kv_map>* hellos) {
-  const auto deadline = clock_type::now() + ro.busy_wait;
+  const auto start = clock_type::now(), deadline = start + ro.busy_wait;
   for (bool said = false;;) {
-    std::string busy;
-    for (size_t i = 0; i < hellos->size(); ++i)
-      if ((*hellos)[i]["busy"] == "1") busy += (busy.empty() ? "" : ", ") + ro.nodes[i];
-    // Still busy at the deadline: the job goes, and the node's refusal says why.
-    if (busy.empty() || clock_type::now() >= deadline) return "";
-    if (!said) {
+    std::string held;
+    int64_t longest = 0;  // ms until the last of them is free
+    bool live = false;    // a node busy with a job whose launcher still heartbeats
+    for (size_t i = 0; i < hellos->size(); ++i) {
+      if ((*hellos)[i]["busy"] != "1") continue;
+      const std::string& t = (*hellos)[i]["free_in_ms"];
+      if (t.empty()) {
+        live = true;
+        continue;
+      }
+      int64_t ms = -1;  // a node's word: checked, never std::stoll
+      const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), ms);
+      if (ec != std::errc() || end != t.data() + t.size() || ms < 0 || ms > 3600000) return "";
+      held += (held.empty() ? "" : ", ") + ro.nodes[i];
+      longest = std::max(longest, ms);
+    }
+    const auto now = clock_type::now();
+    // A launcher that crashed a moment ago has not been silent long enough for its nodes to say so: one
+    // busy with a live launcher's job is asked again for a second, then left to refuse ours (saying why).
+    // So is one that will not be free by the deadline.
+    if ((live && now - start >= kLiveBusyWait) || (!live && held.empty()) || now + std::chrono::milliseconds(longest) > deadline)
+      return "";
+    if (!said && !held.empty()) {
       said = true;
-      std::fprintf(stderr, "ringmaster: %s %s busy with another job (one whose launcher is gone ends within seconds): "
-                   "waiting up to %.0f s for it\n", busy.c_str(), busy.find(',') == std::string::npos ? "is" : "are",
-                   std::chrono::duration<double>(ro.busy_wait).count());
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.1f", double(longest) / 1000);
+      event(held + (held.find(',') == std::string::npos ? " holds" : " hold") +
+            " a job whose launcher fell silent (crashed?), dropped within " + secs + " s: waiting for it");
     }
     for (int k = 0; k < 5; ++k) {  // 250 ms, a Ctrl-C heard meanwhile
       std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -545,9 +545,8 @@ void node_job::send_weights_sum(int rank) {
   if (launcher_link_ && replicas_.count(rank)) caf::anon_send(launcher_link_, sum_atom::value, rank);
 }
 
-bool node_job::launcher_gone(std::chrono::milliseconds timeout) const {
-  // The launcher heartbeats from the moment it sends the job, while it waits for the nodes too.
-  return clock_type::now() - last_heard_ > timeout;
+std::chrono::milliseconds node_job::launcher_silence() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - last_heard_);
 }
 
 }  // namespace ringmaster

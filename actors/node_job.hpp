@@ -97,8 +97,9 @@ class node_job {
   void run_rank(int rank);
   void send_weights(int rank);
   void send_weights_sum(int rank);
-  // Whether the launcher has been silent too long (it heartbeats from the moment it sends the job).
-  bool launcher_gone(std::chrono::milliseconds timeout) const;
+  // How long the launcher has been silent (it heartbeats from the moment it sends the job, every 100 ms).
+  std::chrono::milliseconds launcher_silence() const;
+  bool launcher_gone(std::chrono::milliseconds timeout) const { return launcher_silence() > timeout; }
 
   // The bridge could not make our connection `peer` (a refused key or login, a closed ring port): if it
   // is one of the ring's links, the ranks here fail with `why`, and so does the job.

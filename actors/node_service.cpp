@@ -275,10 +275,10 @@ struct node_service::impl {
     // Which job, and whose, is none of the asker's business. Before the plan is read: a flood of large
     // plans must not keep this thread from the running job's heartbeats.
     if (job) {
-      char gone[120];  // a launcher stopped with kill -9 leaves its job here until then
-      std::snprintf(gone, sizeof gone, " (one whose launcher is gone is dropped within %.0f s)",  // the timeout, and a tick
-                    std::ceil(std::chrono::duration<double>(opt.launcher_timeout).count()) + 1);
-      return refuse(from, h.job_id, std::string("busy with another job") + gone);
+      const wire::kv_map hello = hello_ack();  // a launcher stopped with kill -9 leaves its job here a while
+      const auto free_in = hello.find("free_in_ms");
+      return refuse(from, h.job_id, std::string("busy with another job") +
+                                        (free_in == hello.end() ? "" : ", whose launcher fell silent: dropped within " + free_in->second + " ms"));
     }
     job_plan plan;
     std::string error;
@@ -386,6 +386,16 @@ struct node_service::impl {
     end_job("cannot join the re-formed ring: " + error);
   }
 
+  // Who we are, and whether we are busy: with a job whose launcher has fallen silent (crashed: a live one
+  // heartbeats every 100 ms), in how many ms we drop it, so that a launcher started at once waits for that.
+  wire::kv_map hello_ack() const {
+    wire::kv_map kv{{"name", name()}, {"id", br.name()}, {"devices", opt.devices}, {"ring_port", std::to_string(ring_port ? ring_port->port() : 0)},
+                    {"host", host}, {"version", std::to_string(wire::kProtocolVersion)}, {"busy", job ? "1" : "0"}};
+    if (job && job->launcher_silence() >= std::chrono::milliseconds(500))  // then a tick
+      kv["free_in_ms"] = std::to_string(std::max<int64_t>(0, (opt.launcher_timeout - job->launcher_silence()).count()) + opt.heartbeat.count());
+    return kv;
+  }
+
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     using wire::msg_type;
     if (!opt.insecure && h.type != msg_type::chunk && !commander(from.key)) {
@@ -398,9 +408,7 @@ struct node_service::impl {
     if (launcher) job->heard();
     switch (h.type) {
       case msg_type::hello:
-        send_kv(from, msg_type::hello_ack, h.job_id,
-                {{"name", name()}, {"id", br.name()}, {"devices", opt.devices}, {"ring_port", std::to_string(ring_port ? ring_port->port() : 0)},
-                 {"host", host}, {"version", std::to_string(wire::kProtocolVersion)}, {"busy", job ? "1" : "0"}});
+        send_kv(from, msg_type::hello_ack, h.job_id, hello_ack());
         return;
       case msg_type::job:
         setup(from, h, p);

@@ -44,9 +44,10 @@ struct remote_options {
   std::chrono::milliseconds connect_timeout{5000};  // for a node to answer the hello
   std::chrono::milliseconds setup_timeout{120000};  // for a node to load its data and start (it sends
                                                     // heartbeats meanwhile; silence fails sooner)
-  // A node busy with another job when we say hello: asked again every 250 ms for this long before the job
-  // is sent (and refused). A crashed launcher's job is dropped within the nodes' patience (4 s and a tick
-  // by default), so a job started again at once (--resume, a requeued batch job) waits, not fails.
+  // A node that holds a job whose launcher fell silent (crashed) drops it within its patience (4 s and a
+  // tick by default) and says when: a job started again at once (--resume, a requeued batch job) waits
+  // for that, if it comes within this long, asking again every 250 ms. A node busy with a live launcher's
+  // job refuses ours at once.
   std::chrono::milliseconds busy_wait{10000};
   // A lost node: false: the others go on without it (elastic); true: the job fails.
   bool abort_on_node_loss = false;

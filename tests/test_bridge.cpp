@@ -419,10 +419,10 @@ TEST_CASE("bridge: a client that never reads its replies holds up only its own, 
   net::bridge_options o;
   o.hwm = 4;                         // ZeroMQ's queue to a client is full after a few replies
   o.kernel_buffer_bytes = 64 << 10;  // and so are the kernel's buffers
-  bridge b(o);
   std::mutex mu;
   std::vector<net::bridge_error> errors;
   const auto reply = pattern(4096, 1.0f);  // 16 KB a reply
+  bridge b(o);  // after what its handlers touch: it stops before they go
   b.set_handler([&](const peer_info& from, const wire::header&, payload) { b.reply(from, chunk_header(4096), payload::of(reply)); });
   b.set_error_handler([&](const net::bridge_error& e) {
     std::lock_guard<std::mutex> lock(mu);
@@ -473,9 +473,9 @@ TEST_CASE("bridge: a client that never reads its replies holds up only its own, 
 TEST_CASE("bridge: without keys too, clients past max_connections are refused, and a silent connection is dropped", "[bridge]") {
   net::bridge_options o;
   o.max_connections = 2;
-  bridge b(o);
   std::mutex mu;
   std::vector<net::bridge_error> errors;
+  bridge b(o);
   b.set_handler([&](const peer_info& from, const wire::header&, payload) { b.reply(from, chunk_header(1), payload::of(pattern(1, 7.0f))); });
   b.set_error_handler([&](const net::bridge_error& e) {
     std::lock_guard<std::mutex> lock(mu);

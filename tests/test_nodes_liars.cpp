@@ -17,16 +17,19 @@ struct scripted_node {
   std::function<void(net::bridge&, const net::peer_info&, const wire::header&)> on_other;
   std::unique_ptr<net::bridge> br;
 
-  explicit scripted_node(std::function<answers()> job) : on_job(std::move(job)) {
+  // hello: more fields of its hello_ack (busy, free_in_ms).
+  explicit scripted_node(std::function<answers()> job, const wire::kv_map& hello = {}) : on_job(std::move(job)) {
     net::bridge_options bo;
     std::string err;
     REQUIRE(net::load_or_create_keys(net::default_key_dir(), &bo.keys, &err));
     bo.authorize = [](const std::string&) { return true; };
     br = std::make_unique<net::bridge>(bo);
-    br->set_handler([this](const net::peer_info& from, const wire::header& h, net::payload) {
+    br->set_handler([this, hello](const net::peer_info& from, const wire::header& h, net::payload) {
       answers say;
-      if (h.type == wire::msg_type::hello)
+      if (h.type == wire::msg_type::hello) {
         say = {{wire::msg_type::hello_ack, {{"name", "scripted"}, {"id", "scripted"}, {"devices", "cpu:1"}, {"version", "3"}}}};
+        for (const auto& [k, v] : hello) say[0].second[k] = v;
+      }
       else if (h.type == wire::msg_type::job)
         say = on_job();
       else if (on_other)
@@ -57,6 +60,7 @@ TEST_CASE("a node that answers our hello and then falls silent as it sets up is 
   CHECK(r.error.find("node " + mute.endpoint() + " fell silent while it set the job up: nothing from it for") != std::string::npos);
   CHECK(r.error.find("(it had answered our hello: stopped, killed or cut off?)") != std::string::npos);
   CHECK(r.error.find("is ringmaster-node running there") == std::string::npos);
+  CHECK(r.error.find("nothing from it for 5 s") != std::string::npos);  // before its first word: the hello's allowance
   // One that heartbeats once it has the job (as ringmaster-node does) and then falls silent is given up
   // on as a running job's node is, after 1.5 s (before its first word: the hello's 5 s).
   scripted_node stops([]() -> scripted_node::answers { return {{wire::msg_type::heartbeat, {}}}; });
@@ -67,6 +71,52 @@ TEST_CASE("a node that answers our hello and then falls silent as it sets up is 
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("node " + stops.endpoint() + " fell silent while it set the job up: nothing from it for 1.5 s") != std::string::npos);
   CHECK(took < 4);
+}
+
+TEST_CASE("a node busy with a live launcher's job is refused at once, and one that says it will soon be free is "
+          "waited for no longer than the launcher allows", "[nodes]") {
+  const scripted_node::answers busy{{wire::msg_type::error, {{"error", "node scripted: busy with another job"}}}};
+  auto run = [](const std::string& node, std::vector<std::string>* events, double* took) {
+    remote_options ro;
+    ro.nodes = {node};
+    ro.busy_wait = 2s;
+    ro.on_event = [events](const std::string& line) { events->push_back(line); };
+    const auto t0 = std::chrono::steady_clock::now();
+    train_result r = train_remote(small_job(), ro);
+    *took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  };
+  std::vector<std::string> events;
+  double took = 0;
+  // Its job's launcher is alive (no free_in_ms): asked again for a second (one that crashed a moment ago
+  // has not been silent long enough to tell), then our job goes, for the node to refuse.
+  scripted_node live([&] { return busy; }, {{"busy", "1"}});
+  train_result r = run(live.endpoint(), &events, &took);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error == "node scripted: busy with another job");
+  CHECK(events.empty());
+  CHECK(took >= 1);
+  CHECK(took < 2.5);
+  // A launcher gone, said to be dropped within 0.3 s, for ever (a liar): asked again until the launcher's
+  // 2 s are nearly out, said once, then refused.
+  scripted_node soon([&] { return busy; }, {{"busy", "1"}, {"free_in_ms", "300"}});
+  r = run(soon.endpoint(), &events, &took);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error == "node scripted: busy with another job");
+  REQUIRE(events.size() == 1);
+  CHECK(events[0] == soon.endpoint() + " holds a job whose launcher fell silent (crashed?), dropped within 0.3 s: waiting for it");
+  CHECK(took > 1.5);
+  CHECK(took < 3.5);
+  // Free only after the launcher's limit, or a value no node sends: not waited for.
+  events.clear();
+  for (const std::string bad : {"60000", "-1", "12x"}) {
+    scripted_node later([&] { return busy; }, {{"busy", "1"}, {"free_in_ms", bad}});
+    r = run(later.endpoint(), &events, &took);
+    INFO(bad);
+    CHECK(r.error == "node scripted: busy with another job");
+    CHECK(events.empty());
+    CHECK(took < 1.5);
+  }
 }
 
 TEST_CASE("a lying node that answers the job with train=abc, params=-1, another model or terminal escapes gets a clear "
