@@ -98,6 +98,7 @@ struct train_result {
   // died): counted in train_samples, not in the means.
   int64_t unmeasured = 0;
   int interrupted = 0;  // !ok because train_config::interrupt stopped the job: the signal's number
+  bool sent = false;    // train_remote: the job went to the nodes (stopped: they were told to drop it)
 };
 
 uint64_t fnv1a(const float* p, size_t n);

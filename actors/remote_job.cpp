@@ -211,6 +211,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     L.br.send(L.peer[i], h, net::payload::copy_of(text));
   }
   L.plan.recipient = -1;
+  failed.sent = true;
   // A node heartbeats once it has the job; until then (a loaded machine) it gets the hello's allowance,
   // after that a running job's: its setup runs off its bridge thread (what is left there, spawning its
   // ranks, took 0.2 ms of a 175M-parameter model's setup).
@@ -423,6 +424,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   std::shared_ptr<train_result> result = run_coordinator(sys, coord, all);
   result->model = replies[0]["description"];
   result->checkpoint = *last;
+  result->sent = true;
   running = false;
   watchdog.join();
   // Every node goes back to idle, whether the job succeeded or not.

@@ -537,7 +537,8 @@ int finish(const options& o, const train_result& r) {
     std::printf("\n");  // off the progress bar's line
     std::fflush(stdout);
     std::fprintf(stderr, "ringmaster-mnist: %s: %s (%s)\n", interrupted_by(r.interrupted).c_str(),
-                 o.nodes.empty() ? "training stopped" : "the nodes were told to drop the job", go_on_from(o, r).c_str());
+                 o.nodes.empty() ? "training stopped" : r.sent ? "the nodes were told to drop the job" : "no job had gone to the nodes yet",
+                 go_on_from(o, r).c_str());
     return 128 + r.interrupted;  // as a shell reports a process a signal ended
   }
   if (!r.ok) {

@@ -107,6 +107,20 @@ TEST_CASE("a node busy with a live launcher's job is refused at once, and one th
   CHECK(events[0] == soon.endpoint() + " holds a job whose launcher fell silent (crashed?), dropped within 0.3 s: waiting for it");
   CHECK(took > 1.5);
   CHECK(took < 3.5);
+  // Interrupted while it waits: no job went to the node.
+  std::atomic<int> stop{0};
+  train_config job = small_job();
+  job.interrupt = &stop;
+  remote_options ro;
+  ro.nodes = {soon.endpoint()};
+  std::thread ctrl_c([&stop] {
+    std::this_thread::sleep_for(500ms);
+    stop = SIGINT;
+  });
+  r = train_remote(job, ro);
+  ctrl_c.join();
+  CHECK(r.interrupted == SIGINT);
+  CHECK_FALSE(r.sent);
   // Free only after the launcher's limit, or a value no node sends: not waited for.
   events.clear();
   for (const std::string bad : {"60000", "-1", "12x"}) {
