@@ -407,9 +407,12 @@ int main(int argc, char** argv) {
   if (c.replicas < 1 || c.replicas > 1024) return usage_error("--replicas must be in 1..1024");
   if (c.epochs < 1 || c.epochs > 1048576) return usage_error("--epochs must be in 1..1048576");
   if (c.global_batch < 1) return usage_error("--batch must be positive");
-  if (c.global_batch % c.replicas)
-    return usage_error("--batch " + std::to_string(c.global_batch) + " is not divisible by --replicas " +
-                       std::to_string(c.replicas));
+  if (c.global_batch % c.replicas)  // on nodes the replicas are theirs, maybe without --replicas given
+    return usage_error("--batch " + std::to_string(c.global_batch) + " is not divisible by " +
+                       (o.nodes.empty() ? "--replicas " + std::to_string(c.replicas)
+                                        : "the " + std::to_string(c.replicas) + " replicas on --nodes (" +
+                                              std::to_string(c.replicas / o.replicas_per_node) + " nodes x " +
+                                              std::to_string(o.replicas_per_node) + " --replicas-per-node)"));
   if (o.limit_train < 0 || o.limit_test < 0) return usage_error("--limit-train/--limit-test must be >= 0");
   std::string error;
   model_desc mdesc;

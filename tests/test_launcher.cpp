@@ -284,6 +284,10 @@ TEST_CASE("launcher: bad flags and values exit 2 with a clear message", "[launch
            {"--key-dir /tmp", "--key-dir needs --nodes"},
            {"--nodes tcp://127.0.0.1:1 --insecure --key-dir /tmp", "--key-dir and --insecure: an --insecure launcher uses no keys"},
            {"--nodes tcp://127.0.0.1:1 --key-dir /etc/hostname", "--key-dir: /etc/hostname is not a directory"},  // exit 1 after loading data
+           // The replicas on nodes are theirs: "--replicas 3" named a flag not given.
+           {"--nodes tcp://127.0.0.1:1,tcp://127.0.0.1:2,tcp://127.0.0.1:3 --batch 128",
+            "--batch 128 is not divisible by the 3 replicas on --nodes (3 nodes x 1 --replicas-per-node)"},
+           {"--batch 100 --replicas 3", "--batch 100 is not divisible by --replicas 3"},
            {"--checkpoint-dir " + dir + " --save " + dir + "/.ringmaster-lock", "is the name of the lock or probe file of --checkpoint-dir"}}) {
     r = run(args + " --limit-train 256 --limit-test 64 -q");
     INFO(args << "\n" << r.out);
