@@ -401,7 +401,7 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
     joins = join_step::none;
     char took[32];
     std::snprintf(took, sizeof took, "%.2f", paused);
-    event("node " + ro.nodes[size_t(j)] + " rejoined the job as ranks " + ranks_of(j) + "; the others stood still for " + took + " s");
+    event("node " + ro.nodes[size_t(j)] + " rejoined the job as " + ranks_named(ranks_of(j)) + "; the others stood still for " + took + " s");
   }
   reform_note note;
   note.gen = gen;

@@ -440,8 +440,8 @@ int main(int argc, char** argv) {
     if (trained_to_end(ck, c))
       std::printf("The run had trained to its end: nothing left to train, its results are written from the checkpoint\n");
     if (ck.replicas != c.replicas)
-      std::printf("Note: the checkpoint was written by %d replicas, this run has %d: the weights equal an uninterrupted "
-                  "run's only up to rounding\n", ck.replicas, c.replicas);
+      std::printf("Note: the checkpoint was written by %d replica%s, this run has %d: the weights equal an uninterrupted "
+                  "run's only up to rounding\n", ck.replicas, ck.replicas == 1 ? "" : "s", c.replicas);
     c.resume = std::make_shared<const checkpoint>(std::move(ck));
   }
 

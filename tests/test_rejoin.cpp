@@ -22,6 +22,7 @@ TEST_CASE("elastic: a node killed mid-epoch and started again rejoins at an epoc
   const node_join& j = r.joins[0];
   CHECK(j.node == nodes[1]->endpoint);
   CHECK(j.ranks == "2");  // after the two that went on
+  CHECK(job.said("node " + nodes[1]->endpoint + " rejoined the job as rank 2; the others stood still for "));
   CHECK(j.replicas == 3);
   CHECK(j.generation == 2);
   CHECK(j.epoch > 0);
