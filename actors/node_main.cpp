@@ -92,12 +92,18 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("insecure", po::bool_switch(&o.insecure), "no keys and no encryption: anyone who reaches the port can command this node")
       ("max-connections", po::value(&o.max_connections)->default_value(o.max_connections), "clients connected at once (at most what the file descriptor limit leaves room for); the first few over it are refused at the handshake, more are hung up as they connect")
       ("ring-port", po::value(&o.ring_port)->default_value(o.ring_port), "the port other nodes send ring chunks to (sealed with AES-128-OCB; plain with --insecure), on the --listen host (open it in a firewall); 0: any free port")
-      ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory or to the ring port itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never")
-      ("stall-after-steps", po::value(&o.stall_after_steps), "for testing: this node's replicas stop after N steps of a job while the node goes on answering, as a stuck GPU would")
-      ("stall-at-join-pause", po::bool_switch(&o.stall_at_join_pause), "for testing: this node's replicas stop once told to pause for a node that rejoins, while the node goes on answering");
+      ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory or to the ring port itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never");
+  // For tests, not in --help: this node's replicas stop after N steps of a job (as a stuck GPU would), or
+  // once told to pause for a node that rejoins, while the node goes on answering.
+  po::options_description testing;
+  testing.add_options()
+      ("stall-after-steps", po::value(&o.stall_after_steps))
+      ("stall-at-join-pause", po::bool_switch(&o.stall_at_join_pause));
+  po::options_description all;
+  all.add(desc).add(testing);
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc > 0 ? argc : 1, argv).options(desc).positional(po::positional_options_description()).run(), vm);
+    po::store(po::command_line_parser(argc > 0 ? argc : 1, argv).options(all).positional(po::positional_options_description()).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {  // a stray word (no positional arguments) included: it is not ignored
     const bool stray = dynamic_cast<const po::too_many_positional_options_error*>(&e) != nullptr;

@@ -228,8 +228,6 @@ int main(int argc, char** argv) {
        "continue from the newest good checkpoint in --checkpoint-dir (same model, optimizer, batch, seed and data; "
        "--epochs may be more): the final weights are bit for bit those of an uninterrupted run; with none there yet "
        "(the folder must be), trains from the start")
-      ("crash-after-checkpoint", po::value(&o.crash_after),
-       "for testing --resume: kill this process (SIGKILL, as a crash would) right after writing the Nth checkpoint")
       ("nodes", po::value(&o.nodes), "train across ringmaster-node daemons: tcp://H:P,tcp://H:P,... "
        "(each node reads its own copy of the data). tcp://H:P@KEY: the node's public key (its key.pub), "
        "recorded in known_nodes on first use")
@@ -253,10 +251,15 @@ int main(int argc, char** argv) {
       ("limit-test", po::value(&o.limit_test), "use only the first N test samples (0: all)")
       ("no-eval", po::bool_switch(&o.no_eval), "skip the test-set evaluation after each epoch")
       ("quiet,q", po::bool_switch(&o.quiet), "no progress: print only the job's line and the summary");
+  // For tests, not in --help: kill this process (SIGKILL, as a crash would) right after writing the Nth checkpoint.
+  po::options_description testing;
+  testing.add_options()("crash-after-checkpoint", po::value(&o.crash_after));
+  po::options_description all;
+  all.add(desc).add(testing);
   po::variables_map vm;
   try {
     // No positional arguments: a stray word is an error, not ignored ("--epochs 1 2").
-    po::store(po::command_line_parser(argc, argv).options(desc).positional(po::positional_options_description()).run(), vm);
+    po::store(po::command_line_parser(argc, argv).options(all).positional(po::positional_options_description()).run(), vm);
     po::notify(vm);
   } catch (const po::too_many_positional_options_error&) {
     return usage_error("unexpected argument: every option starts with -- (a value with a space in it goes in quotes)");

@@ -272,6 +272,11 @@ TEST_CASE("launcher: bad flags and values exit 2 with a clear message", "[launch
   r = run("--help");
   CHECK(r.status == 0);
   CHECK(r.out.find("--replicas") != std::string::npos);
+  CHECK(r.out.find("crash-after") == std::string::npos);  // a switch for tests, not for users
+  const run_result node_help = ringmaster::test::run(std::string(RINGMASTER_NODE_BIN) + " --help");
+  CHECK(node_help.status == 0);
+  CHECK(node_help.out.find("--ring-port") != std::string::npos);
+  CHECK(node_help.out.find("stall-") == std::string::npos);
   // Found by a hostile run of the launcher: each of these used to run (or fail late, with exit 1).
   const std::string dir = "/tmp/ringmaster-e2e-flags-" + std::to_string(::getpid());
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
