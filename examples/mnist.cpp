@@ -70,6 +70,13 @@ int usage_error(const std::string& msg) {
   return 2;
 }
 
+// Exit 2 too, for what the command line cannot mend by itself (the data, a folder, the nodes, a checkpoint):
+// no pointer to --help.
+int refused(const std::string& msg) {
+  std::fprintf(stderr, "ringmaster-mnist: %s\n", msg.c_str());
+  return 2;
+}
+
 // --device: "cpu", "cuda" or "cuda:N[,N...]". Sets cfg->devices (one per replica) and, for the CUDA
 // forms, cfg->replicas. Returns "" or what is wrong (also when there is no GPU: a clear error, not a crash).
 std::string parse_device(const std::string& device, bool replicas_given, train_config* cfg) {
@@ -356,7 +363,7 @@ int main(int argc, char** argv) {
   c.ring_timeout = std::chrono::milliseconds(int64_t(o.ring_timeout * 1000));
   if (vm.count("crash-after-checkpoint") && o.crash_after < 1) return usage_error("--crash-after-checkpoint must be at least 1");
   if (!o.checkpoint_dir.empty()) {
-    if (std::string why = check_checkpoint_dir(o.checkpoint_dir, o.resume); !why.empty()) return usage_error("--checkpoint-dir: " + why);
+    if (std::string why = check_checkpoint_dir(o.checkpoint_dir, o.resume); !why.empty()) return refused("--checkpoint-dir: " + why);
     c.checkpoint_dir = o.checkpoint_dir;
     c.checkpoint_every = o.checkpoint_every;
     c.on_checkpoint = [&o, written = int64_t(0)](const std::string&) mutable {
@@ -435,9 +442,9 @@ int main(int argc, char** argv) {
     const bool found = latest_checkpoint(o.checkpoint_dir, layer_registry::with_builtins(), &ck, &path, &skipped, &why, &c.model);
     for (size_t i = 0; i < skipped.size() && i < 10; ++i) std::fprintf(stderr, "ringmaster-mnist: skipping a checkpoint: %s\n", skipped[i].c_str());
     if (skipped.size() > 10) std::fprintf(stderr, "ringmaster-mnist: skipping %zu more checkpoints that do not read back whole\n", skipped.size() - 10);
-    if (!found) return usage_error("--resume: " + why);
+    if (!found) return refused("--resume: " + why);
     // What can be checked before the data is loaded, before we say we resume (the data: once it is read).
-    if (std::string bad = resume_mismatch(ck, c, nullptr, -1); !bad.empty()) return usage_error("--resume: " + bad);
+    if (std::string bad = resume_mismatch(ck, c, nullptr, -1); !bad.empty()) return refused("--resume: " + bad);
     std::printf("Resuming from %s: %lld epoch%s and %lld of %lld steps done\n", path.c_str(), (long long)ck.epoch(),
                 ck.epoch() == 1 ? "" : "s", (long long)ck.epoch_step(), (long long)ck.steps_per_epoch);
     if (trained_to_end(ck, c))
@@ -500,8 +507,8 @@ int main(int argc, char** argv) {
 
   auto train = std::make_shared<dataset>(), test = std::make_shared<dataset>();
   // Labels are checked against the model's outputs by check_config.
-  if (!load_mnist(o.data, "train", 256, train.get(), &error)) return usage_error(error);
-  if (!o.no_eval && !load_mnist(o.data, "t10k", 256, test.get(), &error)) return usage_error(error);
+  if (!load_mnist(o.data, "train", 256, train.get(), &error)) return refused(error);
+  if (!o.no_eval && !load_mnist(o.data, "t10k", 256, test.get(), &error)) return refused(error);
   if (o.limit_train) truncate(*train, size_t(o.limit_train));
   if (o.limit_test) truncate(*test, size_t(o.limit_test));
   c.train = train;
@@ -509,10 +516,10 @@ int main(int argc, char** argv) {
   c.evaluate = !o.no_eval;
   auto m = build_model(c, &error);
   if (!m) return usage_error("bad model: " + error);
-  if (std::string e = check_config(c, *m, nodes.empty() ? c.replicas : 0); !e.empty()) return usage_error(e);
+  if (std::string e = check_config(c, *m, nodes.empty() ? c.replicas : 0); !e.empty()) return refused(e);
   if (c.resume)
     if (std::string e = resume_mismatch(*c.resume, c, m.get(), int64_t(train->count), data_fingerprint(*train)); !e.empty())
-      return usage_error("--resume: " + e);
+      return refused("--resume: " + e);
 
   std::printf("ringmaster-mnist: model %s, %d replica%s (%s), global batch %d (%d per replica), %s lr %g, "
               "%zu training / %zu test samples\n",
@@ -538,7 +545,7 @@ std::string go_on_from(const options& o, const train_result& r) {
 int finish(const options& o, const train_result& r) {
   const train_config& c = o.cfg;
   std::string error;
-  if (!r.ok && r.invalid) return usage_error(r.error);
+  if (!r.ok && r.invalid) return refused(r.error);
   if (!r.ok && r.interrupted) {
     std::printf("\n");  // off the progress bar's line
     std::fflush(stdout);

@@ -510,6 +510,7 @@ TEST_CASE("checkpoint: a local run killed after a checkpoint resumes to the unin
   CHECK(other_seed.status == 2);
   CHECK(other_seed.out.find("--resume: the checkpoint was made with seed 42, this job's is 5") != std::string::npos);
   CHECK(other_seed.out.find("Resuming from") == std::string::npos);
+  CHECK(other_seed.out.find("--help") == std::string::npos);  // not a matter of flags
   CHECK(resumed.out.find("Epoch 1/3") == std::string::npos);
   CHECK(resumed.out.find("(resumed at step 4)") != std::string::npos);
   CHECK(resumed.out.find("Done: 3 epochs (resumed after epoch 1, step 4)") != std::string::npos);

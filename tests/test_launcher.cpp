@@ -266,6 +266,7 @@ TEST_CASE("launcher: bad flags and values exit 2 with a clear message", "[launch
   CHECK(r.out.find("adam or sgd") != std::string::npos);
   r = run("--epochs abc");
   CHECK(r.status == 2);
+  CHECK(r.out.find("Try 'ringmaster-mnist --help'.") != std::string::npos);
   r = run("--data /nonexistent");
   CHECK(r.status == 2);
   CHECK(r.out.find("/nonexistent") != std::string::npos);
