@@ -136,9 +136,12 @@ bool write_report(const std::string& path, const options& o, const train_result&
              {"global_batch", o.cfg.global_batch}, {"epochs", o.cfg.epochs},
              {"resumed_at_step", o.cfg.resume ? o.cfg.resume->progress.step : 0}, {"model", o.cfg.model},
              {"optimizer", o.optimizer}, {"seed", o.cfg.seed},
-             {"weights_checksum", "fnv1a64:" + hex(r.checksums.empty() ? 0 : r.checksums[0])},
+             {"weights_checksum", r.checksums.empty() ? "" : "fnv1a64:" + hex(r.checksums[0])},
              {"replicas_identical", r.identical}, {"history", ojson::array()}, {"node_losses", ojson::array()},
-             {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"unmeasured_samples", r.unmeasured}};
+             {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"unmeasured_samples", r.unmeasured},
+             // A job that failed or was stopped leaves its report too: how far it got, and where to go on from.
+             {"status", r.ok ? "done" : r.interrupted ? "interrupted" : "failed"}, {"error", r.ok ? "" : r.error},
+             {"checkpoint", !r.checkpoint.empty() ? r.checkpoint : o.cfg.resume ? o.cfg.resume->file : ""}};
   for (const epoch_stats& e : r.history)
     j["history"].push_back({{"epoch", e.epoch + 1}, {"loss", e.loss}, {"accuracy", e.accuracy}, {"val_loss", e.val_loss},
                             {"val_accuracy", e.val_accuracy}, {"seconds", e.seconds}, {"samples", e.samples}});
@@ -541,6 +544,13 @@ std::string go_on_from(const options& o, const train_result& r) {
                                         : "at the end of the first epoch");
 }
 
+// A job that failed or was stopped: its --report-json all the same (a batch job's record of what happened).
+void report_failed(const options& o, const train_result& r) {
+  std::string error;
+  if (!o.report_json.empty() && !write_report(o.report_json, o, r, &error))
+    std::fprintf(stderr, "ringmaster-mnist: --report-json %s was not written: %s\n", o.report_json.c_str(), error.c_str());
+}
+
 // Prints the summary, writes --save and --report-json; the exit status.
 int finish(const options& o, const train_result& r) {
   const train_config& c = o.cfg;
@@ -552,12 +562,14 @@ int finish(const options& o, const train_result& r) {
     std::fprintf(stderr, "ringmaster-mnist: %s: %s (%s)\n", interrupted_by(r.interrupted).c_str(),
                  o.nodes.empty() ? "training stopped" : r.sent ? "the nodes were told to drop the job" : "no job had gone to the nodes yet",
                  go_on_from(o, r).c_str());
+    report_failed(o, r);
     return 128 + r.interrupted;  // as a shell reports a process a signal ended
   }
   if (!r.ok) {
     std::fprintf(stderr, "ringmaster-mnist: training failed: %s\n", r.error.c_str());
     // A lost node (--on-node-loss abort), a launcher stopped past its nodes' patience: what is kept.
     if (!o.checkpoint_dir.empty()) std::fprintf(stderr, "ringmaster-mnist: %s\n", go_on_from(o, r).c_str());
+    report_failed(o, r);
     return 1;
   }
   if (r.history.empty()) {  // a job that trained nothing has no summary (the coordinator refuses that)

@@ -186,6 +186,7 @@ TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, train
   REQUIRE(u.status == 0);
   const nlohmann::json whole = report(json_path);
   CHECK(whole["node_losses"].empty());
+  CHECK(whole["status"] == "done");
   const double a = lost["test_accuracy"], b = whole["test_accuracy"];
   WARN("test accuracy " << a << " with a node lost mid-epoch, " << b << " without");
   CHECK(std::fabs(a - b) <= 0.005);
@@ -196,6 +197,7 @@ TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, train
   REQUIRE(::mkdtemp(tmpl) != nullptr);
   const std::string ck = tmpl;
   std::thread killer2;
+  std::remove(json_path.c_str());
   test::run_result ab = run_launcher("--nodes " + test::node_list(fresh) + args + " --on-node-loss abort --checkpoint-dir " + ck +
                                      " --checkpoint-every 20", [&](const std::string& line) {
     if (line.rfind("Epoch 1/2", 0) == 0 && !killer2.joinable())
@@ -209,6 +211,12 @@ TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, train
   CHECK(ab.status == 1);
   CHECK(ab.out.find("node " + fresh[2]->endpoint + " (rank 2) stopped answering: no heartbeat for") != std::string::npos);
   CHECK(ab.out.find("ringmaster-mnist: --resume continues from the last checkpoint, " + ck + "/ckpt-") != std::string::npos);
+  // Its report all the same: failed, why, how far it got and where to go on from.
+  const nlohmann::json failed = report(json_path);
+  CHECK(failed["status"] == "failed");
+  CHECK(failed["error"].get<std::string>().find("node " + fresh[2]->endpoint + " (rank 2) stopped answering") != std::string::npos);
+  CHECK(failed["checkpoint"].get<std::string>().rfind(ck + "/ckpt-", 0) == 0);
+  CHECK(failed["history"].size() <= 1);
   std::filesystem::remove_all(ck);
   test::run_result bad = run_launcher("--nodes " + test::node_list(fresh) + " --on-node-loss maybe", [](const std::string&) {});
   CHECK(bad.status == 2);

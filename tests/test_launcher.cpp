@@ -469,14 +469,24 @@ TEST_CASE("launcher: Ctrl-C or SIGTERM on a local job stops it with a message th
   const std::string job = std::string(RINGMASTER_MNIST_BIN) + " --replicas 2 --batch 64 --limit-test 64 --epochs 1000";
   const std::string small = " --model 784-32-10 --limit-train 6000";  // an epoch in some 50 ms
   {  // Checkpoints were written: the message names the last, and it is there.
-    const signalled_run r = run_and_signal("exec " + job + small + " --checkpoint-dir " + dir, "Epoch 3/1000", SIGINT);
+    const std::string json = "/tmp/ringmaster-test-interrupt-" + std::to_string(getpid()) + ".json";
+    const signalled_run r = run_and_signal("exec " + job + small + " --checkpoint-dir " + dir + " --report-json " + json, "Epoch 3/1000", SIGINT);
     INFO(r.out);
     CHECK((WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGINT));  // it died of the signal before (no message)
     CHECK(r.took < 3);
     const size_t at = r.out.find("interrupted (SIGINT): training stopped (--resume continues from the last checkpoint, " + dir + "/ckpt-");
     REQUIRE(at != std::string::npos);
     const size_t from = r.out.find(dir, at);
-    CHECK(std::filesystem::is_regular_file(r.out.substr(from, r.out.find(')', from) - from)));
+    const std::string last = r.out.substr(from, r.out.find(')', from) - from);
+    CHECK(std::filesystem::is_regular_file(last));
+    // Its report all the same, with the epochs it finished and where to go on from.
+    const auto report = nlohmann::json::parse(slurp(json));
+    CHECK(report["status"] == "interrupted");
+    CHECK(report["error"] == "interrupted (SIGINT)");
+    CHECK(report["checkpoint"] == last);
+    CHECK(report["history"].size() >= 2);
+    CHECK(report["weights_checksum"] == "");
+    std::remove(json.c_str());
   }
   {  // Resumed, and stopped before a checkpoint of its own: the one it resumed from is where to go on from.
     const signalled_run r = run_and_signal("exec " + job + small + " --checkpoint-dir " + dir + " --checkpoint-every 1000000 --resume",
