@@ -234,7 +234,11 @@ int device_count(std::string* why) {
   const cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear it, so it does not surface in a later, unrelated check
-    if (why) *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err);
+    // 35 on a machine with no NVIDIA driver at all reads as if an upgrade would do: say both.
+    if (why && err == cudaErrorInsufficientDriver)
+      *why = std::string("no NVIDIA driver is loaded, or it is older than this CUDA runtime needs; cudaGetDeviceCount: ") + cudaGetErrorString(err);
+    else if (why)
+      *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err);
     return 0;
   }
   if (n <= 0 && why) *why = "cudaGetDeviceCount found 0 devices";
