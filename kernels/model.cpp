@@ -32,8 +32,12 @@ bool parse_mlp(const std::string& text, model_desc* out, std::string* error) {
     const bool digits = !part.empty() && part.size() <= 7 &&
                         std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (digits) std::from_chars(part.data(), part.data() + part.size(), width);
+    if (!digits && text.find('-') == std::string::npos) {  // a word: not meant as widths at all ("cnnn")
+      *error = "bad model spec " + shown + ": a model is widths (784-512-512-10), cnn, or a JSON list of layers";
+      return false;
+    }
     if (!digits || width <= 0) {
-      *error = "bad model spec " + quoted(text, 64) + ": " + quoted(part, 16) + " is not a layer width in 1..9999999";
+      *error = "bad model spec " + shown + ": " + quoted(part, 16) + " is not a layer width in 1..9999999";
       return false;
     }
     dims.push_back(width);

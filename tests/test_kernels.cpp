@@ -283,6 +283,8 @@ TEST_CASE("model specs parse and Glorot init is bounded and deterministic", "[ke
     CHECK_FALSE(build_model(bad, shape{784, 1, 1}, &err));
     CHECK(err.find("model spec") != std::string::npos);
   }
+  CHECK_FALSE(build_model("cnnn", shape{784, 1, 1}, &err));  // a word, not widths: what a model may be
+  CHECK(err == "bad model spec 'cnnn': a model is widths (784-512-512-10), cnn, or a JSON list of layers");
   auto sp = build_model("100-50-10", shape{100, 1, 1}, &err);
   REQUIRE(sp);
   const model& s = *sp;
