@@ -59,6 +59,9 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
             return "node " + ep + " fell silent while it set the job up: nothing from it for " + secs +
                    " s (it had answered our hello: stopped, killed or cut off?)";
           }
+          if (!unreachable[i].empty())  // the same words as below begin it: a name that does not resolve is still told apart
+            return "node " + ro.nodes[i] + " did not answer within " + secs + " s: nothing accepted a connection there "
+                   "(is ringmaster-node running there, on that port? a firewall in the way?)";
           return "node " + ro.nodes[i] + " did not answer within " + secs + " s (is ringmaster-node running there? " +
                  (ro.insecure ? "We run --insecure: a node with keys does not answer us, and logs that it refused a client that offers no keys)"
                               : "A node that does not hold the key we expect, or runs --insecure while we do not, stays silent)");

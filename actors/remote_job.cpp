@@ -66,6 +66,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   // Keys: ours, and the one each node must prove it holds.
   net::bridge_options bo;
   bo.connection_ids = true;  // a node of the job cannot take over our link to another
+  bo.watch_connects = true;  // a port nothing listens on, or a node with keys when we have none: said as such
   std::vector<bool> record(ro.nodes.size(), false);
   const std::string key_dir = ro.key_dir.empty() ? net::default_key_dir() : ro.key_dir;
   if (!ro.insecure) {
@@ -94,6 +95,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.plan.elastic = !ro.abort_on_node_loss;
   L.plan.shared_memory = ro.shared_memory;
   L.changed.assign(ro.nodes.size(), {});  // before the bridge thread, which alone touches it
+  L.unreachable.assign(ro.nodes.size(), {});
   L.last_heard.reset(new std::atomic<int64_t>[ro.nodes.size()]);
   L.gone.reset(new std::atomic<bool>[ro.nodes.size()]);
   for (size_t i = 0; i < ro.nodes.size(); ++i) {
@@ -110,6 +112,11 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     std::string why;
     if (e.kind == net::fault::handshake_failed) why = "node " + e.message;  // the message names the endpoint
     const int node = L.node_of(e.from);
+    if (e.kind == net::fault::unreachable && node >= 0) {  // it may yet come: said if it never answers
+      std::lock_guard<std::mutex> lock(L.mu);
+      L.unreachable[size_t(node)] = e.message;
+      return;
+    }
     // A node started again with another key, or none: while the job runs, it cannot rejoin, and its
     // user hears why once it is lost (tick); while the job is set up, it failed us.
     if (e.kind == net::fault::peer_changed && node >= 0) {
@@ -154,7 +161,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     }
   // A silent node we know no key for was expected to share ours: the likeliest cause, said plainly.
   for (size_t i = 0; i < ro.nodes.size() && !ro.insecure; ++i)
-    if ((failed.error.rfind("node " + ro.nodes[i] + " did not answer", 0) == 0 ||
+    if (((failed.error.rfind("node " + ro.nodes[i] + " did not answer", 0) == 0 && failed.error.find(": nothing accepted a connection there") == std::string::npos) ||
          failed.error.rfind("node " + ro.nodes[i] + " hangs up during the handshake", 0) == 0) &&
         L.plan.nodes[i].key == bo.keys.public_key &&
         !(i < ro.node_keys.size() && !ro.node_keys[i].empty()))

@@ -42,6 +42,7 @@ const char* fault_name(fault f) {
     case fault::overloaded: return "overloaded";
     case fault::keys_mismatch: return "keys mismatch";
     case fault::peer_changed: return "peer changed";
+    case fault::unreachable: return "unreachable";
   }
   return "fault";
 }
@@ -193,6 +194,16 @@ void bridge::impl::serve_monitor(int id) {
     if (what == ZMQ_EVENT_DISCONNECTED && std::exchange(c.connected, false)) return;  // a peer gone, or restarted
     peer_info from;
     from.peer = id;
+    if (what == ZMQ_EVENT_CONNECTED) {
+      c.tcp_up = true;
+      return;
+    }
+    if (what == ZMQ_EVENT_CONNECT_RETRIED) {  // refused, or no route: is anything listening there?
+      if (!c.tcp_up && ++c.refused == 3)
+        report(fault::unreachable, from, c.endpoint + " accepts no connection (nothing listens there, or it cannot be reached)", true);
+      return;
+    }
+    const bool keyed = !c.server_key.empty();
     if (c.failed_handshakes < 0) return;  // reported already
     // A peer that let us in before and now refuses us, or hangs up, or runs without keys, was started
     // again (a killed node back on its port, with another key or none): it is no longer in this job, which
@@ -208,14 +219,18 @@ void bridge::impl::serve_monitor(int id) {
     // libzmq does not try again after this: say it now. (Only sockets with keys have a monitor; a plain
     // launcher that meets a node with keys is told so when it gives up waiting.)
     if (what == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
-      say("runs --insecure and we use keys: run both sides with --insecure, or neither", "runs without keys (--insecure)", false);
+      if (keyed) say("runs --insecure and we use keys: run both sides with --insecure, or neither", "runs without keys (--insecure)", false);
+      else say("uses keys and we run --insecure: run both sides with --insecure, or neither", "uses keys now", false);
     } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
       say("has too many connections open and refused ours", "", true);
     } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
       const std::string status = "(status " + std::to_string(value) + ")";
       say("refused our key " + status + ": add our key.pub to its authorized_keys (if it is there, the file may be refused: see the node's log)",
           "refuses our key " + status + ": its authorized_keys lacks it", false);
-    } else if (++c.failed_handshakes == 3) {
+    } else if (!keyed && ++c.failed_handshakes == 3) {
+      say("hangs up during the handshake: it uses keys and we run --insecure (run both sides with --insecure, or neither), or "
+          "it is flooded with connections", "hangs up during the handshake: it uses keys now, or is flooded with connections", false);
+    } else if (keyed && ++c.failed_handshakes == 3) {
       say("hangs up during the handshake: it does not hold the key we expect, it runs without keys (--insecure), or it is "
           "flooded with connections (far over its --max-connections)",
           "hangs up during the handshake: it holds another key than the one we know for it (a new key folder?), runs "

@@ -73,7 +73,8 @@ struct peer_info {
 // (a side run --insecure by mistake), at most once a minute.
 // peer_changed: a peer that let us in before now fails the handshake (started again with another key, or
 // none): no fault of our link, for whoever runs the job to weigh; said once until it lets us in again.
-enum class fault { malformed, version_mismatch, send_failed, handler_failed, unauthorized, handshake_failed, overloaded, keys_mismatch, peer_changed };
+enum class fault { malformed, version_mismatch, send_failed, handler_failed, unauthorized, handshake_failed, overloaded, keys_mismatch, peer_changed,
+                   unreachable };
 const char* fault_name(fault f);
 
 struct bridge_error {
@@ -106,6 +107,10 @@ struct bridge_options {
   // why; more are hung up as they are accepted, so a flood holds no file descriptors. An unfinished
   // handshake is dropped after 3 s either way.
   int max_connections = 0;
+  // Watch every connection we make, plain ones too (a launcher's): one whose peer accepts no TCP connection
+  // after 3 tries is reported (fault::unreachable, retrying: libzmq goes on trying, and a peer started
+  // after us gets in), and a plain one to a peer with keys fails its handshake at once, saying so.
+  bool watch_connects = false;
 };
 
 class bridge {

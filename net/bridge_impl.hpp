@@ -58,6 +58,8 @@ struct connection {
   int failed_handshakes = 0;  // since the last one that succeeded; reported once
   bool handshook = false;     // a handshake succeeded once: a later refusal is a peer started again
   bool connected = false;     // since that success: its connection's end is no failed handshake
+  bool tcp_up = false;        // a TCP connection was made once (bridge_options::watch_connects)
+  int refused = 0;            // tries to make one that failed before that
   bool routed = false;        // a listening ROUTER: messages carry the client's routing id first
   bool waiting() const { return !backlog.empty() || !held.empty(); }
 };

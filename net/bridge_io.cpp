@@ -155,12 +155,14 @@ int bridge::impl::do_connect(const std::string& ep, const std::string& server_ke
       s.set(zmq::sockopt::curve_publickey, opt.keys.public_key);
       s.set(zmq::sockopt::curve_secretkey, opt.keys.secret_key);
       c.server_key = server_key;
-      // Why a handshake fails is known only to the socket's monitor: a refused key must not look like
-      // a node that is not running.
+    }
+    // Why a handshake fails is known only to the socket's monitor: a refused key must not look like a
+    // node that is not running, nor a port nothing listens on like a node that holds another key.
+    if (!opt.keys.empty() || opt.watch_connects) {
       const std::string mon = "inproc://ringmaster-monitor-" + std::to_string(monitors++);
       const int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
                          ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                         ZMQ_EVENT_DISCONNECTED;
+                         ZMQ_EVENT_DISCONNECTED | (opt.watch_connects ? ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED : 0);
       c.monitor = socket_monitor::attach(*ctx, s, mon, events);
     }
     // No ZMQ_IMMEDIATE: a hello sent before the peer has bound waits in the queue and goes out when the
