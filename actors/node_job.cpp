@@ -483,7 +483,7 @@ bool node_job::reform(job_plan next, std::string* error, bool* dropped) {
   }
   ctx_.log("job " + std::to_string(plan_.job_id) + ": ring generation " + std::to_string(plan_.generation) + " of " +
            std::to_string(plan_.replicas()) + " ranks, ranks " + rank_list(mine_) + " here, from step " +
-           std::to_string(plan_.start_step));
+           std::to_string(plan_.start_step + 1) + " of the job");  // counted from 1, as the launcher says it
   return true;
 }
 

@@ -34,40 +34,6 @@ namespace ringmaster {
 // of the data it loads).
 constexpr int kMaxDataThreads = 2;
 
-bool parse_devices(const std::string& text, std::vector<std::string>* slots, std::string* error) {
-  auto number = [](const std::string& n) {
-    return !n.empty() && n.size() <= 4 && n.find_first_not_of("0123456789") == std::string::npos;
-  };
-  slots->clear();
-  const size_t colon = text.find(':');
-  const std::string kind = text.substr(0, colon);
-  if (text == "cuda") {  // every GPU of this machine, one replica each
-    for (int g = 0, n = cuda_device_count(); g < n; ++g) slots->push_back("cuda:" + std::to_string(g));
-    if (slots->empty()) *error = "--devices cuda: this machine has no usable CUDA device";
-    return !slots->empty();
-  }
-  if (kind == "cpu" && colon != std::string::npos && number(text.substr(4)) && std::stoi(text.substr(4)) > 0) {
-    slots->assign(size_t(std::stoi(text.substr(4))), "cpu");
-    return true;
-  }
-  if (kind != "cpu" && !kind.empty() && colon != std::string::npos) {  // KIND:I[,J...]: one replica each
-    std::string list = text.substr(colon + 1);
-    for (size_t at = 0; at <= list.size();) {
-      const size_t comma = std::min(list.find(',', at), list.size());
-      const std::string id = list.substr(at, comma - at);
-      if (!number(id)) {
-        slots->clear();
-        break;
-      }
-      slots->push_back(kind + ":" + id);
-      at = comma + 1;
-    }
-    if (!slots->empty()) return true;
-  }
-  *error = "bad --devices '" + text + "': expected cpu:N (N CPU replicas), cuda (every GPU) or cuda:I[,J...] (GPUs by number)";
-  return false;
-}
-
 // Serving: the bridge, hellos, what each message means, the heartbeat ticker, and stopping. A job's own
 // work is node_job's; loading data is data_cache's.
 struct node_service::impl {
@@ -102,6 +68,8 @@ struct node_service::impl {
   std::chrono::steady_clock::time_point trimmed{};                 // and when it last did
   std::atomic<bool> busy{false};
   std::unique_ptr<node_job> job;  // at most one; touched only on the bridge thread
+  // Bridge thread: the routing id of the last job's launcher, and of one whose failed sends were said.
+  std::string last_launcher, unreachable_launcher;
   // The jobs taken lately, with the life this node had in each (plan_node::life): a plan for one of them
   // delivered again would start the same sealing keys' counters (net/seal.hpp) from 0, reusing nonces;
   // it is refused. Bounded: job ids are random 64-bit numbers.
@@ -263,6 +231,7 @@ struct node_service::impl {
   void end_job(const std::string& why) {
     if (!job) return;
     log("job " + std::to_string(job->id()) + " ended: " + why);
+    last_launcher = job->launcher().identity;
     job.reset();
     busy = false;
     ++jobs_done;
@@ -517,6 +486,17 @@ bool node_service::start(std::string* error) {
     d->on_message(from, h, std::move(p));
   });
   d->br.set_error_handler([d](const net::bridge_error& e) {
+    // A launcher killed (kill -9) is no longer connected, and what the job still sends it fails message by
+    // message: said once, in words, not each send with the launcher's routing id.
+    const std::string& to = e.from.identity;
+    if (e.kind == net::fault::send_failed && !to.empty() && ((d->job && to == d->job->launcher().identity) || to == d->last_launcher)) {
+      if (d->unreachable_launcher != to)
+        d->log(d->job && to == d->job->launcher().identity ? "job " + std::to_string(d->job->id()) + ": its launcher is not connected "
+                                                             "(gone?): what the job sends it is dropped"
+                                                           : "the launcher of the job that ended is not connected: what was left to send it is dropped");
+      d->unreachable_launcher = to;
+      return;
+    }
     d->log_fault(e);
     // A link of the ring that cannot be made fails the job now, naming why, not at the ring's watchdog.
     if (e.kind == net::fault::handshake_failed && !e.retrying && d->job) d->job->link_failed(e.from.peer, e.message);

@@ -197,3 +197,26 @@ TEST_CASE("a node answers its launcher's malformed pause with an error naming it
   CHECK(next_of(l.s, wire::msg_type::weights, &rh, &text));
   l.send(wire::msg_type::abort);
 }
+
+TEST_CASE("a node whose launcher was killed says once that it is gone, not each message it cannot send it", "[nodes]") {
+  logged_node a("node-a");
+  const std::string node = a.node->endpoint();
+  const pid_t launcher = fork();
+  if (launcher == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) dup2(null, 1), dup2(null, 2);
+    execl(RINGMASTER_MNIST_BIN, RINGMASTER_MNIST_BIN, "--nodes", node.c_str(), "--epochs", "1000", "--limit-train", "6000",
+          "--limit-test", "64", "-q", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  REQUIRE(launcher > 0);
+  const std::string started = a.wait_for(" started: ", 20s);
+  ::kill(launcher, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+  REQUIRE(started != "");
+  // Heartbeats and reports for it fail from now on, every 100 ms and more, until the job is dropped.
+  CHECK(a.wait_for(": its launcher is not connected (gone?): what the job sends it is dropped", 5s) != "");
+  CHECK(a.wait_for("ended: the launcher stopped answering", 10s) != "");
+  std::lock_guard<std::mutex> lock(a.mu);
+  for (const std::string& l : a.lines) CHECK(l.find("no such peer connected") == std::string::npos);
+}

@@ -84,6 +84,12 @@ TEST_CASE("elastic with --insecure nodes between hosts: a node killed and starte
   for (size_t at = 0; (at = log.find(" plain (--insecure) at tcp://", at)) != std::string::npos; ++at) ++plain;
   CHECK(plain == 3);
   CHECK(log.find("sealed") == std::string::npos);
+  // The node counts the step the re-formed ring goes on from as the launcher does.
+  const std::string events = job.all_events(), said = "ring generation 1: 2 ranks go on from step ";
+  const size_t at = events.find(said);
+  REQUIRE(at != std::string::npos);
+  const std::string step = events.substr(at + said.size(), events.find(' ', at + said.size()) - at - said.size());
+  CHECK(log.find("ring generation 1 of 2 ranks, ranks 0 here, from step " + step + " of the job") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
