@@ -410,7 +410,7 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
   proxies.clear();
   proxy_node.clear();
   for (const rank_plan& r : plan.ranks) {
-    proxies.push_back(sys->spawn(rank_proxy, &br, peer[size_t(r.node)], job_id, r.rank));
+    proxies.push_back(sys->spawn(rank_proxy, &br, peer[size_t(r.node)].load(), job_id, r.rank));
     proxy_node.push_back(r.node);
   }
   note.ranks = proxies;

@@ -50,7 +50,9 @@ struct launcher {
   const std::atomic<int>* interrupt = nullptr;  // train_config::interrupt
   int interrupted() const { return interrupt ? interrupt->load() : 0; }
   net::bridge br;
-  std::vector<int> peer;  // node index -> connection
+  // Node index -> connection (-1 until made): the bridge thread reads it (node_of) while the caller's
+  // still connects to the later nodes.
+  std::vector<std::atomic<int>> peer;
   uint64_t job_id = 0;
   job_plan plan;  // the plan the nodes hold: set before any job message goes out; then on the bridge thread
   // Control replies during setup, for the main thread.

@@ -61,7 +61,7 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
           }
           if (!unreachable[i].empty())  // the same words as below begin it: a name that does not resolve is still told apart
             return "node " + ro.nodes[i] + " did not answer within " + secs + " s: nothing accepted a connection there "
-                   "(is ringmaster-node running there, on that port? a firewall in the way?)";
+                   "(is ringmaster-node running there? a firewall in the way?)";
           return "node " + ro.nodes[i] + " did not answer within " + secs + " s (is ringmaster-node running there? " +
                  (ro.insecure ? "We run --insecure: a node with keys does not answer us, and logs that it refused a client that offers no keys)"
                               : "A node that does not hold the key we expect, or runs --insecure while we do not, stays silent)");
@@ -113,7 +113,7 @@ std::string launcher::await_free(std::vector<wire::kv_map>* hellos) {
     // So is one that will not be free by the deadline.
     if ((live && now - start >= kLiveBusyWait) || (!live && held.empty()) || now + std::chrono::milliseconds(longest) > deadline)
       return "";
-    if (!said && !held.empty()) {
+    if (!said && !live && !held.empty()) {  // every busy node known to be waiting for a silent launcher
       said = true;
       char secs[32];
       std::snprintf(secs, sizeof secs, "%.1f", double(longest) / 1000);

@@ -95,6 +95,8 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.plan.elastic = !ro.abort_on_node_loss;
   L.plan.shared_memory = ro.shared_memory;
   L.changed.assign(ro.nodes.size(), {});  // before the bridge thread, which alone touches it
+  L.peer = std::vector<std::atomic<int>>(ro.nodes.size());
+  for (auto& p : L.peer) p = -1;
   L.unreachable.assign(ro.nodes.size(), {});
   L.last_heard.reset(new std::atomic<int64_t>[ro.nodes.size()]);
   L.gone.reset(new std::atomic<bool>[ro.nodes.size()]);
@@ -114,7 +116,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     const int node = L.node_of(e.from);
     if (e.kind == net::fault::unreachable && node >= 0) {  // it may yet come: said if it never answers
       std::lock_guard<std::mutex> lock(L.mu);
-      L.unreachable[size_t(node)] = e.message;
+      L.unreachable[size_t(node)] = e.retrying ? e.message : "";
       return;
     }
     // A node started again with another key, or none: while the job runs, it cannot rejoin, and its
@@ -145,7 +147,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
       failed.error = "cannot connect to node " + node + ": " + error;
       return failed;
     }
-    L.peer.push_back(p);
+    L.peer[i] = p;
   }
   std::vector<wire::kv_map> replies;
   L.broadcast(wire::msg_type::hello, {{"role", "launcher"}});
@@ -356,7 +358,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   rank_actors all;
   for (int r = 0; r < n; ++r) {
     const int node = L.plan.ranks[size_t(r)].node;
-    L.proxies.push_back(sys.spawn(rank_proxy, &L.br, L.peer[size_t(node)], L.job_id, r));
+    L.proxies.push_back(sys.spawn(rank_proxy, &L.br, L.peer[size_t(node)].load(), L.job_id, r));
     L.proxy_node.push_back(node);
   }
   all.replicas = all.loaders = all.reducers = L.proxies;

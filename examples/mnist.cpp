@@ -130,17 +130,20 @@ std::string hex(uint64_t v) {
 bool write_report(const std::string& path, const options& o, const train_result& r, std::string* error) {
   using ojson = nlohmann::ordered_json;
   const epoch_stats last = r.history.empty() ? epoch_stats{} : r.history.back();
-  ojson j = {{"test_accuracy", last.val_accuracy}, {"test_loss", last.val_loss}, {"train_accuracy", last.accuracy},
-             {"train_loss", last.loss}, {"train_samples_per_sec", r.train_seconds > 0 ? r.train_samples / r.train_seconds : 0},
+  // A job stopped before its first epoch ended has no metrics: null, not a perfect 0 loss.
+  auto metric = [&r](double v) { return r.history.empty() ? ojson() : ojson(v); };
+  ojson j = {{"test_accuracy", metric(last.val_accuracy)}, {"test_loss", metric(last.val_loss)}, {"train_accuracy", metric(last.accuracy)},
+             {"train_loss", metric(last.loss)}, {"train_samples_per_sec", r.train_seconds > 0 ? r.train_samples / r.train_seconds : 0},
              {"train_seconds", r.train_seconds}, {"wall_seconds", r.wall_seconds}, {"replicas", o.cfg.replicas},
              {"global_batch", o.cfg.global_batch}, {"epochs", o.cfg.epochs},
              {"resumed_at_step", o.cfg.resume ? o.cfg.resume->progress.step : 0}, {"model", o.cfg.model},
              {"optimizer", o.optimizer}, {"seed", o.cfg.seed},
              {"weights_checksum", r.checksums.empty() ? "" : "fnv1a64:" + hex(r.checksums[0])},
-             {"replicas_identical", r.identical}, {"history", ojson::array()}, {"node_losses", ojson::array()},
+             {"replicas_identical", r.checksums.empty() ? ojson() : ojson(r.identical)},  // null: no final weights {"history", ojson::array()}, {"node_losses", ojson::array()},
              {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"unmeasured_samples", r.unmeasured},
              // A job that failed or was stopped leaves its report too: how far it got, and where to go on from.
              {"status", r.ok ? "done" : r.interrupted ? "interrupted" : "failed"}, {"error", r.ok ? "" : r.error},
+             {"epochs_done", r.history.size()},
              {"checkpoint", !r.checkpoint.empty() ? r.checkpoint : o.cfg.resume ? o.cfg.resume->file : ""}};
   for (const epoch_stats& e : r.history)
     j["history"].push_back({{"epoch", e.epoch + 1}, {"loss", e.loss}, {"accuracy", e.accuracy}, {"val_loss", e.val_loss},
@@ -424,7 +427,8 @@ int main(int argc, char** argv) {
     return usage_error("--batch " + std::to_string(c.global_batch) + " is not divisible by " +
                        (o.nodes.empty() ? "--replicas " + std::to_string(c.replicas)
                                         : "the " + std::to_string(c.replicas) + " replicas on --nodes (" +
-                                              std::to_string(c.replicas / o.replicas_per_node) + " nodes x " +
+                                              std::to_string(c.replicas / o.replicas_per_node) +
+                                              (c.replicas / o.replicas_per_node == 1 ? " node x " : " nodes x ") +
                                               std::to_string(o.replicas_per_node) + " --replicas-per-node)"));
   if (o.limit_train < 0 || o.limit_test < 0) return usage_error("--limit-train/--limit-test must be >= 0");
   std::string error;
@@ -574,6 +578,7 @@ int finish(const options& o, const train_result& r) {
   }
   if (r.history.empty()) {  // a job that trained nothing has no summary (the coordinator refuses that)
     std::fprintf(stderr, "ringmaster-mnist: training failed: no epoch was completed\n");
+    report_failed(o, r);
     return 1;
   }
   const epoch_stats& last = r.history.back();

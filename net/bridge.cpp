@@ -195,7 +195,8 @@ void bridge::impl::serve_monitor(int id) {
     peer_info from;
     from.peer = id;
     if (what == ZMQ_EVENT_CONNECTED) {
-      c.tcp_up = true;
+      if (!std::exchange(c.tcp_up, true) && c.refused >= 3)  // said unreachable before: no longer
+        report(fault::unreachable, from, c.endpoint + " accepts connections now", false);
       return;
     }
     if (what == ZMQ_EVENT_CONNECT_RETRIED) {  // refused, or no route: is anything listening there?
@@ -216,8 +217,8 @@ void bridge::impl::serve_monitor(int id) {
       if (changed) report(fault::peer_changed, from, c.endpoint + " let us in before, and now " + after, true);
       else report(fault::handshake_failed, from, c.endpoint + " " + before, retrying);
     };
-    // libzmq does not try again after this: say it now. (Only sockets with keys have a monitor; a plain
-    // launcher that meets a node with keys is told so when it gives up waiting.)
+    // libzmq does not try again after this: say it now. (Plain sockets have a monitor only with
+    // watch_connects, a launcher's; a plain node meeting a node with keys is told so when its ring gives up.)
     if (what == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
       if (keyed) say("runs --insecure and we use keys: run both sides with --insecure, or neither", "runs without keys (--insecure)", false);
       else say("uses keys and we run --insecure: run both sides with --insecure, or neither", "uses keys now", false);

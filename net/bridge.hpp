@@ -73,6 +73,8 @@ struct peer_info {
 // (a side run --insecure by mistake), at most once a minute.
 // peer_changed: a peer that let us in before now fails the handshake (started again with another key, or
 // none): no fault of our link, for whoever runs the job to weigh; said once until it lets us in again.
+// unreachable (bridge_options::watch_connects): no TCP connection after 3 tries (retrying: libzmq goes on);
+// said again with retrying false once one is made after all.
 enum class fault { malformed, version_mismatch, send_failed, handler_failed, unauthorized, handshake_failed, overloaded, keys_mismatch, peer_changed,
                    unreachable };
 const char* fault_name(fault f);

@@ -52,7 +52,8 @@ struct connection {
   std::map<std::string, held_replies> held;
   int fd = -1;         // ZMQ_FD: readable when the socket has news for us
   bool dirty = true;   // used since last drained: may hold messages ZMQ_FD will not announce again
-  // With keys (connections only): the server's key, and a monitor telling us why a handshake failed.
+  // Connections only: the server's key (with keys), and a monitor telling us why a handshake failed (with
+  // keys, or bridge_options::watch_connects).
   std::string server_key;
   std::unique_ptr<socket_monitor> monitor;
   int failed_handshakes = 0;  // since the last one that succeeded; reported once

@@ -146,7 +146,7 @@ TEST_CASE("node daemon: a taken port is a clear error, SIGTERM a clean stop, bad
   CHECK_FALSE(r.ok);
   // A port nothing listens on, said as such, not as a matter of keys.
   CHECK(r.error == "node " + ro.nodes[0] + " did not answer within 1 s: nothing accepted a connection there (is ringmaster-node "
-                   "running there, on that port? a firewall in the way?)");
+                   "running there? a firewall in the way?)");
   // An ipc path with no socket is named as such.
   ro.nodes = {"ipc:///tmp/ringmaster-no-such-node-" + std::to_string(::getpid())};
   r = train_remote(small_job(), ro);
