@@ -139,7 +139,8 @@ bool write_report(const std::string& path, const options& o, const train_result&
              {"resumed_at_step", o.cfg.resume ? o.cfg.resume->progress.step : 0}, {"model", o.cfg.model},
              {"optimizer", o.optimizer}, {"seed", o.cfg.seed},
              {"weights_checksum", r.checksums.empty() ? "" : "fnv1a64:" + hex(r.checksums[0])},
-             {"replicas_identical", r.checksums.empty() ? ojson() : ojson(r.identical)},  // null: no final weights {"history", ojson::array()}, {"node_losses", ojson::array()},
+             {"replicas_identical", r.checksums.empty() ? ojson() : ojson(r.identical)},  // null: no final weights
+             {"history", ojson::array()}, {"node_losses", ojson::array()},
              {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"unmeasured_samples", r.unmeasured},
              // A job that failed or was stopped leaves its report too: how far it got, and where to go on from.
              {"status", r.ok ? "done" : r.interrupted ? "interrupted" : "failed"}, {"error", r.ok ? "" : r.error},

@@ -517,6 +517,10 @@ TEST_CASE("launcher: Ctrl-C or SIGTERM on a local job stops it with a message th
     CHECK(report["train_loss"].is_null());
     CHECK(report["replicas_identical"].is_null());
     CHECK(report["checkpoint"] == "");
+    for (const char* list : {"history", "node_losses", "node_rejoins", "node_rejoins_failed"}) {
+      INFO(list);
+      CHECK((report.contains(list) && report.at(list).is_array() && report.at(list).empty()));
+    }
     std::remove(json.c_str());
   }
   std::filesystem::remove_all(dir);
