@@ -63,7 +63,7 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
             return "node " + ro.nodes[i] + " did not answer within " + secs + " s: nothing accepted a connection there "
                    "(is ringmaster-node running there? a firewall in the way?)";
           return "node " + ro.nodes[i] + " did not answer within " + secs + " s (is ringmaster-node running there? " +
-                 (ro.insecure ? "We run --insecure: a node with keys does not answer us, and logs that it refused a client that offers no keys)"
+                 (ro.insecure ? "We run --insecure: a node with keys does not let us in)"
                               : "A node that does not hold the key we expect, or runs --insecure while we do not, stays silent)");
         }
       }
