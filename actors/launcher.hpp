@@ -59,7 +59,7 @@ struct launcher {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<control_msg> inbox;
-  std::vector<std::string> unreachable;  // per node, under mu: the bridge's word that nothing listens there
+  std::vector<char> unreachable;  // per node, under mu: the bridge said nothing listens there (and not since that it does)
   // After setup: where reports go (set before the nodes start, then read and changed on the bridge thread).
   caf::actor_system* sys = nullptr;
   std::vector<caf::actor> proxies;  // the coordinator's ranks, index = rank

@@ -59,7 +59,7 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
             return "node " + ep + " fell silent while it set the job up: nothing from it for " + secs +
                    " s (it had answered our hello: stopped, killed or cut off?)";
           }
-          if (!unreachable[i].empty())  // the same words as below begin it: a name that does not resolve is still told apart
+          if (unreachable[i])  // the same words as below begin it: a name that does not resolve is still told apart
             return "node " + ro.nodes[i] + " did not answer within " + secs + " s: nothing accepted a connection there "
                    "(is ringmaster-node running there? a firewall in the way?)";
           return "node " + ro.nodes[i] + " did not answer within " + secs + " s (is ringmaster-node running there? " +

@@ -244,10 +244,9 @@ struct node_service::impl {
     // Which job, and whose, is none of the asker's business. Before the plan is read: a flood of large
     // plans must not keep this thread from the running job's heartbeats.
     if (job) {
-      const wire::kv_map hello = hello_ack();  // a launcher stopped with kill -9 leaves its job here a while
-      const auto free_in = hello.find("free_in_ms");
+      const int64_t free_in = free_in_ms();  // a launcher stopped with kill -9 leaves its job here a while
       return refuse(from, h.job_id, std::string("busy with another job") +
-                                        (free_in == hello.end() ? "" : ", whose launcher fell silent: dropped within " + free_in->second + " ms"));
+                                        (free_in < 0 ? "" : ", whose launcher fell silent: dropped within " + std::to_string(free_in) + " ms"));
     }
     job_plan plan;
     std::string error;
@@ -355,13 +354,18 @@ struct node_service::impl {
     end_job("cannot join the re-formed ring: " + error);
   }
 
-  // Who we are, and whether we are busy: with a job whose launcher has fallen silent (crashed: a live one
-  // heartbeats every 100 ms), in how many ms we drop it, so that a launcher started at once waits for that.
+  // A job whose launcher has fallen silent (crashed: a live one heartbeats every 100 ms): in how many ms we
+  // drop it (then a tick); -1 when there is no such job.
+  int64_t free_in_ms() const {
+    if (!job || job->launcher_silence() < std::chrono::milliseconds(500)) return -1;
+    return std::max<int64_t>(0, (opt.launcher_timeout - job->launcher_silence()).count()) + opt.heartbeat.count();
+  }
+
+  // Who we are, and whether we are busy, and when free: a launcher started at once waits for that.
   wire::kv_map hello_ack() const {
     wire::kv_map kv{{"name", name()}, {"id", br.name()}, {"devices", opt.devices}, {"ring_port", std::to_string(ring_port ? ring_port->port() : 0)},
                     {"host", host}, {"version", std::to_string(wire::kProtocolVersion)}, {"busy", job ? "1" : "0"}};
-    if (job && job->launcher_silence() >= std::chrono::milliseconds(500))  // then a tick
-      kv["free_in_ms"] = std::to_string(std::max<int64_t>(0, (opt.launcher_timeout - job->launcher_silence()).count()) + opt.heartbeat.count());
+    if (const int64_t ms = free_in_ms(); ms >= 0) kv["free_in_ms"] = std::to_string(ms);
     return kv;
   }
 

@@ -97,7 +97,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.changed.assign(ro.nodes.size(), {});  // before the bridge thread, which alone touches it
   L.peer = std::vector<std::atomic<int>>(ro.nodes.size());
   for (auto& p : L.peer) p = -1;
-  L.unreachable.assign(ro.nodes.size(), {});
+  L.unreachable.assign(ro.nodes.size(), 0);
   L.last_heard.reset(new std::atomic<int64_t>[ro.nodes.size()]);
   L.gone.reset(new std::atomic<bool>[ro.nodes.size()]);
   for (size_t i = 0; i < ro.nodes.size(); ++i) {
@@ -116,7 +116,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     const int node = L.node_of(e.from);
     if (e.kind == net::fault::unreachable && node >= 0) {  // it may yet come: said if it never answers
       std::lock_guard<std::mutex> lock(L.mu);
-      L.unreachable[size_t(node)] = e.retrying ? e.message : "";
+      L.unreachable[size_t(node)] = e.retrying;  // false: it accepts connections now
       return;
     }
     // A node started again with another key, or none: while the job runs, it cannot rejoin, and its
