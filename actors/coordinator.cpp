@@ -65,7 +65,9 @@ void stop_all(caf::event_based_actor* self, coordinator_state& st) {
     for (auto& a : *group) self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
-void finish(caf::event_based_actor* self, coordinator_state& st, std::string error) {
+}  // namespace
+
+void coordinator_detail::finish(caf::event_based_actor* self, coordinator_state& st, std::string error) {
   if (st.finished) return;
   st.finished = true;
   st.result->ok = error.empty();
@@ -75,6 +77,21 @@ void finish(caf::event_based_actor* self, coordinator_state& st, std::string err
   st.reply.deliver(st.result);
   self->quit();
 }
+
+job_progress coordinator_detail::progress_after(const coordinator_state& st, int64_t done, const epoch_acc* open) {
+  job_progress p;
+  p.step = done;
+  p.replicas = st.cfg.replicas;  // the ring now, re-formed or not
+  p.history = st.result->history;
+  if (open) {
+    p.loss = open->loss;
+    p.correct = open->correct;
+    p.count = open->count;
+  }
+  return p;
+}
+
+namespace {
 
 void report_progress(coordinator_state& st, int64_t e, bool end) {
   if (!st.cfg.on_progress) return;
@@ -135,14 +152,7 @@ void checkpoint_progress(caf::event_based_actor* self, coordinator_state& st, in
   while (st.checkpoints.size() > kMaxHeldProgress && st.checkpoints.begin()->first < done && !st.checkpoints.begin()->second.state)
     st.checkpoints.erase(st.checkpoints.begin());
   c.have_progress = true;
-  c.progress.step = done;
-  c.progress.replicas = st.cfg.replicas;  // the ring now, re-formed or not
-  c.progress.history = st.result->history;
-  if (open) {
-    c.progress.loss = open->loss;
-    c.progress.correct = open->correct;
-    c.progress.count = open->count;
-  }
+  c.progress = progress_after(st, done, open);
   offer_checkpoint(self, st, done);
 }
 
@@ -452,12 +462,19 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       },
       [self, st](signal_atom) {  // Ctrl-C, say: the replicas stop after the step they are in
         if (st->finished) return;
-        if (const int sig = st->cfg.interrupt->load()) {
+        const int sig = st->cfg.interrupt->load();
+        if (st->stopping && clock_type::now() >= st->stop_deadline) {
+          st->result->interrupted = st->stopping;
+          return finish(self, *st, interrupted_by(st->stopping));
+        }
+        if (sig && !st->stopping && st->cfg.on_checkpoint) begin_stop(self, st, sig);
+        else if (sig && !st->stopping) {
           st->result->interrupted = sig;
           return finish(self, *st, interrupted_by(sig));
         }
         self->delayed_send(self, std::chrono::milliseconds(50), signal_atom::value);
       },
+      [self, st](const pause_report& r) { stop_paused(self, st, r); },
       [self, st](done_atom, int rank) {
         if (st->finished || rank < 0 || rank >= st->cfg.replicas) return;
         st->done_ranks.resize(size_t(st->cfg.replicas), 0);

@@ -98,6 +98,9 @@ struct train_result {
   // died): counted in train_samples, not in the means.
   int64_t unmeasured = 0;
   int interrupted = 0;  // !ok because train_config::interrupt stopped the job: the signal's number
+  // Interrupted, the ranks stopped after this step of the job and its checkpoint was written (`checkpoint`);
+  // -1: the job stopped where it was, and the last checkpoint is from before.
+  int64_t stopped_after = -1;
   bool sent = false;    // train_remote: the job went to the nodes (stopped: they were told to drop it)
 };
 
@@ -144,7 +147,9 @@ struct coordinator_config {
   // Where each rank runs, for errors that name a rank ("node tcp://10.0.0.2:5601"); empty: this process.
   std::vector<std::string> where;
   // Ranks in this process: once this holds a signal's number (train_config::interrupt), looked at every
-  // 50 ms, the job ends with train_result::interrupted. Null: never (a launcher's own watchdog looks).
+  // 50 ms, the job ends with train_result::interrupted; with on_checkpoint, after the ranks have stopped
+  // at a common step and its checkpoint is written (coordinator_stop.cpp). Null: never (a launcher's
+  // own watchdog looks).
   const std::atomic<int>* interrupt = nullptr;
 };
 

@@ -77,11 +77,32 @@ struct coordinator_state {
   clock_type::time_point last_news, last_complete;
   clock_type::duration slowest_step{0};
   int64_t skipped_checkpoints = 0;
+  // A local job stopped by a signal with checkpoints on (coordinator_stop.cpp): the signal, the ranks'
+  // answers to the hold (steps started, -1 none yet) and pauses, the step they stop after, and by when.
+  int stopping = 0;
+  std::vector<int64_t> stop_started;
+  std::vector<char> stop_paused;
+  int64_t stop_at = -1;
+  clock_type::time_point stop_deadline;
 };
 
 inline double secs(clock_type::time_point a, clock_type::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
+
+// Ends the job: its result goes to whoever asked for it ("" error: it succeeded), every rank is stopped.
+void finish(caf::event_based_actor* self, coordinator_state& st, std::string error);
+
+// A signal stopped a local job whose checkpoints are on (coordinator_config::interrupt and
+// on_checkpoint): the ranks finish the steps they are in, all stop after the same one, and its
+// checkpoint is written before the job ends as interrupted, so a resume loses no step. Without an
+// answer from every rank in time it ends as before, with the last checkpoint written.
+void begin_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, int sig);
+// A rank paused on the way (replica's pause_report).
+void stop_paused(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, const pause_report& r);
+// Where a job stands after `done` steps, all of whose reports are in (and at an epoch's end, its
+// evaluations): the checkpoint's metrics half (checkpoint_progress in coordinator.cpp for steps due).
+job_progress progress_after(const coordinator_state& st, int64_t done, const epoch_acc* open);
 
 // Steps complete so far in the whole job: those of the closed epochs and the first open one's (a later
 // epoch may be open already: a fast rank's reports of it come before a slow one's of this one).

@@ -9,6 +9,9 @@
 //   whoever starts a resumed rank ──restore(state)──▶ replica      (before run; or paused, a step behind)
 //   elastic jobs (actors/reform.hpp): pause ──▶ replica ──pause_report──▶ coordinator's side;
 //   replica ──stall_report──▶ coordinator's side (its ring waited past the timeout);
+//   a local job stopped by a signal: coordinator ──hold──▶ replica (reply: steps started), then a
+//   planned pause after the last of them ──▶ replica ──pause_report──▶ coordinator, which fetches a
+//   state (checkpt) and writes the checkpoint there (actors/coordinator_stop.cpp);
 //   reform ──▶ replica ──reform──▶ data_loader; reports carry the ring's generation
 #pragma once
 #include <caf/all.hpp>
@@ -42,6 +45,9 @@ using checkpt_atom = caf::atom_constant<caf::atom("checkpt")>;  // {checkpt_atom
 using restore_atom = caf::atom_constant<caf::atom("restore")>;  // {restore_atom, state_ptr}: start from here
 using pause_atom = caf::atom_constant<caf::atom("pause")>;    // {pause_atom, generation}: stop, say how far
 using reform_atom = caf::atom_constant<caf::atom("reform")>;  // continue in a re-formed ring
+// {hold_atom}: start no further step (a job stopping at a signal); the reply is the steps the replica
+// has started (applied, plus one in flight), so the coordinator can name one step they all stop after.
+using hold_atom = caf::atom_constant<caf::atom("hold")>;
 // {sum_atom}: a replica's final weights as (fnv1a of their bytes, all finite), what the coordinator asks
 // of every rank but one: across nodes the weights themselves would each cross the network.
 using sum_atom = caf::atom_constant<caf::atom("sum")>;

@@ -36,6 +36,7 @@ struct replica_state {
   int64_t pause_at = -1;
   int planned_gen = 0;
   bool hung = false;  // testing (replica_config::stall_at_join_pause)
+  bool held = false;  // told to start no further step ({hold_atom}) until a planned pause names one
   std::chrono::steady_clock::time_point idle_since = std::chrono::steady_clock::now();
 };
 
@@ -188,7 +189,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   // Runs the next step if a batch is here and the previous update has been applied.
   auto try_step = std::make_shared<std::function<void()>>();
   *try_step = [self, st, try_step] {
-    if (st->busy || st->paused || st->ready.empty()) return;
+    if (st->busy || st->paused || st->held || st->ready.empty()) return;
     if (st->hung || (st->cfg.stall_after_steps >= 0 && st->done_steps >= st->cfg.stall_after_steps)) return;  // testing: hung
     batch_ptr bt = std::move(st->ready.front());
     st->ready.pop_front();
@@ -321,12 +322,22 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
       [self, st](pause_atom, int gen) {
         if (gen > st->pause_gen && gen >= st->planned_gen) pause_now(self, *st, gen);
       },
-      [self, st](pause_atom, int gen, int64_t at) {  // planned: a node joins the ring after step `at`
+      // Planned: a node joins the ring after step `at`, or the job stops there (after a hold). The
+      // steps up to it run as before; a held replica goes on to it.
+      [self, st, try_step](pause_atom, int gen, int64_t at) {
         if (gen <= st->pause_gen || gen <= st->planned_gen) return;
         st->planned_gen = gen;
         st->pause_at = at;
         st->hung = st->cfg.stall_at_join_pause;
-        if (st->done_steps >= at) pause_now(self, *st, gen);
+        st->held = false;
+        if (st->done_steps >= at) return pause_now(self, *st, gen);
+        (*try_step)();
+      },
+      // Every rank has started its last step by the time all answer, and none goes past the highest
+      // count they answer (the others run up to it: a step in flight needs every rank's gradients).
+      [st](hold_atom) -> int64_t {
+        st->held = true;
+        return st->done_steps + (st->busy ? 1 : 0);
       },
       [st](checkpt_atom) -> caf::result<state_ptr> {
         if (!st->paused) return caf::make_error(caf::sec::runtime_error, "replica " + std::to_string(st->cfg.rank) + " is not paused");

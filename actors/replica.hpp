@@ -78,6 +78,8 @@ std::vector<size_t> gradient_buckets(const model& m, size_t bucket_floats);
 // stops it so once it has applied `at` steps (at once if it has already). Paused, it answers
 // {checkpt_atom} with its state (for a node that joins the ring, or survivors a step behind), and takes
 // {restore_atom, state_ptr} of the step after its own (the others finished a step it did not).
+// {hold_atom} (a job stopping at a signal) keeps it from starting another step and answers how many it
+// has started; a planned pause then lets it run up to the step it names.
 caf::behavior replica(caf::event_based_actor* self, replica_config cfg);
 
 }  // namespace ringmaster

@@ -564,9 +564,14 @@ int finish(const options& o, const train_result& r) {
   if (!r.ok && r.interrupted) {
     std::printf("\n");  // off the progress bar's line
     std::fflush(stdout);
-    std::fprintf(stderr, "ringmaster-mnist: %s: %s (%s)\n", interrupted_by(r.interrupted).c_str(),
-                 o.nodes.empty() ? "training stopped" : r.sent ? "the nodes were told to drop the job" : "no job had gone to the nodes yet",
-                 go_on_from(o, r).c_str());
+    if (r.stopped_after >= 0)  // the ranks stopped together and wrote where they stopped
+      std::fprintf(stderr, "ringmaster-mnist: %s: training stopped, with a checkpoint where it stopped (--resume continues from it, %s)\n",
+                   interrupted_by(r.interrupted).c_str(), r.checkpoint.c_str());
+    else  // and why a stop wrote no checkpoint of its own, when it tried ("...; no checkpoint was written at the stop: ...")
+      std::fprintf(stderr, "ringmaster-mnist: %s: %s (%s)\n",
+                   (r.error.rfind(interrupted_by(r.interrupted) + "; ", 0) == 0 ? r.error : interrupted_by(r.interrupted)).c_str(),
+                   o.nodes.empty() ? "training stopped" : r.sent ? "the nodes were told to drop the job" : "no job had gone to the nodes yet",
+                   go_on_from(o, r).c_str());
     report_failed(o, r);
     return 128 + r.interrupted;  // as a shell reports a process a signal ended
   }

@@ -77,7 +77,7 @@ struct signalled_run {
   double took = 0;
 };
 // again_ms >= 0: the signal again that many ms later (a double tap of Ctrl-C).
-signalled_run run_and_signal(const std::string& cmd, const std::string& when, int sig, int again_ms = -1) {
+signalled_run run_and_signal(const std::string& cmd, const std::string& when, int sig, int again_ms = -1, int after_ms = 0) {
   char log_name[] = "/tmp/ringmaster-signal-XXXXXX";
   const int log = mkstemp(log_name);
   REQUIRE(log >= 0);
@@ -92,6 +92,7 @@ signalled_run run_and_signal(const std::string& cmd, const std::string& when, in
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (slurp(log_name).find(when) == std::string::npos && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(after_ms));
   kill(pid, sig);
   const auto sent = std::chrono::steady_clock::now();
   if (again_ms >= 0) std::this_thread::sleep_for(std::chrono::milliseconds(again_ms)), kill(pid, sig);
@@ -467,21 +468,30 @@ TEST_CASE("launcher: Ctrl-C on a job on nodes tells them to drop it, so they tak
   CHECK(next.status == 0);
 }
 
+// The checkpoint a stopped run's message says to go on from ("" if it names none).
+std::string go_on_path(const std::string& out) {
+  for (const std::string lead : {"--resume continues from the last checkpoint, ", "--resume continues from it, "})
+    if (const size_t at = out.find(lead); at != std::string::npos) {
+      const size_t from = at + lead.size();
+      return out.substr(from, out.find(')', from) - from);
+    }
+  return "";
+}
+
 TEST_CASE("launcher: Ctrl-C or SIGTERM on a local job stops it with a message that says where to go on from", "[launcher]") {
   const std::string dir = "/tmp/ringmaster-test-interrupt-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   const std::string job = std::string(RINGMASTER_MNIST_BIN) + " --replicas 2 --batch 64 --limit-test 64 --epochs 1000";
   const std::string small = " --model 784-32-10 --limit-train 6000";  // an epoch in some 50 ms
-  {  // Checkpoints were written: the message names the last, and it is there.
+  {  // Checkpoints were written: the message names the last (the one the stop wrote), and it is there.
     const std::string json = "/tmp/ringmaster-test-interrupt-" + std::to_string(getpid()) + ".json";
     const signalled_run r = run_and_signal("exec " + job + small + " --checkpoint-dir " + dir + " --report-json " + json, "Epoch 3/1000", SIGINT);
     INFO(r.out);
     CHECK((WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGINT));  // it died of the signal before (no message)
     CHECK(r.took < 3);
-    const size_t at = r.out.find("interrupted (SIGINT): training stopped (--resume continues from the last checkpoint, " + dir + "/ckpt-");
-    REQUIRE(at != std::string::npos);
-    const size_t from = r.out.find(dir, at);
-    const std::string last = r.out.substr(from, r.out.find(')', from) - from);
+    CHECK(r.out.find("interrupted (SIGINT): training stopped") != std::string::npos);
+    const std::string last = go_on_path(r.out);
+    CHECK(last.rfind(dir + "/ckpt-", 0) == 0);
     CHECK(std::filesystem::is_regular_file(last));
     // Its report all the same, with the epochs it finished and where to go on from.
     const auto report = nlohmann::json::parse(slurp(json));
@@ -492,23 +502,28 @@ TEST_CASE("launcher: Ctrl-C or SIGTERM on a local job stops it with a message th
     CHECK(report["weights_checksum"] == "");
     std::remove(json.c_str());
   }
-  {  // Resumed, and stopped before a checkpoint of its own: the one it resumed from is where to go on from.
+  {  // Resumed, and stopped long before a periodic checkpoint of its own: the stop writes one, and the
+     // one it resumed from stays beside it.
     const signalled_run r = run_and_signal("exec " + job + small + " --checkpoint-dir " + dir + " --checkpoint-every 1000000 --resume",
                                            "/1000", SIGINT);
     INFO(r.out);
     CHECK((WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGINT));
-    const size_t at = r.out.find("interrupted (SIGINT): training stopped (--resume continues from the last checkpoint, " + dir + "/ckpt-");
-    CHECK(at != std::string::npos);
-    CHECK(r.out.find("no checkpoint was written yet") == std::string::npos);
+    const size_t from = r.out.find("Resuming from ") + 14;
+    const std::string resumed_from = r.out.substr(from, r.out.find(':', from) - from);
+    CHECK(r.out.find("interrupted (SIGINT): training stopped, with a checkpoint where it stopped (--resume continues from it, " + dir + "/ckpt-") !=
+          std::string::npos);
+    CHECK(std::filesystem::is_regular_file(go_on_path(r.out)));
+    CHECK(go_on_path(r.out) != resumed_from);
+    CHECK(std::filesystem::is_regular_file(resumed_from));
   }
   std::filesystem::remove_all(dir);
-  {  // Before the first checkpoint (an epoch of the default model takes seconds): none yet, and when it is due.
+  {  // Before the first periodic checkpoint (an epoch of the default model takes seconds): the stop writes one.
     const std::string json = "/tmp/ringmaster-test-interrupt-first-" + std::to_string(getpid()) + ".json";
     const signalled_run r = run_and_signal("exec " + job + " --checkpoint-dir " + dir + " --report-json " + json, "Epoch 1/1000", SIGINT);
     INFO(r.out);
     CHECK((WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGINT));
-    CHECK(r.out.find("interrupted (SIGINT): training stopped (no checkpoint was written yet, the first is due at the end of the "
-                     "first epoch)") != std::string::npos);
+    CHECK(r.out.find("interrupted (SIGINT): training stopped, with a checkpoint where it stopped (--resume continues from it, " + dir +
+                     "/ckpt-0-") != std::string::npos);
     // Its report: no epoch done, so no metrics (null, not a perfect 0 loss) and no final weights.
     const auto report = nlohmann::json::parse(slurp(json));
     CHECK(report["status"] == "interrupted");
@@ -516,7 +531,7 @@ TEST_CASE("launcher: Ctrl-C or SIGTERM on a local job stops it with a message th
     CHECK(report["test_loss"].is_null());
     CHECK(report["train_loss"].is_null());
     CHECK(report["replicas_identical"].is_null());
-    CHECK(report["checkpoint"] == "");
+    CHECK(report["checkpoint"] == go_on_path(r.out));
     for (const char* list : {"history", "node_losses", "node_rejoins", "node_rejoins_failed"}) {
       INFO(list);
       CHECK((report.contains(list) && report.at(list).is_array() && report.at(list).empty()));
@@ -531,6 +546,45 @@ TEST_CASE("launcher: Ctrl-C or SIGTERM on a local job stops it with a message th
     CHECK(r.out.find("interrupted (SIGTERM): training stopped (no checkpoints were kept: --checkpoint-dir DIR keeps them)") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("launcher: SIGTERM on a local job stops every replica after the same step and writes its checkpoint there, "
+          "so the resume ends with the uninterrupted run's weights, bit for bit", "[launcher][checkpoint]") {
+  const std::string dir = "/tmp/ringmaster-test-preempt-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  // 94 steps an epoch; 784-512-512-10 all-reduces in two buckets, each applied as its sum comes in: a
+  // replica stopped mid-step would hold half an update.
+  const std::string job = " --replicas 2 --batch 64 --model 784-512-512-10 --limit-train 6000 --limit-test 256 --epochs 3";
+  const run_result full = run(job);
+  INFO(full.out);
+  REQUIRE(full.status == 0);
+  const size_t sum_at = full.out.find("(fnv1a64 ");
+  REQUIRE(sum_at != std::string::npos);
+  const std::string sum = full.out.substr(sum_at, 26);
+  // A batch system's preemption: SIGTERM some 100 ms into the second epoch, with checkpoints only at
+  // epochs' ends.
+  const std::string json = dir + ".json";
+  const signalled_run stopped = run_and_signal("exec " + std::string(RINGMASTER_MNIST_BIN) + job + " --checkpoint-dir " + dir +
+                                                   " --report-json " + json, "Epoch 2/3", SIGTERM, -1, 100);
+  INFO(stopped.out);
+  CHECK((WIFSIGNALED(stopped.status) && WTERMSIG(stopped.status) == SIGTERM));
+  CHECK(stopped.took < 3);
+  const std::string at = go_on_path(stopped.out);
+  CHECK(stopped.out.find("interrupted (SIGTERM): training stopped, with a checkpoint where it stopped (--resume continues from it, " +
+                         dir + "/ckpt-1-") != std::string::npos);
+  REQUIRE(std::filesystem::is_regular_file(at));
+  CHECK(at != dir + "/ckpt-1-0.safetensors");  // mid-epoch, not the last periodic one
+  CHECK(std::filesystem::is_regular_file(dir + "/ckpt-1-0.safetensors"));
+  const auto report = nlohmann::json::parse(slurp(json));
+  CHECK(report["checkpoint"] == at);
+  CHECK(report["epochs_done"] == 1);
+  const run_result resumed = run(job + " --checkpoint-dir " + dir + " --resume");
+  INFO(resumed.out);
+  REQUIRE(resumed.status == 0);
+  CHECK(resumed.out.find("Resuming from " + at) != std::string::npos);
+  CHECK(resumed.out.find(sum) != std::string::npos);  // the uninterrupted run's final weights
+  std::filesystem::remove_all(dir);
+  std::remove(json.c_str());
 }
 
 TEST_CASE("launcher: a SIGHUP that the caller ignores (nohup) leaves a job on nodes running", "[launcher][nodes]") {
