@@ -475,6 +475,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         self->delayed_send(self, std::chrono::milliseconds(50), signal_atom::value);
       },
       [self, st](const pause_report& r) { stop_paused(self, st, r); },
+      [self, st](checkpt_atom, state_ptr s, int sig) { stop_with_state(self, st, std::move(s), sig); },
       [self, st](done_atom, int rank) {
         if (st->finished || rank < 0 || rank >= st->cfg.replicas) return;
         st->done_ranks.resize(size_t(st->cfg.replicas), 0);

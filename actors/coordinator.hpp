@@ -166,6 +166,8 @@ struct reform_note {
   std::vector<std::string> where;  // coordinator_config::where for the new ranks
 };
 
+// {checkpt_atom, state_ptr, sig}: a launcher stopped its ranks on nodes at signal `sig`; the state is one
+// rank's, after the fewest steps any applied: it is written as a checkpoint and the job ends interrupted.
 // Request {run_atom, replicas, loaders, reducers} (vector<actor> each, index = rank), the reducers already
 // in their ring; the reply is a std::shared_ptr<train_result> when the job ends, successfully or not.
 caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg);

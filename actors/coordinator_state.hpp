@@ -98,6 +98,10 @@ void finish(caf::event_based_actor* self, coordinator_state& st, std::string err
 // checkpoint is written before the job ends as interrupted, so a resume loses no step. Without an
 // answer from every rank in time it ends as before, with the last checkpoint written.
 void begin_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, int sig);
+// The same for ranks on nodes, which the launcher stopped (an elastic job's replicas apply whole steps
+// only, so it pauses them at once): `s` is the state of one that applied the fewest steps, after which
+// all have reported.
+void stop_with_state(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, state_ptr s, int sig);
 // A rank paused on the way (replica's pause_report).
 void stop_paused(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, const pause_report& r);
 // Where a job stands after `done` steps, all of whose reports are in (and at an epoch's end, its

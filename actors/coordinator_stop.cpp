@@ -29,7 +29,18 @@ void stop_without_checkpoint(caf::event_based_actor* self, coordinator_state& st
   finish(self, st, interrupted_by(st.stopping) + (why.empty() ? "" : "; no checkpoint was written at the stop: " + why));
 }
 
-void write_at_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st) {
+// Writes the state after st.stop_at as the stop's checkpoint, and ends the job as interrupted.
+void write_state(caf::event_based_actor* self, coordinator_state& st, const job_progress& p, const state_ptr& s) {
+  if (st.finished) return;
+  if (!s || s->steps != st.stop_at) return stop_without_checkpoint(self, st, "the state came from after another step");
+  if (std::string error = st.cfg.on_checkpoint(p, *s); !error.empty()) return stop_without_checkpoint(self, st, error);
+  st.written = st.stop_at;
+  st.result->stopped_after = st.stop_at;
+  stop_without_checkpoint(self, st, "");
+}
+
+// The checkpoint after st.stop_at, where every rank has stopped: of `given`, or of rank 0's state.
+void write_at_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, state_ptr given = nullptr) {
   const int64_t at = st->stop_at, spe = std::max<int64_t>(1, st->cfg.steps_per_epoch);
   // The metrics after `at`: closed epochs, and the open one's sums (a fast rank's reports of later steps
   // cannot be here: no rank went past `at`).
@@ -44,18 +55,9 @@ void write_at_stop(caf::event_based_actor* self, const std::shared_ptr<coordinat
     open = &it->second;
   }
   job_progress p = progress_after(*st, at, open);
+  if (given) return write_state(self, *st, p, given);
   self->request(st->replicas[0], kAnswerTimeout, checkpt_atom::value)
-      .then(
-          [self, st, p = std::move(p), at](state_ptr s) {
-            if (st->finished) return;
-            if (!s || s->steps != at)
-              return stop_without_checkpoint(self, *st, "rank 0 sent the state after another step");
-            if (std::string error = st->cfg.on_checkpoint(p, *s); !error.empty())
-              return stop_without_checkpoint(self, *st, error);
-            st->written = at;
-            st->result->stopped_after = at;
-            stop_without_checkpoint(self, *st, "");
-          },
+      .then([self, st, p = std::move(p)](state_ptr s) { write_state(self, *st, p, s); },
           [self, st](caf::error& e) {
             if (!st->finished) stop_without_checkpoint(self, *st, "rank 0 did not send its state: " + self->system().render(e));
           });
@@ -95,6 +97,17 @@ void begin_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_
                 if (!st->finished)
                   stop_without_checkpoint(self, *st, "rank " + std::to_string(r) + " did not stop: " + self->system().render(e));
               });
+}
+
+void stop_with_state(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, state_ptr s, int sig) {
+  if (st->finished || st->stopping) return;
+  st->stopping = sig;
+  if (!s) return stop_without_checkpoint(self, *st, "no state came");
+  st->stop_at = s->steps;
+  if (s->steps <= st->written || s->steps <= st->cfg.start.step) return stop_without_checkpoint(self, *st, "");
+  if (s->steps > st->cfg.steps_per_epoch * st->cfg.epochs)
+    return stop_without_checkpoint(self, *st, "the state came from after step " + std::to_string(s->steps) + ", past the job's end");
+  write_at_stop(self, st, std::move(s));
 }
 
 void stop_paused(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, const pause_report& r) {

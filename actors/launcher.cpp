@@ -206,6 +206,14 @@ void launcher::pause_survivors(const wire::kv_map& extra) {
   for (int i : survivors()) send_kv(i, wire::msg_type::pause, kv);
 }
 
+void launcher::stop_with_checkpoint(int sig) {
+  if (stopping) return;
+  if (now != phase::running || joining >= 0 || !plan.elastic) return kill_node(-1, interrupted_by(sig));
+  stopping = sig;
+  event(interrupted_by(sig) + ": the ranks pause, and a checkpoint is written where they stopped");
+  pause_survivors({{"for", "stop"}});
+}
+
 void launcher::tick() {
   const auto t = clock_type::now();
   if (t - rate_since >= std::chrono::seconds(1)) {
@@ -227,9 +235,11 @@ void launcher::tick() {
           ? std::max<std::chrono::milliseconds>(ro.setup_timeout, std::chrono::milliseconds(plan.ring_timeout_ms) + std::chrono::seconds(10) +
                                                                       std::chrono::duration_cast<std::chrono::milliseconds>(window))
           : ro.setup_timeout;
-  if (now != phase::running && t - forming_since >= forming_limit) {
+  if (now != phase::running && !stop_handed && t - forming_since >= forming_limit) {
     now = phase::running;  // once
     const std::string s = std::to_string(forming_limit.count() / 1000) + " s";
+    if (stopping)
+      return kill_node(-1, interrupted_by(stopping) + "; no checkpoint was written at the stop: the ranks did not all pause within " + s);
     kill_node(-1, joins == join_step::pausing ? "the ranks made no step for " + s + " on their way to step " + std::to_string(join_at) +
                                                     ", where node " + ro.nodes[size_t(joining.load())] + " was to rejoin"
                                               : "the ring could not be re-formed within " + s + " of a node's loss");
@@ -314,6 +324,22 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
   }
   int64_t lo = INT64_MAX, hi = 0;
   for (auto& [who, n] : applied) lo = std::min(lo, n), hi = std::max(hi, n);
+  if (stopping) {
+    // Every rank reported the steps up to lo before it paused: the state of one that stopped there is
+    // the checkpoint's (one a step ahead has no reports of its last step from the others). At the job's
+    // end there is none to write: the job finishes as it would have.
+    if (lo >= total_steps) return;
+    if (hi - lo > 1)
+      return kill_node(-1, interrupted_by(stopping) + "; no checkpoint was written at the stop: the ranks had applied " + std::to_string(lo) +
+                               " to " + std::to_string(hi) + " steps");
+    for (auto& [who, n] : applied)
+      if (n == lo) {
+        forwarding = true;
+        forward_node = who.first, forward_rank = who.second, forward_to = lo;
+        forward_state.reset();
+        return send(forward_node, wire::msg_type::checkpoint, "", forward_rank);  // no payload: a request
+      }
+  }
   if (joins == join_step::pausing) {
     if (lo == join_at && hi == join_at) {
       joins = join_step::state;
@@ -355,6 +381,10 @@ void launcher::take_forward_state(const wire::header& h, const net::payload& p) 
   if (s->steps != forward_to) return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ", not " + std::to_string(forward_to));
   if (std::string bad = state_fault(*s); !bad.empty())
     return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ": " + bad);
+  if (stopping) {  // the stop's checkpoint: the coordinator writes it and ends the job
+    stop_handed = true;
+    return caf::anon_send(coordinator, checkpt_atom::value, s, stopping);
+  }
   std::vector<bool> behind(ro.nodes.size(), false);
   for (auto& [who, n] : applied) behind[size_t(who.first)] = behind[size_t(who.first)] || n < forward_to;
   for (size_t i = 0; i < behind.size(); ++i)

@@ -89,6 +89,10 @@ struct launcher {
   int forward_node = -1, forward_rank = -1;
   int64_t forward_to = 0;
   std::shared_ptr<network_state> forward_state;
+  // A signal stopped the job and a checkpoint is written where it stops (stop_with_checkpoint): the
+  // signal, and whether the state is with the coordinator (then the pause has no time limit here).
+  int stopping = 0;
+  bool stop_handed = false;
   clock_type::time_point forming_since;
   std::vector<node_loss> losses;               // since the last re-forming, for the coordinator
   clock_type::time_point last_word = clock_type::time_point::max();  // the earliest last message of those
@@ -175,6 +179,12 @@ struct launcher {
   void take_early_aborts();
   // Surviving nodes that run ranks of the plan.
   std::vector<int> survivors() const;
+  // A signal (remote_job.cpp's watchdog) stops an elastic job with checkpoints: every rank pauses at
+  // once (an elastic replica applies whole steps only), and the state of one that applied the fewest
+  // steps goes to the coordinator, which writes it as the checkpoint after that step and ends the job
+  // (every rank reported that step before it paused). Otherwise, or while a node rejoins, the job ends
+  // at once, as it did before.
+  void stop_with_checkpoint(int sig);
   // Node `node` is lost: dead or silent (why: "no heartbeat for 1.6 s"), or stopped by a signal ("was
   // stopped (SIGTERM)"). Elastic: the survivors pause, and the ring is re-formed once they have said how
   // far they got (on_paused).

@@ -387,7 +387,7 @@ bool node_job::take_state(const wire::header& h, const net::payload& p, std::str
   return true;
 }
 
-void node_job::pause(int gen, int64_t at) {
+void node_job::pause(int gen, int64_t at, bool stop) {
   if (gen <= paused_gen_ || gen <= plan_.generation) return;  // old news: a later pause came first
   paused_gen_ = gen;
   resume_.clear();  // a re-formed ring that never started
@@ -402,7 +402,8 @@ void node_job::pause(int gen, int64_t at) {
   // them paused: they apply nothing more and answer with what they applied.
   for (auto& [r, a] : replicas_) caf::anon_send(a, pause_atom::value, gen);
   close_ring();
-  ctx_.log(job + ": a node was lost; paused for ring generation " + std::to_string(gen));
+  ctx_.log(job + (stop ? ": its launcher stops it; paused for a checkpoint where the ranks stopped"
+                      : ": a node was lost; paused for ring generation " + std::to_string(gen)));
 }
 
 void node_job::close_ring() {

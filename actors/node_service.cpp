@@ -335,7 +335,7 @@ struct node_service::impl {
       return refuse("a pause without a good generation ('" + kv["gen"].substr(0, 20) + "')");
     if (kv.count("at") && !number("at", 1, INT64_MAX, &at))
       return refuse("a pause with a bad step ('" + kv["at"].substr(0, 20) + "')");
-    job->pause(int(gen), at);
+    job->pause(int(gen), at, kv["for"] == "stop");
   }
 
   void reform(const net::peer_info& from, const wire::header& h, const net::payload& p) {

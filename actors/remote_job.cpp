@@ -4,6 +4,7 @@
 #include <charconv>
 #include <csignal>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -383,12 +384,20 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
 
   // Heartbeats out, silence detection in; what a lost node means is worked out on the bridge thread.
   std::atomic<bool> running{true};
+  // A signal: an elastic job with checkpoints stops with one where its ranks stop (the launcher's
+  // stop_with_checkpoint), within this long; others fail at once, and every node is told.
+  const bool stop_with_checkpoint = L.plan.elastic && !cfg.checkpoint_dir.empty();
+  const auto stop_limit = std::max<clock_type::duration>(std::chrono::seconds(60), 2 * ro.setup_timeout);
   std::thread watchdog([&] {
     std::vector<bool> dead(ro.nodes.size(), false);
     auto woke = clock_type::now();
+    std::optional<clock_type::time_point> stop_since;
     while (running) {
       std::this_thread::sleep_for(ro.heartbeat);
-      if (const int sig = cfg.interrupted()) {  // the job fails, and every node is told
+      if (const int sig = cfg.interrupted(); sig && stop_with_checkpoint && !stop_since) {
+        stop_since = clock_type::now();
+        L.br.post([&L, sig] { L.stop_with_checkpoint(sig); });
+      } else if (sig && (!stop_since || clock_type::now() - *stop_since > stop_limit)) {
         L.br.post([&L, why = interrupted_by(sig)] { L.kill_node(-1, why); });
         break;
       }

@@ -101,7 +101,9 @@ enum class msg_type : uint16_t {
   // that rejoins starts from, or the one paused ranks a step behind go on from. From a launcher without
   // payload: a request for paused rank sender_rank's state.
   checkpoint,
-  pause,       // the ring is re-formed: stop (after step `at` if given), say how far (kv payload: gen[, at])
+  // The ring is re-formed (or the job stops, with for=stop): stop (after step `at` if given), say how far
+  // (kv payload: gen[, at][, for]).
+  pause,
   reform,      // continue in a re-formed ring (JSON plan of the new generation); answered by job_ack
   steps,       // step reports, `elements` records in order (binary payload, above)
   // Rank sender_rank's final weights as a checksum, which is all a launcher needs of every rank but one

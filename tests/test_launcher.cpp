@@ -587,6 +587,52 @@ TEST_CASE("launcher: SIGTERM on a local job stops every replica after the same s
   std::remove(json.c_str());
 }
 
+TEST_CASE("launcher: SIGTERM on a job on nodes pauses its ranks and writes a checkpoint where they stopped, so the resume "
+          "ends with the uninterrupted run's weights, bit for bit", "[launcher][nodes][checkpoint]") {
+  const std::string dir = "/tmp/ringmaster-test-preempt-nodes-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  // 187 steps an epoch: a stop 100 ms into the second epoch (the launcher looks every heartbeat) ends
+  // mid-epoch, though the nodes' pace varies.
+  const std::string job = " --batch 64 --model 784-512-512-10 --limit-train 12000 --limit-test 256 --epochs 3";
+  const run_result full = run("--replicas 2" + job);  // a node job equals the local one, bit for bit
+  INFO(full.out);
+  REQUIRE(full.status == 0);
+  const size_t sum_at = full.out.find("(fnv1a64 ");
+  REQUIRE(sum_at != std::string::npos);
+  const std::string sum = full.out.substr(sum_at, 26);
+  daemons node(2);
+  const std::string on_nodes = " --nodes " + node.list() + job + " --checkpoint-dir " + dir;
+  const signalled_run stopped = run_and_signal("exec " + std::string(RINGMASTER_MNIST_BIN) + on_nodes, "Epoch 2/3", SIGTERM, -1, 100);
+  INFO(stopped.out);
+  CHECK((WIFSIGNALED(stopped.status) && WTERMSIG(stopped.status) == SIGTERM));
+  CHECK(stopped.took < 5);
+  CHECK(stopped.out.find("interrupted (SIGTERM): the ranks pause, and a checkpoint is written where they stopped") != std::string::npos);
+  CHECK(stopped.out.find("interrupted (SIGTERM): training stopped, with a checkpoint where it stopped (--resume continues from it, " +
+                         dir + "/ckpt-") != std::string::npos);
+  const std::string at = go_on_path(stopped.out);
+  REQUIRE(std::filesystem::is_regular_file(at));
+  // On the same daemons, at once: they dropped the stopped job.
+  const run_result resumed = run(on_nodes + " --resume");
+  INFO(resumed.out);
+  REQUIRE(resumed.status == 0);
+  CHECK(resumed.out.find("Resuming from " + at) != std::string::npos);
+  CHECK(resumed.out.find(sum) != std::string::npos);
+  // --on-node-loss abort: its replicas update bucket by bucket and cannot be paused mid step, so the job
+  // stops where it is, as before, and the last periodic checkpoint is where to go on from.
+  std::filesystem::remove_all(dir);
+  const signalled_run aborted = run_and_signal("exec " + std::string(RINGMASTER_MNIST_BIN) + on_nodes + " --on-node-loss abort",
+                                               "Epoch 2/3", SIGTERM, -1, 100);
+  INFO(aborted.out);
+  CHECK((WIFSIGNALED(aborted.status) && WTERMSIG(aborted.status) == SIGTERM));
+  CHECK(aborted.out.find("interrupted (SIGTERM): the nodes were told to drop the job (--resume continues from the last checkpoint, " +
+                         dir + "/ckpt-") != std::string::npos);
+  const std::string last = go_on_path(aborted.out);
+  CHECK(std::filesystem::is_regular_file(last));
+  CHECK(last.size() > 14);
+  CHECK(last.substr(last.size() - 14) == "-0.safetensors");  // an epoch's end
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("launcher: a SIGHUP that the caller ignores (nohup) leaves a job on nodes running", "[launcher][nodes]") {
   daemons node(2);
   const std::string job = "--nodes " + node.list() + " --model 784-32-10 --batch 64 --limit-test 64";
