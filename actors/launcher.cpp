@@ -231,7 +231,8 @@ void launcher::tick() {
   // On the way to a planned pause a hung rank is named by its ring's stall reports (after the ring
   // timeout, and a verdict's window): the fallback waits for those.
   const auto forming_limit =
-      joins == join_step::pausing
+      stopping ? std::chrono::milliseconds(kStopLimit)
+      : joins == join_step::pausing
           ? std::max<std::chrono::milliseconds>(ro.setup_timeout, std::chrono::milliseconds(plan.ring_timeout_ms) + std::chrono::seconds(10) +
                                                                       std::chrono::duration_cast<std::chrono::milliseconds>(window))
           : ro.setup_timeout;

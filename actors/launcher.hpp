@@ -93,6 +93,7 @@ struct launcher {
   // signal, and whether the state is with the coordinator (then the pause has no time limit here).
   int stopping = 0;
   bool stop_handed = false;
+  static constexpr std::chrono::seconds kStopLimit{30};  // for every rank to pause and the state to come
   clock_type::time_point forming_since;
   std::vector<node_loss> losses;               // since the last re-forming, for the coordinator
   clock_type::time_point last_word = clock_type::time_point::max();  // the earliest last message of those

@@ -387,7 +387,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   // A signal: an elastic job with checkpoints stops with one where its ranks stop (the launcher's
   // stop_with_checkpoint), within this long; others fail at once, and every node is told.
   const bool stop_with_checkpoint = L.plan.elastic && !cfg.checkpoint_dir.empty();
-  const auto stop_limit = std::max<clock_type::duration>(std::chrono::seconds(60), 2 * ro.setup_timeout);
+  const auto stop_limit = 2 * launcher::kStopLimit;  // the launcher's own, and the checkpoint's writing
   std::thread watchdog([&] {
     std::vector<bool> dead(ro.nodes.size(), false);
     auto woke = clock_type::now();
