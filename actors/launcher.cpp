@@ -452,7 +452,7 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
   losses.clear();
   joined.clear();
   last_word = clock_type::time_point::max();
-  event("ring generation " + std::to_string(gen) + ": " + std::to_string(plan.replicas()) + " ranks go on from step " +
+  event("ring generation " + std::to_string(gen) + ": " + std::to_string(plan.replicas()) + (plan.replicas() == 1 ? " rank goes" : " ranks go") + " on from step " +
         std::to_string(plan.start_step + 1) + " of the job" + (brought_forward ? " (" + std::to_string(brought_forward) + " took the state after a step the others finished)" : ""));
   caf::anon_send(coordinator, reform_atom::value, note);  // before any report of the new ranks
   ring_since = clock_type::now();

@@ -450,6 +450,8 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.abort_all(result->ok ? "finished" : sig ? interrupted_by(sig) + " on the launcher" : "the job failed: " + result->error);
   L.br.stop(launcher::kAbortDrain);
   result->failed_joins = std::move(L.failed_joins);  // the bridge thread has stopped
+  // Nodes lost on the way to a ring that never formed (the job failed meanwhile): the summary names them too.
+  if (!result->ok) result->losses.insert(result->losses.end(), L.losses.begin(), L.losses.end());
   for (auto* group : {&L.proxies, &L.retired})
     for (auto& p : *group) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
   return std::move(*result);
@@ -460,7 +462,15 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
 train_result train_remote(train_config cfg, const remote_options& ro) {
   const std::atomic<int>* interrupt = cfg.interrupt;
   train_result r = run_remote(std::move(cfg), ro);
-  if (!r.ok && r.error.find("interrupted (") != std::string::npos && interrupt) r.interrupted = interrupt->load();
+  // Stopped by our signal, it was interrupted, whatever else went wrong meanwhile, said in one way: a
+  // rank's proxy failed with "interrupted (SIGTERM)", or the nodes were stopped with us (a whole batch
+  // allocation preempted) and the job failed first.
+  if (const int sig = !r.ok && interrupt ? interrupt->load() : 0) {
+    r.interrupted = sig;
+    const std::string head = interrupted_by(sig);
+    const size_t at = r.error.find(head);
+    r.error = at != std::string::npos ? r.error.substr(at) : head + "; " + r.error;
+  }
   return r;
 }
 

@@ -77,7 +77,9 @@ struct signalled_run {
   double took = 0;
 };
 // again_ms >= 0: the signal again that many ms later (a double tap of Ctrl-C).
-signalled_run run_and_signal(const std::string& cmd, const std::string& when, int sig, int again_ms = -1, int after_ms = 0) {
+// `also` runs right before the signal (to signal others at the same moment).
+signalled_run run_and_signal(const std::string& cmd, const std::string& when, int sig, int again_ms = -1, int after_ms = 0,
+                             const std::function<void()>& also = nullptr) {
   char log_name[] = "/tmp/ringmaster-signal-XXXXXX";
   const int log = mkstemp(log_name);
   REQUIRE(log >= 0);
@@ -93,6 +95,7 @@ signalled_run run_and_signal(const std::string& cmd, const std::string& when, in
   while (slurp(log_name).find(when) == std::string::npos && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   std::this_thread::sleep_for(std::chrono::milliseconds(after_ms));
+  if (also) also();
   kill(pid, sig);
   const auto sent = std::chrono::steady_clock::now();
   if (again_ms >= 0) std::this_thread::sleep_for(std::chrono::milliseconds(again_ms)), kill(pid, sig);
@@ -630,6 +633,24 @@ TEST_CASE("launcher: SIGTERM on a job on nodes pauses its ranks and writes a che
   CHECK(std::filesystem::is_regular_file(last));
   CHECK(last.size() > 14);
   CHECK(last.substr(last.size() - 14) == "-0.safetensors");  // an epoch's end
+  // A whole batch allocation preempted: the daemons are stopped with the launcher, so no rank is left to
+  // take a state from. The job was interrupted all the same (not "failed"), its report says so, and it
+  // names the nodes lost meanwhile.
+  std::filesystem::remove_all(dir);
+  const std::string json = dir + ".json";
+  const signalled_run all = run_and_signal("exec " + std::string(RINGMASTER_MNIST_BIN) + on_nodes + " --report-json " + json,
+                                           "Epoch 2/3", SIGTERM, -1, 100, [&node] {
+                                             for (auto& d : node.nodes) kill(d->pid, SIGTERM);
+                                           });
+  INFO(all.out);
+  CHECK((WIFSIGNALED(all.status) && WTERMSIG(all.status) == SIGTERM));
+  CHECK(all.out.find("ringmaster-mnist: interrupted (SIGTERM)") != std::string::npos);
+  CHECK(all.out.find("training failed") == std::string::npos);
+  const auto report = nlohmann::json::parse(slurp(json));
+  CHECK(report["status"] == "interrupted");
+  CHECK(report["error"].get<std::string>().rfind("interrupted (SIGTERM)", 0) == 0);
+  if (all.out.find("lost node ") != std::string::npos) CHECK(!report["node_losses"].empty());
+  std::remove(json.c_str());
   std::filesystem::remove_all(dir);
 }
 
