@@ -372,7 +372,9 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
           self->send(st->replicas[r], run_atom::value, st->loaders[r], st->reducers[r],
                      caf::actor_cast<caf::actor>(self));
         if (st->cfg.report_timeout.count() > 0) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
-        if (st->cfg.interrupt) self->send(self, signal_atom::value);
+        // Urgent: a coordinator behind on its mailbox (writing a checkpoint every step, say) must not see a
+        // signal only after the reports of every step to the job's end.
+        if (st->cfg.interrupt) self->send<caf::message_priority::high>(self, signal_atom::value);
         return st->reply;
       },
       [self, st](const step_report& r) {
@@ -465,14 +467,14 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         const int sig = st->cfg.interrupt->load();
         if (st->stopping && clock_type::now() >= st->stop_deadline) {
           st->result->interrupted = st->stopping;
-          return finish(self, *st, interrupted_by(st->stopping));
+          return finish(self, *st, interrupted_by(st->stopping) + "; no checkpoint was written at the stop: the ranks did not all stop in time");
         }
         if (sig && !st->stopping && st->cfg.on_checkpoint) begin_stop(self, st, sig);
         else if (sig && !st->stopping) {
           st->result->interrupted = sig;
           return finish(self, *st, interrupted_by(sig));
         }
-        self->delayed_send(self, std::chrono::milliseconds(50), signal_atom::value);
+        self->delayed_send<caf::message_priority::high>(self, std::chrono::milliseconds(50), signal_atom::value);
       },
       [self, st](const pause_report& r) { stop_paused(self, st, r); },
       [self, st](checkpt_atom, state_ptr s, int sig) { stop_with_state(self, st, std::move(s), sig); },

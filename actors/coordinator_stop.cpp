@@ -20,8 +20,9 @@
 namespace ringmaster::coordinator_detail {
 namespace {
 
-// For a replica's answer to a hold or a state request (in this process: only a long step delays it).
-constexpr std::chrono::seconds kAnswerTimeout{30};
+// For the whole stop: the steps in flight, the one up to the stop and the state's writing (a batch
+// system's grace is often 30 s before its SIGKILL).
+constexpr std::chrono::seconds kStopLimit{25};
 
 // Ends the stop without a checkpoint of its own (the last one written is where to go on from).
 void stop_without_checkpoint(caf::event_based_actor* self, coordinator_state& st, const std::string& why) {
@@ -33,6 +34,10 @@ void stop_without_checkpoint(caf::event_based_actor* self, coordinator_state& st
 void write_state(caf::event_based_actor* self, coordinator_state& st, const job_progress& p, const state_ptr& s) {
   if (st.finished) return;
   if (!s || s->steps != st.stop_at) return stop_without_checkpoint(self, st, "the state came from after another step");
+  if (st.written >= st.stop_at) {  // the periodic one after that step came first: it is the stop's
+    st.result->stopped_after = st.stop_at;
+    return stop_without_checkpoint(self, st, "");
+  }
   if (std::string error = st.cfg.on_checkpoint(p, *s); !error.empty()) return stop_without_checkpoint(self, st, error);
   st.written = st.stop_at;
   st.result->stopped_after = st.stop_at;
@@ -54,9 +59,14 @@ void write_at_stop(caf::event_based_actor* self, const std::shared_ptr<coordinat
       return stop_without_checkpoint(self, *st, "the reports of step " + std::to_string(at) + " are not complete");
     open = &it->second;
   }
+  // Due at `at` anyway (an epoch's end, say): rank 0 sent its state before it paused, and it is written.
+  if (st->written >= at) {
+    st->result->stopped_after = at;
+    return stop_without_checkpoint(self, *st, "");
+  }
   job_progress p = progress_after(*st, at, open);
   if (given) return write_state(self, *st, p, given);
-  self->request(st->replicas[0], kAnswerTimeout, checkpt_atom::value)
+  self->request(st->replicas[0], kStopLimit, checkpt_atom::value)
       .then([self, st, p = std::move(p)](state_ptr s) { write_state(self, *st, p, s); },
           [self, st](caf::error& e) {
             if (!st->finished) stop_without_checkpoint(self, *st, "rank 0 did not send its state: " + self->system().render(e));
@@ -74,10 +84,17 @@ void held(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>
   if (*hi - *lo > 1 || *lo < st->cfg.start.step || *hi > total)  // no replica of this process answers so
     return stop_without_checkpoint(self, *st, "the ranks had started " + std::to_string(*lo) + " to " + std::to_string(*hi) + " steps");
   st->stop_at = *hi;
-  // Nothing trained since the last checkpoint (or the one resumed from): it is where to go on from.
-  if (*hi <= st->written || *hi <= st->cfg.start.step) return stop_without_checkpoint(self, *st, "");
   // At the job's end the ranks finish as they would have: the job ends with its results (the pause
   // after its last step holds them after they said they were done; their weights are still asked).
+  if (*hi < total) {
+    // Nothing trained since the one resumed from: it is where to go on from. The last one written is
+    // after this very step: it is the stop's.
+    if (*hi <= st->cfg.start.step) return stop_without_checkpoint(self, *st, "");
+    if (*hi <= st->written) {
+      st->result->stopped_after = st->written;
+      return stop_without_checkpoint(self, *st, "");
+    }
+  }
   for (auto& replica : st->replicas) self->send(replica, pause_atom::value, st->gen + 1, *hi);
 }
 
@@ -89,13 +106,15 @@ void begin_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_
   st->stop_paused.assign(st->replicas.size(), 0);
   // The steps in flight and the one up to the stop, and the state's writing: past this, the job ends as
   // before (the signal poll looks).
-  st->stop_deadline = clock_type::now() + std::max<clock_type::duration>(kAnswerTimeout, st->slowest_step * 20);
+  st->stop_deadline = clock_type::now() + kStopLimit;
   for (size_t r = 0; r < st->replicas.size(); ++r)
-    self->request(st->replicas[r], kAnswerTimeout, hold_atom::value)
+    self->request(st->replicas[r], kStopLimit, hold_atom::value)
         .then([self, st, r](int64_t started) { held(self, st, r, started); },
               [self, st, r](caf::error& e) {
                 if (!st->finished)
-                  stop_without_checkpoint(self, *st, "rank " + std::to_string(r) + " did not stop: " + self->system().render(e));
+                  stop_without_checkpoint(self, *st, "rank " + std::to_string(r) + " did not answer" +
+                                                         (e == caf::sec::request_timeout ? " within " + std::to_string(kStopLimit.count()) + " s"
+                                                                                         : ": " + self->system().render(e)));
               });
 }
 
@@ -104,7 +123,11 @@ void stop_with_state(caf::event_based_actor* self, const std::shared_ptr<coordin
   st->stopping = sig;
   if (!s) return stop_without_checkpoint(self, *st, "no state came");
   st->stop_at = s->steps;
-  if (s->steps <= st->written || s->steps <= st->cfg.start.step) return stop_without_checkpoint(self, *st, "");
+  if (s->steps <= st->cfg.start.step) return stop_without_checkpoint(self, *st, "");
+  if (s->steps <= st->written) {
+    if (s->steps == st->written) st->result->stopped_after = s->steps;
+    return stop_without_checkpoint(self, *st, "");
+  }
   if (s->steps > st->cfg.steps_per_epoch * st->cfg.epochs)
     return stop_without_checkpoint(self, *st, "the state came from after step " + std::to_string(s->steps) + ", past the job's end");
   write_at_stop(self, st, std::move(s));

@@ -192,7 +192,7 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
 
 // A new generation: the survivors stop (at once, or with "at" after that step) and say how far they got.
 void launcher::pause_survivors(const wire::kv_map& extra) {
-  weights_in.clear();  // the ranks are numbered anew: weights still coming are asked for again
+  if (!stopping) weights_in.clear();  // the ranks are numbered anew: weights still coming are asked for again
   ++gen;
   stalls.clear();
   applied.clear();
@@ -208,14 +208,32 @@ void launcher::pause_survivors(const wire::kv_map& extra) {
 
 void launcher::stop_with_checkpoint(int sig) {
   if (stopping) return;
-  if (now != phase::running || joining >= 0 || !plan.elastic) return kill_node(-1, interrupted_by(sig));
+  // Paused for a lost node already (and no state on its way yet): that pause serves the stop too.
+  const bool paused = now == phase::pausing && !forwarding && joins == join_step::none;
+  if ((now != phase::running && !paused) || joining >= 0 || !plan.elastic) return kill_node(-1, interrupted_by(sig));
   stopping = sig;
+  draining.clear();  // their ranks pause with the others: the nodes wait for us to drop the job
+  if (paused) return event(interrupted_by(sig) + ": a checkpoint is written where the ranks stopped");
   event(interrupted_by(sig) + ": the ranks pause, and a checkpoint is written where they stopped");
   pause_survivors({{"for", "stop"}});
 }
 
+void launcher::node_stopping(int node, const std::string& sig) {
+  if (stopping || gone[node] || draining.count(node)) return;
+  draining[node] = {clock_type::now() + kDrainWait, sig};
+}
+
 void launcher::tick() {
   const auto t = clock_type::now();
+  for (auto it = draining.begin(); it != draining.end();) {
+    if (t < it->second.first) {
+      ++it;
+      continue;
+    }
+    const auto [node, sig] = std::make_pair(it->first, it->second.second);
+    it = draining.erase(it);
+    node_lost(node, "was stopped (" + sig + ")");
+  }
   if (t - rate_since >= std::chrono::seconds(1)) {
     // The fastest second so far: a second with a pause in it says little about how soon a step comes.
     step_rate = std::max(step_rate, double(seen_step - rate_mark) / std::chrono::duration<double>(t - rate_since).count());
@@ -329,7 +347,7 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
     // Every rank reported the steps up to lo before it paused: the state of one that stopped there is
     // the checkpoint's (one a step ahead has no reports of its last step from the others). At the job's
     // end there is none to write: the job finishes as it would have.
-    if (lo >= total_steps) return;
+    if (lo >= total_steps) return void(stop_handed = true);  // the coordinator asks for the final weights
     if (hi - lo > 1)
       return kill_node(-1, interrupted_by(stopping) + "; no checkpoint was written at the stop: the ranks had applied " + std::to_string(lo) +
                                " to " + std::to_string(hi) + " steps");
@@ -462,6 +480,7 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
 }
 
 void launcher::on_abort(int node, wire::kv_map& kv) {
+  if (stopped_by_signal(kv["stopped"]) && kv.count("grace_ms")) return node_stopping(node, kv["stopped"]);
   if (stopped_by_signal(kv["stopped"])) return node_lost(node, "was stopped (" + kv["stopped"] + ")");
   if (node == fresh) return node_lost(node, "failed before its first step after it rejoined: " + node_text(kv["reason"]));
   kill_node(node, kv.count("reason") ? node_text(kv["reason"], kMaxNodeError) : "node " + ro.nodes[node] + " aborted the job");

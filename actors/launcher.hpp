@@ -93,7 +93,12 @@ struct launcher {
   // signal, and whether the state is with the coordinator (then the pause has no time limit here).
   int stopping = 0;
   bool stop_handed = false;
-  static constexpr std::chrono::seconds kStopLimit{30};  // for every rank to pause and the state to come
+  static constexpr std::chrono::seconds kStopLimit{25};  // for every rank to pause and the state to come
+  // Nodes that said they are being stopped and still serve the job for a while (node_main's kStopGrace):
+  // by when they count as lost unless we stop too (a whole allocation stopped at once), and the signal.
+  std::map<int, std::pair<clock_type::time_point, std::string>> draining;
+  // Our own signal comes within a heartbeat or so of the nodes' (a batch system signals all at once).
+  static constexpr std::chrono::milliseconds kDrainWait{1500};
   clock_type::time_point forming_since;
   std::vector<node_loss> losses;               // since the last re-forming, for the coordinator
   clock_type::time_point last_word = clock_type::time_point::max();  // the earliest last message of those
@@ -186,6 +191,9 @@ struct launcher {
   // (every rank reported that step before it paused). Otherwise, or while a node rejoins, the job ends
   // at once, as it did before.
   void stop_with_checkpoint(int sig);
+  // Node `node` said it is being stopped by signal `sig` and serves the job a while longer: if we are
+  // stopping too, its ranks take part in the stop; if we do not within kDrainWait, it is lost (tick).
+  void node_stopping(int node, const std::string& sig);
   // Node `node` is lost: dead or silent (why: "no heartbeat for 1.6 s"), or stopped by a signal ("was
   // stopped (SIGTERM)"). Elastic: the survivors pause, and the ring is re-formed once they have said how
   // far they got (on_paused).

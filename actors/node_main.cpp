@@ -61,6 +61,12 @@ class blocked_signals {
     }
     return sig;
   }
+  // The next signal within `ms`, or 0.
+  int wait_for(int ms) const {
+    const timespec t{ms / 1000, long(ms % 1000) * 1000000L};
+    const int sig = sigtimedwait(&set_, nullptr, &t);
+    return sig > 0 ? sig : 0;
+  }
 
  private:
   sigset_t set_, old_;
@@ -235,7 +241,19 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
   }
   const int sig = signals.wait();
   const char* name = sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM";
-  node.log(std::string(name) + " received, shutting down");  // not on stderr itself: it may be stalled
+  // A running job's launcher may be stopping too (a batch system stops a whole allocation at once): it
+  // gets a while to pause the ranks and fetch a state for its checkpoint (node_service::announce_stop).
+  // Once it drops the job, the grace ends, or a second signal comes, the node stops.
+  if (node.announce_stop(name, std::chrono::milliseconds(kStopGrace).count())) {
+    node.log(std::string(name) + " received: the running job's launcher has up to " + std::to_string(kStopGrace.count()) +
+             " s to stop it (a checkpoint where it stops); shutting down then (a second signal: at once)");
+    const auto until = std::chrono::steady_clock::now() + kStopGrace;
+    while (node.busy() && std::chrono::steady_clock::now() < until && !signals.wait_for(50)) {
+    }
+    node.log(node.busy() ? "shutting down" : "its job was dropped; shutting down");
+  } else {
+    node.log(std::string(name) + " received, shutting down");  // not on stderr itself: it may be stalled
+  }
   node.stop(name);
   return 0;
 }

@@ -10,8 +10,10 @@
 //   }
 //
 // Flags: --listen ENDPOINT (required), --name, --devices, --data, --help. It serves jobs until SIGINT or
-// SIGTERM, then stops cleanly.
+// SIGTERM, then stops cleanly (with a job running, once its launcher has dropped it, for up to kStopGrace:
+// the launcher may be stopping it with a checkpoint).
 #pragma once
+#include <chrono>
 #include <memory>
 
 #include "kernels/registry.hpp"
@@ -23,5 +25,9 @@ namespace ringmaster {
 // 1 could not start (e.g. the port is taken), 2 bad command line. Blocks SIGINT and SIGTERM in the
 // calling thread, which should be the main thread before others start, and waits for them there.
 int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layers = nullptr);
+
+// How long a node stopped by a signal keeps serving its running job for the launcher to stop it.
+// More than a launcher's wait for its ranks to pause (launcher::kStopLimit) and the state to come.
+constexpr std::chrono::seconds kStopGrace{30};
 
 }  // namespace ringmaster

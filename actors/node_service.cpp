@@ -585,6 +585,25 @@ void node_service::stop(const std::string& why) {
   d->sys.reset();  // waits for the job's actors to finish
 }
 
+bool node_service::announce_stop(const std::string& why, int64_t grace_ms) {
+  impl* d = d_.get();
+  std::promise<bool> told;
+  if (!d->br.post([d, &told, why, grace_ms] {
+        if (!d->job) return told.set_value(false);
+        d->job->flush_reports(std::chrono::milliseconds(200));
+        wire::header h;
+        h.type = wire::msg_type::abort;
+        h.job_id = d->job->id();
+        std::string text, err;
+        const std::string reason = "node " + d->name() + " is being stopped (" + why + ")";
+        if (wire::encode_kv({{"reason", reason}, {"stopped", why}, {"grace_ms", std::to_string(grace_ms)}}, &text, &err))
+          d->br.reply(d->job->launcher(), h, net::payload::copy_of(text));
+        told.set_value(true);
+      }))
+    return false;
+  return told.get_future().get();
+}
+
 void node_service::log(const std::string& line) { d_->log(line); }
 std::string node_service::endpoint() const { return d_->br.endpoint(); }
 int node_service::jobs_done() const { return d_->jobs_done; }

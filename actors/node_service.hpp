@@ -67,6 +67,11 @@ class node_service {
   bool start(std::string* error);
   // Aborts a running job, telling its launcher why ("SIGTERM received", say), and stops serving.
   void stop(const std::string& why = "");
+  // Signal `why` ("SIGTERM") came while a job runs: tells its launcher that this node stops within
+  // grace_ms (abort with "stopped" and "grace_ms"), so that one stopping too can still pause the ranks
+  // here and take a state (one that is not counts the node as lost a moment later). The job runs on
+  // meanwhile. False when no job runs.
+  bool announce_stop(const std::string& why, int64_t grace_ms);
   // A line in this node's log, after the time and the node's name (never waits on stderr).
   void log(const std::string& line);
   std::string endpoint() const;

@@ -375,6 +375,10 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.coordinator = coord;
   L.rate_since = L.ring_since = clock_type::now();
   L.ring_from = L.seen_step = L.rate_mark = L.plan.first_step;  // a resumed job's steps are not this run's pace
+  // A signal: an elastic job with checkpoints stops with one where its ranks stop (the launcher's
+  // stop_with_checkpoint), within this long; others fail at once, and every node is told. (Read before
+  // the bridge thread may change the plan.)
+  const bool stop_with_checkpoint = L.plan.elastic && !cfg.checkpoint_dir.empty();
   L.started.store(true, std::memory_order_release);
   L.br.post([&L] { L.take_early_aborts(); });
   // A resumed job's state to every node, before any start (the same connection keeps the order); a node
@@ -384,9 +388,6 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
 
   // Heartbeats out, silence detection in; what a lost node means is worked out on the bridge thread.
   std::atomic<bool> running{true};
-  // A signal: an elastic job with checkpoints stops with one where its ranks stop (the launcher's
-  // stop_with_checkpoint), within this long; others fail at once, and every node is told.
-  const bool stop_with_checkpoint = L.plan.elastic && !cfg.checkpoint_dir.empty();
   const auto stop_limit = 2 * launcher::kStopLimit;  // the launcher's own, and the checkpoint's writing
   std::thread watchdog([&] {
     std::vector<bool> dead(ro.nodes.size(), false);
@@ -398,7 +399,9 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
         stop_since = clock_type::now();
         L.br.post([&L, sig] { L.stop_with_checkpoint(sig); });
       } else if (sig && (!stop_since || clock_type::now() - *stop_since > stop_limit)) {
-        L.br.post([&L, why = interrupted_by(sig)] { L.kill_node(-1, why); });
+        L.br.post([&L, why = interrupted_by(sig) + (stop_since ? "; no checkpoint was written at the stop: it took too long" : "")] {
+          L.kill_node(-1, why);
+        });
         break;
       }
       // This process itself was stopped (SIGSTOP, a debugger) or starved: the silence was ours, not the
