@@ -1,7 +1,12 @@
 // Whole local jobs: N replicas train like one replica with the same global batch, runs are reproducible,
 // failures end the job with a clear error instead of a hang.
+#include <unistd.h>
+
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <csignal>
+#include <filesystem>
 #include <random>
 #include <stdexcept>
 
@@ -383,5 +388,31 @@ TEST_CASE("bad model descriptions are refused by train() with the reason", "[tra
     CHECK_FALSE(r.ok);
     INFO(r.error);
     CHECK(r.error.find(why) != std::string::npos);
+  }
+}
+
+TEST_CASE("a signal as the job's last step ends lets it finish with its results, checkpoints on or not", "[training][checkpoint]") {
+  const auto train_set = test::load("train", 480);  // 20 steps
+  for (const int64_t every : {int64_t(0), int64_t(1)}) {
+    INFO("checkpoint every " << every);
+    const std::string dir = "/tmp/ringmaster-test-signal-at-end-" + std::to_string(::getpid());
+    std::filesystem::remove_all(dir);
+    train_config c = like_one_config("784-64-32-10", optimizer_config::adam, 2, train_set);
+    c.checkpoint_dir = dir;
+    c.checkpoint_every = every;
+    std::atomic<int> signal{0};
+    c.interrupt = &signal;
+    // The last epoch closes once every rank has applied the last step: the stop finds them all there.
+    c.on_progress = [&signal](const progress& p) {
+      if (p.epoch_end) signal = SIGTERM;
+    };
+    const train_result r = train(c);
+    INFO(r.error);
+    CHECK(r.ok);
+    CHECK(r.interrupted == 0);
+    CHECK(r.weights.size() > 0);
+    CHECK(r.identical);
+    CHECK(r.checkpoint == dir + "/ckpt-1-0.safetensors");
+    std::filesystem::remove_all(dir);
   }
 }
