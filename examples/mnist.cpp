@@ -237,7 +237,8 @@ int main(int argc, char** argv) {
        "write checkpoints (weights, optimizer state, step; safetensors) into this folder, created if missing; "
        "the newest and the one before it are kept")
       ("checkpoint-every", po::value(&o.checkpoint_every),
-       "steps between checkpoints (default: at the end of every epoch); one is also written after the last step")
+       "steps between checkpoints (default: at the end of every epoch); one is also written after the last step, and "
+       "where a run stopped by Ctrl-C or SIGTERM stops")
       ("resume", po::bool_switch(&o.resume),
        "continue from the newest good checkpoint in --checkpoint-dir (same model, optimizer, batch, seed and data; "
        "--epochs may be more): the final weights are bit for bit those of an uninterrupted run; with none there yet "
@@ -594,7 +595,7 @@ int finish(const options& o, const train_result& r) {
   std::printf(" in %.2fs (training %.2fs, %.0f samples/s)", r.wall_seconds, r.train_seconds,
               r.train_seconds > 0 ? r.train_samples / r.train_seconds : 0.0);
   if (c.evaluate) std::printf(", test accuracy %.4f, test loss %.4f", last.val_accuracy, last.val_loss);
-  std::printf("; replicas %s (fnv1a64 %s)\n", r.identical ? "bit-identical" : "DIFFER",
+  std::printf("; %s (fnv1a64 %s)\n", r.checksums.size() == 1 ? "1 replica" : r.identical ? "replicas bit-identical" : "replicas DIFFER",
               hex(r.checksums[0]).c_str());
   for (const node_loss& l : r.losses) {
     const char* since = l.hung ? "the ring's last step" : "its last message";
