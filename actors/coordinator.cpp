@@ -465,9 +465,11 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       [self, st](signal_atom) {  // Ctrl-C, say: the replicas stop after the step they are in
         if (st->finished) return;
         const int sig = st->cfg.interrupt->load();
-        if (st->stopping && clock_type::now() >= st->stop_deadline) {
+        // (Not once the stop fell on the job's last step: it finishes with its results.)
+        const bool at_end = st->stop_at == st->cfg.steps_per_epoch * st->cfg.epochs;
+        if (st->stopping && !at_end && clock_type::now() >= st->stop_deadline) {
           st->result->interrupted = st->stopping;
-          return finish(self, *st, interrupted_by(st->stopping) + "; no checkpoint was written at the stop: the ranks did not all stop in time");
+          return finish(self, *st, interrupted_by(st->stopping) + "; no checkpoint was written at the stop: it took too long");
         }
         if (sig && !st->stopping && st->cfg.on_checkpoint) begin_stop(self, st, sig);
         else if (sig && !st->stopping) {

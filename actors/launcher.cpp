@@ -164,6 +164,7 @@ std::vector<int> launcher::survivors() const {
 }
 
 void launcher::node_lost(int node, const std::string& why, std::optional<clock_type::time_point> hung_since) {
+  draining.erase(node);  // lost another way (a second signal, silence) before its time was up
   const std::string said = (why.rfind("no heartbeat", 0) == 0 ? "stopped answering: " : "") + why;
   if (gone[node]) {  // lost already; if it was joining again, that is off
     if (node == joining) give_up_join("it " + node_text(said));
@@ -208,12 +209,12 @@ void launcher::pause_survivors(const wire::kv_map& extra) {
 
 void launcher::stop_with_checkpoint(int sig) {
   if (stopping) return;
-  // Paused for a lost node already (and no state on its way yet): that pause serves the stop too.
-  const bool paused = now == phase::pausing && !forwarding && joins == join_step::none;
-  if ((now != phase::running && !paused) || joining >= 0 || !plan.elastic) return kill_node(-1, interrupted_by(sig));
+  // While the ring is re-formed for a lost node the job ends at once, as before: the lost node's
+  // reports of the steps the survivors stopped after may be missing, and a ring that never re-forms
+  // cannot give its final weights.
+  if (now != phase::running || joining >= 0 || !plan.elastic) return kill_node(-1, interrupted_by(sig));
   stopping = sig;
   draining.clear();  // their ranks pause with the others: the nodes wait for us to drop the job
-  if (paused) return event(interrupted_by(sig) + ": a checkpoint is written where the ranks stopped");
   event(interrupted_by(sig) + ": the ranks pause, and a checkpoint is written where they stopped");
   pause_survivors({{"for", "stop"}});
 }

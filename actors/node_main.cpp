@@ -250,7 +250,8 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     const auto until = std::chrono::steady_clock::now() + kStopGrace;
     while (node.busy() && std::chrono::steady_clock::now() < until && !signals.wait_for(50)) {
     }
-    node.log(node.busy() ? "shutting down" : "its job was dropped; shutting down");
+    node.log(node.busy() ? "the job's launcher did not drop it within " + std::to_string(kStopGrace.count()) + " s (or a second signal came); shutting down"
+                         : "its job was dropped; shutting down");
   } else {
     node.log(std::string(name) + " received, shutting down");  // not on stderr itself: it may be stalled
   }

@@ -587,9 +587,10 @@ void node_service::stop(const std::string& why) {
 
 bool node_service::announce_stop(const std::string& why, int64_t grace_ms) {
   impl* d = d_.get();
-  std::promise<bool> told;
-  if (!d->br.post([d, &told, why, grace_ms] {
-        if (!d->job) return told.set_value(false);
+  auto told = std::make_shared<std::promise<bool>>();  // outlives us if the bridge runs it late
+  auto answer = told->get_future();
+  if (!d->br.post([d, told, why, grace_ms] {
+        if (!d->job) return told->set_value(false);
         d->job->flush_reports(std::chrono::milliseconds(200));
         wire::header h;
         h.type = wire::msg_type::abort;
@@ -598,10 +599,11 @@ bool node_service::announce_stop(const std::string& why, int64_t grace_ms) {
         const std::string reason = "node " + d->name() + " is being stopped (" + why + ")";
         if (wire::encode_kv({{"reason", reason}, {"stopped", why}, {"grace_ms", std::to_string(grace_ms)}}, &text, &err))
           d->br.reply(d->job->launcher(), h, net::payload::copy_of(text));
-        told.set_value(true);
+        told->set_value(true);
       }))
     return false;
-  return told.get_future().get();
+  // A bridge that ended meanwhile never runs it.
+  return answer.wait_for(std::chrono::seconds(2)) == std::future_status::ready && answer.get();
 }
 
 void node_service::log(const std::string& line) { d_->log(line); }
