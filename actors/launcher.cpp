@@ -207,34 +207,9 @@ void launcher::pause_survivors(const wire::kv_map& extra) {
   for (int i : survivors()) send_kv(i, wire::msg_type::pause, kv);
 }
 
-void launcher::stop_with_checkpoint(int sig) {
-  if (stopping) return;
-  // While the ring is re-formed for a lost node the job ends at once, as before: the lost node's
-  // reports of the steps the survivors stopped after may be missing, and a ring that never re-forms
-  // cannot give its final weights.
-  if (now != phase::running || joining >= 0 || !plan.elastic) return kill_node(-1, interrupted_by(sig));
-  stopping = sig;
-  draining.clear();  // their ranks pause with the others: the nodes wait for us to drop the job
-  event(interrupted_by(sig) + ": the ranks pause, and a checkpoint is written where they stopped");
-  pause_survivors({{"for", "stop"}});
-}
-
-void launcher::node_stopping(int node, const std::string& sig) {
-  if (stopping || gone[node] || draining.count(node)) return;
-  draining[node] = {clock_type::now() + kDrainWait, sig};
-}
-
 void launcher::tick() {
   const auto t = clock_type::now();
-  for (auto it = draining.begin(); it != draining.end();) {
-    if (t < it->second.first) {
-      ++it;
-      continue;
-    }
-    const auto [node, sig] = std::make_pair(it->first, it->second.second);
-    it = draining.erase(it);
-    node_lost(node, "was stopped (" + sig + ")");
-  }
+  drained(t);
   if (t - rate_since >= std::chrono::seconds(1)) {
     // The fastest second so far: a second with a pause in it says little about how soon a step comes.
     step_rate = std::max(step_rate, double(seen_step - rate_mark) / std::chrono::duration<double>(t - rate_since).count());

@@ -194,6 +194,8 @@ struct launcher {
   // Node `node` said it is being stopped by signal `sig` and serves the job a while longer: if we are
   // stopping too, its ranks take part in the stop; if we do not within kDrainWait, it is lost (tick).
   void node_stopping(int node, const std::string& sig);
+  // Each tick: draining nodes whose time is up (and whose launcher did not stop) are lost.
+  void drained(clock_type::time_point t);
   // Node `node` is lost: dead or silent (why: "no heartbeat for 1.6 s"), or stopped by a signal ("was
   // stopped (SIGTERM)"). Elastic: the survivors pause, and the ring is re-formed once they have said how
   // far they got (on_paused).

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <charconv>
 #include <condition_variable>
-#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <deque>
@@ -18,7 +17,7 @@
 #include <optional>
 #include <set>
 #include <thread>
-
+#include <utility>
 
 #include "actors/data_cache.hpp"
 #include "actors/job_plan.hpp"
@@ -226,6 +225,16 @@ struct node_service::impl {
     if (taken) log(line);
     else log_limited("refused job", line);
     send_kv(from, wire::msg_type::error, job_id, {{"error", "node " + name() + ": " + why}, {"invalid", invalid ? "1" : "0"}});
+  }
+
+  // Tells the running job's launcher that signal `why` stops this node: now, or (grace_ms > 0) once the
+  // launcher drops the job, within grace_ms. The steps it did go first.
+  void tell_stopping(const std::string& why, int64_t grace_ms) {
+    job->flush_reports(std::chrono::milliseconds(200));
+    wire::kv_map kv{{"reason", "node " + name() + (grace_ms ? " is being" : " was") + " stopped" + (why.empty() ? "" : " (" + why + ")")},
+                    {"stopped", why}};
+    if (grace_ms) kv["grace_ms"] = std::to_string(grace_ms);
+    send_kv(job->launcher(), wire::msg_type::abort, job->id(), kv);
   }
 
   void end_job(const std::string& why) {
@@ -550,11 +559,7 @@ bool node_service::start(std::string* error) {
 
 void node_service::stop(const std::string& why) {
   if (!d_ || !d_->sys) return;
-  {
-    std::lock_guard<std::mutex> lock(d_->stop_mu);
-    if (d_->stopping) return;
-    d_->stopping = true;
-  }
+  if (std::lock_guard<std::mutex> lock(d_->stop_mu); std::exchange(d_->stopping, true)) return;  // once
   d_->stop_cv.notify_all();
   if (d_->ticker.joinable()) d_->ticker.join();
   impl* d = d_.get();
@@ -562,17 +567,7 @@ void node_service::stop(const std::string& why) {
   bool told = false;
   if (d->br.post([d, &done, &told, why] {
         // The launcher hears it from us, not from silence: a stopped node is not a lost network.
-        if (d->job) {
-          told = true;
-          d->job->flush_reports(std::chrono::milliseconds(200));  // the steps it did, before it says it stops
-          wire::header h;
-          h.type = wire::msg_type::abort;
-          h.job_id = d->job->id();
-          std::string text, err;
-          const std::string reason = "node " + d->name() + " was stopped" + (why.empty() ? "" : " (" + why + ")");
-          if (wire::encode_kv({{"reason", reason}, {"stopped", why}}, &text, &err))
-            d->br.reply(d->job->launcher(), h, net::payload::copy_of(text));
-        }
+        if (d->job) told = true, d->tell_stopping(why, 0);
         d->end_job("the node is shutting down");
         done.set_value();
       }))
@@ -586,24 +581,14 @@ void node_service::stop(const std::string& why) {
 }
 
 bool node_service::announce_stop(const std::string& why, int64_t grace_ms) {
-  impl* d = d_.get();
-  auto told = std::make_shared<std::promise<bool>>();  // outlives us if the bridge runs it late
+  // Shared: the bridge may run it after we gave up waiting, or never (it ended meanwhile).
+  auto told = std::make_shared<std::promise<bool>>();
   auto answer = told->get_future();
-  if (!d->br.post([d, told, why, grace_ms] {
-        if (!d->job) return told->set_value(false);
-        d->job->flush_reports(std::chrono::milliseconds(200));
-        wire::header h;
-        h.type = wire::msg_type::abort;
-        h.job_id = d->job->id();
-        std::string text, err;
-        const std::string reason = "node " + d->name() + " is being stopped (" + why + ")";
-        if (wire::encode_kv({{"reason", reason}, {"stopped", why}, {"grace_ms", std::to_string(grace_ms)}}, &text, &err))
-          d->br.reply(d->job->launcher(), h, net::payload::copy_of(text));
-        told->set_value(true);
-      }))
-    return false;
-  // A bridge that ended meanwhile never runs it.
-  return answer.wait_for(std::chrono::seconds(2)) == std::future_status::ready && answer.get();
+  const bool posted = d_->br.post([d = d_.get(), told, why, grace_ms] {
+    if (d->job) d->tell_stopping(why, grace_ms);
+    told->set_value(d->job != nullptr);
+  });
+  return posted && answer.wait_for(std::chrono::seconds(2)) == std::future_status::ready && answer.get();
 }
 
 void node_service::log(const std::string& line) { d_->log(line); }
