@@ -30,14 +30,20 @@ void stop_without_checkpoint(caf::event_based_actor* self, coordinator_state& st
   finish(self, st, interrupted_by(st.stopping) + (why.empty() ? "" : "; no checkpoint was written at the stop: " + why));
 }
 
+// Whether a checkpoint after step `at` or later is written already (one was due then): it is the stop's,
+// and the job ends with it.
+bool written_already(caf::event_based_actor* self, coordinator_state& st, int64_t at) {
+  if (st.written < at) return false;
+  st.result->stopped_after = st.written;
+  stop_without_checkpoint(self, st, "");
+  return true;
+}
+
 // Writes the state after st.stop_at as the stop's checkpoint, and ends the job as interrupted.
 void write_state(caf::event_based_actor* self, coordinator_state& st, const job_progress& p, const state_ptr& s) {
   if (st.finished) return;
   if (!s || s->steps != st.stop_at) return stop_without_checkpoint(self, st, "the state came from after another step");
-  if (st.written >= st.stop_at) {  // the periodic one after that step came first: it is the stop's
-    st.result->stopped_after = st.stop_at;
-    return stop_without_checkpoint(self, st, "");
-  }
+  if (written_already(self, st, st.stop_at)) return;
   if (std::string error = st.cfg.on_checkpoint(p, *s); !error.empty()) return stop_without_checkpoint(self, st, error);
   st.written = st.stop_at;
   st.result->stopped_after = st.stop_at;
@@ -60,10 +66,7 @@ void write_at_stop(caf::event_based_actor* self, const std::shared_ptr<coordinat
     open = &it->second;
   }
   // Due at `at` anyway (an epoch's end, say): rank 0 sent its state before it paused, and it is written.
-  if (st->written >= at) {
-    st->result->stopped_after = at;
-    return stop_without_checkpoint(self, *st, "");
-  }
+  if (written_already(self, *st, at)) return;
   job_progress p = progress_after(*st, at, open);
   if (given) return write_state(self, *st, p, given);
   self->request(st->replicas[0], kStopLimit, checkpt_atom::value)
@@ -90,10 +93,7 @@ void held(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>
     // Nothing trained since the one resumed from: it is where to go on from. The last one written is
     // after this very step: it is the stop's.
     if (*hi <= st->cfg.start.step) return stop_without_checkpoint(self, *st, "");
-    if (*hi <= st->written) {
-      st->result->stopped_after = st->written;
-      return stop_without_checkpoint(self, *st, "");
-    }
+    if (written_already(self, *st, *hi)) return;
   }
   for (auto& replica : st->replicas) self->send(replica, pause_atom::value, st->gen + 1, *hi);
 }
@@ -124,10 +124,7 @@ void stop_with_state(caf::event_based_actor* self, const std::shared_ptr<coordin
   if (!s) return stop_without_checkpoint(self, *st, "no state came");
   st->stop_at = s->steps;
   if (s->steps <= st->cfg.start.step) return stop_without_checkpoint(self, *st, "");
-  if (s->steps <= st->written) {
-    if (s->steps == st->written) st->result->stopped_after = s->steps;
-    return stop_without_checkpoint(self, *st, "");
-  }
+  if (written_already(self, *st, s->steps)) return;
   if (s->steps > st->cfg.steps_per_epoch * st->cfg.epochs)
     return stop_without_checkpoint(self, *st, "the state came from after step " + std::to_string(s->steps) + ", past the job's end");
   write_at_stop(self, st, std::move(s));
