@@ -195,6 +195,7 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
 void launcher::pause_survivors(const wire::kv_map& extra) {
   if (!stopping) weights_in.clear();  // the ranks are numbered anew: weights still coming are asked for again
   ++gen;
+  holding = false;
   stalls.clear();
   applied.clear();
   forwarding = false;
@@ -301,6 +302,15 @@ void launcher::judge_stall(bool final) {
   node_lost(culprit, "its rank " + std::to_string(r) + " stopped taking part in the ring while its node still answered (" + why + ")", seen_step_at);
 }
 
+bool launcher::all_answered() const {
+  for (int i : survivors()) {
+    size_t answers = 0;
+    for (auto& [who, n] : applied) answers += who.first == i;
+    if (answers < plan.ranks_on(i).size()) return false;
+  }
+  return true;
+}
+
 // A replica stopped for generation `gen` after applying some steps. Once every surviving rank has
 // answered, the ring is re-formed from the largest count (reform.hpp says why that is the one: those
 // behind get the state of one that has it first); for a node that joins, they all stopped after its
@@ -311,12 +321,7 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
   // as the proxies do; a lost or joining node has no say.
   if (now != phase::pausing || r.gen != gen || gone[node] || !reports_to_us(node, rank)) return;
   applied[{node, rank}] = r.applied;
-  const std::vector<int> left = survivors();
-  for (int i : left) {
-    size_t answers = 0;
-    for (auto& [who, n] : applied) answers += who.first == i;
-    if (answers < plan.ranks_on(i).size()) return;
-  }
+  if (!all_answered()) return;
   int64_t lo = INT64_MAX, hi = 0;
   for (auto& [who, n] : applied) lo = std::min(lo, n), hi = std::max(hi, n);
   if (stopping) {

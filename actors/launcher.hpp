@@ -26,6 +26,8 @@
 
 namespace ringmaster {
 
+struct held_report;  // actors/report_kv.hpp
+
 // A remote rank as the coordinator sees it: run starts the rank on its node, weights are fetched from
 // it, reports arrive from the bridge. It quits with an error when its node fails or falls silent. The
 // nodes wire the ring themselves, from the job plan.
@@ -90,8 +92,10 @@ struct launcher {
   int64_t forward_to = 0;
   std::shared_ptr<network_state> forward_state;
   // A signal stopped the job and a checkpoint is written where it stops (stop_with_checkpoint): the
-  // signal, and whether the state is with the coordinator (then the pause has no time limit here).
+  // signal, whether the ranks' answers to its hold are still coming (applied then counts steps started),
+  // and whether the state is with the coordinator (then the pause has no time limit here).
   int stopping = 0;
+  bool holding = false;
   bool stop_handed = false;
   static constexpr std::chrono::seconds kStopLimit{25};  // for every rank to pause and the state to come
   // Nodes that said they are being stopped and still serve the job for a while (node_main's kStopGrace):
@@ -185,11 +189,11 @@ struct launcher {
   void take_early_aborts();
   // Surviving nodes that run ranks of the plan.
   std::vector<int> survivors() const;
-  // A signal (remote_job.cpp's watchdog) stops an elastic job with checkpoints: every rank pauses at
-  // once (an elastic replica applies whole steps only), and the state of one that applied the fewest
-  // steps goes to the coordinator, which writes it as the checkpoint after that step and ends the job
-  // (every rank reported that step before it paused). Otherwise, or while a node rejoins, the job ends
-  // at once, as it did before.
+  // A signal (remote_job.cpp's watchdog) stops a job with checkpoints where its ranks stop, in two rounds
+  // as a local job does (actors/coordinator_stop.cpp says why): every rank holds (starts no further step)
+  // and says how many it started (on_held); then all pause after the highest count, and the state of one
+  // goes to the coordinator, which writes it as the checkpoint there and ends the job (on_paused). While
+  // the ring is re-formed or a node rejoins, the job ends at once, as it did before.
   void stop_with_checkpoint(int sig);
   // Node `node` said it is being stopped by signal `sig` and serves the job a while longer: if we are
   // stopping too, its ranks take part in the stop; if we do not within kDrainWait, it is lost (tick).
@@ -217,7 +221,10 @@ struct launcher {
   // before its first step after it rejoined; other aborts end the job.
   void on_abort(int node, wire::kv_map& kv);
   void pause_survivors(const wire::kv_map& extra);
+  // Whether every rank of every surviving node has answered (applied).
+  bool all_answered() const;
   void on_paused(int node, int rank, const pause_report& r);
+  void on_held(int node, int rank, const held_report& r);
   void on_stall(int node, int rank, const stall_report& r);
   bool stalls_count() const;
   // final: the last chance to judge (the ranks that have not reported will not); else a verdict waits

@@ -17,6 +17,11 @@ void launcher::on_report(int node, const wire::header& h, const net::payload& p)
     if (from_kv(kv, &r, &error)) on_paused(node, h.sender_rank, r);
     return;
   }
+  if (kind == "held") {  // numbered as on_paused's
+    held_report r;
+    if (from_kv(kv, &r, &error)) on_held(node, h.sender_rank, r);
+    return;
+  }
   if (!reports_to_us(node, h.sender_rank)) return;
   if (kind == "stall") {
     stall_report r;

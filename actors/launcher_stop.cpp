@@ -1,7 +1,10 @@
 // The launcher stopping a job by a signal with a checkpoint where its ranks stop (actors/launcher.hpp:
 // stop_with_checkpoint), and nodes stopped by a signal that serve their job a while longer (draining).
 // Bridge thread.
+#include <algorithm>
+
 #include "actors/launcher.hpp"
+#include "actors/report_kv.hpp"
 
 namespace ringmaster {
 
@@ -12,11 +15,27 @@ void launcher::stop_with_checkpoint(int sig) {
   // While the ring is re-formed for a lost node the job ends at once, as before: the lost node's
   // reports of the steps the survivors stopped after may be missing, and a ring that never re-forms
   // cannot give its final weights.
-  if (now != phase::running || joining >= 0 || !plan.elastic) return kill_node(-1, interrupted_by(sig));
+  if (now != phase::running || joining >= 0) return kill_node(-1, interrupted_by(sig));
   stopping = sig;
-  draining.clear();  // their ranks pause with the others: the nodes wait for us to drop the job
-  event(interrupted_by(sig) + ": the ranks pause, and a checkpoint is written where they stopped");
-  pause_survivors({{"for", "stop"}});
+  draining.clear();  // their ranks stop with the others: the nodes wait for us to drop the job
+  event(interrupted_by(sig) + ": the ranks finish the steps they started, and a checkpoint is written where they stop");
+  // Round one: every rank starts no further step and says how many it started (on_held).
+  holding = true;
+  applied.clear();
+  forming_since = clock_type::now();
+  now = phase::pausing;
+  if (coordinator) caf::anon_send(coordinator, pause_atom::value, gen + 1);  // its report clock stands still
+  for (int i : survivors()) send_kv(i, wire::msg_type::pause, {{"gen", std::to_string(gen + 1)}, {"for", "hold"}});
+}
+
+void launcher::on_held(int node, int rank, const held_report& r) {
+  if (!holding || r.gen != gen + 1 || gone[node] || !reports_to_us(node, rank)) return;
+  applied[{node, rank}] = r.started;
+  if (!all_answered()) return;
+  int64_t hi = 0;
+  for (auto& [who, n] : applied) hi = std::max(hi, n);
+  // Round two: all stop after the last step any of them started (on_paused takes it from there).
+  pause_survivors({{"for", "stop"}, {"at", std::to_string(hi)}});
 }
 
 void launcher::node_stopping(int node, const std::string& sig) {

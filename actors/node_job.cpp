@@ -387,15 +387,22 @@ bool node_job::take_state(const wire::header& h, const net::payload& p, std::str
   return true;
 }
 
-void node_job::pause(int gen, int64_t at, bool stop) {
+void node_job::pause(int gen, int64_t at, const std::string& purpose) {
   if (gen <= paused_gen_ || gen <= plan_.generation) return;  // old news: a later pause came first
+  const bool stop = purpose == "stop";
+  if (purpose == "hold") {  // the report link asks each replica and tells the launcher what it said
+    if (ring_open_ && launcher_link_)
+      for (auto& [rank, replica] : started_) caf::anon_send(launcher_link_, hold_atom::value, gen, rank, replica);
+    return;
+  }
   paused_gen_ = gen;
   resume_.clear();  // a re-formed ring that never started
   const std::string job = "job " + std::to_string(plan_.job_id);
   planned_ = at >= 0 && ring_open_;
   if (planned_) {  // every rank stops after the same step, so the ring is idle when the new plan comes
     for (auto& [r, a] : replicas_) caf::anon_send(a, pause_atom::value, gen, at);
-    ctx_.log(job + ": a node rejoins; pausing after step " + std::to_string(at) + " for ring generation " + std::to_string(gen));
+    ctx_.log(job + (stop ? ": its launcher stops it; pausing after step " + std::to_string(at) + " for a checkpoint there"
+                         : ": a node rejoins; pausing after step " + std::to_string(at) + " for ring generation " + std::to_string(gen)));
     return;
   }
   // The replicas hear first, so that the ends of their all-reduces (failed as the reducers leave) find

@@ -112,8 +112,10 @@ class node_job {
   // Elastic jobs. pause: the ring of generation `gen` is being formed: the replicas stop (each tells the
   // launcher how many steps it applied), the reducers leave the ring, the connections to other nodes go.
   // With at >= 0 (a node rejoins): the replicas stop once they have applied `at` steps, and the ring
-  // stays until the re-formed plan comes. stop: the launcher stops the job (a checkpoint where it stops).
-  void pause(int gen, int64_t at = -1, bool stop = false);
+  // stays until the re-formed plan comes. purpose "stop": the launcher stops the job (a checkpoint where
+  // it stops, after step `at`); "hold": before that pause, each replica starts no further step and tells
+  // the launcher how many it has started (kind=held), the pause for `gen` still to come.
+  void pause(int gen, int64_t at = -1, const std::string& purpose = "");
   // Rank `rank`'s state (it is paused; numbered as in the ring last started) to the launcher: for a node
   // that joins the ring, or survivors a step behind.
   void send_state(int rank);

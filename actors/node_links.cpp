@@ -208,6 +208,13 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
                 },
                 [states_out, rank](caf::error&) { states_out->release(rank); });  // not paused: the launcher's time limits act
       },
+      // A job stopped by a signal: the replica starts no further step and says how many it started.
+      [self, br, launcher, job, flush](hold_atom, int gen, int rank, caf::actor replica) {
+        self->request(replica, std::chrono::seconds(60), hold_atom::value).then([br, launcher, job, gen, rank, flush](int64_t started) {
+          flush();
+          send_report(br, launcher, job, rank, to_kv(held_report{gen, started}));
+        });  // no answer: the launcher's time limit acts
+      },
       [self, br, launcher, job, ranks, flush, out](weights_atom, int rank) {
         auto it = ranks->find(rank);
         if (it == ranks->end() || !out->take(rank)) return;

@@ -342,9 +342,9 @@ struct node_service::impl {
     int64_t gen = 0, at = -1;
     if (!wire::decode_kv(p.text(), &kv, &error) || !number("gen", 1, 1 << 20, &gen))
       return refuse("a pause without a good generation ('" + kv["gen"].substr(0, 20) + "')");
-    if (kv.count("at") && !number("at", 1, INT64_MAX, &at))
+    if (kv.count("at") && !number("at", 0, INT64_MAX, &at))
       return refuse("a pause with a bad step ('" + kv["at"].substr(0, 20) + "')");
-    job->pause(int(gen), at, kv["for"] == "stop");
+    job->pause(int(gen), at, kv["for"]);
   }
 
   void reform(const net::peer_info& from, const wire::header& h, const net::payload& p) {

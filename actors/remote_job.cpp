@@ -375,10 +375,9 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.coordinator = coord;
   L.rate_since = L.ring_since = clock_type::now();
   L.ring_from = L.seen_step = L.rate_mark = L.plan.first_step;  // a resumed job's steps are not this run's pace
-  // A signal: an elastic job with checkpoints stops with one where its ranks stop (the launcher's
-  // stop_with_checkpoint), within this long; others fail at once, and every node is told. (Read before
-  // the bridge thread may change the plan.)
-  const bool stop_with_checkpoint = L.plan.elastic && !cfg.checkpoint_dir.empty();
+  // A signal: a job with checkpoints stops with one where its ranks stop (the launcher's
+  // stop_with_checkpoint), within this long; others fail at once, and every node is told.
+  const bool stop_with_checkpoint = !cfg.checkpoint_dir.empty();
   L.started.store(true, std::memory_order_release);
   L.br.post([&L] { L.take_early_aborts(); });
   // A resumed job's state to every node, before any start (the same connection keeps the order); a node

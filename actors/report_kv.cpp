@@ -95,6 +95,10 @@ wire::kv_map to_kv(const pause_report& r) {
   return {{"kind", "paused"}, {"gen", std::to_string(r.gen)}, {"applied", std::to_string(r.applied)}};
 }
 
+wire::kv_map to_kv(const held_report& r) {
+  return {{"kind", "held"}, {"gen", std::to_string(r.gen)}, {"started", std::to_string(r.started)}};
+}
+
 wire::kv_map to_kv(const stall_report& r) {
   return {{"kind", "stall"}, {"gen", std::to_string(r.gen)}, {"waiting_for", std::to_string(r.waiting_for)}, {"why", r.why.substr(0, 1000)}};
 }
@@ -152,7 +156,7 @@ bool decode_steps(const void* data, size_t bytes, std::vector<step_report>* out,
 std::string report_kind(const wire::kv_map& kv) {
   auto it = kv.find("kind");
   if (it == kv.end()) return "";
-  for (const char* k : {"eval", "paused", "stall"})
+  for (const char* k : {"eval", "paused", "held", "stall"})
     if (it->second == k) return it->second;
   return "";
 }
@@ -172,6 +176,13 @@ bool from_kv(const wire::kv_map& kv, pause_report* r, std::string* error) {
   reader rd{kv, error};
   gen(rd, &r->gen);
   rd.num("applied", &r->applied, 0, INT64_MAX);
+  return rd.ok;
+}
+
+bool from_kv(const wire::kv_map& kv, held_report* r, std::string* error) {
+  reader rd{kv, error};
+  gen(rd, &r->gen);
+  rd.num("started", &r->started, 0, INT64_MAX);
   return rd.ok;
 }
 

@@ -28,7 +28,7 @@
 // Payloads: chunk, weights and checkpoint carry floats; job and reform a JSON job plan (actors/job_plan.hpp,
 // at most kMaxJobBytes); hello, hello_ack, job_ack, report, abort, error, pause and weights_sum key=value text
 // (kMaxKvBytes; the bridge's refusal of another version is plain text), a report naming its kind
-// ("kind=eval", "kind=paused" or "kind=stall"); steps `elements` step records; start, done, heartbeat
+// ("kind=eval", "kind=paused", "kind=held" or "kind=stall"); steps `elements` step records; start, done, heartbeat
 // and bye nothing. A chunk's job_id is its ring's id: the job's, until a lost node makes the launcher
 // re-form the ring (actors/reform.hpp).
 //
@@ -66,7 +66,9 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // buffers travel in pieces (a launcher took a node for lost while 950 MB of weights came in one message).
 // 14: a launcher asks every rank but one for a checksum of its final weights (weights_sum), not for all of
 // them: 16 ranks of a 237M-parameter model sent it 15 GB, held at once.
-constexpr uint16_t kProtocolVersion = 14;
+// 15: a pause may hold the ranks (for=hold, answered by kind=held reports), so that a job on nodes
+// stopped by a signal writes a checkpoint where it stops whether its replicas update by bucket or not.
+constexpr uint16_t kProtocolVersion = 15;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small
@@ -102,7 +104,8 @@ enum class msg_type : uint16_t {
   // payload: a request for paused rank sender_rank's state.
   checkpoint,
   // The ring is re-formed (or the job stops, with for=stop): stop (after step `at` if given), say how far
-  // (kv payload: gen[, at][, for]).
+  // (kv payload: gen[, at][, for]). With for=hold (a signal's stop, round one): start no further step
+  // and say how many were started (kind=held reports); the pause for generation gen follows.
   pause,
   reform,      // continue in a re-formed ring (JSON plan of the new generation); answered by job_ack
   steps,       // step reports, `elements` records in order (binary payload, above)

@@ -2,6 +2,7 @@
 // for and never read, a slow reader of checkpoints, a malformed pause (test_nodes_security.cpp).
 #include <catch2/catch.hpp>
 
+#include "actors/report_kv.hpp"
 #include "tests/node_peers.hpp"
 
 using namespace ringmaster;
@@ -196,6 +197,70 @@ TEST_CASE("a node answers its launcher's malformed pause with an error naming it
   l.send(wire::msg_type::weights, 0);
   CHECK(next_of(l.s, wire::msg_type::weights, &rh, &text));
   l.send(wire::msg_type::abort);
+}
+
+TEST_CASE("a node held for its launcher's stop says how many steps its rank started, starts no more, and pauses after the step "
+          "it is told", "[nodes]") {
+  logged_node a("node-a");
+  zmq::context_t ctx;
+  zmq::socket_t s = client(ctx, a.node->endpoint());  // the job's launcher
+  s.set(zmq::sockopt::rcvtimeo, 20000);
+  const uint64_t id = 4747;
+  // Updated bucket by bucket (not elastic): a pause at once could catch the replica half updated.
+  send_own_job(s, a.node->endpoint(), "node-a", "784-512-512-10", id, 6400, [](job_plan& p) { p.epochs = 1000; });
+  wire::header go, beat, pause;
+  go.type = wire::msg_type::start, beat.type = wire::msg_type::heartbeat, pause.type = wire::msg_type::pause;
+  go.job_id = beat.job_id = pause.job_id = id;
+  go.sender_rank = 0;
+  // Reads for `t` with heartbeats: the steps reported, and the last held and paused reports.
+  int64_t steps = 0;
+  wire::kv_map held, paused;
+  auto read_for = [&](std::chrono::milliseconds t) {
+    wire::header rh;
+    std::string text;
+    std::string err;
+    auto beat_at = std::chrono::steady_clock::now();
+    for (auto end = beat_at + t; std::chrono::steady_clock::now() < end;) {
+      if (std::chrono::steady_clock::now() >= beat_at) test::send_raw(s, beat), beat_at += 200ms;
+      if (!next_message(s, &rh, &text)) continue;
+      REQUIRE(rh.type != wire::msg_type::error);
+      REQUIRE(rh.type != wire::msg_type::abort);
+      if (rh.type == wire::msg_type::steps) steps += int64_t(rh.elements);
+      wire::kv_map kv;
+      if (rh.type == wire::msg_type::report && wire::decode_kv(text, &kv, &err)) (kv["kind"] == "held" ? held : paused) = kv;
+    }
+  };
+  auto send_pause = [&](const std::string& kv) {
+    pause.payload_bytes = kv.size();
+    test::send_raw(s, pause, {zmq::buffer(kv)});
+  };
+  await_job_ack(s);
+  s.set(zmq::sockopt::rcvtimeo, 100);
+  test::send_raw(s, go);
+  read_for(1500ms);  // it trains
+  REQUIRE(steps > 0);
+  send_pause("gen=1\nfor=hold\n");
+  read_for(1000ms);
+  INFO(steps << " steps reported");
+  held_report h;
+  std::string err;
+  REQUIRE(from_kv(held, &h, &err));
+  CHECK(h.gen == 1);
+  const int64_t started = h.started;
+  CHECK(steps == started);  // the one in flight finished and was reported; no other began
+  CHECK(paused.empty());
+  read_for(500ms);
+  CHECK(steps == started);
+  send_pause("gen=1\nat=" + std::to_string(started) + "\nfor=stop\n");
+  read_for(500ms);
+  CHECK(paused["gen"] == "1");
+  CHECK(paused["applied"] == std::to_string(started));
+  CHECK(steps == started);
+  CHECK(a.wait_for("its launcher stops it; pausing after step " + std::to_string(started) + " for a checkpoint there", 5s).size() > 0);
+  wire::header bye;
+  bye.type = wire::msg_type::abort;
+  bye.job_id = id;
+  test::send_raw(s, bye);
 }
 
 TEST_CASE("a node whose launcher was killed says once that it is gone, not each message it cannot send it", "[nodes]") {

@@ -361,6 +361,11 @@ TEST_CASE("reform: reports carry their ring generation", "[reform][wire]") {
   CHECK(e2.gen == 2);
   CHECK(p2.gen == 7);
   CHECK(p2.applied == 123456789012);
+  held_report h{5, 42}, h2;
+  REQUIRE(report_kind(to_kv(h)) == "held");
+  REQUIRE(from_kv(to_kv(h), &h2, &err));
+  CHECK(h2.gen == 5);
+  CHECK(h2.started == 42);
   wire::kv_map bad = to_kv(p);
   bad["gen"] = "-1";
   CHECK_FALSE(from_kv(bad, &p2, &err));
