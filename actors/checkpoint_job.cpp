@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "actors/checkpoint.hpp"
+#include "kernels/fnv1a.hpp"
 
 namespace ringmaster {
 namespace fs = std::filesystem;
@@ -133,12 +134,7 @@ bool add_state_buffer(std::shared_ptr<network_state>& into, const wire::header& 
 }
 
 // Here rather than in coordinator.cpp: checkpoints need it too, and the fuzz harness links these without CAF.
-uint64_t fnv1a(const float* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* b = reinterpret_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
+uint64_t fnv1a(const float* p, size_t n) { return fnv1a64(p, n * sizeof(float)); }
 
 bool trained_to_end(const checkpoint& c, const train_config& cfg) {
   return c.progress.step == c.steps_per_epoch * cfg.epochs;

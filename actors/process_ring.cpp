@@ -10,6 +10,7 @@
 #include "actors/reducer.hpp"
 #include "actors/ring_links.hpp"
 #include "actors/training.hpp"
+#include "kernels/fnv1a.hpp"
 
 namespace ringmaster {
 
@@ -68,9 +69,7 @@ struct process_ring::impl {
   net::shm_stamp stamp(int from, int to, const std::string& receiver_endpoint) const {
     const bool tcp = receiver_endpoint.rfind("tcp://", 0) == 0;
     const std::string where = tcp ? receiver_endpoint.substr(receiver_endpoint.rfind(':') + 1) : receiver_endpoint;
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (unsigned char c : where) h = (h ^ c) * 1099511628211ull;
-    return {opt.job_id ^ h, from, to};
+    return {opt.job_id ^ fnv1a64(where.data(), where.size()), from, to};
   }
   // Our segment for the left neighbour's chunks, named by the endpoint we are bound to.
   void make_segment(const std::string& bound) {

@@ -67,7 +67,8 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // 14: a launcher asks every rank but one for a checksum of its final weights (weights_sum), not for all of
 // them: 16 ranks of a 237M-parameter model sent it 15 GB, held at once.
 // 15: a pause may hold the ranks (for=hold, answered by kind=held reports), so that a job on nodes
-// stopped by a signal writes a checkpoint where it stops whether its replicas update by bucket or not.
+// stopped by a signal writes a checkpoint where it stops whether its replicas update by bucket or not;
+// weights_sum is FNV-1a from FNV's own offset basis (before, one a digit short of it).
 constexpr uint16_t kProtocolVersion = 15;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
