@@ -492,6 +492,16 @@ TEST_CASE("checkpoint: a local run killed after a checkpoint resumes to the unin
   INFO(full.out);
   REQUIRE(full.status == 0);
   REQUIRE(fnv(full.out).size() == 16);
+  {  // The summary's checksum is FNV-1a 64 as its authors define it, over the --save'd tensors' bytes in order.
+    std::string error;
+    std::vector<float> w;
+    REQUIRE(read_safetensors(out + "/full.st", *mlp("784-64-10"), &w, &error));
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < w.size() * sizeof(float); ++i) h = (h ^ reinterpret_cast<const unsigned char*>(w.data())[i]) * 1099511628211ull;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    CHECK(fnv(full.out) == hex);
+  }
 
   // Mid-epoch: checkpoints after steps 5, 10, 15, 20; killed right after writing the one after step 20.
   run_result crash = mnist(job + " --checkpoint-dir " + dir + " --checkpoint-every 5 --crash-after-checkpoint 4");
@@ -811,6 +821,7 @@ TEST_CASE("checkpoint: a run killed after its last checkpoint, before its result
   INFO(r.out);
   CHECK(r.status == 0);
   CHECK(r.out.find("The run had trained to its end: nothing left to train") != std::string::npos);
+  CHECK(r.out.find("weights from the checkpoint (fnv1a64 ") != std::string::npos);
   const run_result whole = mnist(job + " --save " + dir + "/whole");
   REQUIRE(whole.status == 0);
   CHECK(fnv(r.out) == fnv(whole.out));
@@ -995,7 +1006,9 @@ TEST_CASE("checkpoint: a 2-node run killed after a checkpoint resumes at once on
             " --resume --save " + dir + "/w");
   INFO(r.out);
   CHECK(r.status == 2);
-  CHECK(r.out.find("512 training samples") != std::string::npos);  // the nodes refuse its plan
+  // The nodes refuse its plan, and say what is likely wrong.
+  CHECK(r.out.find("but this node's 512 training samples make 16 steps in all (a checkpoint made with another --limit-train or data "
+                   "set?)") != std::string::npos);
   CHECK(!fs::exists(dir + "/w"));
   // This job's, on its nodes: its results come from the checkpoint, nothing trained.
   r = mnist(nodes + job + " --checkpoint-dir " + dir + " --resume --save " + dir + "/w");
