@@ -221,6 +221,23 @@ void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t 
   maybe_close_epoch(self, st, e);
 }
 
+// The steps before `start` still open: lost ranks' reports of them went with their nodes. Each counts
+// whole, their samples unmeasured (the sum every survivor applied had their gradients).
+void count_lost_reports(caf::event_based_actor* self, coordinator_state& st, int64_t start) {
+  std::vector<std::pair<int64_t, int64_t>> open;  // (epoch, step)
+  for (auto& [e, a] : st.epochs)
+    for (auto& [k, s] : a.pending)
+      if (e * st.cfg.steps_per_epoch + k < start) open.emplace_back(e, k);
+  for (auto [e, step] : open) {
+    step_acc& s = st.epochs[e].pending[step];
+    const int64_t missing = std::max<int64_t>(0, int64_t(st.cfg.global_batch) - s.count);
+    s.count += missing;
+    st.epochs[e].unmeasured += missing;
+    complete_step(self, st, e, step);
+    if (st.finished) return;
+  }
+}
+
 // The ring was re-formed: the steps before note.start_step are complete (every survivor applied them or
 // took the state of one that did, and the lost ranks' gradients were in them: their samples count even
 // if their reports went with them, unmeasured), the reports of the steps from it on are dropped (those
@@ -229,16 +246,8 @@ void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t 
 void reform(caf::event_based_actor* self, coordinator_state& st, const reform_note& note) {
   const int64_t spe = st.cfg.steps_per_epoch, start = note.start_step;
   st.last_news = st.last_complete = clock_type::now();  // the pause is no step's time
-  std::vector<std::pair<int64_t, int64_t>> before;  // (epoch, step) to complete
   for (auto& [e, a] : st.epochs) {
-    for (auto it = a.pending.begin(); it != a.pending.end();) {
-      if (e * spe + it->first >= start) {
-        it = a.pending.erase(it);
-        continue;
-      }
-      before.emplace_back(e, it->first);
-      ++it;
-    }
+    for (auto it = a.pending.begin(); it != a.pending.end();) it = e * spe + it->first >= start ? a.pending.erase(it) : std::next(it);
     if (!a.closed && (e + 1) * spe >= start) {
       a.val_losses.clear();
       a.val_loss = 0;
@@ -275,14 +284,8 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
     l.step = start % spe;
     st.result->losses.push_back(std::move(l));
   }
-  for (auto [e, step] : before) {
-    step_acc& s = st.epochs[e].pending[step];
-    const int64_t missing = std::max<int64_t>(0, int64_t(st.cfg.global_batch) - s.count);
-    s.count += missing;
-    st.epochs[e].unmeasured += missing;
-    complete_step(self, st, e, step);
-    if (st.finished) return;
-  }
+  count_lost_reports(self, st, start);
+  if (st.finished) return;
   // An epoch that ended before `start` and still lacks a lost rank's evaluation will not get it.
   for (auto& [e, a] : st.epochs)
     if ((e + 1) * spe < start) maybe_close_epoch(self, st, e, true);
@@ -322,6 +325,14 @@ void final_weights_in(caf::event_based_actor* self, coordinator_state& st, int r
 }
 
 }  // namespace
+
+void coordinator_detail::settle_losses(caf::event_based_actor* self, coordinator_state& st, int64_t at, std::vector<node_loss> losses) {
+  for (node_loss& l : losses) st.result->losses.push_back(std::move(l));
+  count_lost_reports(self, st, at);
+  if (st.finished) return;
+  for (auto& [e, a] : st.epochs)
+    if ((e + 1) * st.cfg.steps_per_epoch <= at) maybe_close_epoch(self, st, e, true);
+}
 
 caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) {
   auto st = std::make_shared<coordinator_state>();
@@ -479,7 +490,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         self->delayed_send<caf::message_priority::high>(self, std::chrono::milliseconds(50), signal_atom::value);
       },
       [self, st](const pause_report& r) { stop_paused(self, st, r); },
-      [self, st](checkpt_atom, state_ptr s, int sig) { stop_with_state(self, st, std::move(s), sig); },
+      [self, st](checkpt_atom, stop_note& n) { stop_with_state(self, st, std::move(n)); },
       [self, st](done_atom, int rank) {
         if (st->finished || rank < 0 || rank >= st->cfg.replicas) return;
         st->done_ranks.resize(size_t(st->cfg.replicas), 0);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/messages.hpp"
 #include "kernels/model.hpp"
 
 namespace ringmaster {
@@ -166,8 +167,15 @@ struct reform_note {
   std::vector<std::string> where;  // coordinator_config::where for the new ranks
 };
 
-// {checkpt_atom, state_ptr, sig}: a launcher stopped its ranks on nodes at signal `sig`; the state is one
-// rank's, after the fewest steps any applied: it is written as a checkpoint and the job ends interrupted.
+// {checkpt_atom, stop_note}: a launcher stopped its ranks on nodes at signal `sig`; `state` is one rank's,
+// after the fewest steps any applied (all of them reported those): it is written as a checkpoint and the
+// job ends interrupted. Nodes lost on the way, whose ranks' last reports went with them, are in `losses`.
+struct stop_note {
+  state_ptr state;
+  int sig = 0;
+  std::vector<node_loss> losses;
+};
+
 // Request {run_atom, replicas, loaders, reducers} (vector<actor> each, index = rank), the reducers already
 // in their ring; the reply is a std::shared_ptr<train_result> when the job ends, successfully or not.
 caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg);
@@ -176,3 +184,4 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg);
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<ringmaster::train_result>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::reform_note)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ringmaster::stop_note)

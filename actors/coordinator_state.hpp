@@ -98,10 +98,12 @@ void finish(caf::event_based_actor* self, coordinator_state& st, std::string err
 // checkpoint is written before the job ends as interrupted, so a resume loses no step. Without an
 // answer from every rank in time it ends as before, with the last checkpoint written.
 void begin_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, int sig);
-// The same for ranks on nodes, which the launcher stopped (an elastic job's replicas apply whole steps
-// only, so it pauses them at once): `s` is the state of one that applied the fewest steps, after which
-// all have reported.
-void stop_with_state(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, state_ptr s, int sig);
+// The same for ranks on nodes, which the launcher stopped (coordinator.hpp's stop_note).
+void stop_with_state(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, stop_note n);
+// Nodes lost while a job on nodes stopped: their ranks' reports of the steps up to `at`, where the
+// others stopped, went with them. Those steps count, their samples unmeasured, as a re-formed ring
+// counts them; an epoch that ended by then closes without the lost ranks' evaluations.
+void settle_losses(caf::event_based_actor* self, coordinator_state& st, int64_t at, std::vector<node_loss> losses);
 // A rank paused on the way (replica's pause_report).
 void stop_paused(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, const pause_report& r);
 // Where a job stands after `done` steps, all of whose reports are in (and at an epoch's end, its

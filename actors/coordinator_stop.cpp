@@ -118,15 +118,18 @@ void begin_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_
               });
 }
 
-void stop_with_state(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, state_ptr s, int sig) {
+void stop_with_state(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, stop_note n) {
   if (st->finished || st->stopping) return;
-  st->stopping = sig;
+  st->stopping = n.sig;
+  state_ptr s = std::move(n.state);
   if (!s) return stop_without_checkpoint(self, *st, "no state came");
   st->stop_at = s->steps;
   if (s->steps <= st->cfg.start.step) return stop_without_checkpoint(self, *st, "");
   if (written_already(self, *st, s->steps)) return;
   if (s->steps > st->cfg.steps_per_epoch * st->cfg.epochs)
     return stop_without_checkpoint(self, *st, "the state came from after step " + std::to_string(s->steps) + ", past the job's end");
+  if (!n.losses.empty()) settle_losses(self, *st, s->steps, std::move(n.losses));
+  if (st->finished) return;
   write_at_stop(self, st, std::move(s));
 }
 

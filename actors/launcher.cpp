@@ -170,9 +170,6 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
     if (node == joining) give_up_join("it " + node_text(said));
     return;
   }
-  if (!plan.elastic) return kill_node(node, "node " + ro.nodes[node] + " (" + ranks_named(ranks_of(node)) + ") " + said);
-  gone[node] = true;
-  if (node == fresh) ++join_failures[size_t(node)], fresh = -1;  // it rejoined, and was lost before its first step
   node_loss l;
   l.node = ro.nodes[node];
   l.ranks = ranks_of(node);
@@ -180,10 +177,18 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   l.hung = hung_since.has_value();
   const clock_type::time_point since = hung_since.value_or(heard(node));
   l.detected = std::chrono::duration<double>(clock_type::now() - since).count();
+  // Where it was lost, for a job that ends without a re-formed ring (the coordinator puts where the
+  // survivors went on from, and how many, once one is formed).
+  l.epoch = seen_step / std::max<int64_t>(1, steps_per_epoch);
+  l.step = seen_step % std::max<int64_t>(1, steps_per_epoch);
   losses.push_back(l);
+  if (!plan.elastic) return kill_node(node, "node " + ro.nodes[node] + " (" + ranks_named(ranks_of(node)) + ") " + said);
+  gone[node] = true;
+  if (node == fresh) ++join_failures[size_t(node)], fresh = -1;  // it rejoined, and was lost before its first step
   last_word = std::min(last_word, since);
   send_kv(node, wire::msg_type::abort, {{"reason", "dropped from the job: " + l.why}});  // if it lives
   const std::vector<int> left = survivors();
+  for (int i : left) losses.back().survivors += int(plan.ranks_on(i).size());
   if (left.empty()) return kill_node(node, "node " + l.node + " (" + ranks_named(l.ranks) + ") " + said + ", and no node is left");
   if (joining >= 0) give_up_join("node " + l.node + " was lost meanwhile", true, true);
   event("lost node " + l.node + " (" + ranks_named(l.ranks) + "): " + why + "; re-forming the ring from " +
@@ -200,7 +205,7 @@ void launcher::pause_survivors(const wire::kv_map& extra) {
   applied.clear();
   forwarding = false;
   forward_state.reset();
-  forming_since = clock_type::now();
+  if (!stopping) forming_since = clock_type::now();  // a stop's limit counts from the signal
   now = phase::pausing;
   if (coordinator) caf::anon_send(coordinator, pause_atom::value, gen);  // its report clock stands still meanwhile
   wire::kv_map kv = extra;
@@ -370,7 +375,9 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
 // The state after forward_to from a survivor that finished that step: to every node with a rank that did
 // not (its replicas take it while paused), then the re-formed plan from that step.
 void launcher::take_forward_state(const wire::header& h, const net::payload& p) {
-  forming_since = clock_type::now();  // the re-forming's limit is per buffer: a large model's state takes its time
+  // The re-forming's limit is per buffer (a large model's state takes its time); a stop's is from the
+  // signal, which a batch system follows with SIGKILL.
+  if (!stopping) forming_since = clock_type::now();
   if (!add_state_buffer(forward_state, h, p, param_count, state_buffers)) {
     if (!forward_state) kill_node(-1, "the state after step " + std::to_string(forward_to) + " came broken from node " +
                                           ro.nodes[size_t(forward_node)] + ": the survivors cannot go on together");
@@ -383,7 +390,7 @@ void launcher::take_forward_state(const wire::header& h, const net::payload& p) 
     return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ": " + bad);
   if (stopping) {  // the stop's checkpoint: the coordinator writes it and ends the job
     stop_handed = true;
-    return caf::anon_send(coordinator, checkpt_atom::value, s, stopping);
+    return caf::anon_send(coordinator, checkpt_atom::value, stop_note{s, stopping, std::exchange(losses, {})});
   }
   std::vector<bool> behind(ro.nodes.size(), false);
   for (auto& [who, n] : applied) behind[size_t(who.first)] = behind[size_t(who.first)] || n < forward_to;

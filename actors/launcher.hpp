@@ -197,6 +197,7 @@ struct launcher {
   void stop_with_checkpoint(int sig);
   // Node `node` said it is being stopped by signal `sig` and serves the job a while longer: if we are
   // stopping too, its ranks take part in the stop; if we do not within kDrainWait, it is lost (tick).
+  // Once every node has said so, the job stops with a checkpoint as at our own signal `sig`.
   void node_stopping(int node, const std::string& sig);
   // Each tick: draining nodes whose time is up (and whose launcher did not stop) are lost.
   void drained(clock_type::time_point t);

@@ -2,6 +2,7 @@
 // stop_with_checkpoint), and nodes stopped by a signal that serve their job a while longer (draining).
 // Bridge thread.
 #include <algorithm>
+#include <csignal>
 
 #include "actors/launcher.hpp"
 #include "actors/report_kv.hpp"
@@ -41,6 +42,13 @@ void launcher::on_held(int node, int rank, const held_report& r) {
 void launcher::node_stopping(int node, const std::string& sig) {
   if (stopping || gone[node] || draining.count(node)) return;
   draining[node] = {clock_type::now() + kDrainWait, sig};
+  // Every node is being stopped (a batch system preempts the nodes' allocation, and not ours, or ours
+  // later): the job cannot go on without them, so it stops as at our own signal, while they still serve.
+  for (int i : survivors())
+    if (!draining.count(i)) return;
+  if (!plan.checkpoints) return;  // they are lost in turn, and the job fails with the last of them
+  event("every node is being stopped (" + sig + ")");
+  stop_with_checkpoint(sig == "SIGINT" ? SIGINT : sig == "SIGHUP" ? SIGHUP : SIGTERM);
 }
 
 void launcher::drained(clock_type::time_point t) {

@@ -142,8 +142,8 @@ std::shared_ptr<const job_model> prepare_model(const job_plan& plan, const node_
     // Equal: a job resumed from its last step's checkpoint, which its launcher checks against our model and
     // data (our job_ack) and then ends, writing its results from that checkpoint. No rank runs before it says.
     if (plan.first_step > steps) {
-      *error = "job plan: 'first_step' is " + std::to_string(plan.first_step) + ", but the job has " + std::to_string(steps) +
-               " steps on this node's " + std::to_string(train->count) + " training samples";
+      *error = "the job resumes after step " + std::to_string(plan.first_step) + ", but this node's " + std::to_string(train->count) +
+               " training samples make " + std::to_string(steps) + " steps in all (a checkpoint made with another --limit-train or data set?)";
       *invalid = true;
       return nullptr;
     }

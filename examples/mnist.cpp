@@ -456,9 +456,9 @@ int main(int argc, char** argv) {
     if (std::string bad = resume_mismatch(ck, c, nullptr, -1); !bad.empty()) return refused("--resume: " + bad);
     std::printf("Resuming from %s: %lld epoch%s and %lld of %lld steps done\n", path.c_str(), (long long)ck.epoch(),
                 ck.epoch() == 1 ? "" : "s", (long long)ck.epoch_step(), (long long)ck.steps_per_epoch);
-    if (trained_to_end(ck, c))
-      std::printf("The run had trained to its end: nothing left to train, its results are written from the checkpoint\n");
-    if (ck.replicas != c.replicas)
+    const bool to_end = trained_to_end(ck, c);
+    if (to_end) std::printf("The run had trained to its end: nothing left to train, its results are written from the checkpoint\n");
+    else if (ck.replicas != c.replicas)
       std::printf("Note: the checkpoint was written by %d replica%s, this run has %d: the weights equal an uninterrupted "
                   "run's only up to rounding\n", ck.replicas, ck.replicas == 1 ? "" : "s", c.replicas);
     c.resume = std::make_shared<const checkpoint>(std::move(ck));
@@ -595,7 +595,9 @@ int finish(const options& o, const train_result& r) {
   std::printf(" in %.2fs (training %.2fs, %.0f samples/s)", r.wall_seconds, r.train_seconds,
               r.train_seconds > 0 ? r.train_samples / r.train_seconds : 0.0);
   if (c.evaluate) std::printf(", test accuracy %.4f, test loss %.4f", last.val_accuracy, last.val_loss);
-  std::printf("; %s (fnv1a64 %s)\n", r.checksums.size() == 1 ? "1 replica" : r.identical ? "replicas bit-identical" : "replicas DIFFER",
+  const bool from_checkpoint = c.resume && trained_to_end(*c.resume, c);
+  std::printf("; %s (fnv1a64 %s)\n", from_checkpoint ? "weights from the checkpoint" : r.checksums.size() == 1 ? "1 replica"
+                                     : r.identical ? "replicas bit-identical" : "replicas DIFFER",
               hex(r.checksums[0]).c_str());
   for (const node_loss& l : r.losses) {
     const char* since = l.hung ? "the ring's last step" : "its last message";

@@ -217,6 +217,12 @@ TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, train
   CHECK(failed["error"].get<std::string>().find("node " + fresh[2]->endpoint + " (rank 2) stopped answering") != std::string::npos);
   CHECK(failed["checkpoint"].get<std::string>().rfind(ck + "/ckpt-", 0) == 0);
   CHECK(failed["epochs_done"] == failed["history"].size());
+  // The lost node is in it, where it was lost (some 50 steps into the first epoch), with no rank gone on.
+  REQUIRE(failed["node_losses"].size() == 1);
+  CHECK(failed["node_losses"][0]["node"] == fresh[2]->endpoint);
+  CHECK(failed["node_losses"][0]["survivors"] == 0);
+  CHECK(failed["node_losses"][0]["epoch"] == 1);
+  CHECK(failed["node_losses"][0]["step"] > 1);
   std::filesystem::remove_all(ck);
   test::run_result bad = run_launcher("--nodes " + test::node_list(fresh) + " --on-node-loss maybe", [](const std::string&) {});
   CHECK(bad.status == 2);
@@ -253,4 +259,54 @@ TEST_CASE("elastic with checkpoints: the node running rank 0 is killed, the job 
   REQUIRE(read_checkpoint(dir + "/ckpt-2-0.safetensors", layer_registry::with_builtins(), &last, &err));
   CHECK(last.replicas == 2);
   test::run(std::string("rm -rf ") + dir);
+}
+
+TEST_CASE("elastic: a job stopped by a signal while a lost node is still being named writes its checkpoint where the others "
+          "stopped, the lost node's last steps counted", "[nodes][elastic][checkpoint]") {
+  auto nodes = start_nodes(3, "cpu:1");
+  const std::string dir = "/tmp/ringmaster-test-stop-after-loss-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  remote_options ro = on_small_data(nodes);
+  ro.limit_train = 6000;  // 100 steps an epoch
+  train_config c = small_job(3);
+  c.checkpoint_dir = dir;
+  std::atomic<int> signal{0};
+  c.interrupt = &signal;
+  std::atomic<bool> go{false};
+  c.on_progress = [&](const progress& p) {
+    if (p.epoch == 1 && p.step >= 30) go = true;
+  };
+  // Killed mid-epoch; the stop comes before its loss is named (1.5 s without a heartbeat): its last
+  // reports went with it, though the others applied those steps (their sums had its gradients).
+  std::thread killer([&] {
+    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
+    nodes[1]->stop(SIGKILL);
+    std::this_thread::sleep_for(300ms);
+    signal = SIGTERM;
+  });
+  train_result r = train_remote(c, ro);
+  killer.join();
+  INFO(r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(r.interrupted == SIGTERM);
+  CHECK(r.stopped_after > 130);  // past the 30 steps of the second epoch the kill waited for
+  REQUIRE(r.losses.size() == 1);
+  CHECK(r.losses[0].node == nodes[1]->endpoint);
+  CHECK(r.losses[0].survivors == 2);
+  REQUIRE(std::filesystem::is_regular_file(r.checkpoint));
+  CHECK(r.checkpoint == dir + "/ckpt-" + std::to_string(r.stopped_after / 100) + "-" + std::to_string(r.stopped_after % 100) + ".safetensors");
+  // It goes on from there on the nodes left, and every epoch counts every sample.
+  ro.nodes = {nodes[0]->endpoint, nodes[2]->endpoint};
+  c.interrupt = nullptr;
+  c.on_progress = nullptr;
+  std::string error;
+  checkpoint ck;
+  REQUIRE(read_checkpoint(r.checkpoint, layer_registry::with_builtins(), &ck, &error));
+  c.resume = std::make_shared<const checkpoint>(std::move(ck));
+  train_result resumed = train_remote(c, ro);
+  INFO(resumed.error);
+  REQUIRE(resumed.ok);
+  REQUIRE(resumed.history.size() == 3);
+  for (const epoch_stats& e : resumed.history) CHECK(e.samples == 6000);
+  std::filesystem::remove_all(dir);
 }

@@ -684,6 +684,39 @@ TEST_CASE("launcher: SIGTERM on a job on nodes pauses its ranks and writes a che
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("launcher: a job whose nodes are all stopped (their batch allocation preempted, not the launcher's) stops with a "
+          "checkpoint where its ranks stopped", "[launcher][nodes][checkpoint]") {
+  const std::string dir = "/tmp/ringmaster-test-preempt-all-nodes-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  const std::string job = " --batch 64 --model 784-512-512-10 --limit-train 12000 --limit-test 256 --epochs 3";
+  const run_result full = run("--replicas 2" + job);
+  INFO(full.out);
+  REQUIRE(full.status == 0);
+  const size_t sum_at = full.out.find("(fnv1a64 ");
+  REQUIRE(sum_at != std::string::npos);
+  daemons node(2);
+  const std::string on_nodes = " --nodes " + node.list() + job + " --checkpoint-dir " + dir;
+  // Signal 0: the launcher is left alone; only its daemons get SIGTERM.
+  const signalled_run stopped = run_and_signal("exec " + std::string(RINGMASTER_MNIST_BIN) + on_nodes, "Epoch 2/3", 0, -1, 100, [&node] {
+    for (auto& d : node.nodes) kill(d->pid, SIGTERM);
+  });
+  INFO(stopped.out);
+  CHECK(stopped.took < 5);
+  CHECK((WIFSIGNALED(stopped.status) && WTERMSIG(stopped.status) == SIGTERM));  // preempted, as its nodes were
+  CHECK(stopped.out.find("every node is being stopped (SIGTERM)") != std::string::npos);
+  CHECK(stopped.out.find("lost node") == std::string::npos);
+  CHECK(stopped.out.find("interrupted (SIGTERM): training stopped, with a checkpoint where it stopped (--resume continues from it, " +
+                         dir + "/ckpt-1-") != std::string::npos);
+  for (auto& d : node.nodes) CHECK((WIFEXITED(d->stop(SIGKILL)) || true));  // gone by themselves, or now
+  daemons again(2);
+  const run_result requeued = run(" --nodes " + again.list() + job + " --checkpoint-dir " + dir + " --resume");
+  INFO(requeued.out);
+  REQUIRE(requeued.status == 0);
+  CHECK(requeued.out.find("Resuming from " + go_on_path(stopped.out)) != std::string::npos);
+  CHECK(requeued.out.find(full.out.substr(sum_at, 26)) != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("launcher: a SIGHUP that the caller ignores (nohup) leaves a job on nodes running", "[launcher][nodes]") {
   daemons node(2);
   const std::string job = "--nodes " + node.list() + " --model 784-32-10 --batch 64 --limit-test 64";
