@@ -201,6 +201,7 @@ void launcher::pause_survivors(const wire::kv_map& extra) {
   if (!stopping) weights_in.clear();  // the ranks are numbered anew: weights still coming are asked for again
   ++gen;
   holding = false;
+  stop_planned = stopping && extra.count("at");
   stalls.clear();
   applied.clear();
   forwarding = false;
@@ -245,6 +246,12 @@ void launcher::tick() {
                                                     ", where node " + ro.nodes[size_t(joining.load())] + " was to rejoin"
                                               : "the ring could not be re-formed within " + s + " of a node's loss");
     return;
+  }
+  if (stopping && (holding || stop_planned) && !stop_handed && !forwarding && plan.elastic && t - forming_since >= stop_patience()) {
+    // The ranks do not all reach the stop's step (a rank hangs, a ring stalls for a node not yet named
+    // lost): elastic ranks apply whole steps only, so they pause where they are (a step in flight is redone).
+    event("the ranks did not all reach the stop's step within " + std::to_string(stop_patience().count()) + " ms: they pause where they are");
+    pause_survivors({{"for", "stop"}});
   }
   if (!stalls.empty() && stalls_count() && t - stall_since >= window)
     judge_stall(t - stall_since >= std::max<std::chrono::duration<double>>(window, std::chrono::milliseconds(plan.ring_timeout_ms)));

@@ -96,6 +96,7 @@ struct launcher {
   // and whether the state is with the coordinator (then the pause has no time limit here).
   int stopping = 0;
   bool holding = false;
+  bool stop_planned = false;  // the stop's pause names its step (else the ranks paused where they were)
   bool stop_handed = false;
   static constexpr std::chrono::seconds kStopLimit{25};  // for every rank to pause and the state to come
   // Nodes that said they are being stopped and still serve the job for a while (node_main's kStopGrace):
@@ -192,8 +193,9 @@ struct launcher {
   // A signal (remote_job.cpp's watchdog) stops a job with checkpoints where its ranks stop, in two rounds
   // as a local job does (actors/coordinator_stop.cpp says why): every rank holds (starts no further step)
   // and says how many it started (on_held); then all pause after the highest count, and the state of one
-  // goes to the coordinator, which writes it as the checkpoint there and ends the job (on_paused). While
-  // the ring is re-formed or a node rejoins, the job ends at once, as it did before.
+  // goes to the coordinator, which writes it as the checkpoint there and ends the job (on_paused). An
+  // elastic job's ranks that do not all get there in time pause where they are (tick). While the ring is
+  // re-formed or a node rejoins, the job ends at once, as it did before.
   void stop_with_checkpoint(int sig);
   // Node `node` said it is being stopped by signal `sig` and serves the job a while longer: if we are
   // stopping too, its ranks take part in the stop; if we do not within kDrainWait, it is lost (tick).
@@ -226,6 +228,9 @@ struct launcher {
   bool all_answered() const;
   void on_paused(int node, int rank, const pause_report& r);
   void on_held(int node, int rank, const held_report& r);
+  // How long a stop waits for every rank to reach its step before an elastic job's ranks pause where
+  // they are (tick).
+  std::chrono::milliseconds stop_patience() const;
   void on_stall(int node, int rank, const stall_report& r);
   bool stalls_count() const;
   // final: the last chance to judge (the ranks that have not reported will not); else a verdict waits

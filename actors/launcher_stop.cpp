@@ -29,6 +29,12 @@ void launcher::stop_with_checkpoint(int sig) {
   for (int i : survivors()) send_kv(i, wire::msg_type::pause, {{"gen", std::to_string(gen + 1)}, {"for", "hold"}});
 }
 
+std::chrono::milliseconds launcher::stop_patience() const {
+  // Enough for the step in flight and the one up to the stop, at the fastest pace seen, and a few seconds.
+  const auto steps = std::chrono::milliseconds(step_rate > 0 ? int64_t(3000 / step_rate) : 0);
+  return std::min<std::chrono::milliseconds>(std::chrono::seconds(5) + steps, kStopLimit / 2);
+}
+
 void launcher::on_held(int node, int rank, const held_report& r) {
   if (!holding || r.gen != gen + 1 || gone[node] || !reports_to_us(node, rank)) return;
   applied[{node, rank}] = r.started;

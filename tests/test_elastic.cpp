@@ -310,3 +310,46 @@ TEST_CASE("elastic: a job stopped by a signal while a lost node is still being n
   for (const epoch_stats& e : resumed.history) CHECK(e.samples == 6000);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("elastic: a job stopped by a signal while a rank hangs pauses its ranks where they are and writes its checkpoint there",
+          "[nodes][elastic][stall][checkpoint]") {
+  test::daemons nodes = start_nodes_one_hung(3, 1, 150);  // 100 steps an epoch: it hangs mid-way through the second
+  const std::string dir = "/tmp/ringmaster-test-stop-hung-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  remote_options ro = on_small_data(nodes);
+  ro.limit_train = 6000;
+  ro.rejoin = false;
+  train_config c = small_job(3);
+  c.checkpoint_dir = dir;
+  std::atomic<int> signal{0};
+  c.interrupt = &signal;
+  std::atomic<bool> go{false};
+  c.on_progress = [&](const progress& p) {
+    if (p.epoch == 1 && p.step >= 45) go = true;
+  };
+  std::vector<std::string> events;
+  std::mutex mu;
+  ro.on_event = [&](const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(e);
+  };
+  clock_type::time_point stopped;
+  std::thread stopper([&] {
+    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
+    std::this_thread::sleep_for(1000ms);  // the others wait for it in step 151 (the ring's timeout is a minute)
+    stopped = clock_type::now();
+    signal = SIGTERM;
+  });
+  train_result r = train_remote(c, ro);
+  const double took = std::chrono::duration<double>(clock_type::now() - stopped).count();
+  stopper.join();
+  INFO(r.error);
+  for (auto& e : events) INFO(e);
+  CHECK(r.interrupted == SIGTERM);
+  CHECK(r.stopped_after == 150);
+  CHECK(std::filesystem::is_regular_file(dir + "/ckpt-1-50.safetensors"));
+  CHECK(std::any_of(events.begin(), events.end(), [](const std::string& e) { return e.find("they pause where they are") != std::string::npos; }));
+  WARN("a stop with a rank hung took " << took << " s");
+  CHECK(took < 12.5);  // within half the stop's limit, and well before a batch system's SIGKILL
+  std::filesystem::remove_all(dir);
+}
