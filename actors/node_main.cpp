@@ -86,6 +86,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
   node_options o;
   o.layers = layers;
   int64_t poll_us = o.ring_poll.count();
+  bool print_key = false;
   po::options_description desc(prog + ": serves training jobs to ringmaster launchers\n\nUsage: " + prog +
                                " --listen ENDPOINT [options]\n\nOptions");
   desc.add_options()
@@ -96,6 +97,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("data", po::value(&o.data_dir)->default_value(o.data_dir), "this node's copy of the data (IDX files)")
       ("key-dir", po::value(&o.key_dir), "this node's key, key.pub and authorized_keys (default ~/.ringmaster; made on first use)")
       ("insecure", po::bool_switch(&o.insecure), "no keys and no encryption: anyone who reaches the port can command this node")
+      ("print-key", po::bool_switch(&print_key), "print this node's public key (KEY_DIR/key.pub, made on first use) for launchers' --nodes HOST:PORT@KEY, and exit")
       ("max-connections", po::value(&o.max_connections)->default_value(o.max_connections), "clients connected at once (at most what the file descriptor limit leaves room for); the first few over it are refused at the handshake, more are hung up as they connect")
       ("ring-port", po::value(&o.ring_port)->default_value(o.ring_port), "the port other nodes send ring chunks to (sealed with AES-128-OCB; plain with --insecure), on the --listen host (open it in a firewall); 0: any free port")
       ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory or to the ring port itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never");
@@ -134,6 +136,15 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       std::fprintf(stderr, "%s: --%s must not be empty\n", prog.c_str(), flag.c_str());
       return 2;
     }
+  if (print_key) {  // before it serves: what a launcher's owner needs to know first
+    net::key_pair keys;
+    std::string why;
+    if (o.insecure || !net::load_or_create_keys(o.key_dir.empty() ? net::default_key_dir() : o.key_dir, &keys, &why)) {
+      std::fprintf(stderr, "%s: --print-key: %s\n", prog.c_str(), o.insecure ? "an --insecure node has no key" : why.c_str());
+      return 2;
+    }
+    return std::printf("%s\n", keys.public_key.c_str()) > 0 ? 0 : 1;
+  }
   if (o.listen.empty()) {
     std::fprintf(stderr, "%s: --listen is required (e.g. tcp://127.0.0.1:5601)\n", prog.c_str());
     return 2;

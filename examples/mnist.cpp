@@ -47,7 +47,7 @@ struct options {
   double lr = -1;
   int64_t limit_train = 0, limit_test = 0;
   std::string nodes, key_dir;
-  bool insecure = false;
+  bool insecure = false, print_key = false;
   bool no_shared_memory = false;
   int replicas_per_node = 1;
   std::string on_node_loss = "continue";
@@ -248,6 +248,8 @@ int main(int argc, char** argv) {
        "recorded in known_nodes on first use")
       ("key-dir", po::value(&o.key_dir), "our key pair and known_nodes, with --nodes (default ~/.ringmaster)")
       ("insecure", po::bool_switch(&o.insecure), "no keys, no encryption, with --nodes (the nodes run --insecure too)")
+      ("print-key", po::bool_switch(&o.print_key), "print our public key (key.pub in --key-dir, made on first use) for "
+       "the nodes' authorized_keys, and exit")
       ("no-shared-memory", po::bool_switch(&o.no_shared_memory),
        "with --nodes: nodes on one host send ring chunks over the network, not through shared memory (/dev/shm)")
       ("replicas-per-node", po::value(&o.replicas_per_node)->default_value(1), "replicas on each node, with --nodes")
@@ -289,6 +291,13 @@ int main(int argc, char** argv) {
   for (const auto& [flag, value] : vm)
     if (!value.defaulted() && value.value().type() == typeid(std::string) && value.as<std::string>().empty())
       return usage_error("--" + flag + " must not be empty");
+  if (o.print_key) {  // before any job: what a node's owner needs first
+    net::key_pair keys;
+    std::string why;
+    if (o.insecure || !net::load_or_create_keys(o.key_dir.empty() ? net::default_key_dir() : o.key_dir, &keys, &why))
+      return usage_error("--print-key: " + (o.insecure ? "an --insecure launcher has no key" : why));
+    return std::printf("%s\n", keys.public_key.c_str()) > 0 ? 0 : 1;
+  }
   if (const auto [ptr, ec] = std::from_chars(o.seed.data(), o.seed.data() + o.seed.size(), c.seed);
       ec != std::errc() || ptr != o.seed.data() + o.seed.size())
     return usage_error("--seed must be a whole number in 0..18446744073709551615, not '" + o.seed + "'");

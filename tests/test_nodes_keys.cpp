@@ -324,3 +324,26 @@ TEST_CASE("keys: a job's node gets through another's command port only if it sen
   CHECK(r.ok);
   CHECK(r.identical);
 }
+
+TEST_CASE("keys: --print-key prints a program's public key, made on first use, before anything else is set up", "[keys]") {
+  char tmpl[] = "/tmp/ringmaster-print-key-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string dir = std::string(tmpl) + "/keys";
+  const test::run_result launcher = test::run(std::string(RINGMASTER_MNIST_BIN) + " --print-key --key-dir " + dir);
+  INFO(launcher.out);
+  CHECK(launcher.status == 0);
+  const std::string pub = test::slurp(dir + "/key.pub");
+  REQUIRE(pub.size() == 41);  // 40 Z85 characters and a newline
+  CHECK(launcher.out == pub);
+  // The node's, from the same folder (a shared home): the same key, without --listen.
+  const test::run_result node = test::run(std::string(RINGMASTER_NODE_BIN) + " --print-key --key-dir " + dir);
+  CHECK(node.status == 0);
+  CHECK(node.out == pub);
+  for (const std::string bin : {RINGMASTER_MNIST_BIN, RINGMASTER_NODE_BIN}) {
+    const test::run_result insecure = test::run(bin + " --print-key --insecure");
+    INFO(insecure.out);
+    CHECK(insecure.status == 2);
+    CHECK(insecure.out.find("--print-key: an --insecure ") != std::string::npos);
+  }
+  std::filesystem::remove_all(tmpl);
+}
