@@ -225,9 +225,10 @@ void bridge::impl::serve_monitor(int id) {
     } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && value == 500) {  // our ZAP handler's "too many"
       say("has too many connections open and refused ours", "", true);
     } else if (what == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
-      const std::string status = "(status " + std::to_string(value) + ")";
-      say("refused our key " + status + ": add our key.pub to its authorized_keys (if it is there, the file may be refused: see the node's log)",
-          "refuses our key " + status + ": its authorized_keys lacks it", false);
+      // 400 is ZAP's "denied", what a node says of a key it does not know; another is worth naming.
+      const std::string status = value == 400 ? "" : " (ZAP status " + std::to_string(value) + ")";
+      say("refused our key" + status + ": add our key.pub to its authorized_keys (if it is there, the file may be refused: see the node's log)",
+          "refuses our key" + status + ": its authorized_keys lacks it", false);
     } else if (!keyed && ++c.failed_handshakes == 3) {
       say("hangs up during the handshake: it uses keys and we run --insecure (run both sides with --insecure, or neither), or "
           "it is flooded with connections", "hangs up during the handshake: it uses keys now, or is flooded with connections", false);

@@ -133,7 +133,7 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   ro.node_keys = {nk.public_key};
   r = train_remote(small_job(), ro);
   CHECK_FALSE(r.ok);
-  CHECK(r.error == "node " + node.node->endpoint() + " refused our key (status 400): add our key.pub to its authorized_keys (if it is there, the file may be refused: see the node's log)");
+  CHECK(r.error == "node " + node.node->endpoint() + " refused our key: add our key.pub to its authorized_keys (if it is there, the file may be refused: see the node's log)");
   CHECK(node.wait_for("its key " + ak.public_key + " is not authorized") != "");
   CHECK(node.wait_for("job ", 100ms) == "");
   CHECK(test::slurp(alice + "/known_nodes").empty());  // nothing proven, nothing recorded
