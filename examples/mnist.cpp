@@ -572,7 +572,7 @@ int finish(const options& o, const train_result& r) {
   std::string error;
   if (!r.ok && r.invalid) return refused(r.error);
   if (!r.ok && r.interrupted) {
-    std::printf("\n");  // off the progress bar's line
+    if (!o.quiet) std::printf("\n");  // off the progress bar's line
     std::fflush(stdout);
     if (r.stopped_after >= 0)  // the ranks stopped together and wrote where they stopped
       std::fprintf(stderr, "ringmaster-mnist: %s: training stopped, with a checkpoint where it stopped (--resume continues from it, %s)\n",

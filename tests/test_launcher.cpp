@@ -549,6 +549,12 @@ TEST_CASE("launcher: Ctrl-C or SIGTERM on a local job stops it with a message th
     CHECK(r.out.find("interrupted (SIGTERM): training stopped (no checkpoints were kept: --checkpoint-dir DIR keeps them)") !=
           std::string::npos);
   }
+  {  // -q: its header line and the stop's message, no empty line for a progress bar it never showed.
+    const signalled_run r = run_and_signal("exec " + job + small + " -q", "ringmaster-mnist: model", SIGTERM, -1, 300);
+    INFO(r.out);
+    CHECK(r.out.find("interrupted (SIGTERM): training stopped") != std::string::npos);
+    CHECK(r.out.find("\n\n") == std::string::npos);
+  }
 }
 
 TEST_CASE("launcher: SIGTERM on a local job stops every replica after the same step and writes its checkpoint there, "
