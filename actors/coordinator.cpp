@@ -326,8 +326,7 @@ void final_weights_in(caf::event_based_actor* self, coordinator_state& st, int r
 
 }  // namespace
 
-void coordinator_detail::settle_losses(caf::event_based_actor* self, coordinator_state& st, int64_t at, std::vector<node_loss> losses) {
-  for (node_loss& l : losses) st.result->losses.push_back(std::move(l));
+void coordinator_detail::settle_lost_reports(caf::event_based_actor* self, coordinator_state& st, int64_t at) {
   count_lost_reports(self, st, at);
   if (st.finished) return;
   for (auto& [e, a] : st.epochs)
@@ -438,12 +437,12 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         ++a.evals;
         maybe_close_epoch(self, *st, r.epoch);
       },
-      [self, st](checkpt_atom, state_ptr s) {
+      [self, st](checkpt_atom, state_ptr s) -> bool {  // true: taken (rank 0 goes on)
         st->last_news = clock_type::now();  // a large state may have held up the reports behind it
         const int64_t spe = st->cfg.steps_per_epoch, done = s ? s->steps : -1;
         if (!st->cfg.on_checkpoint || done <= st->cfg.start.step || done <= st->written ||
             !checkpoint_due(done, st->cfg.checkpoint_every, spe, spe * st->cfg.epochs))
-          return;  // none asked for then
+          return true;  // none asked for then
         size_t states = 0;
         for (const auto& [k, c] : st->checkpoints) states += c.state != nullptr;
         if (states >= kMaxHeldCheckpoints) {  // the oldest goes: a newer one supersedes it, the last must stay
@@ -456,6 +455,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         }
         st->checkpoints[done].state = std::move(s);
         offer_checkpoint(self, *st, done);
+        return true;
       },
       [self, st](reform_atom, const reform_note& note) {
         if (!st->finished) reform(self, *st, note);

@@ -49,9 +49,9 @@ struct node_loss {
   // before the stall, not from the node's last message.
   bool hung = false;
   double detected = 0;          // seconds from its last message (hung: the last step) to its loss being declared
-  int generation = 0;           // of the ring re-formed without it
-  int survivors = 0;            // ranks in that ring
-  int64_t epoch = 0, step = 0;  // where the survivors went on from (0-based)
+  int generation = 0;           // of the ring re-formed without it (0: none was)
+  int survivors = 0;            // ranks in that ring (none re-formed: ranks left as it was lost)
+  int64_t epoch = 0, step = 0;  // where the survivors went on from (none re-formed: where it was lost; 0-based)
   double recovered = NAN;       // seconds from its last message (hung: the last step) to the next completed step
   std::chrono::steady_clock::time_point next_step;  // when that step was complete
 };
@@ -168,8 +168,14 @@ struct reform_note {
 };
 
 // {checkpt_atom, stop_note}: a launcher stopped its ranks on nodes at signal `sig`; `state` is one rank's,
-// after the fewest steps any applied (all of them reported those): it is written as a checkpoint and the
-// job ends interrupted. Nodes lost on the way, whose ranks' last reports went with them, are in `losses`.
+// after the fewest steps any surviving rank applied (each reported those): it is written as a checkpoint
+// and the job ends interrupted. Nodes lost since the last re-forming are in `losses` (their ranks' last
+// reports may have gone with them).
+// A stop's first round (actors/coordinator_stop.cpp), on nodes as in one process: the ranks said they
+// started lo to hi steps of a job that starts after `first` and ends after `total`. "" if honest ranks
+// can answer so, else what is wrong.
+std::string held_fault(int64_t lo, int64_t hi, int64_t first, int64_t total);
+
 struct stop_note {
   state_ptr state;
   int sig = 0;

@@ -100,10 +100,10 @@ void finish(caf::event_based_actor* self, coordinator_state& st, std::string err
 void begin_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, int sig);
 // The same for ranks on nodes, which the launcher stopped (coordinator.hpp's stop_note).
 void stop_with_state(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, stop_note n);
-// Nodes lost while a job on nodes stopped: their ranks' reports of the steps up to `at`, where the
-// others stopped, went with them. Those steps count, their samples unmeasured, as a re-formed ring
-// counts them; an epoch that ended by then closes without the lost ranks' evaluations.
-void settle_losses(caf::event_based_actor* self, coordinator_state& st, int64_t at, std::vector<node_loss> losses);
+// The stop of a job on nodes: steps up to `at`, where the ranks stopped, still lacking reports (a node
+// lost on the way took its ranks' with it) count, their samples unmeasured, as a re-formed ring counts
+// them; an epoch that ended by then closes without the lost ranks' evaluations.
+void settle_lost_reports(caf::event_based_actor* self, coordinator_state& st, int64_t at);
 // A rank paused on the way (replica's pause_report).
 void stop_paused(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, const pause_report& r);
 // Where a job stands after `done` steps, all of whose reports are in (and at an epoch's end, its

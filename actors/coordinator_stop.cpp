@@ -84,8 +84,7 @@ void held(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>
   if (std::count(st->stop_started.begin(), st->stop_started.end(), -1) > 0) return;
   const auto [lo, hi] = std::minmax_element(st->stop_started.begin(), st->stop_started.end());
   const int64_t total = st->cfg.steps_per_epoch * st->cfg.epochs;
-  if (*hi - *lo > 1 || *lo < st->cfg.start.step || *hi > total)  // no replica of this process answers so
-    return stop_without_checkpoint(self, *st, "the ranks had started " + std::to_string(*lo) + " to " + std::to_string(*hi) + " steps");
+  if (std::string bad = held_fault(*lo, *hi, st->cfg.start.step, total); !bad.empty()) return stop_without_checkpoint(self, *st, bad);
   st->stop_at = *hi;
   // At the job's end the ranks finish as they would have: the job ends with its results (the pause
   // after its last step holds them after they said they were done; their weights are still asked).
@@ -99,6 +98,20 @@ void held(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>
 }
 
 }  // namespace
+
+}  // namespace ringmaster::coordinator_detail
+
+namespace ringmaster {
+
+std::string held_fault(int64_t lo, int64_t hi, int64_t first, int64_t total) {
+  // A rank starts step s+1 only once step s's sum is in: honest answers differ by at most one.
+  if (hi - lo <= 1 && lo >= first && hi <= total) return "";
+  return "the ranks had started " + std::to_string(lo) + " to " + std::to_string(hi) + " steps";
+}
+
+}  // namespace ringmaster
+
+namespace ringmaster::coordinator_detail {
 
 void begin_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, int sig) {
   st->stopping = sig;
@@ -119,7 +132,10 @@ void begin_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_
 }
 
 void stop_with_state(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, stop_note n) {
-  if (st->finished || st->stopping) return;
+  if (st->finished) return;
+  const bool lost = !n.losses.empty();
+  for (node_loss& l : n.losses) st->result->losses.push_back(std::move(l));  // whether or not a checkpoint follows
+  if (st->stopping) return;
   st->stopping = n.sig;
   state_ptr s = std::move(n.state);
   if (!s) return stop_without_checkpoint(self, *st, "no state came");
@@ -128,7 +144,7 @@ void stop_with_state(caf::event_based_actor* self, const std::shared_ptr<coordin
   if (written_already(self, *st, s->steps)) return;
   if (s->steps > st->cfg.steps_per_epoch * st->cfg.epochs)
     return stop_without_checkpoint(self, *st, "the state came from after step " + std::to_string(s->steps) + ", past the job's end");
-  if (!n.losses.empty()) settle_losses(self, *st, s->steps, std::move(n.losses));
+  if (lost) settle_lost_reports(self, *st, s->steps);
   if (st->finished) return;
   write_at_stop(self, st, std::move(s));
 }

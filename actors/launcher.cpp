@@ -181,8 +181,12 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   // survivors went on from, and how many, once one is formed).
   l.epoch = seen_step / std::max<int64_t>(1, steps_per_epoch);
   l.step = seen_step % std::max<int64_t>(1, steps_per_epoch);
+  // The job ends with it (--on-node-loss abort): named once, though its silence may follow its abort.
+  if (!plan.elastic) {
+    if (std::none_of(losses.begin(), losses.end(), [&](const node_loss& x) { return x.node == l.node; })) losses.push_back(l);
+    return kill_node(node, "node " + ro.nodes[node] + " (" + ranks_named(ranks_of(node)) + ") " + said);
+  }
   losses.push_back(l);
-  if (!plan.elastic) return kill_node(node, "node " + ro.nodes[node] + " (" + ranks_named(ranks_of(node)) + ") " + said);
   gone[node] = true;
   if (node == fresh) ++join_failures[size_t(node)], fresh = -1;  // it rejoined, and was lost before its first step
   last_word = std::min(last_word, since);
@@ -190,6 +194,7 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   const std::vector<int> left = survivors();
   for (int i : left) losses.back().survivors += int(plan.ranks_on(i).size());
   if (left.empty()) return kill_node(node, "node " + l.node + " (" + ranks_named(l.ranks) + ") " + said + ", and no node is left");
+  if (stop_handed) return;  // the stop's state is with the coordinator: the job ends without a new ring
   if (joining >= 0) give_up_join("node " + l.node + " was lost meanwhile", true, true);
   event("lost node " + l.node + " (" + ranks_named(l.ranks) + "): " + why + "; re-forming the ring from " +
         std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : ""));
@@ -247,7 +252,8 @@ void launcher::tick() {
                                               : "the ring could not be re-formed within " + s + " of a node's loss");
     return;
   }
-  if (stopping && (holding || stop_planned) && !stop_handed && !forwarding && plan.elastic && t - forming_since >= stop_patience()) {
+  if (stopping && now == phase::pausing && (holding || stop_planned) && !stop_handed && !forwarding && plan.elastic &&
+      t - forming_since >= stop_patience()) {
     // The ranks do not all reach the stop's step (a rank hangs, a ring stalls for a node not yet named
     // lost): elastic ranks apply whole steps only, so they pause where they are (a step in flight is redone).
     event("the ranks did not all reach the stop's step within " + std::to_string(stop_patience().count()) + " ms: they pause where they are");

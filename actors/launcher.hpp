@@ -199,8 +199,10 @@ struct launcher {
   void stop_with_checkpoint(int sig);
   // Node `node` said it is being stopped by signal `sig` and serves the job a while longer: if we are
   // stopping too, its ranks take part in the stop; if we do not within kDrainWait, it is lost (tick).
-  // Once every node has said so, the job stops with a checkpoint as at our own signal `sig`.
   void node_stopping(int node, const std::string& sig);
+  // Once every node has said so (a batch system preempts the nodes' allocation, not ours, or ours later),
+  // the job cannot go on without them: it stops with a checkpoint as at our own signal, while they serve.
+  void stop_if_every_node_stops();
   // Each tick: draining nodes whose time is up (and whose launcher did not stop) are lost.
   void drained(clock_type::time_point t);
   // Node `node` is lost: dead or silent (why: "no heartbeat for 1.6 s"), or stopped by a signal ("was

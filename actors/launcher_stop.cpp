@@ -13,9 +13,8 @@ using clock_type = launcher::clock_type;
 
 void launcher::stop_with_checkpoint(int sig) {
   if (stopping) return;
-  // While the ring is re-formed for a lost node the job ends at once, as before: the lost node's
-  // reports of the steps the survivors stopped after may be missing, and a ring that never re-forms
-  // cannot give its final weights.
+  // While the ring is re-formed for a lost node, or a node rejoins, the job ends at once, as before: the
+  // ranks are paused for that already, and a stop would have to take over that pause's answers.
   if (now != phase::running || joining >= 0) return kill_node(-1, interrupted_by(sig));
   stopping = sig;
   draining.clear();  // their ranks stop with the others: the nodes wait for us to drop the job
@@ -36,11 +35,13 @@ std::chrono::milliseconds launcher::stop_patience() const {
 }
 
 void launcher::on_held(int node, int rank, const held_report& r) {
-  if (!holding || r.gen != gen + 1 || gone[node] || !reports_to_us(node, rank)) return;
+  if (!holding || now != phase::pausing || r.gen != gen + 1 || gone[node] || !reports_to_us(node, rank)) return;
   applied[{node, rank}] = r.started;
   if (!all_answered()) return;
-  int64_t hi = 0;
-  for (auto& [who, n] : applied) hi = std::max(hi, n);
+  int64_t lo = INT64_MAX, hi = 0;
+  for (auto& [who, n] : applied) lo = std::min(lo, n), hi = std::max(hi, n);
+  if (std::string bad = held_fault(lo, hi, plan.first_step, total_steps); !bad.empty())
+    return kill_node(-1, interrupted_by(stopping) + "; no checkpoint was written at the stop: " + bad);
   // Round two: all stop after the last step any of them started (on_paused takes it from there).
   pause_survivors({{"for", "stop"}, {"at", std::to_string(hi)}});
 }
@@ -48,16 +49,23 @@ void launcher::on_held(int node, int rank, const held_report& r) {
 void launcher::node_stopping(int node, const std::string& sig) {
   if (stopping || gone[node] || draining.count(node)) return;
   draining[node] = {clock_type::now() + kDrainWait, sig};
-  // Every node is being stopped (a batch system preempts the nodes' allocation, and not ours, or ours
-  // later): the job cannot go on without them, so it stops as at our own signal, while they still serve.
+  stop_if_every_node_stops();
+}
+
+void launcher::stop_if_every_node_stops() {
+  // Without checkpoints they are lost in turn, and the job fails with the last of them. While the ring is
+  // re-formed or a node rejoins, this waits for the ring to run (the nodes serve a while longer).
+  if (stopping || draining.empty() || !plan.checkpoints || now != phase::running || joining >= 0) return;
   for (int i : survivors())
     if (!draining.count(i)) return;
-  if (!plan.checkpoints) return;  // they are lost in turn, and the job fails with the last of them
+  const std::string sig = draining.begin()->second.second;
   event("every node is being stopped (" + sig + ")");
   stop_with_checkpoint(sig == "SIGINT" ? SIGINT : sig == "SIGHUP" ? SIGHUP : SIGTERM);
 }
 
 void launcher::drained(clock_type::time_point t) {
+  stop_if_every_node_stops();  // the ring runs again since the last of them said so
+  if (stopping) return;
   for (auto it = draining.begin(); it != draining.end();) {
     if (t < it->second.first) {
       ++it;

@@ -109,10 +109,10 @@ class node_job {
   // Whether chunks with this job field belong to the ring the job runs now (none while paused).
   bool takes_ring(uint64_t id) const { return ring_open_ && id == plan_.ring_id(); }
 
-  // Elastic jobs. pause: the ring of generation `gen` is being formed: the replicas stop (each tells the
+  // pause: the ring of generation `gen` is being formed (elastic jobs): the replicas stop (each tells the
   // launcher how many steps it applied), the reducers leave the ring, the connections to other nodes go.
-  // With at >= 0 (a node rejoins): the replicas stop once they have applied `at` steps, and the ring
-  // stays until the re-formed plan comes. purpose "stop": the launcher stops the job (a checkpoint where
+  // With at >= 0 (a node rejoins, or the job stops): the replicas stop once they have applied `at` steps,
+  // and the ring stays until the re-formed plan comes or the job is dropped. purpose "stop": the launcher stops the job (a checkpoint where
   // it stops, after step `at`); "hold": before that pause, each replica starts no further step and tells
   // the launcher how many it has started (kind=held), the pause for `gen` still to come.
   void pause(int gen, int64_t at = -1, const std::string& purpose = "");

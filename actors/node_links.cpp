@@ -184,10 +184,12 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         if (checkpoints->waiting) return checkpoints->dones.push_back(rank);  // after the state
         send_done(br, launcher, job, rank);
       },
-      [flush, checkpoints, send_checkpoint](checkpt_atom, state_ptr s) {  // rank 0's state for a checkpoint
+      // Rank 0's state for a checkpoint: taken at once (true), a few on their way, a newer one waiting.
+      [flush, checkpoints, send_checkpoint](checkpt_atom, state_ptr s) {
         flush();
-        if (checkpoints->sending >= kStatesOut) return void(checkpoints->waiting = std::move(s));
-        send_checkpoint(std::move(s));
+        if (checkpoints->sending >= kStatesOut) checkpoints->waiting = std::move(s);
+        else send_checkpoint(std::move(s));
+        return true;
       },
       [br, launcher, job, checkpoints, send_checkpoint](release_atom, checkpt_atom) {  // one has gone out
         --checkpoints->sending;
@@ -213,7 +215,7 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         self->request(replica, std::chrono::seconds(60), hold_atom::value).then([br, launcher, job, gen, rank, flush](int64_t started) {
           flush();
           send_report(br, launcher, job, rank, to_kv(held_report{gen, started}));
-        });  // no answer: the launcher's time limit acts
+        }, [](caf::error&) {});  // no answer: the launcher's time limit acts
       },
       [self, br, launcher, job, ranks, flush, out](weights_atom, int rank) {
         auto it = ranks->find(rank);

@@ -324,8 +324,8 @@ struct node_service::impl {
     refuse(launcher, id, error, invalid, true);
   }
 
-  // Elastic jobs (actors/reform.hpp): the launcher lost a node, or one rejoins (`at`: after which step),
-  // and re-forms the ring.
+  // The launcher lost a node or one rejoins, and re-forms the ring (elastic jobs, actors/reform.hpp), or it
+  // stops the job (for=hold, then for=stop; any job). `at`: after which step.
   void pause(const net::peer_info& from, const wire::header& h, const net::payload& p) {
     wire::kv_map kv;
     std::string error;

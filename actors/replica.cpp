@@ -37,6 +37,9 @@ struct replica_state {
   int planned_gen = 0;
   bool hung = false;  // testing (replica_config::stall_at_join_pause)
   bool held = false;  // told to start no further step ({hold_atom}) until a planned pause names one
+  // Rank 0's state for a checkpoint is not yet taken: the next step waits, so that a coordinator writing
+  // slower than the ranks train holds them back instead of queueing states (and a stop behind them all).
+  bool state_out = false;
   std::chrono::steady_clock::time_point idle_since = std::chrono::steady_clock::now();
 };
 
@@ -128,7 +131,7 @@ void continue_in(caf::event_based_actor* self, replica_state& st, const rank_ref
       checkpoint_due(rf.start_step, st.cfg.checkpoint_every, steps, steps * st.cfg.epochs)) {
     auto state = std::make_shared<network_state>();
     st.model->save_state(state.get());
-    self->send(st.coordinator, checkpt_atom::value, state_ptr(std::move(state)));
+    self->request(st.coordinator, caf::infinite, checkpt_atom::value, state_ptr(std::move(state))).then([](bool) {});
   }
   if (rf.evaluate_again && rf.start_step > 0 && rf.start_step % steps == 0 && st.cfg.test)
     self->send(st.coordinator, evaluate(st, rf.start_step / steps - 1));
@@ -189,7 +192,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
   // Runs the next step if a batch is here and the previous update has been applied.
   auto try_step = std::make_shared<std::function<void()>>();
   *try_step = [self, st, try_step] {
-    if (st->busy || st->paused || st->held || st->ready.empty()) return;
+    if (st->busy || st->paused || st->held || st->state_out || st->ready.empty()) return;
     if (st->hung || (st->cfg.stall_after_steps >= 0 && st->done_steps >= st->cfg.stall_after_steps)) return;  // testing: hung
     batch_ptr bt = std::move(st->ready.front());
     st->ready.pop_front();
@@ -268,7 +271,11 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     if (st->cfg.checkpoints && st->cfg.rank == 0 && checkpoint_due(st->done_steps, st->cfg.checkpoint_every, st->cfg.steps_per_epoch, total)) {
       auto state = std::make_shared<network_state>();
       st->model->save_state(state.get());
-      self->send(st->coordinator, checkpt_atom::value, state_ptr(std::move(state)));
+      st->state_out = true;
+      self->request(st->coordinator, caf::infinite, checkpt_atom::value, state_ptr(std::move(state))).then([st, try_step](bool) {
+        st->state_out = false;
+        (*try_step)();
+      });
     }
     if (rep.step + 1 == st->cfg.steps_per_epoch && st->cfg.test) self->send(st->coordinator, evaluate(*st, rep.epoch));
     st->busy = false;

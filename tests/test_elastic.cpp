@@ -293,6 +293,10 @@ TEST_CASE("elastic: a job stopped by a signal while a lost node is still being n
   REQUIRE(r.losses.size() == 1);
   CHECK(r.losses[0].node == nodes[1]->endpoint);
   CHECK(r.losses[0].survivors == 2);
+  // Where it was lost (no ring was re-formed): the last step reported then, about where the others stopped.
+  const int64_t lost_at = r.losses[0].epoch * 100 + r.losses[0].step;
+  CHECK(lost_at >= 130);
+  CHECK(lost_at <= r.stopped_after + 1);
   REQUIRE(std::filesystem::is_regular_file(r.checkpoint));
   CHECK(r.checkpoint == dir + "/ckpt-" + std::to_string(r.stopped_after / 100) + "-" + std::to_string(r.stopped_after % 100) + ".safetensors");
   // It goes on from there on the nodes left, and every epoch counts every sample.

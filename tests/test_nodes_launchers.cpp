@@ -251,12 +251,14 @@ TEST_CASE("a node held for its launcher's stop says how many steps its rank star
   CHECK(paused.empty());
   read_for(500ms);
   CHECK(steps == started);
-  send_pause("gen=1\nat=" + std::to_string(started) + "\nfor=stop\n");
-  read_for(500ms);
+  // Told to stop two steps further (another rank started those), it runs on to there and pauses.
+  const int64_t at = started + 2;
+  send_pause("gen=1\nat=" + std::to_string(at) + "\nfor=stop\n");
+  read_for(1000ms);
   CHECK(paused["gen"] == "1");
-  CHECK(paused["applied"] == std::to_string(started));
-  CHECK(steps == started);
-  CHECK(a.wait_for("its launcher stops it; pausing after step " + std::to_string(started) + " for a checkpoint there", 5s).size() > 0);
+  CHECK(paused["applied"] == std::to_string(at));
+  CHECK(steps == at);
+  CHECK(a.wait_for("its launcher stops it; pausing after step " + std::to_string(at) + " for a checkpoint there", 5s).size() > 0);
   wire::header bye;
   bye.type = wire::msg_type::abort;
   bye.job_id = id;
