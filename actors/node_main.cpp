@@ -143,7 +143,8 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       std::fprintf(stderr, "%s: --print-key: %s\n", prog.c_str(), o.insecure ? "an --insecure node has no key" : why.c_str());
       return 2;
     }
-    return std::printf("%s\n", keys.public_key.c_str()) > 0 ? 0 : 1;
+    std::printf("%s\n", keys.public_key.c_str());
+    return std::fflush(stdout) == 0 && !std::ferror(stdout) ? 0 : 1;  // a full disk or a closed pipe: no key was given
   }
   if (o.listen.empty()) {
     std::fprintf(stderr, "%s: --listen is required (e.g. tcp://127.0.0.1:5601)\n", prog.c_str());

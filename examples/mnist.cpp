@@ -296,7 +296,8 @@ int main(int argc, char** argv) {
     std::string why;
     if (o.insecure || !net::load_or_create_keys(o.key_dir.empty() ? net::default_key_dir() : o.key_dir, &keys, &why))
       return usage_error("--print-key: " + (o.insecure ? "an --insecure launcher has no key" : why));
-    return std::printf("%s\n", keys.public_key.c_str()) > 0 ? 0 : 1;
+    std::printf("%s\n", keys.public_key.c_str());
+    return std::fflush(stdout) == 0 && !std::ferror(stdout) ? 0 : 1;  // a full disk or a closed pipe: no key was given
   }
   if (const auto [ptr, ec] = std::from_chars(o.seed.data(), o.seed.data() + o.seed.size(), c.seed);
       ec != std::errc() || ptr != o.seed.data() + o.seed.size())

@@ -340,6 +340,7 @@ TEST_CASE("keys: --print-key prints a program's public key, made on first use, b
   CHECK(node.status == 0);
   CHECK(node.out == pub);
   for (const std::string bin : {RINGMASTER_MNIST_BIN, RINGMASTER_NODE_BIN}) {
+    CHECK(test::run(bin + " --print-key --key-dir " + dir + " > /dev/full").status == 1);  // nothing was printed
     const test::run_result insecure = test::run(bin + " --print-key --insecure");
     INFO(insecure.out);
     CHECK(insecure.status == 2);
