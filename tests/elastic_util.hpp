@@ -50,6 +50,18 @@ inline train_config small_job(int64_t epochs) {
   return c;
 }
 
+// A job a signal stops: small_job(3) with checkpoints in `dir`, `signal` its interrupt flag (the caller
+// sets it); *go turns true once step `step` of the second epoch is done.
+inline train_config stoppable_job(const std::string& dir, std::atomic<int>* signal, std::atomic<bool>* go, int64_t step) {
+  train_config c = small_job(3);
+  c.checkpoint_dir = dir;
+  c.interrupt = signal;
+  c.on_progress = [go, step](const progress& p) {
+    if (p.epoch == 1 && p.step >= step) *go = true;
+  };
+  return c;
+}
+
 // `ro` over `nodes`, on 3000 training and 300 test samples.
 inline remote_options on_small_data(const test::daemons& nodes, remote_options ro = {}) {
   ro.nodes = test::endpoints(nodes);

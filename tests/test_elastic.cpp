@@ -268,14 +268,9 @@ TEST_CASE("elastic: a job stopped by a signal while a lost node is still being n
   std::filesystem::remove_all(dir);
   remote_options ro = on_small_data(nodes);
   ro.limit_train = 6000;  // 100 steps an epoch
-  train_config c = small_job(3);
-  c.checkpoint_dir = dir;
   std::atomic<int> signal{0};
-  c.interrupt = &signal;
   std::atomic<bool> go{false};
-  c.on_progress = [&](const progress& p) {
-    if (p.epoch == 1 && p.step >= 30) go = true;
-  };
+  train_config c = stoppable_job(dir, &signal, &go, 30);
   // Killed mid-epoch; the stop comes before its loss is named (1.5 s without a heartbeat): its last
   // reports went with it, though the others applied those steps (their sums had its gradients).
   std::thread killer([&] {
@@ -323,14 +318,9 @@ TEST_CASE("elastic: a job stopped by a signal while a rank hangs pauses its rank
   remote_options ro = on_small_data(nodes);
   ro.limit_train = 6000;
   ro.rejoin = false;
-  train_config c = small_job(3);
-  c.checkpoint_dir = dir;
   std::atomic<int> signal{0};
-  c.interrupt = &signal;
   std::atomic<bool> go{false};
-  c.on_progress = [&](const progress& p) {
-    if (p.epoch == 1 && p.step >= 45) go = true;
-  };
+  train_config c = stoppable_job(dir, &signal, &go, 45);
   std::vector<std::string> events;
   std::mutex mu;
   ro.on_event = [&](const std::string& e) {
