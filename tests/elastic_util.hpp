@@ -51,13 +51,14 @@ inline train_config small_job(int64_t epochs) {
 }
 
 // A job a signal stops: small_job(3) with checkpoints in `dir`, `signal` its interrupt flag (the caller
-// sets it); *go turns true once step `step` of the second epoch is done.
-inline train_config stoppable_job(const std::string& dir, std::atomic<int>* signal, std::atomic<bool>* go, int64_t step) {
+// sets it); *go turns true once the progress shown says `done` steps of the job are (it comes at most 10
+// times a second, and at each epoch's end).
+inline train_config stoppable_job(const std::string& dir, std::atomic<int>* signal, std::atomic<bool>* go, int64_t done) {
   train_config c = small_job(3);
   c.checkpoint_dir = dir;
   c.interrupt = signal;
-  c.on_progress = [go, step](const progress& p) {
-    if (p.epoch == 1 && p.step >= step) *go = true;
+  c.on_progress = [go, done](const progress& p) {
+    if (p.epoch * p.steps + p.step >= done) *go = true;
   };
   return c;
 }

@@ -270,7 +270,7 @@ TEST_CASE("elastic: a job stopped by a signal while a lost node is still being n
   ro.limit_train = 6000;  // 100 steps an epoch
   std::atomic<int> signal{0};
   std::atomic<bool> go{false};
-  train_config c = stoppable_job(dir, &signal, &go, 30);
+  train_config c = stoppable_job(dir, &signal, &go, 130);  // 30 steps into the second epoch
   // Killed mid-epoch; the stop comes before its loss is named (1.5 s without a heartbeat): its last
   // reports went with it, though the others applied those steps (their sums had its gradients).
   std::thread killer([&] {
@@ -320,7 +320,8 @@ TEST_CASE("elastic: a job stopped by a signal while a rank hangs pauses its rank
   ro.rejoin = false;
   std::atomic<int> signal{0};
   std::atomic<bool> go{false};
-  train_config c = stoppable_job(dir, &signal, &go, 45);
+  // The first epoch's end (its progress always comes; that of the next 50 steps may not before the hang).
+  train_config c = stoppable_job(dir, &signal, &go, 100);
   std::vector<std::string> events;
   std::mutex mu;
   ro.on_event = [&](const std::string& e) {
@@ -330,7 +331,7 @@ TEST_CASE("elastic: a job stopped by a signal while a rank hangs pauses its rank
   clock_type::time_point stopped;
   std::thread stopper([&] {
     for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
-    std::this_thread::sleep_for(1000ms);  // the others wait for it in step 151 (the ring's timeout is a minute)
+    std::this_thread::sleep_for(2000ms);  // the others wait for it in step 151 (the ring's timeout is a minute)
     stopped = clock_type::now();
     signal = SIGTERM;
   });
