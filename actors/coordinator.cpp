@@ -127,6 +127,18 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   auto it = st.checkpoints.find(done);
   if (it == st.checkpoints.end() || !it->second.state || !it->second.have_progress) return;
   const pending_checkpoint c = std::move(it->second);
+  // Rank 0's state must be the one every rank holds: a node that sent another (finite, plausible values:
+  // state_fault passes them) would have it written, and the resume train on from it.
+  const uint64_t sum = state_checksum(*c.state);
+  std::string differ;
+  int n = 0;
+  for (const auto& [rank, s] : c.sums)
+    if (s != sum) differ += (n++ ? ", " : "") + rank_where(st, rank);
+  if (n)
+    return finish(self, st, "the state rank " + rank_where(st, 0) + " sent after step " + std::to_string(done) + " is not the one " +
+                                (n == 1 ? "rank " : "ranks ") + differ + (n == 1 ? " holds" : " hold") +
+                                ": no checkpoint was written from it (a faulty or lying node)" +
+                                (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
   // Those before it will never be written now (they come in step order; a skipped one is superseded).
   // One whose metrics are in never got its state (rank 0's node did not send it): say so, once.
   for (auto k = st.checkpoints.begin(); k != it; ++k)
@@ -141,6 +153,14 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   }
   if (std::string error = st.cfg.on_checkpoint(c.progress, *c.state); !error.empty())
     finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error);
+}
+
+// A rank's checksum of its state after a checkpoint's step, kept until rank 0's state is written. One
+// where none is due, or for a step written already, is not kept (a lying node cannot fill our memory).
+void note_state_sum(coordinator_state& st, const step_report& r) {
+  const int64_t spe = st.cfg.steps_per_epoch, done = r.epoch * spe + r.step + 1;
+  if (st.cfg.on_checkpoint && done > st.written && checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs))
+    st.checkpoints[done].sums.emplace_back(r.rank, r.state_sum);
 }
 
 // The metrics half of a checkpoint after `done` steps, if one is due then.
@@ -392,6 +412,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         if (std::string bad = check_report(*st, r); !bad.empty())
           return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
         st->last_news = clock_type::now();
+        if (r.state_sum) note_state_sum(*st, r);
         st->result->wait_batch += r.wait_batch;
         st->result->compute += r.compute;
         st->result->wait_ring += r.wait_ring;

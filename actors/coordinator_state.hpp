@@ -50,6 +50,7 @@ struct pending_checkpoint {
   state_ptr state;
   bool have_progress = false;
   job_progress progress;
+  std::vector<std::pair<int, uint64_t>> sums;  // (rank, state_checksum) from the ranks' reports of that step
 };
 
 struct coordinator_state {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/fnv1a.hpp"
 #include "kernels/model.hpp"
 #include "net/ring_driver.hpp"
 
@@ -85,6 +86,14 @@ inline bool checkpoint_due(int64_t done, int64_t every, int64_t steps_per_epoch,
   return done == total || (period > 0 && done % period == 0);
 }
 
+// FNV-1a over a whole training state (steps, parameters, moments): identical on every rank after a step,
+// so a rank 0 whose state differs from the others' (a faulty or lying node) is found before it is written.
+inline uint64_t state_checksum(const network_state& s) {
+  uint64_t h = fnv1a64(&s.steps, sizeof s.steps);
+  for (const std::vector<float>* v : {&s.params, &s.m1, &s.m2}) h = fnv1a64(v->data(), v->size() * sizeof(float), h);
+  return h;
+}
+
 // What a replica reports after each step (sums, so the coordinator aggregates exactly).
 struct step_report {
   int rank = 0;
@@ -95,6 +104,9 @@ struct step_report {
   // Where the replica's time went since its previous report (seconds): waiting for a batch,
   // forward/backward, waiting for the ring, optimizer update.
   double wait_batch = 0, compute = 0, wait_ring = 0, update = 0;
+  // After a step a checkpoint is due (checkpoint_due, checkpoints on): state_checksum of the rank's state
+  // then, which the coordinator compares with rank 0's state before it writes it; else 0.
+  uint64_t state_sum = 0;
 };
 
 // Test-set evaluation of one replica's shard of the test set at the end of an epoch.

@@ -265,12 +265,17 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     }
     rep.update = st->update_time;
     st->idle_since = std::chrono::steady_clock::now();
-    self->send(st->coordinator, rep);
     ++st->done_steps;
     const int64_t total = st->cfg.steps_per_epoch * st->cfg.epochs;
-    if (st->cfg.checkpoints && st->cfg.rank == 0 && checkpoint_due(st->done_steps, st->cfg.checkpoint_every, st->cfg.steps_per_epoch, total)) {
-      auto state = std::make_shared<network_state>();
+    // At a checkpoint's step every rank reports its state's checksum, and rank 0 sends the state itself.
+    std::shared_ptr<network_state> state;
+    if (st->cfg.checkpoints && checkpoint_due(st->done_steps, st->cfg.checkpoint_every, st->cfg.steps_per_epoch, total)) {
+      state = std::make_shared<network_state>();
       st->model->save_state(state.get());
+    }
+    rep.state_sum = state ? state_checksum(*state) : 0;
+    self->send(st->coordinator, rep);
+    if (state && st->cfg.rank == 0) {
       st->state_out = true;
       self->request(st->coordinator, caf::infinite, checkpt_atom::value, state_ptr(std::move(state))).then([st, try_step](bool) {
         st->state_out = false;

@@ -118,6 +118,7 @@ std::string encode_steps(const step_report* r, size_t n) {
     put_f64(p + 56, r[i].compute);
     put_f64(p + 64, r[i].wait_ring);
     put_f64(p + 72, r[i].update);
+    wire::put_le<uint64_t>(p + 80, r[i].state_sum);
   }
   return out;
 }
@@ -142,6 +143,7 @@ bool decode_steps(const void* data, size_t bytes, std::vector<step_report>* out,
     r.compute = get_f64(p + 56);
     r.wait_ring = get_f64(p + 64);
     r.update = get_f64(p + 72);
+    r.state_sum = wire::get_le<uint64_t>(p + 80);  // any value: the coordinator compares it
     const char* bad = r.rank < 0 ? "rank" : r.gen < 0 || r.gen > kMaxGen ? "gen" : r.epoch < 0 ? "epoch" : r.step < 0 ? "step"
                     : r.correct < 0 ? "correct" : r.count < 0 ? "count" : !is_time(r.wait_batch) ? "wait_batch"
                     : !is_time(r.compute) ? "compute" : !is_time(r.wait_ring) ? "wait_ring" : !is_time(r.update) ? "update" : nullptr;

@@ -32,11 +32,12 @@
 // and bye nothing. A chunk's job_id is its ring's id: the job's, until a lost node makes the launcher
 // re-form the ring (actors/reform.hpp).
 //
-// Step record (kStepRecordBytes = 80, little-endian like the header; what a replica reports after each
+// Step record (kStepRecordBytes = 88, little-endian like the header; what a replica reports after each
 // step, actors/messages.hpp's step_report; a node sends those of every step, so they go in batches, not
 // one key=value message each, which cost the launcher more than a core's tenth in a fast job):
 //   0  i32 rank   4 i32 gen      8 i64 epoch     16 i64 step      24 f64 loss_sum   32 i64 correct
 //  40  i64 count 48 f64 wait_batch              56 f64 compute   64 f64 wait_ring  72 f64 update
+//  80  u64 state_sum (at a checkpoint's step: the rank's state's checksum, else 0)
 #pragma once
 #include <array>
 #include <cstddef>
@@ -68,15 +69,16 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // them: 16 ranks of a 237M-parameter model sent it 15 GB, held at once.
 // 15: a pause may hold the ranks (for=hold, answered by kind=held reports), so that a job on nodes
 // stopped by a signal writes a checkpoint where it stops whether its replicas update by bucket or not;
-// weights_sum is FNV-1a from FNV's own offset basis (before, one a digit short of it).
-constexpr uint16_t kProtocolVersion = 15;
+// weights_sum is FNV-1a from FNV's own offset basis (before, one a digit short of it). 16: step records
+// carry the rank's state checksum at a checkpoint's step, to check rank 0's state against.
+constexpr uint16_t kProtocolVersion = 16;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small
 // A job plan: a model description of up to 64 KiB and 1024 ranks and nodes fit with room to spare.
 constexpr size_t kMaxJobBytes = 1024 * 1024;
 constexpr uint64_t kPieceFloats = uint64_t(1) << 22;  // 16 MiB: tens of ms on a link, even over CurveZMQ
-constexpr size_t kStepRecordBytes = 80;
+constexpr size_t kStepRecordBytes = 88;
 constexpr uint64_t kMaxStepRecords = 4096;  // in one steps message
 
 // chunk flag: the payload is rank `segment`'s whole buffer, `round` hops from its origin (the

@@ -71,8 +71,9 @@ struct job {
     return out;
   }
   void step(int rank, int64_t epoch, int64_t s, int64_t count = 2, int64_t correct = 1, double loss = 0.5, int gen = 0,
-            double compute = 0) {
+            double compute = 0, uint64_t state_sum = 0) {
     step_report r;
+    r.state_sum = state_sum;
     r.compute = compute;
     r.rank = rank;
     r.gen = gen;
@@ -387,6 +388,33 @@ TEST_CASE("coordinator: a checkpoint after the last step that holds other weight
       CHECK(out.error == "the checkpoint after the last step (3) holds other weights than every rank's final ones: rank 0 sent a "
                          "state that was not its own; do not resume from it");
   }
+}
+
+TEST_CASE("coordinator: a state of rank 0 that is not the one the other ranks hold is not written, and the job fails naming them",
+          "[coordinator]") {
+  // As rank 0's node would make it by sending a state not its own, of finite, plausible values (which the
+  // launcher's state_fault passes): from step 2 on its state holds 7s, while every rank reports the
+  // checksum of zeros. A resume would have trained on from it.
+  coordinator_config cc = checkpoint_each_step(3);
+  cc.where = {"node A", "node B"};
+  const recorded rec(&cc);
+  job j(cc);
+  train_result out = j.run([](job& j) {
+    for (int64_t k = 1; k <= 3; ++k) {
+      send_state(j, k, 3, k < 2 ? 0.0f : 7.0f);
+      network_state held;  // what the ranks hold after step k
+      held.steps = k;
+      held.params.assign(3, 0.0f);
+      j.step(0, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
+      j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
+    }
+    j.done(0), j.done(1);
+  });
+  CHECK(*rec.written == std::vector<int64_t>{1});
+  INFO(out.error);
+  CHECK_FALSE(out.ok);
+  CHECK(out.error == "the state rank 0 (node A) sent after step 2 is not the one ranks 0 (node A), 1 (node B) hold: no checkpoint was "
+                     "written from it (a faulty or lying node); the last one, after step 1, is kept");
 }
 
 namespace {
