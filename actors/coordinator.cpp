@@ -126,18 +126,18 @@ constexpr size_t kMaxHeldProgress = 256;
 void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64_t done) {
   auto it = st.checkpoints.find(done);
   if (it == st.checkpoints.end() || !it->second.state || !it->second.have_progress) return;
-  const pending_checkpoint c = std::move(it->second);
+  pending_checkpoint c = std::move(it->second);
   // Rank 0's state must be the one every rank holds: a node that sent another (finite, plausible values:
   // state_fault passes them) would have it written, and the resume train on from it.
   const uint64_t sum = state_checksum(*c.state);
   std::string differ;
   int n = 0;
+  std::sort(c.sums.begin(), c.sums.end());  // named in rank order, whatever the order of their reports
   for (const auto& [rank, s] : c.sums)
     if (s != sum) differ += (n++ ? ", " : "") + rank_where(st, rank);
   if (n)
-    return finish(self, st, "the state rank " + rank_where(st, 0) + " sent after step " + std::to_string(done) + " is not the one " +
-                                (n == 1 ? "rank " : "ranks ") + differ + (n == 1 ? " holds" : " hold") +
-                                ": no checkpoint was written from it (a faulty or lying node)" +
+    return finish(self, st, "the state rank " + rank_where(st, 0) + " sent after step " + std::to_string(done) + " is not the one held by " +
+                                (n == 1 ? "rank " : "ranks ") + differ + ": no checkpoint was written from it (a faulty or lying node)" +
                                 (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
   // Those before it will never be written now (they come in step order; a skipped one is superseded).
   // One whose metrics are in never got its state (rank 0's node did not send it): say so, once.

@@ -209,6 +209,7 @@ void launcher::pause_survivors(const wire::kv_map& extra) {
   stop_planned = stopping && extra.count("at");
   stalls.clear();
   applied.clear();
+  paused_sums.clear();
   forwarding = false;
   forward_state.reset();
   if (!stopping) forming_since = clock_type::now();  // a stop's limit counts from the signal
@@ -329,6 +330,15 @@ bool launcher::all_answered() const {
   return true;
 }
 
+std::string launcher::not_held_by(const network_state& s) const {
+  const uint64_t sum = state_checksum(s);
+  std::string out;
+  for (const auto& [who, n] : applied)
+    if (auto it = paused_sums.find(who); n == s.steps && it != paused_sums.end() && it->second != sum)
+      out += (out.empty() ? "rank " : ", rank ") + std::to_string(who.second) + " on node " + ro.nodes[size_t(who.first)];
+  return out;
+}
+
 // A replica stopped for generation `gen` after applying some steps. Once every surviving rank has
 // answered, the ring is re-formed from the largest count (reform.hpp says why that is the one: those
 // behind get the state of one that has it first); for a node that joins, they all stopped after its
@@ -339,6 +349,7 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
   // as the proxies do; a lost or joining node has no say.
   if (now != phase::pausing || r.gen != gen || gone[node] || !reports_to_us(node, rank)) return;
   applied[{node, rank}] = r.applied;
+  paused_sums[{node, rank}] = r.state_sum;
   if (!all_answered()) return;
   int64_t lo = INT64_MAX, hi = 0;
   for (auto& [who, n] : applied) lo = std::min(lo, n), hi = std::max(hi, n);
@@ -401,6 +412,12 @@ void launcher::take_forward_state(const wire::header& h, const net::payload& p) 
   if (s->steps != forward_to) return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ", not " + std::to_string(forward_to));
   if (std::string bad = state_fault(*s); !bad.empty())
     return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ": " + bad);
+  // Finite, plausible values are not enough: it must be the state the ranks hold, not one made up.
+  if (std::string others = not_held_by(*s); !others.empty())
+    return kill_node(-1, std::string(stopping ? interrupted_by(stopping) + "; no checkpoint was written at the stop: " : "") + "node " +
+                             ro.nodes[size_t(forward_node)] + " sent a state after step " + std::to_string(s->steps) +
+                             " that is not the one held by " + others + " (a faulty or lying node)" +
+                             (stopping ? "" : ": the survivors cannot go on together"));
   if (stopping) {  // the stop's checkpoint: the coordinator writes it and ends the job
     stop_handed = true;
     return caf::anon_send(coordinator, checkpt_atom::value, stop_note{s, stopping, std::exchange(losses, {})});

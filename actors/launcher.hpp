@@ -84,6 +84,7 @@ struct launcher {
   enum class phase { running, pausing, reforming } now = phase::running;
   int gen = 0;                                 // the ring generation being formed or running
   std::map<std::pair<int, int>, int64_t> applied;  // pause answers: (node, rank) -> steps applied
+  std::map<std::pair<int, int>, uint64_t> paused_sums;  // and the state_checksum of each one's state then
   std::vector<bool> acked;                     // per node: took the re-formed plan
   int brought_forward = 0;                     // ranks that were one step behind and took the others' state
   // Survivors one step apart (reform.hpp): the state of one that finished the step goes to the others.
@@ -228,6 +229,9 @@ struct launcher {
   void pause_survivors(const wire::kv_map& extra);
   // Whether every rank of every surviving node has answered (applied).
   bool all_answered() const;
+  // "" when state `s` is the one every rank that paused after its step holds (their pause answers' sums);
+  // else those that hold another ("rank 1 on node tcp://...", a list): whoever sent it is faulty or lies.
+  std::string not_held_by(const network_state& s) const;
   void on_paused(int node, int rank, const pause_report& r);
   void on_held(int node, int rank, const held_report& r);
   // How long a stop waits for every rank to reach its step before an elastic job's ranks pause where

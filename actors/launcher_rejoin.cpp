@@ -114,6 +114,8 @@ void launcher::take_join_state(const wire::header& h, const net::payload& p) {
   const state_ptr s = std::move(join_state);
   if (s->steps != join_at) return give_up_join("rank 0's state is after step " + std::to_string(s->steps));
   if (std::string bad = state_fault(*s); !bad.empty()) return give_up_join("rank 0's state: " + bad);
+  if (std::string others = not_held_by(*s); !others.empty())
+    return give_up_join("rank 0's state is not the one held by " + others + " (a faulty or lying node)");
   send_state(joining, s);
   job_plan next = join_plan;
   for (int i : survivors()) {

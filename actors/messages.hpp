@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
-#include "kernels/fnv1a.hpp"
 #include "kernels/model.hpp"
 #include "net/ring_driver.hpp"
 
@@ -86,13 +85,10 @@ inline bool checkpoint_due(int64_t done, int64_t every, int64_t steps_per_epoch,
   return done == total || (period > 0 && done % period == 0);
 }
 
-// FNV-1a over a whole training state (steps, parameters, moments): identical on every rank after a step,
-// so a rank 0 whose state differs from the others' (a faulty or lying node) is found before it is written.
-inline uint64_t state_checksum(const network_state& s) {
-  uint64_t h = fnv1a64(&s.steps, sizeof s.steps);
-  for (const std::vector<float>* v : {&s.params, &s.m1, &s.m2}) h = fnv1a64(v->data(), v->size() * sizeof(float), h);
-  return h;
-}
+// A whole training state's checksum (steps, parameters, moments; the first 8 bytes of SHA-256,
+// actors/state_checksum.cpp): identical on every rank after a step, so a state sent for rank 0 that is
+// not the one the ranks hold (a faulty or lying node) is found before it is written or handed on.
+uint64_t state_checksum(const network_state& s);
 
 // What a replica reports after each step (sums, so the coordinator aggregates exactly).
 struct step_report {
@@ -124,6 +120,7 @@ struct pause_report {
   int rank = 0;
   int gen = 0;
   int64_t applied = 0;
+  uint64_t state_sum = 0;  // state_checksum of its state as it paused: a state sent on for it is checked against it
 };
 
 // Elastic jobs: a replica's all-reduce made no progress for the ring's timeout, waiting for rank

@@ -50,6 +50,14 @@ void send_state(net::bridge* br, const net::peer_info& to, uint64_t job, int ran
   }
 }
 
+// Testing (node_options::lie_in_states): `s`, or a copy whose first parameter is changed.
+state_ptr as_sent(const state_ptr& s, bool lie) {
+  if (!lie || !s || s->params.empty()) return s;
+  auto out = std::make_shared<network_state>(*s);
+  out->params[0] += 1.0f;
+  return out;
+}
+
 // Ranks whose weights (or, asked for, states) are on their way to the launcher: until ZeroMQ lets go of
 // a copy, more requests for it are dropped, so a launcher that asks again and again without reading holds
 // one copy a rank, not one per request. Set on the link's thread, cleared on whichever thread lets the
@@ -115,7 +123,7 @@ struct report_queue {
 
 caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::peer_info launcher,
                             uint64_t job, std::map<int, caf::actor> replicas, std::vector<caf::actor> watched,
-                            std::string node_name) {
+                            std::string node_name, bool lie_in_states) {
   for (auto& a : watched) self->monitor(a);
   auto ranks = std::make_shared<std::map<int, caf::actor>>(std::move(replicas));  // rank -> replica, now
   auto queue = std::make_shared<report_queue>();
@@ -125,9 +133,9 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
   auto states_out = std::make_shared<std::shared_ptr<copies_out>>(std::make_shared<copies_out>());
   auto checkpoints = std::make_shared<checkpoint_out>();
   // Sends rank 0's state; the link hears {release_atom, checkpt_atom} once ZeroMQ has let it go.
-  auto send_checkpoint = [br, launcher, job, checkpoints, me = caf::weak_actor_ptr{self->ctrl()}](state_ptr s) {
+  auto send_checkpoint = [br, launcher, job, checkpoints, lie_in_states, me = caf::weak_actor_ptr{self->ctrl()}](state_ptr s) {
     ++checkpoints->sending;
-    send_state(br, launcher, job, 0, s, [me] {
+    send_state(br, launcher, job, 0, as_sent(s, lie_in_states), [me] {
       if (auto link = me.lock()) caf::anon_send(caf::actor_cast<caf::actor>(link), release_atom::value, checkpt_atom::value);
     });
   };
@@ -199,14 +207,14 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
       },
       // The launcher asks a paused rank for its state: for a node that joins the ring, or for survivors a
       // step behind it.
-      [self, br, launcher, job, flush, all_states = states_out](checkpt_atom, int rank, caf::actor replica) {
+      [self, br, launcher, job, flush, lie_in_states, all_states = states_out](checkpt_atom, int rank, caf::actor replica) {
         auto states_out = *all_states;  // this generation's
         if (!states_out->take(rank)) return;  // one on its way already: the launcher gets that one
         self->request(replica, std::chrono::seconds(60), checkpt_atom::value)
             .then(
-                [br, launcher, job, rank, flush, states_out](state_ptr s) {
+                [br, launcher, job, rank, flush, lie_in_states, states_out](state_ptr s) {
                   flush();
-                  send_state(br, launcher, job, rank, s, [states_out, rank] { states_out->release(rank); });
+                  send_state(br, launcher, job, rank, as_sent(s, lie_in_states), [states_out, rank] { states_out->release(rank); });
                 },
                 [states_out, rank](caf::error&) { states_out->release(rank); });  // not paused: the launcher's time limits act
       },

@@ -55,6 +55,9 @@ struct node_options {
   // Testing: its replicas take no step once told to pause for a node that rejoins, as if their device
   // got stuck just then (the ring stalls on the way to the pause).
   bool stall_at_join_pause = false;
+  // Testing: every state this node sends its launcher has its first parameter changed, as a faulty or
+  // lying node's would (finite, plausible, not the ranks' own).
+  bool lie_in_states = false;
 };
 
 class node_service {

@@ -91,7 +91,9 @@ void pause_now(caf::event_based_actor* self, replica_state& st, int gen) {
   st.paused = true;
   st.pause_gen = gen;
   st.pause_at = -1;
-  self->send(st.coordinator, pause_report{st.cfg.rank, gen, st.done_steps});
+  network_state now;
+  st.model->save_state(&now);
+  self->send(st.coordinator, pause_report{st.cfg.rank, gen, st.done_steps, state_checksum(now)});
 }
 
 // Continues in a re-formed ring (actors/reform.hpp) from global step rf.start_step (one step behind, it

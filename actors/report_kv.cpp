@@ -46,6 +46,17 @@ struct reader {
     if (v->empty() || ec != std::errc() || end != v->data() + v->size() || x < lo || x > hi) return bad(key, *v);
     *out = x;
   }
+  // 16 lowercase hex digits, as the writer's %016llx.
+  void hex64(const char* key, uint64_t* out) {
+    const std::string* v = get(key);
+    if (!v) return;
+    uint64_t x = 0;
+    const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), x, 16);
+    if (v->size() != 16 || v->find_first_not_of("0123456789abcdef") != std::string::npos || ec != std::errc() ||
+        end != v->data() + v->size())
+      return bad(key, *v);
+    *out = x;
+  }
   // time: seconds, 0 to a year; else a loss, which may be NaN or infinite (the coordinator stops such a
   // job and says why).
   void real(const char* key, double* out, bool time) {
@@ -92,7 +103,9 @@ wire::kv_map to_kv(const eval_report& r) {
 }
 
 wire::kv_map to_kv(const pause_report& r) {
-  return {{"kind", "paused"}, {"gen", std::to_string(r.gen)}, {"applied", std::to_string(r.applied)}};
+  char sum[20];
+  std::snprintf(sum, sizeof sum, "%016llx", (unsigned long long)r.state_sum);
+  return {{"kind", "paused"}, {"gen", std::to_string(r.gen)}, {"applied", std::to_string(r.applied)}, {"state_sum", sum}};
 }
 
 wire::kv_map to_kv(const held_report& r) {
@@ -178,6 +191,7 @@ bool from_kv(const wire::kv_map& kv, pause_report* r, std::string* error) {
   reader rd{kv, error};
   gen(rd, &r->gen);
   rd.num("applied", &r->applied, 0, INT64_MAX);
+  rd.hex64("state_sum", &r->state_sum);
   return rd.ok;
 }
 

@@ -37,7 +37,7 @@
 // one key=value message each, which cost the launcher more than a core's tenth in a fast job):
 //   0  i32 rank   4 i32 gen      8 i64 epoch     16 i64 step      24 f64 loss_sum   32 i64 correct
 //  40  i64 count 48 f64 wait_batch              56 f64 compute   64 f64 wait_ring  72 f64 update
-//  80  u64 state_sum (at a checkpoint's step: the rank's state's checksum, else 0)
+//  80  u64 state_sum (at a checkpoint's step: the rank's state_checksum, actors/messages.hpp; else 0)
 #pragma once
 #include <array>
 #include <cstddef>

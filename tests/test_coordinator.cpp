@@ -413,8 +413,8 @@ TEST_CASE("coordinator: a state of rank 0 that is not the one the other ranks ho
   CHECK(*rec.written == std::vector<int64_t>{1});
   INFO(out.error);
   CHECK_FALSE(out.ok);
-  CHECK(out.error == "the state rank 0 (node A) sent after step 2 is not the one ranks 0 (node A), 1 (node B) hold: no checkpoint was "
-                     "written from it (a faulty or lying node); the last one, after step 1, is kept");
+  CHECK(out.error == "the state rank 0 (node A) sent after step 2 is not the one held by ranks 0 (node A), 1 (node B): no checkpoint "
+                     "was written from it (a faulty or lying node); the last one, after step 1, is kept");
 }
 
 namespace {

@@ -348,3 +348,54 @@ TEST_CASE("elastic: a job stopped by a signal while a rank hangs pauses its rank
   CHECK(took < 12.5);  // within half the stop's limit, and well before a batch system's SIGKILL
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own has none written, at an epoch's end or at a stop",
+          "[nodes][elastic][checkpoint]") {
+  // Rank 0's node changes a parameter of each state it sends (finite and plausible: state_fault passes
+  // it), as a faulty or lying node could; its ranks and the other node report their states' checksums.
+  test::daemons nodes;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> argv{RINGMASTER_NODE_BIN};
+    if (i == 0) argv.push_back("--lie-in-states");
+    nodes.push_back(std::make_unique<test::daemon_process>(argv, test::free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR));
+  }
+  std::this_thread::sleep_for(300ms);
+  const std::string dir = "/tmp/ringmaster-test-lying-states-" + std::to_string(getpid());
+  auto checkpoints_written = [&dir] {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) n += e.path().filename().string().rfind("ckpt-", 0) == 0;
+    return n;
+  };
+  const remote_options ro = on_small_data(nodes);  // 50 steps an epoch
+  const std::string a = nodes[0]->endpoint, b = nodes[1]->endpoint;
+  std::atomic<int> signal{0};
+  std::atomic<bool> go{false};
+  std::filesystem::remove_all(dir);
+  train_config c = stoppable_job(dir, &signal, &go, 1000);  // no signal: the first epoch's checkpoint
+  train_result r = train_remote(c, ro);
+  INFO(r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("the state rank 0 (node " + a + ") sent after step 50 is not the one held by ranks 0 (node " + a + "), 1 (node " + b +
+                     "): no checkpoint was written from it (a faulty or lying node)") != std::string::npos);
+  CHECK(r.checkpoint.empty());
+  CHECK(checkpoints_written() == 0);
+  // Stopped by a signal mid-epoch, before any checkpoint was due: the state of the stop is checked as well.
+  std::filesystem::remove_all(dir);
+  c = stoppable_job(dir, &signal, &go, 20);
+  c.epochs = 100;  // far from its end when the signal comes
+  c.checkpoint_every = 1000000;
+  std::thread stopper([&] {
+    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
+    signal = SIGTERM;
+  });
+  r = train_remote(c, ro);
+  stopper.join();
+  INFO(r.error);
+  CHECK(r.interrupted == SIGTERM);
+  CHECK(r.error.find("no checkpoint was written at the stop: node " + a + " sent a state after step ") != std::string::npos);
+  CHECK(r.error.find(" that is not the one held by rank 0 on node " + a + ", rank 1 on node " + b + " (a faulty or lying node)") !=
+        std::string::npos);
+  CHECK(r.stopped_after == -1);
+  CHECK(checkpoints_written() == 0);
+  std::filesystem::remove_all(dir);
+}

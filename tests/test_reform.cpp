@@ -339,15 +339,17 @@ TEST_CASE("reform: a network a step behind goes on bit for bit from a loaded sta
   }
 }
 
-TEST_CASE("reform: reports carry their ring generation", "[reform][wire]") {
+TEST_CASE("reform: reports carry their ring generation, and their state's checksum", "[reform][wire]") {
   step_report s;
   s.gen = 3;
   s.step = 4;
+  s.state_sum = 0xfedcba9876543210ull;
   eval_report e;
   e.gen = 2;
   pause_report p;
   p.gen = 7;
   p.applied = 123456789012;
+  p.state_sum = 0x00000000000000a5ull;
   std::vector<step_report> s2;
   eval_report e2;
   pause_report p2;
@@ -361,6 +363,15 @@ TEST_CASE("reform: reports carry their ring generation", "[reform][wire]") {
   CHECK(e2.gen == 2);
   CHECK(p2.gen == 7);
   CHECK(p2.applied == 123456789012);
+  CHECK(s2.at(0).state_sum == 0xfedcba9876543210ull);
+  CHECK(to_kv(p).at("state_sum") == "00000000000000a5");
+  CHECK(p2.state_sum == 0xa5);
+  for (const char* lie : {"a5", "00000000000000A5", "+0000000000000a5", "00000000000000a5 ", "0x000000000000a5", ""}) {
+    wire::kv_map forged = to_kv(p);
+    forged["state_sum"] = lie;
+    CHECK_FALSE(from_kv(forged, &p2, &err));
+    CHECK(err.find("for 'state_sum'") != std::string::npos);
+  }
   held_report h{5, 42}, h2;
   REQUIRE(report_kind(to_kv(h)) == "held");
   REQUIRE(from_kv(to_kv(h), &h2, &err));
