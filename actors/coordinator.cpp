@@ -129,7 +129,7 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   pending_checkpoint c = std::move(it->second);
   // Rank 0's state must be the one every rank holds: a node that sent another (finite, plausible values:
   // state_fault passes them) would have it written, and the resume train on from it.
-  const uint64_t sum = state_checksum(*c.state);
+  const uint64_t sum = c.sums.empty() ? 0 : state_checksum(*c.state);
   std::string differ;
   int n = 0;
   std::sort(c.sums.begin(), c.sums.end());  // named in rank order, whatever the order of their reports
