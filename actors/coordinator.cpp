@@ -129,12 +129,12 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   pending_checkpoint c = std::move(it->second);
   // Rank 0's state must be the one every rank holds: a node that sent another (finite, plausible values:
   // state_fault passes them) would have it written, and the resume train on from it.
-  const uint64_t sum = c.sums.empty() ? 0 : state_checksum(*c.state);
+  const uint64_t sum = c.sums.empty() ? 0 : state_checksum(*c.state);  // 0: nothing to compare with, or no memory
   std::string differ;
   int n = 0;
   std::sort(c.sums.begin(), c.sums.end());  // named in rank order, whatever the order of their reports
   for (const auto& [rank, s] : c.sums)
-    if (s != sum) differ += (n++ ? ", " : "") + rank_where(st, rank);
+    if (sum && s != sum) differ += (n++ ? ", " : "") + rank_where(st, rank);
   if (n)
     return finish(self, st, "the state rank " + rank_where(st, 0) + " sent after step " + std::to_string(done) + " is not the one held by " +
                                 (n == 1 ? "rank " : "ranks ") + differ + ": no checkpoint was written from it (a faulty or lying node)" +

@@ -331,10 +331,10 @@ bool launcher::all_answered() const {
 }
 
 std::string launcher::not_held_by(const network_state& s) const {
-  const uint64_t sum = state_checksum(s);
+  const uint64_t sum = state_checksum(s);  // 0: no memory (then unchecked, as against ranks that sent none)
   std::string out;
   for (const auto& [who, n] : applied)
-    if (auto it = paused_sums.find(who); n == s.steps && it != paused_sums.end() && it->second != sum)
+    if (auto it = paused_sums.find(who); sum && n == s.steps && it != paused_sums.end() && it->second && it->second != sum)
       out += (out.empty() ? "rank " : ", rank ") + std::to_string(who.second) + " on node " + ro.nodes[size_t(who.first)];
   return out;
 }

@@ -88,7 +88,10 @@ inline bool checkpoint_due(int64_t done, int64_t every, int64_t steps_per_epoch,
 // A whole training state's checksum (steps, parameters, moments; the first 8 bytes of SHA-256,
 // actors/state_checksum.cpp): identical on every rank after a step, so a state sent for rank 0 that is
 // not the one the ranks hold (a faulty or lying node) is found before it is written or handed on.
+// 0 only if OpenSSL failed (no memory): reported as no checksum, and a state is then not checked.
 uint64_t state_checksum(const network_state& s);
+// The same of a network's own state, read piece by piece (network::read_state), not copied whole.
+uint64_t state_checksum(const network& net);
 
 // What a replica reports after each step (sums, so the coordinator aggregates exactly).
 struct step_report {

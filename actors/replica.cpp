@@ -91,9 +91,7 @@ void pause_now(caf::event_based_actor* self, replica_state& st, int gen) {
   st.paused = true;
   st.pause_gen = gen;
   st.pause_at = -1;
-  network_state now;
-  st.model->save_state(&now);
-  self->send(st.coordinator, pause_report{st.cfg.rank, gen, st.done_steps, state_checksum(now)});
+  self->send(st.coordinator, pause_report{st.cfg.rank, gen, st.done_steps, st.cfg.state_sums ? state_checksum(*st.model) : 0});
 }
 
 // Continues in a re-formed ring (actors/reform.hpp) from global step rf.start_step (one step behind, it
@@ -269,15 +267,18 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     st->idle_since = std::chrono::steady_clock::now();
     ++st->done_steps;
     const int64_t total = st->cfg.steps_per_epoch * st->cfg.epochs;
-    // At a checkpoint's step every rank reports its state's checksum, and rank 0 sends the state itself.
+    // At a checkpoint's step rank 0 sends its state, and every rank reports its state's checksum.
     std::shared_ptr<network_state> state;
+    rep.state_sum = 0;
     if (st->cfg.checkpoints && checkpoint_due(st->done_steps, st->cfg.checkpoint_every, st->cfg.steps_per_epoch, total)) {
-      state = std::make_shared<network_state>();
-      st->model->save_state(state.get());
+      if (st->cfg.rank == 0) {
+        state = std::make_shared<network_state>();
+        st->model->save_state(state.get());
+      }
+      if (st->cfg.state_sums) rep.state_sum = state ? state_checksum(*state) : state_checksum(*st->model);
     }
-    rep.state_sum = state ? state_checksum(*state) : 0;
     self->send(st->coordinator, rep);
-    if (state && st->cfg.rank == 0) {
+    if (state) {
       st->state_out = true;
       self->request(st->coordinator, caf::infinite, checkpt_atom::value, state_ptr(std::move(state))).then([st, try_step](bool) {
         st->state_out = false;

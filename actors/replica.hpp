@@ -43,6 +43,9 @@ struct replica_config {
   // Checkpoints: after every step checkpoint_due() names (every checkpoint_every steps, 0: at each
   // epoch's end) the replica sends its coordinator {checkpt_atom, state_ptr}. Rank 0 only.
   bool checkpoints = false;
+  // Report state checksums (at checkpoints and pauses): ranks on more than one node, whose states a
+  // faulty or lying node could send for another's.
+  bool state_sums = false;
   int64_t checkpoint_every = 0;
   int shard_begin = 0;  // where its shard starts in every global batch (dropout masks: the samples' places)
   int gen = 0;  // the ring generation it starts in (a node that joins a re-formed ring: that one's)

@@ -203,6 +203,7 @@ rank_actors spawn_ranks(caf::actor_system& sys, const job_plan& plan, const trai
     rc.first_step = plan.first_step;
     rc.resume = resume;
     rc.checkpoints = plan.checkpoints;  // the coordinator writes rank 0's state (rank 0 may change: elastic)
+    rc.state_sums = std::any_of(plan.ranks.begin(), plan.ranks.end(), [&](const rank_plan& o) { return o.node != plan.ranks[0].node; });
     rc.checkpoint_every = plan.checkpoint_every;
     rc.shard_begin = rp.batch_begin;
     rc.gen = plan.generation;

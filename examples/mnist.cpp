@@ -83,7 +83,6 @@ bool write_report(const std::string& path, const options& o, const train_result&
 
 int finish(const options& o, const train_result& r);
 
-
 int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, which is reported and leaves the old
   // file, rather than kill us with no word and a temporary file left behind.
@@ -211,7 +210,6 @@ int main(int argc, char** argv) {
   // Outputs are checked before the checkpoint folder is made (a bad one leaves no folder behind), but for
   // those that go into it, checked once it is there.
   const auto in_checkpoint_dir = [&o](const std::string& path) { return in_folder(path, o.checkpoint_dir); };
-
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
     if (!in_checkpoint_dir(path))
       if (std::string why = examples::check_writable(path, &o.held[flag]); !why.empty()) return usage_error(std::string(flag) + ": " + why);

@@ -143,9 +143,10 @@ std::string output_clash(const options& o) {
     if (in_folder(path, o.checkpoint_dir) && name.rfind(".ringmaster-", 0) == 0)
       return std::string(flag) + " " + path + " is the name of the lock or probe file of --checkpoint-dir " + o.checkpoint_dir +
              ": name it otherwise";
+  }
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
     if (!path.empty() && !o.checkpoint_dir.empty() && where(path) == where(o.checkpoint_dir))
       return std::string(flag) + " " + path + " names the --checkpoint-dir folder: give it a file of its own";
-  }
   return "";
 }
 

@@ -454,6 +454,23 @@ void network::save_state(network_state* out) const {
   if (m2_.data()) be_.copy_out(out->m2.data(), m2_.data(), n * sizeof(float));
 }
 
+void network::read_state(const std::function<void(int part, const float* p, size_t n)>& take) const {
+  constexpr size_t kPiece = size_t(1) << 20;
+  const size_t n = size();
+  std::vector<float> buf(be_.is_host() ? 0 : std::min(n, kPiece));
+  const float* parts[] = {params_.data(), m1_.data(), m2_.data()};
+  for (int p = 0; p < 3 && parts[p]; ++p)
+    for (size_t at = 0; at < n; at += kPiece) {
+      const size_t k = std::min(kPiece, n - at);
+      if (be_.is_host()) {
+        take(p, parts[p] + at, k);
+      } else {
+        be_.copy_out(buf.data(), parts[p] + at, k * sizeof(float));
+        take(p, buf.data(), k);
+      }
+    }
+}
+
 bool network::load_state(const network_state& s, std::string* error) {
   const size_t n = size(), moments = m2_.data() ? n : 0;
   if (s.params.size() != n || s.m1.size() != n || s.m2.size() != moments || s.steps < 0) {

@@ -159,6 +159,11 @@ class network {
   // The parameters, the optimizer's state and its step count, read out to host memory; and put back
   // (false with *error when the sizes do not fit this network and optimizer).
   void save_state(network_state* out) const;
+  // The same state piece by piece for `take` (part 0: the parameters, 1: the first moment, 2: the second,
+  // none for SGD; in order, at most 1M floats a piece), through a small buffer, or as it lies in a host
+  // backend's memory: a checksum of a large model's state without a copy of it.
+  void read_state(const std::function<void(int part, const float* p, size_t n)>& take) const;
+  bool has_second_moment() const { return m2_.data() != nullptr; }
   bool load_state(const network_state& s, std::string* error);
   int max_batch() const { return max_batch_; }
   // Makes room for batches of up to max_batch samples (activations and workspaces only: parameters,

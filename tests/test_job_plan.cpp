@@ -410,7 +410,7 @@ TEST_CASE("reports name their kind in the payload, and step reports travel as ex
   h.elements = 3;
   h.payload_bytes = bytes.size();
   CHECK(wire::validate(h, &err));
-  for (auto [n, size] : {std::pair<uint64_t, uint64_t>{0, 0}, {3, bytes.size() - 1}, {3, bytes.size() + 80},
+  for (auto [n, size] : {std::pair<uint64_t, uint64_t>{0, 0}, {3, bytes.size() - 1}, {3, bytes.size() + wire::kStepRecordBytes},
                          {wire::kMaxStepRecords + 1, (wire::kMaxStepRecords + 1) * wire::kStepRecordBytes},
                          {uint64_t(1) << 62, 0}}) {
     h.elements = n, h.payload_bytes = size;

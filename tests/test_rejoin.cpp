@@ -306,7 +306,7 @@ TEST_CASE("elastic: ringmaster-mnist names a node that came back but could not r
   auto nodes = start_nodes(3, "cpu:1");
   std::remove(json_path.c_str());
   test::run_result r = run_restarting_node_1(
-      nodes, "--model 784-512-512-10 --batch 60 --epochs 25 --limit-train 6000 --limit-test 500 --rejoin-lead 2 --report-json " + json_path, other);
+      nodes, "--model 784-512-512-10 --batch 60 --epochs 40 --limit-train 6000 --limit-test 500 --rejoin-lead 2 --report-json " + json_path, other);
   INFO(r.out);
   REQUIRE(r.status == 0);
   CHECK(r.out.find("node " + nodes[1]->endpoint + " is back, but could not rejoin: it has 6000 training samples (data fingerprint") != std::string::npos);
