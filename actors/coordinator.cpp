@@ -128,7 +128,7 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   if (it == st.checkpoints.end() || !it->second.state || !it->second.have_progress) return;
   pending_checkpoint c = std::move(it->second);
   // Rank 0's state must be the one every rank holds: a node that sent another (finite, plausible values:
-  // state_fault passes them) would have it written, and the resume train on from it.
+  // state_fault passes them) would have it written, and a resume would train on from it.
   const uint64_t sum = c.sums.empty() ? 0 : state_checksum(*c.state);  // 0: nothing to compare with, or no memory
   std::string differ;
   int n = 0;

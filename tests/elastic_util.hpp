@@ -30,16 +30,22 @@ inline test::daemons start_nodes(int n, const std::string& devices = "cpu:2") {
   return test::start_daemons(n, {RINGMASTER_NODE_BIN}, devices, RINGMASTER_DATA_DIR);
 }
 
-// n daemons (one CPU replica each); node `hung`'s replicas stop after `steps` steps while it answers.
-inline test::daemons start_nodes_one_hung(int n, size_t hung, int steps) {
+// n daemons (one CPU replica each); node `odd` started with `flags` too (a testing flag of ringmaster-node:
+// a hung rank, a node that lies).
+inline test::daemons start_nodes_one_odd(int n, size_t odd, const std::vector<std::string>& flags) {
   test::daemons nodes;
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> argv{RINGMASTER_NODE_BIN};
-    if (size_t(i) == hung) argv.insert(argv.end(), {"--stall-after-steps", std::to_string(steps)});
+    if (size_t(i) == odd) argv.insert(argv.end(), flags.begin(), flags.end());
     nodes.push_back(std::make_unique<test::daemon_process>(argv, test::free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR));
   }
   std::this_thread::sleep_for(300ms);
   return nodes;
+}
+
+// Node `hung`'s replicas stop after `steps` steps while it answers.
+inline test::daemons start_nodes_one_hung(int n, size_t hung, int steps) {
+  return start_nodes_one_odd(n, hung, {"--stall-after-steps", std::to_string(steps)});
 }
 
 inline train_config small_job(int64_t epochs) {

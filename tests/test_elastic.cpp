@@ -353,13 +353,7 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own ha
           "[nodes][elastic][checkpoint]") {
   // Rank 0's node changes a parameter of each state it sends (finite and plausible: state_fault passes
   // it), as a faulty or lying node could; its ranks and the other node report their states' checksums.
-  test::daemons nodes;
-  for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> argv{RINGMASTER_NODE_BIN};
-    if (i == 0) argv.push_back("--lie-in-states");
-    nodes.push_back(std::make_unique<test::daemon_process>(argv, test::free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR));
-  }
-  std::this_thread::sleep_for(300ms);
+  test::daemons nodes = start_nodes_one_odd(2, 0, {"--lie-in-states"});
   const std::string dir = "/tmp/ringmaster-test-lying-states-" + std::to_string(getpid());
   auto checkpoints_written = [&dir] {
     size_t n = 0;

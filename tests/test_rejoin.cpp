@@ -268,13 +268,7 @@ TEST_CASE("elastic: a rank that hangs while the others pause for a node that rej
           "[nodes][elastic][rejoin][stall]") {
   // Node 2's replicas stop as soon as they are told to pause for the join: the ring stalls on its way to
   // the pause (before, that failed the job once the setup timeout ran out).
-  test::daemons nodes;
-  for (int i = 0; i < 3; ++i) {
-    std::vector<std::string> argv{RINGMASTER_NODE_BIN};
-    if (i == 2) argv.push_back("--stall-at-join-pause");
-    nodes.push_back(std::make_unique<test::daemon_process>(argv, test::free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR));
-  }
-  std::this_thread::sleep_for(300ms);
+  test::daemons nodes = start_nodes_one_odd(3, 2, {"--stall-at-join-pause"});
   rejoin_run job;
   train_config c = rejoin_job();
   c.ring_timeout = 1000ms;
