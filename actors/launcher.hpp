@@ -1,6 +1,6 @@
 // The launcher's side of a job on node daemons (actors/remote_job.hpp), as its bridge thread runs it:
 // what each node's message means, the proxies that stand for remote ranks before the coordinator,
-// losing a node and re-forming the ring without it (launcher.cpp), and taking a lost node back in at an
+// losing a node and re-forming the ring without it (launcher_reform.cpp), and taking a lost node back in at an
 // epoch's end (launcher_rejoin.cpp; actors/reform.hpp). train_remote sets the job up and waits for its
 // end; everything here after setup runs on the bridge thread, but what the watchdog thread reads
 // (last_heard, gone, joining).

@@ -1,0 +1,292 @@
+// Losing a node and re-forming the ring without it: a node named lost (silent, stopped, or blamed for a
+// stalled ring) is dropped, the survivors pause and say how far they got, those a step behind take the
+// state of one ahead, and the ring is numbered anew from the job plan (actors/reform.hpp).
+#include <algorithm>
+#include <set>
+
+#include "actors/launcher.hpp"
+#include "actors/messages.hpp"
+#include "actors/reform.hpp"
+#include "actors/report_kv.hpp"
+
+namespace ringmaster {
+
+using clock_type = launcher::clock_type;
+
+void launcher::node_lost(int node, const std::string& why, std::optional<clock_type::time_point> hung_since) {
+  draining.erase(node);  // lost another way (a second signal, silence) before its time was up
+  const std::string said = (why.rfind("no heartbeat", 0) == 0 ? "stopped answering: " : "") + why;
+  if (gone[node]) {  // lost already; if it was joining again, that is off
+    if (node == joining) give_up_join("it " + node_text(said));
+    return;
+  }
+  node_loss l;
+  l.node = ro.nodes[node];
+  l.ranks = ranks_of(node);
+  l.why = why;
+  l.hung = hung_since.has_value();
+  const clock_type::time_point since = hung_since.value_or(heard(node));
+  l.detected = std::chrono::duration<double>(clock_type::now() - since).count();
+  // Where it was lost, for a job that ends without a re-formed ring (the coordinator puts where the
+  // survivors went on from, and how many, once one is formed).
+  l.epoch = seen_step / std::max<int64_t>(1, steps_per_epoch);
+  l.step = seen_step % std::max<int64_t>(1, steps_per_epoch);
+  // The job ends with it (--on-node-loss abort): named once, though its silence may follow its abort.
+  if (!plan.elastic) {
+    if (std::none_of(losses.begin(), losses.end(), [&](const node_loss& x) { return x.node == l.node; })) losses.push_back(l);
+    return kill_node(node, "node " + ro.nodes[node] + " (" + ranks_named(ranks_of(node)) + ") " + said);
+  }
+  losses.push_back(l);
+  gone[node] = true;
+  if (node == fresh) ++join_failures[size_t(node)], fresh = -1;  // it rejoined, and was lost before its first step
+  last_word = std::min(last_word, since);
+  send_kv(node, wire::msg_type::abort, {{"reason", "dropped from the job: " + l.why}});  // if it lives
+  const std::vector<int> left = survivors();
+  for (int i : left) losses.back().survivors += int(plan.ranks_on(i).size());
+  if (left.empty()) return kill_node(node, "node " + l.node + " (" + ranks_named(l.ranks) + ") " + said + ", and no node is left");
+  if (stop_handed) return;  // the stop's state is with the coordinator: the job ends without a new ring
+  if (joining >= 0) give_up_join("node " + l.node + " was lost meanwhile", true, true);
+  event("lost node " + l.node + " (" + ranks_named(l.ranks) + "): " + why + "; re-forming the ring from " +
+        std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : ""));
+  pause_survivors({});
+}
+
+// A new generation: the survivors stop (at once, or with "at" after that step) and say how far they got.
+void launcher::pause_survivors(const wire::kv_map& extra) {
+  if (!stopping) weights_in.clear();  // the ranks are numbered anew: weights still coming are asked for again
+  ++gen;
+  holding = false;
+  stop_planned = stopping && extra.count("at");
+  stalls.clear();
+  applied.clear();
+  paused_sums.clear();
+  forwarding = false;
+  forward_state.reset();
+  if (!stopping) forming_since = clock_type::now();  // a stop's limit counts from the signal
+  now = phase::pausing;
+  if (coordinator) caf::anon_send(coordinator, pause_atom::value, gen);  // its report clock stands still meanwhile
+  wire::kv_map kv = extra;
+  kv["gen"] = std::to_string(gen);
+  for (int i : survivors()) send_kv(i, wire::msg_type::pause, kv);
+}
+
+// Whether a stall now is judged: while the ring runs, and on its way to a planned pause for a node that
+// joins (a rank that hangs there stops the ring as anywhere else: the join is given up as it is dropped).
+bool launcher::stalls_count() const { return now == phase::running || joins == join_step::pausing; }
+
+void launcher::on_stall(int node, int rank, const stall_report& r) {
+  // The ranks work in plan.generation; a planned pause has numbered the ring to come already (gen).
+  if (!stalls_count() || r.gen != plan.generation || gone[node]) return;
+  if (stalls.empty()) {
+    stall_since = clock_type::now();
+    // A rank that hung before its report must not be named by the coordinator's report clock first:
+    // it stands still until the stall is judged (a node dropped pauses the ranks; a failure ends it all).
+    if (coordinator) caf::anon_send(coordinator, pause_atom::value, gen + 1);
+  }
+  stalls[rank] = {r.waiting_for, node_text(r.why)};
+}
+
+// Each rank that waits names the rank it waits for. Followed from any of them, the names end at a rank
+// that does not wait: the one that stopped the ring, on a node that still answers (a stuck device, a
+// deadlock, a lost process's thread). Its node is dropped as lost, and the others go on. If the names go
+// round in a circle, every rank waits for another (a message lost between nodes, say): nobody can be
+// blamed, and the job fails with what the ranks said.
+void launcher::judge_stall(bool final) {
+  std::map<int, stall>& s = stalls;
+  int r = s.begin()->first, waiter = -1;
+  std::set<int> seen;
+  while (s.count(r) && seen.insert(r).second) waiter = r, r = s[r].waiting_for;
+  if (s.count(r) || size_t(r) >= proxy_node.size()) {
+    const std::string said = "rank " + std::to_string(s.begin()->first) + ": " + s.begin()->second.why;
+    stalls.clear();
+    return kill_node(-1, "the ring stalled with every rank waiting for another (" + said + ")");
+  }
+  const int culprit = proxy_node[size_t(r)];
+  std::string silent;  // ranks off the culprit's node that have not said whom they wait for
+  for (size_t k = 0; k < proxy_node.size(); ++k)
+    if (proxy_node[k] != culprit && !gone[size_t(proxy_node[k])] && !s.count(int(k))) silent += (silent.empty() ? "" : ", ") + std::to_string(k);
+  if (!silent.empty() && !final) return;  // they may yet: a verdict now could blame an honest node
+  const std::string why = "rank " + std::to_string(waiter) + ": " + s[waiter].why;
+  stalls.clear();
+  if (!silent.empty())
+    return kill_node(-1, "the ring stalled, but ranks " + silent + " never said whom they waited for, so no node can be blamed (" + why + ")");
+  node_lost(culprit, "its rank " + std::to_string(r) + " stopped taking part in the ring while its node still answered (" + why + ")", seen_step_at);
+}
+
+bool launcher::all_answered() const {
+  for (int i : survivors()) {
+    size_t answers = 0;
+    for (auto& [who, n] : applied) answers += who.first == i;
+    if (answers < plan.ranks_on(i).size()) return false;
+  }
+  return true;
+}
+
+std::string launcher::not_held_by(const network_state& s) const {
+  const uint64_t sum = state_checksum(s);  // 0: no memory (then unchecked, as against ranks that sent none)
+  std::string out;
+  for (const auto& [who, n] : applied)
+    if (auto it = paused_sums.find(who); sum && n == s.steps && it != paused_sums.end() && it->second && it->second != sum)
+      out += (out.empty() ? "rank " : ", rank ") + std::to_string(who.second) + " on node " + ro.nodes[size_t(who.first)];
+  return out;
+}
+
+// A replica stopped for generation `gen` after applying some steps. Once every surviving rank has
+// answered, the ring is re-formed from the largest count (reform.hpp says why that is the one: those
+// behind get the state of one that has it first); for a node that joins, they all stopped after its
+// step, and one rank's state is fetched for it first.
+void launcher::on_paused(int node, int rank, const pause_report& r) {
+  if (forwarding) return;  // decided already: a second answer must not start it again
+  // Replicas number themselves as in the ring last started (a re-formed one renumbers them as it starts),
+  // as the proxies do; a lost or joining node has no say.
+  if (now != phase::pausing || r.gen != gen || gone[node] || !reports_to_us(node, rank)) return;
+  applied[{node, rank}] = r.applied;
+  paused_sums[{node, rank}] = r.state_sum;
+  if (!all_answered()) return;
+  int64_t lo = INT64_MAX, hi = 0;
+  for (auto& [who, n] : applied) lo = std::min(lo, n), hi = std::max(hi, n);
+  if (stopping) {
+    // Every rank reported the steps up to lo before it paused: the state of one that stopped there is
+    // the checkpoint's (one a step ahead has no reports of its last step from the others). At the job's
+    // end there is none to write: the job finishes as it would have.
+    if (lo >= total_steps) return void(stop_handed = true);  // the coordinator asks for the final weights
+    if (hi - lo > 1)
+      return kill_node(-1, interrupted_by(stopping) + "; no checkpoint was written at the stop: the ranks had applied " + std::to_string(lo) +
+                               " to " + std::to_string(hi) + " steps");
+    for (auto& [who, n] : applied)
+      if (n == lo) {
+        forwarding = true;
+        forward_node = who.first, forward_rank = who.second, forward_to = lo;
+        forward_state.reset();
+        return send(forward_node, wire::msg_type::checkpoint, "", forward_rank);  // no payload: a request
+      }
+  }
+  if (joins == join_step::pausing) {
+    if (lo == join_at && hi == join_at) {
+      joins = join_step::state;
+      join_since = join_paused = clock_type::now();
+      join_state.reset();
+      join_state_rank = 0;
+      send(plan.ranks[0].node, wire::msg_type::checkpoint, "", 0);  // no payload: a request for rank 0's state
+      return;
+    }
+    give_up_join("the ranks stopped after steps " + std::to_string(lo) + " to " + std::to_string(hi) + ", not after step " +
+                     std::to_string(join_at),
+                 true);  // they were past it already; they go on among themselves
+  }
+  if (hi - lo > 1) return kill_node(-1, "the survivors applied " + std::to_string(lo) + " to " + std::to_string(hi) + " steps: cannot go on together");
+  if (hi == lo) return reform_survivors(lo);
+  // Some finished step hi and the others did not: the sum was whole where it was finished, so all go on
+  // from there with the state of one that has it (no undo kept per step).
+  for (auto& [who, n] : applied)
+    if (n == hi) {
+      forwarding = true;
+      forward_node = who.first, forward_rank = who.second, forward_to = hi;
+      forward_state.reset();
+      send(forward_node, wire::msg_type::checkpoint, "", forward_rank);  // no payload: a request
+      return;
+    }
+}
+
+// The state after forward_to from a survivor that finished that step: to every node with a rank that did
+// not (its replicas take it while paused), then the re-formed plan from that step.
+void launcher::take_forward_state(const wire::header& h, const net::payload& p) {
+  // The re-forming's limit is per buffer (a large model's state takes its time); a stop's is from the
+  // signal, which a batch system follows with SIGKILL.
+  if (!stopping) forming_since = clock_type::now();
+  if (!add_state_buffer(forward_state, h, p, param_count, state_buffers)) {
+    if (!forward_state) kill_node(-1, "the state after step " + std::to_string(forward_to) + " came broken from node " +
+                                          ro.nodes[size_t(forward_node)] + ": the survivors cannot go on together");
+    return;
+  }
+  forwarding = false;
+  const state_ptr s = std::move(forward_state);
+  if (s->steps != forward_to) return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ", not " + std::to_string(forward_to));
+  if (std::string bad = state_fault(*s); !bad.empty())
+    return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ": " + bad);
+  // Finite, plausible values are not enough: it must be the state the ranks hold, not one made up.
+  if (std::string others = not_held_by(*s); !others.empty())
+    return kill_node(-1, std::string(stopping ? interrupted_by(stopping) + "; no checkpoint was written at the stop: " : "") + "node " +
+                             ro.nodes[size_t(forward_node)] + " sent a state after step " + std::to_string(s->steps) +
+                             " that is not the one held by " + others + " (a faulty or lying node)" +
+                             (stopping ? "" : ": the survivors cannot go on together"));
+  if (stopping) {  // the stop's checkpoint: the coordinator writes it and ends the job
+    stop_handed = true;
+    return caf::anon_send(coordinator, checkpt_atom::value, stop_note{s, stopping, std::exchange(losses, {})});
+  }
+  std::vector<bool> behind(ro.nodes.size(), false);
+  for (auto& [who, n] : applied) behind[size_t(who.first)] = behind[size_t(who.first)] || n < forward_to;
+  for (size_t i = 0; i < behind.size(); ++i)
+    if (behind[i]) send_state(int(i), s);
+  reform_survivors(forward_to);
+}
+
+// The ring of the survivors (of generation `gen`, which they paused for) from global step `start`.
+void launcher::reform_survivors(int64_t start) {
+  std::vector<bool> lost(ro.nodes.size());
+  for (size_t i = 0; i < lost.size(); ++i) lost[i] = gone[i];
+  job_plan next;
+  std::string error;
+  if (!make_reform(plan, lost, gen, fresh_ring_id(job_id), start, &next, &error)) return kill_node(-1, "cannot re-form the ring: " + error);
+  for (int i : survivors()) {
+    next.recipient = i;
+    send(i, wire::msg_type::reform, to_json(next));
+  }
+  next.recipient = -1;
+  plan = std::move(next);
+  brought_forward = 0;
+  for (auto& [who, n] : applied) brought_forward += n < start;
+  acked.assign(ro.nodes.size(), false);
+  now = phase::reforming;
+}
+
+// A node took the re-formed plan. Once all have, its ranks start: every node has its new reducers
+// by then, so no chunk of the new ring finds nobody to take it.
+void launcher::on_reformed(int node, const wire::kv_map& kv) {
+  auto g = kv.find("generation");
+  if (now != phase::reforming || g == kv.end() || g->second != std::to_string(gen)) return;
+  acked[size_t(node)] = true;
+  for (int i : survivors())
+    if (!acked[size_t(i)]) return;
+  if (joins == join_step::reforming && !acked[size_t(joining.load())]) return;  // it has not taken its state yet
+  if (joins == join_step::reforming) {  // the newcomer is in
+    const int j = joining;
+    fresh = j;  // its tries count as failed until its first step is in
+    gone[j] = false;
+    last_heard[j] = clock_type::now().time_since_epoch().count();
+    const double paused = std::chrono::duration<double>(clock_type::now() - join_paused).count();
+    joined.push_back({ro.nodes[size_t(j)], ranks_of(j), gen, plan.replicas(), plan.start_step / steps_per_epoch, paused});
+    joining = -1;
+    joins = join_step::none;
+    char took[32];
+    std::snprintf(took, sizeof took, "%.2f", paused);
+    event("node " + ro.nodes[size_t(j)] + " rejoined the job as " + ranks_named(ranks_of(j)) + "; the others stood still for " + took + " s");
+  }
+  reform_note note;
+  note.gen = gen;
+  note.start_step = plan.start_step;
+  retired.insert(retired.end(), proxies.begin(), proxies.end());
+  proxies.clear();
+  proxy_node.clear();
+  for (const rank_plan& r : plan.ranks) {
+    proxies.push_back(sys->spawn(rank_proxy, &br, peer[size_t(r.node)].load(), job_id, r.rank));
+    proxy_node.push_back(r.node);
+  }
+  note.ranks = proxies;
+  note.where = plan.rank_nodes();
+  note.losses = std::move(losses);
+  note.joins = std::move(joined);
+  note.last_word = last_word;
+  losses.clear();
+  joined.clear();
+  last_word = clock_type::time_point::max();
+  event("ring generation " + std::to_string(gen) + ": " + std::to_string(plan.replicas()) + (plan.replicas() == 1 ? " rank goes" : " ranks go") + " on from step " +
+        std::to_string(plan.start_step + 1) + " of the job" + (brought_forward ? " (" + std::to_string(brought_forward) + " took the state after a step the others finished)" : ""));
+  caf::anon_send(coordinator, reform_atom::value, note);  // before any report of the new ranks
+  ring_since = clock_type::now();
+  ring_from = plan.start_step;
+  for (const rank_plan& r : plan.ranks) send(r.node, wire::msg_type::start, "", r.rank);
+  now = phase::running;
+}
+
+}  // namespace ringmaster
