@@ -129,16 +129,20 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   pending_checkpoint c = std::move(it->second);
   // Rank 0's state must be the one every rank holds: a node that sent another (finite, plausible values:
   // state_fault passes them) would have it written, and a resume would train on from it.
-  const uint64_t sum = c.sums.empty() ? 0 : state_checksum(*c.state);  // 0: nothing to compare with, or no memory
-  std::string differ;
-  int n = 0;
-  std::sort(c.sums.begin(), c.sums.end());  // named in rank order, whatever the order of their reports
-  for (const auto& [rank, s] : c.sums)
-    if (sum && s != sum) differ += (n++ ? ", " : "") + rank_where(st, rank);
-  if (n)
-    return finish(self, st, "the state rank " + rank_where(st, 0) + " sent after step " + std::to_string(done) + " is not the one held by " +
-                                (n == 1 ? "rank " : "ranks ") + differ + ": no checkpoint was written from it (a faulty or lying node)" +
-                                (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
+  const uint64_t sent = c.votes.empty() ? 0 : state_checksum(*c.state);  // 0: nothing to compare with, or no memory
+  if (const state_verdict v = sent ? judge_states(c.votes, c.sender, sent, done) : state_verdict{}; !v.agree) {
+    if (!v.decided || !st.cfg.on_faulty_node || done >= st.cfg.steps_per_epoch * st.cfg.epochs)
+      return finish(self, st, "the state rank 0" + (c.sender.empty() ? "" : " (" + c.sender + ")") + " sent after step " + std::to_string(done) + " is not the one held by " +
+                                  v.disagree + ": no checkpoint was written from it (a faulty or lying node)" +
+                                  (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
+    for (const auto& [where, why] : v.faulty) st.cfg.on_faulty_node(where, why + " (a faulty or lying node)");
+    if (!v.sender_ok) {  // not written: the next one comes from the new ring's rank 0
+      if (st.cfg.on_event) st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: rank 0 (" + c.sender +
+                                           ") sent a state that its ranks do not all hold");
+      st.checkpoints.erase(it);
+      return;
+    }
+  }
   // Those before it will never be written now (they come in step order; a skipped one is superseded).
   // One whose metrics are in never got its state (rank 0's node did not send it): say so, once.
   for (auto k = st.checkpoints.begin(); k != it; ++k)
@@ -160,7 +164,7 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
 void note_state_sum(coordinator_state& st, const step_report& r) {
   const int64_t spe = st.cfg.steps_per_epoch, done = r.epoch * spe + r.step + 1;
   if (st.cfg.on_checkpoint && done > st.written && checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs))
-    st.checkpoints[done].sums.emplace_back(r.rank, r.state_sum);
+    st.checkpoints[done].votes.push_back({r.rank, r.state_sum, size_t(r.rank) < st.cfg.where.size() ? st.cfg.where[size_t(r.rank)] : ""});
 }
 
 // The metrics half of a checkpoint after `done` steps, if one is due then.
@@ -474,7 +478,9 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
           if (oldest->second.have_progress) oldest->second.state.reset();
           else st->checkpoints.erase(oldest);
         }
-        st->checkpoints[done].state = std::move(s);
+        pending_checkpoint& c = st->checkpoints[done];
+        c.state = std::move(s);
+        c.sender = st->cfg.where.empty() ? "" : st->cfg.where[0];
         offer_checkpoint(self, *st, done);
         return true;
       },

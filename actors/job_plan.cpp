@@ -151,12 +151,14 @@ bool check_ranks(const job_plan& p, std::string* error) {
 
 }  // namespace
 
+std::string job_plan::node_name(int node) const {
+  const bool remote = node >= 0 && size_t(node) < nodes.size() && !nodes[size_t(node)].endpoint.empty();
+  return remote ? "node " + nodes[size_t(node)].endpoint : "";
+}
+
 std::vector<std::string> job_plan::rank_nodes() const {
   std::vector<std::string> out;
-  for (const rank_plan& r : ranks) {
-    const bool remote = r.node >= 0 && size_t(r.node) < nodes.size() && !nodes[size_t(r.node)].endpoint.empty();
-    out.push_back(remote ? "node " + nodes[size_t(r.node)].endpoint : "");
-  }
+  for (const rank_plan& r : ranks) out.push_back(node_name(r.node));
   return out;
 }
 

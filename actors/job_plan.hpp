@@ -111,7 +111,8 @@ struct job_plan {
   uint64_t ring_id() const { return ring ? ring : job_id; }
   // The ranks node `node` runs, in rank order.
   std::vector<int> ranks_on(int node) const;
-  // For errors naming ranks: "node ENDPOINT" per rank ("" for ranks of this process).
+  // For errors naming ranks: "node ENDPOINT" ("" for this process), of a node and per rank.
+  std::string node_name(int node) const;
   std::vector<std::string> rank_nodes() const;
   // Rank r's contiguous shard of a test set of `count` samples: [count*r/N, count*(r+1)/N). Computed
   // where the data is (nodes read their own); every sample lands in exactly one shard.

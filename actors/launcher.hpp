@@ -212,6 +212,9 @@ struct launcher {
   // hung_since: a node dropped as its rank hung (judge_stall): the ring's last step before, which the
   // figures of its loss count from instead of its last message.
   void node_lost(int node, const std::string& why, std::optional<clock_type::time_point> hung_since = std::nullopt);
+  // The node running at `where` (job_plan::node_name) is faulty: its ranks' checksums showed it
+  // (coordinator_config::on_faulty_node). It is lost, and never taken back in this job.
+  void drop_faulty(const std::string& where, const std::string& why);
   // Each heartbeat: a re-forming that takes too long fails the job; lost nodes are asked whether they
   // are back, and a join that takes too long is given up.
   void tick();

@@ -51,6 +51,14 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   pause_survivors({});
 }
 
+void launcher::drop_faulty(const std::string& where, const std::string& why) {
+  for (size_t i = 0; i < ro.nodes.size(); ++i)
+    if (!where.empty() && plan.node_name(int(i)) == where) {
+      join_failures[i] = kJoinTries;
+      node_lost(int(i), why);
+    }
+}
+
 // A new generation: the survivors stop (at once, or with "at" after that step) and say how far they got.
 void launcher::pause_survivors(const wire::kv_map& extra) {
   if (!stopping) weights_in.clear();  // the ranks are numbered anew: weights still coming are asked for again

@@ -27,6 +27,6 @@ using flush_atom = caf::atom_constant<caf::atom("flush")>;
 constexpr size_t kReportBatch = 64;
 caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::peer_info launcher,
                             uint64_t job, std::map<int, caf::actor> replicas, std::vector<caf::actor> watched,
-                            std::string node_name, bool lie_in_states = false);
+                            std::string node_name, bool lie_in_states = false, bool lie_in_sums = false);
 
 }  // namespace ringmaster

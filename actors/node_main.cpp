@@ -102,13 +102,14 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("ring-port", po::value(&o.ring_port)->default_value(o.ring_port), "the port other nodes send ring chunks to (sealed with AES-128-OCB; plain with --insecure), on the --listen host (open it in a firewall); 0: any free port")
       ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory or to the ring port itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never");
   // For tests, not in --help: this node's replicas stop after N steps of a job (as a stuck GPU would), or
-  // once told to pause for a node that rejoins, while the node goes on answering; it sends states not
-  // its ranks' own.
+  // once told to pause for a node that rejoins, while the node goes on answering; it sends states, or
+  // checksums of its ranks' states, not its ranks' own.
   po::options_description testing;
   testing.add_options()
       ("stall-after-steps", po::value(&o.stall_after_steps))
       ("stall-at-join-pause", po::bool_switch(&o.stall_at_join_pause))
-      ("lie-in-states", po::bool_switch(&o.lie_in_states));
+      ("lie-in-states", po::bool_switch(&o.lie_in_states))
+      ("lie-in-sums", po::bool_switch(&o.lie_in_sums));
   po::options_description all;
   all.add(desc).add(testing);
   po::variables_map vm;

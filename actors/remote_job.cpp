@@ -366,6 +366,8 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   auto last = std::make_shared<std::string>();
   coordinator_config cc = job_coordinator_config(cfg, m, n, cfg.evaluate, int64_t(samples), train_data, steps, last);
   cc.on_event = [&L](const std::string& line) { L.event(line); };
+  if (L.plan.elastic)
+    cc.on_faulty_node = [&L](const std::string& where, const std::string& why) { L.br.post([&L, where, why] { L.drop_faulty(where, why); }); };
   cc.where = L.plan.rank_nodes();
   // Longer than the ring may wait for a hung rank, and than its node's loss takes to be named: those are
   // handled as lost nodes; this catches a node that answers and trains but holds back its reports.

@@ -2,6 +2,7 @@
 // send anything a report can hold (actors/launcher.cpp passes on what parses). Stand-in ranks here: the
 // test sends the coordinator what a lying node's reports would become.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -9,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "actors/coordinator.hpp"
@@ -415,6 +417,46 @@ TEST_CASE("coordinator: a state of rank 0 that is not the one the other ranks ho
   CHECK_FALSE(out.ok);
   CHECK(out.error == "the state rank 0 (node A) sent after step 2 is not the one held by ranks 0 (node A), 1 (node B): no checkpoint "
                      "was written from it (a faulty or lying node); the last one, after step 1, is kept");
+}
+
+TEST_CASE("coordinator: a node the checksums show faulty is handed on to be dropped, and only the majority's state is written",
+          "[coordinator]") {
+  // Elastic jobs on nodes (on_faulty_node set): rank 0's node sends a state of 7s after step 2 while
+  // its own ranks and the other node's hold zeros. It is named, its state not written, and the job goes
+  // on (the launcher would re-form the ring without it; here both stand-ins go on). After the last step
+  // the job fails instead: no ring is left to re-form.
+  auto run = [](int64_t steps) {
+    coordinator_config cc = checkpoint_each_step(steps);
+    cc.where = {"node A", "node B"};
+    auto dropped = std::make_shared<std::vector<std::string>>();
+    cc.on_faulty_node = [dropped](const std::string& where, const std::string& why) { dropped->push_back(where + ": " + why); };
+    const recorded rec(&cc);
+    job j(cc);
+    train_result out = j.run([steps](job& j) {
+      for (int64_t k = 1; k <= steps; ++k) {
+        send_state(j, k, 3, k == 2 ? 7.0f : 0.0f);
+        network_state held;
+        held.steps = k;
+        held.params.assign(3, 0.0f);
+        j.step(0, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
+        j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
+      }
+      j.done(0), j.done(1);
+    });
+    return std::make_tuple(out, *rec.written, *rec.events, *dropped);
+  };
+  auto [out, written, events, dropped] = run(3);
+  INFO(out.error);
+  CHECK(out.ok);
+  CHECK(written == std::vector<int64_t>{1, 3});
+  CHECK(dropped == std::vector<std::string>{"node A: it sent rank 0's state after step 2, which its own ranks do not hold (a faulty or lying node)"});
+  CHECK(std::find(events.begin(), events.end(),
+                  "the checkpoint after step 2 was not written: rank 0 (node A) sent a state that its ranks do not all hold") != events.end());
+  std::tie(out, written, events, dropped) = run(2);  // step 2 is the last
+  CHECK_FALSE(out.ok);
+  CHECK(out.error.find("the state rank 0 (node A) sent after step 2 is not the one held by ranks 0 (node A), 1 (node B)") == 0);
+  CHECK(written == std::vector<int64_t>{1});
+  CHECK(dropped.empty());
 }
 
 namespace {
