@@ -129,16 +129,21 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   pending_checkpoint c = std::move(it->second);
   // Rank 0's state must be the one every rank holds: a node that sent another (finite, plausible values:
   // state_fault passes them) would have it written, and a resume would train on from it.
-  const uint64_t sent = c.votes.empty() ? 0 : state_checksum(*c.state);  // 0: nothing to compare with, or no memory
-  if (const state_verdict v = sent ? judge_states(c.votes, c.sender, sent, done) : state_verdict{}; !v.agree) {
+  std::vector<state_vote> votes;
+  if (auto vote = st.votes.find(done); vote != st.votes.end()) votes = std::move(vote->second);
+  st.votes.erase(st.votes.begin(), st.votes.upper_bound(done));  // those before it: of checkpoints superseded
+  const uint64_t sent = votes.empty() ? 0 : state_checksum(*c.state);  // 0: nothing to compare with, or no memory
+  if (const state_verdict v = sent ? judge_states(votes, c.sender, sent, done) : state_verdict{}; !v.agree) {
     if (!v.decided || !st.cfg.on_faulty_node || done >= st.cfg.steps_per_epoch * st.cfg.epochs)
-      return finish(self, st, "the state rank 0" + (c.sender.empty() ? "" : " (" + c.sender + ")") + " sent after step " + std::to_string(done) + " is not the one held by " +
-                                  v.disagree + ": no checkpoint was written from it (a faulty or lying node)" +
+      return finish(self, st, "the state rank 0" + (c.sender.empty() ? "" : " (" + c.sender + ")") + " sent after step " +
+                                  std::to_string(done) + " is not the one held by " + v.disagree +
+                                  ": no checkpoint was written from it (a faulty or lying node)" +
                                   (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
     for (const auto& [where, why] : v.faulty) st.cfg.on_faulty_node(where, why + " (a faulty or lying node)");
     if (!v.sender_ok) {  // not written: the next one comes from the new ring's rank 0
-      if (st.cfg.on_event) st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: rank 0 (" + c.sender +
-                                           ") sent a state that its ranks do not all hold");
+      if (st.cfg.on_event)
+        st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: rank 0 (" + c.sender +
+                        ") sent a state that its ranks do not all hold");
       st.checkpoints.erase(it);
       return;
     }
@@ -164,7 +169,7 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
 void note_state_sum(coordinator_state& st, const step_report& r) {
   const int64_t spe = st.cfg.steps_per_epoch, done = r.epoch * spe + r.step + 1;
   if (st.cfg.on_checkpoint && done > st.written && checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs))
-    st.checkpoints[done].votes.push_back({r.rank, r.state_sum, size_t(r.rank) < st.cfg.where.size() ? st.cfg.where[size_t(r.rank)] : ""});
+    st.votes[done].push_back({r.rank, r.state_sum, size_t(r.rank) < st.cfg.where.size() ? st.cfg.where[size_t(r.rank)] : ""});
 }
 
 // The metrics half of a checkpoint after `done` steps, if one is due then.
@@ -283,6 +288,7 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   // Rank 0's states for steps that run again are of no use; the new rank 0 sends its own.
   for (auto it = st.checkpoints.begin(); it != st.checkpoints.end();)
     it = it->first > start ? st.checkpoints.erase(it) : std::next(it);
+  st.votes.erase(st.votes.upper_bound(start), st.votes.end());  // the new ranks report those steps again
   for (auto* group : {&st.replicas, &st.loaders, &st.reducers})
     for (auto& a : *group) self->demonitor(a);
   st.replicas = st.loaders = st.reducers = note.ranks;
@@ -323,6 +329,7 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
     }
     if (st.cfg.on_event)
       st.cfg.on_event("the checkpoint after step " + std::to_string(it->first) + " is skipped: its state went with rank 0's node");
+    st.votes.erase(it->first);
     it = st.checkpoints.erase(it);
   }
 }

@@ -59,7 +59,6 @@ struct pending_checkpoint {
   std::string sender;  // where rank 0 ran when its state came
   bool have_progress = false;
   job_progress progress;
-  std::vector<state_vote> votes;  // from the ranks' reports of that step
 };
 
 // What the ranks' checksums say of the state rank 0's node sent (judge_states).
@@ -78,6 +77,9 @@ struct coordinator_state {
   std::shared_ptr<train_result> result = std::make_shared<train_result>();
   std::map<int64_t, epoch_acc> epochs;
   std::map<int64_t, pending_checkpoint> checkpoints;  // by steps done
+  // The ranks' checksums of their states after a checkpoint's step, from their reports, by steps done;
+  // apart from `checkpoints`, whose bound they must not eat into: a lying rank may report far ahead.
+  std::map<int64_t, std::vector<state_vote>> votes;
   int64_t written = -1;  // the last checkpoint written (they come in step order): states up to it are late
   uint64_t written_params = 0;  // after the last step: fnv1a of its parameters (the final weights')
   std::string written_by;       // and rank 0 where it was then (rank_where)

@@ -459,6 +459,36 @@ TEST_CASE("coordinator: a node the checksums show faulty is handed on to be drop
   CHECK(dropped.empty());
 }
 
+TEST_CASE("coordinator: a rank that reports its states' checksums far ahead does not make checkpoints waiting for their state go",
+          "[coordinator]") {
+  // Rank 1's node reports 300 steps at once, each with its checksum (the report lead allows it); rank 0
+  // reports 5 steps at a time and its states come after. The checksums held for steps to come once
+  // counted against the bound on checkpoints whose metrics wait for their state, and made those go.
+  const int64_t steps = 300;
+  coordinator_config cc = checkpoint_each_step(steps);
+  cc.where = {"node A", "node B"};
+  const recorded rec(&cc);
+  job j(cc);
+  train_result out = j.run([](job& j) {
+    auto held = [](int64_t k) {
+      network_state s;
+      s.steps = k;
+      s.params.assign(3, 0.0f);
+      return state_checksum(s);
+    };
+    for (int64_t k = 1; k <= steps; ++k) j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, held(k));
+    for (int64_t k = 1; k <= steps; k += 5) {
+      for (int64_t i = k; i < k + 5; ++i) j.step(0, 0, i - 1, 2, 1, 0.5, 0, 0, held(i));
+      for (int64_t i = k; i < k + 5; ++i) send_state(j, i, 3);
+    }
+    j.done(0), j.done(1);
+  });
+  INFO(out.error);
+  CHECK(out.ok);
+  CHECK(rec.written->size() == size_t(steps));
+  CHECK(rec.events->empty());
+}
+
 namespace {
 // A rank whose node says its final weights hold a NaN.
 caf::behavior nan_weights(caf::event_based_actor* self) {
