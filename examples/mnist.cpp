@@ -396,9 +396,10 @@ std::string go_on_from(const options& o, const train_result& r) {
   const std::string last = !r.checkpoint.empty() ? r.checkpoint : o.cfg.resume ? o.cfg.resume->file : "";
   if (!last.empty()) return "--resume continues from the last checkpoint, " + last;
   if (o.checkpoint_dir.empty()) return "no checkpoints were kept: --checkpoint-dir DIR keeps them";
-  return "no checkpoint was written yet, the first is due " +
-         std::string(o.checkpoint_every ? "after step " + std::to_string(o.checkpoint_every) + " or the last step, whichever comes first"
-                                        : "at the end of the first epoch");
+  // Not "yet": a first checkpoint refused (a state its ranks do not hold) leaves none either.
+  return "no checkpoint was written; they are due " +
+         std::string(o.checkpoint_every ? "every " + std::to_string(o.checkpoint_every) + " steps and after the last"
+                                        : "at the end of every epoch");
 }
 
 // A job that failed or was stopped: its --report-json all the same (a batch job's record of what happened).

@@ -393,6 +393,15 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
   CHECK(r.checkpoint.empty());
   CHECK(checkpoints_written() == 0);
   ro.abort_on_node_loss = false;
+  // The launcher says so, and that none was written (not "yet": the first was due and refused).
+  std::filesystem::remove_all(dir);
+  const test::run_result l = run_launcher("--nodes " + test::node_list(nodes) + " --model 784-64-10 --batch 60 --epochs 2 --limit-train 3000 " +
+                                              "--limit-test 300 -q --on-node-loss abort --checkpoint-dir " + dir, [](const std::string&) {});
+  INFO(l.out);
+  CHECK(l.status == 1);
+  CHECK(l.out.find("training failed: the state rank 0 (node " + a + ") sent after step 50 is not the one held by") != std::string::npos);
+  CHECK(l.out.find("ringmaster-mnist: no checkpoint was written; they are due at the end of every epoch") != std::string::npos);
+  CHECK(checkpoints_written() == 0);
   // Stopped by a signal mid-epoch, before any checkpoint was due: the state of the stop is checked as well.
   std::filesystem::remove_all(dir);
   c = stoppable_job(dir, &signal, &go, 20);
