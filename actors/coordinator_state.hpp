@@ -131,6 +131,13 @@ void stop_paused(caf::event_based_actor* self, const std::shared_ptr<coordinator
 // evaluations): the checkpoint's metrics half (checkpoint_progress in coordinator.cpp for steps due).
 job_progress progress_after(const coordinator_state& st, int64_t done, const epoch_acc* open);
 
+// Checkpoints (coordinator_checkpoints.cpp). A rank's checksum of its state after a checkpoint's step,
+// kept until rank 0's state is written; the metrics half of the checkpoint after `done` steps, if one is
+// due then; rank 0's state after a step. Each writes the checkpoint once both halves are in.
+void note_state_sum(coordinator_state& st, const step_report& r);
+void checkpoint_progress(caf::event_based_actor* self, coordinator_state& st, int64_t done, const epoch_acc* open);
+void take_state(caf::event_based_actor* self, coordinator_state& st, state_ptr s);
+
 // Steps complete so far in the whole job: those of the closed epochs and the first open one's (a later
 // epoch may be open already: a fast rank's reports of it come before a slow one's of this one).
 int64_t steps_complete(const coordinator_state& st);

@@ -1,0 +1,110 @@
+// The coordinator's checkpoints (actors/coordinator_state.hpp): rank 0's state after a step and the job's
+// metrics up to it wait for each other, and the ranks' checksums of their states decide whether the state
+// may be written and which nodes are faulty (judge_states).
+#include <algorithm>
+
+#include "actors/coordinator_state.hpp"
+#include "actors/messages.hpp"
+
+namespace ringmaster {
+
+using namespace coordinator_detail;
+
+namespace {
+
+// Checkpoints whose halves wait for each other: rank 0's state may come a little ahead of the others'
+// reports, or they ahead of it, but a node that sends states for steps far ahead (or never) must not
+// make us hold them all. A state that finds this many waiting makes the oldest go (a line says so once).
+constexpr size_t kMaxHeldCheckpoints = 8;
+// Metrics waiting for their state are small: many may wait (a state of GBs on a slow link), not forever.
+constexpr size_t kMaxHeldProgress = 256;
+
+// Writes the checkpoint after `done` steps once both its halves are here.
+void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64_t done) {
+  auto it = st.checkpoints.find(done);
+  if (it == st.checkpoints.end() || !it->second.state || !it->second.have_progress) return;
+  pending_checkpoint c = std::move(it->second);
+  // Rank 0's state must be the one every rank holds: a node that sent another (finite, plausible values:
+  // state_fault passes them) would have it written, and a resume would train on from it.
+  std::vector<state_vote> votes;
+  if (auto vote = st.votes.find(done); vote != st.votes.end()) votes = std::move(vote->second);
+  st.votes.erase(st.votes.begin(), st.votes.upper_bound(done));  // those before it: of checkpoints superseded
+  const uint64_t sent = votes.empty() ? 0 : state_checksum(*c.state);  // 0: nothing to compare with, or no memory
+  if (const state_verdict v = sent ? judge_states(votes, c.sender, sent, done) : state_verdict{}; !v.agree) {
+    if (!v.decided || !st.cfg.on_faulty_node || done >= st.cfg.steps_per_epoch * st.cfg.epochs)
+      return finish(self, st, "the state rank 0" + (c.sender.empty() ? "" : " (" + c.sender + ")") + " sent after step " +
+                                  std::to_string(done) + " is not the one held by " + v.disagree +
+                                  ": no checkpoint was written from it (a faulty or lying node)" +
+                                  (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
+    for (const auto& [where, why] : v.faulty) st.cfg.on_faulty_node(where, why + " (a faulty or lying node)");
+    if (!v.sender_ok) {  // not written: the next one comes from the new ring's rank 0
+      if (st.cfg.on_event)
+        st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: rank 0 (" + c.sender +
+                        ") sent a state that its ranks do not all hold");
+      st.checkpoints.erase(it);
+      return;
+    }
+  }
+  // Those before it will never be written now (they come in step order; a skipped one is superseded).
+  // One whose metrics are in never got its state (rank 0's node did not send it): say so, once.
+  for (auto k = st.checkpoints.begin(); k != it; ++k)
+    if (k->second.have_progress && st.cfg.on_event && st.skipped_checkpoints++ == 0)
+      st.cfg.on_event("skipped the checkpoint after step " + std::to_string(k->first) +
+                      ": rank 0's node sent no state for it, only for a later step");
+  st.checkpoints.erase(st.checkpoints.begin(), std::next(it));
+  st.written = std::max(st.written, done);
+  if (done == st.cfg.steps_per_epoch * st.cfg.epochs) {  // the result's twin: compared with the final weights
+    st.written_params = fnv1a(c.state->params.data(), c.state->params.size());
+    st.written_by = rank_where(st, 0);  // who sent it (a re-formed ring may number another node's rank 0)
+  }
+  if (std::string error = st.cfg.on_checkpoint(c.progress, *c.state); !error.empty())
+    finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error);
+}
+
+}  // namespace
+
+// A rank's checksum of its state after a checkpoint's step, kept until rank 0's state is written. One
+// where none is due, or for a step written already, is not kept (a lying node cannot fill our memory).
+void coordinator_detail::note_state_sum(coordinator_state& st, const step_report& r) {
+  const int64_t spe = st.cfg.steps_per_epoch, done = r.epoch * spe + r.step + 1;
+  if (st.cfg.on_checkpoint && done > st.written && checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs))
+    st.votes[done].push_back({r.rank, r.state_sum, size_t(r.rank) < st.cfg.where.size() ? st.cfg.where[size_t(r.rank)] : ""});
+}
+
+// The metrics half of a checkpoint after `done` steps, if one is due then.
+void coordinator_detail::checkpoint_progress(caf::event_based_actor* self, coordinator_state& st, int64_t done, const epoch_acc* open) {
+  const int64_t spe = st.cfg.steps_per_epoch;
+  if (!st.cfg.on_checkpoint || !checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs)) return;
+  pending_checkpoint& c = st.checkpoints[done];
+  // Bounded: metrics whose state has not come within kMaxHeldProgress later ones never get one.
+  while (st.checkpoints.size() > kMaxHeldProgress && st.checkpoints.begin()->first < done && !st.checkpoints.begin()->second.state)
+    st.checkpoints.erase(st.checkpoints.begin());
+  c.have_progress = true;
+  c.progress = progress_after(st, done, open);
+  offer_checkpoint(self, st, done);
+}
+
+// Rank 0's state after a step: held until its metrics are in (and written then), if a checkpoint is due.
+void coordinator_detail::take_state(caf::event_based_actor* self, coordinator_state& st, state_ptr s) {
+  st.last_news = clock_type::now();  // a large state may have held up the reports behind it
+  const int64_t spe = st.cfg.steps_per_epoch, done = s ? s->steps : -1;
+  if (!st.cfg.on_checkpoint || done <= st.cfg.start.step || done <= st.written ||
+      !checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs))
+    return;  // none asked for then
+  size_t states = 0;
+  for (const auto& [k, c] : st.checkpoints) states += c.state != nullptr;
+  if (states >= kMaxHeldCheckpoints) {  // the oldest goes: a newer one supersedes it, the last must stay
+    auto oldest = std::find_if(st.checkpoints.begin(), st.checkpoints.end(), [](const auto& c) { return c.second.state != nullptr; });
+    if (st.cfg.on_event && st.skipped_checkpoints++ == 0)  // once: a lying node could send thousands
+      st.cfg.on_event("skipped the checkpoint after step " + std::to_string(oldest->first) + ": " +
+                      std::to_string(states) + " states waited for their steps' reports");
+    if (oldest->second.have_progress) oldest->second.state.reset();
+    else st.checkpoints.erase(oldest);
+  }
+  pending_checkpoint& c = st.checkpoints[done];
+  c.state = std::move(s);
+  c.sender = st.cfg.where.empty() ? "" : st.cfg.where[0];
+  offer_checkpoint(self, st, done);
+}
+
+}  // namespace ringmaster
