@@ -204,7 +204,7 @@ void count_lost_reports(caf::event_based_actor* self, coordinator_state& st, int
 // them again).
 void reform(caf::event_based_actor* self, coordinator_state& st, const reform_note& note) {
   const int64_t spe = st.cfg.steps_per_epoch, start = note.start_step;
-  st.last_news = st.last_complete = clock_type::now();  // the pause is no step's time
+  st.last_news = st.last_complete = st.last_state = clock_type::now();  // the pause is no step's time
   for (auto& [e, a] : st.epochs) {
     for (auto it = a.pending.begin(); it != a.pending.end();) it = e * spe + it->first >= start ? a.pending.erase(it) : std::next(it);
     if (!a.closed && (e + 1) * spe >= start) {
@@ -328,7 +328,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         const int n = int(st->replicas.size());
         for (auto* group : {&st->replicas, &st->loaders, &st->reducers})
           for (auto& a : *group) self->monitor(a);
-        st->start = st->last_print = st->last_news = st->last_complete = clock_type::now();  // the first step counts
+        st->start = st->last_print = st->last_news = st->last_complete = st->last_state = clock_type::now();  // the first step counts
         // A resumed job starts with its history and the open epoch's sums so far.
         const job_progress& from = st->cfg.start;
         const int64_t spe = std::max<int64_t>(1, st->cfg.steps_per_epoch);
@@ -410,12 +410,14 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       [self, st](tick_atom) {
         if (st->finished) return;
         const auto now = clock_type::now();
-        if (st->holding > st->gen) st->last_news = now;  // a ring being formed: the clock stands still
+        if (st->holding > st->gen) st->last_news = st->last_state = now;  // a ring being formed: the clocks stand still
         if (st->holding <= st->gen) {
           if (std::string late = late_ranks(*st, now); !late.empty())
             return finish(self, *st, late + " (their nodes still answer)");
           if (std::string silent = silent_ranks(*st, now); !silent.empty())
             return finish(self, *st, silent + " (their nodes still answer)");
+          check_withheld(self, *st, now);
+          if (st->finished) return;
         }
         self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
       },

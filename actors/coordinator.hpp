@@ -151,6 +151,11 @@ struct coordinator_config {
   // step, when a resumed job's state may still travel) fails the job too: every rank stuck at once has
   // no neighbour left to name it (a one-node job, say).
   int64_t eval_batches = 0;
+  // With report_timeout: how long a checkpoint whose metrics are in may wait for rank 0's state while no
+  // state of rank 0 comes at all. A node that withholds them would have the job go on with no checkpoint
+  // written, and fail only at its end. Past it, rank 0's node is faulty (on_faulty_node, before the last
+  // step), or the job fails. 0: no limit.
+  std::chrono::milliseconds state_timeout{0};
   // Where each rank runs, for errors that name a rank ("node tcp://10.0.0.2:5601"); empty: this process.
   std::vector<std::string> where;
   // Ranks in this process: once this holds a signal's number (train_config::interrupt), looked at every

@@ -2,6 +2,7 @@
 // metrics up to it wait for each other, and the ranks' checksums of their states decide whether the state
 // may be written and which nodes are faulty (judge_states).
 #include <algorithm>
+#include <cstdio>
 
 #include "actors/coordinator_state.hpp"
 #include "actors/messages.hpp"
@@ -80,6 +81,7 @@ void coordinator_detail::checkpoint_progress(caf::event_based_actor* self, coord
   while (st.checkpoints.size() > kMaxHeldProgress && st.checkpoints.begin()->first < done && !st.checkpoints.begin()->second.state)
     st.checkpoints.erase(st.checkpoints.begin());
   c.have_progress = true;
+  c.complete = clock_type::now();
   c.progress = progress_after(st, done, open);
   offer_checkpoint(self, st, done);
 }
@@ -91,6 +93,7 @@ void coordinator_detail::take_state(caf::event_based_actor* self, coordinator_st
   if (!st.cfg.on_checkpoint || done <= st.cfg.start.step || done <= st.written ||
       !checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs))
     return;  // none asked for then
+  st.last_state = clock_type::now();
   size_t states = 0;
   for (const auto& [k, c] : st.checkpoints) states += c.state != nullptr;
   if (states >= kMaxHeldCheckpoints) {  // the oldest goes: a newer one supersedes it, the last must stay
@@ -105,6 +108,26 @@ void coordinator_detail::take_state(caf::event_based_actor* self, coordinator_st
   c.state = std::move(s);
   c.sender = st.cfg.where.empty() ? "" : st.cfg.where[0];
   offer_checkpoint(self, st, done);
+}
+
+void coordinator_detail::check_withheld(caf::event_based_actor* self, coordinator_state& st, clock_type::time_point now) {
+  const auto limit = st.cfg.state_timeout;
+  auto it = std::find_if(st.checkpoints.begin(), st.checkpoints.end(), [](const auto& c) { return c.second.have_progress && !c.second.state; });
+  if (limit.count() <= 0 || it == st.checkpoints.end() || now - std::max(it->second.complete, st.last_state) < limit) return;
+  const int64_t done = it->first;
+  const std::string sender = st.cfg.where.empty() ? "" : st.cfg.where[0];
+  char waited[48];
+  std::snprintf(waited, sizeof waited, "%.0f s", std::chrono::duration<double>(limit).count());
+  const std::string none = "no state of rank 0 for the checkpoint after step " + std::to_string(done) + " within " + waited +
+                           " of that step's end, nor a later one";
+  if (st.cfg.on_faulty_node && !sender.empty() && done < st.cfg.steps_per_epoch * st.cfg.epochs) {
+    st.cfg.on_faulty_node(sender, "it sent " + none + " (a faulty or lying node)");
+    if (st.cfg.on_event) st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: " + sender + " sent " + none);
+    st.checkpoints.erase(it);  // given up: the next one comes from the new ring's rank 0
+    return;
+  }
+  finish(self, st, "rank 0" + (sender.empty() ? "" : " (" + sender + ")") + " sent " + none + " (a faulty or lying node, or a link too slow for it)" +
+                       (st.written > st.cfg.start.step ? "; the last checkpoint, after step " + std::to_string(st.written) + ", is kept" : ""));
 }
 
 }  // namespace ringmaster

@@ -59,6 +59,7 @@ struct pending_checkpoint {
   std::string sender;  // where rank 0 ran when its state came
   bool have_progress = false;
   job_progress progress;
+  clock_type::time_point complete;  // when the metrics half came
 };
 
 // What the ranks' checksums say of the state rank 0's node sent (judge_states).
@@ -80,6 +81,7 @@ struct coordinator_state {
   // The ranks' checksums of their states after a checkpoint's step, from their reports, by steps done;
   // apart from `checkpoints`, whose bound they must not eat into: a lying rank may report far ahead.
   std::map<int64_t, std::vector<state_vote>> votes;
+  clock_type::time_point last_state;  // when rank 0's last state that was due came (or the start, or a pause's end)
   int64_t written = -1;  // the last checkpoint written (they come in step order): states up to it are late
   uint64_t written_params = 0;  // after the last step: fnv1a of its parameters (the final weights')
   std::string written_by;       // and rank 0 where it was then (rank_where)
@@ -137,6 +139,9 @@ job_progress progress_after(const coordinator_state& st, int64_t done, const epo
 void note_state_sum(coordinator_state& st, const step_report& r);
 void checkpoint_progress(caf::event_based_actor* self, coordinator_state& st, int64_t done, const epoch_acc* open);
 void take_state(caf::event_based_actor* self, coordinator_state& st, state_ptr s);
+// Each second (coordinator_config::state_timeout): a checkpoint whose metrics waited too long for rank 0's
+// state, none having come meanwhile, makes rank 0's node faulty, or ends the job.
+void check_withheld(caf::event_based_actor* self, coordinator_state& st, clock_type::time_point now);
 
 // Steps complete so far in the whole job: those of the closed epochs and the first open one's (a later
 // epoch may be open already: a fast rank's reports of it come before a slow one's of this one).

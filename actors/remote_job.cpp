@@ -373,6 +373,10 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   // handled as lost nodes; this catches a node that answers and trains but holds back its reports.
   cc.report_timeout = std::max<std::chrono::milliseconds>(std::chrono::seconds(30), cfg.ring_timeout + std::chrono::seconds(10));
   cc.eval_batches = (test_samples + cfg.global_batch - 1) / cfg.global_batch;
+  // Rank 0's states: a node that withholds them is named after the report limit plus the time its state
+  // takes at 10 MB/s (a 2.8 GB Adam state: 280 s more), so that a slow link is not taken for a liar.
+  const double state_bytes = double(L.param_count) * double(L.state_buffers) * sizeof(float);
+  cc.state_timeout = cc.report_timeout + std::chrono::milliseconds(int64_t(state_bytes / 10e6 * 1000));
   auto coord = sys.spawn(coordinator, cc);
   L.coordinator = coord;
   L.rate_since = L.ring_since = clock_type::now();
