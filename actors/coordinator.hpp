@@ -136,9 +136,10 @@ struct coordinator_config {
   std::function<void(const std::string&)> on_event;  // a line about the job (a lost node), same thread
   // Ranks on more than one node report their states' checksums at checkpoints (judge_states in
   // coordinator_state.hpp). A node they show faulty (a state sent that its own ranks do not hold, or
-  // one a majority of nodes do not) goes here by where it runs, once for each, to be dropped like a lost
-  // node; the job goes on, and a checkpoint is written only from the majority's state. Not before the
-  // last step, where the job fails instead, and so it does with this null (no elastic continuation).
+  // one a majority of nodes do not) goes here by where it runs, to be dropped like a lost node (it may
+  // be named again at a later checkpoint before the ring is re-formed); the job goes on, and a
+  // checkpoint is written only from the majority's state. Only before the last step: at it the job
+  // fails instead, as it does with this null (no elastic continuation).
   std::function<void(const std::string& where, const std::string& why)> on_faulty_node;
   // Ranks in other processes (nodes): once one rank has reported a step, an evaluation or its end, the
   // others must too within this long, or the job fails naming them (a node that still answers but sends

@@ -32,16 +32,22 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   st.votes.erase(st.votes.begin(), st.votes.upper_bound(done));  // those before it: of checkpoints superseded
   const uint64_t sent = votes.empty() ? 0 : state_checksum(*c.state);  // 0: nothing to compare with, or no memory
   if (const state_verdict v = sent ? judge_states(votes, c.sender, sent, done) : state_verdict{}; !v.agree) {
+    // The faulty nodes, for the messages, and why rank 0's state is not written.
+    std::string named, sender_why = "it sent a state that the other nodes do not hold";
+    for (const auto& [where, why] : v.faulty) {
+      named += (named.empty() ? ": " : "; ") + where + ", " + why;
+      if (where == c.sender) sender_why = why;
+    }
     if (!v.decided || !st.cfg.on_faulty_node || done >= st.cfg.steps_per_epoch * st.cfg.epochs)
       return finish(self, st, "the state rank 0" + (c.sender.empty() ? "" : " (" + c.sender + ")") + " sent after step " +
                                   std::to_string(done) + " is not the one held by " + v.disagree +
-                                  ": no checkpoint was written from it (a faulty or lying node)" +
+                                  ": no checkpoint was written from it (a faulty or lying node" + named + ")" +
                                   (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
     for (const auto& [where, why] : v.faulty) st.cfg.on_faulty_node(where, why + " (a faulty or lying node)");
     if (!v.sender_ok) {  // not written: the next one comes from the new ring's rank 0
       if (st.cfg.on_event)
-        st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: rank 0 (" + c.sender +
-                        ") sent a state that its ranks do not all hold");
+        st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: rank 0's node, " + c.sender +
+                        ", is faulty: " + sender_why);
       st.checkpoints.erase(it);
       return;
     }

@@ -91,6 +91,7 @@ std::string rank_where(const coordinator_state& st, int r) {
 
 namespace {
 
+// "node A and node B". Only a majority of two nodes or more names anyone: the verb after it is plural.
 std::string listed(const std::vector<std::string>& names) {
   std::string out;
   for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
@@ -108,6 +109,11 @@ state_verdict judge_states(std::vector<state_vote> votes, const std::string& sen
   if (n == 0) return v;
   v.agree = false;
   v.disagree = (n == 1 ? "rank " : "ranks ") + v.disagree;
+  // Nodes are told apart by where they run: without that, nobody can be named.
+  if (sender.empty() || std::any_of(votes.begin(), votes.end(), [](const state_vote& x) { return x.where.empty(); })) {
+    v.decided = false;
+    return v;
+  }
   std::vector<std::pair<std::string, std::set<uint64_t>>> held;  // node -> its ranks' checksums, in rank order
   for (const state_vote& x : votes) {
     auto node = std::find_if(held.begin(), held.end(), [&](const auto& h) { return h.first == x.where; });
@@ -135,8 +141,9 @@ state_verdict judge_states(std::vector<state_vote> votes, const std::string& sen
     for (const std::string& node : nodes)
       if (sum != most->first) v.faulty.emplace_back(node, "its ranks hold another state" + after + " than " + listed(most->second) + " hold");
   v.sender_ok = most->first == sent;
-  // A sender none of whose ranks voted (lost since) is faulty all the same if the majority holds another.
-  if (!v.sender_ok && std::none_of(held.begin(), held.end(), [&](const auto& h) { return h.first == sender; }))
+  // A sender none of whose ranks voted (lost since) is faulty all the same if a majority of two or more
+  // holds another: one witness alone does not bar a node.
+  if (!v.sender_ok && voters >= 2 && std::none_of(held.begin(), held.end(), [&](const auto& h) { return h.first == sender; }))
     v.faulty.emplace_back(sender, "it sent rank 0's state" + after + ", which " + listed(most->second) + " do not hold");
   return v;
 }

@@ -154,7 +154,8 @@ std::string rank_where(const coordinator_state& st, int r);
 // The ranks' checksums of their states after step `done` against `sent`, the checksum of the state that
 // rank 0's node (`sender`) sent. Each node has one say, as its ranks are in one owner's hands. A node is
 // faulty by its own word when its ranks disagree, or when it sent a state its own ranks do not hold; of
-// the others, a checksum held by more than half is the job's state, and a node holding another is faulty.
+// the others (the voters), a checksum more than half of them hold is the job's state, and a node holding
+// another is faulty. Undecided without a majority, or when a node is not named (an empty `where`).
 state_verdict judge_states(std::vector<state_vote> votes, const std::string& sender, uint64_t sent, int64_t done);
 // Ranks that have not reported what the others have, for report_timeout; "" if none is late.
 std::string late_ranks(const coordinator_state& st, clock_type::time_point now);

@@ -52,11 +52,17 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
 }
 
 void launcher::drop_faulty(const std::string& where, const std::string& why) {
-  for (size_t i = 0; i < ro.nodes.size(); ++i)
-    if (!where.empty() && plan.node_name(int(i)) == where) {
-      join_failures[i] = kJoinTries;
-      node_lost(int(i), why);
-    }
+  for (size_t i = 0; i < ro.nodes.size(); ++i) {
+    if (where.empty() || plan.node_name(int(i)) != where) continue;
+    join_failures[i] = kJoinTries;  // never taken back in this job
+    const std::string named = "node " + ro.nodes[i] + " (" + ranks_named(ranks_of(int(i))) + ") is faulty: " + why;
+    if (gone[i]) return event(named + "; it was lost already");
+    // A ring re-formed as the last step ends, or after it, while final weights come in, is not one to
+    // risk: the job fails, its last checkpoint (the majority's state) kept.
+    if (seen_step + 1 >= total_steps) return kill_node(-1, named + "; it cannot be dropped this close to the job's end");
+    return node_lost(int(i), why);
+  }
+  event("a node named faulty is not in this job (" + where + "): " + why);
 }
 
 // A new generation: the survivors stop (at once, or with "at" after that step) and say how far they got.

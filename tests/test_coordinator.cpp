@@ -416,7 +416,8 @@ TEST_CASE("coordinator: a state of rank 0 that is not the one the other ranks ho
   INFO(out.error);
   CHECK_FALSE(out.ok);
   CHECK(out.error == "the state rank 0 (node A) sent after step 2 is not the one held by ranks 0 (node A), 1 (node B): no checkpoint "
-                     "was written from it (a faulty or lying node); the last one, after step 1, is kept");
+                     "was written from it (a faulty or lying node: node A, it sent rank 0's state after step 2, which its own ranks "
+                     "do not hold); the last one, after step 1, is kept");
 }
 
 TEST_CASE("coordinator: a node the checksums show faulty is handed on to be dropped, and only the majority's state is written",
@@ -451,7 +452,8 @@ TEST_CASE("coordinator: a node the checksums show faulty is handed on to be drop
   CHECK(written == std::vector<int64_t>{1, 3});
   CHECK(dropped == std::vector<std::string>{"node A: it sent rank 0's state after step 2, which its own ranks do not hold (a faulty or lying node)"});
   CHECK(std::find(events.begin(), events.end(),
-                  "the checkpoint after step 2 was not written: rank 0 (node A) sent a state that its ranks do not all hold") != events.end());
+                  "the checkpoint after step 2 was not written: rank 0's node, node A, is faulty: it sent rank 0's state after step 2, "
+                  "which its own ranks do not hold") != events.end());
   std::tie(out, written, events, dropped) = run(2);  // step 2 is the last
   CHECK_FALSE(out.ok);
   CHECK(out.error.find("the state rank 0 (node A) sent after step 2 is not the one held by ranks 0 (node A), 1 (node B)") == 0);

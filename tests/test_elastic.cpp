@@ -368,9 +368,21 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
   // goes on alone, and the checkpoints written are the honest node's, from the second epoch's end on.
   std::filesystem::remove_all(dir);
   train_config c = stoppable_job(dir, &signal, &go, 1000);  // no signal
+  std::vector<std::string> written, events;
+  std::mutex mu;
+  c.on_checkpoint = [&](const std::string& path) { written.push_back(std::filesystem::path(path).filename()); };
+  ro.on_event = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(line);
+  };
   train_result r = train_remote(c, ro);
   INFO(r.error);
   REQUIRE(r.ok);
+  CHECK(written == std::vector<std::string>{checkpoint_name(2, 0), checkpoint_name(3, 0)});  // none from the lie
+  CHECK(std::count(events.begin(), events.end(), "the checkpoint after step 50 was not written: rank 0's node, node " + a +
+                                                     ", is faulty: it sent rank 0's state after step 50, which its own ranks do not hold") == 1);
+  c.on_checkpoint = nullptr;
+  ro.on_event = nullptr;
   REQUIRE(r.losses.size() == 1);
   CHECK(r.losses[0].node == a);
   CHECK(r.losses[0].why == "it sent rank 0's state after step 50, which its own ranks do not hold (a faulty or lying node)");
@@ -389,7 +401,8 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
   INFO(r.error);
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("the state rank 0 (node " + a + ") sent after step 50 is not the one held by ranks 0 (node " + a + "), 1 (node " + b +
-                     "): no checkpoint was written from it (a faulty or lying node)") != std::string::npos);
+                     "): no checkpoint was written from it (a faulty or lying node: node " + a +
+                     ", it sent rank 0's state after step 50, which its own ranks do not hold)") != std::string::npos);
   CHECK(r.checkpoint.empty());
   CHECK(checkpoints_written() == 0);
   ro.abort_on_node_loss = false;

@@ -80,4 +80,30 @@ TEST_CASE("state verdict: a sender with no rank left to vote is judged by what t
   CHECK(v.decided);
   CHECK_FALSE(v.sender_ok);
   CHECK(v.faulty == faults{{"node A", "it sent rank 0's state after step 12, which node B and node C do not hold"}});
+  // One witness alone does not bar it: the state is not written, and nobody is named.
+  const state_verdict w = judge_states({{1, kHeld, "node B"}}, "node A", kOther, 12);
+  CHECK(w.decided);
+  CHECK_FALSE(w.sender_ok);
+  CHECK(w.faulty.empty());
+}
+
+TEST_CASE("state verdict: nodes faulty by their own word do not vote, and a tie among the rest decides nothing", "[coordinator]") {
+  // A's ranks disagree among themselves; B and C, true to themselves, disagree with each other.
+  const state_verdict v = judge_states({{0, kHeld, "node A"}, {1, kOther, "node A"}, {2, kHeld, "node B"}, {3, kThird, "node C"}}, "node A", kHeld, 4);
+  CHECK_FALSE(v.agree);
+  CHECK_FALSE(v.decided);
+  // Of five voters, three are a majority (B is faulty by its own word, and does not count).
+  const state_verdict w = judge_states({{0, kHeld, "node A"}, {1, kOther, "node B"}, {2, kThird, "node B"}, {3, kOther, "node C"}, {4, kHeld, "node D"},
+                                        {5, kHeld, "node E"}}, "node A", kHeld, 4);
+  CHECK(w.decided);
+  CHECK(w.faulty == faults{{"node B", "its ranks hold different states after step 4"},
+                           {"node C", "its ranks hold another state after step 4 than node A, node D and node E hold"}});
+  // B faulty by its own word; A (true to itself) and C disagree, one each: undecided.
+  const state_verdict x = judge_states({{0, kOther, "node A"}, {1, kHeld, "node B"}, {2, kOther, "node B"}, {3, kHeld, "node C"}}, "node A", kOther, 4);
+  CHECK_FALSE(x.decided);
+}
+
+TEST_CASE("state verdict: ranks not named by where they run decide nothing", "[coordinator]") {
+  CHECK_FALSE(judge_states({{0, kOther, ""}, {1, kHeld, ""}, {2, kHeld, ""}}, "", kOther, 3).decided);
+  CHECK_FALSE(judge_states({{0, kOther, "node A"}, {1, kHeld, "node B"}, {2, kHeld, ""}}, "node A", kOther, 3).decided);
 }
