@@ -1,15 +1,8 @@
 #include "actors/launcher.hpp"
 
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
-#include <cstdio>
-#include <cstring>
 #include <random>
-#include <set>
-#include <thread>
 
 #include "actors/messages.hpp"
 #include "actors/reform.hpp"
