@@ -172,7 +172,8 @@ struct launcher {
   // Tells every node to drop the job; the bridge stops only once that is sent (~launcher).
   void abort_all(const std::string& reason);
   bool aborted = false;
-  // Waits for one reply of `type` from every node; "" or what went wrong. A node that says nothing at all
+  // Waits for one reply of `type` from every node; "" or what went wrong (every node's refusal that came
+  // within a second of the first, "; " between them). A node that says nothing at all
   // (not even a heartbeat) for `silence` is given up on before the deadline (before its first word since
   // `since`, when the request was sent, default now: for first_word, when longer); an interrupt
   // (train_config::interrupt) ends the wait at once.

@@ -17,6 +17,11 @@ using clock_type = launcher::clock_type;
 
 // How long a node busy with a job whose launcher still heartbeats is asked again (await_free).
 constexpr std::chrono::milliseconds kLiveBusyWait{1000};
+// After a node refuses, how long the others' answers are waited for, so that every node's reason is said
+// at once (nodes that lack the data all lack it: the user should not learn it one node at a time).
+constexpr std::chrono::milliseconds kRefusalGrace{1000};
+// Refusals named in full; more are counted.
+constexpr int kRefusalsNamed = 4;
 
 std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* replies, std::chrono::milliseconds limit,
                                 std::chrono::milliseconds silence, std::chrono::milliseconds first_word,
@@ -26,8 +31,11 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
   size_t n = 0;
   const auto start = since.value_or(clock_type::now()), deadline = start + limit;
   auto beat = start;
+  std::string refusals;
+  int refused = 0;
+  std::optional<clock_type::time_point> refused_by;  // when the first refusal's grace is up
   std::unique_lock<std::mutex> lock(mu);
-  while (n < ro.nodes.size()) {
+  while (n < ro.nodes.size() && !(refused_by && clock_type::now() > *refused_by)) {
     if (!cv.wait_for(lock, std::chrono::milliseconds(50), [this] { return !inbox.empty(); })) {
       if (const int sig = interrupted()) return interrupted_by(sig);
       const auto now = clock_type::now();
@@ -36,7 +44,7 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
         beat = now;
         broadcast(wire::msg_type::heartbeat, {});
       }
-      for (size_t i = 0; i < got.size(); ++i) {
+      for (size_t i = 0; i < got.size() && !refused_by; ++i) {  // after a refusal, the others have until its grace is up
         if (got[i]) continue;
         const auto quiet = now - std::max(heard(int(i)), start);
         const auto allowed = heard(int(i)) > start ? silence : std::max(silence, first_word);
@@ -72,8 +80,13 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
     control_msg m = std::move(inbox.front());
     inbox.pop_front();
     if (m.h.type == wire::msg_type::error) {
-      refused_invalid = m.kv.count("invalid") && m.kv["invalid"] == "1";  // a bad model or settings
-      return m.kv.count("error") ? node_text(m.kv["error"], kMaxNodeError) : "node " + ro.nodes[m.node] + " refused the job";
+      refused_invalid = refused_invalid || (m.kv.count("invalid") && m.kv["invalid"] == "1");  // a bad model or settings
+      if (refused++ < kRefusalsNamed)
+        refusals += (refusals.empty() ? "" : "; ") +
+                    (m.kv.count("error") ? node_text(m.kv["error"], kMaxNodeError) : "node " + ro.nodes[m.node] + " refused the job");
+      if (!got[m.node]) got[m.node] = true, ++n;
+      if (!refused_by) refused_by = clock_type::now() + kRefusalGrace;
+      continue;
     }
     if (m.h.type == wire::msg_type::abort) {  // stopped while it set up: say so, not that it fell silent
       const std::string& sig = m.kv["stopped"], &why = m.kv["reason"];
@@ -85,7 +98,8 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
     (*replies)[m.node] = std::move(m.kv);
     ++n;
   }
-  return "";
+  if (refused > kRefusalsNamed) refusals += "; and " + std::to_string(refused - kRefusalsNamed) + " more nodes refused it";
+  return refusals;
 }
 
 std::string launcher::await_free(std::vector<wire::kv_map>* hellos) {

@@ -155,6 +155,29 @@ TEST_CASE("node daemon: a taken port is a clear error, SIGTERM a clean stop, bad
                      " (is ringmaster-node running there?)") == 0);
 }
 
+TEST_CASE("nodes that refuse a job are all named at once, not the first alone", "[nodes]") {
+  // Two of three daemons have no data where --data says (a cluster set up alike is wrong alike): the user
+  // hears of both in one run, not of one per try.
+  const std::string empty = "/tmp/ringmaster-test-no-data-" + std::to_string(::getpid());
+  std::filesystem::create_directories(empty);
+  test::daemons bare = test::start_daemons(2, {RINGMASTER_NODE_BIN}, "cpu:1", empty);
+  test::daemons good = start_nodes(1, "cpu:1");
+  remote_options ro;
+  ro.nodes = {bare[0]->endpoint, good[0]->endpoint, bare[1]->endpoint};
+  const auto t0 = std::chrono::steady_clock::now();
+  const train_result r = train_remote(small_job(), ro);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.error);
+  CHECK_FALSE(r.ok);
+  CHECK_FALSE(r.invalid);
+  for (const auto& d : bare)
+    CHECK(r.error.find("node " + d->endpoint + ": " + empty + ": no train-images-idx3-ubyte[.gz] there (is --data the right folder?)") !=
+          std::string::npos);
+  CHECK(r.error.find(good[0]->endpoint) == std::string::npos);
+  CHECK(took < 10);  // the good node answered: nobody waited out a timeout
+  std::filesystem::remove_all(empty);
+}
+
 TEST_CASE("topology API: ranks here and on a node, one ring, equal to all ranks here", "[nodes][topology]") {
   auto nodes = start_nodes(1);
   topology t;
