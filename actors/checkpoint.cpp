@@ -31,12 +31,6 @@ constexpr uint64_t kMaxHeaderBytes = uint64_t(1) << 26;  // 64 MiB: three entrie
 // 64 KiB has no more than ~40,000 tensors with their optimizer state. Parsed, 2^20 of them take ~100 MB.
 constexpr size_t kMaxHeaderItems = size_t(1) << 20;
 
-std::string hex64(uint64_t v) {
-  char b[20];
-  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
-  return b;
-}
-
 // Floats as text that reads back to the same float.
 std::string exact(float v) {
   char b[32];

@@ -106,6 +106,8 @@ struct train_result {
 };
 
 uint64_t fnv1a(const float* p, size_t n);
+// A checksum as 16 lowercase hex digits ("%016llx"): how reports, checkpoints and the examples write them.
+std::string hex64(uint64_t v);
 
 // Why a job that signal `sig` interrupted (train_config::interrupt) stopped: "interrupted (SIGINT)".
 std::string interrupted_by(int sig);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "actors/coordinator.hpp"  // hex64
 #include "kernels/registry.hpp"
 
 namespace ringmaster {
@@ -46,7 +47,7 @@ struct reader {
     if (v->empty() || ec != std::errc() || end != v->data() + v->size() || x < lo || x > hi) return bad(key, *v);
     *out = x;
   }
-  // 16 lowercase hex digits, as the writer's %016llx.
+  // 16 lowercase hex digits, as hex64 writes them.
   void hex64(const char* key, uint64_t* out) {
     const std::string* v = get(key);
     if (!v) return;
@@ -103,9 +104,7 @@ wire::kv_map to_kv(const eval_report& r) {
 }
 
 wire::kv_map to_kv(const pause_report& r) {
-  char sum[20];
-  std::snprintf(sum, sizeof sum, "%016llx", (unsigned long long)r.state_sum);
-  return {{"kind", "paused"}, {"gen", std::to_string(r.gen)}, {"applied", std::to_string(r.applied)}, {"state_sum", sum}};
+  return {{"kind", "paused"}, {"gen", std::to_string(r.gen)}, {"applied", std::to_string(r.applied)}, {"state_sum", hex64(r.state_sum)}};
 }
 
 wire::kv_map to_kv(const held_report& r) {

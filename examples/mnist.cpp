@@ -36,12 +36,6 @@ using namespace ringmaster::mnist;
 
 namespace {
 
-std::string hex(uint64_t v) {
-  char b[20];
-  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
-  return b;
-}
-
 // The report: nlohmann's ordered_json keeps the keys in this order, and writes NaN and infinities as null.
 bool write_report(const std::string& path, const options& o, const train_result& r, std::string* error) {
   using ojson = nlohmann::ordered_json;
@@ -54,7 +48,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
              {"global_batch", o.cfg.global_batch}, {"epochs", o.cfg.epochs},
              {"resumed_at_step", o.cfg.resume ? o.cfg.resume->progress.step : 0}, {"model", o.cfg.model},
              {"optimizer", o.optimizer}, {"seed", o.cfg.seed},
-             {"weights_checksum", r.checksums.empty() ? "" : "fnv1a64:" + hex(r.checksums[0])},
+             {"weights_checksum", r.checksums.empty() ? "" : "fnv1a64:" + hex64(r.checksums[0])},
              {"replicas_identical", r.checksums.empty() ? ojson() : ojson(r.identical)},  // null: no final weights
              {"history", ojson::array()}, {"node_losses", ojson::array()},
              {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"unmeasured_samples", r.unmeasured},
@@ -450,7 +444,7 @@ int finish(const options& o, const train_result& r) {
   const bool from_checkpoint = c.resume && trained_to_end(*c.resume, c);
   std::printf("; %s (fnv1a64 %s)\n", from_checkpoint ? "weights from the checkpoint" : r.checksums.size() == 1 ? "1 replica"
                                      : r.identical ? "replicas bit-identical" : "replicas DIFFER",
-              hex(r.checksums[0]).c_str());
+              hex64(r.checksums[0]).c_str());
   for (const node_loss& l : r.losses) {
     const char* since = l.hung ? "the ring's last step" : "its last message";
     std::printf("Lost node %s (%s): %s, named %.2f s after %s; %d rank%s went on from epoch %lld, "

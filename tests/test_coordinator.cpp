@@ -579,3 +579,9 @@ TEST_CASE("coordinator: final weights that hold NaN are an error, not a result",
   CHECK_FALSE(out.ok);
   CHECK(out.error == "rank 1 sent final weights that hold NaN or infinite values");
 }
+
+TEST_CASE("coordinator: checksums are written as 16 lowercase hex digits, leading zeros kept", "[coordinator]") {
+  CHECK(hex64(0) == "0000000000000000");
+  CHECK(hex64(0x1234abcdULL) == "000000001234abcd");
+  CHECK(hex64(~0ULL) == "ffffffffffffffff");
+}
