@@ -19,6 +19,9 @@ namespace {
 constexpr size_t kMaxHeldCheckpoints = 8;
 // Metrics waiting for their state are small: many may wait (a state of GBs on a slow link), not forever.
 constexpr size_t kMaxHeldProgress = 256;
+// How far ahead of the steps complete rank 0's state may be and still count as news from it: its node
+// sends the state right after the step, the reports of every rank within a batch of 64 (node_links.hpp).
+constexpr int64_t kMaxStateLead = 1024;
 
 // Writes the checkpoint after `done` steps once both its halves are here.
 void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64_t done) {
@@ -33,12 +36,16 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   const uint64_t sent = votes.empty() ? 0 : state_checksum(*c.state);  // 0: nothing to compare with, or no memory
   if (const state_verdict v = sent ? judge_states(votes, c.sender, sent, done) : state_verdict{}; !v.agree) {
     // The faulty nodes, for the messages, and why rank 0's state is not written.
-    std::string named, sender_why = "it sent a state that the other nodes do not hold";
+    std::string named, not_written = "rank 0's node, " + c.sender + " (lost since), sent a state that the other nodes do not hold";
+    bool sender_named = false;
     for (const auto& [where, why] : v.faulty) {
       named += (named.empty() ? ": " : "; ") + where + ", " + why;
-      if (where == c.sender) sender_why = why;
+      if (where == c.sender) not_written = "rank 0's node, " + where + ", is faulty: " + why, sender_named = true;
     }
-    if (!v.decided || !st.cfg.on_faulty_node || done >= st.cfg.steps_per_epoch * st.cfg.epochs)
+    // A sender still in the ring that gave no checksum of its own cannot be judged on another's word.
+    const bool sender_here = !st.cfg.where.empty() && st.cfg.where[0] == c.sender;
+    if (!v.decided || (!v.sender_ok && !sender_named && sender_here) || !st.cfg.on_faulty_node ||
+        done >= st.cfg.steps_per_epoch * st.cfg.epochs)
       return finish(self, st, "the state rank 0" + (c.sender.empty() ? "" : " (" + c.sender + ")") + " sent after step " +
                                   std::to_string(done) + " is not the one held by " + v.disagree +
                                   ": no checkpoint was written from it (a faulty or lying node" + named + ")" +
@@ -46,8 +53,7 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
     for (const auto& [where, why] : v.faulty) st.cfg.on_faulty_node(where, why + " (a faulty or lying node)");
     if (!v.sender_ok) {  // not written: the next one comes from the new ring's rank 0
       if (st.cfg.on_event)
-        st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: rank 0's node, " + c.sender +
-                        ", is faulty: " + sender_why);
+        st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: " + not_written);
       st.checkpoints.erase(it);
       return;
     }
@@ -65,7 +71,8 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
     st.written_by = rank_where(st, 0);  // who sent it (a re-formed ring may number another node's rank 0)
   }
   if (std::string error = st.cfg.on_checkpoint(c.progress, *c.state); !error.empty())
-    finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error);
+    return finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error);
+  st.last_state = clock_type::now();  // the write took our time, not rank 0's node's (a slow disk)
 }
 
 }  // namespace
@@ -99,7 +106,9 @@ void coordinator_detail::take_state(caf::event_based_actor* self, coordinator_st
   if (!st.cfg.on_checkpoint || done <= st.cfg.start.step || done <= st.written ||
       !checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs))
     return;  // none asked for then
-  st.last_state = clock_type::now();
+  // A state far ahead of the steps complete is no honest rank 0's: it must not keep check_withheld quiet
+  // while the one due is held back (it is judged once its step's metrics come).
+  if (done <= steps_complete(st) + kMaxStateLead) st.last_state = clock_type::now();
   size_t states = 0;
   for (const auto& [k, c] : st.checkpoints) states += c.state != nullptr;
   if (states >= kMaxHeldCheckpoints) {  // the oldest goes: a newer one supersedes it, the last must stay
@@ -123,16 +132,18 @@ void coordinator_detail::check_withheld(caf::event_based_actor* self, coordinato
   const int64_t done = it->first;
   const std::string sender = st.cfg.where.empty() ? "" : st.cfg.where[0];
   char waited[48];
-  std::snprintf(waited, sizeof waited, "%.0f s", std::chrono::duration<double>(limit).count());
-  const std::string none = "no state of rank 0 for the checkpoint after step " + std::to_string(done) + " within " + waited +
-                           " of that step's end, nor a later one";
+  std::snprintf(waited, sizeof waited, "%.3g s", std::chrono::duration<double>(limit).count());
+  const std::string none = "no state for the checkpoint after step " + std::to_string(done) + " within " + waited +
+                           " of that step's end, nor one for a later step (a faulty or lying node, or a link too slow for its states)";
   if (st.cfg.on_faulty_node && !sender.empty() && done < st.cfg.steps_per_epoch * st.cfg.epochs) {
-    st.cfg.on_faulty_node(sender, "it sent " + none + " (a faulty or lying node)");
-    if (st.cfg.on_event) st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: " + sender + " sent " + none);
+    st.cfg.on_faulty_node(sender, "it sent " + none);
+    if (st.cfg.on_event)
+      st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: rank 0's node, " + sender + ", sent no state for it");
+    st.votes.erase(done);
     st.checkpoints.erase(it);  // given up: the next one comes from the new ring's rank 0
     return;
   }
-  finish(self, st, "rank 0" + (sender.empty() ? "" : " (" + sender + ")") + " sent " + none + " (a faulty or lying node, or a link too slow for it)" +
+  finish(self, st, "rank 0's node" + (sender.empty() ? "" : " (" + sender + ")") + " sent " + none +
                        (st.written > st.cfg.start.step ? "; the last checkpoint, after step " + std::to_string(st.written) + ", is kept" : ""));
 }
 

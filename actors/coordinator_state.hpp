@@ -1,5 +1,6 @@
-// Internal to actors/coordinator.cpp and actors/coordinator_checks.cpp: what the coordinator keeps of a
-// job, and the checks on what ranks report (reports come from other processes: a node may lie).
+// Internal to actors/coordinator.cpp and its parts (coordinator_checks.cpp, coordinator_checkpoints.cpp,
+// coordinator_stop.cpp): what the coordinator keeps of a job, and the checks on what ranks report
+// (reports come from other processes: a node may lie).
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -130,7 +131,7 @@ void settle_lost_reports(caf::event_based_actor* self, coordinator_state& st, in
 // A rank paused on the way (replica's pause_report).
 void stop_paused(caf::event_based_actor* self, const std::shared_ptr<coordinator_state>& st, const pause_report& r);
 // Where a job stands after `done` steps, all of whose reports are in (and at an epoch's end, its
-// evaluations): the checkpoint's metrics half (checkpoint_progress in coordinator.cpp for steps due).
+// evaluations): the checkpoint's metrics half (checkpoint_progress for steps due).
 job_progress progress_after(const coordinator_state& st, int64_t done, const epoch_acc* open);
 
 // Checkpoints (coordinator_checkpoints.cpp). A rank's checksum of its state after a checkpoint's step,

@@ -56,7 +56,10 @@ void launcher::drop_faulty(const std::string& where, const std::string& why) {
     if (where.empty() || plan.node_name(int(i)) != where) continue;
     join_failures[i] = kJoinTries;  // never taken back in this job
     const std::string named = "node " + ro.nodes[i] + " (" + ranks_named(ranks_of(int(i))) + ") is faulty: " + why;
-    if (gone[i]) return event(named + "; it was lost already");
+    if (gone[i]) {  // lost already; if it is rejoining, that is off
+      if (int(i) == joining) give_up_join("its ranks' checksums showed it faulty: " + why);
+      return event(named + "; it was lost already");
+    }
     // A ring re-formed as the last step ends, or after it, while final weights come in, is not one to
     // risk: the job fails, its last checkpoint (the majority's state) kept.
     if (seen_step + 1 >= total_steps) return kill_node(-1, named + "; it cannot be dropped this close to the job's end");

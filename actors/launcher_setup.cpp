@@ -32,7 +32,8 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
   const auto start = since.value_or(clock_type::now()), deadline = start + limit;
   auto beat = start;
   std::string refusals;
-  int refused = 0;
+  int refused = 0;                             // nodes that refused
+  std::vector<bool> said(ro.nodes.size(), false);  // per node: its refusal is in
   std::optional<clock_type::time_point> refused_by;  // when the first refusal's grace is up
   std::unique_lock<std::mutex> lock(mu);
   while (n < ro.nodes.size() && !(refused_by && clock_type::now() > *refused_by)) {
@@ -80,7 +81,10 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
     control_msg m = std::move(inbox.front());
     inbox.pop_front();
     if (m.h.type == wire::msg_type::error) {
-      refused_invalid = refused_invalid || (m.kv.count("invalid") && m.kv["invalid"] == "1");  // a bad model or settings
+      // A bad model or settings: one node that says so is enough (the same job went to all of them).
+      refused_invalid = refused_invalid || (m.kv.count("invalid") && m.kv["invalid"] == "1");
+      if (said[m.node]) continue;
+      said[m.node] = true;
       if (refused++ < kRefusalsNamed)
         refusals += (refusals.empty() ? "" : "; ") +
                     (m.kv.count("error") ? node_text(m.kv["error"], kMaxNodeError) : "node " + ro.nodes[m.node] + " refused the job");
@@ -90,8 +94,9 @@ std::string launcher::await_all(wire::msg_type type, std::vector<wire::kv_map>* 
     }
     if (m.h.type == wire::msg_type::abort) {  // stopped while it set up: say so, not that it fell silent
       const std::string& sig = m.kv["stopped"], &why = m.kv["reason"];
-      if (stopped_by_signal(sig)) return "node " + ro.nodes[m.node] + " was stopped (" + sig + ") while it set up the job";
-      return "node " + ro.nodes[m.node] + " gave up the job as it set it up" + (why.empty() ? "" : ": " + node_text(why, kMaxNodeError));
+      const std::string before = refusals.empty() ? "" : refusals + "; ";  // refusals that came first are said too
+      if (stopped_by_signal(sig)) return before + "node " + ro.nodes[m.node] + " was stopped (" + sig + ") while it set up the job";
+      return before + "node " + ro.nodes[m.node] + " gave up the job as it set it up" + (why.empty() ? "" : ": " + node_text(why, kMaxNodeError));
     }
     if (m.h.type != type || got[m.node]) continue;
     got[m.node] = true;

@@ -392,7 +392,7 @@ std::string go_on_from(const options& o, const train_result& r) {
   if (o.checkpoint_dir.empty()) return "no checkpoints were kept: --checkpoint-dir DIR keeps them";
   // Not "yet": a first checkpoint refused (a state its ranks do not hold) leaves none either.
   return "no checkpoint was written; they are due " +
-         std::string(o.checkpoint_every ? "every " + std::to_string(o.checkpoint_every) + " steps and after the last"
+         std::string(o.checkpoint_every ? "every " + std::to_string(o.checkpoint_every) + " steps and after the last step"
                                         : "at the end of every epoch");
 }
 

@@ -92,7 +92,7 @@ TEST_CASE("state verdict: nodes faulty by their own word do not vote, and a tie 
   const state_verdict v = judge_states({{0, kHeld, "node A"}, {1, kOther, "node A"}, {2, kHeld, "node B"}, {3, kThird, "node C"}}, "node A", kHeld, 4);
   CHECK_FALSE(v.agree);
   CHECK_FALSE(v.decided);
-  // Of five voters, three are a majority (B is faulty by its own word, and does not count).
+  // Of four voters, three are a majority (B is faulty by its own word, and does not count).
   const state_verdict w = judge_states({{0, kHeld, "node A"}, {1, kOther, "node B"}, {2, kThird, "node B"}, {3, kOther, "node C"}, {4, kHeld, "node D"},
                                         {5, kHeld, "node E"}}, "node A", kHeld, 4);
   CHECK(w.decided);

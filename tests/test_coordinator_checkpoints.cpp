@@ -1,0 +1,304 @@
+// The coordinator's checkpoints against nodes that lie: rank 0's states and the ranks' checksums of theirs,
+// held, judged and written, or given up (actors/coordinator_checkpoints.cpp).
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "tests/coordinator_job.hpp"
+
+using namespace ringmaster;
+using namespace ringmaster::test_coordinator;
+using namespace std::chrono_literals;
+
+TEST_CASE("coordinator: a node that sends states for steps far ahead makes it hold a few, not all, and the last", "[coordinator]") {
+  coordinator_config cc = checkpoint_each_step(20);
+  const recorded rec(&cc);
+  job j(cc);
+  train_result out = j.run([](job& j) {
+    for (int64_t k = 1; k <= 20; ++k) {  // rank 0's state after every step, before any step is reported
+      send_state(j, k, k < 20 ? 1000 : 3);
+    }
+    for (int64_t s = 0; s < 20; ++s) j.step(0, 0, s), j.step(1, 0, s);
+    j.done(0), j.done(1);
+  });
+  // The newest 8 were held and written, the older ones let go (said once); the job ends well, its last
+  // checkpoint written.
+  CHECK(*rec.written == std::vector<int64_t>{13, 14, 15, 16, 17, 18, 19, 20});
+  REQUIRE(rec.events->size() == 1);
+  CHECK(rec.events->front() == "skipped the checkpoint after step 1: 8 states waited for their steps' reports");
+  INFO(out.error);
+  CHECK(out.ok);
+}
+
+TEST_CASE("coordinator: a checkpoint whose state never comes, only a later one's, is skipped with a line", "[coordinator]") {
+  coordinator_config cc = checkpoint_each_step(3);
+  const recorded rec(&cc);
+  job j(cc);
+  train_result out = j.run([](job& j) {
+    for (int64_t k : {1, 3}) {  // rank 0's node withholds the state after step 2
+      send_state(j, k, k < 3 ? 10 : 3);
+    }
+    for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s), j.step(1, 0, s);
+    j.done(0), j.done(1);
+  });
+  CHECK(*rec.written == std::vector<int64_t>{1, 3});
+  REQUIRE(rec.events->size() == 1);
+  CHECK(rec.events->front() == "skipped the checkpoint after step 2: rank 0's node sent no state for it, only for a later step");
+  INFO(out.error);
+  CHECK(out.ok);
+}
+
+TEST_CASE("coordinator: a checkpoint after the last step that holds other weights than the final ones is an error", "[coordinator]") {
+  // As rank 0's node would make it by sending a state that is not its own: --save and a resume of the
+  // finished run would disagree.
+  for (float value : {0.0f, 1234.5f}) {
+    coordinator_config cc = checkpoint_each_step(3);
+    const recorded rec(&cc);
+    job j(cc);
+    train_result out = j.run([value](job& j) {
+      for (int64_t k = 1; k <= 3; ++k) send_state(j, k, 3, k < 3 ? 7.0f : value);  // earlier ones are not compared
+      for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s), j.step(1, 0, s);
+      j.done(0), j.done(1);
+    });
+    CHECK(*rec.written == std::vector<int64_t>{1, 2, 3});
+    INFO(out.error);
+    CHECK(out.ok == (value == 0.0f));
+    if (value != 0.0f)
+      CHECK(out.error == "the checkpoint after the last step (3) holds other weights than every rank's final ones: rank 0 sent a "
+                         "state that was not its own; do not resume from it");
+  }
+}
+
+TEST_CASE("coordinator: a state of rank 0 that is not the one the other ranks hold is not written, and the job fails naming them",
+          "[coordinator]") {
+  // As rank 0's node would make it by sending a state not its own, of finite, plausible values (which the
+  // launcher's state_fault passes): from step 2 on its state holds 7s, while every rank reports the
+  // checksum of zeros. A resume would have trained on from it.
+  coordinator_config cc = checkpoint_each_step(3);
+  cc.where = {"node A", "node B"};
+  const recorded rec(&cc);
+  job j(cc);
+  train_result out = j.run([](job& j) {
+    for (int64_t k = 1; k <= 3; ++k) {
+      send_state(j, k, 3, k < 2 ? 0.0f : 7.0f);
+      network_state held;  // what the ranks hold after step k
+      held.steps = k;
+      held.params.assign(3, 0.0f);
+      j.step(0, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
+      j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
+    }
+    j.done(0), j.done(1);
+  });
+  CHECK(*rec.written == std::vector<int64_t>{1});
+  INFO(out.error);
+  CHECK_FALSE(out.ok);
+  CHECK(out.error == "the state rank 0 (node A) sent after step 2 is not the one held by ranks 0 (node A), 1 (node B): no checkpoint "
+                     "was written from it (a faulty or lying node: node A, it sent rank 0's state after step 2, which its own ranks "
+                     "do not hold); the last one, after step 1, is kept");
+}
+
+TEST_CASE("coordinator: a node the checksums show faulty is handed on to be dropped, and only the majority's state is written",
+          "[coordinator]") {
+  // Elastic jobs on nodes (on_faulty_node set): rank 0's node sends a state of 7s after step 2 while
+  // its own ranks and the other node's hold zeros. It is named, its state not written, and the job goes
+  // on (the launcher would re-form the ring without it; here both stand-ins go on). After the last step
+  // the job fails instead: no ring is left to re-form.
+  auto run = [](int64_t steps) {
+    coordinator_config cc = checkpoint_each_step(steps);
+    cc.where = {"node A", "node B"};
+    auto dropped = std::make_shared<std::vector<std::string>>();
+    cc.on_faulty_node = [dropped](const std::string& where, const std::string& why) { dropped->push_back(where + ": " + why); };
+    const recorded rec(&cc);
+    job j(cc);
+    train_result out = j.run([steps](job& j) {
+      for (int64_t k = 1; k <= steps; ++k) {
+        send_state(j, k, 3, k == 2 ? 7.0f : 0.0f);
+        network_state held;
+        held.steps = k;
+        held.params.assign(3, 0.0f);
+        j.step(0, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
+        j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
+      }
+      j.done(0), j.done(1);
+    });
+    return std::make_tuple(out, *rec.written, *rec.events, *dropped);
+  };
+  auto [out, written, events, dropped] = run(3);
+  INFO(out.error);
+  CHECK(out.ok);
+  CHECK(written == std::vector<int64_t>{1, 3});
+  CHECK(dropped == std::vector<std::string>{"node A: it sent rank 0's state after step 2, which its own ranks do not hold (a faulty or lying node)"});
+  CHECK(std::find(events.begin(), events.end(),
+                  "the checkpoint after step 2 was not written: rank 0's node, node A, is faulty: it sent rank 0's state after step 2, "
+                  "which its own ranks do not hold") != events.end());
+  std::tie(out, written, events, dropped) = run(2);  // step 2 is the last
+  CHECK_FALSE(out.ok);
+  CHECK(out.error.find("the state rank 0 (node A) sent after step 2 is not the one held by ranks 0 (node A), 1 (node B)") == 0);
+  CHECK(written == std::vector<int64_t>{1});
+  CHECK(dropped.empty());
+}
+
+TEST_CASE("coordinator: a rank that reports its states' checksums far ahead does not make checkpoints waiting for their state go",
+          "[coordinator]") {
+  // Rank 1's node reports 300 steps at once, each with its checksum (the report lead allows it); rank 0
+  // reports 5 steps at a time and its states come after. The checksums held for steps to come once
+  // counted against the bound on checkpoints whose metrics wait for their state, and made those go.
+  const int64_t steps = 300;
+  coordinator_config cc = checkpoint_each_step(steps);
+  cc.where = {"node A", "node B"};
+  const recorded rec(&cc);
+  job j(cc);
+  train_result out = j.run([](job& j) {
+    auto held = [](int64_t k) {
+      network_state s;
+      s.steps = k;
+      s.params.assign(3, 0.0f);
+      return state_checksum(s);
+    };
+    for (int64_t k = 1; k <= steps; ++k) j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, held(k));
+    for (int64_t k = 1; k <= steps; k += 5) {
+      for (int64_t i = k; i < k + 5; ++i) j.step(0, 0, i - 1, 2, 1, 0.5, 0, 0, held(i));
+      for (int64_t i = k; i < k + 5; ++i) send_state(j, i, 3);
+    }
+    j.done(0), j.done(1);
+  });
+  INFO(out.error);
+  CHECK(out.ok);
+  CHECK(rec.written->size() == size_t(steps));
+  CHECK(rec.events->empty());
+}
+
+TEST_CASE("coordinator: rank 0's node that withholds its states is named within state_timeout, not at the job's end",
+          "[coordinator]") {
+  // It sends the state after step 1, then none: the checkpoint after step 2 waits. Elastic (on_faulty_node),
+  // the node is handed on once and the job goes on (rank 0's states come again: a new ring's rank 0);
+  // otherwise the job fails naming it, the checkpoint after step 1 kept.
+  auto run = [](bool elastic) {
+    coordinator_config cc = checkpoint_each_step(4);
+    cc.where = {"node A", "node B"};
+    cc.report_timeout = 10000ms;
+    cc.state_timeout = 1500ms;
+    auto dropped = std::make_shared<std::vector<std::string>>();
+    if (elastic) cc.on_faulty_node = [dropped](const std::string& where, const std::string& why) { dropped->push_back(where + ": " + why); };
+    const recorded rec(&cc);
+    job j(cc);
+    train_result out = j.run([](job& j) {
+      send_state(j, 1, 3);
+      for (int64_t s = 0; s < 2; ++s) j.step(0, 0, s), j.step(1, 0, s);
+      std::this_thread::sleep_for(4000ms);  // named after 1.5 s, at a tick: 2 s here, with room for a loaded machine
+      for (int64_t s = 2; s < 4; ++s) j.step(0, 0, s), j.step(1, 0, s);
+      send_state(j, 3, 3), send_state(j, 4, 3);
+      j.done(0), j.done(1);
+    });
+    return std::make_tuple(out, *rec.written, *dropped);
+  };
+  auto [out, written, dropped] = run(true);
+  INFO(out.error);
+  CHECK(out.ok);
+  CHECK(written == std::vector<int64_t>{1, 3, 4});
+  CHECK(dropped == std::vector<std::string>{"node A: it sent no state for the checkpoint after step 2 within 1.5 s of that step's end, "
+                                            "nor one for a later step (a faulty or lying node, or a link too slow for its states)"});
+  std::tie(out, written, dropped) = run(false);  // without the check, state 3 would supersede 2 and the job end well
+  CHECK_FALSE(out.ok);
+  CHECK(out.error == "rank 0's node (node A) sent no state for the checkpoint after step 2 within 1.5 s of that step's end, nor one for a "
+                     "later step (a faulty or lying node, or a link too slow for its states); the last checkpoint, after step 1, is kept");
+  CHECK(written == std::vector<int64_t>{1});
+}
+
+namespace {
+
+// The checksum of the state the stand-ins hold after k steps: 3 zeros.
+uint64_t held_sum(int64_t k) {
+  network_state s;
+  s.steps = k;
+  s.params.assign(3, 0.0f);
+  return state_checksum(s);
+}
+
+// checkpoint_each_step(steps) on nodes A and B, with state_timeout 1.5 s, faulty nodes recorded in *dropped.
+coordinator_config watched(int64_t steps, const std::shared_ptr<std::vector<std::string>>& dropped) {
+  coordinator_config cc = checkpoint_each_step(steps);
+  cc.where = {"node A", "node B"};
+  cc.report_timeout = 10000ms;
+  cc.state_timeout = 1500ms;
+  cc.on_faulty_node = [dropped](const std::string& where, const std::string& why) { dropped->push_back(where + ": " + why); };
+  return cc;
+}
+
+}  // namespace
+
+TEST_CASE("coordinator: the time it takes to write a checkpoint is not counted against rank 0's node", "[coordinator]") {
+  // Writing the state after step 1 takes 2.5 s (a slow disk), longer than state_timeout; the state after
+  // step 2 came meanwhile, behind a tick in the coordinator's mailbox.
+  auto dropped = std::make_shared<std::vector<std::string>>();
+  coordinator_config cc = watched(4, dropped);
+  const recorded rec(&cc);
+  cc.on_checkpoint = [w = rec.written](const job_progress& p, const network_state&) {
+    w->push_back(p.step);
+    if (p.step == 1) std::this_thread::sleep_for(2500ms);
+    return std::string();
+  };
+  job j(cc);
+  train_result out = j.run([](job& j) {
+    for (int64_t s = 0; s < 2; ++s) j.step(0, 0, s, 2, 1, 0.5, 0, 0, held_sum(s + 1)), j.step(1, 0, s, 2, 1, 0.5, 0, 0, held_sum(s + 1));
+    send_state(j, 1, 3);
+    std::this_thread::sleep_for(1200ms);
+    send_state(j, 2, 3);
+    for (int64_t s = 2; s < 4; ++s) j.step(0, 0, s), j.step(1, 0, s);
+    send_state(j, 3, 3), send_state(j, 4, 3);
+    j.done(0), j.done(1);
+  });
+  INFO(out.error);
+  CHECK(out.ok);
+  CHECK(dropped->empty());
+  CHECK(*rec.written == std::vector<int64_t>{1, 2, 3, 4});
+}
+
+TEST_CASE("coordinator: states for steps far ahead do not keep a node that withholds the one due from being named",
+          "[coordinator]") {
+  // Rank 0's node holds back the state after step 2 and sends a made-up one for step 1039, far past the
+  // steps complete, every half second: no honest node is that far ahead, so it is no news from it.
+  auto dropped = std::make_shared<std::vector<std::string>>();
+  coordinator_config cc = watched(1040, dropped);
+  const recorded rec(&cc);
+  job j(cc);
+  j.run(
+      [](job& j) {
+        send_state(j, 1, 3);
+        for (int64_t s = 0; s < 2; ++s) j.step(0, 0, s), j.step(1, 0, s);
+        for (int i = 0; i < 8; ++i) {
+          send_state(j, 1039, 3, 7.0f);
+          std::this_thread::sleep_for(500ms);
+        }
+      },
+      5000ms);
+  REQUIRE(dropped->size() == 1);
+  CHECK(dropped->front().rfind("node A: it sent no state for the checkpoint after step 2 within 1.5 s", 0) == 0);
+}
+
+TEST_CASE("coordinator: rank 0's node that gives no checksum of its own and sends another state fails the job",
+          "[coordinator]") {
+  // Two nodes: A reports no checksums (0, "none") and sends states of 7s; B holds zeros. B alone cannot
+  // bar A, and A must not go on with every checkpoint refused until the job's end.
+  auto dropped = std::make_shared<std::vector<std::string>>();
+  coordinator_config cc = watched(4, dropped);
+  const recorded rec(&cc);
+  job j(cc);
+  train_result out = j.run([](job& j) {
+    for (int64_t k = 1; k <= 4; ++k) {
+      j.step(0, 0, k - 1, 2, 1, 0.5, 0, 0, 0);
+      j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, held_sum(k));
+      send_state(j, k, 3, 7.0f);
+    }
+    j.done(0), j.done(1);
+  });
+  CHECK_FALSE(out.ok);
+  CHECK(out.error.rfind("the state rank 0 (node A) sent after step 1 is not the one held by rank 1 (node B): no checkpoint was written", 0) == 0);
+  CHECK(dropped->empty());
+  CHECK(rec.written->empty());
+}
