@@ -47,12 +47,6 @@ std::string format_progress(const progress& p) {
   return line;
 }
 
-std::string hex64(uint64_t v) {
-  char b[20];
-  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
-  return b;
-}
-
 std::string interrupted_by(int sig) {
   const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : nullptr;
   return std::string("interrupted (") + (name ? name : "signal " + std::to_string(sig)) + ")";

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -107,7 +108,12 @@ struct train_result {
 
 uint64_t fnv1a(const float* p, size_t n);
 // A checksum as 16 lowercase hex digits ("%016llx"): how reports, checkpoints and the examples write them.
-std::string hex64(uint64_t v);
+// Inline: the fuzz harnesses (tools/fuzz.sh) build the readers that use it without this file's source.
+inline std::string hex64(uint64_t v) {
+  char b[20];
+  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+  return b;
+}
 
 // Why a job that signal `sig` interrupted (train_config::interrupt) stopped: "interrupted (SIGINT)".
 std::string interrupted_by(int sig);

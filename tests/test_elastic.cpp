@@ -349,7 +349,7 @@ TEST_CASE("elastic: a job stopped by a signal while a rank hangs pauses its rank
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is dropped, or fails the job; none is written from it",
+TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is dropped, or fails the job, and none is written from it",
           "[nodes][elastic][checkpoint]") {
   // Rank 0's node changes a parameter of each state it sends (finite and plausible: state_fault passes
   // it), as a faulty or lying node could; its ranks and the other node report their states' checksums.
