@@ -15,6 +15,29 @@ using namespace ringmaster;
 using namespace ringmaster::test_coordinator;
 using namespace std::chrono_literals;
 
+namespace {
+
+// The checksum of the state the stand-ins hold after k steps: 3 zeros.
+uint64_t held_sum(int64_t k) {
+  network_state s;
+  s.steps = k;
+  s.params.assign(3, 0.0f);
+  return state_checksum(s);
+}
+
+// checkpoint_each_step(steps) on nodes A and B (an elastic job: faulty nodes recorded in *dropped), rank
+// 0's states watched for (state_timeout 1.5 s).
+coordinator_config watched(int64_t steps, const std::shared_ptr<std::vector<std::string>>& dropped) {
+  coordinator_config cc = checkpoint_each_step(steps);
+  cc.where = {"node A", "node B"};
+  cc.report_timeout = 10000ms;
+  cc.state_timeout = 1500ms;
+  cc.on_faulty_node = [dropped](const std::string& where, const std::string& why) { dropped->push_back(where + ": " + why); };
+  return cc;
+}
+
+}  // namespace
+
 TEST_CASE("coordinator: a node that sends states for steps far ahead makes it hold a few, not all, and the last", "[coordinator]") {
   coordinator_config cc = checkpoint_each_step(20);
   const recorded rec(&cc);
@@ -86,11 +109,8 @@ TEST_CASE("coordinator: a state of rank 0 that is not the one the other ranks ho
   train_result out = j.run([](job& j) {
     for (int64_t k = 1; k <= 3; ++k) {
       send_state(j, k, 3, k < 2 ? 0.0f : 7.0f);
-      network_state held;  // what the ranks hold after step k
-      held.steps = k;
-      held.params.assign(3, 0.0f);
-      j.step(0, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
-      j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
+      j.step(0, 0, k - 1, 2, 1, 0.5, 0, 0, held_sum(k));  // what the ranks hold after step k
+      j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, held_sum(k));
     }
     j.done(0), j.done(1);
   });
@@ -109,20 +129,15 @@ TEST_CASE("coordinator: a node the checksums show faulty is handed on to be drop
   // on (the launcher would re-form the ring without it; here both stand-ins go on). After the last step
   // the job fails instead: no ring is left to re-form.
   auto run = [](int64_t steps) {
-    coordinator_config cc = checkpoint_each_step(steps);
-    cc.where = {"node A", "node B"};
     auto dropped = std::make_shared<std::vector<std::string>>();
-    cc.on_faulty_node = [dropped](const std::string& where, const std::string& why) { dropped->push_back(where + ": " + why); };
+    coordinator_config cc = watched(steps, dropped);
     const recorded rec(&cc);
     job j(cc);
     train_result out = j.run([steps](job& j) {
       for (int64_t k = 1; k <= steps; ++k) {
         send_state(j, k, 3, k == 2 ? 7.0f : 0.0f);
-        network_state held;
-        held.steps = k;
-        held.params.assign(3, 0.0f);
-        j.step(0, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
-        j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, state_checksum(held));
+        j.step(0, 0, k - 1, 2, 1, 0.5, 0, 0, held_sum(k));
+        j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, held_sum(k));
       }
       j.done(0), j.done(1);
     });
@@ -154,15 +169,9 @@ TEST_CASE("coordinator: a rank that reports its states' checksums far ahead does
   const recorded rec(&cc);
   job j(cc);
   train_result out = j.run([](job& j) {
-    auto held = [](int64_t k) {
-      network_state s;
-      s.steps = k;
-      s.params.assign(3, 0.0f);
-      return state_checksum(s);
-    };
-    for (int64_t k = 1; k <= steps; ++k) j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, held(k));
+    for (int64_t k = 1; k <= steps; ++k) j.step(1, 0, k - 1, 2, 1, 0.5, 0, 0, held_sum(k));
     for (int64_t k = 1; k <= steps; k += 5) {
-      for (int64_t i = k; i < k + 5; ++i) j.step(0, 0, i - 1, 2, 1, 0.5, 0, 0, held(i));
+      for (int64_t i = k; i < k + 5; ++i) j.step(0, 0, i - 1, 2, 1, 0.5, 0, 0, held_sum(i));
       for (int64_t i = k; i < k + 5; ++i) send_state(j, i, 3);
     }
     j.done(0), j.done(1);
@@ -179,12 +188,9 @@ TEST_CASE("coordinator: rank 0's node that withholds its states is named within 
   // the node is handed on once and the job goes on (rank 0's states come again: a new ring's rank 0);
   // otherwise the job fails naming it, the checkpoint after step 1 kept.
   auto run = [](bool elastic) {
-    coordinator_config cc = checkpoint_each_step(4);
-    cc.where = {"node A", "node B"};
-    cc.report_timeout = 10000ms;
-    cc.state_timeout = 1500ms;
     auto dropped = std::make_shared<std::vector<std::string>>();
-    if (elastic) cc.on_faulty_node = [dropped](const std::string& where, const std::string& why) { dropped->push_back(where + ": " + why); };
+    coordinator_config cc = watched(4, dropped);
+    if (!elastic) cc.on_faulty_node = nullptr;
     const recorded rec(&cc);
     job j(cc);
     train_result out = j.run([](job& j) {
@@ -209,28 +215,6 @@ TEST_CASE("coordinator: rank 0's node that withholds its states is named within 
                      "later step (a faulty or lying node, or a link too slow for its states); the last checkpoint, after step 1, is kept");
   CHECK(written == std::vector<int64_t>{1});
 }
-
-namespace {
-
-// The checksum of the state the stand-ins hold after k steps: 3 zeros.
-uint64_t held_sum(int64_t k) {
-  network_state s;
-  s.steps = k;
-  s.params.assign(3, 0.0f);
-  return state_checksum(s);
-}
-
-// checkpoint_each_step(steps) on nodes A and B, with state_timeout 1.5 s, faulty nodes recorded in *dropped.
-coordinator_config watched(int64_t steps, const std::shared_ptr<std::vector<std::string>>& dropped) {
-  coordinator_config cc = checkpoint_each_step(steps);
-  cc.where = {"node A", "node B"};
-  cc.report_timeout = 10000ms;
-  cc.state_timeout = 1500ms;
-  cc.on_faulty_node = [dropped](const std::string& where, const std::string& why) { dropped->push_back(where + ": " + why); };
-  return cc;
-}
-
-}  // namespace
 
 TEST_CASE("coordinator: the time it takes to write a checkpoint is not counted against rank 0's node", "[coordinator]") {
   // Writing the state after step 1 takes 2.5 s (a slow disk), longer than state_timeout; the state after
