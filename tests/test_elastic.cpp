@@ -464,5 +464,18 @@ TEST_CASE("checkpoints on nodes: of 3 nodes, one whose ranks' checksums the othe
   REQUIRE(read_checkpoint(r.checkpoint, layer_registry::with_builtins(), &last, &err));
   CHECK(last.state.steps == 100);
   CHECK(last.state.params == r.weights);
+  // The same node found out as the last step ends (checkpoints due after steps 49 and 50 of 50): no ring
+  // is re-formed while final weights come in; the job fails, naming it. (Here the coordinator's check of
+  // the last step comes first; launcher::drop_faulty refuses a re-forming this late too.)
+  std::filesystem::remove_all(dir);
+  c.epochs = 1;
+  c.checkpoint_every = 49;
+  const train_result late = train_remote(c, ro);
+  INFO(late.error);
+  CHECK_FALSE(late.ok);
+  const std::string b = "node " + nodes[1]->endpoint;
+  CHECK((late.error.find(b + " (rank 1) is faulty: its ranks hold another state after step 49") != std::string::npos ||
+         late.error.find(b + ", its ranks hold another state after step 50") != std::string::npos));
+  CHECK(late.losses.empty());
   std::filesystem::remove_all(dir);
 }
