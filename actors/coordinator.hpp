@@ -75,6 +75,15 @@ struct failed_join {
   bool asked_again = false;
 };
 
+// A node found faulty (coordinator_config::on_faulty_node) too close to the job's end to re-form the ring
+// without it: it finished with the others. Rank 0's state after the last step was written only as the
+// majority's, and the final weights were compared (train_result::identical) all the same.
+struct node_fault {
+  std::string node;  // its endpoint
+  std::string ranks; // the ranks it ran ("2-3")
+  std::string why;   // "its ranks hold another state after step 50 than node ... hold (a faulty or lying node)"
+};
+
 struct train_result {
   bool ok = false;
   std::string error;                   // set when !ok: which actor failed and why
@@ -96,6 +105,7 @@ struct train_result {
   std::vector<node_loss> losses;  // nodes lost on the way (elastic jobs went on without them)
   std::vector<node_join> joins;   // lost nodes that came back and joined again
   std::vector<failed_join> failed_joins;  // and tries to take one back that failed
+  std::vector<node_fault> faults;         // nodes found faulty as the job ended, kept to its end
   // Samples trained whose loss and accuracy were lost with their node (a report in flight when it
   // died): counted in train_samples, not in the means.
   int64_t unmeasured = 0;
@@ -146,8 +156,9 @@ struct coordinator_config {
   // coordinator_state.hpp). A node they show faulty (a state sent that its own ranks do not hold, or
   // one a majority of nodes do not) goes here by where it runs, to be dropped like a lost node (it may
   // be named again at a later checkpoint before the ring is re-formed); the job goes on, and a
-  // checkpoint is written only from the majority's state. Only before the last step: at it the job
-  // fails instead, as it does with this null (no elastic continuation).
+  // checkpoint is written only from the majority's state. After the last step too, where rank 0's
+  // state is the majority's (the launcher then keeps the node to the end: train_result::faults); where
+  // it is not, the job fails, as it does with this null (no elastic continuation).
   std::function<void(const std::string& where, const std::string& why)> on_faulty_node;
   // Ranks in other processes (nodes): once one rank has reported a step, an evaluation or its end, the
   // others must too within this long, or the job fails naming them (a node that still answers but sends

@@ -43,13 +43,16 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
       if (where == c.sender) not_written = "rank 0's node, " + where + ", is faulty: " + why, sender_named = true;
     }
     // A sender still in the ring that gave no checksum of its own cannot be judged on another's word.
+    // After the last step a state not the majority's has no later one to take its place.
     const bool sender_here = !st.cfg.where.empty() && st.cfg.where[0] == c.sender;
-    if (!v.decided || (!v.sender_ok && !sender_named && sender_here) || !st.cfg.on_faulty_node ||
-        done >= st.cfg.steps_per_epoch * st.cfg.epochs)
+    const bool last = done >= st.cfg.steps_per_epoch * st.cfg.epochs;
+    if (!v.decided || (!v.sender_ok && !sender_named && sender_here) || !st.cfg.on_faulty_node || (last && !v.sender_ok))
       return finish(self, st, "the state rank 0" + (c.sender.empty() ? "" : " (" + c.sender + ")") + " sent after step " +
                                   std::to_string(done) + " is not the one held by " + v.disagree +
                                   ": no checkpoint was written from it (a faulty or lying node" + named + ")" +
                                   (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
+    // After the last step the launcher keeps them to the end (no ring is re-formed while the final weights
+    // come in): rank 0's state, the majority's, is written, and the final weights are compared.
     for (const auto& [where, why] : v.faulty) st.cfg.on_faulty_node(where, why + " (a faulty or lying node)");
     if (!v.sender_ok) {  // not written: the next one comes from the new ring's rank 0
       if (st.cfg.on_event)

@@ -133,6 +133,7 @@ struct launcher {
   clock_type::time_point join_paused;   // when the last of the others stopped for it
   std::vector<node_join> joined;        // since the last re-forming, for the coordinator
   std::vector<failed_join> failed_joins;  // all, for the summary (read once the bridge has stopped)
+  std::vector<node_fault> faults;         // nodes found faulty too late to drop (drop_faulty), likewise
   std::map<int, std::vector<float>> weights_in;  // by rank: final weights, pieces in so far
   int lives = 0;                        // lives given to nodes taken back (plan_node::life): one per try
   int fresh = -1;                       // the node that joined last, until its first step report: if it
@@ -214,7 +215,8 @@ struct launcher {
   // figures of its loss count from instead of its last message.
   void node_lost(int node, const std::string& why, std::optional<clock_type::time_point> hung_since = std::nullopt);
   // The node running at `where` (job_plan::node_name) is faulty: its ranks' checksums showed it
-  // (coordinator_config::on_faulty_node). It is lost, and never taken back in this job.
+  // (coordinator_config::on_faulty_node). It is lost, and never taken back in this job; as the last
+  // step ends or after, it is kept to the end instead (faults).
   void drop_faulty(const std::string& where, const std::string& why);
   // Each heartbeat: a re-forming that takes too long fails the job; lost nodes are asked whether they
   // are back, and a join that takes too long is given up.

@@ -61,8 +61,13 @@ void launcher::drop_faulty(const std::string& where, const std::string& why) {
       return event(named + "; it was lost already");
     }
     // A ring re-formed as the last step ends, or after it, while final weights come in, is not one to
-    // risk: the job fails, its last checkpoint (the majority's state) kept.
-    if (seen_step + 1 >= total_steps) return kill_node(-1, named + "; it cannot be dropped this close to the job's end");
+    // risk: it finishes with the others. Its fault cannot pass into the result unseen: rank 0's state
+    // after the last step is written only as the majority's, and the final weights are compared.
+    if (seen_step + 1 >= total_steps) {
+      if (std::any_of(faults.begin(), faults.end(), [&](const node_fault& f) { return f.node == ro.nodes[i]; })) return;
+      faults.push_back({ro.nodes[i], ranks_of(int(i)), why});
+      return event(named + "; too close to the job's end to re-form the ring without it, it finishes with the others");
+    }
     return node_lost(int(i), why);
   }
   event("a node named faulty is not in this job (" + where + "): " + why);

@@ -51,7 +51,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
              {"weights_checksum", r.checksums.empty() ? "" : "fnv1a64:" + hex64(r.checksums[0])},
              {"replicas_identical", r.checksums.empty() ? ojson() : ojson(r.identical)},  // null: no final weights
              {"history", ojson::array()}, {"node_losses", ojson::array()},
-             {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"unmeasured_samples", r.unmeasured},
+             {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"node_faults", ojson::array()}, {"unmeasured_samples", r.unmeasured},
              // A job that failed or was stopped leaves its report too: how far it got, and where to go on from.
              {"status", r.ok ? "done" : r.interrupted ? "interrupted" : "failed"}, {"error", r.ok ? "" : r.error},
              {"epochs_done", r.history.size()},
@@ -68,6 +68,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
                                  {"replicas", n.replicas}, {"epoch", n.epoch + 1}, {"paused_seconds", n.paused}});
   for (const failed_join& f : r.failed_joins)
     j["node_rejoins_failed"].push_back({{"node", f.node}, {"why", f.why}, {"asked_again", f.asked_again}});
+  for (const node_fault& f : r.faults) j["node_faults"].push_back({{"node", f.node}, {"ranks", f.ranks}, {"why", f.why}});
   // Text from nodes is printable ASCII already (node_text); replace keeps a stray byte from throwing.
   const std::string text = j.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
   return write_output(path, {{text.data(), text.size()}}, error);
@@ -460,6 +461,9 @@ int finish(const options& o, const train_result& r) {
   for (const failed_join& f : r.failed_joins)
     std::printf("Node %s came back, but a try to rejoin failed: %s (%s)\n", f.node.c_str(), f.why.c_str(),
                 f.asked_again ? "it was to be asked again" : "it stayed out");
+  for (const node_fault& f : r.faults)
+    std::printf("Faulty node %s (%s): %s; found as the job ended, it finished with the others\n", f.node.c_str(),
+                ranks_named(f.ranks).c_str(), f.why.c_str());
   if (r.unmeasured)
     std::printf("%lld training samples of lost nodes count without their loss and accuracy (reports lost with them)\n",
                 (long long)r.unmeasured);

@@ -48,9 +48,10 @@ struct job {
   }
   explicit job(std::chrono::milliseconds report_timeout = 0ms, std::vector<std::string> where = {})
       : job(small(report_timeout, std::move(where))) {}
-  // Any settings for 2 ranks; rank 1 may be another stand-in (a liar).
+  // Any settings for cc.replicas ranks (2 or more); rank 1 may be another stand-in (a liar).
   explicit job(const coordinator_config& cc, caf::behavior (*rank1)(caf::event_based_actor*) = stand_in) {
     ranks = {sys.spawn(stand_in), sys.spawn(rank1)};
+    while (int(ranks.size()) < cc.replicas) ranks.push_back(sys.spawn(stand_in));
     coord = sys.spawn(coordinator, cc);
   }
   ~job() {

@@ -535,7 +535,7 @@ TEST_CASE("launcher: Ctrl-C or SIGTERM on a local job stops it with a message th
     CHECK(report["train_loss"].is_null());
     CHECK(report["replicas_identical"].is_null());
     CHECK(report["checkpoint"] == go_on_path(r.out));
-    for (const char* list : {"history", "node_losses", "node_rejoins", "node_rejoins_failed"}) {
+    for (const char* list : {"history", "node_losses", "node_rejoins", "node_rejoins_failed", "node_faults"}) {
       INFO(list);
       CHECK((report.contains(list) && report.at(list).is_array() && report.at(list).empty()));
     }
