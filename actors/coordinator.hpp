@@ -153,7 +153,7 @@ struct coordinator_config {
   std::function<std::string(const job_progress&, const network_state&)> on_checkpoint;
   std::function<void(const std::string&)> on_event;  // a line about the job (a lost node), same thread
   // Ranks on more than one node report their states' checksums at checkpoints (judge_states in
-  // coordinator_state.hpp). A node they show faulty (a state sent that its own ranks do not hold, or
+  // state_verdict.hpp). A node they show faulty (a state sent that its own ranks do not hold, or
   // one a majority of nodes do not) goes here by where it runs, to be dropped like a lost node (it may
   // be named again at a later checkpoint before the ring is re-formed); the job goes on, and a
   // checkpoint is written only from the majority's state. After the last step too, where rank 0's

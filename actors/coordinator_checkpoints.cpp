@@ -36,12 +36,10 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   const uint64_t sent = votes.empty() ? 0 : state_checksum(*c.state);  // 0: nothing to compare with, or no memory
   if (const state_verdict v = sent ? judge_states(votes, c.sender, sent, done) : state_verdict{}; !v.agree) {
     // The faulty nodes, for the messages, and why rank 0's state is not written.
-    std::string named, not_written = "rank 0's node, " + c.sender + " (lost since), sent a state that the other nodes do not hold";
+    std::string not_written = "rank 0's node, " + c.sender + " (lost since), sent a state that the other nodes do not hold";
     bool sender_named = false;
-    for (const auto& [where, why] : v.faulty) {
-      named += (named.empty() ? ": " : "; ") + where + ", " + why;
+    for (const auto& [where, why] : v.faulty)
       if (where == c.sender) not_written = "rank 0's node, " + where + ", is faulty: " + why, sender_named = true;
-    }
     // A sender still in the ring that gave no checksum of its own cannot be judged on another's word.
     // After the last step a state not the majority's has no later one to take its place.
     const bool sender_here = !st.cfg.where.empty() && st.cfg.where[0] == c.sender;
@@ -49,7 +47,7 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
     if (!v.decided || (!v.sender_ok && !sender_named && sender_here) || !st.cfg.on_faulty_node || (last && !v.sender_ok))
       return finish(self, st, "the state rank 0" + (c.sender.empty() ? "" : " (" + c.sender + ")") + " sent after step " +
                                   std::to_string(done) + " is not the one held by " + v.disagree +
-                                  ": no checkpoint was written from it (a faulty or lying node" + named + ")" +
+                                  ": no checkpoint was written from it (a faulty or lying node" + faults_named(v) + ")" +
                                   (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
     // After the last step the launcher keeps them to the end (no ring is re-formed while the final weights
     // come in): rank 0's state, the majority's, is written, and the final weights are compared.

@@ -10,6 +10,7 @@
 
 #include "actors/coordinator.hpp"
 #include "actors/messages.hpp"
+#include "actors/state_verdict.hpp"
 
 namespace ringmaster::coordinator_detail {
 
@@ -46,14 +47,6 @@ struct epoch_acc {
   int64_t measured() const { return count - unmeasured; }
 };
 
-// A rank's checksum of its state after a checkpoint's step (step_report::state_sum), and where it ran
-// then (coordinator_config::where of that ring: a later one may number the ranks anew).
-struct state_vote {
-  int rank = 0;
-  uint64_t sum = 0;
-  std::string where;
-};
-
 // A checkpoint waits for both halves: rank 0's state after the step, and the job's metrics up to it.
 struct pending_checkpoint {
   state_ptr state;
@@ -61,15 +54,6 @@ struct pending_checkpoint {
   bool have_progress = false;
   job_progress progress;
   clock_type::time_point complete;  // when the metrics half came
-};
-
-// What the ranks' checksums say of the state rank 0's node sent (judge_states).
-struct state_verdict {
-  bool agree = true;      // every rank holds the state sent
-  std::string disagree;   // if not: "ranks 0 (node A), 1 (node B)", those that do not
-  bool decided = true;    // false: no state held by a majority of nodes (two that disagree, say)
-  bool sender_ok = true;  // the state sent is the majority's: it may be written
-  std::vector<std::pair<std::string, std::string>> faulty;  // (where, why): nodes shown faulty
 };
 
 struct coordinator_state {
@@ -152,12 +136,6 @@ std::string check_report(const coordinator_state& st, const step_report& r);
 std::string check_report(const coordinator_state& st, const eval_report& r);
 // "3", or "3 (node tcp://10.0.0.2:5601)" when the launcher said where rank 3 runs.
 std::string rank_where(const coordinator_state& st, int r);
-// The ranks' checksums of their states after step `done` against `sent`, the checksum of the state that
-// rank 0's node (`sender`) sent. Each node has one say, as its ranks are in one owner's hands. A node is
-// faulty by its own word when its ranks disagree, or when it sent a state its own ranks do not hold; of
-// the others (the voters), a checksum more than half of them hold is the job's state, and a node holding
-// another is faulty. Undecided without a majority, or when a node is not named (an empty `where`).
-state_verdict judge_states(std::vector<state_vote> votes, const std::string& sender, uint64_t sent, int64_t done);
 // Ranks that have not reported what the others have, for report_timeout; "" if none is late.
 std::string late_ranks(const coordinator_state& st, clock_type::time_point now);
 // Whether every rank has been silent too long (coordinator_config::eval_batches); "" if not.

@@ -21,6 +21,7 @@
 #include "actors/coordinator.hpp"
 #include "actors/job_plan.hpp"
 #include "actors/remote_job.hpp"
+#include "actors/state_verdict.hpp"
 #include "net/bridge.hpp"
 #include "net/log_writer.hpp"
 
@@ -235,9 +236,14 @@ struct launcher {
   void pause_survivors(const wire::kv_map& extra);
   // Whether every rank of every surviving node has answered (applied).
   bool all_answered() const;
-  // "" when state `s` is the one every rank that paused after its step holds (their pause answers' sums);
-  // else those that hold another ("rank 1 on node tcp://...", a list): whoever sent it is faulty or lies.
-  std::string not_held_by(const network_state& s) const;
+  // State `s` of rank `rank`, which node `sender` sent, against the sums of the ranks that paused after
+  // its step (judge_states: each node one say). A rank that sent no sum (no memory) has no say.
+  state_verdict judge_paused(const network_state& s, int sender, int rank) const;
+  // Elastic: the nodes a verdict shows faulty are dropped as lost (never taken back), and the survivors
+  // pause again without them. False if it shows none (or with --on-node-loss abort): the caller fails.
+  bool drop_shown_faulty(const state_verdict& v);
+  // Node i, found faulty (why), is lost and never taken back in this job.
+  void lose_faulty(int node, const std::string& why);
   void on_paused(int node, int rank, const pause_report& r);
   void on_held(int node, int rank, const held_report& r);
   // How long a stop waits for every rank to reach its step before an elastic job's ranks pause where

@@ -54,8 +54,8 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
 void launcher::drop_faulty(const std::string& where, const std::string& why) {
   for (size_t i = 0; i < ro.nodes.size(); ++i) {
     if (where.empty() || plan.node_name(int(i)) != where) continue;
-    join_failures[i] = kJoinTries;  // never taken back in this job
     const std::string named = "node " + ro.nodes[i] + " (" + ranks_named(ranks_of(int(i))) + ") is faulty: " + why;
+    join_failures[i] = kJoinTries;  // never taken back in this job
     if (gone[i]) {  // lost already; if it is rejoining, that is off
       if (int(i) == joining) give_up_join("its ranks' checksums showed it faulty: " + why);
       return event(named + "; it was lost already");
@@ -68,9 +68,14 @@ void launcher::drop_faulty(const std::string& where, const std::string& why) {
       faults.push_back({ro.nodes[i], ranks_of(int(i)), why});
       return event(named + "; too close to the job's end to re-form the ring without it, it finishes with the others");
     }
-    return node_lost(int(i), why);
+    return lose_faulty(int(i), why);
   }
   event("a node named faulty is not in this job (" + where + "): " + why);
+}
+
+void launcher::lose_faulty(int node, const std::string& why) {
+  join_failures[size_t(node)] = kJoinTries;  // never taken back in this job
+  node_lost(node, why);
 }
 
 // A new generation: the survivors stop (at once, or with "at" after that step) and say how far they got.
@@ -144,13 +149,22 @@ bool launcher::all_answered() const {
   return true;
 }
 
-std::string launcher::not_held_by(const network_state& s) const {
+state_verdict launcher::judge_paused(const network_state& s, int sender, int rank) const {
   const uint64_t sum = state_checksum(s);  // 0: no memory (then unchecked, as against ranks that sent none)
-  std::string out;
+  std::vector<state_vote> votes;
   for (const auto& [who, n] : applied)
-    if (auto it = paused_sums.find(who); sum && n == s.steps && it != paused_sums.end() && it->second && it->second != sum)
-      out += (out.empty() ? "rank " : ", rank ") + std::to_string(who.second) + " on node " + ro.nodes[size_t(who.first)];
-  return out;
+    if (auto it = paused_sums.find(who); sum && n == s.steps && it != paused_sums.end() && it->second)
+      votes.push_back({who.second, it->second, plan.node_name(who.first)});
+  return judge_states(std::move(votes), plan.node_name(sender), sum, s.steps, rank);
+}
+
+bool launcher::drop_shown_faulty(const state_verdict& v) {
+  if (!plan.elastic) return false;
+  bool any = false;
+  for (const auto& [where, why] : v.faulty)
+    for (size_t i = 0; i < ro.nodes.size(); ++i)
+      if (plan.node_name(int(i)) == where && !gone[i]) lose_faulty(int(i), why + " (a faulty or lying node)"), any = true;
+  return any;
 }
 
 // A replica stopped for generation `gen` after applying some steps. Once every surviving rank has
@@ -227,11 +241,13 @@ void launcher::take_forward_state(const wire::header& h, const net::payload& p) 
   if (std::string bad = state_fault(*s); !bad.empty())
     return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ": " + bad);
   // Finite, plausible values are not enough: it must be the state the ranks hold, not one made up.
-  if (std::string others = not_held_by(*s); !others.empty())
+  if (const state_verdict v = judge_paused(*s, forward_node, forward_rank); !v.agree) {
+    if (drop_shown_faulty(v)) return;  // the others pause again without them (a stop's state then comes from one of them)
     return kill_node(-1, std::string(stopping ? interrupted_by(stopping) + "; no checkpoint was written at the stop: " : "") + "node " +
                              ro.nodes[size_t(forward_node)] + " sent a state after step " + std::to_string(s->steps) +
-                             " that is not the one held by " + others + " (a faulty or lying node)" +
+                             " that is not the one held by " + v.disagree + " (a faulty or lying node" + faults_named(v) + ")" +
                              (stopping ? "" : ": the survivors cannot go on together"));
+  }
   if (stopping) {  // the stop's checkpoint: the coordinator writes it and ends the job
     stop_handed = true;
     return caf::anon_send(coordinator, checkpt_atom::value, stop_note{s, stopping, std::exchange(losses, {})});

@@ -58,6 +58,9 @@ state_ptr as_sent(const state_ptr& s, bool lie) {
   return out;
 }
 
+// Testing (node_options::lie_in_sums): `sum`, or one not the rank's own (nor 0, "none").
+uint64_t as_reported(uint64_t sum, bool lie) { return !lie || !sum ? sum : (sum ^ 1) ? sum ^ 1 : 2; }
+
 // Ranks whose weights (or, asked for, states) are on their way to the launcher: until ZeroMQ lets go of
 // a copy, more requests for it are dropped, so a launcher that asks again and again without reading holds
 // one copy a rank, not one per request. Set on the link's thread, cleared on whichever thread lets the
@@ -154,7 +157,7 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
   });
   return {
       [self, queue, flush, lie_in_sums](step_report r) {
-        if (lie_in_sums && r.state_sum && !(r.state_sum ^= 1)) r.state_sum = 2;  // testing: not its rank's own (nor 0, "none")
+        r.state_sum = as_reported(r.state_sum, lie_in_sums);
         queue->reports.push_back(r);
         if (queue->reports.size() >= kReportBatch) return flush();
         if (!queue->flush_due) {
@@ -175,8 +178,9 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         send_report(br, launcher, job, r.rank, to_kv(r));  // kind=eval
       },
       // After the replica's last report of the ring being given up on: the launcher counts on that.
-      [br, launcher, job, flush](const pause_report& r) {
+      [br, launcher, job, flush, lie_in_sums](pause_report r) {
         flush();
+        r.state_sum = as_reported(r.state_sum, lie_in_sums);
         send_report(br, launcher, job, r.rank, to_kv(r));  // kind=paused
       },
       [br, launcher, job, flush](const stall_report& r) {  // elastic: the launcher decides who is to blame

@@ -58,7 +58,8 @@ struct node_options {
   // Testing: every state this node sends its launcher has its first parameter changed, as a faulty or
   // lying node's would (finite, plausible, not the ranks' own).
   bool lie_in_states = false;
-  // Testing: every checksum of its ranks' states this node reports (step_report::state_sum) is changed.
+  // Testing: every checksum of its ranks' states this node reports (step_report and pause_report::state_sum)
+  // is changed.
   bool lie_in_sums = false;
 };
 

@@ -415,24 +415,42 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
   CHECK(l.out.find("training failed: the state rank 0 (node " + a + ") sent after step 50 is not the one held by") != std::string::npos);
   CHECK(l.out.find("ringmaster-mnist: no checkpoint was written; they are due at the end of every epoch") != std::string::npos);
   CHECK(checkpoints_written() == 0);
-  // Stopped by a signal mid-epoch, before any checkpoint was due: the state of the stop is checked as well.
-  std::filesystem::remove_all(dir);
-  c = stoppable_job(dir, &signal, &go, 20);
-  c.epochs = 100;  // far from its end when the signal comes
-  c.checkpoint_every = 1000000;
-  std::thread stopper([&] {
-    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
-    signal = SIGTERM;
-  });
-  r = train_remote(c, ro);
-  stopper.join();
-  INFO(r.error);
-  CHECK(r.interrupted == SIGTERM);
-  CHECK(r.error.find("no checkpoint was written at the stop: node " + a + " sent a state after step ") != std::string::npos);
-  CHECK(r.error.find(" that is not the one held by rank 0 on node " + a + ", rank 1 on node " + b + " (a faulty or lying node)") !=
-        std::string::npos);
-  CHECK(r.stopped_after == -1);
-  CHECK(checkpoints_written() == 0);
+  // Stopped by a signal mid-epoch, before any checkpoint was due: the state of the stop is judged as well.
+  // Elastic, node A is dropped and the stop's checkpoint is the honest node's state (the job used to end
+  // with none); with --on-node-loss abort none is written, and the error names node A.
+  for (const bool abort : {false, true}) {
+    INFO("abort " << abort);
+    std::filesystem::remove_all(dir);
+    c = stoppable_job(dir, &signal, &go, 20);
+    c.epochs = 100;  // far from its end when the signal comes
+    c.checkpoint_every = 1000000;
+    signal = 0, go = false;
+    ro.abort_on_node_loss = abort;
+    std::thread stopper([&] {
+      for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
+      signal = SIGTERM;
+    });
+    r = train_remote(c, ro);
+    stopper.join();
+    INFO(r.error);
+    CHECK(r.interrupted == SIGTERM);
+    if (abort) {
+      CHECK(r.error.find("no checkpoint was written at the stop: node " + a + " sent a state after step ") != std::string::npos);
+      CHECK(r.error.find(" that is not the one held by ranks 0 (node " + a + "), 1 (node " + b + ") (a faulty or lying node: node " + a +
+                         ", it sent rank 0's state after step ") != std::string::npos);
+      CHECK(r.stopped_after == -1);
+      CHECK(checkpoints_written() == 0);
+      continue;
+    }
+    REQUIRE(r.stopped_after > 0);
+    REQUIRE(r.losses.size() == 1);
+    CHECK(r.losses[0].node == a);
+    CHECK(r.losses[0].why == "it sent rank 0's state after step " + std::to_string(r.stopped_after) +
+                                 ", which its own ranks do not hold (a faulty or lying node)");
+    CHECK(checkpoints_written() == 1);
+    REQUIRE(read_checkpoint(r.checkpoint, layer_registry::with_builtins(), &last, &err));
+    CHECK(last.state.steps == r.stopped_after);
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -498,5 +516,29 @@ TEST_CASE("checkpoints on nodes: of 3 nodes, one whose ranks' checksums the othe
   CHECK(rep["node_faults"][0]["node"] == nodes[1]->endpoint);
   CHECK(rep["node_losses"].empty());
   std::remove(json.c_str());
+  // Stopped by a signal before any checkpoint was due: the paused ranks' sums are judged the same way.
+  // Node 1 contradicts nodes 0 and 2, which hold the state rank 0's node sent: it is dropped, and the
+  // stop's checkpoint is written (the job used to end with none).
+  std::filesystem::remove_all(dir);
+  std::atomic<int> signal{0};
+  std::atomic<bool> go{false};
+  c = stoppable_job(dir, &signal, &go, 20);
+  c.epochs = 100;  // far from its end when the signal comes
+  c.checkpoint_every = 1000000;
+  std::thread stopper([&] {
+    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
+    signal = SIGTERM;
+  });
+  const train_result stopped = train_remote(c, ro);
+  stopper.join();
+  INFO(stopped.error);
+  CHECK(stopped.interrupted == SIGTERM);
+  REQUIRE(stopped.stopped_after > 0);
+  REQUIRE(stopped.losses.size() == 1);
+  CHECK(stopped.losses[0].node == nodes[1]->endpoint);
+  CHECK(stopped.losses[0].why == "its ranks hold another state after step " + std::to_string(stopped.stopped_after) + " than node " +
+                                     nodes[0]->endpoint + " and node " + nodes[2]->endpoint + " hold (a faulty or lying node)");
+  REQUIRE(read_checkpoint(stopped.checkpoint, layer_registry::with_builtins(), &last, &err));
+  CHECK(last.state.steps == stopped.stopped_after);
   std::filesystem::remove_all(dir);
 }

@@ -264,6 +264,28 @@ TEST_CASE("elastic: another node lost while one rejoins: the join is given up, t
   CHECK(r.checksums.size() == 2 + r.joins.size());
 }
 
+TEST_CASE("elastic: rank 0's node found sending another state as a node rejoins is dropped, and the job goes on",
+          "[nodes][elastic][rejoin]") {
+  // Node 0 changes every state it sends (no checkpoints: the join asks for the first). Its own rank's
+  // checksum as it paused, and node 2's, give it away: it is dropped as faulty, that join is given up, and
+  // node 1 is asked again (it may rejoin, from node 2's state). Before, the join was given up and the
+  // liar stayed in.
+  test::daemons nodes = start_nodes_one_odd(3, 0, {"--lie-in-states"});
+  rejoin_run job;
+  train_result r = job.run(rejoin_job(), rejoin_options(nodes), nodes, 1, 30);
+  INFO(r.error);
+  INFO(job.all_events());
+  check_every_sample_once(r);
+  REQUIRE(r.losses.size() == 2);
+  CHECK(r.losses[0].node == nodes[1]->endpoint);
+  CHECK(r.losses[1].node == nodes[0]->endpoint);
+  CHECK(r.losses[1].why.rfind("it sent rank 0's state after step ", 0) == 0);
+  CHECK(r.losses[1].why.find(", which its own ranks do not hold (a faulty or lying node)") != std::string::npos);
+  CHECK(job.said("could not rejoin: node " + nodes[0]->endpoint + " was lost meanwhile"));
+  CHECK(r.checksums.size() == 1 + r.joins.size());
+  for (const node_join& j : r.joins) CHECK(j.node == nodes[1]->endpoint);
+}
+
 TEST_CASE("elastic: a rank that hangs while the others pause for a node that rejoins is dropped, the join given up, the job finishes",
           "[nodes][elastic][rejoin][stall]") {
   // Node 2's replicas stop as soon as they are told to pause for the join: the ring stalls on its way to

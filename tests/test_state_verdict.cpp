@@ -1,14 +1,13 @@
-// judge_states (actors/coordinator_state.hpp): which nodes the ranks' checksums of their states show
+// judge_states (actors/state_verdict.hpp): which nodes the ranks' checksums of their states show
 // faulty, when rank 0's node sent a state that not every rank holds. Each node has one say.
 #include <catch2/catch.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "actors/coordinator_state.hpp"
+#include "actors/state_verdict.hpp"
 
 using namespace ringmaster;
-using namespace ringmaster::coordinator_detail;
 
 namespace {
 
@@ -33,6 +32,10 @@ TEST_CASE("state verdict: a sender whose own ranks hold another state is faulty,
   CHECK(v.decided);
   CHECK_FALSE(v.sender_ok);
   CHECK(v.faulty == faults{{"node A", "it sent rank 0's state after step 50, which its own ranks do not hold"}});
+  CHECK(faults_named(v) == ": node A, it sent rank 0's state after step 50, which its own ranks do not hold");
+  // At a re-forming the launcher asks any rank that finished the step for its state: the words name it.
+  const state_verdict w = judge_states({{1, kHeld, "node B"}, {0, kHeld, "node A"}}, "node B", kOther, 50, 1);
+  CHECK(w.faulty == faults{{"node B", "it sent rank 1's state after step 50, which its own ranks do not hold"}});
 }
 
 TEST_CASE("state verdict: two nodes that disagree, each true to itself: no one can tell which lies", "[coordinator]") {
