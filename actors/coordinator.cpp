@@ -274,11 +274,15 @@ void final_weights_in(caf::event_based_actor* self, coordinator_state& st, int r
   for (uint64_t c : st.result->checksums) same = same && c == st.result->checksums[0];
   st.result->identical = same;
   // The checkpoint after the last step is the result too (a resume of the finished run gives it): rank
-  // 0's node sent its state, and must not have sent another.
-  if (same && st.written == st.cfg.steps_per_epoch * st.cfg.epochs && st.written_params != st.result->checksums[0])
-    return finish(self, st, "the checkpoint after the last step (" + std::to_string(st.written) +
-                                 ") holds other weights than every rank's final ones: rank " + st.written_by +
-                                 " sent a state that was not its own; do not resume from it");
+  // 0's node sent its state, and must not have sent another. Rank 0's final weights are what is saved:
+  // checked even where replicas differ (a node found faulty as the job ended finishes with the others).
+  if (st.written == st.cfg.steps_per_epoch * st.cfg.epochs && st.written_params != st.result->checksums[0])
+    return finish(self, st, same ? "the checkpoint after the last step (" + std::to_string(st.written) +
+                                       ") holds other weights than every rank's final ones: rank " + st.written_by +
+                                       " sent a state that was not its own; do not resume from it"
+                                 : "the checkpoint after the last step (" + std::to_string(st.written) +
+                                       ") holds other weights than rank 0's final ones, and the replicas differ: rank " +
+                                       st.written_by + "'s node sent a state or final weights not its own; use neither");
   // Every state and report came before its rank's done: a checkpoint still waiting is a bug.
   if (!st.checkpoints.empty())
     return finish(self, st, "the checkpoint after step " + std::to_string(st.checkpoints.begin()->first) + " was never complete");

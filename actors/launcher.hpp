@@ -214,7 +214,12 @@ struct launcher {
   // far they got (on_paused).
   // hung_since: a node dropped as its rank hung (judge_stall): the ring's last step before, which the
   // figures of its loss count from instead of its last message.
-  void node_lost(int node, const std::string& why, std::optional<clock_type::time_point> hung_since = std::nullopt);
+  // faulty: its ranks' checksums showed it faulty (why: what they showed); it is never taken back in
+  // this job. in_place: a paused ring's state in hand is the majority's, and the others go on from it
+  // without pausing again (a second transfer would count against a stop's limit).
+  enum class loss_kind { lost, faulty, faulty_in_place };
+  void node_lost(int node, const std::string& why, std::optional<clock_type::time_point> hung_since = std::nullopt,
+                 loss_kind kind = loss_kind::lost);
   // The node running at `where` (job_plan::node_name) is faulty: its ranks' checksums showed it
   // (coordinator_config::on_faulty_node). It is lost, and never taken back in this job; as the last
   // step ends or after, it is kept to the end instead (faults).
@@ -239,11 +244,13 @@ struct launcher {
   // State `s` of rank `rank`, which node `sender` sent, against the sums of the ranks that paused after
   // its step (judge_states: each node one say). A rank that sent no sum (no memory) has no say.
   state_verdict judge_paused(const network_state& s, int sender, int rank) const;
-  // Elastic: the nodes a verdict shows faulty are dropped as lost (never taken back), and the survivors
-  // pause again without them. False if it shows none (or with --on-node-loss abort): the caller fails.
-  bool drop_shown_faulty(const state_verdict& v);
-  // Node i, found faulty (why), is lost and never taken back in this job.
-  void lose_faulty(int node, const std::string& why);
+  // Elastic: the nodes a verdict shows faulty are dropped (node_lost, loss_kind::faulty, or faulty_in_place
+  // where `in_place`). Unlike the coordinator, which cannot pause anyone, this drops a node faulty by its
+  // own word even with no majority: the others may then agree. False if it shows none (or with
+  // --on-node-loss abort): the caller fails.
+  bool drop_shown_faulty(const state_verdict& v, bool in_place);
+  // The node running at `where` (job_plan::node_name), or -1.
+  int node_at(const std::string& where) const;
   void on_paused(int node, int rank, const pause_report& r);
   void on_held(int node, int rank, const held_report& r);
   // How long a stop waits for every rank to reach its step before an elastic job's ranks pause where

@@ -13,9 +13,11 @@ namespace ringmaster {
 
 using clock_type = launcher::clock_type;
 
-void launcher::node_lost(int node, const std::string& why, std::optional<clock_type::time_point> hung_since) {
+void launcher::node_lost(int node, const std::string& why, std::optional<clock_type::time_point> hung_since, loss_kind kind) {
   draining.erase(node);  // lost another way (a second signal, silence) before its time was up
-  const std::string said = (why.rfind("no heartbeat", 0) == 0 ? "stopped answering: " : "") + why;
+  const bool faulty = kind != loss_kind::lost;
+  if (faulty) join_failures[size_t(node)] = kJoinTries;  // never taken back in this job
+  const std::string said = (faulty ? "is faulty: " : why.rfind("no heartbeat", 0) == 0 ? "stopped answering: " : "") + why;
   if (gone[node]) {  // lost already; if it was joining again, that is off
     if (node == joining) give_up_join("it " + node_text(said));
     return;
@@ -38,6 +40,8 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   }
   losses.push_back(l);
   gone[node] = true;
+  // Kept to the end as faulty (drop_faulty), and lost after all: a loss, not one that finished.
+  faults.erase(std::remove_if(faults.begin(), faults.end(), [&](const node_fault& f) { return f.node == l.node; }), faults.end());
   if (node == fresh) ++join_failures[size_t(node)], fresh = -1;  // it rejoined, and was lost before its first step
   last_word = std::min(last_word, since);
   send_kv(node, wire::msg_type::abort, {{"reason", "dropped from the job: " + l.why}});  // if it lives
@@ -45,37 +49,38 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   for (int i : left) losses.back().survivors += int(plan.ranks_on(i).size());
   if (left.empty()) return kill_node(node, "node " + l.node + " (" + ranks_named(l.ranks) + ") " + said + ", and no node is left");
   if (stop_handed) return;  // the stop's state is with the coordinator: the job ends without a new ring
-  if (joining >= 0) give_up_join("node " + l.node + " was lost meanwhile", true, true);
-  event("lost node " + l.node + " (" + ranks_named(l.ranks) + "): " + why + "; re-forming the ring from " +
-        std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : ""));
+  const std::string lost_line = "lost node " + l.node + " (" + ranks_named(l.ranks) + "): " + why;
+  if (kind == loss_kind::faulty_in_place) return event(lost_line + "; the others go on from the state in hand");
+  if (joining >= 0) give_up_join("node " + l.node + (faulty ? " was found faulty meanwhile" : " was lost meanwhile"), true, true);
+  event(lost_line + (stopping ? "; the others pause again for the stop's state"
+                              : "; re-forming the ring from " + std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : "")));
   pause_survivors({});
 }
 
 void launcher::drop_faulty(const std::string& where, const std::string& why) {
-  for (size_t i = 0; i < ro.nodes.size(); ++i) {
-    if (where.empty() || plan.node_name(int(i)) != where) continue;
-    const std::string named = "node " + ro.nodes[i] + " (" + ranks_named(ranks_of(int(i))) + ") is faulty: " + why;
-    join_failures[i] = kJoinTries;  // never taken back in this job
-    if (gone[i]) {  // lost already; if it is rejoining, that is off
-      if (int(i) == joining) give_up_join("its ranks' checksums showed it faulty: " + why);
-      return event(named + "; it was lost already");
-    }
-    // A ring re-formed as the last step ends, or after it, while final weights come in, is not one to
-    // risk: it finishes with the others. Its fault cannot pass into the result unseen: rank 0's state
-    // after the last step is written only as the majority's, and the final weights are compared.
-    if (seen_step + 1 >= total_steps) {
-      if (std::any_of(faults.begin(), faults.end(), [&](const node_fault& f) { return f.node == ro.nodes[i]; })) return;
-      faults.push_back({ro.nodes[i], ranks_of(int(i)), why});
-      return event(named + "; too close to the job's end to re-form the ring without it, it finishes with the others");
-    }
-    return lose_faulty(int(i), why);
+  const int i = node_at(where);
+  if (i < 0) return event("a node named faulty is not in this job (" + where + "): " + why);
+  const std::string named = "node " + ro.nodes[size_t(i)] + " (" + ranks_named(ranks_of(i)) + ") is faulty: " + why;
+  if (gone[size_t(i)]) {  // lost already; if it is rejoining, that is off
+    join_failures[size_t(i)] = kJoinTries;  // never taken back in this job
+    if (i == joining) give_up_join("its ranks' checksums showed it faulty: " + why);
+    return event(named + "; it was lost already");
   }
-  event("a node named faulty is not in this job (" + where + "): " + why);
+  // A ring re-formed as the last step ends, or after it, while final weights come in, is not one to
+  // risk: it finishes with the others. Its fault cannot pass into the result unseen: rank 0's state
+  // after the last step is written only as the majority's, and rank 0's final weights are compared with it.
+  if (seen_step + 1 >= total_steps) {
+    if (std::any_of(faults.begin(), faults.end(), [&](const node_fault& f) { return f.node == ro.nodes[size_t(i)]; })) return;
+    faults.push_back({ro.nodes[size_t(i)], ranks_of(i), why});
+    return event(named + "; too close to the job's end to re-form the ring without it, it finishes with the others");
+  }
+  node_lost(i, why, std::nullopt, loss_kind::faulty);
 }
 
-void launcher::lose_faulty(int node, const std::string& why) {
-  join_failures[size_t(node)] = kJoinTries;  // never taken back in this job
-  node_lost(node, why);
+int launcher::node_at(const std::string& where) const {
+  for (size_t i = 0; i < ro.nodes.size() && !where.empty(); ++i)
+    if (plan.node_name(int(i)) == where) return int(i);
+  return -1;
 }
 
 // A new generation: the survivors stop (at once, or with "at" after that step) and say how far they got.
@@ -158,12 +163,12 @@ state_verdict launcher::judge_paused(const network_state& s, int sender, int ran
   return judge_states(std::move(votes), plan.node_name(sender), sum, s.steps, rank);
 }
 
-bool launcher::drop_shown_faulty(const state_verdict& v) {
+bool launcher::drop_shown_faulty(const state_verdict& v, bool in_place) {
   if (!plan.elastic) return false;
   bool any = false;
   for (const auto& [where, why] : v.faulty)
-    for (size_t i = 0; i < ro.nodes.size(); ++i)
-      if (plan.node_name(int(i)) == where && !gone[i]) lose_faulty(int(i), why + " (a faulty or lying node)"), any = true;
+    if (const int i = node_at(where); i >= 0 && !gone[size_t(i)])
+      node_lost(i, why + " (a faulty or lying node)", std::nullopt, in_place ? loss_kind::faulty_in_place : loss_kind::faulty), any = true;
   return any;
 }
 
@@ -241,12 +246,16 @@ void launcher::take_forward_state(const wire::header& h, const net::payload& p) 
   if (std::string bad = state_fault(*s); !bad.empty())
     return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ": " + bad);
   // Finite, plausible values are not enough: it must be the state the ranks hold, not one made up.
+  // Nodes shown faulty are dropped. Where the state in hand is the majority's, the others go on from it;
+  // else they pause again without them, and it comes from one of them.
   if (const state_verdict v = judge_paused(*s, forward_node, forward_rank); !v.agree) {
-    if (drop_shown_faulty(v)) return;  // the others pause again without them (a stop's state then comes from one of them)
-    return kill_node(-1, std::string(stopping ? interrupted_by(stopping) + "; no checkpoint was written at the stop: " : "") + "node " +
+    const bool in_place = v.decided && v.sender_ok;
+    if (!drop_shown_faulty(v, in_place))
+      return kill_node(-1, std::string(stopping ? interrupted_by(stopping) + "; no checkpoint was written at the stop: " : "") + "node " +
                              ro.nodes[size_t(forward_node)] + " sent a state after step " + std::to_string(s->steps) +
                              " that is not the one held by " + v.disagree + " (a faulty or lying node" + faults_named(v) + ")" +
                              (stopping ? "" : ": the survivors cannot go on together"));
+    if (!in_place) return;
   }
   if (stopping) {  // the stop's checkpoint: the coordinator writes it and ends the job
     stop_handed = true;
@@ -255,7 +264,7 @@ void launcher::take_forward_state(const wire::header& h, const net::payload& p) 
   std::vector<bool> behind(ro.nodes.size(), false);
   for (auto& [who, n] : applied) behind[size_t(who.first)] = behind[size_t(who.first)] || n < forward_to;
   for (size_t i = 0; i < behind.size(); ++i)
-    if (behind[i]) send_state(int(i), s);
+    if (behind[i] && !gone[i]) send_state(int(i), s);
   reform_survivors(forward_to);
 }
 
@@ -273,7 +282,7 @@ void launcher::reform_survivors(int64_t start) {
   next.recipient = -1;
   plan = std::move(next);
   brought_forward = 0;
-  for (auto& [who, n] : applied) brought_forward += n < start;
+  for (auto& [who, n] : applied) brought_forward += n < start && !gone[size_t(who.first)];
   acked.assign(ro.nodes.size(), false);
   now = phase::reforming;
 }

@@ -17,7 +17,7 @@ struct state_vote {
   std::string where;
 };
 
-// What the ranks' checksums say of the state rank 0's node sent (judge_states).
+// What the ranks' checksums say of the state a node sent (judge_states).
 struct state_verdict {
   bool agree = true;      // every rank holds the state sent
   std::string disagree;   // if not: "ranks 0 (node A), 1 (node B)", those that do not

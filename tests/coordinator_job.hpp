@@ -16,15 +16,19 @@ namespace ringmaster::test_coordinator {
 using namespace std::chrono_literals;
 
 
-// A rank that takes whatever it is sent and answers a weights request with 3 zeros, a checksum request with
-// theirs. (caf::drop would answer the coordinator's messages with an error, and an error it does not expect
-// ends the coordinator.)
-inline caf::behavior stand_in(caf::event_based_actor* self) {
+// A rank that takes whatever it is sent and answers a weights request with 3 of `value`, a checksum request
+// with theirs. (caf::drop would answer the coordinator's messages with an error, and an error it does not
+// expect ends the coordinator.)
+inline caf::behavior stand_in_holding(caf::event_based_actor* self, float value) {
   self->set_default_handler([](caf::scheduled_actor*, caf::message_view&) -> caf::result<caf::message> { return caf::message{}; });
-  const std::vector<float> zeros(3, 0.0f);
-  return {[zeros](weights_atom) { return chunk_ptr(std::make_shared<std::vector<float>>(zeros)); },
-          [zeros](sum_atom) -> caf::result<uint64_t, bool> { return {fnv1a(zeros.data(), zeros.size()), true}; }};
+  const std::vector<float> held(3, value);
+  return {[held](weights_atom) { return chunk_ptr(std::make_shared<std::vector<float>>(held)); },
+          [held](sum_atom) -> caf::result<uint64_t, bool> { return {fnv1a(held.data(), held.size()), true}; }};
 }
+// 3 zeros: every rank's final weights in these tests.
+inline caf::behavior stand_in(caf::event_based_actor* self) { return stand_in_holding(self, 0.0f); }
+// A replica whose final weights are not the others' (3 ones).
+inline caf::behavior stand_in_apart(caf::event_based_actor* self) { return stand_in_holding(self, 1.0f); }
 
 struct job {
   caf::actor_system_config cfg;

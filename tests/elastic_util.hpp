@@ -69,6 +69,23 @@ inline train_config stoppable_job(const std::string& dir, std::atomic<int>* sign
   return c;
 }
 
+// A job stopped by SIGTERM some 20 steps in, far from its end and before any checkpoint is due: the
+// stop's state is the first checkpoint written in `dir`.
+inline train_result stop_early(const std::string& dir, const remote_options& ro) {
+  std::atomic<int> signal{0};
+  std::atomic<bool> go{false};
+  train_config c = stoppable_job(dir, &signal, &go, 20);
+  c.epochs = 100;
+  c.checkpoint_every = 1000000;
+  std::thread stopper([&] {
+    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    signal = SIGTERM;
+  });
+  train_result r = train_remote(c, ro);
+  stopper.join();
+  return r;
+}
+
 // `ro` over `nodes`, on 3000 training and 300 test samples.
 inline remote_options on_small_data(const test::daemons& nodes, remote_options ro = {}) {
   ro.nodes = test::endpoints(nodes);

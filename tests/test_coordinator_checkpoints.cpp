@@ -78,23 +78,30 @@ TEST_CASE("coordinator: a checkpoint whose state never comes, only a later one's
 
 TEST_CASE("coordinator: a checkpoint after the last step that holds other weights than the final ones is an error", "[coordinator]") {
   // As rank 0's node would make it by sending a state that is not its own: --save and a resume of the
-  // finished run would disagree.
-  for (float value : {0.0f, 1234.5f}) {
-    coordinator_config cc = checkpoint_each_step(3);
-    const recorded rec(&cc);
-    job j(cc);
-    train_result out = j.run([value](job& j) {
-      for (int64_t k = 1; k <= 3; ++k) send_state(j, k, 3, k < 3 ? 7.0f : value);  // earlier ones are not compared
-      for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s), j.step(1, 0, s);
-      j.done(0), j.done(1);
-    });
-    CHECK(*rec.written == std::vector<int64_t>{1, 2, 3});
-    INFO(out.error);
-    CHECK(out.ok == (value == 0.0f));
-    if (value != 0.0f)
-      CHECK(out.error == "the checkpoint after the last step (3) holds other weights than every rank's final ones: rank 0 sent a "
-                         "state that was not its own; do not resume from it");
-  }
+  // finished run would disagree. Checked where the replicas differ too (rank 1 apart: a node found faulty
+  // as the job ended finishes with the others), since rank 0's final weights are what is saved.
+  for (const bool apart : {false, true})
+    for (float value : {0.0f, 1234.5f}) {
+      INFO("rank 1 apart " << apart << ", rank 0's last state of " << value);
+      coordinator_config cc = checkpoint_each_step(3);
+      const recorded rec(&cc);
+      job j(cc, apart ? stand_in_apart : stand_in);
+      train_result out = j.run([value](job& j) {
+        for (int64_t k = 1; k <= 3; ++k) send_state(j, k, 3, k < 3 ? 7.0f : value);  // earlier ones are not compared
+        for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s), j.step(1, 0, s);
+        j.done(0), j.done(1);
+      });
+      CHECK(*rec.written == std::vector<int64_t>{1, 2, 3});
+      INFO(out.error);
+      CHECK(out.ok == (value == 0.0f));
+      if (value == 0.0f) CHECK(out.identical == !apart);
+      else if (!apart)
+        CHECK(out.error == "the checkpoint after the last step (3) holds other weights than every rank's final ones: rank 0 sent a "
+                           "state that was not its own; do not resume from it");
+      else
+        CHECK(out.error == "the checkpoint after the last step (3) holds other weights than rank 0's final ones, and the replicas "
+                           "differ: rank 0's node sent a state or final weights not its own; use neither");
+    }
 }
 
 TEST_CASE("coordinator: a state of rank 0 that is not the one the other ranks hold is not written, and the job fails naming them",
@@ -127,7 +134,7 @@ TEST_CASE("coordinator: a node the checksums show faulty is handed on to be drop
   // Elastic jobs on nodes (on_faulty_node set): rank 0's node sends a state of 7s after step 2 while
   // its own ranks and the other node's hold zeros. It is named, its state not written, and the job goes
   // on (the launcher would re-form the ring without it; here both stand-ins go on). After the last step
-  // the job fails instead: no ring is left to re-form.
+  // the job fails instead: no later state can take the place of rank 0's, which is not the majority's.
   auto run = [](int64_t steps) {
     auto dropped = std::make_shared<std::vector<std::string>>();
     coordinator_config cc = watched(steps, dropped);

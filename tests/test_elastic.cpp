@@ -421,17 +421,13 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
   for (const bool abort : {false, true}) {
     INFO("abort " << abort);
     std::filesystem::remove_all(dir);
-    c = stoppable_job(dir, &signal, &go, 20);
-    c.epochs = 100;  // far from its end when the signal comes
-    c.checkpoint_every = 1000000;
-    signal = 0, go = false;
     ro.abort_on_node_loss = abort;
-    std::thread stopper([&] {
-      for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
-      signal = SIGTERM;
-    });
-    r = train_remote(c, ro);
-    stopper.join();
+    events.clear();
+    ro.on_event = [&](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(line);
+    };
+    r = stop_early(dir, ro);
     INFO(r.error);
     CHECK(r.interrupted == SIGTERM);
     if (abort) {
@@ -447,6 +443,8 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
     CHECK(r.losses[0].node == a);
     CHECK(r.losses[0].why == "it sent rank 0's state after step " + std::to_string(r.stopped_after) +
                                  ", which its own ranks do not hold (a faulty or lying node)");
+    // Its state was not the majority's: the other paused again and sent its own.
+    CHECK(std::count(events.begin(), events.end(), "lost node " + a + " (rank 0): " + r.losses[0].why + "; the others pause again for the stop's state") == 1);
     CHECK(checkpoints_written() == 1);
     REQUIRE(read_checkpoint(r.checkpoint, layer_registry::with_builtins(), &last, &err));
     CHECK(last.state.steps == r.stopped_after);
@@ -520,17 +518,14 @@ TEST_CASE("checkpoints on nodes: of 3 nodes, one whose ranks' checksums the othe
   // Node 1 contradicts nodes 0 and 2, which hold the state rank 0's node sent: it is dropped, and the
   // stop's checkpoint is written (the job used to end with none).
   std::filesystem::remove_all(dir);
-  std::atomic<int> signal{0};
-  std::atomic<bool> go{false};
-  c = stoppable_job(dir, &signal, &go, 20);
-  c.epochs = 100;  // far from its end when the signal comes
-  c.checkpoint_every = 1000000;
-  std::thread stopper([&] {
-    for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
-    signal = SIGTERM;
-  });
-  const train_result stopped = train_remote(c, ro);
-  stopper.join();
+  std::vector<std::string> events;
+  std::mutex mu;
+  remote_options watched = ro;
+  watched.on_event = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(line);
+  };
+  const train_result stopped = stop_early(dir, watched);
   INFO(stopped.error);
   CHECK(stopped.interrupted == SIGTERM);
   REQUIRE(stopped.stopped_after > 0);
@@ -538,6 +533,9 @@ TEST_CASE("checkpoints on nodes: of 3 nodes, one whose ranks' checksums the othe
   CHECK(stopped.losses[0].node == nodes[1]->endpoint);
   CHECK(stopped.losses[0].why == "its ranks hold another state after step " + std::to_string(stopped.stopped_after) + " than node " +
                                      nodes[0]->endpoint + " and node " + nodes[2]->endpoint + " hold (a faulty or lying node)");
+  // The state in hand was the majority's: written with no second pause and transfer.
+  CHECK(std::count(events.begin(), events.end(), "lost node " + nodes[1]->endpoint + " (rank 1): " + stopped.losses[0].why +
+                                                     "; the others go on from the state in hand") == 1);
   REQUIRE(read_checkpoint(stopped.checkpoint, layer_registry::with_builtins(), &last, &err));
   CHECK(last.state.steps == stopped.stopped_after);
   std::filesystem::remove_all(dir);

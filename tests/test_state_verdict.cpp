@@ -35,6 +35,8 @@ TEST_CASE("state verdict: a sender whose own ranks hold another state is faulty,
   CHECK(faults_named(v) == ": node A, it sent rank 0's state after step 50, which its own ranks do not hold");
   // At a re-forming the launcher asks any rank that finished the step for its state: the words name it.
   const state_verdict w = judge_states({{1, kHeld, "node B"}, {0, kHeld, "node A"}}, "node B", kOther, 50, 1);
+  CHECK(w.decided);
+  CHECK_FALSE(w.sender_ok);
   CHECK(w.faulty == faults{{"node B", "it sent rank 1's state after step 50, which its own ranks do not hold"}});
 }
 
