@@ -50,7 +50,8 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   if (left.empty()) return kill_node(node, "node " + l.node + " (" + ranks_named(l.ranks) + ") " + said + ", and no node is left");
   if (stop_handed) return;  // the stop's state is with the coordinator: the job ends without a new ring
   const std::string lost_line = "lost node " + l.node + " (" + ranks_named(l.ranks) + "): " + why;
-  if (kind == loss_kind::faulty_in_place) return event(lost_line + "; the others go on from the state in hand");
+  if (kind == loss_kind::faulty_in_place)
+    return event(lost_line + (stopping ? "; the stop's checkpoint is the state in hand, the majority's" : "; the others go on from the state in hand, the majority's"));
   if (joining >= 0) give_up_join("node " + l.node + (faulty ? " was found faulty meanwhile" : " was lost meanwhile"), true, true);
   event(lost_line + (stopping ? "; the others pause again for the stop's state"
                               : "; re-forming the ring from " + std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : "")));

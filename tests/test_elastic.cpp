@@ -535,7 +535,7 @@ TEST_CASE("checkpoints on nodes: of 3 nodes, one whose ranks' checksums the othe
                                      nodes[0]->endpoint + " and node " + nodes[2]->endpoint + " hold (a faulty or lying node)");
   // The state in hand was the majority's: written with no second pause and transfer.
   CHECK(std::count(events.begin(), events.end(), "lost node " + nodes[1]->endpoint + " (rank 1): " + stopped.losses[0].why +
-                                                     "; the others go on from the state in hand") == 1);
+                                                     "; the stop's checkpoint is the state in hand, the majority's") == 1);
   REQUIRE(read_checkpoint(stopped.checkpoint, layer_registry::with_builtins(), &last, &err));
   CHECK(last.state.steps == stopped.stopped_after);
   std::filesystem::remove_all(dir);
