@@ -219,6 +219,7 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   for (auto it = st.checkpoints.begin(); it != st.checkpoints.end();)
     it = it->first > start ? st.checkpoints.erase(it) : std::next(it);
   st.votes.erase(st.votes.upper_bound(start), st.votes.end());  // the new ranks report those steps again
+  st.evicted.erase(st.evicted.upper_bound(start), st.evicted.end());  // and the new rank 0 sends their states
   for (auto* group : {&st.replicas, &st.loaders, &st.reducers})
     for (auto& a : *group) self->demonitor(a);
   st.replicas = st.loaders = st.reducers = note.ranks;

@@ -3,6 +3,7 @@
 // may be written and which nodes are faulty (judge_states).
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 
 #include "actors/coordinator_state.hpp"
 #include "actors/messages.hpp"
@@ -89,7 +90,7 @@ void coordinator_detail::note_state_sum(coordinator_state& st, const step_report
 // The metrics half of a checkpoint after `done` steps, if one is due then.
 void coordinator_detail::checkpoint_progress(caf::event_based_actor* self, coordinator_state& st, int64_t done, const epoch_acc* open) {
   const int64_t spe = st.cfg.steps_per_epoch;
-  if (!st.cfg.on_checkpoint || !checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs)) return;
+  if (!st.cfg.on_checkpoint || !checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs) || st.evicted.erase(done)) return;
   pending_checkpoint& c = st.checkpoints[done];
   // Bounded: metrics whose state has not come within kMaxHeldProgress later ones never get one.
   while (st.checkpoints.size() > kMaxHeldProgress && st.checkpoints.begin()->first < done && !st.checkpoints.begin()->second.state)
@@ -117,6 +118,10 @@ void coordinator_detail::take_state(caf::event_based_actor* self, coordinator_st
     if (st.cfg.on_event && st.skipped_checkpoints++ == 0)  // once: a lying node could send thousands
       st.cfg.on_event("skipped the checkpoint after step " + std::to_string(oldest->first) + ": " +
                       std::to_string(states) + " states waited for their steps' reports");
+    // Its metrics, when they come, have no state to go with (nor a reason to be said again, or to make
+    // rank 0's node look as if it withheld the state).
+    st.evicted.insert(oldest->first);
+    if (st.evicted.size() > kMaxHeldProgress) st.evicted.erase(std::prev(st.evicted.end()));
     if (oldest->second.have_progress) oldest->second.state.reset();
     else st.checkpoints.erase(oldest);
   }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,9 @@ struct coordinator_state {
   clock_type::time_point last_news, last_complete;
   clock_type::duration slowest_step{0};
   int64_t skipped_checkpoints = 0;
+  // Steps whose state was let go before their metrics came (take_state), at most kMaxHeldProgress, the
+  // lowest: states far ahead that a liar sends do not push out those honest ones.
+  std::set<int64_t> evicted;
   // A local job stopped by a signal with checkpoints on (coordinator_stop.cpp): the signal, the ranks'
   // answers to the hold (steps started, -1 none yet) and pauses, the step they stop after, and by when.
   int stopping = 0;

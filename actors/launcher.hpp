@@ -241,9 +241,10 @@ struct launcher {
   void pause_survivors(const wire::kv_map& extra);
   // Whether every rank of every surviving node has answered (applied).
   bool all_answered() const;
-  // State `s` of rank `rank`, which node `sender` sent, against the sums of the ranks that paused after
-  // its step (judge_states: each node one say). A rank that sent no sum (no memory) has no say.
-  state_verdict judge_paused(const network_state& s, int sender, int rank) const;
+  // The state of rank `rank` after `steps`, whose checksum is `sum` and which node `sender` sent (or, at a
+  // re-forming that moves no state, holds), against the sums of the ranks that paused after that step
+  // (judge_states: each node one say). A rank that sent no sum (no memory) has no say.
+  state_verdict judge_paused(uint64_t sum, int64_t steps, int sender, int rank) const;
   // Elastic: the nodes a verdict shows faulty are dropped (node_lost, loss_kind::faulty, or faulty_in_place
   // where `in_place`). Unlike the coordinator, which cannot pause anyone, this drops a node faulty by its
   // own word even with no majority: the others may then agree. False if it shows none (or with

@@ -3,6 +3,7 @@
 // state of one ahead, and the ring is numbered anew from the job plan (actors/reform.hpp).
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "actors/launcher.hpp"
 #include "actors/messages.hpp"
@@ -51,7 +52,7 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   if (stop_handed) return;  // the stop's state is with the coordinator: the job ends without a new ring
   const std::string lost_line = "lost node " + l.node + " (" + ranks_named(l.ranks) + "): " + why;
   if (kind == loss_kind::faulty_in_place)
-    return event(lost_line + (stopping ? "; the stop's checkpoint is the state in hand, the majority's" : "; the others go on from the state in hand, the majority's"));
+    return event(lost_line + (stopping ? "; the stop's checkpoint is the state in hand, the majority's" : "; the others go on without it, from the majority's state"));
   if (joining >= 0) give_up_join("node " + l.node + (faulty ? " was found faulty meanwhile" : " was lost meanwhile"), true, true);
   event(lost_line + (stopping ? "; the others pause again for the stop's state"
                               : "; re-forming the ring from " + std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : "")));
@@ -61,10 +62,12 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
 void launcher::drop_faulty(const std::string& where, const std::string& why) {
   const int i = node_at(where);
   if (i < 0) return event("a node named faulty is not in this job (" + where + "): " + why);
-  const std::string named = "node " + ro.nodes[size_t(i)] + " (" + ranks_named(ranks_of(i)) + ") is faulty: " + why;
+  const std::string ranks = ranks_of(i);  // none once a ring is re-formed without it
+  const std::string named = "node " + ro.nodes[size_t(i)] + (ranks.empty() ? "" : " (" + ranks_named(ranks) + ")") + " is faulty: " + why;
   if (gone[size_t(i)]) {  // lost already; if it is rejoining, that is off
-    join_failures[size_t(i)] = kJoinTries;  // never taken back in this job
     if (i == joining) give_up_join("its ranks' checksums showed it faulty: " + why);
+    // Said once: its ranks' reports of later steps, in flight as it was dropped, show it again.
+    if (std::exchange(join_failures[size_t(i)], kJoinTries) >= kJoinTries) return;
     return event(named + "; it was lost already");
   }
   // A ring re-formed as the last step ends, or after it, while final weights come in, is not one to
@@ -155,13 +158,12 @@ bool launcher::all_answered() const {
   return true;
 }
 
-state_verdict launcher::judge_paused(const network_state& s, int sender, int rank) const {
-  const uint64_t sum = state_checksum(s);  // 0: no memory (then unchecked, as against ranks that sent none)
-  std::vector<state_vote> votes;
+state_verdict launcher::judge_paused(uint64_t sum, int64_t steps, int sender, int rank) const {
+  std::vector<state_vote> votes;  // none if sum is 0: no memory for it (then unchecked, as ranks that sent none)
   for (const auto& [who, n] : applied)
-    if (auto it = paused_sums.find(who); sum && n == s.steps && it != paused_sums.end() && it->second)
+    if (auto it = paused_sums.find(who); sum && n == steps && it != paused_sums.end() && it->second)
       votes.push_back({who.second, it->second, plan.node_name(who.first)});
-  return judge_states(std::move(votes), plan.node_name(sender), sum, s.steps, rank);
+  return judge_states(std::move(votes), plan.node_name(sender), sum, steps, rank);
 }
 
 bool launcher::drop_shown_faulty(const state_verdict& v, bool in_place) {
@@ -217,7 +219,14 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
                  true);  // they were past it already; they go on among themselves
   }
   if (hi - lo > 1) return kill_node(-1, "the survivors applied " + std::to_string(lo) + " to " + std::to_string(hi) + " steps: cannot go on together");
-  if (hi == lo) return reform_survivors(lo);
+  if (hi == lo) {
+    // No state moves, but the ranks' sums are judged all the same (the first rank's as if it were sent):
+    // a node whose state is not the majority's would go on in the new ring. With no majority, nobody can
+    // be named here; the next checkpoint fails the job.
+    const auto& [node, rank] = applied.begin()->first;
+    if (const state_verdict v = judge_paused(paused_sums[{node, rank}], lo, node, rank); !v.agree) drop_shown_faulty(v, true);
+    return reform_survivors(lo);
+  }
   // Some finished step hi and the others did not: the sum was whole where it was finished, so all go on
   // from there with the state of one that has it (no undo kept per step).
   for (auto& [who, n] : applied)
@@ -249,7 +258,7 @@ void launcher::take_forward_state(const wire::header& h, const net::payload& p) 
   // Finite, plausible values are not enough: it must be the state the ranks hold, not one made up.
   // Nodes shown faulty are dropped. Where the state in hand is the majority's, the others go on from it;
   // else they pause again without them, and it comes from one of them.
-  if (const state_verdict v = judge_paused(*s, forward_node, forward_rank); !v.agree) {
+  if (const state_verdict v = judge_paused(state_checksum(*s), s->steps, forward_node, forward_rank); !v.agree) {
     const bool in_place = v.decided && v.sender_ok;
     if (!drop_shown_faulty(v, in_place))
       return kill_node(-1, std::string(stopping ? interrupted_by(stopping) + "; no checkpoint was written at the stop: " : "") + "node " +

@@ -114,7 +114,7 @@ void launcher::take_join_state(const wire::header& h, const net::payload& p) {
   const state_ptr s = std::move(join_state);
   if (s->steps != join_at) return give_up_join("rank 0's state is after step " + std::to_string(s->steps));
   if (std::string bad = state_fault(*s); !bad.empty()) return give_up_join("rank 0's state: " + bad);
-  if (const state_verdict v = judge_paused(*s, plan.ranks[0].node, 0); !v.agree) {
+  if (const state_verdict v = judge_paused(state_checksum(*s), s->steps, plan.ranks[0].node, 0); !v.agree) {
     if (drop_shown_faulty(v, false)) return;  // the join plan counts them: it is off (node_lost), and asked again
     return give_up_join("rank 0's state is not the one held by " + v.disagree + " (a faulty or lying node" + faults_named(v) + ")");
   }

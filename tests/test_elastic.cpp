@@ -118,6 +118,38 @@ TEST_CASE("elastic: a node whose rank hangs while the node still answers is drop
   CHECK(took < 30);
 }
 
+TEST_CASE("elastic: a re-forming that moves no state judges the paused ranks' checksums, and drops a node they show faulty",
+          "[nodes][elastic][stall]") {
+  // Node 3's rank hangs after step 15, so every other rank pauses after step 15 and no state moves; node 1
+  // reports checksums not its rank's own. Nodes 0 and 2 hold one state: node 1 is dropped there, not
+  // left in the new ring until a checkpoint (with none, never).
+  test::daemons nodes = start_nodes_one_odd(3, 1, {"--lie-in-sums"});
+  test::daemons hung = start_nodes_one_hung(1, 0, 15);
+  nodes.push_back(std::move(hung[0]));
+  remote_options ro;
+  ro.rejoin = false;
+  std::vector<std::string> events;
+  std::mutex mu;
+  ro.on_event = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(line);
+  };
+  double took = 0;
+  train_result r = run_with_hung_rank(nodes, ro, 2, &took);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 3000);
+  REQUIRE(r.losses.size() == 2);
+  CHECK(r.losses[0].node == nodes[3]->endpoint);
+  CHECK(r.losses[1].node == nodes[1]->endpoint);
+  CHECK(r.losses[1].why == "its ranks hold another state after step 15 than node " + nodes[0]->endpoint + " and node " +
+                               nodes[2]->endpoint + " hold (a faulty or lying node)");
+  CHECK(std::count(events.begin(), events.end(), "lost node " + nodes[1]->endpoint + " (rank 1): " + r.losses[1].why +
+                                                     "; the others go on without it, from the majority's state") == 1);
+  CHECK(r.checksums.size() == 2);  // nodes 0 and 2, bit-identical
+  CHECK(r.identical);
+}
+
 TEST_CASE("a rank that hangs fails a job that aborts on node loss within the ring timeout, naming it", "[nodes][elastic][stall]") {
   test::daemons nodes = start_nodes_one_hung(2, 0, 5);
   remote_options ro;
