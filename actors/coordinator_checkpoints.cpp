@@ -35,6 +35,7 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   if (auto vote = st.votes.find(done); vote != st.votes.end()) votes = std::move(vote->second);
   st.votes.erase(st.votes.begin(), st.votes.upper_bound(done));  // those before it: of checkpoints superseded
   const uint64_t sent = votes.empty() ? 0 : state_checksum(*c.state);  // 0: nothing to compare with, or no memory
+  std::string fail_after;  // --on-node-loss abort with a node shown faulty: the job ends once this is written
   if (const state_verdict v = sent ? judge_states(votes, c.sender, sent, done) : state_verdict{}; !v.agree) {
     // The faulty nodes, for the messages, and why rank 0's state is not written.
     std::string not_written = "rank 0's node, " + c.sender + " (lost since), sent a state that the other nodes do not hold";
@@ -45,14 +46,22 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
     // After the last step a state not the majority's has no later one to take its place.
     const bool sender_here = !st.cfg.where.empty() && st.cfg.where[0] == c.sender;
     const bool last = done >= st.cfg.steps_per_epoch * st.cfg.epochs;
-    if (!v.decided || (!v.sender_ok && !sender_named && sender_here) || !st.cfg.on_faulty_node || (last && !v.sender_ok))
+    if (!v.decided || (!v.sender_ok && !sender_named && sender_here) || (last && !v.sender_ok) ||
+        (!st.cfg.on_faulty_node && !v.sender_ok))
       return finish(self, st, "the state rank 0" + (c.sender.empty() ? "" : " (" + c.sender + ")") + " sent after step " +
                                   std::to_string(done) + " is not the one held by " + v.disagree +
                                   ": no checkpoint was written from it (a faulty or lying node" + faults_named(v) + ")" +
+                                  (v.decided ? "" : "; no majority of nodes holds one state") +
                                   (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
+    if (!st.cfg.on_faulty_node) {  // rank 0's state is the majority's: written, and then the job ends
+      for (const auto& [where, why] : v.faulty) fail_after += (fail_after.empty() ? "" : "; ") + where + " is faulty: " + why;
+      fail_after += " (a faulty or lying node); --on-node-loss abort ends the job; the checkpoint after step " + std::to_string(done) +
+                    ", rank 0's state, which the majority of nodes holds, is written";
+    }
     // After the last step the launcher keeps them to the end (no ring is re-formed while the final weights
     // come in): rank 0's state, the majority's, is written, and the final weights are compared.
-    for (const auto& [where, why] : v.faulty) st.cfg.on_faulty_node(where, why + " (a faulty or lying node)");
+    for (const auto& [where, why] : v.faulty)
+      if (st.cfg.on_faulty_node) st.cfg.on_faulty_node(where, why + " (a faulty or lying node)");
     if (!v.sender_ok) {  // not written: the next one comes from the new ring's rank 0
       if (st.cfg.on_event)
         st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: " + not_written);
@@ -74,6 +83,7 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   }
   if (std::string error = st.cfg.on_checkpoint(c.progress, *c.state); !error.empty())
     return finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error);
+  if (!fail_after.empty()) return finish(self, st, fail_after);
   st.last_state = clock_type::now();  // the write took our time, not rank 0's node's (a slow disk)
 }
 
