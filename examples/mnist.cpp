@@ -404,6 +404,32 @@ void report_failed(const options& o, const train_result& r) {
     std::fprintf(stderr, "ringmaster-mnist: --report-json %s was not written: %s\n", o.report_json.c_str(), error.c_str());
 }
 
+// What happened to nodes on the way: lost, taken back, tried, found faulty as the job ended. stopped: a
+// signal ended the job (one lost meanwhile had no ring re-formed without it).
+void print_nodes(const train_result& r, bool stopped) {
+  for (const node_loss& l : r.losses) {
+    const char* since = l.hung ? "the ring's last step" : "its last message";
+    std::printf("Lost node %s (%s): %s, named %.2f s after %s; %d rank%s %s epoch %lld, step %lld", l.node.c_str(),
+                ranks_named(l.ranks).c_str(), l.why.c_str(), l.detected, since, l.survivors, l.survivors == 1 ? "" : "s",
+                stopped && std::isnan(l.recovered) ? "left as the job stopped, in" : "went on from", (long long)l.epoch + 1,
+                (long long)l.step + 1);
+    if (std::isnan(l.recovered)) std::printf(stopped ? "\n" : " (no step was left to run)\n");
+    else std::printf("; the next step was complete %.2f s after %s\n", l.recovered, since);
+  }
+  for (const node_join& n : r.joins)
+    std::printf("Node %s came back and rejoined as %s: %d ranks went on from epoch %lld (the others stood still "
+                "for %.2f s)\n", n.node.c_str(), ranks_named(n.ranks).c_str(), n.replicas, (long long)n.epoch + 1, n.paused);
+  for (const failed_join& f : r.failed_joins)
+    std::printf("Node %s came back, but a try to rejoin failed: %s (%s)\n", f.node.c_str(), f.why.c_str(),
+                f.asked_again ? "it was to be asked again" : "it stayed out");
+  for (const node_fault& f : r.faults)
+    std::printf("Faulty node %s (%s): %s; found as the job ended, it finished with the others\n", f.node.c_str(),
+                ranks_named(f.ranks).c_str(), f.why.c_str());
+  if (r.unmeasured)
+    std::printf("%lld training samples of lost nodes count without their loss and accuracy (reports lost with them)\n",
+                (long long)r.unmeasured);
+}
+
 // Prints the summary, writes --save and --report-json; the exit status.
 int finish(const options& o, const train_result& r) {
   const train_config& c = o.cfg;
@@ -420,6 +446,7 @@ int finish(const options& o, const train_result& r) {
                    (r.error.rfind(interrupted_by(r.interrupted) + "; ", 0) == 0 ? r.error : interrupted_by(r.interrupted)).c_str(),
                    o.nodes.empty() ? "training stopped" : r.sent ? "the nodes were told to drop the job" : "no job had gone to the nodes yet",
                    go_on_from(o, r).c_str());
+    print_nodes(r, true);
     report_failed(o, r);
     return 128 + r.interrupted;  // as a shell reports a process a signal ended
   }
@@ -446,27 +473,7 @@ int finish(const options& o, const train_result& r) {
   std::printf("; %s (fnv1a64 %s)\n", from_checkpoint ? "weights from the checkpoint" : r.checksums.size() == 1 ? "1 replica"
                                      : r.identical ? "replicas bit-identical" : "replicas DIFFER",
               hex64(r.checksums[0]).c_str());
-  for (const node_loss& l : r.losses) {
-    const char* since = l.hung ? "the ring's last step" : "its last message";
-    std::printf("Lost node %s (%s): %s, named %.2f s after %s; %d rank%s went on from epoch %lld, "
-                "step %lld", l.node.c_str(), ranks_named(l.ranks).c_str(), l.why.c_str(), l.detected, since, l.survivors,
-                l.survivors == 1 ? "" : "s",
-                (long long)l.epoch + 1, (long long)l.step + 1);
-    if (std::isnan(l.recovered)) std::printf(" (no step was left to run)\n");
-    else std::printf("; the next step was complete %.2f s after %s\n", l.recovered, since);
-  }
-  for (const node_join& n : r.joins)
-    std::printf("Node %s came back and rejoined as %s: %d ranks went on from epoch %lld (the others stood still "
-                "for %.2f s)\n", n.node.c_str(), ranks_named(n.ranks).c_str(), n.replicas, (long long)n.epoch + 1, n.paused);
-  for (const failed_join& f : r.failed_joins)
-    std::printf("Node %s came back, but a try to rejoin failed: %s (%s)\n", f.node.c_str(), f.why.c_str(),
-                f.asked_again ? "it was to be asked again" : "it stayed out");
-  for (const node_fault& f : r.faults)
-    std::printf("Faulty node %s (%s): %s; found as the job ended, it finished with the others\n", f.node.c_str(),
-                ranks_named(f.ranks).c_str(), f.why.c_str());
-  if (r.unmeasured)
-    std::printf("%lld training samples of lost nodes count without their loss and accuracy (reports lost with them)\n",
-                (long long)r.unmeasured);
+  print_nodes(r, false);
   // The folder was checked before training, but may have changed since: a --save that fails still leaves
   // the report, and says where the weights are kept.
   bool written = true;

@@ -661,6 +661,15 @@ TEST_CASE("launcher: SIGTERM on a job on nodes pauses its ranks and writes a che
   REQUIRE(aborted_resumed.status == 0);
   CHECK(aborted_resumed.out.find("Resuming from " + mid) != std::string::npos);
   CHECK(aborted_resumed.out.find(sum) != std::string::npos);
+  // A node killed as the launcher is stopped: the summary names it, as a finished job's does.
+  std::filesystem::remove_all(dir);
+  daemons two(2);
+  const signalled_run lost = run_and_signal("exec " + std::string(RINGMASTER_MNIST_BIN) + " --nodes " + two.list() + job +
+                                                " --checkpoint-dir " + dir,
+                                            "Epoch 2/3", SIGTERM, -1, 100, [&two] { two.nodes[1]->stop(SIGKILL); });
+  INFO(lost.out);
+  CHECK((WIFSIGNALED(lost.status) && WTERMSIG(lost.status) == SIGTERM));
+  CHECK(lost.out.find("Lost node " + two.nodes[1]->endpoint + " (rank 1): ") != std::string::npos);
   // A whole batch allocation preempted: the daemons are stopped with the launcher (a moment before it).
   // They serve the job until the launcher has its state (node_main's grace), and then stop.
   std::filesystem::remove_all(dir);
