@@ -282,8 +282,8 @@ void final_weights_in(caf::event_based_actor* self, coordinator_state& st, int r
                                        ") holds other weights than every rank's final ones: rank " + st.written_by +
                                        " sent a state that was not its own; do not resume from it"
                                  : "the checkpoint after the last step (" + std::to_string(st.written) +
-                                       ") holds other weights than rank 0's final ones, and the replicas differ: rank " +
-                                       st.written_by + "'s node sent a state or final weights not its own; use neither");
+                                       ") holds other weights than rank 0's final ones, and the replicas differ: the node of rank " +
+                                       st.written_by + " sent a state or final weights not its own; use neither");
   // Every state and report came before its rank's done: a checkpoint still waiting is a bug.
   if (!st.checkpoints.empty())
     return finish(self, st, "the checkpoint after step " + std::to_string(st.checkpoints.begin()->first) + " was never complete");

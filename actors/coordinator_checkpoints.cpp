@@ -53,15 +53,15 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
                                   ": no checkpoint was written from it (a faulty or lying node" + faults_named(v) + ")" +
                                   (v.decided ? "" : "; no majority of nodes holds one state") +
                                   (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
-    if (!st.cfg.on_faulty_node) {  // rank 0's state is the majority's: written, and then the job ends
-      for (const auto& [where, why] : v.faulty) fail_after += (fail_after.empty() ? "" : "; ") + where + " is faulty: " + why;
-      fail_after += " (a faulty or lying node); --on-node-loss abort ends the job; the checkpoint after step " + std::to_string(done) +
-                    ", rank 0's state, which the majority of nodes holds, is written";
-    }
     // After the last step the launcher keeps them to the end (no ring is re-formed while the final weights
-    // come in): rank 0's state, the majority's, is written, and the final weights are compared.
+    // come in): rank 0's state, the majority's, is written, and the final weights are compared. With
+    // --on-node-loss abort (no on_faulty_node) it is written, and then the job ends.
     for (const auto& [where, why] : v.faulty)
       if (st.cfg.on_faulty_node) st.cfg.on_faulty_node(where, why + " (a faulty or lying node)");
+      else fail_after += where + " is faulty: " + why + " (a faulty or lying node); ";
+    if (!fail_after.empty())
+      fail_after += "--on-node-loss abort ends the job (" + v.disagree + ": another state than rank 0's); the checkpoint after step " +
+                    std::to_string(done) + ", rank 0's state, which the majority of nodes holds, is written";
     if (!v.sender_ok) {  // not written: the next one comes from the new ring's rank 0
       if (st.cfg.on_event)
         st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: " + not_written);
@@ -82,7 +82,8 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
     st.written_by = rank_where(st, 0);  // who sent it (a re-formed ring may number another node's rank 0)
   }
   if (std::string error = st.cfg.on_checkpoint(c.progress, *c.state); !error.empty())
-    return finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error);
+    return finish(self, st, "checkpoint after step " + std::to_string(done) + ": " + error +
+                                (fail_after.empty() ? "" : "; and " + fail_after.substr(0, fail_after.find("; the checkpoint after step"))));
   if (!fail_after.empty()) return finish(self, st, fail_after);
   st.last_state = clock_type::now();  // the write took our time, not rank 0's node's (a slow disk)
 }
@@ -129,8 +130,8 @@ void coordinator_detail::take_state(caf::event_based_actor* self, coordinator_st
       st.cfg.on_event("skipped the checkpoint after step " + std::to_string(oldest->first) + ": " +
                       std::to_string(states) + " states waited for their steps' reports");
     // Its metrics, when they come, have no state to go with (nor a reason to be said again, or to make
-    // rank 0's node look as if it withheld the state).
-    st.evicted.insert(oldest->first);
+    // rank 0's node look as if it withheld the state). Only one within the lead an honest node's could have.
+    if (oldest->first <= steps_complete(st) + kMaxStateLead) st.evicted.insert(oldest->first);
     if (st.evicted.size() > kMaxHeldProgress) st.evicted.erase(std::prev(st.evicted.end()));
     if (oldest->second.have_progress) oldest->second.state.reset();
     else st.checkpoints.erase(oldest);

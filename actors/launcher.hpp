@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,7 @@ struct launcher {
   static constexpr int kJoinTries = 3;  // failed joins of one node before it is left out for good
   std::vector<int> original_ranks;      // per node: ranks it ran as the job started
   std::vector<int> join_failures;       // per node
+  std::set<int> named_faulty;           // nodes drop_faulty has named once (their later reports show it again)
   std::vector<double> join_setup;       // per node: seconds its last try took to load (0: none yet)
   std::vector<int> join_late;           // per node: tries since it last ran that came too late (each aims further)
   std::vector<std::string> changed;     // per node: why it now fails the handshake (started again with another key), unsaid
@@ -215,8 +217,8 @@ struct launcher {
   // hung_since: a node dropped as its rank hung (judge_stall): the ring's last step before, which the
   // figures of its loss count from instead of its last message.
   // faulty: its ranks' checksums showed it faulty (why: what they showed); it is never taken back in
-  // this job. in_place: a paused ring's state in hand is the majority's, and the others go on from it
-  // without pausing again (a second transfer would count against a stop's limit).
+  // this job. in_place: the others go on without pausing again: from the state in hand, the majority's
+  // (a second transfer would count against a stop's limit), or at a re-forming that moves no state.
   enum class loss_kind { lost, faulty, faulty_in_place };
   void node_lost(int node, const std::string& why, std::optional<clock_type::time_point> hung_since = std::nullopt,
                  loss_kind kind = loss_kind::lost);
@@ -248,7 +250,7 @@ struct launcher {
   // Elastic: the nodes a verdict shows faulty are dropped (node_lost, loss_kind::faulty, or faulty_in_place
   // where `in_place`). Unlike the coordinator, which cannot pause anyone, this drops a node faulty by its
   // own word even with no majority: the others may then agree. False if it shows none (or with
-  // --on-node-loss abort): the caller fails.
+  // --on-node-loss abort).
   bool drop_shown_faulty(const state_verdict& v, bool in_place);
   // The node running at `where` (job_plan::node_name), or -1.
   int node_at(const std::string& where) const;

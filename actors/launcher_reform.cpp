@@ -3,7 +3,6 @@
 // state of one ahead, and the ring is numbered anew from the job plan (actors/reform.hpp).
 #include <algorithm>
 #include <set>
-#include <utility>
 
 #include "actors/launcher.hpp"
 #include "actors/messages.hpp"
@@ -52,7 +51,7 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   if (stop_handed) return;  // the stop's state is with the coordinator: the job ends without a new ring
   const std::string lost_line = "lost node " + l.node + " (" + ranks_named(l.ranks) + "): " + why;
   if (kind == loss_kind::faulty_in_place)
-    return event(lost_line + (stopping ? "; the stop's checkpoint is the state in hand, the majority's" : "; the others go on without it, from the majority's state"));
+    return event(lost_line + (stopping ? "; the stop's checkpoint is the state in hand, the majority's" : "; the others go on without it"));
   if (joining >= 0) give_up_join("node " + l.node + (faulty ? " was found faulty meanwhile" : " was lost meanwhile"), true, true);
   event(lost_line + (stopping ? "; the others pause again for the stop's state"
                               : "; re-forming the ring from " + std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : "")));
@@ -65,9 +64,10 @@ void launcher::drop_faulty(const std::string& where, const std::string& why) {
   const std::string ranks = ranks_of(i);  // none once a ring is re-formed without it
   const std::string named = "node " + ro.nodes[size_t(i)] + (ranks.empty() ? "" : " (" + ranks_named(ranks) + ")") + " is faulty: " + why;
   if (gone[size_t(i)]) {  // lost already; if it is rejoining, that is off
+    join_failures[size_t(i)] = kJoinTries;  // never taken back in this job
     if (i == joining) give_up_join("its ranks' checksums showed it faulty: " + why);
     // Said once: its ranks' reports of later steps, in flight as it was dropped, show it again.
-    if (std::exchange(join_failures[size_t(i)], kJoinTries) >= kJoinTries) return;
+    if (!named_faulty.insert(i).second) return;
     return event(named + "; it was lost already");
   }
   // A ring re-formed as the last step ends, or after it, while final weights come in, is not one to
@@ -78,6 +78,7 @@ void launcher::drop_faulty(const std::string& where, const std::string& why) {
     faults.push_back({ro.nodes[size_t(i)], ranks_of(i), why});
     return event(named + "; too close to the job's end to re-form the ring without it, it finishes with the others");
   }
+  named_faulty.insert(i);
   node_lost(i, why, std::nullopt, loss_kind::faulty);
 }
 
@@ -160,8 +161,8 @@ bool launcher::all_answered() const {
 
 state_verdict launcher::judge_paused(uint64_t sum, int64_t steps, int sender, int rank) const {
   std::vector<state_vote> votes;  // none if sum is 0: no memory for it (then unchecked, as ranks that sent none)
-  for (const auto& [who, n] : applied)
-    if (auto it = paused_sums.find(who); sum && n == steps && it != paused_sums.end() && it->second)
+  for (const auto& [who, n] : applied)  // of nodes still in: one dropped meanwhile has no say
+    if (auto it = paused_sums.find(who); sum && n == steps && !gone[size_t(who.first)] && it != paused_sums.end() && it->second)
       votes.push_back({who.second, it->second, plan.node_name(who.first)});
   return judge_states(std::move(votes), plan.node_name(sender), sum, steps, rank);
 }
@@ -220,11 +221,21 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
   }
   if (hi - lo > 1) return kill_node(-1, "the survivors applied " + std::to_string(lo) + " to " + std::to_string(hi) + " steps: cannot go on together");
   if (hi == lo) {
-    // No state moves, but the ranks' sums are judged all the same (the first rank's as if it were sent):
-    // a node whose state is not the majority's would go on in the new ring. With no majority, nobody can
-    // be named here; the next checkpoint fails the job.
-    const auto& [node, rank] = applied.begin()->first;
-    if (const state_verdict v = judge_paused(paused_sums[{node, rank}], lo, node, rank); !v.agree) drop_shown_faulty(v, true);
+    // No state moves, but the ranks' sums are judged all the same (the first one's as if it were sent): a
+    // node whose state is not the majority's would go on in the new ring. Those shown faulty are dropped
+    // where they stand, until the others agree; with no majority left, they cannot go on together.
+    for (;;) {
+      auto first = std::find_if(applied.begin(), applied.end(), [&](const auto& a) { return !gone[size_t(a.first.first)] && paused_sums[a.first]; });
+      if (first == applied.end()) break;  // no sums (no memory for them): unchecked
+      const auto [by, its_rank] = first->first;
+      const state_verdict v = judge_paused(paused_sums[first->first], lo, by, its_rank);
+      if (v.agree) break;
+      if (!drop_shown_faulty(v, true))
+        return kill_node(-1, "the survivors hold different states after step " + std::to_string(lo) + ": " + v.disagree + " against rank " +
+                                 std::to_string(its_rank) + " (a faulty or lying node" + faults_named(v) + (v.decided ? ")" : "; no majority of nodes holds one state)") +
+                                 ": they cannot go on together");
+      if (survivors().empty()) return;  // the job ended with the last of them
+    }
     return reform_survivors(lo);
   }
   // Some finished step hi and the others did not: the sum was whole where it was finished, so all go on

@@ -86,6 +86,22 @@ inline train_result stop_early(const std::string& dir, const remote_options& ro)
   return r;
 }
 
+// The lines a job says (remote_options::on_event, on the launcher's thread), for the test to read.
+struct event_log {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> hook() {
+    return [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu);
+      lines.push_back(line);
+    };
+  }
+  size_t count(const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    return size_t(std::count(lines.begin(), lines.end(), line));
+  }
+};
+
 // `ro` over `nodes`, on 3000 training and 300 test samples.
 inline remote_options on_small_data(const test::daemons& nodes, remote_options ro = {}) {
   ro.nodes = test::endpoints(nodes);

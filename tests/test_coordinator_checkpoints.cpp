@@ -124,7 +124,7 @@ TEST_CASE("coordinator: a checkpoint after the last step that holds other weight
                            "state that was not its own; do not resume from it");
       else
         CHECK(out.error == "the checkpoint after the last step (3) holds other weights than rank 0's final ones, and the replicas "
-                           "differ: rank 0's node sent a state or final weights not its own; use neither");
+                           "differ: the node of rank 0 sent a state or final weights not its own; use neither");
     }
 }
 
@@ -219,8 +219,8 @@ TEST_CASE("coordinator: a node the checksums show faulty after the last step is 
     CHECK(out.ok == elastic);
     if (elastic) CHECK(*dropped == std::vector<std::string>{"node C: " + why});
     else
-      CHECK(out.error == "node C is faulty: " + why + "; --on-node-loss abort ends the job; the checkpoint after step 2, rank 0's "
-                         "state, which the majority of nodes holds, is written");
+      CHECK(out.error == "node C is faulty: " + why + "; --on-node-loss abort ends the job (rank 2 (node C): another state than "
+                         "rank 0's); the checkpoint after step 2, rank 0's state, which the majority of nodes holds, is written");
   }
 }
 

@@ -128,12 +128,8 @@ TEST_CASE("elastic: a re-forming that moves no state judges the paused ranks' ch
   nodes.push_back(std::move(hung[0]));
   remote_options ro;
   ro.rejoin = false;
-  std::vector<std::string> events;
-  std::mutex mu;
-  ro.on_event = [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.push_back(line);
-  };
+  event_log events;
+  ro.on_event = events.hook();
   double took = 0;
   train_result r = run_with_hung_rank(nodes, ro, 2, &took);
   INFO(r.error);
@@ -144,8 +140,8 @@ TEST_CASE("elastic: a re-forming that moves no state judges the paused ranks' ch
   CHECK(r.losses[1].node == nodes[1]->endpoint);
   CHECK(r.losses[1].why == "its ranks hold another state after step 15 than node " + nodes[0]->endpoint + " and node " +
                                nodes[2]->endpoint + " hold (a faulty or lying node)");
-  CHECK(std::count(events.begin(), events.end(), "lost node " + nodes[1]->endpoint + " (rank 1): " + r.losses[1].why +
-                                                     "; the others go on without it, from the majority's state") == 1);
+  CHECK(events.count("lost node " + nodes[1]->endpoint + " (rank 1): " + r.losses[1].why +
+                                                     "; the others go on without it") == 1);
   CHECK(r.checksums.size() == 2);  // nodes 0 and 2, bit-identical
   CHECK(r.identical);
 }
@@ -354,12 +350,8 @@ TEST_CASE("elastic: a job stopped by a signal while a rank hangs pauses its rank
   std::atomic<bool> go{false};
   // The first epoch's end (its progress always comes; that of the next 50 steps may not before the hang).
   train_config c = stoppable_job(dir, &signal, &go, 100);
-  std::vector<std::string> events;
-  std::mutex mu;
-  ro.on_event = [&](const std::string& e) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.push_back(e);
-  };
+  event_log events;
+  ro.on_event = events.hook();
   clock_type::time_point stopped;
   std::thread stopper([&] {
     for (int i = 0; i < 6000 && !go; ++i) std::this_thread::sleep_for(10ms);
@@ -371,11 +363,11 @@ TEST_CASE("elastic: a job stopped by a signal while a rank hangs pauses its rank
   const double took = std::chrono::duration<double>(clock_type::now() - stopped).count();
   stopper.join();
   INFO(r.error);
-  for (auto& e : events) INFO(e);
+  for (auto& e : events.lines) INFO(e);
   CHECK(r.interrupted == SIGTERM);
   CHECK(r.stopped_after == 150);
   CHECK(std::filesystem::is_regular_file(dir + "/ckpt-1-50.safetensors"));
-  CHECK(std::any_of(events.begin(), events.end(), [](const std::string& e) { return e.find("they pause where they are") != std::string::npos; }));
+  CHECK(std::any_of(events.lines.begin(), events.lines.end(), [](const std::string& e) { return e.find("they pause where they are") != std::string::npos; }));
   WARN("a stop with a rank hung took " << took << " s");
   CHECK(took < 12.5);  // within half the stop's limit, and well before a batch system's SIGKILL
   std::filesystem::remove_all(dir);
@@ -400,18 +392,15 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
   // goes on alone, and the checkpoints written are the honest node's, from the second epoch's end on.
   std::filesystem::remove_all(dir);
   train_config c = stoppable_job(dir, &signal, &go, 1000);  // no signal
-  std::vector<std::string> written, events;
-  std::mutex mu;
+  std::vector<std::string> written;
+  event_log events;
   c.on_checkpoint = [&](const std::string& path) { written.push_back(std::filesystem::path(path).filename()); };
-  ro.on_event = [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.push_back(line);
-  };
+  ro.on_event = events.hook();
   train_result r = train_remote(c, ro);
   INFO(r.error);
   REQUIRE(r.ok);
   CHECK(written == std::vector<std::string>{checkpoint_name(2, 0), checkpoint_name(3, 0)});  // none from the lie
-  CHECK(std::count(events.begin(), events.end(), "the checkpoint after step 50 was not written: rank 0's node, node " + a +
+  CHECK(events.count("the checkpoint after step 50 was not written: rank 0's node, node " + a +
                                                      ", is faulty: it sent rank 0's state after step 50, which its own ranks do not hold") == 1);
   c.on_checkpoint = nullptr;
   ro.on_event = nullptr;
@@ -454,12 +443,10 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
     INFO("abort " << abort);
     std::filesystem::remove_all(dir);
     ro.abort_on_node_loss = abort;
-    events.clear();
-    ro.on_event = [&](const std::string& line) {
-      std::lock_guard<std::mutex> lock(mu);
-      events.push_back(line);
-    };
+    event_log said;
+    ro.on_event = said.hook();
     r = stop_early(dir, ro);
+    ro.on_event = nullptr;
     INFO(r.error);
     CHECK(r.interrupted == SIGTERM);
     if (abort) {
@@ -476,7 +463,7 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
     CHECK(r.losses[0].why == "it sent rank 0's state after step " + std::to_string(r.stopped_after) +
                                  ", which its own ranks do not hold (a faulty or lying node)");
     // Its state was not the majority's: the other paused again and sent its own.
-    CHECK(std::count(events.begin(), events.end(), "lost node " + a + " (rank 0): " + r.losses[0].why + "; the others pause again for the stop's state") == 1);
+    CHECK(said.count("lost node " + a + " (rank 0): " + r.losses[0].why + "; the others pause again for the stop's state") == 1);
     CHECK(checkpoints_written() == 1);
     REQUIRE(read_checkpoint(r.checkpoint, layer_registry::with_builtins(), &last, &err));
     CHECK(last.state.steps == r.stopped_after);
@@ -550,13 +537,9 @@ TEST_CASE("checkpoints on nodes: of 3 nodes, one whose ranks' checksums the othe
   // Node 1 contradicts nodes 0 and 2, which hold the state rank 0's node sent: it is dropped, and the
   // stop's checkpoint is written (the job used to end with none).
   std::filesystem::remove_all(dir);
-  std::vector<std::string> events;
-  std::mutex mu;
+  event_log events;
   remote_options watched = ro;
-  watched.on_event = [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.push_back(line);
-  };
+  watched.on_event = events.hook();
   const train_result stopped = stop_early(dir, watched);
   INFO(stopped.error);
   CHECK(stopped.interrupted == SIGTERM);
@@ -566,7 +549,7 @@ TEST_CASE("checkpoints on nodes: of 3 nodes, one whose ranks' checksums the othe
   CHECK(stopped.losses[0].why == "its ranks hold another state after step " + std::to_string(stopped.stopped_after) + " than node " +
                                      nodes[0]->endpoint + " and node " + nodes[2]->endpoint + " hold (a faulty or lying node)");
   // The state in hand was the majority's: written with no second pause and transfer.
-  CHECK(std::count(events.begin(), events.end(), "lost node " + nodes[1]->endpoint + " (rank 1): " + stopped.losses[0].why +
+  CHECK(events.count("lost node " + nodes[1]->endpoint + " (rank 1): " + stopped.losses[0].why +
                                                      "; the stop's checkpoint is the state in hand, the majority's") == 1);
   REQUIRE(read_checkpoint(stopped.checkpoint, layer_registry::with_builtins(), &last, &err));
   CHECK(last.state.steps == stopped.stopped_after);
