@@ -583,6 +583,7 @@ struct keeper {
   }
   void let_go(size_t i) {
     std::lock_guard<std::mutex> lock(mu);
+    REQUIRE(i < held.size());  // a payload not taken yet cannot be let go
     held[i] = net::payload{};
   }
 };
@@ -873,6 +874,9 @@ TEST_CASE("shm link: a copied message's owner, let go as the message queues, may
     FAIL("send() let go of an owner under its own lock");
   }
   sender.join();
+  // The first three copies must be in before they are let go (under load the receiver's thread may not
+  // have taken them yet: let_go wrote past the end of the keeper's list, and the heap broke).
+  REQUIRE(eventually([&] { return p.k.count() >= 3; }));
   for (size_t i = 0; i < 3; ++i) p.k.let_go(i);
   CHECK(eventually([&] { return p.k.count() == 6; }));  // the last copy, this message and the owner's
 }
