@@ -274,10 +274,11 @@ void final_weights_in(caf::event_based_actor* self, coordinator_state& st, int r
   bool same = true;
   for (uint64_t c : st.result->checksums) same = same && c == st.result->checksums[0];
   st.result->identical = same;
+  st.result->result_rank = st.result_rank;
   // The checkpoint after the last step is the result too (a resume of the finished run gives it): rank
   // 0's node sent its state, and must not have sent another. Rank 0's final weights are what is saved:
   // checked even where replicas differ (a node found faulty as the job ended finishes with the others).
-  if (st.written == st.cfg.steps_per_epoch * st.cfg.epochs && st.written_params != st.result->checksums[0])
+  if (st.written == st.cfg.steps_per_epoch * st.cfg.epochs && st.written_params != st.result->checksums[size_t(st.result_rank)])
     return finish(self, st, same ? "the checkpoint after the last step (" + std::to_string(st.written) +
                                        ") holds other weights than every rank's final ones: rank " + st.written_by +
                                        " sent a state that was not its own; do not resume from it"
@@ -460,8 +461,8 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
                                        std::to_string(st->cfg.epochs) + " epochs of " + std::to_string(st->cfg.steps_per_epoch) + " steps");
         const size_t n = st->replicas.size();
         st->result->checksums.assign(n, 0);
-        // Rank 0's weights are the result; of the others a checksum is enough to tell they are the same
-        // (from nodes each would cross the network, and the launcher held them all at once).
+        // Rank 0's weights are the result (or result_rank's); of the others a checksum is enough to tell
+        // they are the same (from nodes each would cross the network, and the launcher held them all at once).
         for (size_t r = 0; r < n; ++r) {
           // An answer for a generation given up on (a node lost meanwhile) is ignored.
           auto failed = [self, st, r, gen = st->gen](caf::error& e) {
@@ -470,14 +471,14 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
                                   (e == caf::sec::request_timeout ? " within " + std::to_string(kWeightsTimeout.count()) + " s"
                                                                   : ": " + self->system().render(e)));
           };
-          if (r == 0) {
+          if (int(r) == st->result_rank) {
             self->request(st->replicas[r], kWeightsTimeout, weights_atom::value)
                 .then(
-                    [self, st, gen = st->gen](chunk_ptr w) {
+                    [self, st, r, gen = st->gen](chunk_ptr w) {
                       if (gen != st->gen) return;
                       const bool finite = std::all_of(w->begin(), w->end(), [](float x) { return std::isfinite(x); });
                       if (finite) st->result->weights = *w;
-                      final_weights_in(self, *st, 0, fnv1a(w->data(), w->size()), finite);
+                      final_weights_in(self, *st, int(r), fnv1a(w->data(), w->size()), finite);
                     },
                     failed);
           } else {

@@ -89,9 +89,10 @@ struct train_result {
   std::string error;                   // set when !ok: which actor failed and why
   bool invalid = false;                // !ok because the job was refused as invalid (bad model or settings)
   std::vector<epoch_stats> history;
-  std::vector<float> weights;          // rank 0's final parameters
+  std::vector<float> weights;          // rank 0's final parameters (see on_faulty_node for another's)
   std::string model;                   // the model's canonical description (model::description())
   std::vector<uint64_t> checksums;     // every replica's final parameters, FNV-1a over the bytes
+  int result_rank = 0;                 // the rank whose final parameters are `weights`
   bool identical = false;              // all replicas ended with bit-identical weights
   double wall_seconds = 0, train_seconds = 0;
   int64_t train_samples = 0;           // trained by this run (a resumed one: since it resumed)
@@ -156,9 +157,10 @@ struct coordinator_config {
   // state_verdict.hpp). A node they show faulty (a state sent that its own ranks do not hold, or
   // one a majority of nodes do not) goes here by where it runs, to be dropped like a lost node (it may
   // be named again at a later checkpoint before the ring is re-formed); the job goes on, and a
-  // checkpoint is written only from the majority's state. After the last step too, where rank 0's
-  // state is the majority's (the launcher then keeps the node to the end: train_result::faults); where
-  // it is not, the job fails, as it does with this null (no elastic continuation).
+  // checkpoint is written only from the majority's state. After the last step too, the launcher then
+  // keeping the node to the end (train_result::faults); where rank 0's state is not the majority's, that
+  // checkpoint is not written, and the result is the final weights of the lowest rank that holds the
+  // majority's. With this null (no elastic continuation) a state not the majority's fails the job.
   std::function<void(const std::string& where, const std::string& why)> on_faulty_node;
   // Ranks in other processes (nodes): once one rank has reported a step, an evaluation or its end, the
   // others must too within this long, or the job fails naming them (a node that still answers but sends

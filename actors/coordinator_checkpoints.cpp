@@ -24,6 +24,17 @@ constexpr size_t kMaxHeldProgress = 256;
 // sends the state right after the step, the reports of every rank within a batch of 64 (node_links.hpp).
 constexpr int64_t kMaxStateLead = 1024;
 
+// The lowest rank that reported the majority's state: its checksum, on a node neither shown faulty nor
+// the sender of a state not the majority's (-1: none). A rank that gave no checksum has no say.
+int rank_of_majority(const std::vector<state_vote>& votes, const state_verdict& v, const std::string& sender) {
+  int best = -1;
+  for (const state_vote& x : votes)
+    if (x.sum && !x.where.empty() && x.where != sender && (best < 0 || x.rank < best) &&
+        std::none_of(v.faulty.begin(), v.faulty.end(), [&](const auto& f) { return f.first == x.where; }))
+      best = x.rank;
+  return best;
+}
+
 // Writes the checkpoint after `done` steps once both its halves are here.
 void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64_t done) {
   auto it = st.checkpoints.find(done);
@@ -43,11 +54,9 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
     for (const auto& [where, why] : v.faulty)
       if (where == c.sender) not_written = "rank 0's node, " + where + ", is faulty: " + why, sender_named = true;
     // A sender still in the ring that gave no checksum of its own cannot be judged on another's word.
-    // After the last step a state not the majority's has no later one to take its place.
     const bool sender_here = !st.cfg.where.empty() && st.cfg.where[0] == c.sender;
     const bool last = done >= st.cfg.steps_per_epoch * st.cfg.epochs;
-    if (!v.decided || (!v.sender_ok && !sender_named && sender_here) || (last && !v.sender_ok) ||
-        (!st.cfg.on_faulty_node && !v.sender_ok))
+    if (!v.decided || (!v.sender_ok && !sender_named && sender_here) || (!st.cfg.on_faulty_node && !v.sender_ok))
       return finish(self, st, "the state rank 0" + (c.sender.empty() ? "" : " (" + c.sender + ")") + " sent after step " +
                                   std::to_string(done) + " is not the one held by " + v.disagree +
                                   ": no checkpoint was written from it (a faulty or lying node" + faults_named(v) + ")" +
@@ -63,8 +72,16 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
       fail_after += "--on-node-loss abort ends the job (" + v.disagree + ": another state than rank 0's); the checkpoint after step " +
                     std::to_string(done) + ", rank 0's state, which the majority of nodes holds, is written";
     if (!v.sender_ok) {  // not written: the next one comes from the new ring's rank 0
+      std::string instead;
+      if (last) {  // none comes after it: the result is the final weights of a rank of the majority's
+        if (const int r = rank_of_majority(votes, v, c.sender); r < 0 || size_t(r) >= st.replicas.size())
+          return finish(self, st, "after the last step no rank is left on a node that holds the majority's state: " + not_written);
+        else
+          instead = "; the result is the final weights of rank " + rank_where(st, r) + ", which holds the majority's state", st.result_rank = r;
+        if (st.written > st.cfg.start.step) instead += ", and the last checkpoint, after step " + std::to_string(st.written) + ", is kept";
+      }
       if (st.cfg.on_event)
-        st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: " + not_written);
+        st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: " + not_written + instead);
       st.checkpoints.erase(it);
       return;
     }

@@ -71,6 +71,9 @@ struct coordinator_state {
   int64_t written = -1;  // the last checkpoint written (they come in step order): states up to it are late
   uint64_t written_params = 0;  // after the last step: fnv1a of its parameters (the final weights')
   std::string written_by;       // and rank 0 where it was then (rank_where)
+  // Whose final weights are the result: rank 0's, unless its node was found faulty as the job ended
+  // (offer_checkpoint): then those of the first rank on a node that holds the majority's state.
+  int result_rank = 0;
   int64_t current_epoch = 0;
   int done = 0, weights_in = 0;
   std::vector<char> done_ranks;  // per rank: said it is done

@@ -227,7 +227,7 @@ int train_main(int argc, char** argv) {
     return r.invalid ? 2 : 1;
   }
   const epoch_stats& last = r.history.back();
-  std::printf("custom_layer: final weights fnv1a64 %s, replicas %s, test accuracy %.4f\n", hex64(r.checksums[0]).c_str(),
+  std::printf("custom_layer: final weights fnv1a64 %s, replicas %s, test accuracy %.4f\n", hex64(r.checksums[size_t(r.result_rank)]).c_str(),
               r.identical ? "bit-identical" : "DIFFER", last.val_accuracy);
   if (!save.empty()) {
     auto m = model::build(r.model, *cfg.layers, &error);
@@ -238,7 +238,7 @@ int train_main(int argc, char** argv) {
   }
   if (!report.empty()) {
     json j = {{"ok", true}, {"replicas", cfg.replicas}, {"nodes", endpoints.size()}, {"epochs", cfg.epochs},
-              {"identical", r.identical}, {"weights_checksum", "fnv1a64:" + hex64(r.checksums[0])},
+              {"identical", r.identical}, {"weights_checksum", "fnv1a64:" + hex64(r.checksums[size_t(r.result_rank)])},
               {"test_accuracy", last.val_accuracy}, {"test_loss", last.val_loss}, {"model", r.model}};
     const std::string text = j.dump(2) + "\n";
     if (!write_output(report, {{text.data(), text.size()}}, &error)) {

@@ -48,7 +48,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
              {"global_batch", o.cfg.global_batch}, {"epochs", o.cfg.epochs},
              {"resumed_at_step", o.cfg.resume ? o.cfg.resume->progress.step : 0}, {"model", o.cfg.model},
              {"optimizer", o.optimizer}, {"seed", o.cfg.seed},
-             {"weights_checksum", r.checksums.empty() ? "" : "fnv1a64:" + hex64(r.checksums[0])},
+             {"weights_checksum", r.checksums.empty() ? "" : "fnv1a64:" + hex64(r.checksums[size_t(r.result_rank)])},
              {"replicas_identical", r.checksums.empty() ? ojson() : ojson(r.identical)},  // null: no final weights
              {"history", ojson::array()}, {"node_losses", ojson::array()},
              {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"node_faults", ojson::array()}, {"unmeasured_samples", r.unmeasured},
@@ -472,8 +472,11 @@ int finish(const options& o, const train_result& r) {
   const bool from_checkpoint = c.resume && trained_to_end(*c.resume, c);
   std::printf("; %s (fnv1a64 %s)\n", from_checkpoint ? "weights from the checkpoint" : r.checksums.size() == 1 ? "1 replica"
                                      : r.identical ? "replicas bit-identical" : "replicas DIFFER",
-              hex64(r.checksums[0]).c_str());
+              hex64(r.checksums[size_t(r.result_rank)]).c_str());
   print_nodes(r, false);
+  if (r.result_rank != 0)  // rank 0's node was found faulty as the job ended (train_result::weights)
+    std::printf("The result is rank %d's final weights, which hold the majority's state; %s\n", r.result_rank,
+                o.checkpoint_dir.empty() ? "rank 0's node was faulty" : "rank 0's node was faulty, and the checkpoint after the last step was not written from it");
   // The folder was checked before training, but may have changed since: a --save that fails still leaves
   // the report, and says where the weights are kept.
   bool written = true;

@@ -415,6 +415,31 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
   REQUIRE(read_checkpoint(r.checkpoint, layer_registry::with_builtins(), &last, &err));
   CHECK(last.state.steps == 150);
   CHECK(last.state.params == r.weights);
+  // Found out at the last step (its checkpoint the first due): too late to re-form the ring, node A
+  // finishes with the others. That checkpoint is not written, and the result is rank 1's final weights,
+  // node B's, the majority's (the job used to fail here, losing its result).
+  std::filesystem::remove_all(dir);
+  written.clear();
+  c.epochs = 1;
+  event_log at_end;
+  ro.on_event = at_end.hook();
+  const train_result late = train_remote(c, ro);
+  ro.on_event = nullptr;
+  INFO(late.error);
+  REQUIRE(late.ok);
+  CHECK(late.losses.empty());
+  REQUIRE(late.faults.size() == 1);
+  CHECK(late.faults[0].node == a);
+  CHECK(late.faults[0].why == "it sent rank 0's state after step 50, which its own ranks do not hold (a faulty or lying node)");
+  CHECK(at_end.count("the checkpoint after step 50 was not written: rank 0's node, node " + a + ", is faulty: it sent rank 0's state after step 50, "
+                     "which its own ranks do not hold; the result is the final weights of rank 1 (node " + b + "), which holds the majority's state") == 1);
+  CHECK(late.result_rank == 1);
+  REQUIRE(late.checksums.size() == 2);
+  CHECK(fnv1a(late.weights.data(), late.weights.size()) == late.checksums[1]);
+  CHECK(late.identical);  // it lied in the states it sent only
+  CHECK(written.empty());
+  CHECK(late.checkpoint.empty());
+  c.epochs = 3;
   // --on-node-loss abort: the job fails, naming every rank, and nothing was written.
   std::filesystem::remove_all(dir);
   ro.abort_on_node_loss = true;
@@ -435,6 +460,16 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
   CHECK(l.status == 1);
   CHECK(l.out.find("training failed: the state rank 0 (node " + a + ") sent after step 50 is not the one held by") != std::string::npos);
   CHECK(l.out.find("ringmaster-mnist: no checkpoint was written; they are due at the end of every epoch") != std::string::npos);
+  CHECK(checkpoints_written() == 0);
+  // Elastic and found out at the last step, its summary says whose weights are the result.
+  std::filesystem::remove_all(dir);
+  const test::run_result end = run_launcher("--nodes " + test::node_list(nodes) + " --model 784-64-10 --batch 60 --epochs 1 --limit-train 3000 " +
+                                                "--limit-test 300 -q --checkpoint-dir " + dir, [](const std::string&) {});
+  INFO(end.out);
+  CHECK(end.status == 0);
+  CHECK(end.out.find("Faulty node " + a + " (rank 0): it sent rank 0's state after step 50, which its own ranks do not hold") != std::string::npos);
+  CHECK(end.out.find("The result is rank 1's final weights, which hold the majority's state; rank 0's node was faulty, and the checkpoint "
+                     "after the last step was not written from it") != std::string::npos);
   CHECK(checkpoints_written() == 0);
   // Stopped by a signal mid-epoch, before any checkpoint was due: the state of the stop is judged as well.
   // Elastic, node A is dropped and the stop's checkpoint is the honest node's state (the job used to end
