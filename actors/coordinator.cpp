@@ -227,6 +227,7 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   st.cfg.replicas = int(note.ranks.size());
   st.cfg.where = note.where;
   st.gen = note.gen;
+  st.next_report.assign(note.ranks.size(), start);  // every rank of the new ring goes on from there
   st.done = st.weights_in = 0;
   st.done_ranks.clear();
   st.result->checksums.clear();
@@ -241,8 +242,9 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   for (node_loss l : note.losses) {
     l.generation = note.gen;
     l.survivors = int(note.ranks.size());
-    l.epoch = start / spe;
-    l.step = start % spe;
+    const int64_t at = std::min(start, spe * st.cfg.epochs - 1);  // after the last step: that one
+    l.epoch = at / spe;
+    l.step = at % spe;
     st.result->losses.push_back(std::move(l));
   }
   count_lost_reports(self, st, start);
@@ -303,6 +305,7 @@ void coordinator_detail::settle_lost_reports(caf::event_based_actor* self, coord
 caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) {
   auto st = std::make_shared<coordinator_state>();
   st->cfg = std::move(cfg);
+  st->next_report.assign(size_t(std::max(0, st->cfg.replicas)), st->cfg.start.step);
 
   self->set_down_handler([self, st](caf::down_msg& dm) {
     if (st->finished) return;
@@ -359,6 +362,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         if (std::string bad = check_report(*st, r); !bad.empty())
           return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
         st->last_news = clock_type::now();
+        st->next_report[size_t(r.rank)] = r.epoch * st->cfg.steps_per_epoch + r.step + 1;
         if (r.state_sum) note_state_sum(*st, r);
         st->result->wait_batch += r.wait_batch;
         st->result->compute += r.compute;

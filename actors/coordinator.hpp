@@ -52,7 +52,8 @@ struct node_loss {
   double detected = 0;          // seconds from its last message (hung: the last step) to its loss being declared
   int generation = 0;           // of the ring re-formed without it (0: none was)
   int survivors = 0;            // ranks in that ring (none re-formed: ranks left as it was lost)
-  int64_t epoch = 0, step = 0;  // where the survivors went on from (none re-formed: where it was lost; 0-based)
+  int64_t epoch = 0, step = 0;  // where the survivors went on from (none re-formed: where it was lost; after the
+                                //  last step: that step; 0-based)
   double recovered = NAN;       // seconds from its last message (hung: the last step) to the next completed step
   std::chrono::steady_clock::time_point next_step;  // when that step was complete
 };

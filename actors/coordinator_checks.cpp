@@ -52,6 +52,11 @@ std::string check_report(const coordinator_state& st, const step_report& r) {
   const int64_t at = r.epoch * spe + r.step, complete = steps_complete(st);
   if (at < complete) return what + " again: it is complete";
   if (at - complete > kMaxReportLead) return what + ", far ahead of the steps complete (" + std::to_string(complete) + ")";
+  if (const size_t i = size_t(r.rank); i < st.next_report.size() && at > st.next_report[i]) {
+    const std::string from = std::to_string(st.next_report[i] + 1), to = std::to_string(at);
+    return what + " without its report" + (from == to ? " of step " + from : "s of steps " + from + "-" + to) +
+           " of the job before it: lost on the way (did its node's connection to us break?)";
+  }
   if (r.count < 0 || r.count > st.cfg.global_batch || r.correct < 0 || r.correct > r.count || r.loss_sum < 0)
     return what + " with " + std::to_string(r.correct) + " of " + std::to_string(r.count) + " samples right, loss sum " +
            number(r.loss_sum) + ": not a batch of at most " + std::to_string(st.cfg.global_batch);

@@ -74,6 +74,9 @@ struct coordinator_state {
   // Whose final weights are the result: rank 0's, unless its node was found faulty as the job ended
   // (offer_checkpoint): then those of the first rank on a node that holds the majority's state.
   int result_rank = 0;
+  // Per rank: the step (counted from the job's start) its next report is of. A rank reports its steps
+  // in order, over one connection from a node: a report past it means those between were lost.
+  std::vector<int64_t> next_report;
   int64_t current_epoch = 0;
   int done = 0, weights_in = 0;
   std::vector<char> done_ranks;  // per rank: said it is done

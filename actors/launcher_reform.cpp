@@ -52,9 +52,10 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   const std::string lost_line = "lost node " + l.node + " (" + ranks_named(l.ranks) + "): " + why;
   if (kind == loss_kind::faulty_in_place)
     return event(lost_line + (stopping ? "; the stop's checkpoint is the state in hand, the majority's" : "; the others go on without it"));
-  if (joining >= 0) give_up_join("node " + l.node + (faulty ? " was found faulty meanwhile" : " was lost meanwhile"), true, true);
   event(lost_line + (stopping ? "; the others pause again for the stop's state"
                               : "; re-forming the ring from " + std::to_string(left.size()) + " node" + (left.size() > 1 ? "s" : "")));
+  // After the loss is said: the join it ends names it.
+  if (joining >= 0) give_up_join("node " + l.node + (faulty ? " was found faulty meanwhile" : " was lost meanwhile"), true, true);
   pause_survivors({});
 }
 
@@ -348,8 +349,11 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
   losses.clear();
   joined.clear();
   last_word = clock_type::time_point::max();
-  event("ring generation " + std::to_string(gen) + ": " + std::to_string(plan.replicas()) + (plan.replicas() == 1 ? " rank goes" : " ranks go") + " on from step " +
-        std::to_string(plan.start_step + 1) + " of the job" + (brought_forward ? " (" + std::to_string(brought_forward) + " took the state after a step the others finished)" : ""));
+  const std::string ranks = std::to_string(plan.replicas()) + (plan.replicas() == 1 ? " rank" : " ranks");
+  event("ring generation " + std::to_string(gen) + ": " +
+        (plan.start_step >= total_steps ? ranks + " with no step left to run (the job's " + std::to_string(total_steps) + " are done) hand on the final weights"
+                                        : ranks + (plan.replicas() == 1 ? " goes" : " go") + " on from step " + std::to_string(plan.start_step + 1) + " of the job") +
+        (brought_forward ? " (" + std::to_string(brought_forward) + " took the state after a step the others finished)" : ""));
   caf::anon_send(coordinator, reform_atom::value, note);  // before any report of the new ranks
   ring_since = clock_type::now();
   ring_from = plan.start_step;

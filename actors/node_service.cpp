@@ -12,7 +12,6 @@
 #include <ctime>
 #include <deque>
 #include <future>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -24,6 +23,7 @@
 #include "actors/node_job.hpp"
 #include "kernels/host_memory.hpp"
 #include "net/bridge.hpp"
+#include "net/log_limiter.hpp"
 #include "net/log_writer.hpp"
 #include "net/shm_link.hpp"
 
@@ -74,36 +74,9 @@ struct node_service::impl {
   // it is refused. Bounded: job ids are random 64-bit numbers.
   std::set<std::pair<uint64_t, int>> past_jobs;
   std::deque<std::pair<uint64_t, int>> past_order;
-  // The bridge's complaints, per kind: at most kFaultLines lines per kFaultWindow, the rest counted and
-  // summed up in the next window's first line (a dead peer must not flood the log). Bridge thread only.
-  static constexpr int kFaultLines = 5;
-  static constexpr std::chrono::seconds kFaultWindow{10};
-  struct fault_budget {
-    std::chrono::steady_clock::time_point since{};
-    int lines = 0;
-    uint64_t suppressed = 0;
-  };
-  std::map<std::string, fault_budget> faults;  // by kind: net::fault_name(), or "refused job", "ignored"
-
-  // A window that is over starts afresh, what it held back said in one line.
-  void roll_over(const std::string& kind, fault_budget& b, std::chrono::steady_clock::time_point now) {
-    if (now - b.since <= kFaultWindow) return;
-    if (b.suppressed > 0)
-      log("not logged: " + std::to_string(b.suppressed) + " more lines of '" + kind + "' in the last " +
-          std::to_string(kFaultWindow.count()) + " s");
-    b = {now, 0, 0};
-  }
-  // Logs `line` unless `kind` had its kFaultLines in this window: then it is counted, and said once the
-  // window is over. Whoever can reach the port (or a job's launcher) decides how often these come.
-  void log_limited(const std::string& kind, const std::string& line) {
-    fault_budget& b = faults[kind];
-    roll_over(kind, b, std::chrono::steady_clock::now());
-    if (++b.lines > kFaultLines) {
-      ++b.suppressed;
-      return;
-    }
-    log(line);
-  }
+  // The bridge's complaints and refusals, a few lines of each kind per window (bridge thread only).
+  net::log_limiter limited{[this](const std::string& line) { log(line); }};
+  void log_limited(const std::string& kind, const std::string& line) { limited.log(kind, line); }
   void log_fault(const net::bridge_error& e) {
     const bool dropped = e.kind == net::fault::malformed || e.kind == net::fault::version_mismatch ||
                          e.kind == net::fault::handler_failed || e.kind == net::fault::send_failed;
@@ -124,6 +97,10 @@ struct node_service::impl {
     // that sends and never reads must not make it queue 100,000 (~70 MB). 10,000 are seconds of a
     // launcher's reports.
     bo.hwm = 10000;
+    // A launcher stopped (SIGSTOP, a debugger, a starved host) keeps its job for launcher_timeout: its
+    // connection must outlast that, or what the job sends it meanwhile is lost and the job goes on
+    // regardless. Past it the job ends, and the launcher finds out why once it runs again.
+    bo.heartbeat_timeout = opt.launcher_timeout + std::chrono::seconds(2);
     if (opt.insecure) return bo;
     key_dir = opt.key_dir.empty() ? net::default_key_dir() : opt.key_dir;
     if (!net::load_or_create_keys(key_dir, &keys, &key_error) || !reload_authorized(&key_error)) return bo;
@@ -374,7 +351,8 @@ struct node_service::impl {
   // Who we are, and whether we are busy, and when free: a launcher started at once waits for that.
   wire::kv_map hello_ack() const {
     wire::kv_map kv{{"name", name()}, {"id", br.name()}, {"devices", opt.devices}, {"ring_port", std::to_string(ring_port ? ring_port->port() : 0)},
-                    {"host", host}, {"version", std::to_string(wire::kProtocolVersion)}, {"busy", job ? "1" : "0"}};
+                    {"host", host}, {"version", std::to_string(wire::kProtocolVersion)}, {"busy", job ? "1" : "0"},
+                    {"launcher_timeout_ms", std::to_string(opt.launcher_timeout.count())}};
     if (const int64_t ms = free_in_ms(); ms >= 0) kv["free_in_ms"] = std::to_string(ms);
     return kv;
   }
@@ -456,8 +434,7 @@ struct node_service::impl {
       }
     }
     // Lines held back in a window that is over are summed up now, not with the next one (which may never come).
-    for (auto& [kind, b] : faults)
-      if (b.suppressed > 0) roll_over(kind, b, now);
+    limited.tick(now);
     // A second after a job ends (its actors have let go of its buffers by then), and every 30 s while
     // idle, the heap goes back to the system: a long-lived daemon should not keep a job's peak, nor what
     // strangers made it hold (replies queued for clients that do not read, say).
@@ -467,7 +444,12 @@ struct node_service::impl {
       trimmed = now;
     }
     if (!job) return;
-    if (job->launcher_gone(opt.launcher_timeout)) return end_job("the launcher stopped answering");
+    if (job->launcher_gone(opt.launcher_timeout)) {
+      // Said to it too: a launcher that was only stopped (SIGSTOP, a starved host) learns why, once it runs.
+      const std::string why = "the launcher stopped answering for " + std::to_string(opt.launcher_timeout.count()) + " ms";
+      send_kv(job->launcher(), wire::msg_type::abort, job->id(), {{"reason", "node " + name() + " dropped the job: " + why}});
+      return end_job(why);
+    }
     wire::header h;
     h.type = wire::msg_type::heartbeat;
     h.job_id = job->id();
@@ -503,11 +485,13 @@ bool node_service::start(std::string* error) {
     // A launcher killed (kill -9) is no longer connected, and what the job still sends it fails message by
     // message: said once, in words, not each send with the launcher's routing id.
     const std::string& to = e.from.identity;
-    if (e.kind == net::fault::send_failed && !to.empty() && ((d->job && to == d->job->launcher().identity) || to == d->last_launcher)) {
-      if (d->unreachable_launcher != to)
-        d->log(d->job && to == d->job->launcher().identity ? "job " + std::to_string(d->job->id()) + ": its launcher is not connected "
-                                                             "(gone?): what the job sends it is dropped"
-                                                           : "the launcher of the job that ended is not connected: what was left to send it is dropped");
+    // A report the job's launcher never gets leaves its accounting short for good (a step, an epoch, a
+    // checkpoint it waits on): the job cannot go on right, and ends now, saying why.
+    if ((e.kind == net::fault::send_failed || e.kind == net::fault::overloaded) && d->job && !to.empty() && to == d->job->launcher().identity)
+      return d->end_job(e.kind == net::fault::send_failed ? "its launcher's connection broke (what the job sent it was lost)"
+                                                         : "its launcher did not take what the job sent it (some of it was dropped)");
+    if (e.kind == net::fault::send_failed && !to.empty() && to == d->last_launcher) {
+      if (d->unreachable_launcher != to) d->log("the launcher of the job that ended is not connected: what was left to send it is dropped");
       d->unreachable_launcher = to;
       return;
     }

@@ -177,6 +177,16 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     if (record[i] && !net::record_known_node(key_dir + "/known_nodes", ro.nodes[i], L.plan.nodes[i].key, &error))
       std::fprintf(stderr, "ringmaster: could not record the key of %s: %s\n", ro.nodes[i].c_str(), error.c_str());
 
+  // How long the nodes keep a job whose launcher has fallen silent (a node's word, checked; an older
+  // node does not say): the least of them, for the watchdog below.
+  std::optional<std::chrono::milliseconds> patience;
+  for (wire::kv_map& r : replies) {
+    const std::string& said = r["launcher_timeout_ms"];
+    int64_t ms = 0;
+    const auto [end, ec] = std::from_chars(said.data(), said.data() + said.size(), ms);
+    if (ec == std::errc() && end == said.data() + said.size() && ms >= 1000 && ms <= 3600000)
+      patience = std::min(patience.value_or(std::chrono::milliseconds(ms)), std::chrono::milliseconds(ms));
+  }
   // A node takes ring chunks for a rank only from the node that runs its left neighbour, known by the
   // routing id it sends with.
   for (size_t i = 0; i < ro.nodes.size(); ++i) L.plan.nodes[i].id = replies[i]["id"];
@@ -413,11 +423,11 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
       // nodes'. Under their patience they are heard afresh; past it they have dropped the job, and we say why.
       const auto slept = clock_type::now() - woke;
       woke = clock_type::now();
-      const auto patience = node_options{}.launcher_timeout;  // what a node waits for its launcher
-      if (slept > patience) {  // past it: the nodes dropped the job
+      const auto waits = patience.value_or(node_options{}.launcher_timeout);  // what a node waits for its launcher
+      if (slept > waits) {  // past it: the nodes dropped the job
         char why[160];
         std::snprintf(why, sizeof why, "this launcher was stopped or starved for %.1f s, longer than its nodes wait for it (%.0f s): they dropped the job",
-                      std::chrono::duration<double>(slept).count(), std::chrono::duration<double>(patience).count());
+                      std::chrono::duration<double>(slept).count(), std::chrono::duration<double>(waits).count());
         L.br.post([&L, why = std::string(why)] { L.kill_node(-1, why); });
         break;
       }

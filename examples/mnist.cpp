@@ -411,9 +411,9 @@ void print_nodes(const train_result& r, bool stopped) {
     const char* since = l.hung ? "the ring's last step" : "its last message";
     std::printf("Lost node %s (%s): %s, named %.2f s after %s; %d rank%s %s epoch %lld, step %lld", l.node.c_str(),
                 ranks_named(l.ranks).c_str(), l.why.c_str(), l.detected, since, l.survivors, l.survivors == 1 ? "" : "s",
-                stopped && std::isnan(l.recovered) ? "left as the job stopped, in" : "went on from", (long long)l.epoch + 1,
-                (long long)l.step + 1);
-    if (std::isnan(l.recovered)) std::printf(stopped ? "\n" : " (no step was left to run)\n");
+                !std::isnan(l.recovered) ? "went on from" : stopped ? "left as the job stopped, in" : "left with no step to run after its last,",
+                (long long)l.epoch + 1, (long long)l.step + 1);
+    if (std::isnan(l.recovered)) std::printf("\n");
     else std::printf("; the next step was complete %.2f s after %s\n", l.recovered, since);
   }
   for (const node_join& n : r.joins)

@@ -130,7 +130,7 @@ void bridge::impl::set_common_options(zmq::socket_t& s) {
   }
   // ZMTP heartbeats notice a dead peer even on an idle connection.
   s.set(zmq::sockopt::heartbeat_ivl, 1000);
-  s.set(zmq::sockopt::heartbeat_timeout, 3000);
+  s.set(zmq::sockopt::heartbeat_timeout, int(opt.heartbeat_timeout.count()));
 }
 
 zap_handler::verdict bridge::impl::admit(const zap_handler::request& r) {

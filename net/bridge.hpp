@@ -109,6 +109,10 @@ struct bridge_options {
   // why; more are hung up as they are accepted, so a flood holds no file descriptors. An unfinished
   // handshake is dropped after 3 s either way.
   int max_connections = 0;
+  // A connection whose peer sends nothing, not even ZMTP's heartbeat answers, this long is closed (a
+  // host gone without a word). What we then send that peer is dropped: an application that waits for a
+  // silent peer longer than this must say so here, or lose messages a peer back in time expected.
+  std::chrono::milliseconds heartbeat_timeout{3000};
   // Watch every connection we make, plain ones too (a launcher's): one whose peer accepts no TCP connection
   // after 3 tries is reported (fault::unreachable, retrying: libzmq goes on trying, and a peer started
   // after us gets in), and a plain one to a peer with keys fails its handshake at once, saying so.

@@ -80,6 +80,10 @@ TEST_CASE("coordinator: reports outside the job, twice, or of impossible batches
       {[](job& j) { j.step(1, 0, 0, 2, 1, 0.5, 0, std::nan("")); }, "rank 1 reported step 1 of epoch 1 with a time of nan s"},
       {[](job& j) { j.step(0, 0, 0, 2, 1, 0.5, 0, -1.0); }, "rank 0 reported step 1 of epoch 1 with a time of -1 s"},
       {[](job& j) { j.step(0, 0, 0, 2, 1, -1e308); }, "loss sum -1e+308: not a batch"},  // not 310 digits
+      // A rank reports its steps in order: one past the next means those between were lost (a connection
+      // that broke under way), and the epochs and checkpoints they belong to could never be whole.
+      {[](job& j) { j.step(0, 0, 0), j.step(0, 0, 2); }, "rank 0 reported step 3 of epoch 1 without its report of step 2 of the job before it: lost on the way"},
+      {[](job& j) { j.step(1, 1, 1); }, "rank 1 reported step 2 of epoch 2 without its reports of steps 1-4 of the job before it"},
   };
   for (const lie& l : lies) {
     job j;

@@ -3,6 +3,7 @@
 // behind takes a finished one's state, and a node that is back rejoins at an epoch's end. The plan: test_reform.cpp.
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -123,6 +124,44 @@ TEST_CASE("reform: the coordinator completes the steps before the restart, drops
   CHECK(result->losses[0].step == 0);
   CHECK(result->losses[0].recovered >= 0);
   CHECK(events.size() == 1);
+}
+
+TEST_CASE("reform: a node lost after the job's last step is said to be lost there, not in an epoch the job has not",
+          "[reform]") {
+  caf::actor_system_config cfg;
+  configure(cfg, 2);
+  caf::actor_system sys{cfg};
+  // 2 ranks, batch 20, 4 steps, 1 epoch, not evaluating: both report every step, then rank 1's node is
+  // lost before it says it is done; the ring re-forms with no step left (it said "epoch 2, step 1").
+  coordinator_config cc{2, 20, 4, 1, false, nullptr};
+  auto coord = sys.spawn(coordinator, cc);
+  rank_actors all;
+  for (int r = 0; r < 2; ++r) all.replicas.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
+  all.loaders = all.reducers = all.replicas;
+  caf::scoped_actor self{sys};
+  auto running = self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers);
+  for (int64_t s = 0; s < 4; ++s)
+    for (int r = 0; r < 2; ++r) caf::anon_send(coord, report(r, 0, 0, s, 10));
+  reform_note note;
+  note.gen = 1;
+  note.start_step = 4;
+  note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
+  node_loss l;
+  l.node = "tcp://lost:1";
+  l.ranks = "1";
+  note.losses = {l};
+  note.last_word = std::chrono::steady_clock::now();
+  caf::anon_send(coord, reform_atom::value, note);
+  caf::anon_send(coord, done_atom::value, 0);
+  std::shared_ptr<train_result> result;
+  running.receive([&](std::shared_ptr<train_result> r) { result = std::move(r); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  REQUIRE(result);
+  INFO(result->error);
+  REQUIRE(result->ok);
+  REQUIRE(result->losses.size() == 1);
+  CHECK(result->losses[0].epoch == 0);  // the last step, 0-based: epoch 1, step 4
+  CHECK(result->losses[0].step == 3);
+  CHECK(std::isnan(result->losses[0].recovered));  // no step came after it
 }
 
 TEST_CASE("reform: a checkpoint whose state went with a lost rank 0 is given up, the next ones are written", "[reform][checkpoint]") {

@@ -520,16 +520,13 @@ TEST_CASE("checkpoint: a 2-node run killed after a checkpoint resumes at once on
   INFO(crash.out);
   CHECK(killed(crash));
   CHECK(names(dir) == std::set<std::string>{"ckpt-0-14.safetensors", "ckpt-1-5.safetensors"});
-  // The daemons hold the dead launcher's job until they notice (within 5 s): started at once, as a requeued
-  // batch job is, the resume waits for them rather than failing.
+  // The daemons drop the dead launcher's job once a message to it fails (within 0.1 s), or once it has
+  // been silent for their --launcher-timeout: started at once, as a requeued batch job is, the resume goes
+  // on either way (waiting for them, saying so, where they still hold it: test_nodes_liars.cpp).
   const std::string nodes = "--nodes " + test::node_list(first);
-  const std::string loud = job.substr(0, job.size() - 3);  // without -q: it says why it waits
-  REQUIRE(loud + " -q" == job);
-  run_result r = mnist(nodes + loud + " --checkpoint-dir " + dir + " --checkpoint-every 7 --resume");
+  run_result r = mnist(nodes + job.substr(0, job.size() - 3) + " --checkpoint-dir " + dir + " --checkpoint-every 7 --resume");
   INFO(r.out);
   REQUIRE(r.status == 0);
-  CHECK(r.out.find("ringmaster-mnist: " + first[0]->endpoint + ", " + first[1]->endpoint +
-                   " hold a job whose launcher fell silent (crashed?), dropped within ") != std::string::npos);
   CHECK(r.out.find("Resuming from " + dir + "/ckpt-1-5.safetensors") != std::string::npos);
   CHECK(fnv(r.out) == fnv(full.out));
   CHECK(fnv(r.out).size() == 16);
