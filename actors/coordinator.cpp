@@ -280,7 +280,14 @@ void final_weights_in(caf::event_based_actor* self, coordinator_state& st, int r
   // The checkpoint after the last step is the result too (a resume of the finished run gives it): rank
   // 0's node sent its state, and must not have sent another. Rank 0's final weights are what is saved:
   // checked even where replicas differ (a node found faulty as the job ended finishes with the others).
-  if (st.written == st.cfg.steps_per_epoch * st.cfg.epochs && st.written_params != st.result->checksums[size_t(st.result_rank)])
+  // Where that checkpoint was given up, the result is another rank's (result_from): every rank of the
+  // nodes that held the majority's state must have ended with the same weights.
+  const uint64_t result = st.result->checksums[size_t(st.result_rank)];
+  for (size_t i = 0; i < st.result->checksums.size() && !st.result_from.empty(); ++i)
+    if (i < st.cfg.where.size() && st.result_from.count(st.cfg.where[i]) && st.result->checksums[i] != result)
+      return finish(self, st, "ranks " + rank_where(st, st.result_rank) + " and " + rank_where(st, int(i)) +
+                                  ", of nodes that held the majority's state after the last step, ended with different weights: no result can be trusted");
+  if (st.written == st.cfg.steps_per_epoch * st.cfg.epochs && st.written_params != result)
     return finish(self, st, same ? "the checkpoint after the last step (" + std::to_string(st.written) +
                                        ") holds other weights than every rank's final ones: rank " + st.written_by +
                                        " sent a state that was not its own; do not resume from it"
@@ -465,6 +472,8 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
                                        std::to_string(st->cfg.epochs) + " epochs of " + std::to_string(st->cfg.steps_per_epoch) + " steps");
         const size_t n = st->replicas.size();
         st->result->checksums.assign(n, 0);
+        if ((st->result_rank = pick_result_rank(*st)) < 0)
+          return finish(self, *st, "no rank is left on a node that held the majority's state after the last step, whose final weights would be the result");
         // Rank 0's weights are the result (or result_rank's); of the others a checksum is enough to tell
         // they are the same (from nodes each would cross the network, and the launcher held them all at once).
         for (size_t r = 0; r < n; ++r) {

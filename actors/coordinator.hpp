@@ -56,6 +56,7 @@ struct node_loss {
                                 //  last step: that step; 0-based)
   double recovered = NAN;       // seconds from its last message (hung: the last step) to the next completed step
   std::chrono::steady_clock::time_point next_step;  // when that step was complete
+  std::chrono::steady_clock::time_point when;       // when it was named lost (a summary lists events in order)
 };
 
 // A lost node that came back and joined the ring again at an epoch's end (actors/reform.hpp).
@@ -66,6 +67,7 @@ struct node_join {
   int replicas = 0;   // ranks in it
   int64_t epoch = 0;  // the first epoch it trains in (0-based)
   double paused = 0;  // seconds the others stood still for it: from the last one's stop to the new ring's start
+  std::chrono::steady_clock::time_point when;  // when the new ring started
 };
 
 // A try to take a lost node that came back into the ring that failed (launcher_rejoin.cpp): why, and
@@ -74,6 +76,7 @@ struct failed_join {
   std::string node;  // its endpoint
   std::string why;   // "it refused: ..."
   bool asked_again = false;
+  std::chrono::steady_clock::time_point when;  // when the try was given up
 };
 
 // A node found faulty (coordinator_config::on_faulty_node) too close to the job's end to re-form the ring

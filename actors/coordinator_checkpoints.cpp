@@ -24,17 +24,6 @@ constexpr size_t kMaxHeldProgress = 256;
 // sends the state right after the step, the reports of every rank within a batch of 64 (node_links.hpp).
 constexpr int64_t kMaxStateLead = 1024;
 
-// The lowest rank that reported the majority's state: its checksum, on a node neither shown faulty nor
-// the sender of a state not the majority's (-1: none). A rank that gave no checksum has no say.
-int rank_of_majority(const std::vector<state_vote>& votes, const state_verdict& v, const std::string& sender) {
-  int best = -1;
-  for (const state_vote& x : votes)
-    if (x.sum && !x.where.empty() && x.where != sender && (best < 0 || x.rank < best) &&
-        std::none_of(v.faulty.begin(), v.faulty.end(), [&](const auto& f) { return f.first == x.where; }))
-      best = x.rank;
-  return best;
-}
-
 // Writes the checkpoint after `done` steps once both its halves are here.
 void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64_t done) {
   auto it = st.checkpoints.find(done);
@@ -62,9 +51,9 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
                                   ": no checkpoint was written from it (a faulty or lying node" + faults_named(v) + ")" +
                                   (v.decided ? "" : "; no majority of nodes holds one state") +
                                   (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
-    // After the last step the launcher keeps them to the end (no ring is re-formed while the final weights
-    // come in): rank 0's state, the majority's, is written, and the final weights are compared. With
-    // --on-node-loss abort (no on_faulty_node) it is written, and then the job ends.
+    // After the last step the launcher keeps them to the end (it re-forms no ring for them while the final
+    // weights come in). With --on-node-loss abort (no on_faulty_node) rank 0's state, the majority's, is
+    // written, and then the job ends.
     for (const auto& [where, why] : v.faulty)
       if (st.cfg.on_faulty_node) st.cfg.on_faulty_node(where, why + " (a faulty or lying node)");
       else fail_after += where + " is faulty: " + why + " (a faulty or lying node); ";
@@ -74,10 +63,13 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
     if (!v.sender_ok) {  // not written: the next one comes from the new ring's rank 0
       std::string instead;
       if (last) {  // none comes after it: the result is the final weights of a rank of the majority's
-        if (const int r = rank_of_majority(votes, v, c.sender); r < 0 || size_t(r) >= st.replicas.size())
-          return finish(self, st, "after the last step no rank is left on a node that holds the majority's state: " + not_written);
-        else
-          instead = "; the result is the final weights of rank " + rank_where(st, r) + ", which holds the majority's state", st.result_rank = r;
+        for (const state_vote& x : votes)  // the nodes whose ranks reported it
+          if (x.sum && x.where != c.sender && std::none_of(v.faulty.begin(), v.faulty.end(), [&](const auto& f) { return f.first == x.where; }))
+            st.result_from.insert(x.where);
+        st.last_given_up = true;
+        const int r = pick_result_rank(st);
+        if (r < 0) return finish(self, st, "after the last step no rank is left on a node that holds the majority's state: " + not_written);
+        instead = "; the result is the final weights of rank " + rank_where(st, r) + ", which holds the majority's state";
         if (st.written > st.cfg.start.step) instead += ", and the last checkpoint, after step " + std::to_string(st.written) + ", is kept";
       }
       if (st.cfg.on_event)
@@ -115,6 +107,15 @@ void coordinator_detail::note_state_sum(coordinator_state& st, const step_report
     st.votes[done].push_back({r.rank, r.state_sum, size_t(r.rank) < st.cfg.where.size() ? st.cfg.where[size_t(r.rank)] : ""});
 }
 
+// The rank whose final weights are the result (coordinator_state::result_from): 0, or the lowest on a
+// node that reported the majority's state after the last step; -1 if none is left in the ring.
+int coordinator_detail::pick_result_rank(const coordinator_state& st) {
+  if (st.result_from.empty()) return 0;
+  for (size_t r = 0; r < st.cfg.where.size() && r < st.replicas.size(); ++r)
+    if (st.result_from.count(st.cfg.where[r])) return int(r);
+  return -1;
+}
+
 // The metrics half of a checkpoint after `done` steps, if one is due then.
 void coordinator_detail::checkpoint_progress(caf::event_based_actor* self, coordinator_state& st, int64_t done, const epoch_acc* open) {
   const int64_t spe = st.cfg.steps_per_epoch;
@@ -133,9 +134,9 @@ void coordinator_detail::checkpoint_progress(caf::event_based_actor* self, coord
 void coordinator_detail::take_state(caf::event_based_actor* self, coordinator_state& st, state_ptr s) {
   st.last_news = clock_type::now();  // a large state may have held up the reports behind it
   const int64_t spe = st.cfg.steps_per_epoch, done = s ? s->steps : -1;
-  if (!st.cfg.on_checkpoint || done <= st.cfg.start.step || done <= st.written ||
+  if (!st.cfg.on_checkpoint || done <= st.cfg.start.step || done <= st.written || (st.last_given_up && done >= spe * st.cfg.epochs) ||
       !checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs))
-    return;  // none asked for then
+    return;  // none asked for then (or given up: a re-formed ring's rank 0 sends it again)
   // A state far ahead of the steps complete is no honest rank 0's: it must not keep check_withheld quiet
   // while the one due is held back (it is judged once its step's metrics come).
   if (done <= steps_complete(st) + kMaxStateLead) st.last_state = clock_type::now();

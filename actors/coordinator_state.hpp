@@ -71,8 +71,12 @@ struct coordinator_state {
   int64_t written = -1;  // the last checkpoint written (they come in step order): states up to it are late
   uint64_t written_params = 0;  // after the last step: fnv1a of its parameters (the final weights')
   std::string written_by;       // and rank 0 where it was then (rank_where)
-  // Whose final weights are the result: rank 0's, unless its node was found faulty as the job ended
-  // (offer_checkpoint): then those of the first rank on a node that holds the majority's state.
+  // Whose final weights are the result: rank 0's, unless its state after the last step was not the
+  // majority's (offer_checkpoint): then that checkpoint is given up (a later state for it is not taken),
+  // and the result is the final weights of the lowest rank on a node that reported the majority's state
+  // (result_from; a ring re-formed since may number them anew), picked as the ranks say they are done.
+  std::set<std::string> result_from;
+  bool last_given_up = false;
   int result_rank = 0;
   // Per rank: the step (counted from the job's start) its next report is of. A rank reports its steps
   // in order, over one connection from a node: a report past it means those between were lost.
@@ -146,6 +150,7 @@ std::string check_report(const coordinator_state& st, const step_report& r);
 std::string check_report(const coordinator_state& st, const eval_report& r);
 // "3", or "3 (node tcp://10.0.0.2:5601)" when the launcher said where rank 3 runs.
 std::string rank_where(const coordinator_state& st, int r);
+int pick_result_rank(const coordinator_state& st);
 // Ranks that have not reported what the others have, for report_timeout; "" if none is late.
 std::string late_ranks(const coordinator_state& st, clock_type::time_point now);
 // Whether every rank has been silent too long (coordinator_config::eval_batches); "" if not.

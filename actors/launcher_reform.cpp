@@ -28,7 +28,8 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   l.why = why;
   l.hung = hung_since.has_value();
   const clock_type::time_point since = hung_since.value_or(heard(node));
-  l.detected = std::chrono::duration<double>(clock_type::now() - since).count();
+  l.when = clock_type::now();
+  l.detected = std::chrono::duration<double>(l.when - since).count();
   // Where it was lost, for a job that ends without a re-formed ring (the coordinator puts where the
   // survivors went on from, and how many, once one is formed).
   l.epoch = seen_step / std::max<int64_t>(1, steps_per_epoch);
@@ -73,7 +74,8 @@ void launcher::drop_faulty(const std::string& where, const std::string& why) {
   }
   // A ring re-formed as the last step ends, or after it, while final weights come in, is not one to
   // risk: it finishes with the others. Its fault cannot pass into the result unseen: rank 0's state
-  // after the last step is written only as the majority's, and rank 0's final weights are compared with it.
+  // after the last step is written only as the majority's, and rank 0's final weights are compared with
+  // it; where it was not the majority's, the result is the weights of a rank of the majority's nodes.
   if (seen_step + 1 >= total_steps) {
     if (std::any_of(faults.begin(), faults.end(), [&](const node_fault& f) { return f.node == ro.nodes[size_t(i)]; })) return;
     faults.push_back({ro.nodes[size_t(i)], ranks_of(i), why});
@@ -324,7 +326,7 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
     gone[j] = false;
     last_heard[j] = clock_type::now().time_since_epoch().count();
     const double paused = std::chrono::duration<double>(clock_type::now() - join_paused).count();
-    joined.push_back({ro.nodes[size_t(j)], ranks_of(j), gen, plan.replicas(), plan.start_step / steps_per_epoch, paused});
+    joined.push_back({ro.nodes[size_t(j)], ranks_of(j), gen, plan.replicas(), plan.start_step / steps_per_epoch, paused, clock_type::now()});
     joining = -1;
     joins = join_step::none;
     char took[32];

@@ -134,7 +134,7 @@ void launcher::take_join_state(const wire::header& h, const net::payload& p) {
 
 // A node that is back did not get in, for the log and the summary.
 void launcher::join_failed(int node, const std::string& why, bool again) {
-  failed_joins.push_back({ro.nodes[size_t(node)], why, again});
+  failed_joins.push_back({ro.nodes[size_t(node)], why, again, clock_type::now()});
   event("node " + ro.nodes[size_t(node)] + " is back, but could not rejoin: " + why + (again ? "; it is asked again" : "; it stays out"));
 }
 

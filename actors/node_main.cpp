@@ -101,7 +101,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("print-key", po::bool_switch(&print_key), "print this node's public key (KEY_DIR/key.pub, made on first use) for launchers' --nodes HOST:PORT@KEY, and exit")
       ("max-connections", po::value(&o.max_connections)->default_value(o.max_connections), "clients connected at once (at most what the file descriptor limit leaves room for); the first few over it are refused at the handshake, more are hung up as they connect")
       ("ring-port", po::value(&o.ring_port)->default_value(o.ring_port), "the port other nodes send ring chunks to (sealed with AES-128-OCB; plain with --insecure), on the --listen host (open it in a firewall); 0: any free port")
-      ("launcher-timeout", po::value(&launcher_timeout)->default_value(launcher_timeout, "4"), "seconds a job waits for a launcher that has fallen silent (stopped, starved, cut off) before it drops the job (1-3600); what the job sent meanwhile reaches it if it comes back in time")
+      ("launcher-timeout", po::value(&launcher_timeout)->default_value(launcher_timeout, "4"), "seconds a job waits for a launcher that has fallen silent (stopped, starved, cut off) before it drops the job (1-600); what the job sends meanwhile waits for it (a job that sends more than 10,000 messages meanwhile ends), and this node keeps any silent peer's connection that long")
       ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory or to the ring port itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never");
   // For tests, not in --help: this node's replicas stop after N steps of a job (as a stuck GPU would), or
   // once told to pause for a node that rejoins, while the node goes on answering; it sends states, or
@@ -201,8 +201,8 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     return 2;
   }
   o.ring_poll = std::chrono::microseconds(poll_us);
-  if (!(launcher_timeout >= 1 && launcher_timeout <= 3600)) {
-    std::fprintf(stderr, "%s: --launcher-timeout must be 1-3600 (seconds)\n", prog.c_str());
+  if (!(launcher_timeout >= 1 && launcher_timeout <= 600)) {
+    std::fprintf(stderr, "%s: --launcher-timeout must be 1-600 (seconds)\n", prog.c_str());
     return 2;
   }
   o.launcher_timeout = std::chrono::milliseconds(int64_t(launcher_timeout * 1000));

@@ -177,15 +177,16 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     if (record[i] && !net::record_known_node(key_dir + "/known_nodes", ro.nodes[i], L.plan.nodes[i].key, &error))
       std::fprintf(stderr, "ringmaster: could not record the key of %s: %s\n", ro.nodes[i].c_str(), error.c_str());
 
-  // How long the nodes keep a job whose launcher has fallen silent (a node's word, checked; an older
-  // node does not say): the least of them, for the watchdog below.
+  // How long the nodes keep a job whose launcher has fallen silent (a node's word, checked; one that does
+  // not say, an older node, waits the default): the least of them, for the watchdog below.
   std::optional<std::chrono::milliseconds> patience;
   for (wire::kv_map& r : replies) {
     const std::string& said = r["launcher_timeout_ms"];
     int64_t ms = 0;
     const auto [end, ec] = std::from_chars(said.data(), said.data() + said.size(), ms);
-    if (ec == std::errc() && end == said.data() + said.size() && ms >= 1000 && ms <= 3600000)
-      patience = std::min(patience.value_or(std::chrono::milliseconds(ms)), std::chrono::milliseconds(ms));
+    const bool valid = ec == std::errc() && end == said.data() + said.size() && ms >= 1000 && ms <= 600000;
+    const auto waits = valid ? std::chrono::milliseconds(ms) : node_options{}.launcher_timeout;
+    patience = std::min(patience.value_or(waits), waits);
   }
   // A node takes ring chunks for a rank only from the node that runs its left neighbour, known by the
   // routing id it sends with.

@@ -13,6 +13,7 @@
 
 #include <boost/program_options.hpp>
 #include <cfloat>
+#include <chrono>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include "examples/interrupt.hpp"
 #include "examples/mnist_options.hpp"
 #include "examples/outputs.hpp"
+#include "examples/summary.hpp"
 #include "kernels/safetensors.hpp"
 #include "net/keys.hpp"
 
@@ -404,30 +406,9 @@ void report_failed(const options& o, const train_result& r) {
     std::fprintf(stderr, "ringmaster-mnist: --report-json %s was not written: %s\n", o.report_json.c_str(), error.c_str());
 }
 
-// What happened to nodes on the way: lost, taken back, tried, found faulty as the job ended. stopped: a
-// signal ended the job (one lost meanwhile had no ring re-formed without it).
+// What happened to nodes on the way (examples/summary.hpp), a line each.
 void print_nodes(const train_result& r, bool stopped) {
-  for (const node_loss& l : r.losses) {
-    const char* since = l.hung ? "the ring's last step" : "its last message";
-    std::printf("Lost node %s (%s): %s, named %.2f s after %s; %d rank%s %s epoch %lld, step %lld", l.node.c_str(),
-                ranks_named(l.ranks).c_str(), l.why.c_str(), l.detected, since, l.survivors, l.survivors == 1 ? "" : "s",
-                !std::isnan(l.recovered) ? "went on from" : stopped ? "left as the job stopped, in" : "left with no step to run after its last,",
-                (long long)l.epoch + 1, (long long)l.step + 1);
-    if (std::isnan(l.recovered)) std::printf("\n");
-    else std::printf("; the next step was complete %.2f s after %s\n", l.recovered, since);
-  }
-  for (const node_join& n : r.joins)
-    std::printf("Node %s came back and rejoined as %s: %d ranks went on from epoch %lld (the others stood still "
-                "for %.2f s)\n", n.node.c_str(), ranks_named(n.ranks).c_str(), n.replicas, (long long)n.epoch + 1, n.paused);
-  for (const failed_join& f : r.failed_joins)
-    std::printf("Node %s came back, but a try to rejoin failed: %s (%s)\n", f.node.c_str(), f.why.c_str(),
-                f.asked_again ? "it was to be asked again" : "it stayed out");
-  for (const node_fault& f : r.faults)
-    std::printf("Faulty node %s (%s): %s; found as the job ended, it finished with the others\n", f.node.c_str(),
-                ranks_named(f.ranks).c_str(), f.why.c_str());
-  if (r.unmeasured)
-    std::printf("%lld training samples of lost nodes count without their loss and accuracy (reports lost with them)\n",
-                (long long)r.unmeasured);
+  for (const std::string& line : examples::node_summary(r, stopped)) std::printf("%s\n", line.c_str());
 }
 
 // Prints the summary, writes --save and --report-json; the exit status.
@@ -474,9 +455,9 @@ int finish(const options& o, const train_result& r) {
                                      : r.identical ? "replicas bit-identical" : "replicas DIFFER",
               hex64(r.checksums[size_t(r.result_rank)]).c_str());
   print_nodes(r, false);
-  if (r.result_rank != 0)  // rank 0's node was found faulty as the job ended (train_result::weights)
-    std::printf("The result is rank %d's final weights, which hold the majority's state; %s\n", r.result_rank,
-                o.checkpoint_dir.empty() ? "rank 0's node was faulty" : "rank 0's node was faulty, and the checkpoint after the last step was not written from it");
+  if (r.result_rank != 0)  // rank 0's state after the last step was not the majority's (train_result::weights)
+    std::printf("The result is rank %d's final weights, which hold the majority's state; rank 0's node was faulty, and the "
+                "checkpoint after the last step was not written from it\n", r.result_rank);
   // The folder was checked before training, but may have changed since: a --save that fails still leaves
   // the report, and says where the weights are kept.
   bool written = true;

@@ -358,3 +358,49 @@ TEST_CASE("coordinator: rank 0's node that gives no checksum of its own and send
   CHECK(dropped->empty());
   CHECK(rec.written->empty());
 }
+
+TEST_CASE("coordinator: where rank 0's state after the last step is not the majority's, the result is a rank of the "
+          "majority's nodes, picked among the ranks of the ring that finishes", "[coordinator]") {
+  // 3 ranks on nodes A, B and C, 2 steps. After step 2 node A sends a state of 7s its own ranks do not
+  // hold: that checkpoint is given up, and the result comes from B or C. Then node A is lost, and the ring
+  // re-forms as B (rank 0) and C (rank 1): B sends its state for step 2, which is not taken (that
+  // checkpoint's metrics are long gone: it could never be written, and the job failed waiting for it),
+  // and the result is rank 0's, B's (picked by the numbers the votes had in the old ring, it was C's).
+  auto dropped = std::make_shared<std::vector<std::string>>();
+  coordinator_config cc = watched(2, dropped);
+  cc.replicas = 3;
+  cc.where = {"node A", "node B", "node C"};
+  const recorded rec(&cc);
+  job j(cc);
+  train_result out = j.run([](job& j) {
+    for (int64_t k = 1; k <= 2; ++k) {
+      send_state(j, k, 3, k == 2 ? 7.0f : 0.0f);
+      j.step(0, 0, k - 1, 2, 1, 0.5, 0, 0, held_sum(k));
+      j.step(1, 0, k - 1, 1, 1, 0.5, 0, 0, held_sum(k));
+      j.step(2, 0, k - 1, 1, 1, 0.5, 0, 0, held_sum(k));
+    }
+    reform_note note;
+    note.gen = 1;
+    note.start_step = 2;
+    note.ranks = {j.ranks[1], j.ranks[2]};
+    note.where = {"node B", "node C"};
+    node_loss l;
+    l.node = "node A";
+    l.ranks = "0";
+    note.losses = {l};
+    caf::anon_send(j.coord, reform_atom::value, note);
+    send_state(j, 2, 3);
+    j.done(0), j.done(1);
+  });
+  INFO(out.error);
+  REQUIRE(out.ok);
+  CHECK(*rec.written == std::vector<int64_t>{1});
+  CHECK(out.result_rank == 0);
+  REQUIRE(out.checksums.size() == 2);
+  CHECK(out.checksums[0] == fnv1a(out.weights.data(), out.weights.size()));
+  CHECK(*dropped == std::vector<std::string>{"node A: it sent rank 0's state after step 2, which its own ranks do not hold (a faulty or lying node)"});
+  CHECK(std::find(rec.events->begin(), rec.events->end(),
+                  "the checkpoint after step 2 was not written: rank 0's node, node A, is faulty: it sent rank 0's state after step 2, "
+                  "which its own ranks do not hold; the result is the final weights of rank 1 (node B), which holds the majority's "
+                  "state, and the last checkpoint, after step 1, is kept") != rec.events->end());
+}

@@ -15,6 +15,7 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/host_memory.hpp"
+#include "examples/summary.hpp"
 #include "tests/launcher_util.hpp"
 
 using namespace ringmaster::launcher_test;
@@ -397,4 +398,31 @@ TEST_CASE("launcher: --device is checked before anything runs, and no GPU is a c
     if (r.out.find("CUDA driver version is insufficient") != std::string::npos)
       CHECK(r.out.find("no CUDA device found (no NVIDIA driver is loaded, or it is older than this CUDA runtime needs") != std::string::npos);
   }
+}
+
+TEST_CASE("launcher: the summary lists nodes lost, back and refused, and taken back in the order it happened", "[launcher]") {
+  using ringmaster::train_result;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto at = [t0](int s) { return t0 + std::chrono::seconds(s); };
+  train_result r;
+  // Node B lost, back and refused, lost again (it had come back on its own), taken back; node C lost after
+  // the last step. Each kind used to be listed apart, so the refusal read as if it came after the rejoin.
+  ringmaster::node_loss b1, b2, c;
+  b1.node = b2.node = "tcp://b:1", b1.ranks = b2.ranks = "1", b1.why = b2.why = "no heartbeat for 1.5 s";
+  b1.survivors = b2.survivors = c.survivors = 2, b1.recovered = 0.5, b1.when = at(1), b2.when = at(3);
+  c.node = "tcp://c:1", c.ranks = "2", c.why = "was stopped (SIGTERM)", c.epoch = 1, c.step = 499, c.when = at(5);
+  r.losses = {b1, b2, c};
+  r.failed_joins = {{"tcp://b:1", "it refused: busy", true, at(2)}};
+  r.joins = {{"tcp://b:1", "2", 2, 3, 1, 0.25, at(4)}};
+  const std::vector<std::string> lines = ringmaster::examples::node_summary(r, false);
+  INFO(Catch::Detail::stringify(lines));
+  REQUIRE(lines.size() == 5);
+  CHECK(lines[0].rfind("Lost node tcp://b:1 (rank 1): no heartbeat for 1.5 s, named 0.00 s after its last message; 2 ranks went on from "
+                       "epoch 1, step 1; the next step was complete 0.50 s after its last message", 0) == 0);
+  CHECK(lines[1] == "Node tcp://b:1 came back, but a try to rejoin failed: it refused: busy (it was to be asked again)");
+  CHECK(lines[2].rfind("Lost node tcp://b:1", 0) == 0);
+  CHECK(lines[3] == "Node tcp://b:1 came back and rejoined as rank 2: 3 ranks went on from epoch 2 (the others stood still for 0.25 s)");
+  // After the last step no ring went on: where it was lost is that step, not one past the job's end.
+  CHECK(lines[4] == "Lost node tcp://c:1 (rank 2): was stopped (SIGTERM), named 0.00 s after its last message; 2 ranks left with no "
+                    "step to run after its last, epoch 2, step 500");
 }

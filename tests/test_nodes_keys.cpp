@@ -50,6 +50,9 @@ TEST_CASE("node daemon: --ring-port fixes the port ring chunks from other hosts 
   refused(" --listen tcp://127.0.0.1:" + std::to_string(port) + " --ring-port " + std::to_string(port), "--ring-port " + std::to_string(port) + " is the --listen port: ring chunks need a port of their own");
   refused(" --listen " + free_endpoint() + " --ring-port 70000", "--ring-port must be a port number");
   refused(" --listen " + free_endpoint() + " --ring-poll-us -1", "--ring-poll-us must be 0-1000000");
+  for (const char* t : {"0.5", "601", "nan", "inf"})
+    refused(" --listen " + free_endpoint() + " --launcher-timeout " + t, "--launcher-timeout must be 1-600 (seconds)");
+  refused(" --listen " + free_endpoint() + " --launcher-timeout 4s", "launcher-timeout");  // not a number at all
   refused(" --listen " + free_endpoint() + " --insecure extra", "unexpected argument");  // it served, the word ignored
   refused(" --listen ipc:///tmp/ringmaster-test-ring-port --ring-port " + std::to_string(port), "--ring-port needs a tcp:// --listen endpoint");
   // A key folder with --insecure was ignored: the node served without keys.
