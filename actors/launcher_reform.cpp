@@ -283,6 +283,10 @@ void launcher::take_forward_state(const wire::header& h, const net::payload& p) 
   }
   if (stopping) {  // the stop's checkpoint: the coordinator writes it and ends the job
     stop_handed = true;
+    // Those lost since the last ring all leave the same ranks (two found faulty at once: not the first's count).
+    int left = 0;
+    for (int i : survivors()) left += int(plan.ranks_on(i).size());
+    for (node_loss& l : losses) l.survivors = left;
     return caf::anon_send(coordinator, checkpt_atom::value, stop_note{s, stopping, std::exchange(losses, {})});
   }
   std::vector<bool> behind(ro.nodes.size(), false);
