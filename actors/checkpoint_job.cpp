@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -63,6 +65,22 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
       return path + " is a folder, named as a checkpoint this run may write: move it out of " + dir;
   if (lock) *lock = held;
   return "";
+}
+
+std::string check_checkpoint_room(const std::string& dir, size_t params, optimizer_config::kind_t kind) {
+  struct statvfs fs_stat {};
+  if (::statvfs(dir.c_str(), &fs_stat) != 0) return "";  // nothing known: the writes will say
+  // Parameters and their moments (one for SGD's momentum, two for Adam), and a header of some KB.
+  const double each = double(params) * sizeof(float) * (kind == optimizer_config::adam ? 3 : 2) + 64 * 1024;
+  double there = 0;
+  for (const std::string& path : list_checkpoints(dir))
+    if (struct stat st {}; ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) there += double(st.st_size);
+  const double free = double(fs_stat.f_bavail) * double(fs_stat.f_frsize), needed = 3 * each - std::min(there, 2 * each);
+  if (free >= needed) return "";
+  char why[320];
+  std::snprintf(why, sizeof why, "%s has %.1f MB free, but this model's checkpoints take %.1f MB each and up to 3 are there at once "
+                "(the newest two kept and one being written): %.1f MB are needed", dir.c_str(), free / 1e6, each / 1e6, needed / 1e6);
+  return why;
 }
 
 coordinator_config job_coordinator_config(const train_config& cfg, std::shared_ptr<const model> m, int replicas,

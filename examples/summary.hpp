@@ -53,6 +53,10 @@ inline std::vector<std::string> node_summary(const train_result& r, bool stopped
   std::stable_sort(said.begin(), said.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::string> lines;
   for (auto& [when, line] : said) lines.push_back(std::move(line));
+  // Each gradient is summed over other ranks in another order then: last bits differ, and training grows them.
+  if (!stopped && (!r.losses.empty() || !r.joins.empty()))
+    lines.push_back("The ranks changed on the way: the weights equal an uninterrupted run's only up to rounding, which training "
+                    "can grow (compare test accuracy, not weights)");
   for (const node_fault& f : r.faults)
     lines.push_back(printed("Faulty node %s (%s): %s; found as the job ended, it finished with the others", f.node.c_str(),
                             ranks_named(f.ranks).c_str(), f.why.c_str()));

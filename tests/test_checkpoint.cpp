@@ -377,3 +377,23 @@ TEST_CASE("checkpoint: a job of other settings may not resume from it", "[checkp
   CHECK(resume_mismatch(c, other, nullptr, -1) ==
         "the checkpoint was made after epoch 2, step 3: 2 epochs leave nothing to train (raise --epochs to go on)");
 }
+
+TEST_CASE("checkpoint: a folder whose disk cannot take three of the model's checkpoints is refused before training",
+          "[checkpoint]") {
+  const std::string dir = fresh_dir("room");
+  // 2^47 parameters with Adam's two moments: 1.7 PB a checkpoint, 5 PB for three. No disk here has that.
+  const size_t huge = size_t(1) << 47;
+  const std::string why = check_checkpoint_room(dir, huge, optimizer_config::adam);
+  INFO(why);
+  CHECK(why.rfind(dir + " has ", 0) == 0);
+  CHECK(why.find(" MB free, but this model's checkpoints take 1688849860.3 MB each and up to 3 are there at once (the newest two "
+                 "kept and one being written): 5066549581.0 MB are needed") != std::string::npos);
+  // SGD keeps one moment: two thirds of it.
+  CHECK(check_checkpoint_room(dir, huge, optimizer_config::sgd).find("take 1125899906.9 MB each") != std::string::npos);
+  CHECK(check_checkpoint_room(dir, 1000, optimizer_config::adam).empty());  // a few KB fit anywhere tests run
+  // Through the launcher: exit 2 before training (it used to fail at the first checkpoint, exit 1).
+  const run_result r = mnist("--replicas 1 --batch 32 --epochs 1 --limit-train 64 --limit-test 32 -q --model 784-64-10 --checkpoint-dir " +
+                             dir + " --data " + std::string(RINGMASTER_DATA_DIR));
+  CHECK(r.status == 0);  // this model's fit
+  fs::remove_all(dir);
+}

@@ -416,7 +416,7 @@ TEST_CASE("launcher: the summary lists nodes lost, back and refused, and taken b
   r.joins = {{"tcp://b:1", "2", 2, 3, 1, 0.25, at(4)}};
   const std::vector<std::string> lines = ringmaster::examples::node_summary(r, false);
   INFO(Catch::Detail::stringify(lines));
-  REQUIRE(lines.size() == 5);
+  REQUIRE(lines.size() == 6);
   CHECK(lines[0].rfind("Lost node tcp://b:1 (rank 1): no heartbeat for 1.5 s, named 0.00 s after its last message; 2 ranks went on from "
                        "epoch 1, step 1; the next step was complete 0.50 s after its last message", 0) == 0);
   CHECK(lines[1] == "Node tcp://b:1 came back, but a try to rejoin failed: it refused: busy (it was to be asked again)");
@@ -425,4 +425,5 @@ TEST_CASE("launcher: the summary lists nodes lost, back and refused, and taken b
   // After the last step no ring went on: where it was lost is that step, not one past the job's end.
   CHECK(lines[4] == "Lost node tcp://c:1 (rank 2): was stopped (SIGTERM), named 0.00 s after its last message; 2 ranks left with no "
                     "step to run after its last, epoch 2, step 500");
+  CHECK(lines[5].rfind("The ranks changed on the way: the weights equal an uninterrupted run's only up to rounding", 0) == 0);
 }
