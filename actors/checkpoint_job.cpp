@@ -69,18 +69,23 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
 
 std::string check_checkpoint_room(const std::string& dir, size_t params, optimizer_config::kind_t kind) {
   struct statvfs fs_stat {};
-  if (::statvfs(dir.c_str(), &fs_stat) != 0) return "";  // nothing known: the writes will say
+  // Nothing known (some FUSE and network file systems say 0 blocks): the writes will say.
+  if (::statvfs(dir.c_str(), &fs_stat) != 0 || fs_stat.f_blocks == 0) return "";
   // Parameters and their moments (one for SGD's momentum, two for Adam), and a header of some KB.
   const double each = double(params) * sizeof(float) * (kind == optimizer_config::adam ? 3 : 2) + 64 * 1024;
+  // What this job's checkpoints there take (a resume's), and what a write cut short left (ckpt-*.tmp,
+  // pruned after the next write): space they give back as new ones come.
   double there = 0;
-  for (const std::string& path : list_checkpoints(dir))
-    if (struct stat st {}; ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) there += double(st.st_size);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (const std::string name = e.path().filename().string(); name.rfind("ckpt-", 0) == 0 && e.is_regular_file(ec))
+      there += double(e.file_size(ec));
   const double free = double(fs_stat.f_bavail) * double(fs_stat.f_frsize), needed = 3 * each - std::min(there, 2 * each);
   if (free >= needed) return "";
-  char why[320];
-  std::snprintf(why, sizeof why, "%s has %.1f MB free, but this model's checkpoints take %.1f MB each and up to 3 are there at once "
-                "(the newest two kept and one being written): %.1f MB are needed", dir.c_str(), free / 1e6, each / 1e6, needed / 1e6);
-  return why;
+  char figures[200];
+  std::snprintf(figures, sizeof figures, " has %.1f MB free, but this model's checkpoints take %.1f MB each and up to 3 are there at once "
+                "(the newest two kept and one being written): %.1f MB are needed", free / 1e6, each / 1e6, needed / 1e6);
+  return dir + figures;
 }
 
 coordinator_config job_coordinator_config(const train_config& cfg, std::shared_ptr<const model> m, int replicas,

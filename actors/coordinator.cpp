@@ -277,6 +277,7 @@ void final_weights_in(caf::event_based_actor* self, coordinator_state& st, int r
   for (uint64_t c : st.result->checksums) same = same && c == st.result->checksums[0];
   st.result->identical = same;
   st.result->result_rank = st.result_rank;
+  st.result->last_checkpoint_refused = st.last_given_up;
   // The checkpoint after the last step is the result too (a resume of the finished run gives it): rank
   // 0's node sent its state, and must not have sent another. Rank 0's final weights are what is saved:
   // checked even where replicas differ (a node found faulty as the job ended finishes with the others).

@@ -97,6 +97,9 @@ struct train_result {
   std::string model;                   // the model's canonical description (model::description())
   std::vector<uint64_t> checksums;     // every replica's final parameters, FNV-1a over the bytes
   int result_rank = 0;                 // the rank whose final parameters are `weights`
+  // The checkpoint after the last step was not written: rank 0's state was not the majority's, and the
+  // result is the final weights of a rank that holds it (result_rank). `checkpoint` is an earlier one.
+  bool last_checkpoint_refused = false;
   bool identical = false;              // all replicas ended with bit-identical weights
   double wall_seconds = 0, train_seconds = 0;
   int64_t train_samples = 0;           // trained by this run (a resumed one: since it resumed)

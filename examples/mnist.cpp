@@ -455,7 +455,7 @@ int finish(const options& o, const train_result& r) {
                                      : r.identical ? "replicas bit-identical" : "replicas DIFFER",
               hex64(r.checksums[size_t(r.result_rank)]).c_str());
   print_nodes(r, false);
-  if (r.result_rank != 0)  // rank 0's state after the last step was not the majority's (train_result::weights)
+  if (r.last_checkpoint_refused)  // rank 0's state after the last step was not the majority's (train_result::weights)
     std::printf("The result is rank %d's final weights, which hold the majority's state; rank 0's node was faulty, and the "
                 "checkpoint after the last step was not written from it\n", r.result_rank);
   // The folder was checked before training, but may have changed since: a --save that fails still leaves
@@ -467,7 +467,7 @@ int finish(const options& o, const train_result& r) {
     auto m = model::build(r.model, layer_registry::with_builtins(), &error);
     if (!m || !write_safetensors(o.save, *m, r.weights, meta, &error)) {
       std::fprintf(stderr, "ringmaster-mnist: --save %s was not written: %s\n", o.save.c_str(), error.c_str());
-      if (!r.checkpoint.empty())
+      if (!r.checkpoint.empty() && !r.last_checkpoint_refused)
         std::fprintf(stderr, "ringmaster-mnist: the final weights are in the last checkpoint, %s: run again with --resume "
                              "(and a --save that can be written) to write them without training\n", r.checkpoint.c_str());
       written = false;

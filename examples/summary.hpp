@@ -54,7 +54,8 @@ inline std::vector<std::string> node_summary(const train_result& r, bool stopped
   std::vector<std::string> lines;
   for (auto& [when, line] : said) lines.push_back(std::move(line));
   // Each gradient is summed over other ranks in another order then: last bits differ, and training grows them.
-  if (!stopped && (!r.losses.empty() || !r.joins.empty()))
+  const bool went_on = std::any_of(r.losses.begin(), r.losses.end(), [](const node_loss& l) { return !std::isnan(l.recovered); });
+  if (!stopped && (went_on || !r.joins.empty()))  // (not for a node lost after the last step)
     lines.push_back("The ranks changed on the way: the weights equal an uninterrupted run's only up to rounding, which training "
                     "can grow (compare test accuracy, not weights)");
   for (const node_fault& f : r.faults)

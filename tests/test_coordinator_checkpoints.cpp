@@ -187,6 +187,7 @@ TEST_CASE("coordinator: a node the checksums show faulty is handed on to be drop
   INFO(out.error);
   CHECK(out.ok);
   CHECK(out.result_rank == 1);
+  CHECK(out.last_checkpoint_refused);
   CHECK(written == std::vector<int64_t>{1});
   CHECK(dropped == std::vector<std::string>{"node A: it sent rank 0's state after step 2, which its own ranks do not hold (a faulty or lying node)"});
   CHECK(std::find(events.begin(), events.end(),
@@ -396,6 +397,7 @@ TEST_CASE("coordinator: where rank 0's state after the last step is not the majo
   REQUIRE(out.ok);
   CHECK(*rec.written == std::vector<int64_t>{1});
   CHECK(out.result_rank == 0);
+  CHECK(out.last_checkpoint_refused);  // though rank 0's weights are the result, that checkpoint was not written
   REQUIRE(out.checksums.size() == 2);
   CHECK(out.checksums[0] == fnv1a(out.weights.data(), out.weights.size()));
   CHECK(*dropped == std::vector<std::string>{"node A: it sent rank 0's state after step 2, which its own ranks do not hold (a faulty or lying node)"});

@@ -99,6 +99,7 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
   CHECK(at_end.count("the checkpoint after step 50 was not written: rank 0's node, node " + a + ", is faulty: it sent rank 0's state after step 50, "
                      "which its own ranks do not hold; the result is the final weights of rank 1 (node " + b + "), which holds the majority's state") == 1);
   CHECK(late.result_rank == 1);
+  CHECK(late.last_checkpoint_refused);
   REQUIRE(late.checksums.size() == 2);
   CHECK(fnv1a(late.weights.data(), late.weights.size()) == late.checksums[1]);
   CHECK(late.identical);  // it lied in the states it sent only

@@ -426,4 +426,9 @@ TEST_CASE("launcher: the summary lists nodes lost, back and refused, and taken b
   CHECK(lines[4] == "Lost node tcp://c:1 (rank 2): was stopped (SIGTERM), named 0.00 s after its last message; 2 ranks left with no "
                     "step to run after its last, epoch 2, step 500");
   CHECK(lines[5].rfind("The ranks changed on the way: the weights equal an uninterrupted run's only up to rounding", 0) == 0);
+  // A node lost after the last step changed no step: no such note.
+  r.losses = {c};
+  r.joins.clear();
+  r.failed_joins.clear();
+  CHECK(ringmaster::examples::node_summary(r, false).size() == 1);
 }
