@@ -33,6 +33,14 @@ caf::behavior fake_rank(caf::event_based_actor*, std::vector<float> w) {
   };
 }
 
+// n stand-in ranks (weights {1, 2, 3}) as replicas, loaders and reducers alike, for a coordinator.
+rank_actors stand_ins(caf::actor_system& sys, int n) {
+  rank_actors all;
+  for (int r = 0; r < n; ++r) all.replicas.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
+  all.loaders = all.reducers = all.replicas;
+  return all;
+}
+
 step_report report(int rank, int gen, int64_t epoch, int64_t step, int64_t count) {
   step_report r;
   r.rank = rank;
@@ -56,9 +64,7 @@ TEST_CASE("reform: the coordinator completes the steps before the restart, drops
   std::vector<std::string> events;
   cc.on_event = [&](const std::string& l) { events.push_back(l); };
   auto coord = sys.spawn(coordinator, cc);
-  rank_actors all;
-  for (int r = 0; r < 3; ++r) all.replicas.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
-  all.loaders = all.reducers = all.replicas;
+  const rank_actors all = stand_ins(sys, 3);
   // Messages sent from this thread after the run request reach the coordinator after it.
   caf::scoped_actor self{sys};
   auto running = self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers);
@@ -135,9 +141,7 @@ TEST_CASE("reform: a node lost after the job's last step is said to be lost ther
   // lost before it says it is done; the ring re-forms with no step left (it said "epoch 2, step 1").
   coordinator_config cc{2, 20, 4, 1, false, nullptr};
   auto coord = sys.spawn(coordinator, cc);
-  rank_actors all;
-  for (int r = 0; r < 2; ++r) all.replicas.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
-  all.loaders = all.reducers = all.replicas;
+  const rank_actors all = stand_ins(sys, 2);
   caf::scoped_actor self{sys};
   auto running = self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers);
   for (int64_t s = 0; s < 4; ++s)
@@ -178,9 +182,7 @@ TEST_CASE("reform: a checkpoint whose state went with a lost rank 0 is given up,
   std::vector<std::string> events;  // the coordinator's own thread, read once it is done
   cc.on_event = [&](const std::string& line) { events.push_back(line); };
   auto coord = sys.spawn(coordinator, cc);
-  rank_actors all;
-  for (int r = 0; r < 2; ++r) all.replicas.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
-  all.loaders = all.reducers = all.replicas;
+  const rank_actors all = stand_ins(sys, 2);
   caf::scoped_actor self{sys};
   auto running = self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers);
   // Epoch 0 is stepped through; rank 0 dies with its evaluation and its state after step 4 unsent, while
