@@ -21,6 +21,7 @@
 
 #include "net/shm_link.hpp"
 #include "net/shm_window.hpp"
+#include "tests/payload_util.hpp"
 
 namespace ringmaster::shm_test {
 
@@ -42,11 +43,7 @@ inline wire::header chunk_header(const net::shm_stamp& s, int64_t step, size_t f
   return h;
 }
 
-inline net::payload floats_of(size_t n, float first) {
-  auto v = std::make_shared<std::vector<float>>(n);
-  for (size_t i = 0; i < n; ++i) (*v)[i] = first + float(i);
-  return net::payload::of(v);
-}
+using test::floats_of;
 
 // What a receiver got, for a test to wait on.
 struct inbox {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "net/tcp_link.hpp"
+#include "tests/payload_util.hpp"
 #include "tests/test_util.hpp"
 
 namespace ringmaster::tcp_test {
@@ -43,11 +44,7 @@ inline wire::header chunk_header(int64_t step, size_t floats) {
   return h;
 }
 
-inline net::payload floats_of(size_t n, float first) {
-  auto v = std::make_shared<std::vector<float>>(n);
-  for (size_t i = 0; i < n; ++i) (*v)[i] = first + float(i);
-  return net::payload::of(v);
-}
+using test::floats_of;
 
 
 // A socket listening on a free loopback port (its number in *port) with this backlog.
