@@ -326,6 +326,13 @@ bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& 
 
 namespace {
 // Whether c was made for model m: "" or why not.
+// "the checkpoint was made ..." as "the checkpoint FILE was made ...": which one, where (file "": as it is).
+std::string naming(std::string why, const std::string& file) {
+  const std::string the = "the checkpoint ";
+  if (!file.empty() && why.rfind(the, 0) == 0) why.insert(the.size(), file + " ");
+  return why;
+}
+
 std::string model_mismatch(const checkpoint& c, const model& m) {
   const std::string made = "the checkpoint was made ";
   if (c.model != m.description()) {
@@ -505,7 +512,7 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
     bool other_model = false;
     if (!read_checkpoint(file, reg, &c, &why, want, &other_model)) {
       // Another model's (or a damaged description that still builds): an older file may be this job's.
-      if (other_model && other.empty()) other = why;
+      if (other_model && other.empty()) other = naming(why, file);
       skipped->push_back(other_model ? file + ": " + why : why);
       continue;
     }
@@ -522,8 +529,8 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
   return false;
 }
 
-std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples,
-                            uint32_t train_data) {
+namespace {
+std::string mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples, uint32_t train_data) {
   const std::string made = "the checkpoint was made ";
   if (m)
     if (std::string why = model_mismatch(c, *m); !why.empty()) return why;
@@ -551,6 +558,12 @@ std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const 
     return made + "after epoch " + std::to_string(c.epoch()) + (c.epoch_step() ? ", step " + std::to_string(c.epoch_step()) : "") +
            ": " + std::to_string(cfg.epochs) + " epochs leave nothing to train (raise --epochs to go on)";
   return "";
+}
+}  // namespace
+
+std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples,
+                            uint32_t train_data) {
+  return naming(mismatch(c, cfg, m, train_samples, train_data), c.file);
 }
 
 std::function<std::string(const job_progress&, const network_state&)> checkpoint_writer(

@@ -79,8 +79,8 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
                        std::vector<std::string>* skipped, std::string* error, const std::string* want = nullptr);
 
 // Whether a job of cfg, with model m and train_samples training samples whose data_fingerprint() is
-// train_data, continues the job that wrote c: "" or why not ("the checkpoint was made with optimizer adam,
-// this job uses sgd"). m null, train_samples -1 and train_data 0: what can be checked before they are known
+// train_data, continues the job that wrote c: "" or why not ("the checkpoint DIR/ckpt-2-0.safetensors was made
+// with optimizer adam, this job uses sgd", naming c.file where it was read from). m null, train_samples -1 and train_data 0: what can be checked before they are known
 // (a launcher before its nodes answer). The replica count may differ (the weights then equal an
 // uninterrupted job's only up to rounding).
 std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples,

@@ -247,6 +247,7 @@ train_result train(const train_config& cfg) {
   const uint32_t train_data = cfg.resume || !cfg.checkpoint_dir.empty() ? data_fingerprint(*cfg.train) : 0;
   if (cfg.resume && !(failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(cfg.train->count), train_data)).empty())
     return failed;
+  if (cfg.check_model && !(failed.error = cfg.check_model(*m)).empty()) return failed;
   if (cfg.resume && trained_to_end(*cfg.resume, cfg)) return finished_run(*cfg.resume);
   std::shared_ptr<const void> dir_lock;  // the checkpoint folder is this job's until it returns
   if (!cfg.checkpoint_dir.empty() && (!(failed.error = check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume != nullptr, &dir_lock)).empty() ||

@@ -68,6 +68,11 @@ struct train_config {
   // result says so (train_result::interrupted). Looked at every 50 ms (on nodes, while they set up, and
   // every heartbeat after). Null: never.
   const std::atomic<int>* interrupt = nullptr;
+  // Called once the job's model is built, before its first step (on nodes: once they have taken the job
+  // and said what they built): "" or why the job must not start, which fails it as bad input
+  // (train_result::invalid). A launcher checks here that its output files have room for this model's
+  // weights, found only after training otherwise. Null: nothing to check.
+  std::function<std::string(const ringmaster::model&)> check_model;  // (the type: `model` is the field above)
   int interrupted() const { return interrupt ? interrupt->load() : 0; }  // the signal, or 0
 };
 

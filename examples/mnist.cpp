@@ -39,7 +39,10 @@ using namespace ringmaster::mnist;
 namespace {
 
 // The report: nlohmann's ordered_json keeps the keys in this order, and writes NaN and infinities as null.
-bool write_report(const std::string& path, const options& o, const train_result& r, std::string* error) {
+// failure: why a job that trained to its end failed all the same (its --save not written, its replicas'
+// weights not identical), for the status and error.
+bool write_report(const std::string& path, const options& o, const train_result& r, std::string* error,
+                  const std::string& failure = "") {
   using ojson = nlohmann::ordered_json;
   const epoch_stats last = r.history.empty() ? epoch_stats{} : r.history.back();
   // A job stopped before its first epoch ended has no metrics: null, not a perfect 0 loss.
@@ -55,7 +58,8 @@ bool write_report(const std::string& path, const options& o, const train_result&
              {"history", ojson::array()}, {"node_losses", ojson::array()},
              {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"node_faults", ojson::array()}, {"unmeasured_samples", r.unmeasured},
              // A job that failed or was stopped leaves its report too: how far it got, and where to go on from.
-             {"status", r.ok ? "done" : r.interrupted ? "interrupted" : "failed"}, {"error", r.ok ? "" : r.error},
+             {"status", r.ok && failure.empty() ? "done" : r.interrupted ? "interrupted" : "failed"},
+             {"error", r.ok ? failure : r.error},
              {"epochs_done", r.history.size()},
              {"checkpoint", !r.checkpoint.empty() ? r.checkpoint : o.cfg.resume ? o.cfg.resume->file : ""}};
   for (const epoch_stats& e : r.history)
@@ -210,6 +214,11 @@ int main(int argc, char** argv) {
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--save", o.save}, {"--report-json", o.report_json}})
     if (!in_checkpoint_dir(path))
       if (std::string why = examples::check_writable(path, &o.held[flag]); !why.empty()) return usage_error(std::string(flag) + ": " + why);
+  // And their room, once the model says how large its weights are (train() and train_remote() ask).
+  c.check_model = [&o](const model& m) {
+    return examples::check_room({{"--save", o.save, 4.0 * double(m.param_count()) + 64 * 1024},
+                                 {"--report-json", o.report_json, 64 * 1024 + 1024.0 * double(o.cfg.epochs)}});
+  };
   if (o.checkpoint_dir.empty() && (vm.count("checkpoint-every") || o.resume || vm.count("crash-after-checkpoint")))
     return usage_error(std::string(o.resume ? "--resume" : vm.count("checkpoint-every") ? "--checkpoint-every" : "--crash-after-checkpoint") +
                        " needs --checkpoint-dir");
@@ -460,7 +469,7 @@ int finish(const options& o, const train_result& r) {
                 "checkpoint after the last step was not written from it\n", r.result_rank);
   // The folder was checked before training, but may have changed since: a --save that fails still leaves
   // the report, and says where the weights are kept.
-  bool written = true;
+  std::string failure = r.identical ? "" : "the replicas' final weights differ";
   if (!o.save.empty()) {
     std::map<std::string, std::string> meta{{"format", "ringmaster"}, {"epochs", std::to_string(c.epochs)},
                                             {"layout", "keras"}};
@@ -470,15 +479,15 @@ int finish(const options& o, const train_result& r) {
       if (!r.checkpoint.empty() && !r.last_checkpoint_refused)
         std::fprintf(stderr, "ringmaster-mnist: the final weights are in the last checkpoint, %s: run again with --resume "
                              "(and a --save that can be written) to write them without training\n", r.checkpoint.c_str());
-      written = false;
+      failure = "--save " + o.save + " was not written: " + error;
     } else {
       std::printf("Saved weights to %s\n", o.save.c_str());
     }
   }
   if (!r.checkpoint.empty()) std::printf("Last checkpoint: %s\n", r.checkpoint.c_str());
-  if (!o.report_json.empty() && !write_report(o.report_json, o, r, &error)) {
+  if (!o.report_json.empty() && !write_report(o.report_json, o, r, &error, failure)) {
     std::fprintf(stderr, "ringmaster-mnist: --report-json %s was not written: %s\n", o.report_json.c_str(), error.c_str());
-    written = false;
+    return 1;
   }
-  return written && r.identical ? 0 : 1;
+  return failure.empty() ? 0 : 1;
 }

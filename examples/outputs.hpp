@@ -3,11 +3,14 @@
 #pragma once
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -97,6 +100,49 @@ inline std::string check_writable(const std::string& path, std::shared_ptr<const
     if (errno != EEXIST || tries == 3)
       return "cannot write " + path + ": folder " + dir + " takes no new files (making one there failed: " + std::strerror(errno) + ")";
   }
+}
+
+// An output file and how many bytes it will take (its --flag, for messages).
+struct output_size {
+  std::string flag, path;
+  double bytes = 0;
+};
+
+// "" when the file systems the outputs go to (each checked by check_writable) have room for them, those on
+// one file system together. A plain or new file is written whole under a temporary name in its folder
+// before the old one goes (write_whole), so an old file's size does not count; a link to a file is written
+// through, in its place, so that file's size does. Not checked: what is not a file (a device, a FIFO), a
+// file system that says nothing of its blocks (some FUSE and network ones: the write will say), quotas.
+inline std::string check_room(const std::vector<output_size>& outputs) {
+  struct room {
+    std::string where, flags;
+    double free = 0, needed = 0;
+  };
+  std::map<dev_t, room> by_fs;
+  for (const output_size& o : outputs) {
+    if (o.path.empty()) continue;
+    struct stat l {}, st {};
+    const bool there = ::lstat(o.path.c_str(), &l) == 0, through = there && S_ISLNK(l.st_mode) && ::stat(o.path.c_str(), &st) == 0;
+    if (there && !S_ISREG(l.st_mode) && !(through && S_ISREG(st.st_mode))) continue;  // a device, a FIFO, a link to nothing yet
+    const size_t slash = o.path.rfind('/');
+    const std::string where = through ? o.path : slash == std::string::npos ? "." : slash == 0 ? "/" : o.path.substr(0, slash);
+    struct stat w {};
+    struct statvfs fs {};
+    if (::stat(where.c_str(), &w) != 0 || ::statvfs(where.c_str(), &fs) != 0 || fs.f_blocks == 0) continue;
+    room& r = by_fs[w.st_dev];
+    if (r.where.empty()) r.where = through ? "the file system of " + o.path : "folder " + where;
+    r.flags += (r.flags.empty() ? "" : " and ") + o.flag + " " + o.path;
+    r.free = double(fs.f_bavail) * double(fs.f_frsize);
+    r.needed += std::max(0.0, o.bytes - (through ? double(st.st_size) : 0.0));
+  }
+  for (const auto& [dev, r] : by_fs) {
+    (void)dev;
+    if (r.free >= r.needed) continue;
+    char figures[160];
+    std::snprintf(figures, sizeof figures, " has %.1f MB free, and this job's outputs need %.1f MB there", r.free / 1e6, r.needed / 1e6);
+    return r.flags + ": " + r.where + figures;
+  }
+  return "";
 }
 
 // "" unless `path` (given, and there) is the file one of `inputs` (a path, and what it is) names, links

@@ -23,6 +23,7 @@
 #include "actors/checkpoint.hpp"
 #include "kernels/safetensors.hpp"
 #include "tests/checkpoint_util.hpp"
+#include "tests/test_data.hpp"
 
 using namespace ringmaster;
 using namespace ringmaster::checkpoint_test;
@@ -396,4 +397,17 @@ TEST_CASE("checkpoint: a folder whose disk cannot take three of the model's chec
                              dir + " --data " + std::string(RINGMASTER_DATA_DIR));
   CHECK(r.status == 0);  // this model's fit
   fs::remove_all(dir);
+  // A program's own checks of that kind (its outputs' room: ringmaster-mnist) see the built model first.
+  train_config cfg;
+  cfg.model = "784-16-10";
+  cfg.global_batch = 32;
+  cfg.train = test::load("train", 64);
+  size_t seen = 0;
+  cfg.check_model = [&seen](const model& m) { return seen = m.param_count(), std::string("no room for its weights"); };
+  const train_result refused = train(cfg);
+  CHECK(seen == 784 * 16 + 16 + 16 * 10 + 10);
+  CHECK(!refused.ok);
+  CHECK(refused.invalid);
+  CHECK(refused.error == "no room for its weights");
+  CHECK(refused.history.empty());
 }

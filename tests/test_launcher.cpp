@@ -1,4 +1,5 @@
 // End to end through the real ringmaster-mnist binary: runs, reports, weights and flags.
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/host_memory.hpp"
+#include "examples/outputs.hpp"
 #include "examples/summary.hpp"
 #include "tests/launcher_util.hpp"
 
@@ -431,4 +433,44 @@ TEST_CASE("launcher: the summary lists nodes lost, back and refused, and taken b
   r.joins.clear();
   r.failed_joins.clear();
   CHECK(ringmaster::examples::node_summary(r, false).size() == 1);
+}
+
+TEST_CASE("launcher: outputs without room on their disk are refused before training, and a --save that fails after says so in the report",
+          "[launcher]") {
+  const std::string dir = "/tmp/ringmaster-room-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  struct statvfs st {};
+  REQUIRE(::statvfs(dir.c_str(), &st) == 0);
+  const double free = double(st.f_bavail) * double(st.f_frsize), more = free + 1e12;
+  using ringmaster::examples::check_room;
+  CHECK(check_room({{"--save", dir + "/w.st", 1e6}, {"--report-json", dir + "/r.json", 1e5}}).empty());
+  // Each fits alone, not both: they share the disk.
+  const std::string why = check_room({{"--save", dir + "/w.st", 0.6 * free}, {"--report-json", dir + "/r.json", 0.6 * free}});
+  INFO(why);
+  CHECK(why.rfind("--save " + dir + "/w.st and --report-json " + dir + "/r.json: folder " + dir + " has ", 0) == 0);
+  CHECK(why.find(" MB free, and this job's outputs need ") != std::string::npos);
+  CHECK(check_room({{"--save", dir + "/w.st", more}}).find("--save " + dir + "/w.st: folder " + dir + " has ") == 0);
+  // A file replaced whole is written beside the old one first: its size gives nothing back. One written
+  // through a link, in its place, gives its size back. (A sparse 10 GB file: its size takes no room,
+  // and 5 GB is a margin no other test's writes meanwhile come near.)
+  { std::ofstream make(dir + "/old"); }
+  std::filesystem::resize_file(dir + "/old", uintmax_t(10) << 30);
+  CHECK_FALSE(check_room({{"--save", dir + "/old", free + 5e9}}).empty());
+  REQUIRE(::symlink((dir + "/old").c_str(), (dir + "/link").c_str()) == 0);
+  CHECK(check_room({{"--save", dir + "/link", free + 5e9}}).empty());
+  CHECK(check_room({{"--save", dir + "/link", more}}).find("the file system of " + dir + "/link has ") != std::string::npos);
+  CHECK(check_room({{"--save", "/dev/null", more}}).empty());  // not a file: its writes will say
+
+  // A device that takes no bytes passes the checks, and fails the write after training: exit 1, and the
+  // report says the run failed, and why (it said "done").
+  const std::string json = dir + "/report.json";
+  const run_result r = run("--replicas 1 --epochs 1 --batch 64 --model 784-16-10 --limit-train 256 --limit-test 64 -q --save /dev/full "
+                           "--report-json " + json);
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("--save /dev/full was not written") != std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(slurp(json), nullptr, false);
+  CHECK(j.value("status", "") == "failed");
+  CHECK(j.value("error", "").rfind("--save /dev/full was not written: ", 0) == 0);
+  std::filesystem::remove_all(dir);
 }

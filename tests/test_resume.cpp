@@ -62,7 +62,7 @@ TEST_CASE("checkpoint: a local run killed after a checkpoint resumes to the unin
   run_result other_seed = mnist(job + " --seed 5 --checkpoint-dir " + dir + " --checkpoint-every 5 --resume");
   INFO(other_seed.out);
   CHECK(other_seed.status == 2);
-  CHECK(other_seed.out.find("--resume: the checkpoint was made with seed 42, this job's is 5") != std::string::npos);
+  CHECK(other_seed.out.find("--resume: the checkpoint " + dir + "/ckpt-1-4.safetensors was made with seed 42, this job's is 5") != std::string::npos);
   CHECK(other_seed.out.find("Resuming from") == std::string::npos);
   CHECK(other_seed.out.find("--help") == std::string::npos);  // not a matter of flags
   CHECK(resumed.out.find("Epoch 1/3") == std::string::npos);
@@ -156,7 +156,7 @@ TEST_CASE("checkpoint: --resume skips a damaged newest checkpoint for the one be
   const run_result other = mnist(job + " --checkpoint-dir " + dir + " --resume --data " + other_data());
   INFO(other.out);
   CHECK(other.status == 2);
-  CHECK(other.out.find("--resume: the checkpoint was made on other training data: 1024 samples as this job's") != std::string::npos);
+  CHECK(other.out.find("--resume: the checkpoint " + dir + "/ckpt-2-0.safetensors was made on other training data: 1024 samples as this job's") != std::string::npos);
 
   // Nothing readable: exit 2, and no training. Of many files passed over, ten are named and the rest counted.
   for (int i = 0; i < 30; ++i) write_bytes(dir + "/ckpt-0-" + std::to_string(1000 + i) + ".safetensors", "planted");
@@ -343,7 +343,7 @@ TEST_CASE("checkpoint: --resume refuses another model with exit 2, and a finishe
   run_result r = mnist("--epochs 2 --model 784-16-10 --resume" + data);
   INFO(r.out);
   CHECK(r.status == 2);
-  CHECK(r.out.find("--resume: the checkpoint was made for model 784-32-10, this job's is 784-16-10") != std::string::npos);
+  CHECK(r.out.find("--resume: the checkpoint " + dir + "/ckpt-1-0.safetensors was made for model 784-32-10, this job's is 784-16-10") != std::string::npos);
   CHECK(r.out.find("Done") == std::string::npos);
   // Two epochs in two runs are two epochs in one.
   r = mnist("--epochs 2 --model 784-32-10 --resume" + data);
@@ -453,7 +453,8 @@ TEST_CASE("checkpoint: the newest made for another model is passed over for an o
   REQUIRE(write_checkpoint(dir, *mine, a, &path, &error));
   const std::string ours = path;
   REQUIRE(write_checkpoint(dir, *theirs, b, &path, &error));
-  REQUIRE(path != ours);
+  const std::string other_file = path;
+  REQUIRE(other_file != ours);
   checkpoint c;
   std::vector<std::string> skipped;
   REQUIRE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, &mine_text));
@@ -464,7 +465,7 @@ TEST_CASE("checkpoint: the newest made for another model is passed over for an o
   fs::remove(ours);
   skipped.clear();
   CHECK_FALSE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, &mine_text));
-  CHECK(error == "the checkpoint was made for model 784-8-10, this job's is 784-16-10");
+  CHECK(error == "the checkpoint " + other_file + " was made for model 784-8-10, this job's is 784-16-10");  // which, where
 }
 
 TEST_CASE("checkpoint: a damaged file is refused by its checksum before its data is held", "[checkpoint]") {
@@ -535,14 +536,14 @@ TEST_CASE("checkpoint: a 2-node run killed after a checkpoint resumes at once on
             " --resume");
   INFO(r.out);
   CHECK(r.status == 2);  // the nodes built another model than the checkpoint's
-  CHECK(r.out.find("the checkpoint was made for model 784-64-10, this job's is") != std::string::npos);
+  CHECK(r.out.find("the checkpoint " + dir + "/ckpt-2-0.safetensors was made for model 784-64-10, this job's is") != std::string::npos);
   // Its last checkpoint is a finished run's: a job of another model or data does not take it as its own
   // (it once wrote that run's weights as its results).
   r = mnist(nodes + " --epochs 2 --batch 64 --model 784-32-10 --limit-train 1024 --limit-test 256 -q --checkpoint-dir " + dir +
             " --resume --save " + dir + "/w");
   INFO(r.out);
   CHECK(r.status == 2);
-  CHECK(r.out.find("the checkpoint was made for model 784-64-10, this job's is 784-32-10") != std::string::npos);
+  CHECK(r.out.find("the checkpoint " + dir + "/ckpt-2-0.safetensors was made for model 784-64-10, this job's is 784-32-10") != std::string::npos);
   r = mnist(nodes + " --epochs 2 --batch 64 --model 784-64-10 --limit-train 512 --limit-test 256 -q --checkpoint-dir " + dir +
             " --resume --save " + dir + "/w");
   INFO(r.out);
@@ -570,7 +571,7 @@ TEST_CASE("checkpoint: a 2-node run killed after a checkpoint resumes at once on
   r = mnist("--nodes " + test::node_list(others) + job + " --checkpoint-dir " + dir + " --resume");
   INFO(r.out);
   CHECK(r.status == 2);
-  CHECK(r.out.find("the checkpoint was made on other training data: 1024 samples as this job's, but not the same") != std::string::npos);
+  CHECK(r.out.find("the checkpoint " + dir + "/ckpt-2-0.safetensors was made on other training data: 1024 samples as this job's, but not the same") != std::string::npos);
   for (auto& d : others) d->stop(SIGTERM);
   for (auto& d : first) d->stop(SIGTERM);
 }
