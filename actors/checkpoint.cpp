@@ -97,7 +97,19 @@ bool parse_name(const std::string& name, int64_t* e, int64_t* s) {
   auto r = std::from_chars(p, end, *e);
   if (r.ec != std::errc() || r.ptr == end || *r.ptr != '-' || *e < 0) return false;
   r = std::from_chars(r.ptr + 1, end, *s);
-  return r.ec == std::errc() && r.ptr == end && *s >= 0;
+  // Only the name we write (not "ckpt-01-0" or "ckpt-+1-0"): what else is there is not ours to read or prune.
+  return r.ec == std::errc() && r.ptr == end && *s >= 0 && name == checkpoint_name(*e, *s);
+}
+
+// Whether `name` is what a checkpoint's write cut short leaves: "ckpt-E-S.safetensors.<pid>-<hex>.tmp"
+// (write_whole's temporary name), not any file of that prefix.
+bool left_by_write(const std::string& name) {
+  const size_t cut = name.find(".safetensors.");
+  int64_t e = 0, s = 0;
+  unsigned pid = 0, tag = 0;
+  char rest[8] = "";
+  return cut != std::string::npos && parse_name(name.substr(0, cut + 12), &e, &s) &&
+         std::sscanf(name.c_str() + cut + 12, ".%u-%8x%7s", &pid, &tag, rest) == 3 && std::string(rest) == ".tmp";
 }
 
 // The checkpoints in dir with their (epoch, step), newest first; *error (if given) when the folder could
@@ -136,8 +148,7 @@ void prune(const std::string& dir, int64_t e, int64_t s, const std::string* keep
   }
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind("ckpt-", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
-      fs::remove(it->path(), ec);
+    if (left_by_write(name)) fs::remove(it->path(), ec);
   }
 }
 
@@ -324,25 +335,18 @@ bool write_checkpoint(const std::string& dir, const model& m, const checkpoint& 
   return write_file(dir, m, c, c.progress, c.state, path, error, keep);
 }
 
-namespace {
-// Whether c was made for model m: "" or why not.
-// "the checkpoint was made ..." as "the checkpoint FILE was made ...": which one, where (file "": as it is).
-std::string naming(std::string why, const std::string& file) {
-  const std::string the = "the checkpoint ";
-  if (!file.empty() && why.rfind(the, 0) == 0) why.insert(the.size(), file + " ");
-  return why;
-}
+std::string made_by(const checkpoint& c) { return "the checkpoint " + (c.file.empty() ? "" : c.file + " ") + "was made "; }
 
 std::string model_mismatch(const checkpoint& c, const model& m) {
-  const std::string made = "the checkpoint was made ";
   if (c.model != m.description()) {
-    if (c.label != m.label()) return made + "for model " + c.label + ", this job's is " + m.label();
-    return made + "for another model: " + c.model.substr(0, 200) + "; this job's is " + m.description().substr(0, 200);
+    if (c.label != m.label()) return made_by(c) + "for model " + c.label + ", this job's is " + m.label();
+    return made_by(c) + "for another model: " + c.model.substr(0, 200) + "; this job's is " + m.description().substr(0, 200);
   }
-  if (c.fingerprint != m.fingerprint()) return made + "for model " + m.label() + " laid out differently (another layer version?)";
+  if (c.fingerprint != m.fingerprint()) return made_by(c) + "for model " + m.label() + " laid out differently (another layer version?)";
   return "";
 }
 
+namespace {
 // read_checkpoint's work (which may run out of memory on a large file).
 bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* out, std::string* error,
                 const std::string* want, bool* other_model);
@@ -438,9 +442,9 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
     // builds as it is; one that does not ("784-64-10", "cnn") takes the input of the checkpoint's model.
     auto job = model::build(*want, reg, &why);
     if (!job) job = model::build(*want, reg, m->input(), &why);
-    if (!job) return *other_model = true, *error = "the checkpoint was made for model " + c.label + ", for whose samples this job's does not build: " + why, false;
     checkpoint model_only;
-    model_only.model = c.model, model_only.label = c.label, model_only.fingerprint = c.fingerprint;
+    model_only.model = c.model, model_only.label = c.label, model_only.fingerprint = c.fingerprint, model_only.file = path;
+    if (!job) return *other_model = true, *error = made_by(model_only) + "for model " + c.label + ", for whose samples this job's does not build: " + why, false;
     if (std::string why = model_mismatch(model_only, *job); !why.empty()) return *other_model = true, *error = why, false;
   }
 
@@ -512,8 +516,8 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
     bool other_model = false;
     if (!read_checkpoint(file, reg, &c, &why, want, &other_model)) {
       // Another model's (or a damaged description that still builds): an older file may be this job's.
-      if (other_model && other.empty()) other = naming(why, file);
-      skipped->push_back(other_model ? file + ": " + why : why);
+      if (other_model && other.empty()) other = why;
+      skipped->push_back(why);  // (which names the file)
       continue;
     }
     if (at != std::make_pair(c.epoch(), c.epoch_step())) {
@@ -527,43 +531,6 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
   }
   *error = !other.empty() ? other : "no checkpoint in " + dir + " reads back whole (" + std::to_string(all.size()) + " tried)";
   return false;
-}
-
-namespace {
-std::string mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples, uint32_t train_data) {
-  const std::string made = "the checkpoint was made ";
-  if (m)
-    if (std::string why = model_mismatch(c, *m); !why.empty()) return why;
-  const auto kind = [](const optimizer_config& o) { return std::string(o.kind == optimizer_config::adam ? "adam" : "sgd"); };
-  if (c.opt.kind != cfg.opt.kind) return made + "with optimizer " + kind(c.opt) + ", this job uses " + kind(cfg.opt);
-  for (auto [name, was, is] : {std::tuple<const char*, float, float>{"lr", c.opt.lr, cfg.opt.lr},
-                                {"beta1", c.opt.beta1, cfg.opt.beta1}, {"beta2", c.opt.beta2, cfg.opt.beta2},
-                                {"eps", c.opt.eps, cfg.opt.eps}, {"momentum", c.opt.momentum, cfg.opt.momentum}})
-    if (was != is) {
-      char text[160];
-      std::snprintf(text, sizeof text, "with %s %s %g, this job's is %g", kind(c.opt).c_str(), name, double(was), double(is));
-      return made + text;
-    }
-  if (c.global_batch != cfg.global_batch)
-    return made + "with global batch " + std::to_string(c.global_batch) + ", this job's is " + std::to_string(cfg.global_batch);
-  if (c.seed != cfg.seed) return made + "with seed " + std::to_string(c.seed) + ", this job's is " + std::to_string(cfg.seed);
-  if (train_samples >= 0 && c.train_samples != train_samples)
-    return made + "on " + std::to_string(c.train_samples) + " training samples, this job has " + std::to_string(train_samples) +
-           " (another --limit-train or data set?)";
-  if (train_data && c.train_data && c.train_data != train_data)
-    return made + "on other training data: " + std::to_string(c.train_samples) + " samples as this job's, but not the same " +
-           "(another data set, or a copy that differs)";
-  const int64_t total = c.steps_per_epoch * cfg.epochs;
-  if (c.progress.step > total)  // equal: the job had trained to its end (finished_run)
-    return made + "after epoch " + std::to_string(c.epoch()) + (c.epoch_step() ? ", step " + std::to_string(c.epoch_step()) : "") +
-           ": " + std::to_string(cfg.epochs) + " epochs leave nothing to train (raise --epochs to go on)";
-  return "";
-}
-}  // namespace
-
-std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples,
-                            uint32_t train_data) {
-  return naming(mismatch(c, cfg, m, train_samples, train_data), c.file);
 }
 
 std::function<std::string(const job_progress&, const network_state&)> checkpoint_writer(

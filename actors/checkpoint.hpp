@@ -78,6 +78,13 @@ std::vector<std::string> list_checkpoints(const std::string& dir, std::string* e
 bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkpoint* out, std::string* path,
                        std::vector<std::string>* skipped, std::string* error, const std::string* want = nullptr);
 
+// "the checkpoint FILE was made " (c.file, where it was read from; without one: "the checkpoint was made "),
+// which the reasons below start with.
+std::string made_by(const checkpoint& c);
+// Whether c was made for model m: "" or why not ("the checkpoint FILE was made for model 784-32-10, this
+// job's is 784-16-10").
+std::string model_mismatch(const checkpoint& c, const model& m);
+
 // Whether a job of cfg, with model m and train_samples training samples whose data_fingerprint() is
 // train_data, continues the job that wrote c: "" or why not ("the checkpoint DIR/ckpt-2-0.safetensors was made
 // with optimizer adam, this job uses sgd", naming c.file where it was read from). m null, train_samples -1 and train_data 0: what can be checked before they are known

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 
 #include "actors/checkpoint.hpp"
 #include "kernels/fnv1a.hpp"
@@ -64,6 +65,37 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
     if (::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
       return path + " is a folder, named as a checkpoint this run may write: move it out of " + dir;
   if (lock) *lock = held;
+  return "";
+}
+
+std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const model* m, int64_t train_samples,
+                            uint32_t train_data) {
+  const std::string made = made_by(c);
+  if (m)
+    if (std::string why = model_mismatch(c, *m); !why.empty()) return why;
+  const auto kind = [](const optimizer_config& o) { return std::string(o.kind == optimizer_config::adam ? "adam" : "sgd"); };
+  if (c.opt.kind != cfg.opt.kind) return made + "with optimizer " + kind(c.opt) + ", this job uses " + kind(cfg.opt);
+  for (auto [name, was, is] : {std::tuple<const char*, float, float>{"lr", c.opt.lr, cfg.opt.lr},
+                                {"beta1", c.opt.beta1, cfg.opt.beta1}, {"beta2", c.opt.beta2, cfg.opt.beta2},
+                                {"eps", c.opt.eps, cfg.opt.eps}, {"momentum", c.opt.momentum, cfg.opt.momentum}})
+    if (was != is) {
+      char text[160];
+      std::snprintf(text, sizeof text, "with %s %s %g, this job's is %g", kind(c.opt).c_str(), name, double(was), double(is));
+      return made + text;
+    }
+  if (c.global_batch != cfg.global_batch)
+    return made + "with global batch " + std::to_string(c.global_batch) + ", this job's is " + std::to_string(cfg.global_batch);
+  if (c.seed != cfg.seed) return made + "with seed " + std::to_string(c.seed) + ", this job's is " + std::to_string(cfg.seed);
+  if (train_samples >= 0 && c.train_samples != train_samples)
+    return made + "on " + std::to_string(c.train_samples) + " training samples, this job has " + std::to_string(train_samples) +
+           " (another --limit-train or data set?)";
+  if (train_data && c.train_data && c.train_data != train_data)
+    return made + "on other training data: " + std::to_string(c.train_samples) + " samples as this job's, but not the same " +
+           "(another data set, or a copy that differs)";
+  const int64_t total = c.steps_per_epoch * cfg.epochs;
+  if (c.progress.step > total)  // equal: the job had trained to its end (finished_run)
+    return made + "after epoch " + std::to_string(c.epoch()) + (c.epoch_step() ? ", step " + std::to_string(c.epoch_step()) : "") +
+           ": " + std::to_string(cfg.epochs) + " epochs leave nothing to train (raise --epochs to go on)";
   return "";
 }
 

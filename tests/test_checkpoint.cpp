@@ -166,9 +166,18 @@ TEST_CASE("checkpoint: a write keeps the newest older one, and the newest good o
   CHECK(names(dir) == std::set<std::string>{"ckpt-2-0.safetensors", "ckpt-3-0.safetensors"});
   // A crash mid-write leaves a .tmp; a job resumed from step 20 writes step 25: later files (another
   // course of the job) and the .tmp go, the newest one before 25 stays.
-  write_bytes(dir + "/ckpt-3-5.safetensors.tmp", "half a file");
+  write_bytes(dir + "/ckpt-3-5.safetensors.4242-0badf00d.tmp", "half a file");  // write_whole's temporary name
+  // Names like ours that we never write are not ours to read or remove (once resumed from, then pruned).
+  for (const char* name : {"ckpt-3-5.safetensors.tmp", "ckpt-03-5.safetensors", "ckpt-3-+5.safetensors"})
+    write_bytes(dir + "/" + name, "a file of the user's");
   REQUIRE(write_checkpoint(dir, *m, sample(*m, optimizer_config::adam, 25), &path, &error));
-  CHECK(names(dir) == std::set<std::string>{"ckpt-2-0.safetensors", "ckpt-2-5.safetensors"});
+  CHECK(names(dir) == std::set<std::string>{"ckpt-2-0.safetensors", "ckpt-2-5.safetensors", "ckpt-3-5.safetensors.tmp", "ckpt-03-5.safetensors",
+                                            "ckpt-3-+5.safetensors"});
+  CHECK(list_checkpoints(dir) == std::vector<std::string>{dir + "/ckpt-2-5.safetensors", dir + "/ckpt-2-0.safetensors"});
+  for (const char* name : {"ckpt-3-5.safetensors.tmp", "ckpt-03-5.safetensors", "ckpt-3-+5.safetensors"}) {
+    CHECK(slurp(dir + "/" + name) == "a file of the user's");
+    fs::remove(dir + "/" + name);
+  }
 
   checkpoint c;
   std::vector<std::string> skipped;
