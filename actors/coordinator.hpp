@@ -88,6 +88,15 @@ struct node_fault {
   std::string why;   // "its ranks hold another state after step 50 than node ... hold (a faulty or lying node)"
 };
 
+// A ring link between two nodes that broke while both still answered (a reset, a firewall): what was on
+// its way was lost, so the ring was re-formed with the same nodes from the last step all ranks completed.
+// The same ranks sum in the same order: the job goes on as if nothing happened (launcher::judge_link).
+struct ring_relink {
+  std::string from, to, why;    // the sending node's endpoint, the receiving one's, what the receiver saw
+  int64_t epoch = 0, step = 0;  // the step in flight (0-based)
+  std::chrono::steady_clock::time_point when;  // when it was judged
+};
+
 struct train_result {
   bool ok = false;
   std::string error;                   // set when !ok: which actor failed and why
@@ -114,8 +123,10 @@ struct train_result {
   std::vector<node_join> joins;   // lost nodes that came back and joined again
   std::vector<failed_join> failed_joins;  // and tries to take one back that failed
   std::vector<node_fault> faults;         // nodes found faulty as the job ended, kept to its end
+  std::vector<ring_relink> relinks;       // ring links broken between live nodes (the ring re-formed as it was)
   // Samples trained whose loss and accuracy were lost with their node (a report in flight when it
-  // died): counted in train_samples, not in the means.
+  // died), or whose ranks took the state after a step they had not finished as a ring was re-formed:
+  // counted in train_samples, not in the means.
   int64_t unmeasured = 0;
   int interrupted = 0;  // !ok because train_config::interrupt stopped the job: the signal's number
   // Interrupted, the ranks stopped after this step of the job and its checkpoint was written (`checkpoint`);

@@ -196,6 +196,7 @@ void launcher::tick() {
     event("the ranks did not all reach the stop's step within " + std::to_string(stop_patience().count()) + " ms: they pause where they are");
     pause_survivors({{"for", "stop"}});
   }
+  if (broken_link && stalls_count()) judge_link(t);
   if (!stalls.empty() && stalls_count() && t - stall_since >= window)
     judge_stall(t - stall_since >= std::max<std::chrono::duration<double>>(window, std::chrono::milliseconds(plan.ring_timeout_ms)));
   if (joining >= 0) {

@@ -37,11 +37,7 @@ caf::behavior rank_proxy(caf::event_based_actor* self, net::bridge* br, int peer
 
 struct launcher {
   using clock_type = std::chrono::steady_clock;
-  struct control_msg {
-    int node;
-    wire::header h;
-    wire::kv_map kv;
-  };
+  struct control_msg { int node; wire::header h; wire::kv_map kv; };
 
   launcher(remote_options o, net::bridge_options bo) : ro(std::move(o)), br(std::move(bo)) {}
   // After abort_all, the bridge stops only once the aborts are out (or kAbortDrain has passed): a
@@ -156,6 +152,11 @@ struct launcher {
   };
   std::map<int, stall> stalls;  // by rank
   clock_type::time_point stall_since;
+  // A link between nodes that closed under the ring (stall_report::link), reported by node `to`: judged
+  // once both ends were heard since (judge_link), as a node gone is not.
+  struct link_break { int from = -1, to = -1; std::string why; clock_type::time_point at; };
+  std::optional<link_break> broken_link;
+  std::vector<ring_relink> relinks;  // judged so (train_result::relinks)
 
   void event(const std::string& line);
   clock_type::time_point heard(int node) const { return clock_type::time_point(clock_type::duration(last_heard[node].load())); }
@@ -264,6 +265,7 @@ struct launcher {
   // final: the last chance to judge (the ranks that have not reported will not); else a verdict waits
   // until every rank but those on the blamed node has reported.
   void judge_stall(bool final);
+  void judge_link(clock_type::time_point t);
   void reform_survivors(int64_t start);
   void take_forward_state(const wire::header& h, const net::payload& p);
   void on_reformed(int node, const wire::kv_map& kv);

@@ -98,6 +98,7 @@ void launcher::pause_survivors(const wire::kv_map& extra) {
   holding = false;
   stop_planned = stopping && extra.count("at");
   stalls.clear();
+  broken_link.reset();
   applied.clear();
   paused_sums.clear();
   forwarding = false;
@@ -117,6 +118,16 @@ bool launcher::stalls_count() const { return now == phase::running || joins == j
 void launcher::on_stall(int node, int rank, const stall_report& r) {
   // The ranks work in plan.generation; a planned pause has numbered the ring to come already (gen).
   if (!stalls_count() || r.gen != plan.generation || gone[node]) return;
+  if (r.link) {  // the first says which; the rest are of the same ring and go with it
+    if (!broken_link) {
+      // What the socket said, at the end of the rank's words ("reducer 1: the ring's link from node X closed: WHY").
+      const size_t cut = r.why.rfind(": ");
+      broken_link = link_break{proxy_node[size_t(r.waiting_for)], node, node_text(cut == std::string::npos ? r.why : r.why.substr(cut + 2)),
+                               clock_type::now()};
+      if (coordinator && stalls.empty()) caf::anon_send(coordinator, pause_atom::value, gen + 1);  // as for a stall
+    }
+    return;
+  }
   if (stalls.empty()) {
     stall_since = clock_type::now();
     // A rank that hung before its report must not be named by the coordinator's report clock first:
@@ -151,6 +162,27 @@ void launcher::judge_stall(bool final) {
   if (!silent.empty())
     return kill_node(-1, "the ring stalled, but ranks " + silent + " never said whom they waited for, so no node can be blamed (" + why + ")");
   node_lost(culprit, "its rank " + std::to_string(r) + " stopped taking part in the ring while its node still answered (" + why + ")", seen_step_at);
+}
+
+// A link between nodes closed under the ring. A node gone stops its heartbeats and is named lost within
+// node_timeout (which re-forms the ring without it); a node heard from twice since is alive, and so both
+// ends of a link that broke between them (a reset, a firewall's idle timeout). What was in flight on it is
+// lost, so the ring cannot go on as it is: it is re-formed with the same nodes from the last step all
+// ranks completed, as after a loss but with every rank kept, so the job goes on bit for bit as before.
+void launcher::judge_link(clock_type::time_point t) {
+  const link_break b = *broken_link;
+  const auto since = b.at + 2 * ro.heartbeat;
+  if (gone[size_t(b.from)] || gone[size_t(b.to)]) return broken_link.reset();  // lost: its re-forming is under way
+  if (heard(b.from) < since || heard(b.to) < since || t < since) return;
+  broken_link.reset();
+  const std::string line = "the ring's link from node " + ro.nodes[size_t(b.from)] + " to node " + ro.nodes[size_t(b.to)] +
+                           " broke while both nodes still answer (" + ro.nodes[size_t(b.to)] + " saw: " + b.why + ")";
+  if (!plan.elastic) return kill_node(-1, line + "; what was on its way is lost (with --on-node-loss continue the ring is re-formed)");
+  event(line + "; re-forming the ring with the same nodes");
+  const int64_t per_epoch = std::max<int64_t>(1, steps_per_epoch);
+  relinks.push_back({ro.nodes[size_t(b.from)], ro.nodes[size_t(b.to)], b.why, seen_step / per_epoch, seen_step % per_epoch, t});
+  if (joining >= 0) give_up_join("a ring link broke meanwhile", true, true);
+  pause_survivors({});
 }
 
 bool launcher::all_answered() const {

@@ -129,11 +129,14 @@ struct pause_report {
 // Elastic jobs: a replica's all-reduce made no progress for the ring's timeout, waiting for rank
 // `waiting_for`. The replica stays, as for a pause; its launcher works out from these which rank stopped
 // the ring (actors/launcher.hpp) and drops that rank's node.
+// With `link`, no watchdog's: the link from or to rank waiting_for, on another node, closed under the ring
+// (reducer.hpp's fail_link); the launcher tells a node gone from a link broken between two live ones.
 struct stall_report {
   int rank = 0;
   int gen = 0;
   int waiting_for = 0;
   std::string why;
+  bool link = false;
 };
 
 // What an exception says: its what(), or "unknown exception".

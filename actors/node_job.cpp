@@ -307,6 +307,12 @@ void node_job::open_tcp_receivers() {
           if (errors->fetch_add(1) == 0) log(why);
           else br->post([fault, why] { fault({net::fault::malformed, {}, why}); });
           for (auto& [r, port] : ports) fail(*port, why);
+        },
+        // Closed under our ring: the ranks it fed wait for chunks that will not come. Their launcher
+        // judges it (the node gone, or the connection broken between live nodes) from their stalls.
+        // (Said by the replicas whose all-reduce it fails: at a job's end a link closes with nothing to say.)
+        [ports = ports, from = plan_.nodes[size_t(node)].endpoint](const std::string& why) {
+          for (auto& [left, port] : ports) fail_link(*port, left, "the ring's link from node " + from + " closed: " + why);  // why last
         });
     // The replicas whose chunks come this way may take them themselves, as from shared memory. (One whose
     // left neighbour may send through shared memory polls that.)
@@ -410,7 +416,7 @@ void node_job::pause(int gen, int64_t at, const std::string& purpose) {
   for (auto& [r, a] : replicas_) caf::anon_send(a, pause_atom::value, gen);
   close_ring();
   ctx_.log(job + (stop ? ": its launcher stops it; paused for a checkpoint where the ranks stopped"
-                      : ": a node was lost; paused for ring generation " + std::to_string(gen)));
+                      : ": the ring is re-formed (a node lost, or a link broken); paused for ring generation " + std::to_string(gen)));
 }
 
 void node_job::close_ring() {

@@ -105,13 +105,14 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory or to the ring port itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never");
   // For tests, not in --help: this node's replicas stop after N steps of a job (as a stuck GPU would), or
   // once told to pause for a node that rejoins, while the node goes on answering; it sends states, or
-  // checksums of its ranks' states, not its ranks' own.
+  // checksums of its ranks' states, not its ranks' own; a connection to its ring port is cut after N chunks.
   po::options_description testing;
   testing.add_options()
       ("stall-after-steps", po::value(&o.stall_after_steps))
       ("stall-at-join-pause", po::bool_switch(&o.stall_at_join_pause))
       ("lie-in-states", po::bool_switch(&o.lie_in_states))
-      ("lie-in-sums", po::bool_switch(&o.lie_in_sums));
+      ("lie-in-sums", po::bool_switch(&o.lie_in_sums))
+      ("cut-ring-link-after", po::value(&o.cut_ring_link_after));
   po::options_description all;
   all.add(desc).add(testing);
   po::variables_map vm;

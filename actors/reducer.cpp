@@ -104,6 +104,7 @@ class reducer_port {
   std::atomic<bool> ticking{false};    // the reducer's watchdog ticks
   std::atomic<size_t> queued{0};       // jobs.size(), for the watchdog
   std::atomic<int> stalled_on{-1};     // the rank the watchdog gave up waiting for (-1: it did not)
+  std::atomic<bool> link_broke{false}; // or whose link closed (fail_link)
   std::atomic<bool> polled{false};     // its replica's thread waits in poll_briefly: submit() leaves work to it
   caf::weak_actor_ptr owner;           // the reducer actor
   struct polling {
@@ -289,6 +290,7 @@ void join(reducer_port& port, std::shared_ptr<ring::link> right) {
 }
 
 int stalled_on(const reducer_port& port) { return port.stalled_on.load(); }
+bool link_broke(const reducer_port& port) { return port.link_broke.load(); }
 
 void set_poller(reducer_port& port, ring_poller p, std::chrono::microseconds budget) {
   std::shared_ptr<const reducer_port::polling> set;
@@ -335,6 +337,13 @@ ring_poller spin_until_done() {
 
 void fail(reducer_port& port, const std::string& why) {
   port.submit([&port, why] { port.fail(why); });
+}
+
+void fail_link(reducer_port& port, int rank, const std::string& why) {
+  port.submit([&port, rank, why] {
+    if (port.broken.empty()) port.stalled_on = rank, port.link_broke = true;  // before fail(), as the watchdog's
+    port.fail(why);
+  });
 }
 
 void leave(reducer_port& port) {

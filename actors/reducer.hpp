@@ -44,9 +44,14 @@ void join(reducer_port& port, std::shared_ptr<ring::link> right);
 void leave(reducer_port& port);
 // Fails the running and every later all-reduce with `why` (a neighbour said the job is over).
 void fail(reducer_port& port, const std::string& why);
-// The rank an all-reduce waited for when the watchdog failed it (no progress for `timeout`); -1 when the
-// port has not failed that way. Any thread, once the failure was heard of.
+// Fails them as fail() does because the link from or to `rank` (in another process) closed under a live
+// ring: stalled_on() then names that rank and link_broke() says so. An elastic replica leaves the verdict
+// to its launcher, as for the watchdog's: a link broken between two live nodes, or a node gone.
+void fail_link(reducer_port& port, int rank, const std::string& why);
+// The rank an all-reduce waited for when the watchdog failed it (no progress for `timeout`), or whose link
+// broke (fail_link); -1 when the port has not failed either way. Any thread, once the failure was heard of.
 int stalled_on(const reducer_port& port);
+bool link_broke(const reducer_port& port);
 // Hands a chunk from the left neighbour to the reducer whose port this is; any thread, no wait for the
 // reducer's thread (when this thread is already deep in a chain of such calls, a long ring in one
 // process, the chunk is queued in order and the reducer actor runs it).

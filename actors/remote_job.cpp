@@ -474,6 +474,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.br.stop(launcher::kAbortDrain);
   result->failed_joins = std::move(L.failed_joins);  // the bridge thread has stopped
   result->faults = std::move(L.faults);
+  result->relinks = std::move(L.relinks);
   if (!result->ok && !result->interrupted) result->interrupted = L.stopping;  // a stop its nodes began, which failed
   // Nodes lost on the way to a ring that never formed (the job failed meanwhile): the summary names them too.
   if (!result->ok) result->losses.insert(result->losses.end(), L.losses.begin(), L.losses.end());

@@ -239,8 +239,11 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
     if (!error.empty()) {
       // Elastic: a ring that waited too long for one rank goes on without that rank's node. The launcher
       // works out which rank that is from every rank's report, and pauses the others (this one among them).
-      if (const int waited = stalled_on(*st->cfg.port); st->cfg.elastic && waited >= 0) {
-        if (!st->stalled) self->send(st->coordinator, stall_report{st->cfg.rank, st->gen, waited, error});
+      // A link between nodes that closed is the launcher's to judge in any job: a node gone, a pause
+      // that reached the other end first, or a connection broken between live nodes (re-formed as it was).
+      const bool link = link_broke(*st->cfg.port);
+      if (const int waited = stalled_on(*st->cfg.port); (st->cfg.elastic || link) && waited >= 0) {
+        if (!st->stalled) self->send(st->coordinator, stall_report{st->cfg.rank, st->gen, waited, error, link});
         st->stalled = true;
         return;
       }

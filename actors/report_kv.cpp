@@ -112,7 +112,8 @@ wire::kv_map to_kv(const held_report& r) {
 }
 
 wire::kv_map to_kv(const stall_report& r) {
-  return {{"kind", "stall"}, {"gen", std::to_string(r.gen)}, {"waiting_for", std::to_string(r.waiting_for)}, {"why", r.why.substr(0, 1000)}};
+  return {{"kind", "stall"}, {"gen", std::to_string(r.gen)}, {"waiting_for", std::to_string(r.waiting_for)}, {"why", r.why.substr(0, 1000)},
+          {"link", r.link ? "1" : "0"}};
 }
 
 std::string encode_steps(const step_report* r, size_t n) {
@@ -207,6 +208,9 @@ bool from_kv(const wire::kv_map& kv, stall_report* r, int replicas, std::string*
   int64_t w = 0;
   rd.num("waiting_for", &w, 0, std::max(0, replicas - 1));
   r->waiting_for = int(w);
+  int64_t link = 0;
+  rd.num("link", &link, 0, 1);
+  r->link = link == 1;
   if (const std::string* why = rd.get("why")) {
     if (why->size() > 1000) rd.bad("why", *why);
     else r->why = *why;

@@ -1,5 +1,5 @@
-// A launcher's summary of what happened to nodes on the way: lost, taken back, tried and refused, found
-// faulty as the job ended; the first three in the order they happened (a node lost, back, refused, lost
+// A launcher's summary of what happened to nodes on the way: lost, taken back, tried and refused, ring
+// links broken between them, found faulty as the job ended; all but the last in the order they happened (a node lost, back, refused, lost
 // again and taken back reads as it went).
 #pragma once
 #include <algorithm>
@@ -50,6 +50,11 @@ inline std::vector<std::string> node_summary(const train_result& r, bool stopped
   for (const failed_join& f : r.failed_joins)
     said.emplace_back(f.when, printed("Node %s came back, but a try to rejoin failed: %s (%s)", f.node.c_str(), f.why.c_str(),
                                       f.asked_again ? "it was to be asked again" : "it stayed out"));
+  for (const ring_relink& b : r.relinks)
+    said.emplace_back(b.when, printed("The ring's link from node %s to node %s broke in epoch %lld, step %lld while both nodes still answered "
+                                      "(the receiver saw: %s): the ring was re-formed with the same nodes, which sum as before (the weights are an "
+                                      "uninterrupted run's)",
+                                      b.from.c_str(), b.to.c_str(), (long long)b.epoch + 1, (long long)b.step + 1, b.why.c_str()));
   std::stable_sort(said.begin(), said.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::string> lines;
   for (auto& [when, line] : said) lines.push_back(std::move(line));
@@ -62,7 +67,8 @@ inline std::vector<std::string> node_summary(const train_result& r, bool stopped
     lines.push_back(printed("Faulty node %s (%s): %s; found as the job ended, it finished with the others", f.node.c_str(),
                             ranks_named(f.ranks).c_str(), f.why.c_str()));
   if (r.unmeasured)
-    lines.push_back(printed("%lld training samples of lost nodes count without their loss and accuracy (reports lost with them)",
+    lines.push_back(printed("%lld training samples count without their loss and accuracy (reports lost with a node, or of a step a rank "
+                            "had not finished when the ring was re-formed: it took the state after it from another)",
                             (long long)r.unmeasured));
   return lines;
 }

@@ -105,6 +105,8 @@ struct buffer_pool {
 struct registry {
   std::mutex mu;
   std::map<std::pair<uint64_t, uint32_t>, std::weak_ptr<tcp_receiver::impl>> pairs;
+  uint64_t cut_after = 0;               // tcp_port_options::cut_after
+  std::atomic<uint64_t> cut_job{0};     // the last job one was cut in
 };
 
 }  // namespace
@@ -117,6 +119,7 @@ struct tcp_receiver::impl {
   std::shared_ptr<opener> open;
   handler on_message;
   error_handler on_error;
+  closed_handler on_closed;
   std::shared_ptr<buffer_pool> pool = std::make_shared<buffer_pool>();
   std::shared_ptr<registry> reg;
   int wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -133,6 +136,7 @@ struct tcp_receiver::impl {
   payload body;
   float* body_data = nullptr;
   size_t body_got = 0;
+  uint64_t handed = 0;  // messages handed on (for tcp_port_options::cut_after)
 
   ~impl() {
     if (fd >= 0) close(fd);
@@ -155,6 +159,15 @@ struct tcp_receiver::impl {
     close(fd);
     fd = -1;
     body = {};
+    return -1;
+  }
+  // The connection closed or broke (err: errno, 0 for an orderly close) under a live receiver.
+  int lost(int err) {
+    hang_up();
+    if (on_closed && !stop.load()) try {
+        on_closed(err ? std::string(std::strerror(err)) : "closed by its sender");
+      } catch (...) {
+      }
     return -1;
   }
   int broken(const std::string& why) {
@@ -189,9 +202,10 @@ int tcp_receiver::impl::read_some(void* into, size_t want, size_t* have) {
       *have += size_t(n);
       continue;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    return hang_up();  // closed by the sender (a re-formed ring, a node gone): the ring's watchdog speaks
+    const int err = n < 0 ? errno : 0;
+    if (err == EINTR) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK) return 0;
+    return lost(err);  // closed by the sender (its ring ended, a node gone) or broken between us
   }
   return 1;
 }
@@ -226,6 +240,7 @@ int tcp_receiver::impl::take() {
       return broken(err);
     on_message(h, std::move(body));
     body = {};
+    if (reg->cut_after && ++handed == reg->cut_after && reg->cut_job.exchange(job) != job) ::shutdown(fd, SHUT_RD);  // testing
     return 1;
   } catch (const std::exception& e) {
     return broken(std::string("handing on a message failed: ") + e.what());
@@ -472,6 +487,7 @@ std::unique_ptr<tcp_port> tcp_port::bind(const std::string& endpoint_host, int p
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   auto d = std::make_unique<impl>();
   d->opt = std::move(o);
+  d->reg->cut_after = d->opt.cut_after;
   // Strangers' waiting connections take at most an eighth of our file descriptors: the rest stay for
   // the node's own links and files, however many connect.
   if (rlimit fds{}; getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur != RLIM_INFINITY)
@@ -523,13 +539,15 @@ tcp_port::~tcp_port() {
 int tcp_port::port() const { return d_->port; }
 
 std::shared_ptr<tcp_receiver> tcp_port::expect(uint64_t job, uint32_t sender, std::shared_ptr<opener> open,
-                                               tcp_receiver::handler h, tcp_receiver::error_handler e) {
+                                               tcp_receiver::handler h, tcp_receiver::error_handler e,
+                                               tcp_receiver::closed_handler closed) {
   auto d = std::make_shared<tcp_receiver::impl>();
   d->job = job;
   d->sender = sender;
   d->open = std::move(open);
   d->on_message = std::move(h);
   d->on_error = std::move(e);
+  d->on_closed = std::move(closed);
   d->reg = d_->reg;
   auto r = std::make_shared<tcp_receiver>(d);
   try {

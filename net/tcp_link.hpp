@@ -49,6 +49,12 @@ class tcp_receiver {
   // tag): the connection is closed (the ring's watchdog then names the silent neighbour, unless the
   // handler fails it at once).
   using error_handler = std::function<void(const std::string&)>;
+  // Called (as error_handler) when a connection that logged in closes or is reset while this receiver
+  // lives and no new login replaced it: its sender's ring ended before ours (a pause, the job's end, a
+  // node gone) or the connection broke between two live nodes (a reset, a firewall, a cable). Whoever
+  // runs the job tells these apart; the messages in flight on it are lost either way. It is told what
+  // the socket said ("Connection reset by peer", or "closed by its sender").
+  using closed_handler = std::function<void(const std::string&)>;
 
   // As net/shm_link.hpp's shm_receiver::poll: from a thread that waits for this link's messages, takes
   // and hands them on itself, spinning, until done() or `until`. Returns done()'s last answer.
@@ -72,6 +78,9 @@ struct tcp_port_options {
   std::chrono::milliseconds refusal_window{10000};  // refusals logged: 5 in each, the rest summed up after it
   // Strangers and broken rules, for the log (from the port's thread). Default: stderr.
   std::function<void(const std::string&)> on_refusal;
+  // Testing (ringmaster-node --cut-ring-link-after): in each job, the first connection to hand on this
+  // many messages is cut after them (shut down for reading, which reads as a closed connection); 0: never.
+  uint64_t cut_after = 0;
 };
 
 // The listening socket ring chunks from other hosts come to (a node's --ring-port).
@@ -91,7 +100,8 @@ class tcp_port {
   // the pair replaces it. `open` may be shared by the receivers of one pair over a job (its counters go
   // on); one at a time uses it.
   std::shared_ptr<tcp_receiver> expect(uint64_t job, uint32_t sender, std::shared_ptr<opener> open,
-                                       tcp_receiver::handler h, tcp_receiver::error_handler e);
+                                       tcp_receiver::handler h, tcp_receiver::error_handler e,
+                                       tcp_receiver::closed_handler closed = {});
 
   struct impl;
 

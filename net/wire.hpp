@@ -70,8 +70,9 @@ constexpr uint32_t kMagic = 0x524D4731;  // "RMG1"
 // 15: a pause may hold the ranks (for=hold, answered by kind=held reports), so that a job on nodes
 // stopped by a signal writes a checkpoint where it stops whether its replicas update by bucket or not;
 // weights_sum is FNV-1a from FNV's own offset basis (before, one a digit short of it). 16: step records
-// carry the rank's state checksum at a checkpoint's step, to check rank 0's state against.
-constexpr uint16_t kProtocolVersion = 16;
+// carry the rank's state checksum at a checkpoint's step, to check rank 0's state against. 17: a stall
+// report says whether a link between nodes closed under the ring (link=1), which a launcher re-forms.
+constexpr uint16_t kProtocolVersion = 17;
 constexpr size_t kHeaderSize = 56;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 30;  // 1 GiB: larger tensors go in several messages
 constexpr size_t kMaxKvBytes = 64 * 1024;                 // control payloads are small

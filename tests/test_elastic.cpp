@@ -344,3 +344,49 @@ TEST_CASE("elastic: a job stopped by a signal while a rank hangs pauses its rank
   CHECK(took < 12.5);  // within half the stop's limit, and well before a batch system's SIGKILL
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("elastic: a ring link cut between two live nodes re-forms the ring with both, to the same weights, and fails a job that "
+          "aborts on node loss at once", "[nodes][elastic]") {
+  // Node 1 cuts the first connection to its ring port that brings it 100 chunks, in each job (a reset
+  // between live nodes: a firewall, a NAT's idle timeout). Ring chunks go over the ring ports (sealed),
+  // not shared memory. Before, the ring stalled with every rank waiting for another, and the job failed
+  // after the ring timeout (60 s): no node could be blamed, none had gone.
+  test::daemons cutting = start_nodes_one_odd(2, 1, {"--cut-ring-link-after", "100"});
+  test::daemons plain = start_nodes_one_odd(2, 0, {});
+  remote_options ro = on_small_data(cutting);
+  ro.shared_memory = false;
+  ro.rejoin = false;
+  event_log events;
+  ro.on_event = events.hook();
+  train_result r = train_remote(small_job(4), ro);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.identical);
+  CHECK(r.losses.empty());
+  REQUIRE(r.relinks.size() == 1);
+  CHECK(r.relinks[0].from == cutting[0]->endpoint);
+  CHECK(r.relinks[0].to == cutting[1]->endpoint);
+  CHECK(r.relinks[0].why == "closed by its sender");  // as shutdown() reads on the receiving side
+  CHECK(events.count("the ring's link from node " + cutting[0]->endpoint + " to node " + cutting[1]->endpoint +
+                     " broke while both nodes still answer (" + cutting[1]->endpoint + " saw: closed by its sender); "
+                     "re-forming the ring with the same nodes") == 1);
+  REQUIRE(r.history.size() == 4);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 3000);
+  // The same ranks sum in the same order: the weights of a job nothing happened to.
+  remote_options clean = on_small_data(plain);
+  clean.shared_memory = false;
+  const train_result undisturbed = train_remote(small_job(4), clean);
+  REQUIRE(undisturbed.ok);
+  CHECK(r.checksums == undisturbed.checksums);
+
+  // --on-node-loss abort: the job fails as the link is judged, not after the ring timeout.
+  ro.abort_on_node_loss = true;
+  ro.on_event = nullptr;
+  const auto t0 = clock_type::now();
+  r = train_remote(small_job(4), ro);
+  const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  REQUIRE_FALSE(r.ok);
+  CHECK(r.error.find("the ring's link from node " + cutting[0]->endpoint + " to node " + cutting[1]->endpoint +
+                     " broke while both nodes still answer") != std::string::npos);
+  CHECK(took < 20);
+}
