@@ -383,8 +383,10 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
   if (file_size < 8 || !read_all(fd, len, 8)) return *error = path + ": truncated: no safetensors header", false;
   uint64_t hn = 0;
   for (int i = 7; i >= 0; --i) hn = hn << 8 | len[i];
-  if (hn > kMaxHeaderBytes || hn > file_size - 8)
+  if (hn > file_size - 8)
     return *error = path + ": header length " + std::to_string(hn) + " does not fit a file of " + std::to_string(file_size) + " bytes", false;
+  if (hn > kMaxHeaderBytes)
+    return *error = path + ": a header of " + std::to_string(hn) + " bytes, over the " + std::to_string(kMaxHeaderBytes) + " a checkpoint's takes", false;
   std::string text(hn, '\0');
   if (!read_all(fd, text.data(), hn)) return *error = path + ": truncated header", false;
   if (json_depth(text) > 8) return *error = path + ": the header nests deeper than a checkpoint's", false;
@@ -432,10 +434,10 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
   std::string why;
   auto m = model::build(*model_text, reg, &why);
   if (!m) return *error = path + ": its model does not build here: " + why, false;
+  c.label = label->substr(0, 80);  // as its maker named it ("784-64-10"), not as its description reads back ("JSON, 2 layers")
   if (hex64(m->fingerprint()) != *fingerprint)
-    return *error = path + ": model " + m->label() + " lays out its parameters differently here (another ringmaster or layer version?)", false;
+    return *error = path + ": model " + c.label + " lays out its parameters differently here (another ringmaster or layer version?)", false;
   c.model = m->description();
-  c.label = label->substr(0, 80);
   c.fingerprint = m->fingerprint();
   if (want) {  // before the data: a stranger's file is not read whole
     // The job's model as it would train on this checkpoint's samples: a description that names its input
@@ -457,7 +459,7 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
       return *error = path + ": unexpected tensor '" + it.key().substr(0, 60) + "'", false;
   for (auto it = expected.begin(); it != expected.end(); ++it)
     if (!h.contains(it.key()) || h[it.key()] != it.value())
-      return *error = path + ": tensor '" + it.key() + "' is missing or not where model " + m->label() + " puts it", false;
+      return *error = path + ": tensor '" + it.key() + "' is missing or not where model " + c.label + " puts it", false;
   const size_t n = m->param_count();
   const uint64_t data_bytes = uint64_t(n) * 4 * (prefixes.size() + 1);
   if (file_size != 8 + hn + data_bytes)

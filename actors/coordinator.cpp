@@ -53,12 +53,6 @@ std::string interrupted_by(int sig) {
 }
 
 namespace {
-// The text an error was made with (make_error(code, "why")), else CAF's rendering of it.
-std::string describe(caf::actor_system& sys, const caf::error& e) {
-  const caf::message& ctx = e.context();
-  if (ctx.match_elements<std::string>()) return ctx.get_as<std::string>(0);
-  return sys.render(e);
-}
 
 void stop_all(caf::event_based_actor* self, coordinator_state& st) {
   for (auto* group : {&st.replicas, &st.loaders, &st.reducers})
@@ -328,7 +322,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       else if (dm.source == st->reducers[r].address()) who = "reducer " + std::to_string(r);
       else if (dm.source == st->loaders[r].address()) who = "data loader " + std::to_string(r);
     }
-    finish(self, *st, who + " stopped: " + describe(self->system(), dm.reason));
+    finish(self, *st, who + " stopped: " + error_text(self->system(), dm.reason));
   });
 
   // An exception in a handler (out of memory, a throwing on_progress) ends the job with its message:
@@ -491,7 +485,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
             if (gen == st->gen)
               finish(self, *st, "replica " + std::to_string(r) + " did not send its weights" +
                                   (e == caf::sec::request_timeout ? " within " + std::to_string(kWeightsTimeout.count()) + " s"
-                                                                  : ": " + self->system().render(e)));
+                                                                  : ": " + error_text(self->system(), e)));
           };
           if (int(r) == st->result_rank) {
             self->request(st->replicas[r], kWeightsTimeout, weights_atom::value)

@@ -72,7 +72,7 @@ void write_at_stop(caf::event_based_actor* self, const std::shared_ptr<coordinat
   self->request(st->replicas[0], kStopLimit, checkpt_atom::value)
       .then([self, st, p = std::move(p)](state_ptr s) { write_state(self, *st, p, s); },
           [self, st](caf::error& e) {
-            if (!st->finished) stop_without_checkpoint(self, *st, "rank 0 did not send its state: " + self->system().render(e));
+            if (!st->finished) stop_without_checkpoint(self, *st, "rank 0 did not send its state: " + error_text(self->system(), e));
           });
 }
 
@@ -127,7 +127,7 @@ void begin_stop(caf::event_based_actor* self, const std::shared_ptr<coordinator_
                 if (!st->finished)
                   stop_without_checkpoint(self, *st, "rank " + std::to_string(r) + " did not answer" +
                                                          (e == caf::sec::request_timeout ? " within " + std::to_string(kStopLimit.count()) + " s"
-                                                                                         : ": " + self->system().render(e)));
+                                                                                         : ": " + error_text(self->system(), e)));
               });
 }
 

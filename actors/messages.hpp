@@ -139,6 +139,14 @@ struct stall_report {
   bool link = false;
 };
 
+// The text an error was made with (make_error(code, "why")), else CAF's rendering of it
+// ("system_error(runtime_error, (\"...\"))" is no message for a user).
+inline std::string error_text(caf::actor_system& sys, const caf::error& e) {
+  const caf::message& ctx = e.context();
+  if (ctx.match_elements<std::string>()) return ctx.get_as<std::string>(0);
+  return sys.render(e);
+}
+
 // What an exception says: its what(), or "unknown exception".
 inline std::string exception_text(const std::exception_ptr& e) {
   try {

@@ -153,7 +153,7 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
     h.type = wire::msg_type::abort;
     h.job_id = job;
     flush();
-    send_kv(br, launcher, h, {{"reason", who + " on node " + node_name + " failed: " + self->system().render(dm.reason)}});
+    send_kv(br, launcher, h, {{"reason", who + " on node " + node_name + " failed: " + error_text(self->system(), dm.reason)}});
   });
   return {
       [self, queue, flush, lie_in_sums](step_report r) {

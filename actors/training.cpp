@@ -93,8 +93,8 @@ std::string check_config(const train_config& cfg, const model& m, int replicas_h
   for (const auto* d : {cfg.train.get(), cfg.test.get()})
     for (size_t i = 0; d && i < d->count; ++i)
       if (d->labels[i] < 0 || d->labels[i] >= m.classes())
-        return "label " + std::to_string(d->labels[i]) + " of sample " + std::to_string(i) + " is out of range for a model with " +
-               std::to_string(m.classes()) + " outputs";
+        return "label " + std::to_string(d->labels[i]) + " of " + (d == cfg.train.get() ? "training" : "test") + " sample " +
+               std::to_string(i) + " is out of range for a model with " + std::to_string(m.classes()) + " outputs";
   const optimizer_config& o = cfg.opt;  // from the network on nodes: a bad value would only make NaNs
   if (!(o.lr > 0) || !std::isfinite(o.lr)) return "learning rate must be a positive number";
   if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.eps > 0) || !std::isfinite(o.eps) ||

@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
       "Usage: ringmaster-mnist [options]\n\nOptions");
   desc.add_options()
       ("help,h", "show this help and exit")
-      ("data", po::value(&o.data)->default_value(o.data), "folder with the IDX files (raw or .gz); not with --nodes (nodes read their own)")
+      ("data", po::value(&o.data)->default_value(o.data), "folder with the IDX files (raw or .gz; a raw file is read before its .gz); not with --nodes (nodes read their own)")
       ("replicas", po::value(&c.replicas)->default_value(c.replicas), "replicas in this process")
       ("device", po::value(&o.device)->default_value(o.device),
        "cpu; cuda (every GPU, one replica each; with --replicas, replicas go round-robin over the GPUs); "
@@ -232,6 +232,7 @@ int main(int argc, char** argv) {
   c.ring_timeout = std::chrono::milliseconds(int64_t(o.ring_timeout * 1000));
   if (vm.count("crash-after-checkpoint") && o.crash_after < 1) return usage_error("--crash-after-checkpoint must be at least 1");
   if (!o.checkpoint_dir.empty()) {
+    o.made_checkpoint_dir = ::access(o.checkpoint_dir.c_str(), F_OK) != 0;
     if (std::string why = check_checkpoint_dir(o.checkpoint_dir, o.resume); !why.empty()) return refused("--checkpoint-dir: " + why);
     c.checkpoint_dir = o.checkpoint_dir;
     c.checkpoint_every = o.checkpoint_every;
@@ -428,7 +429,13 @@ void print_nodes(const train_result& r, bool stopped) {
 int finish(const options& o, const train_result& r) {
   const train_config& c = o.cfg;
   std::string error;
-  if (!r.ok && r.invalid) return refused(r.error);
+  if (!r.ok && r.invalid) {
+    if (o.made_checkpoint_dir) {  // refused before training (no room for it, say): no empty folder left behind
+      std::remove((o.checkpoint_dir + "/.ringmaster-lock").c_str());
+      ::rmdir(o.checkpoint_dir.c_str());  // only if empty
+    }
+    return refused(r.error);
+  }
   if (!r.ok && r.interrupted) {
     if (!o.quiet) std::printf("\n");  // off the progress bar's line
     std::fflush(stdout);

@@ -27,6 +27,7 @@ struct options {
   double rejoin_lead = 3;    // seconds
   bool quiet = false, no_eval = false;
   std::string checkpoint_dir;
+  bool made_checkpoint_dir = false;  // this run made it (a job refused before training takes it away again)
   int64_t checkpoint_every = 0;
   bool resume = false;
   int64_t crash_after = 0;  // testing: SIGKILL after writing this many checkpoints

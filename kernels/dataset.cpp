@@ -232,7 +232,9 @@ bool load_files(const std::string& dir, const std::string& prefix, int classes, 
   const std::string img_name = prefix + "-images-idx3-ubyte", lbl_name = prefix + "-labels-idx1-ubyte";
   std::string img = find(img_name), lbl = find(lbl_name);
   if (img.empty() || lbl.empty()) {
-    *error = dir + ": no " + (img.empty() ? img_name : lbl_name) + "[.gz] there (is --data the right folder?)";
+    struct stat st {};
+    *error = ::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode) ? dir + " is a file, not a folder of IDX files"
+                                                                    : dir + ": no " + (img.empty() ? img_name : lbl_name) + "[.gz] there (is --data the right folder?)";
     return false;
   }
   std::vector<uint32_t> idims, ldims;

@@ -244,7 +244,7 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
              std::to_string(max_canonical) + ")";
     return nullptr;
   }
-  m->label_ = d.input_width ? text.substr(0, 80) : text == "cnn" ? "cnn" : "JSON, " + std::to_string(m->layers_.size()) + " layers";
+  m->label_ = d.input_width ? text.substr(0, 80) : text == "cnn" ? "cnn" : "JSON, " + std::to_string(m->layers_.size()) + (m->layers_.size() == 1 ? " layer" : " layers");
   return m;
 }
 

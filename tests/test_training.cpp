@@ -379,7 +379,7 @@ TEST_CASE("bad model descriptions are refused by train() with the reason", "[tra
       {R"({"input": [1, 28, 28], "layers": [{"type": "flatten"}, {"type": "dense", "units": 4}]})",
        "model expects input (1, 28, 28) but the data's samples are (3, 8, 8)"},
       {"784-10", "model input width 784 does not match the data's 192 features"},
-      {sequential{flatten(), dense(3)}.text(), "label 3 of sample"},  // 4 classes in the data, 3 outputs
+      {sequential{flatten(), dense(3)}.text(), "label 3 of training sample"},  // 4 classes in the data, 3 outputs
   };
   for (const auto& [model, why] : cases) {
     INFO(model);
