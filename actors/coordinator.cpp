@@ -76,6 +76,9 @@ job_progress coordinator_detail::progress_after(const coordinator_state& st, int
   job_progress p;
   p.step = done;
   p.replicas = st.cfg.replicas;  // the ring now, re-formed or not
+  const auto& losses = st.result->losses;
+  p.ranks_changed = st.cfg.start.ranks_changed + int(st.result->joins.size()) +
+                    int(std::count_if(losses.begin(), losses.end(), [](const node_loss& l) { return l.generation > 0; }));
   p.history = st.result->history;
   if (open) {
     p.loss = open->loss;

@@ -154,6 +154,9 @@ std::string interrupted_by(int sig);
 struct job_progress {
   int64_t step = 0;
   int replicas = 0;  // the ring's ranks that made it (fewer once a node is lost); 0: the job's
+  // Times the ring's ranks changed before it (a node lost and the ring re-formed without it, a node taken
+  // back), a resumed job's before it too: with any, the weights are an uninterrupted run's only up to rounding.
+  int ranks_changed = 0;
   std::vector<epoch_stats> history;
   double loss = 0;
   int64_t correct = 0, count = 0;

@@ -50,8 +50,10 @@ bool write_report(const std::string& path, const options& o, const train_result&
   ojson j = {{"test_accuracy", metric(last.val_accuracy)}, {"test_loss", metric(last.val_loss)}, {"train_accuracy", metric(last.accuracy)},
              {"train_loss", metric(last.loss)}, {"train_samples_per_sec", r.train_seconds > 0 ? r.train_samples / r.train_seconds : 0},
              {"train_seconds", r.train_seconds}, {"wall_seconds", r.wall_seconds}, {"replicas", o.cfg.replicas},
+             {"replicas_at_end", r.checksums.empty() ? ojson() : ojson(r.checksums.size())},  // fewer once a node is lost
              {"global_batch", o.cfg.global_batch}, {"epochs", o.cfg.epochs},
-             {"resumed_at_step", o.cfg.resume ? o.cfg.resume->progress.step : 0}, {"model", o.cfg.model},
+             {"resumed_at_step", o.cfg.resume ? o.cfg.resume->progress.step : 0},
+             {"ranks_changed_before_resume", o.cfg.resume ? o.cfg.resume->progress.ranks_changed : 0}, {"model", o.cfg.model},
              {"optimizer", o.optimizer}, {"seed", o.cfg.seed},
              {"weights_checksum", r.checksums.empty() ? "" : "fnv1a64:" + hex64(r.checksums[size_t(r.result_rank)])},
              {"replicas_identical", r.checksums.empty() ? ojson() : ojson(r.identical)},  // null: no final weights
@@ -323,6 +325,9 @@ int main(int argc, char** argv) {
     else if (ck.replicas != c.replicas)
       std::printf("Note: the checkpoint was written by %d replica%s, this run has %d: the weights equal an uninterrupted "
                   "run's only up to rounding\n", ck.replicas, ck.replicas == 1 ? "" : "s", c.replicas);
+    else if (ck.progress.ranks_changed > 0)  // the same count again, after nodes lost or taken back on the way
+      std::printf("Note: the run this checkpoint continues changed its ranks on the way (%d time%s: nodes lost or taken back): the "
+                  "weights equal an uninterrupted run's only up to rounding\n", ck.progress.ranks_changed, ck.progress.ranks_changed == 1 ? "" : "s");
     c.resume = std::make_shared<const checkpoint>(std::move(ck));
   }
 

@@ -177,6 +177,8 @@ TEST_CASE("elastic: ringmaster-mnist with a node killed mid-epoch exits 0, train
   for (const auto& e : lost["history"]) CHECK(e["samples"] == 12000);
   REQUIRE(lost["node_losses"].size() == 1);
   CHECK(lost["node_losses"][0]["node"] == nodes[1]->endpoint);
+  CHECK(lost["replicas"] == 3);
+  CHECK(lost["replicas_at_end"] == 2);  // it finished on the 2 left
 
   // The same job uninterrupted, on fresh daemons: test accuracy within half a point.
   auto fresh = start_nodes(3, "cpu:1");
@@ -258,6 +260,17 @@ TEST_CASE("elastic with checkpoints: the node running rank 0 is killed, the job 
   std::string err;
   REQUIRE(read_checkpoint(dir + "/ckpt-2-0.safetensors", layer_registry::with_builtins(), &last, &err));
   CHECK(last.replicas == 2);
+  // It remembers that the ranks changed on the way: a resume on the 2 nodes left, as many as made it, says
+  // its weights are an uninterrupted run's only up to rounding (it said nothing; a count that differs said so).
+  CHECK(last.progress.ranks_changed == 1);
+  std::string more = args;
+  more.replace(more.find("--epochs 2"), 10, "--epochs 3");
+  r = test::run(std::string(RINGMASTER_MNIST_BIN) + " --nodes " + nodes[1]->endpoint + "," + nodes[2]->endpoint + more +
+                " --resume --report-json " + dir + "/r.json -q");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("Note: the run this checkpoint continues changed its ranks on the way (1 time: nodes lost or taken back)") != std::string::npos);
+  CHECK(test::slurp(dir + "/r.json").find("\"ranks_changed_before_resume\": 1") != std::string::npos);
   test::run(std::string("rm -rf ") + dir);
 }
 
