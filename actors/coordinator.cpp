@@ -180,11 +180,6 @@ void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t 
 // The steps before `start` still open: lost ranks' reports of them went with their nodes. Each counts
 // whole, their samples unmeasured (the sum every survivor applied had their gradients).
 void count_lost_reports(caf::event_based_actor* self, coordinator_state& st, int64_t start) {
-  // Steps complete in order within an epoch; one with no report in at all (every report of it lost on a
-  // connection that broke) has no entry yet.
-  const int64_t spe = st.cfg.steps_per_epoch;
-  for (int64_t at = steps_complete(st); at < start && at < spe * st.cfg.epochs; ++at)
-    if (epoch_acc& a = st.epochs[at / spe]; !a.closed && at % spe >= a.steps_done) a.pending[at % spe];
   std::vector<std::pair<int64_t, int64_t>> open;  // (epoch, step)
   for (auto& [e, a] : st.epochs)
     for (auto& [k, s] : a.pending)
@@ -369,9 +364,6 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       },
       [self, st](const step_report& r) {
         if (st->finished || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;  // of a ring given up on
-        // The launcher re-forms the ring because a node's connection broke: the reports lost on it leave
-        // their steps to the re-forming, which counts their samples unmeasured (so too the rest of this ring's).
-        if (st->holding > st->gen && past_gap(*st, r)) return;
         if (std::string bad = check_report(*st, r); !bad.empty())
           return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
         st->last_news = clock_type::now();

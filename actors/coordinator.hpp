@@ -88,12 +88,11 @@ struct node_fault {
   std::string why;   // "its ranks hold another state after step 50 than node ... hold (a faulty or lying node)"
 };
 
-// A ring link between two nodes that broke while both still answered (a reset, a firewall), or the
-// launcher's connection to a node: what was on its way was lost, so the ring was re-formed with the same
-// nodes from the last step all ranks completed. The same ranks sum in the same order: the job goes on as
-// if nothing happened (launcher::judge_link, on_disconnected).
+// A ring link between two nodes that broke while both still answered (a reset, a firewall): what was on
+// its way was lost, so the ring was re-formed with the same nodes from the last step all ranks completed.
+// The same ranks sum in the same order: the job goes on as if nothing happened (launcher::judge_link).
 struct ring_relink {
-  std::string from, to, why;    // the sending node's endpoint ("": the launcher's link), the receiving one's, what it saw
+  std::string from, to, why;    // the sending node's endpoint, the receiving one's, what the receiver saw
   int64_t epoch = 0, step = 0;  // the step in flight (0-based)
   std::chrono::steady_clock::time_point when;  // when it was judged
 };

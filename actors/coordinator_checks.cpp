@@ -44,11 +44,6 @@ int64_t steps_complete(const coordinator_state& st) {
 
 // "" if a rank's report fits the job and what came before; else what is wrong with it. Reports come from
 // other processes (actors/launcher.cpp): a node may lie, and its lies must neither crash, hang nor fool us.
-bool past_gap(const coordinator_state& st, const step_report& r) {
-  const size_t i = size_t(r.rank);
-  return i < st.next_report.size() && r.epoch * st.cfg.steps_per_epoch + r.step > st.next_report[i];
-}
-
 std::string check_report(const coordinator_state& st, const step_report& r) {
   const int64_t spe = st.cfg.steps_per_epoch;
   const std::string what = "step " + nth(r.step) + " of epoch " + nth(r.epoch);
@@ -57,8 +52,8 @@ std::string check_report(const coordinator_state& st, const step_report& r) {
   const int64_t at = r.epoch * spe + r.step, complete = steps_complete(st);
   if (at < complete) return what + " again: it is complete";
   if (at - complete > kMaxReportLead) return what + ", far ahead of the steps complete (" + std::to_string(complete) + ")";
-  if (past_gap(st, r)) {
-    const std::string from = std::to_string(st.next_report[size_t(r.rank)] + 1), to = std::to_string(at);
+  if (const size_t i = size_t(r.rank); i < st.next_report.size() && at > st.next_report[i]) {
+    const std::string from = std::to_string(st.next_report[i] + 1), to = std::to_string(at);
     return what + " without its report" + (from == to ? " of step " + from : "s of steps " + from + "-" + to) +
            " of the job before it: lost on the way (did its node's connection to us break?)";
   }

@@ -147,8 +147,6 @@ void check_withheld(caf::event_based_actor* self, coordinator_state& st, clock_t
 int64_t steps_complete(const coordinator_state& st);
 // "" if a rank's report fits the job and what came before; else what is wrong with it.
 std::string check_report(const coordinator_state& st, const step_report& r);
-// Whether the rank's reports of steps before r's never came (lost on a connection that broke).
-bool past_gap(const coordinator_state& st, const step_report& r);
 std::string check_report(const coordinator_state& st, const eval_report& r);
 // "3", or "3 (node tcp://10.0.0.2:5601)" when the launcher said where rank 3 runs.
 std::string rank_where(const coordinator_state& st, int r);

@@ -152,11 +152,11 @@ struct launcher {
   };
   std::map<int, stall> stalls;  // by rank
   clock_type::time_point stall_since;
-  // A link between nodes that closed under the ring (stall_report::link), reported by node `to`, or ours
-  // to node `to` (from -1): judged once both ends were heard since (judge_link), as a node gone is not.
+  // A link between nodes that closed under the ring (stall_report::link), reported by node `to`: judged
+  // once both ends were heard since (judge_link), as a node gone is not.
   struct link_break { int from = -1, to = -1; std::string why; clock_type::time_point at; };
   std::optional<link_break> broken_link;
-  std::vector<ring_relink> relinks, relinking;  // judged so (train_result::relinks); this re-forming's, until it runs
+  std::vector<ring_relink> relinks;  // judged so (train_result::relinks)
 
   void event(const std::string& line);
   clock_type::time_point heard(int node) const { return clock_type::time_point(clock_type::duration(last_heard[node].load())); }
@@ -232,7 +232,6 @@ struct launcher {
   void tick();
   // Bridge thread: node `node` let us in before and now fails the handshake (net::fault::peer_changed).
   void on_changed(int node, const std::string& why);
-  void on_disconnected(int node);  // our connection to it closed while the job runs (launcher_reform.cpp)
 
  private:
   void take_checkpoint(int node, const wire::header& h, const net::payload& p);

@@ -164,37 +164,25 @@ void launcher::judge_stall(bool final) {
   node_lost(culprit, "its rank " + std::to_string(r) + " stopped taking part in the ring while its node still answered (" + why + ")", seen_step_at);
 }
 
-// A link closed under the ring: one between nodes (stall_report::link), or ours to a node (on_disconnected).
-// A node gone stops its heartbeats and is named lost within node_timeout (which re-forms the ring without
-// it); one heard from twice since is alive, and so both ends of a link that broke between them (a reset, a
-// firewall's idle timeout; libzmq makes ours again). What was on its way is lost, so the ring cannot go on
-// as it is: it is re-formed with the same nodes from the last step all ranks completed, as after a loss but
-// with every rank kept, so the job goes on bit for bit as before.
+// A link between nodes closed under the ring. A node gone stops its heartbeats and is named lost within
+// node_timeout (which re-forms the ring without it); a node heard from twice since is alive, and so both
+// ends of a link that broke between them (a reset, a firewall's idle timeout). What was in flight on it is
+// lost, so the ring cannot go on as it is: it is re-formed with the same nodes from the last step all
+// ranks completed, as after a loss but with every rank kept, so the job goes on bit for bit as before.
 void launcher::judge_link(clock_type::time_point t) {
   const link_break b = *broken_link;
   const auto since = b.at + 2 * ro.heartbeat;
-  if (gone[size_t(b.to)] || (b.from >= 0 && gone[size_t(b.from)])) return broken_link.reset();  // lost: re-formed without it
-  if (heard(b.to) < since || (b.from >= 0 && heard(b.from) < since) || t < since) return;
+  if (gone[size_t(b.from)] || gone[size_t(b.to)]) return broken_link.reset();  // lost: its re-forming is under way
+  if (heard(b.from) < since || heard(b.to) < since || t < since) return;
   broken_link.reset();
-  const std::string line = b.from < 0 ? "the connection to node " + ro.nodes[size_t(b.to)] + " closed while the job runs, and the node still answers"
-                                      : "the ring's link from node " + ro.nodes[size_t(b.from)] + " to node " + ro.nodes[size_t(b.to)] +
-                                            " broke while both nodes still answer (" + ro.nodes[size_t(b.to)] + " saw: " + b.why + ")";
+  const std::string line = "the ring's link from node " + ro.nodes[size_t(b.from)] + " to node " + ro.nodes[size_t(b.to)] +
+                           " broke while both nodes still answer (" + ro.nodes[size_t(b.to)] + " saw: " + b.why + ")";
   if (!plan.elastic) return kill_node(-1, line + "; what was on its way is lost (with --on-node-loss continue the ring is re-formed)");
   event(line + "; re-forming the ring with the same nodes");
   const int64_t per_epoch = std::max<int64_t>(1, steps_per_epoch);
-  relinking.push_back({b.from < 0 ? "" : ro.nodes[size_t(b.from)], ro.nodes[size_t(b.to)], b.why, seen_step / per_epoch, seen_step % per_epoch, t});
-  if (joining >= 0) give_up_join("a link broke meanwhile", true, true);
+  relinks.push_back({ro.nodes[size_t(b.from)], ro.nodes[size_t(b.to)], b.why, seen_step / per_epoch, seen_step % per_epoch, t});
+  if (joining >= 0) give_up_join("a ring link broke meanwhile", true, true);
   pause_survivors({});
-}
-
-// Our connection to a node closed while the job runs (net::fault::disconnected): the node is gone, or the
-// connection broke between two live processes and libzmq makes it again; what was on its way may be lost
-// either way, and the node waits for a re-forming (node_job::send_lost). Judged as a ring link is
-// (judge_link); meanwhile the coordinator stands still, taking no report past one lost for a gap.
-void launcher::on_disconnected(int node) {
-  if (gone[size_t(node)] || plan.ranks_on(node).empty() || stopping || joining >= 0 || now != phase::running || broken_link) return;
-  broken_link = link_break{-1, node, "the launcher's connection to it closed", clock_type::now()};
-  if (coordinator && stalls.empty()) caf::anon_send(coordinator, pause_atom::value, gen + 1);
 }
 
 bool launcher::all_answered() const {
@@ -395,8 +383,6 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
   note.where = plan.rank_nodes();
   note.losses = std::move(losses);
   note.joins = std::move(joined);
-  relinks.insert(relinks.end(), relinking.begin(), relinking.end());
-  relinking.clear();
   note.last_word = last_word;
   losses.clear();
   joined.clear();

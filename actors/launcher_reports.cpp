@@ -46,8 +46,6 @@ void launcher::on_steps(int node, const net::payload& p) {
     // Within the job (the coordinator refuses the rest): then the product cannot overflow.
     if (r.step < steps_per_epoch && r.epoch < total_steps / std::max<int64_t>(1, steps_per_epoch) &&
         r.epoch * steps_per_epoch + r.step + 1 > seen_step) {
-      if (ro.cut_first_node_at >= 0 && seen_step < ro.cut_first_node_at && r.epoch * steps_per_epoch + r.step + 1 >= ro.cut_first_node_at)
-        br.cut(peer[0]);  // testing
       seen_step = r.epoch * steps_per_epoch + r.step + 1;
       seen_step_at = clock_type::now();
       if (joins == join_step::pausing) forming_since = clock_type::now();  // on the way to the pause

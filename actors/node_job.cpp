@@ -559,15 +559,6 @@ void node_job::send_weights_sum(int rank) {
   if (launcher_link_ && replicas_.count(rank)) caf::anon_send(launcher_link_, sum_atom::value, rank);
 }
 
-bool node_job::send_lost() {
-  if (const int gen = std::max(paused_gen_, plan_.generation); !lost_send_ || lost_send_->second < gen) lost_send_.emplace(clock_type::now(), gen);
-  return true;
-}
-
-bool node_job::send_loss_unanswered() const {
-  return lost_send_ && std::max(paused_gen_, plan_.generation) <= lost_send_->second && clock_type::now() - lost_send_->first > std::chrono::seconds(2);
-}
-
 std::chrono::milliseconds node_job::launcher_silence() const {
   return std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - last_heard_);
 }

@@ -11,9 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "actors/job_plan.hpp"
@@ -100,12 +98,6 @@ class node_job {
   void run_rank(int rank);
   void send_weights(int rank);
   void send_weights_sum(int rank);
-  // A message to the launcher was lost: its connection broke (libzmq connects again). The job waits for
-  // its launcher, which saw that connection close too, to re-form the ring (a pause of a later generation:
-  // launcher::on_disconnected) or, with --on-node-loss abort, to end the job saying why. True.
-  bool send_lost();
-  // Whether a message was lost and no re-forming began within 2 s: the job cannot go on right.
-  bool send_loss_unanswered() const;
   // How long the launcher has been silent (it heartbeats from the moment it sends the job, every 100 ms).
   std::chrono::milliseconds launcher_silence() const;
   bool launcher_gone(std::chrono::milliseconds timeout) const { return launcher_silence() > timeout; }
@@ -196,7 +188,6 @@ class node_job {
   bool wired_ = false;     // the ring's links are made at the first start (or a re-forming)
   bool ring_open_ = true;  // false from a pause until the re-formed ring is wired
   int paused_gen_ = 0;     // the last generation a pause was for
-  std::optional<std::pair<std::chrono::steady_clock::time_point, int>> lost_send_;  // send_lost: when, in which generation
   bool planned_ = false;   // that pause waits for a step (its ring is open until the re-formed plan)
   size_t test_count_ = 0;  // test samples, for the ranks' shards of a re-formed ring
   std::map<int, rank_reform> resume_;  // rank -> its part in the re-formed ring, until it starts

@@ -444,7 +444,6 @@ struct node_service::impl {
       trimmed = now;
     }
     if (!job) return;
-    if (job->send_loss_unanswered()) return end_job("its launcher's connection broke (what the job sent it was lost)");
     if (job->launcher_gone(opt.launcher_timeout)) {
       // Said to it too: a launcher that was only stopped (SIGSTOP, a starved host) learns why, once it runs.
       const std::string why = "the launcher stopped answering for " + std::to_string(opt.launcher_timeout.count()) + " ms";
@@ -487,10 +486,7 @@ bool node_service::start(std::string* error) {
     // message: said once, in words, not each send with the launcher's routing id.
     const std::string& to = e.from.identity;
     // A report the job's launcher never gets leaves its accounting short for good (a step, an epoch, a
-    // checkpoint it waits on): the job cannot go on right, and ends now, saying why; an elastic one once
-    // its launcher has not re-formed the ring within 2 s (tick).
-    const bool to_launcher = d->job && !to.empty() && to == d->job->launcher().identity;
-    if (e.kind == net::fault::send_failed && to_launcher && d->job->send_lost()) return;
+    // checkpoint it waits on): the job cannot go on right, and ends now, saying why.
     if ((e.kind == net::fault::send_failed || e.kind == net::fault::overloaded) && d->job && !to.empty() && to == d->job->launcher().identity)
       return d->end_job(e.kind == net::fault::send_failed ? "its launcher's connection broke (what the job sent it was lost)"
                                                          : "its launcher did not take what the job sent it (some of it was dropped)");

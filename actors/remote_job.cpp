@@ -115,11 +115,6 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     std::string why;
     if (e.kind == net::fault::handshake_failed) why = "node " + e.message;  // the message names the endpoint
     const int node = L.node_of(e.from);
-    // A node's connection closed while the job runs: what was on its way may be lost (launcher_reform.cpp).
-    if (e.kind == net::fault::disconnected) {
-      if (node >= 0 && L.started.load(std::memory_order_acquire)) L.on_disconnected(node);
-      return;
-    }
     if (e.kind == net::fault::unreachable && node >= 0) {  // it may yet come: said if it never answers
       std::lock_guard<std::mutex> lock(L.mu);
       L.unreachable[size_t(node)] = e.retrying;  // false: it accepts connections now

@@ -60,9 +60,6 @@ struct remote_options {
   std::chrono::milliseconds rejoin_lead{3000};
   // A line about the job as it happens (a node lost, the job going on); any thread, one call at a time.
   std::function<void(const std::string&)> on_event;
-  // Testing: once a report says this many steps of the job are done, our connection to the first node is
-  // shut down at its socket (net::bridge::cut), as a reset between hosts would; -1: never.
-  int64_t cut_first_node_at = -1;
 };
 
 // cfg.train / cfg.test are ignored: the nodes read their own data. Of cfg.devices only the kind of the

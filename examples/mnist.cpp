@@ -79,8 +79,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
     j["node_rejoins_failed"].push_back({{"node", f.node}, {"why", f.why}, {"asked_again", f.asked_again}});
   for (const node_fault& f : r.faults) j["node_faults"].push_back({{"node", f.node}, {"ranks", f.ranks}, {"why", f.why}});
   for (const ring_relink& b : r.relinks)
-    j["ring_links_broken"].push_back({{"from", b.from.empty() ? "launcher" : b.from}, {"to", b.to}, {"why", b.why}, {"epoch", b.epoch + 1},
-                                      {"step", b.step + 1}});
+    j["ring_links_broken"].push_back({{"from", b.from}, {"to", b.to}, {"why", b.why}, {"epoch", b.epoch + 1}, {"step", b.step + 1}});
   // Text from nodes is printable ASCII already (node_text); replace keeps a stray byte from throwing.
   const std::string text = j.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
   return write_output(path, {{text.data(), text.size()}}, error);

@@ -51,13 +51,7 @@ inline std::vector<std::string> node_summary(const train_result& r, bool stopped
     said.emplace_back(f.when, printed("Node %s came back, but a try to rejoin failed: %s (%s)", f.node.c_str(), f.why.c_str(),
                                       f.asked_again ? "it was to be asked again" : "it stayed out"));
   for (const ring_relink& b : r.relinks)
-    if (b.from.empty())  // the launcher's own connection to the node
-      said.emplace_back(b.when, printed("The launcher's connection to node %s closed in epoch %lld, step %lld while the node still answered: "
-                                        "the ring was re-formed with the same nodes, which sum as before (the weights are an "
-                                        "uninterrupted run's)",
-                                        b.to.c_str(), (long long)b.epoch + 1, (long long)b.step + 1));
-    else
-      said.emplace_back(b.when, printed("The ring's link from node %s to node %s broke in epoch %lld, step %lld while both nodes still answered "
+    said.emplace_back(b.when, printed("The ring's link from node %s to node %s broke in epoch %lld, step %lld while both nodes still answered "
                                       "(the receiver saw: %s): the ring was re-formed with the same nodes, which sum as before (the weights are an "
                                       "uninterrupted run's)",
                                       b.from.c_str(), b.to.c_str(), (long long)b.epoch + 1, (long long)b.step + 1, b.why.c_str()));

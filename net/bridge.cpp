@@ -43,7 +43,6 @@ const char* fault_name(fault f) {
     case fault::keys_mismatch: return "keys mismatch";
     case fault::peer_changed: return "peer changed";
     case fault::unreachable: return "unreachable";
-    case fault::disconnected: return "disconnected";
   }
   return "fault";
 }
@@ -106,7 +105,7 @@ void bridge::impl::serve_listen_monitor() {
 }
 
 void bridge::impl::report(fault kind, peer_info from, std::string message, bool retrying) {
-  if (kind != fault::send_failed && kind != fault::disconnected) dropped.fetch_add(1, std::memory_order_relaxed);
+  if (kind != fault::send_failed) dropped.fetch_add(1, std::memory_order_relaxed);
   bridge_error e{kind, std::move(from), std::move(message), retrying};
   if (!on_error) {
     std::fprintf(stderr, "ringmaster bridge: %s: %s\n", fault_name(e.kind), e.message.c_str());
@@ -192,15 +191,10 @@ void bridge::impl::serve_monitor(int id) {
       c.handshook = c.connected = true;
       return;
     }
+    if (what == ZMQ_EVENT_DISCONNECTED && std::exchange(c.connected, false)) return;  // a peer gone, or restarted
     peer_info from;
     from.peer = id;
-    if (what == ZMQ_EVENT_DISCONNECTED) c.tcp_fd = -1;
-    if (what == ZMQ_EVENT_DISCONNECTED && std::exchange(c.connected, false)) {  // a peer gone, restarted, or cut off
-      if (opt.watch_connects) report(fault::disconnected, from, c.endpoint + ": the connection closed", true);
-      return;
-    }
     if (what == ZMQ_EVENT_CONNECTED) {
-      c.tcp_fd = int(value);
       if (!std::exchange(c.tcp_up, true) && c.refused >= 3)  // said unreachable before: no longer
         report(fault::unreachable, from, c.endpoint + " accepts connections now", false);
       return;
@@ -480,12 +474,6 @@ void bridge::disconnect(int peer) {
       d_->peers[peer].socket.reset();
       d_->peers[peer].monitor.reset();
     }
-  });
-}
-
-void bridge::cut(int peer) {
-  post([this, peer] {
-    if (peer >= 0 && size_t(peer) < d_->peers.size() && d_->peers[peer].tcp_fd >= 0) ::shutdown(d_->peers[peer].tcp_fd, SHUT_RDWR);
   });
 }
 

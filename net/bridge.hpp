@@ -75,10 +75,8 @@ struct peer_info {
 // none): no fault of our link, for whoever runs the job to weigh; said once until it lets us in again.
 // unreachable (bridge_options::watch_connects): no TCP connection after 3 tries (retrying: libzmq goes on);
 // said again with retrying false once one is made after all.
-// disconnected (watch_connects): a connection we made, that had let us in, closed (the peer gone, or the
-// connection reset between us): what was on its way either way may be lost. libzmq connects again.
 enum class fault { malformed, version_mismatch, send_failed, handler_failed, unauthorized, handshake_failed, overloaded, keys_mismatch, peer_changed,
-                   unreachable, disconnected };
+                   unreachable };
 const char* fault_name(fault f);
 
 struct bridge_error {
@@ -157,9 +155,6 @@ class bridge {
 
   // Closes a connection, dropping what is still queued on it (their payload owners are released).
   void disconnect(int peer);
-  // Testing: shuts our connection `peer`'s TCP socket down under libzmq, as a reset between hosts would
-  // (bridge_options::watch_connects; libzmq then connects again). From any thread.
-  void cut(int peer);
 
   // Sends on a connection from connect(). The header's payload_bytes is set from the payload. Returns
   // false with *error if the header is invalid or the bridge is not running; failures later on the

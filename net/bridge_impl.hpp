@@ -61,7 +61,6 @@ struct connection {
   bool connected = false;     // since that success: its connection's end is no failed handshake
   bool tcp_up = false;        // a TCP connection was made once (bridge_options::watch_connects)
   int refused = 0;            // tries to make one that failed before that
-  int tcp_fd = -1;            // its TCP socket, as the monitor said it was made (watch_connects; for cut())
   bool routed = false;        // a listening ROUTER: messages carry the client's routing id first
   bool waiting() const { return !backlog.empty() || !held.empty(); }
 };

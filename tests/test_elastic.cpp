@@ -403,34 +403,3 @@ TEST_CASE("elastic: a ring link cut between two live nodes re-forms the ring wit
                      " broke while both nodes still answer") != std::string::npos);
   CHECK(took < 20);
 }
-
-TEST_CASE("elastic: the launcher's connection to a live node cut mid-job re-forms the ring with it, to the same weights", "[nodes][elastic]") {
-  // Before, the node dropped the job as its sends to the launcher failed, and the launcher went on
-  // without it: a healthy node lost, and weights unlike an undisturbed run's.
-  test::daemons nodes = start_nodes_one_odd(2, 0, {});
-  remote_options ro = on_small_data(nodes);
-  ro.rejoin = false;
-  const train_result undisturbed = train_remote(small_job(4), ro);
-  REQUIRE(undisturbed.ok);
-  ro.cut_first_node_at = 100;  // of 200 steps
-  event_log events;
-  ro.on_event = events.hook();
-  train_result r = train_remote(small_job(4), ro);
-  INFO(r.error);
-  REQUIRE(r.ok);
-  CHECK(r.losses.empty());
-  REQUIRE(r.relinks.size() == 1);
-  CHECK(r.relinks[0].from.empty());  // the launcher's link
-  CHECK(r.relinks[0].to == nodes[0]->endpoint);
-  CHECK(events.count("the connection to node " + nodes[0]->endpoint + " closed while the job runs, and the node still answers; "
-                     "re-forming the ring with the same nodes") == 1);
-  REQUIRE(r.history.size() == 4);
-  for (const epoch_stats& e : r.history) CHECK(e.samples == 3000);
-  CHECK(r.checksums == undisturbed.checksums);
-  // --on-node-loss abort: the job fails at once, saying so.
-  ro.abort_on_node_loss = true;
-  ro.on_event = nullptr;
-  r = train_remote(small_job(4), ro);
-  REQUIRE_FALSE(r.ok);
-  CHECK(r.error.find("the connection to node " + nodes[0]->endpoint + " closed while the job runs") != std::string::npos);
-}
