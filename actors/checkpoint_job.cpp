@@ -105,13 +105,11 @@ std::string check_checkpoint_room(const std::string& dir, size_t params, optimiz
   if (::statvfs(dir.c_str(), &fs_stat) != 0 || fs_stat.f_blocks == 0) return "";
   // Parameters and their moments (one for SGD's momentum, two for Adam), and a header of some KB.
   const double each = double(params) * sizeof(float) * (kind == optimizer_config::adam ? 3 : 2) + 64 * 1024;
-  // What this job's checkpoints there take (a resume's), and what a write cut short left (ckpt-*.tmp,
-  // pruned after the next write): space they give back as new ones come.
+  // What this job's checkpoints there take (a resume's): space they give back as new ones come.
   double there = 0;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (const std::string name = e.path().filename().string(); name.rfind("ckpt-", 0) == 0 && e.is_regular_file(ec))
-      there += double(e.file_size(ec));
+  for (const std::string& file : list_checkpoints(dir))  // only names we write are pruned
+    if (fs::is_regular_file(file, ec)) there += double(fs::file_size(file, ec));
   const double free = double(fs_stat.f_bavail) * double(fs_stat.f_frsize), needed = 3 * each - std::min(there, 2 * each);
   if (free >= needed) return "";
   char figures[200];

@@ -76,9 +76,13 @@ job_progress coordinator_detail::progress_after(const coordinator_state& st, int
   job_progress p;
   p.step = done;
   p.replicas = st.cfg.replicas;  // the ring now, re-formed or not
+  // Those before `done` (a checkpoint of a step the old ring completed is written as the new one forms).
+  const int64_t spe = st.cfg.steps_per_epoch;
   const auto& losses = st.result->losses;
-  p.ranks_changed = st.cfg.start.ranks_changed + int(st.result->joins.size()) +
-                    int(std::count_if(losses.begin(), losses.end(), [](const node_loss& l) { return l.generation > 0; }));
+  const auto& joins = st.result->joins;
+  p.ranks_changed = st.cfg.start.ranks_changed +
+                    int(std::count_if(joins.begin(), joins.end(), [&](const node_join& j) { return j.epoch * spe < done; })) +
+                    int(std::count_if(losses.begin(), losses.end(), [&](const node_loss& l) { return l.generation > 0 && l.epoch * spe + l.step < done; }));
   p.history = st.result->history;
   if (open) {
     p.loss = open->loss;

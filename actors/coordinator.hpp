@@ -95,6 +95,7 @@ struct ring_relink {
   std::string from, to, why;    // the sending node's endpoint, the receiving one's, what the receiver saw
   int64_t epoch = 0, step = 0;  // the step in flight (0-based)
   std::chrono::steady_clock::time_point when;  // when it was judged
+  int64_t at = 0;               // steps done then
 };
 
 struct train_result {

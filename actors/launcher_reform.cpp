@@ -119,11 +119,13 @@ void launcher::on_stall(int node, int rank, const stall_report& r) {
   // The ranks work in plan.generation; a planned pause has numbered the ring to come already (gen).
   if (!stalls_count() || r.gen != plan.generation || gone[node]) return;
   if (r.link) {  // the first says which; the rest are of the same ring and go with it
+    // A rank's link is from its left neighbour, on another node (one that says otherwise is not believed).
+    const int from = proxy_node[size_t(r.waiting_for)];
+    if (r.waiting_for != plan.left(rank) || from == node) return;
     if (!broken_link) {
       // What the socket said, at the end of the rank's words ("reducer 1: the ring's link from node X closed: WHY").
       const size_t cut = r.why.rfind(": ");
-      broken_link = link_break{proxy_node[size_t(r.waiting_for)], node, node_text(cut == std::string::npos ? r.why : r.why.substr(cut + 2)),
-                               clock_type::now()};
+      broken_link = link_break{from, node, node_text(cut == std::string::npos ? r.why : r.why.substr(cut + 2)), clock_type::now()};
       if (coordinator && stalls.empty()) caf::anon_send(coordinator, pause_atom::value, gen + 1);  // as for a stall
     }
     return;
@@ -178,9 +180,13 @@ void launcher::judge_link(clock_type::time_point t) {
   const std::string line = "the ring's link from node " + ro.nodes[size_t(b.from)] + " to node " + ro.nodes[size_t(b.to)] +
                            " broke while both nodes still answer (" + ro.nodes[size_t(b.to)] + " saw: " + b.why + ")";
   if (!plan.elastic) return kill_node(-1, line + "; what was on its way is lost (with --on-node-loss continue the ring is re-formed)");
+  // A link that breaks again before the ring it was re-formed into completed a step would be re-formed
+  // for ever (a middlebox that resets every large transfer, say): the job fails, saying so.
+  if (!relinks.empty() && relinks.back().at == seen_step)
+    return kill_node(-1, line + ", again before the ring re-formed for the last break completed a step: the link cannot carry the ring");
   event(line + "; re-forming the ring with the same nodes");
-  const int64_t per_epoch = std::max<int64_t>(1, steps_per_epoch);
-  relinks.push_back({ro.nodes[size_t(b.from)], ro.nodes[size_t(b.to)], b.why, seen_step / per_epoch, seen_step % per_epoch, t});
+  const int64_t at = std::min(seen_step, std::max<int64_t>(0, total_steps - 1)), per_epoch = std::max<int64_t>(1, steps_per_epoch);
+  relinks.push_back({ro.nodes[size_t(b.from)], ro.nodes[size_t(b.to)], b.why, at / per_epoch, at % per_epoch, t, seen_step});
   if (joining >= 0) give_up_join("a ring link broke meanwhile", true, true);
   pause_survivors({});
 }

@@ -97,7 +97,7 @@ void launcher::on_join_ack(wire::kv_map& kv) {
     return give_up_join("it was ready only as the job reached step " + std::to_string(join_at), true);
   if (gen + 1 != join_plan.generation) return give_up_join("the ring changed meanwhile");
   // A pause would drop the stall reports in (each rank sends one): the stall is judged first.
-  if (!stalls.empty()) return give_up_join("the ring stalled meanwhile", true);
+  if (!stalls.empty() || broken_link) return give_up_join(broken_link ? "a ring link broke meanwhile" : "the ring stalled meanwhile", true);
   joins = join_step::pausing;
   join_since = clock_type::now();
   pause_survivors({{"at", std::to_string(join_at)}});

@@ -112,7 +112,8 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("stall-at-join-pause", po::bool_switch(&o.stall_at_join_pause))
       ("lie-in-states", po::bool_switch(&o.lie_in_states))
       ("lie-in-sums", po::bool_switch(&o.lie_in_sums))
-      ("cut-ring-link-after", po::value(&o.cut_ring_link_after));
+      ("cut-ring-link-after", po::value(&o.cut_ring_link_after))
+      ("cut-every-ring-link", po::bool_switch(&o.cut_every_ring_link));
   po::options_description all;
   all.add(desc).add(testing);
   po::variables_map vm;

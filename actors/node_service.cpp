@@ -504,7 +504,7 @@ bool node_service::start(std::string* error) {
   // the bridge answers any hello, which names it.
   if (const std::string& ep = d->opt.listen; ep.rfind("tcp://", 0) == 0) {
     net::tcp_port_options po;
-    po.cut_after = d->opt.cut_ring_link_after;
+    po.cut_after = d->opt.cut_ring_link_after, po.cut_every = d->opt.cut_every_ring_link;
     po.on_refusal = [d](const std::string& why) {  // the bridge drops it once it has stopped
       d->br.post([d, why] { d->log_fault({net::fault::unauthorized, {}, "ring port: " + why}); });
     };

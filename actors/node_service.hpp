@@ -64,6 +64,7 @@ struct node_options {
   // Testing: in each job, the first connection to our ring port to hand on this many chunks is cut
   // (net::tcp_port_options::cut_after), as a reset between live nodes would; 0: never.
   uint64_t cut_ring_link_after = 0;
+  bool cut_every_ring_link = false;  // every connection, not the first of a job
 };
 
 class node_service {

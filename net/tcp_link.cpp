@@ -105,7 +105,8 @@ struct buffer_pool {
 struct registry {
   std::mutex mu;
   std::map<std::pair<uint64_t, uint32_t>, std::weak_ptr<tcp_receiver::impl>> pairs;
-  uint64_t cut_after = 0;               // tcp_port_options::cut_after
+  uint64_t cut_after = 0;               // tcp_port_options::cut_after, cut_every
+  bool cut_every = false;
   std::atomic<uint64_t> cut_job{0};     // the last job one was cut in
 };
 
@@ -238,9 +239,13 @@ int tcp_receiver::impl::take() {
     std::string err;
     if (open && !open->open(head, wire::kHeaderSize, body_data, size_t(h.payload_bytes), head + wire::kHeaderSize, &err))
       return broken(err);
+    if (reg->cut_after && ++handed == reg->cut_after && (reg->cut_every || reg->cut_job.exchange(job) != job)) {
+      ::shutdown(fd, SHUT_RD);  // testing: as if the connection broke as this message came (it is lost)
+      body = {};
+      return 1;
+    }
     on_message(h, std::move(body));
     body = {};
-    if (reg->cut_after && ++handed == reg->cut_after && reg->cut_job.exchange(job) != job) ::shutdown(fd, SHUT_RD);  // testing
     return 1;
   } catch (const std::exception& e) {
     return broken(std::string("handing on a message failed: ") + e.what());
@@ -488,6 +493,7 @@ std::unique_ptr<tcp_port> tcp_port::bind(const std::string& endpoint_host, int p
   auto d = std::make_unique<impl>();
   d->opt = std::move(o);
   d->reg->cut_after = d->opt.cut_after;
+  d->reg->cut_every = d->opt.cut_every;
   // Strangers' waiting connections take at most an eighth of our file descriptors: the rest stay for
   // the node's own links and files, however many connect.
   if (rlimit fds{}; getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur != RLIM_INFINITY)

@@ -78,9 +78,11 @@ struct tcp_port_options {
   std::chrono::milliseconds refusal_window{10000};  // refusals logged: 5 in each, the rest summed up after it
   // Strangers and broken rules, for the log (from the port's thread). Default: stderr.
   std::function<void(const std::string&)> on_refusal;
-  // Testing (ringmaster-node --cut-ring-link-after): in each job, the first connection to hand on this
-  // many messages is cut after them (shut down for reading, which reads as a closed connection); 0: never.
+  // Testing (ringmaster-node --cut-ring-link-after, --cut-every-ring-link): in each job the first
+  // connection (with cut_every, every one) to bring this many messages is cut as the last comes, which is
+  // lost (shut down for reading, which reads as a closed connection); 0: never.
   uint64_t cut_after = 0;
+  bool cut_every = false;
 };
 
 // The listening socket ring chunks from other hosts come to (a node's --ring-port).

@@ -402,4 +402,14 @@ TEST_CASE("elastic: a ring link cut between two live nodes re-forms the ring wit
   CHECK(r.error.find("the ring's link from node " + cutting[0]->endpoint + " to node " + cutting[1]->endpoint +
                      " broke while both nodes still answer") != std::string::npos);
   CHECK(took < 20);
+
+  // A link that breaks in every ring before a step is complete (a middlebox that resets each large
+  // transfer) would be re-formed for ever: the job fails at the second break.
+  test::daemons always = start_nodes_one_odd(2, 1, {"--cut-ring-link-after", "1", "--cut-every-ring-link"});
+  remote_options every = on_small_data(always);
+  every.shared_memory = false;
+  every.rejoin = false;
+  r = train_remote(small_job(4), every);
+  REQUIRE_FALSE(r.ok);
+  CHECK(r.error.find("again before the ring re-formed for the last break completed a step: the link cannot carry the ring") != std::string::npos);
 }
