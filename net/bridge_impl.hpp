@@ -62,7 +62,10 @@ struct connection {
   bool tcp_up = false;        // a TCP connection was made once (bridge_options::watch_connects)
   int refused = 0;            // tries to make one that failed before that
   bool routed = false;        // a listening ROUTER: messages carry the client's routing id first
-  bool waiting() const { return !backlog.empty() || !held.empty(); }
+  // Sends that failed, said once what the socket holds now is read (bridge::impl::send_failed).
+  std::vector<bridge_error> failed_sends;
+  std::chrono::steady_clock::time_point failed_since{};
+  bool waiting() const { return !backlog.empty() || !held.empty() || !failed_sends.empty(); }
 };
 
 // Strangers remembered to report each once; past this many the memory starts afresh (the node's log then
@@ -168,7 +171,12 @@ struct bridge::impl {
   // Returns 1 sent, 0 would block, -1 failed (errno).
   static int try_send(zmq::socket_t& s, pending& m, bool routed);
   void send_now(connection& c, pending m, bool routed, const peer_info& to);
-  void flush(zmq::socket_t& s, std::deque<pending>& backlog, bool routed);
+  void flush(connection& c);
+  // A send on c that failed. A peer that sent its last word and closed at once ("finished", say) makes
+  // a send to it fail while that word is still unread: the failure is said only once what c holds now
+  // has been handled (or after kFailedSendWait, behind a flood), so that its handler hears the word first.
+  void send_failed(connection& c, peer_info to, std::string message);
+  void report_failed_sends(connection& c, bool drained);
   void hold_or_send(connection& c, pending m, const peer_info& to);  // a reply on the listening socket
   void flush_held(connection& c);
   // A client more from `address` on the listening socket is within max_connections (else said): its
@@ -198,6 +206,7 @@ struct bridge::impl {
   // time) so one busy peer cannot starve the others. Leaves the connection dirty if it stopped early, so
   // the loop comes back without sleeping.
   static constexpr std::chrono::milliseconds kServeSlice{2};
+  static constexpr std::chrono::milliseconds kFailedSendWait{200};
   void serve(int id);
   // poll() on the sockets' ZMQ_FDs and the wake-up eventfd. ZMQ_FD only announces changes, so a
   // socket is served until it reports "nothing more" (a recv that would block, which also re-arms its

@@ -53,7 +53,7 @@ void bridge::impl::send_now(connection& c, pending m, bool routed, const peer_in
   if (rc == 0) c.backlog.push_back(std::move(m));
   if (rc < 0) {
     const int err = errno;
-    report(fault::send_failed, to,
+ send_failed(c, to,
            "send to peer " + std::to_string(to.peer) + ": " +
                (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)));
   }
@@ -68,7 +68,7 @@ void bridge::impl::hold_or_send(connection& c, pending m, const peer_info& to) {
     if (rc > 0) return;
     if (rc < 0) {
       const int err = errno;
-      return report(fault::send_failed, to, "reply to '" + printable(to.identity) + "': " +
+ return send_failed(c, to, "reply to '" + printable(to.identity) + "': " +
                                                 (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)));
     }
     it = c.held.emplace(to.identity, held_replies{}).first;
@@ -99,7 +99,7 @@ void bridge::impl::flush_held(connection& c) {
       const int err = errno;
       peer_info to;
       to.identity = it->first;
-      report(fault::send_failed, to, "replies held for '" + printable(it->first) + "': " +
+ send_failed(c, to, "replies held for '" + printable(it->first) + "': " +
                                          (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)) +
                                          " (" + std::to_string(h.queue.size()) + " dropped)");
       h.queue.clear();
@@ -108,13 +108,26 @@ void bridge::impl::flush_held(connection& c) {
   }
 }
 
-void bridge::impl::flush(zmq::socket_t& s, std::deque<pending>& backlog, bool routed) {
-  while (!backlog.empty()) {
-    const int rc = try_send(s, backlog.front(), routed);
+void bridge::impl::flush(connection& c) {
+  while (!c.backlog.empty()) {
+    const int rc = try_send(*c.socket, c.backlog.front(), c.routed);
     if (rc == 0) return;
-    if (rc < 0) report(fault::send_failed, {}, std::string("queued send: ") + zmq_strerror(errno));
-    backlog.pop_front();
+    if (rc < 0) send_failed(c, {}, std::string("queued send: ") + zmq_strerror(errno));
+    c.backlog.pop_front();
   }
+}
+
+void bridge::impl::send_failed(connection& c, peer_info to, std::string message) {
+  if (c.failed_sends.empty()) c.failed_since = std::chrono::steady_clock::now();
+  c.failed_sends.push_back({fault::send_failed, std::move(to), std::move(message), false});
+  c.dirty = true;
+}
+
+void bridge::impl::report_failed_sends(connection& c, bool drained) {
+  if (c.failed_sends.empty() || (!drained && std::chrono::steady_clock::now() - c.failed_since < kFailedSendWait)) return;
+  std::vector<bridge_error> failed;
+  failed.swap(c.failed_sends);  // a handler may send, and fail, again
+  for (bridge_error& e : failed) report(e.kind, std::move(e.from), std::move(e.message));
 }
 
 void bridge::impl::do_send(int peer, const wire::header& h, payload p) {
@@ -288,17 +301,23 @@ void bridge::impl::serve(int id) {
   connection* c = conn(id);
   if (!c) return;
   c->dirty = false;
-  if (!c->backlog.empty()) flush(*c->socket, c->backlog, c->routed);
+  if (!c->backlog.empty()) flush(*c);
   if (!c->held.empty()) flush_held(*c);
   // At most 64 messages or a slice of time, then the other connections get their turn: a launcher whose
   // handler took 150 ms for each 16 MB piece of one node's weights read 64 of them (10 s) before the
   // other nodes' heartbeats, and took those nodes for lost.
   const auto until = std::chrono::steady_clock::now() + kServeSlice;
+  bool drained = false;
   for (int n = 0; n < 64 && (n == 0 || std::chrono::steady_clock::now() < until); ++n) {
-    c = conn(id);  // a handler may have disconnected it
-    if (!c || !receive_one(*c, id)) return;
+    c = conn(id);  // a handler may have disconnected it (and may have connected more: c moved)
+    if (!c || !receive_one(*c, id)) {
+      drained = true;
+      break;
+    }
   }
-  c->dirty = true;
+  if (!(c = conn(id))) return;  // disconnected: what failed on it is moot
+  if (!drained) c->dirty = true;
+  report_failed_sends(*c, drained);
 }
 
 void bridge::impl::loop() {
