@@ -324,7 +324,12 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       else if (dm.source == st->reducers[r].address()) who = "reducer " + std::to_string(r);
       else if (dm.source == st->loaders[r].address()) who = "data loader " + std::to_string(r);
     }
-    finish(self, *st, who + " stopped: " + error_text(self->system(), dm.reason));
+    // A rank's own error names it ("replica 1 on cuda:0: ..."), and a node's rank (a proxy here) ends with
+    // the launcher's verdict on its node or on the job: either is said as it is, not as "replica 0 stopped".
+    const std::string why = error_text(self->system(), dm.reason);
+    const bool named = why.rfind(who + " ", 0) == 0 || why.rfind(who + ":", 0) == 0 ||
+                       (!st->cfg.where.empty() && who.rfind("replica ", 0) == 0);
+    finish(self, *st, named ? why : who + " stopped: " + why);
   });
 
   // An exception in a handler (out of memory, a throwing on_progress) ends the job with its message:
