@@ -34,8 +34,9 @@ std::string nth(int64_t i) { return i >= 0 ? std::to_string(uint64_t(i) + 1) : "
 // epoch may be open already: a fast rank's reports of it come before a slow one's of this one).
 int64_t steps_complete(const coordinator_state& st) {
   const int64_t spe = st.cfg.steps_per_epoch;
-  int64_t n = 0;
-  for (const auto& [e, a] : st.epochs) {
+  int64_t n = st.closed_steps;
+  for (auto it = st.epochs.lower_bound(st.first_open); it != st.epochs.end(); ++it) {
+    const auto& [e, a] = *it;
     if (!a.closed) return std::max(n, e * spe + a.steps_done);  // steps_done counts a resumed epoch's first steps
     n = (e + 1) * spe;
   }
@@ -104,7 +105,8 @@ std::string late_ranks(const coordinator_state& st, clock_type::time_point now) 
     return s;
   };
   const std::string secs_text = std::to_string(limit.count() / 1000) + " s";
-  for (const auto& [e, a] : st.epochs) {
+  for (auto it = st.epochs.lower_bound(st.first_open); it != st.epochs.end(); ++it) {  // a closed epoch waits for nothing
+    const auto& [e, a] = *it;
     for (const auto& [k, s] : a.pending)
       if (s.reports > 0 && now - s.first > limit)
         return "rank(s) " + missing(s.seen) + " sent no report of step " + std::to_string(k + 1) + " of epoch " +
@@ -125,7 +127,7 @@ std::string silent_ranks(const coordinator_state& st, clock_type::time_point now
   // else 2 (the first step may compile or warm up a device).
   clock_type::duration allowed = (st.cfg.start.step > 0 ? 10 : 2) * limit;
   if (st.slowest_step.count() > 0) {
-    const bool evaluating = st.cfg.evaluate && std::any_of(st.epochs.begin(), st.epochs.end(), [&](const auto& e) {
+    const bool evaluating = st.cfg.evaluate && std::any_of(st.epochs.lower_bound(st.first_open), st.epochs.end(), [&](const auto& e) {
       return !e.second.closed && e.second.steps_done == st.cfg.steps_per_epoch;
     });
     allowed = std::max<clock_type::duration>(2 * limit, limit + st.slowest_step * (50 + (evaluating ? st.cfg.eval_batches : 0)));
