@@ -128,7 +128,12 @@ coordinator_config job_coordinator_config(const train_config& cfg, std::shared_p
   cc.epochs = cfg.epochs;
   cc.evaluate = evaluate;
   cc.on_progress = cfg.on_progress;
-  if (cfg.resume) cc.start = cfg.resume->progress;
+  if (cfg.resume) {
+    cc.start = cfg.resume->progress;
+    // A resume on another count of ranks changes them as a lost node does: the checkpoints written from
+    // here on say so, and a resume of those says that its weights equal an uninterrupted run's only up to rounding.
+    if (cfg.resume->replicas != replicas) ++cc.start.ranks_changed;
+  }
   cc.checkpoint_every = cfg.checkpoint_every;
   if (!cfg.checkpoint_dir.empty()) cc.on_checkpoint = checkpoint_writer(cfg, m, train_samples, train_data, steps_per_epoch, last);
   return cc;

@@ -321,11 +321,12 @@ int main(int argc, char** argv) {
                 ck.epoch() == 1 ? "" : "s", (long long)ck.epoch_step(), (long long)ck.steps_per_epoch);
     const bool to_end = trained_to_end(ck, c);
     if (to_end) std::printf("The run had trained to its end: nothing left to train, its results are written from the checkpoint\n");
-    else if (ck.replicas != c.replicas)
+    if (!to_end && ck.replicas != c.replicas)
       std::printf("Note: the checkpoint was written by %d replica%s, this run has %d: the weights equal an uninterrupted "
                   "run's only up to rounding\n", ck.replicas, ck.replicas == 1 ? "" : "s", c.replicas);
-    else if (ck.progress.ranks_changed > 0)  // the same count again, after nodes lost or taken back on the way
-      std::printf("Note: the run this checkpoint continues changed its ranks on the way (%d time%s: nodes lost or taken back): the "
+    else if (ck.progress.ranks_changed > 0)  // the same count again, after ranks changed on the way
+      std::printf("Note: the run this checkpoint continues changed its ranks on the way (%d time%s: nodes lost or taken back, "
+                  "or a resume on another count of replicas): the "
                   "weights equal an uninterrupted run's only up to rounding\n", ck.progress.ranks_changed, ck.progress.ranks_changed == 1 ? "" : "s");
     c.resume = std::make_shared<const checkpoint>(std::move(ck));
   }
