@@ -53,6 +53,10 @@ struct node_service::impl {
   // file system whose time stamps are too coarse to show an edit), not at every tick and handshake.
   std::optional<std::array<int64_t, 9>> authorized_stamp;
   std::chrono::steady_clock::time_point authorized_read_at;
+  // Since when the running job's launcher may no longer command us. Its job ends once that has held for
+  // kRevokeSettle: a file written in place (`cat >`, scp, an editor) is empty or half there for a moment.
+  std::optional<std::chrono::steady_clock::time_point> revoked_since;
+  static constexpr std::chrono::seconds kRevokeSettle{1};
   net::bridge br;
   // Ring chunks from other hosts' nodes, sealed with the keys we share with them (plain with --insecure).
   // After br: its thread logs through it.
@@ -424,11 +428,16 @@ struct node_service::impl {
     const auto now = std::chrono::steady_clock::now();
     if (!opt.insecure) {
       refresh_authorized();
-      // A launcher whose key was revoked loses its job now, told why, not when its heartbeats, ignored
-      // from now on, are missed.
-      if (job && !commander(job->launcher().key)) {
+      // A launcher whose key was revoked loses its job, told why, once that has held for kRevokeSettle:
+      // not for the moment a file being written in place is empty, nor only at the job's end.
+      if (!job || commander(job->launcher().key)) {
+        revoked_since.reset();
+      } else if (!revoked_since) {
+        revoked_since = now;
+      } else if (now - *revoked_since >= kRevokeSettle) {
         const std::string why = "the launcher's key " + job->launcher().key + " may no longer command this node (" +
-                                (authorized_error.empty() ? "not in authorized_keys" : "authorized_keys refused") + ")";
+                                (authorized_error.empty() ? "not in its authorized_keys"
+                                                          : "its authorized_keys is refused, and lets no key but the node's own in until fixed: " + authorized_error) + ")";
         send_kv(job->launcher(), wire::msg_type::error, job->id(), {{"error", "node " + name() + ": " + why}});
         return end_job(why);
       }
