@@ -210,8 +210,17 @@ void launcher::tick() {
   last_hello = t;
   for (size_t i = 0; i < ro.nodes.size(); ++i)
     if (gone[i] && original_ranks[i] > 0 && join_failures[i] < kJoinTries) {
+      // libzmq does not try a refused handshake again (our key, or keys at all): a new connection, at most
+      // every 3 s, lets the node in once it is fixed (its authorized_keys, say). Each one's failure is said
+      // once, unless it is news.
+      if (!changed[i].empty() && t - reconnected[i] >= std::chrono::seconds(3)) {
+        std::string why = std::exchange(changed[i], {});
+        if (why != said_changed[i]) join_failed(int(i), why, true);
+        said_changed[i] = std::move(why);
+        reconnected[i] = t;
+        br.reconnect(peer[i]);
+      }
       send_kv(int(i), wire::msg_type::hello, {{"role", "launcher"}});
-      if (!changed[i].empty()) join_failed(int(i), std::exchange(changed[i], {}), true);
     }
 }
 

@@ -121,6 +121,8 @@ struct launcher {
   std::vector<double> join_setup;       // per node: seconds its last try took to load (0: none yet)
   std::vector<int> join_late;           // per node: tries since it last ran that came too late (each aims further)
   std::vector<std::string> changed;     // per node: why it now fails the handshake (started again with another key), unsaid
+  std::vector<std::string> said_changed;  // per node: that, as last said (each new connection's failure is said once)
+  std::vector<clock_type::time_point> reconnected;  // per node: when its connection was last made anew
   std::vector<std::string> unfit;       // per node: the devices it came back with, too few for its ranks (said once)
   std::atomic<int> joining{-1};         // the node joining; its messages are heard, it gets heartbeats
   enum class join_step { none, setting_up, pausing, state, reforming } joins = join_step::none;

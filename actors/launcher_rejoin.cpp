@@ -17,6 +17,7 @@ using clock_type = launcher::clock_type;
 // steps, or half as long again as its last try took; more after tries that came too late.
 void launcher::on_back(int node, wire::kv_map& kv) {
   changed[size_t(node)].clear();  // it let us in: what it said before is past
+  said_changed[size_t(node)].clear();
   if (!plan.elastic || !ro.rejoin || now != phase::running || !stalls.empty() || joining >= 0 || original_ranks[size_t(node)] == 0 ||
       join_failures[size_t(node)] >= kJoinTries)
     return;

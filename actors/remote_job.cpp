@@ -95,7 +95,9 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.plan.job_id = L.job_id;
   L.plan.elastic = !ro.abort_on_node_loss;
   L.plan.shared_memory = ro.shared_memory;
-  L.changed.assign(ro.nodes.size(), {});  // before the bridge thread, which alone touches it
+  L.changed.assign(ro.nodes.size(), {});  // before the bridge thread, which alone touches them
+  L.said_changed.assign(ro.nodes.size(), {});
+  L.reconnected.assign(ro.nodes.size(), {});
   L.peer = std::vector<std::atomic<int>>(ro.nodes.size());
   for (auto& p : L.peer) p = -1;
   L.unreachable.assign(ro.nodes.size(), 0);

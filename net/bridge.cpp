@@ -477,6 +477,18 @@ void bridge::disconnect(int peer) {
   });
 }
 
+void bridge::reconnect(int peer) {
+  post([this, peer] {
+    if (peer < 0 || size_t(peer) >= d_->peers.size() || !d_->peers[peer].socket) return;
+    connection& old = d_->peers[peer];
+    connection fresh;
+    std::string error;
+    if (!d_->make_connection(old.endpoint, old.server_key, &fresh, &error)) return;
+    fresh.handshook = old.handshook;  // a later refusal is still a peer that let us in before
+    old = std::move(fresh);
+  });
+}
+
 bool bridge::send(int peer, wire::header h, payload p, std::string* error) {
   h.payload_bytes = p.size;
   if (!wire::validate(h, error)) return false;

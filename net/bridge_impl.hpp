@@ -185,6 +185,8 @@ struct bridge::impl {
   void do_send(int peer, const wire::header& h, payload p);
   void do_reply(const peer_info& to, const wire::header& h, payload p);
   int do_connect(const std::string& ep, const std::string& server_key, std::string* error);
+  // A DEALER connecting to ep (with its monitor), for do_connect and reconnect.
+  bool make_connection(const std::string& ep, const std::string& server_key, connection* c, std::string* error);
   zap_handler::verdict admit(const zap_handler::request& r);
   // Who may finish a handshake on our listening socket: a client whose key opt.authorize accepts,
   // while there is room.

@@ -152,10 +152,15 @@ void bridge::impl::do_reply(const peer_info& to, const wire::header& h, payload 
 }
 
 int bridge::impl::do_connect(const std::string& ep, const std::string& server_key, std::string* error) {
-  if (!opt.keys.empty() && !is_key(server_key)) {
-    fail(error, ep + ": no public key for it (links are encrypted; give its key, or --insecure on both sides)");
-    return -1;
-  }
+  connection c;
+  if (!make_connection(ep, server_key, &c, error)) return -1;
+  peers.push_back(std::move(c));
+  return int(peers.size() - 1);
+}
+
+bool bridge::impl::make_connection(const std::string& ep, const std::string& server_key, connection* out, std::string* error) {
+  if (!opt.keys.empty() && !is_key(server_key))
+    return fail(error, ep + ": no public key for it (links are encrypted; give its key, or --insecure on both sides)");
   try {
     connection c;
     c.socket = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
@@ -183,11 +188,10 @@ int bridge::impl::do_connect(const std::string& ep, const std::string& server_ke
     s.connect(ep);
     c.fd = s.get(zmq::sockopt::fd);
     c.endpoint = ep;
-    peers.push_back(std::move(c));
-    return int(peers.size() - 1);
+    *out = std::move(c);
+    return true;
   } catch (const zmq::error_t& e) {
-    fail(error, ep + ": " + e.what());
-    return -1;
+    return fail(error, ep + ": " + e.what());
   }
 }
 

@@ -176,6 +176,60 @@ TEST_CASE("elastic: a node started again with another key is named once as unabl
   std::filesystem::remove_all(other);
 }
 
+TEST_CASE("elastic: a node started again refusing our key is connected anew, and taken back once its authorized_keys lets us in",
+          "[nodes][elastic][rejoin][keys]") {
+  // libzmq does not try a handshake the node refused again: before, the launcher said "it is asked again"
+  // and never asked it, for the rest of the job.
+  char tmpl[] = "/tmp/ringmaster-refuses-XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  const std::string dir = tmpl, launcher_dir = dir + "/launcher", node_dir = dir + "/node", victim_dir = dir + "/victim";
+  net::key_pair lk, nk;
+  std::string error;
+  REQUIRE(net::load_or_create_keys(launcher_dir, &lk, &error));
+  REQUIRE(net::load_or_create_keys(node_dir, &nk, &error));
+  auto authorize = [](const std::string& d, const std::string& text) {
+    std::ofstream(d + "/authorized_keys.new") << text;
+    std::filesystem::permissions(d + "/authorized_keys.new", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    std::filesystem::rename(d + "/authorized_keys.new", d + "/authorized_keys");
+  };
+  authorize(node_dir, lk.public_key + "\n");
+  // The victim's second life: the nodes' key, and an authorized_keys without the launcher's.
+  std::filesystem::create_directory(victim_dir);
+  std::filesystem::permissions(victim_dir, std::filesystem::perms::owner_all);
+  for (const char* f : {"/key", "/key.pub"}) std::filesystem::copy_file(node_dir + f, victim_dir + f);
+  authorize(victim_dir, "");
+  test::daemons nodes;
+  for (int i = 0; i < 3; ++i)
+    nodes.push_back(std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN, "--key-dir", node_dir},
+                                                           test::free_endpoint(), "cpu:1", RINGMASTER_DATA_DIR));
+  std::this_thread::sleep_for(300ms);
+  const std::string who = nodes[1]->endpoint;
+  remote_options ro = rejoin_options(nodes);
+  ro.key_dir = launcher_dir;
+  ro.node_keys.assign(3, nk.public_key);
+  rejoin_run run;
+  run.argv = {RINGMASTER_NODE_BIN, "--key-dir", victim_dir};
+  run.back = " is back, but could not rejoin: it now refuses our key";
+  train_config job = rejoin_job();
+  job.epochs = 2 * kRejoinEpochs;  // room for the refusals and the join after them
+  train_result r = run.run(job, ro, nodes, 1, 10, [&] {
+    std::this_thread::sleep_for(4s);  // connected anew meanwhile, and refused: said once
+    authorize(victim_dir, lk.public_key + "\n");
+  });
+  const std::string events = run.all_events();
+  INFO(r.error << "\n" << events);
+  REQUIRE(r.ok);
+  const std::string refuses = "could not rejoin: it now refuses our key";
+  size_t said = 0;
+  for (size_t at = events.find(refuses); at != std::string::npos; at = events.find(refuses, at + 1)) ++said;
+  CHECK(said == 1);
+  REQUIRE(r.joins.size() == 1);
+  CHECK(r.joins[0].node == who);
+  for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
+  nodes.clear();
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("elastic: a node started again with fewer devices than its ranks is named once as unable to rejoin, and not asked to", "[nodes][elastic][rejoin]") {
   // It was told "it rejoins after step N", then refused the plan ("job asks for 2 replicas, this node
   // offers cpu:1"), and so again at each try.
