@@ -31,10 +31,22 @@ std::string sys_error(const std::string& what) { return what + ": " + std::strer
 bool check_private(const std::string& path, bool must_exist, std::string* error) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return (errno == ENOENT && !must_exist) || fail(error, sys_error("cannot stat " + path));
+  // A link is named with what it points to, and no chmod is advised for it: that would change its
+  // target (/dev/null, /tmp) for everyone.
+  struct stat ls {};
+  const bool link = ::lstat(path.c_str(), &ls) == 0 && S_ISLNK(ls.st_mode);
+  std::string shown = path;
+  if (link) {
+    char* real = ::realpath(path.c_str(), nullptr);
+    shown += " (a link to " + std::string(real ? real : "?") + ")";
+    std::free(real);
+  }
+  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+    return fail(error, shown + " is not a regular file: refusing to read it");
   if (st.st_uid != ::geteuid())
-    return fail(error, path + " belongs to another user (uid " + std::to_string(st.st_uid) + "): refusing to trust it");
+    return fail(error, shown + " belongs to another user (uid " + std::to_string(st.st_uid) + "): refusing to trust it");
   if (st.st_mode & 022)
-    return fail(error, path + " is writable by others: refusing to trust it (chmod go-w " + path + ")");
+    return fail(error, shown + " is writable by others: refusing to trust it" + (link ? "" : " (chmod go-w " + path + ")"));
   return true;
 }
 

@@ -223,6 +223,18 @@ TEST_CASE("a key file that is a FIFO or a device is refused at once, not waited 
   REQUIRE(mkfifo((dir + "/known_nodes").c_str(), 0600) == 0);
   CHECK_FALSE(net::expected_node_key(dir + "/known_nodes", "tcp://10.0.0.1:5601", "", "", &key, &record, &err));
   CHECK(err == dir + "/known_nodes is not a regular file: refusing to read it");
+  // A link (ssh's known_hosts -> /dev/null idiom) is named with its target, and no chmod is advised that
+  // would change /dev/null, or /tmp, for everyone.
+  const std::string links = temp_dir();
+  REQUIRE(symlink("/dev/null", (links + "/known_nodes").c_str()) == 0);
+  CHECK_FALSE(net::expected_node_key(links + "/known_nodes", "tcp://10.0.0.1:5601", "", "", &key, &record, &err));
+  CHECK(err == links + "/known_nodes (a link to /dev/null) is not a regular file: refusing to read it");
+  const std::string open_dir = temp_dir();
+  REQUIRE(chmod(open_dir.c_str(), 0777) == 0);
+  REQUIRE(symlink(open_dir.c_str(), (links + "/keys").c_str()) == 0);
+  net::key_pair kp;
+  CHECK_FALSE(net::load_or_create_keys(links + "/keys", &kp, &err));
+  CHECK(err == links + "/keys (a link to " + open_dir + ") is writable by others: refusing to trust it");
 }
 
 TEST_CASE("encrypted bridges: an accepted key talks and is named, a refused or wrong key gets nothing through") {
