@@ -71,6 +71,8 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   std::vector<bool> record(ro.nodes.size(), false);
   const std::string key_dir = ro.key_dir.empty() ? net::default_key_dir() : ro.key_dir;
   if (!ro.insecure) {
+    // Our key folder and known_nodes are the settings', checked before any node is asked (exit 2).
+    failed.invalid = true;
     if (!net::load_or_create_keys(key_dir, &bo.keys, &failed.error)) return failed;
     for (size_t i = 0; i < ro.nodes.size(); ++i) {
       const std::string given = i < ro.node_keys.size() ? ro.node_keys[i] : "";
@@ -80,6 +82,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
         return failed;
       record[i] = rec;
     }
+    failed.invalid = false;
   }
   launcher L{ro, bo};
   L.interrupt = cfg.interrupt;

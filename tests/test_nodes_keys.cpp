@@ -155,6 +155,7 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   r = train_remote(small_job(), ro);
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("differs from the one recorded in " + alice + "/known_nodes:1") != std::string::npos);
+  CHECK(r.invalid);  // the settings, not a node: exit 2 from a launcher
 
   // A bad line put in authorized_keys while the node runs: the file is refused as a whole, and no key in it
   // (not even one just revoked) commands the node until it is fixed; then she trains again.
