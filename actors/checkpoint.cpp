@@ -436,7 +436,10 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
   std::string why;
   auto m = model::build(*model_text, reg, &why);
   if (!m) return *error = path + ": its model does not build here: " + why, false;
-  c.label = label->substr(0, 80);  // as its maker named it ("784-64-10"), not as its description reads back ("JSON, 2 layers")
+  // As its maker named it ("784-64-10"), not as its description reads back ("JSON, 2 layers"); a label
+  // no writer of ours makes (escapes, a newline: a forged file's) is quoted, so that no terminal runs it.
+  const bool plain = std::all_of(label->begin(), label->end(), [](char ch) { return ch >= 0x20 && ch < 0x7f; });
+  c.label = plain ? label->substr(0, 80) : ringmaster::quoted(*label, 80);
   if (hex64(m->fingerprint()) != *fingerprint)
     return *error = path + ": model " + c.label + " lays out its parameters differently here (another ringmaster or layer version?)", false;
   c.model = m->description();

@@ -28,6 +28,33 @@
 using namespace ringmaster;
 using namespace ringmaster::checkpoint_test;
 
+namespace {
+
+// Rewrites a checkpoint's metadata with `edit`, its checksum made anew: a file as another release (or a
+// forger who knows the format) wrote it.
+void rewrite_metadata(const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
+  const std::string bytes = slurp(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<unsigned char>(bytes[size_t(i)])) << (8 * i);
+  auto h = nlohmann::json::parse(bytes.substr(8, n));
+  const std::string data = bytes.substr(8 + n);
+  edit(h["__metadata__"]);
+  h["__metadata__"].erase("checksum");
+  const std::string unsummed = h.dump();
+  uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(unsummed.data()), uInt(unsummed.size()));
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(data.data()), uInt(data.size()));
+  char sum[24];
+  std::snprintf(sum, sizeof sum, "crc32:%08lx", crc);
+  h["__metadata__"]["checksum"] = sum;
+  std::string text = h.dump();
+  while (text.size() % 8) text += ' ';
+  std::string len(8, '\0');
+  for (int i = 0; i < 8; ++i) len[size_t(i)] = char(uint64_t(text.size()) >> (8 * i));
+  write_bytes(path, len + text + data);
+}
+
+}  // namespace
+
 TEST_CASE("checkpoint: one whose checksum holds but whose state holds NaN is refused, not resumed", "[checkpoint]") {
   const auto m = mlp("784-16-10");
   const std::string dir = fresh_dir("nan");
@@ -64,24 +91,7 @@ TEST_CASE("checkpoint: a file of a release before data fingerprints (no train_da
   REQUIRE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
   CHECK(back.train_data == 99);
   // Written again as that release wrote it: no train_data, the checksum over the rest made anew.
-  const std::string bytes = slurp(path);
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<unsigned char>(bytes[size_t(i)])) << (8 * i);
-  auto h = nlohmann::json::parse(bytes.substr(8, n));
-  const std::string data = bytes.substr(8 + n);
-  h["__metadata__"].erase("train_data");
-  h["__metadata__"].erase("checksum");
-  const std::string unsummed = h.dump();
-  uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(unsummed.data()), uInt(unsummed.size()));
-  crc = crc32(crc, reinterpret_cast<const Bytef*>(data.data()), uInt(data.size()));
-  char sum[24];
-  std::snprintf(sum, sizeof sum, "crc32:%08lx", crc);
-  h["__metadata__"]["checksum"] = sum;
-  std::string text = h.dump();
-  while (text.size() % 8) text += ' ';
-  std::string len(8, '\0');
-  for (int i = 0; i < 8; ++i) len[size_t(i)] = char(uint64_t(text.size()) >> (8 * i));
-  write_bytes(path, len + text + data);
+  rewrite_metadata(path, [](nlohmann::json& meta) { meta.erase("train_data"); });
   REQUIRE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
   CHECK(back.train_data == 0);
   CHECK(back.state.params == c.state.params);
@@ -419,4 +429,17 @@ TEST_CASE("checkpoint: a folder whose disk cannot take three of the model's chec
   CHECK(refused.invalid);
   CHECK(refused.error == "no room for its weights");
   CHECK(refused.history.empty());
+}
+
+TEST_CASE("checkpoint: a forged model label reaches no terminal as it is", "[checkpoint]") {
+  // Escapes and a newline in a file's model_label (its checksum made anew) were printed raw in refusals.
+  const auto m = mlp("784-16-10");
+  const std::string dir = fresh_dir("label");
+  std::string path, error;
+  REQUIRE(write_checkpoint(dir, *m, sample(*m, optimizer_config::adam, 23), &path, &error));
+  rewrite_metadata(path, [](nlohmann::json& meta) { meta["model_label"] = "784-16-10\x1b[2J\nfake line"; });
+  checkpoint back;
+  REQUIRE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
+  CHECK(back.label == "'784-16-10\\u001b[2J\\nfake line'");
+  fs::remove_all(dir);
 }
