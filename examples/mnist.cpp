@@ -320,7 +320,9 @@ int main(int argc, char** argv) {
     std::printf("Resuming from %s: %lld epoch%s and %lld of %lld steps done\n", path.c_str(), (long long)ck.epoch(),
                 ck.epoch() == 1 ? "" : "s", (long long)ck.epoch_step(), (long long)ck.steps_per_epoch);
     const bool to_end = trained_to_end(ck, c);
-    if (to_end) std::printf("The run had trained to its end: nothing left to train, its results are written from the checkpoint\n");
+    if (to_end)  // its test metrics too: measured by that run, on its test set, not on this job's
+      std::printf("The run had trained to its end: nothing left to train, its results are written from the checkpoint "
+                  "(its test metrics as that run measured them, on its test set)\n");
     if (!to_end && ck.replicas != c.replicas)
       std::printf("Note: the checkpoint was written by %d replica%s, this run has %d: the weights equal an uninterrupted "
                   "run's only up to rounding\n", ck.replicas, ck.replicas == 1 ? "" : "s", c.replicas);

@@ -364,7 +364,8 @@ TEST_CASE("checkpoint: a run killed after its last checkpoint, before its result
   r = mnist(job + " --checkpoint-every 1 --checkpoint-dir " + dir + " --save " + dir + "/w --resume");
   INFO(r.out);
   CHECK(r.status == 0);
-  CHECK(r.out.find("The run had trained to its end: nothing left to train") != std::string::npos);
+  CHECK(r.out.find("The run had trained to its end: nothing left to train, its results are written from the checkpoint "
+                   "(its test metrics as that run measured them, on its test set)") != std::string::npos);
   CHECK(r.out.find("weights from the checkpoint (fnv1a64 ") != std::string::npos);
   const run_result whole = mnist(job + " --save " + dir + "/whole");
   REQUIRE(whole.status == 0);
