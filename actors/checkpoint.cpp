@@ -537,6 +537,7 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
     return true;
   }
   *error = !other.empty() ? other : "no checkpoint in " + dir + " reads back whole (" + std::to_string(all.size()) + " tried)";
+  if (!other.empty()) skipped->erase(std::find(skipped->begin(), skipped->end(), other));  // said once, as the refusal
   return false;
 }
 
