@@ -156,6 +156,16 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("differs from the one recorded in " + alice + "/known_nodes:1") != std::string::npos);
   CHECK(r.invalid);  // the settings, not a node: exit 2 from a launcher
+  // The node given a new key since (here: known_nodes records another): said with where the key we expect is.
+  net::key_pair other;
+  REQUIRE(net::load_or_create_keys(alice + "/other", &other, &err));
+  std::ofstream(alice + "/known_nodes") << node.node->endpoint() << " " << other.public_key << "\n";
+  ro.node_keys = {};
+  r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("The key we expect of it is the one recorded in " + alice + "/known_nodes: if it was given a new key on purpose, "
+                     "remove its line there and give --nodes " + node.node->endpoint() + "@KEY") != std::string::npos);
+  std::ofstream(alice + "/known_nodes") << node.node->endpoint() << " " << nk.public_key << "\n";
 
   // A bad line put in authorized_keys while the node runs: the file is refused as a whole, and no key in it
   // (not even one just revoked) commands the node until it is fixed; then she trains again.
