@@ -84,8 +84,11 @@ struct node_service::impl {
   void log_fault(const net::bridge_error& e) {
     const bool dropped = e.kind == net::fault::malformed || e.kind == net::fault::version_mismatch ||
                          e.kind == net::fault::handler_failed || e.kind == net::fault::send_failed;
+    // The bridge names our own endpoint first in what it says of the listener; our lines name it already.
+    const std::string own = br.endpoint() + ": ";
+    const std::string what = name() == br.endpoint() && e.message.rfind(own, 0) == 0 ? e.message.substr(own.size()) : e.message;
     log_limited(net::fault_name(e.kind),
-                (dropped ? std::string("dropped a message (") + net::fault_name(e.kind) + "): " : std::string()) + e.message);
+                (dropped ? std::string("dropped a message (") + net::fault_name(e.kind) + "): " : std::string()) + what);
   }
 
   explicit impl(node_options o) : opt(std::move(o)), br(bridge_options()), data(opt.data_dir) {}
@@ -145,7 +148,7 @@ struct node_service::impl {
       authorized.clear();
       if (error != authorized_error) log("authorized_keys refused, no other key may command this node until it is fixed: " + error);
     } else if (!authorized_error.empty()) {
-      log("authorized_keys read again: " + std::to_string(authorized.size()) + " keys");
+      log("authorized_keys read again: " + std::to_string(authorized.size()) + (authorized.size() == 1 ? " key" : " keys"));
     }
     authorized_error = error;
   }
@@ -364,7 +367,7 @@ struct node_service::impl {
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     using wire::msg_type;
     if (!opt.insecure && h.type != msg_type::chunk && !commander(from.key)) {
-      log_fault({net::fault::unauthorized, from, std::string("ignored a ") + wire::type_name(h.type) +
+      log_fault({net::fault::unauthorized, from, std::string("ignored a message of type ") + wire::type_name(h.type) +
                                                      " from a key that may not command this node (not in authorized_keys; a job's node may send ring chunks only)"});
       return;
     }
@@ -420,7 +423,7 @@ struct node_service::impl {
       case msg_type::heartbeat:
         return;
       default:
-        log_fault({net::fault::unauthorized, from, std::string("ignored a ") + wire::type_name(h.type) + " message"});
+        log_fault({net::fault::unauthorized, from, std::string("ignored a message of type ") + wire::type_name(h.type)});
     }
   }
 

@@ -264,7 +264,7 @@ struct process_ring::impl {
         log("error from a peer outside the ring: " + std::string(p.text()));
         return;
       default:
-        log(std::string("ignored a ") + wire::type_name(h.type) + " message");
+        log(std::string("ignored a message of type ") + wire::type_name(h.type));
     }
   }
 

@@ -179,7 +179,7 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   r = train_remote(small_job(), ro);
   INFO(r.error);
   CHECK(r.ok);
-  CHECK(node.wait_for("authorized_keys read again: 1 keys") != "");
+  CHECK(node.wait_for("authorized_keys read again: 1 key") != "");
 
   // The file written again in place with the same keys (`cat >`, scp, an editor), empty for a moment:
   // her running job goes on. Before, the node ended it at the next read.
