@@ -265,6 +265,7 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
       ++it;
       continue;
     }
+    ++st.result->checkpoints_skipped;
     if (st.cfg.on_event)
       st.cfg.on_event("the checkpoint after step " + std::to_string(it->first) + " is skipped: its state went with rank 0's node");
     st.votes.erase(it->first);

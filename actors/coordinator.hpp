@@ -114,6 +114,7 @@ struct train_result {
   double wall_seconds = 0, train_seconds = 0;
   int64_t train_samples = 0;           // trained by this run (a resumed one: since it resumed)
   std::string checkpoint;              // the last checkpoint written ("" none)
+  int64_t checkpoints_skipped = 0;     // due but not written (rank 0's states ran ahead of the reports, or went with its node)
   // Replica time summed over all replicas and steps (seconds): where the time went.
   double wait_batch = 0, compute = 0, wait_ring = 0, update = 0;
   // What the ranks' forward/backward took less than the slowest rank's, step by step: synchronized

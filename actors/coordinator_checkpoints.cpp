@@ -80,10 +80,13 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   }
   // Those before it will never be written now (they come in step order; a skipped one is superseded).
   // One whose metrics are in never got its state (rank 0's node did not send it): say so, once.
-  for (auto k = st.checkpoints.begin(); k != it; ++k)
-    if (k->second.have_progress && st.cfg.on_event && st.skipped_checkpoints++ == 0)
+  for (auto k = st.checkpoints.begin(); k != it; ++k) {
+    if (!k->second.have_progress) continue;
+    ++st.result->checkpoints_skipped;
+    if (st.cfg.on_event && st.skipped_checkpoints++ == 0)
       st.cfg.on_event("skipped the checkpoint after step " + std::to_string(k->first) +
                       ": rank 0's node sent no state for it, only for a later step");
+  }
   st.checkpoints.erase(st.checkpoints.begin(), std::next(it));
   st.written = std::max(st.written, done);
   if (done == st.cfg.steps_per_epoch * st.cfg.epochs) {  // the result's twin: compared with the final weights
@@ -144,6 +147,7 @@ void coordinator_detail::take_state(caf::event_based_actor* self, coordinator_st
   for (const auto& [k, c] : st.checkpoints) states += c.state != nullptr;
   if (states >= kMaxHeldCheckpoints) {  // the oldest goes: a newer one supersedes it, the last must stay
     auto oldest = std::find_if(st.checkpoints.begin(), st.checkpoints.end(), [](const auto& c) { return c.second.state != nullptr; });
+    ++st.result->checkpoints_skipped;
     if (st.cfg.on_event && st.skipped_checkpoints++ == 0)  // once: a lying node could send thousands
       st.cfg.on_event("skipped the checkpoint after step " + std::to_string(oldest->first) + ": " +
                       std::to_string(states) + " states waited for their steps' reports");

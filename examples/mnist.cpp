@@ -59,7 +59,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
              {"replicas_identical", r.checksums.empty() ? ojson() : ojson(r.identical)},  // null: no final weights
              {"history", ojson::array()}, {"node_losses", ojson::array()},
              {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"node_faults", ojson::array()},
-             {"ring_links_broken", ojson::array()}, {"unmeasured_samples", r.unmeasured},
+             {"ring_links_broken", ojson::array()}, {"unmeasured_samples", r.unmeasured}, {"checkpoints_skipped", r.checkpoints_skipped},
              // A job that failed or was stopped leaves its report too: how far it got, and where to go on from.
              {"status", r.ok && failure.empty() ? "done" : r.interrupted ? "interrupted" : "failed"},
              {"error", r.ok ? failure : r.error},
@@ -482,6 +482,10 @@ int finish(const options& o, const train_result& r) {
                                      : r.identical ? "replicas bit-identical" : "replicas DIFFER",
               hex64(r.checksums[size_t(r.result_rank)]).c_str());
   print_nodes(r, false);
+  if (r.checkpoints_skipped > 0)  // said as it happened too, but only once, and not under -q
+    std::printf("%lld checkpoint%s due %s skipped: rank 0's states came faster than their steps' reports (a larger "
+                "--checkpoint-every keeps up), or went with its node\n", (long long)r.checkpoints_skipped,
+                r.checkpoints_skipped == 1 ? "" : "s", r.checkpoints_skipped == 1 ? "was" : "were");
   if (r.last_checkpoint_refused)  // rank 0's state after the last step was not the majority's (train_result::weights)
     std::printf("The result is rank %d's final weights, which hold the majority's state; rank 0's node was faulty, and the "
                 "checkpoint after the last step was not written from it\n", r.result_rank);

@@ -52,6 +52,7 @@ TEST_CASE("coordinator: a node that sends states for steps far ahead makes it ho
   // The newest 8 were held and written, the older ones let go (said once); the job ends well, its last
   // checkpoint written.
   CHECK(*rec.written == std::vector<int64_t>{13, 14, 15, 16, 17, 18, 19, 20});
+  CHECK(out.checkpoints_skipped == 12);  // each counted, for the summary and the report
   REQUIRE(rec.events->size() == 1);
   CHECK(rec.events->front() == "skipped the checkpoint after step 1: 8 states waited for their steps' reports");
   INFO(out.error);
@@ -94,6 +95,7 @@ TEST_CASE("coordinator: a checkpoint whose state never comes, only a later one's
     j.done(0), j.done(1);
   });
   CHECK(*rec.written == std::vector<int64_t>{1, 3});
+  CHECK(out.checkpoints_skipped == 1);
   REQUIRE(rec.events->size() == 1);
   CHECK(rec.events->front() == "skipped the checkpoint after step 2: rank 0's node sent no state for it, only for a later step");
   INFO(out.error);
