@@ -331,7 +331,8 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
     }
     // A rank's own error names it ("replica 1 on cuda:0: ..."), and a node's rank (a proxy here) ends with
     // the launcher's verdict on its node or on the job: either is said as it is, not as "replica 0 stopped".
-    const std::string why = error_text(self->system(), dm.reason);
+    std::string why = error_text(self->system(), dm.reason);
+    if (why.empty()) why = "no reason given";  // an empty error would read as success
     const bool named = why.rfind(who + " ", 0) == 0 || why.rfind(who + ":", 0) == 0 ||
                        (!st->cfg.where.empty() && who.rfind("replica ", 0) == 0);
     finish(self, *st, named ? why : who + " stopped: " + why);

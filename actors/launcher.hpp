@@ -109,7 +109,6 @@ struct launcher {
   // ro.on_event's lines, handed over by a thread of their own: the user prints them, and a terminal
   // stopped with Ctrl-S or a pipe nobody reads must not stop the bridge thread's heartbeats.
   std::unique_ptr<net::log_writer> events = ro.on_event ? std::make_unique<net::log_writer>(ro.on_event) : nullptr;
-
   // Rejoining (reform.hpp). A lost node is asked every kHelloEvery whether it is back; one that answers
   // gets the grown ring's plan (join_plan) and, once it has loaded its data, the others pause after step
   // join_at and one of them sends its state, which goes on to the newcomer.
@@ -121,8 +120,8 @@ struct launcher {
   std::vector<double> join_setup;       // per node: seconds its last try took to load (0: none yet)
   std::vector<int> join_late;           // per node: tries since it last ran that came too late (each aims further)
   std::vector<std::string> changed;     // per node: why it now fails the handshake (started again with another key), unsaid
-  std::vector<std::string> said_changed;  // per node: that, as last said (each new connection's failure is said once)
-  std::vector<clock_type::time_point> reconnected;  // per node: when its connection was last made anew
+  std::vector<std::string> said_changed;  // that, as last said; and when its connection was last made anew
+  std::vector<clock_type::time_point> reconnected;
   std::vector<std::string> unfit;       // per node: the devices it came back with, too few for its ranks (said once)
   std::atomic<int> joining{-1};         // the node joining; its messages are heard, it gets heartbeats
   enum class join_step { none, setting_up, pausing, state, reforming } joins = join_step::none;

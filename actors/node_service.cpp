@@ -227,6 +227,7 @@ struct node_service::impl {
     log("job " + std::to_string(job->id()) + " ended: " + why);
     last_launcher = job->launcher().identity;
     job.reset();
+    revoked_since.reset();
     busy = false;
     ++jobs_done;
     trim_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
@@ -366,7 +367,8 @@ struct node_service::impl {
 
   void on_message(const net::peer_info& from, const wire::header& h, net::payload p) {
     using wire::msg_type;
-    if (!opt.insecure && h.type != msg_type::chunk && !commander(from.key)) {
+    // The running job's launcher is heard until its job ends (a second after its key is shut out: see tick).
+    if (!opt.insecure && h.type != msg_type::chunk && !commander(from.key) && !(job && job->from_launcher(from))) {
       log_fault({net::fault::unauthorized, from, std::string("ignored a message of type ") + wire::type_name(h.type) +
                                                      " from a key that may not command this node (not in authorized_keys; a job's node may send ring chunks only)"});
       return;

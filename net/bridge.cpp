@@ -434,13 +434,17 @@ bool bridge::post(std::function<void()> f) {
     f();
     return true;
   }
-  std::lock_guard<std::mutex> lock(d_->mu);
-  if (!d_->running) return false;
-  d_->queue.push_back(std::move(f));
-  if (!d_->wake_pending) {  // one wake-up per batch of posts
-    d_->wake_pending = true;
+  return d_->enqueue(std::move(f));
+}
+
+bool bridge::impl::enqueue(std::function<void()> f) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!running) return false;
+  queue.push_back(std::move(f));
+  if (!wake_pending) {  // one wake-up per batch of posts
+    wake_pending = true;
     uint64_t one = 1;
-    (void)!write(d_->wake_fd, &one, sizeof one);
+    (void)!write(wake_fd, &one, sizeof one);
   }
   return true;
 }
@@ -478,12 +482,17 @@ void bridge::disconnect(int peer) {
 }
 
 void bridge::reconnect(int peer) {
-  post([this, peer] {
-    if (peer < 0 || size_t(peer) >= d_->peers.size() || !d_->peers[peer].socket) return;
-    connection& old = d_->peers[peer];
+  // Queued even on the bridge thread: a caller's handler may run while this connection's monitor is read.
+  d_->enqueue([this, peer] {
+    if (peer < 0 || size_t(peer) >= d_->peers.size() || !d_->peers[size_t(peer)].socket) return;
+    d_->report_failed_sends(d_->peers[size_t(peer)], true);  // said before they go with the old socket
+    connection& old = d_->peers[size_t(peer)];  // (a handler above may have connected more)
     connection fresh;
     std::string error;
-    if (!d_->make_connection(old.endpoint, old.server_key, &fresh, &error)) return;
+    peer_info to;
+    to.peer = peer;
+    if (!d_->make_connection(old.endpoint, old.server_key, &fresh, &error))
+      return d_->report(fault::send_failed, to, "connecting anew: " + error);
     fresh.handshook = old.handshook;  // a later refusal is still a peer that let us in before
     old = std::move(fresh);
   });

@@ -156,8 +156,9 @@ class bridge {
   // Closes a connection, dropping what is still queued on it (their payload owners are released).
   void disconnect(int peer);
   // Replaces a connection's socket by a new one to the same endpoint and key, under the same peer id (what
-  // is queued on it is dropped). libzmq does not try a handshake again once the peer refused our key, or
-  // keys at all: a peer fixed since (its authorized_keys) lets the new one in.
+  // is queued on it is dropped; its counts of refused connections and failed handshakes start afresh).
+  // libzmq does not try a handshake again once the peer refused our key, or keys at all: a peer fixed
+  // since (its authorized_keys) lets the new one in.
   void reconnect(int peer);
 
   // Sends on a connection from connect(). The header's payload_bytes is set from the payload. Returns

@@ -65,6 +65,7 @@ struct connection {
   // Sends that failed, said once what the socket holds now is read (bridge::impl::send_failed).
   std::vector<bridge_error> failed_sends;
   std::chrono::steady_clock::time_point failed_since{};
+  int failed_serves = 0;  // serves since, that ended before the socket was read to its end
   bool waiting() const { return !backlog.empty() || !held.empty() || !failed_sends.empty(); }
 };
 
@@ -203,6 +204,7 @@ struct bridge::impl {
   // One item at a time, so that what is still queued stays visible to queued_ahead() while an item runs.
   // A bounded batch: sockets are polled again in between, however fast other threads post.
   void run_queue();
+  bool enqueue(std::function<void()> f);  // runs f on the bridge thread after what is queued (false: stopped)
   connection* conn(int id);
   // Sends what waits and reads what has come, a bounded batch (64 messages, or kServeSlice of handlers'
   // time) so one busy peer cannot starve the others. Leaves the connection dirty if it stopped early, so

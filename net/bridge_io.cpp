@@ -53,9 +53,8 @@ void bridge::impl::send_now(connection& c, pending m, bool routed, const peer_in
   if (rc == 0) c.backlog.push_back(std::move(m));
   if (rc < 0) {
     const int err = errno;
- send_failed(c, to,
-           "send to peer " + std::to_string(to.peer) + ": " +
-               (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)));
+    send_failed(c, to, "send to peer " + std::to_string(to.peer) + ": " +
+                           (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)));
   }
 }
 
@@ -68,8 +67,8 @@ void bridge::impl::hold_or_send(connection& c, pending m, const peer_info& to) {
     if (rc > 0) return;
     if (rc < 0) {
       const int err = errno;
- return send_failed(c, to, "reply to '" + printable(to.identity) + "': " +
-                                                (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)));
+      return send_failed(c, to, "reply to '" + printable(to.identity) + "': " +
+                                    (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)));
     }
     it = c.held.emplace(to.identity, held_replies{}).first;
   }
@@ -99,9 +98,9 @@ void bridge::impl::flush_held(connection& c) {
       const int err = errno;
       peer_info to;
       to.identity = it->first;
- send_failed(c, to, "replies held for '" + printable(it->first) + "': " +
-                                         (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)) +
-                                         " (" + std::to_string(h.queue.size()) + " dropped)");
+      send_failed(c, to, "replies held for '" + printable(it->first) + "': " +
+                             (err == EHOSTUNREACH ? std::string("no such peer connected") : zmq_strerror(err)) + " (" +
+                             std::to_string(h.queue.size()) + " dropped)");
       h.queue.clear();
     }
     it = h.queue.empty() ? c.held.erase(it) : std::next(it);
@@ -118,13 +117,17 @@ void bridge::impl::flush(connection& c) {
 }
 
 void bridge::impl::send_failed(connection& c, peer_info to, std::string message) {
-  if (c.failed_sends.empty()) c.failed_since = std::chrono::steady_clock::now();
+  if (c.failed_sends.empty()) c.failed_since = std::chrono::steady_clock::now(), c.failed_serves = 0;
   c.failed_sends.push_back({fault::send_failed, std::move(to), std::move(message), false});
   c.dirty = true;
 }
 
 void bridge::impl::report_failed_sends(connection& c, bool drained) {
-  if (c.failed_sends.empty() || (!drained && std::chrono::steady_clock::now() - c.failed_since < kFailedSendWait)) return;
+  if (c.failed_sends.empty()) return;
+  // Behind a flood, kFailedSendWait and a serve that began after the failure (one whose slice a slow
+  // handler took whole may not have read what came before it).
+  if (!drained && (std::chrono::steady_clock::now() - c.failed_since < kFailedSendWait || c.failed_serves++ == 0)) return;
+  c.failed_serves = 0;
   std::vector<bridge_error> failed;
   failed.swap(c.failed_sends);  // a handler may send, and fail, again
   for (bridge_error& e : failed) report(e.kind, std::move(e.from), std::move(e.message));
@@ -344,7 +347,10 @@ void bridge::impl::loop() {
     for (int id = -1; id < int(peers.size()); ++id) {
       connection* c = conn(id);
       if (c && (c->dirty || c->waiting())) serve(id);
-      c = conn(id);
+    }
+    // Apart: a later connection's handler may have sent on an earlier one (a reply through the listener).
+    for (int id = -1; id < int(peers.size()); ++id) {
+      const connection* c = conn(id);
       busy |= c && (c->dirty || c->waiting());
     }
     fds.clear();

@@ -1,5 +1,6 @@
 // Checkpoints on their own: a file reads back exactly, damage and numbers no job makes are noticed,
-// older files are pruned, and a job of other settings may not resume from one.
+// older files are pruned, and a job of other settings may not resume from one (one on another count of
+// replicas may, and is remembered by the checkpoints after it).
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -442,4 +443,26 @@ TEST_CASE("checkpoint: a forged model label reaches no terminal as it is", "[che
   REQUIRE(read_checkpoint(path, layer_registry::with_builtins(), &back, &error));
   CHECK(back.label == "'784-16-10\\u001b[2J\\nfake line'");
   fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: a resume on another count of replicas is remembered by the checkpoints written after it",
+          "[checkpoint][launcher]") {
+  // Before, the next resume (on as many replicas as the one before) said nothing: its weights equal no
+  // uninterrupted run's but up to rounding.
+  const std::string dir = fresh_dir("recount");
+  const std::string job = " --model 784-32-10 --batch 64 --limit-train 512 --limit-test 128 -q --checkpoint-dir " + dir;
+  REQUIRE(mnist("--replicas 2 --epochs 1" + job).status == 0);
+  run_result r = mnist("--replicas 1 --epochs 2 --resume" + job);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("Note: the checkpoint was written by 2 replicas, this run has 1") != std::string::npos);
+  const std::string note = "Note: the run this checkpoint continues changed its ranks on the way (1 time: ";
+  for (const char* epochs : {"2", "3"}) {  // the run that trained to its end; and on with a third epoch
+    r = mnist(std::string("--replicas 1 --epochs ") + epochs + " --resume --report-json " + dir + "/r.json" + job);
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK((r.out.find("The run had trained to its end") != std::string::npos) == (epochs[0] == '2'));
+    CHECK(r.out.find(note) != std::string::npos);
+    CHECK(slurp(dir + "/r.json").find("\"ranks_changed_before_resume\": 1") != std::string::npos);
+  }
 }

@@ -179,12 +179,13 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   r = train_remote(small_job(), ro);
   INFO(r.error);
   CHECK(r.ok);
-  CHECK(node.wait_for("authorized_keys read again: 1 key") != "");
+  const std::string again = node.wait_for("authorized_keys read again: 1 key");
+  CHECK(again.substr(again.size() - std::min<size_t>(again.size(), 5)) == "1 key");
 
   // The file written again in place with the same keys (`cat >`, scp, an editor), empty for a moment:
   // her running job goes on. Before, the node ended it at the next read.
   train_config long_job = small_job();
-  long_job.epochs = 1000;
+  long_job.epochs = 20000;  // far longer than the test: it ends by the revocation
   train_result revoked;
   const size_t before = node.logged();
   std::thread run([&] { revoked = train_remote(long_job, ro); });
@@ -192,16 +193,17 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   {
     std::ofstream rewrite(node_dir + "/authorized_keys", std::ios::trunc);
     rewrite.flush();
-    std::this_thread::sleep_for(300ms);
+    std::this_thread::sleep_for(200ms);
     rewrite << ak.public_key << "\n";
   }
   CHECK(node.wait_for(" ended: ", 1500ms, before) == "");
+  CHECK(node.wait_for("ignored a message", 10ms, before) == "");  // its launcher was heard meanwhile (heartbeats, say)
 
-  // Her key revoked while her job runs: the job ends within a second or so, and she is told why.
+  // Her key revoked while her job runs: the job ends a second or so later, and she is told why.
   const auto t0 = std::chrono::steady_clock::now();
   std::ofstream(node_dir + "/authorized_keys") << "# nobody\n";
   run.join();
-  CHECK(std::chrono::steady_clock::now() - t0 < 2500ms);
+  CHECK(std::chrono::steady_clock::now() - t0 < 4s);
   INFO(revoked.error);
   CHECK_FALSE(revoked.ok);
   CHECK(revoked.error.find("the launcher's key " + ak.public_key + " may no longer command this node (not in its authorized_keys)") !=

@@ -577,25 +577,3 @@ TEST_CASE("checkpoint: a 2-node run killed after a checkpoint resumes at once on
   for (auto& d : others) d->stop(SIGTERM);
   for (auto& d : first) d->stop(SIGTERM);
 }
-
-TEST_CASE("checkpoint: a resume on another count of replicas is remembered by the checkpoints written after it",
-          "[checkpoint][launcher]") {
-  // Before, the next resume (on as many replicas as the one before) said nothing: its weights equal no
-  // uninterrupted run's but up to rounding.
-  const std::string dir = fresh_dir("recount");
-  const std::string job = " --model 784-32-10 --batch 64 --limit-train 512 --limit-test 128 -q --checkpoint-dir " + dir;
-  REQUIRE(mnist("--replicas 2 --epochs 1" + job).status == 0);
-  run_result r = mnist("--replicas 1 --epochs 2 --resume" + job);
-  INFO(r.out);
-  REQUIRE(r.status == 0);
-  CHECK(r.out.find("Note: the checkpoint was written by 2 replicas, this run has 1") != std::string::npos);
-  const std::string note = "Note: the run this checkpoint continues changed its ranks on the way (1 time: ";
-  for (const char* epochs : {"2", "3"}) {  // the run that trained to its end; and on with a third epoch
-    r = mnist(std::string("--replicas 1 --epochs ") + epochs + " --resume --report-json " + dir + "/r.json" + job);
-    INFO(r.out);
-    REQUIRE(r.status == 0);
-    CHECK((r.out.find("The run had trained to its end") != std::string::npos) == (epochs[0] == '2'));
-    CHECK(r.out.find(note) != std::string::npos);
-    CHECK(slurp(dir + "/r.json").find("\"ranks_changed_before_resume\": 1") != std::string::npos);
-  }
-}
