@@ -136,7 +136,10 @@ std::string default_key_dir() {
 
 bool load_or_create_keys(const std::string& dir, key_pair* out, std::string* error) {
   if (!curve_available()) return fail(error, "this libzmq has no CurveZMQ (built without libsodium); use --insecure");
-  if (dir.empty()) return fail(error, "no key directory: HOME is not an absolute path; give --key-dir");
+  if (dir.empty()) {
+    const char* home = std::getenv("HOME");
+    return fail(error, std::string("no key directory: HOME is ") + (home && *home ? "not an absolute path" : "not set") + "; give --key-dir");
+  }
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fail(error, sys_error("cannot make key directory " + dir));
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return fail(error, dir + " is not a directory");

@@ -593,3 +593,19 @@ TEST_CASE("is_key agrees with libzmq's Z85 decoder") {
   CHECK_FALSE(net::is_key(bad));
   CHECK_FALSE(net::is_key(k.public_key.substr(1)));
 }
+
+TEST_CASE("keys: without a HOME to default to, the error says which is wrong and asks for --key-dir", "[keys]") {
+  const char* was = std::getenv("HOME");
+  const std::string home = was ? was : "";
+  net::key_pair kp;
+  std::string err;
+  ::unsetenv("HOME");
+  CHECK(net::default_key_dir().empty());
+  CHECK_FALSE(net::load_or_create_keys(net::default_key_dir(), &kp, &err));
+  CHECK(err == "no key directory: HOME is not set; give --key-dir");
+  ::setenv("HOME", "relative/home", 1);
+  CHECK_FALSE(net::load_or_create_keys(net::default_key_dir(), &kp, &err));
+  CHECK(err == "no key directory: HOME is not an absolute path; give --key-dir");
+  if (was) ::setenv("HOME", home.c_str(), 1);
+  else ::unsetenv("HOME");
+}
