@@ -53,8 +53,9 @@ struct node_service::impl {
   // file system whose time stamps are too coarse to show an edit), not at every tick and handshake.
   std::optional<std::array<int64_t, 9>> authorized_stamp;
   std::chrono::steady_clock::time_point authorized_read_at;
-  // Since when the running job's launcher may no longer command us. Its job ends once that has held for
-  // kRevokeSettle: a file written in place (`cat >`, scp, an editor) is empty or half there for a moment.
+  // Since when the running job's launcher may not command us: its job ends once that held kRevokeSettle (a
+  // file written in place is empty a moment). (*) Read afresh meanwhile: a stat of the whole file, then a
+  // read just after it was emptied, would stand until its (coarse, ms) times change.
   std::optional<std::chrono::steady_clock::time_point> revoked_since;
   static constexpr std::chrono::seconds kRevokeSettle{1};
   net::bridge br;
@@ -433,11 +434,10 @@ struct node_service::impl {
     const auto now = std::chrono::steady_clock::now();
     if (!opt.insecure) {
       refresh_authorized();
-      // A launcher whose key was revoked loses its job, told why, once that has held for kRevokeSettle:
-      // not for the moment a file being written in place is empty, nor only at the job's end.
+      // A launcher whose key was revoked loses its job, told why, once that has held for kRevokeSettle.
       if (!job || commander(job->launcher().key)) {
         revoked_since.reset();
-      } else if (!revoked_since) {
+      } else if (authorized_stamp.reset(), !revoked_since) {  // read afresh at each tick meanwhile (*)
         revoked_since = now;
       } else if (now - *revoked_since >= kRevokeSettle) {
         const std::string why = "the launcher's key " + job->launcher().key + " may no longer command this node (" +
