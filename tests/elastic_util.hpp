@@ -129,6 +129,13 @@ inline train_result run_with_hung_rank(const test::daemons& nodes, remote_option
 // long once the backward pass got 2x faster, and 40 epochs of 784-512-10 on a quiet machine: a join found
 // no epoch's end 3 s ahead.) Each epoch is time the suite waits, the join long done.
 constexpr int64_t kRejoinEpochs = 60;
+// How often `part` occurs in `text`, not overlapping (a line the launcher must say once).
+inline size_t occurrences(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + part.size())) ++n;
+  return n;
+}
+
 inline train_config rejoin_job() {
   train_config c = small_job(kRejoinEpochs);
   c.model = "784-512-10";

@@ -11,15 +11,11 @@
 
 using namespace ringmaster;
 using namespace std::chrono_literals;
-using net::bridge;
-using net::payload;
-using net::peer_info;
-using wire::msg_type;
 
 TEST_CASE("bridge: what a client sent before it went is handled before a reply to it is said to have failed", "[bridge]") {
   // A launcher says "finished" and closes at once. A node that sent it a heartbeat before reading that
   // was told its send failed first, and ended the job as though its launcher had broken off.
-  bridge server, client;
+  net::bridge server, client;
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::string> events;
@@ -29,7 +25,7 @@ TEST_CASE("bridge: what a client sent before it went is handled before a reply t
     events.push_back(std::move(what));
     cv.notify_all();
   };
-  server.set_handler([&](const peer_info& from, const wire::header& h, payload) {
+  server.set_handler([&](const net::peer_info& from, const wire::header& h, net::payload) {
     note("message " + std::to_string(h.step));
     if (h.step != 1) return;
     {  // the bridge thread busy here while the client sends its last word and closes
@@ -38,7 +34,7 @@ TEST_CASE("bridge: what a client sent before it went is handled before a reply t
     }
     std::this_thread::sleep_for(1s);  // ZeroMQ's I/O thread sees the connection close (a loaded machine: slowly)
     wire::header hb;
-    hb.type = msg_type::heartbeat;
+    hb.type = wire::msg_type::heartbeat;
     server.reply(from, hb);
   });
   server.set_error_handler([&](const net::bridge_error& e) {
@@ -50,7 +46,7 @@ TEST_CASE("bridge: what a client sent before it went is handled before a reply t
   const int to = client.connect(server.endpoint(), &err);
   REQUIRE(to >= 0);
   wire::header h;
-  h.type = msg_type::heartbeat;
+  h.type = wire::msg_type::heartbeat;
   h.step = 1;
   REQUIRE(client.send(to, h));
   {

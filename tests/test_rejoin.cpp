@@ -123,16 +123,11 @@ TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job 
     std::ifstream in(dir + "/node" + std::to_string(i) + ".log");
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
-  auto count = [](const std::string& text, const std::string& part) {  // non-overlapping occurrences
-    size_t n = 0;
-    for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-    return n;
-  };
   // Node 2 (rank 2) sends to node 0 (rank 0) in the first ring and in the grown one, sealed both times;
   // node 1 (rank 1) sends to it sealed in the first ring and again once it is back.
   const std::string sealed_to = std::string("sealed (") + net::kSealCipher + ")";
-  CHECK(count(log_of(2), "ring chunks to node " + ro.nodes[0] + " " + sealed_to) == 2);
-  CHECK(count(log_of(1), "ring chunks to node " + ro.nodes[2] + " " + sealed_to) == 2);
+  CHECK(occurrences(log_of(2), "ring chunks to node " + ro.nodes[0] + " " + sealed_to) == 2);
+  CHECK(occurrences(log_of(1), "ring chunks to node " + ro.nodes[2] + " " + sealed_to) == 2);
   std::filesystem::remove_all(dir);
 }
 
@@ -158,9 +153,7 @@ TEST_CASE("elastic: a node started again with another key is named once as unabl
   INFO(r.error << "\n" << events);
   REQUIRE(r.ok);
   const std::string hangs_up = "could not rejoin: it now hangs up during the handshake";
-  size_t said = 0;
-  for (size_t at = events.find(hangs_up); at != std::string::npos; at = events.find(hangs_up, at + 1)) ++said;
-  CHECK(said == 1);
+  CHECK(occurrences(events, hangs_up) == 1);
   CHECK(events.find("node " + who + " is back, but could not rejoin: it now hangs up during the handshake: it holds another key than the "
                     "one we know for it (a new key folder?), runs without keys (--insecure), or is flooded with connections; it is "
                     "asked again") != std::string::npos);
@@ -220,9 +213,7 @@ TEST_CASE("elastic: a node started again refusing our key is connected anew, and
   INFO(r.error << "\n" << events);
   REQUIRE(r.ok);
   const std::string refuses = "could not rejoin: it now refuses our key";
-  size_t said = 0;
-  for (size_t at = events.find(refuses); at != std::string::npos; at = events.find(refuses, at + 1)) ++said;
-  CHECK(said == 1);
+  CHECK(occurrences(events, refuses) == 1);
   REQUIRE(r.joins.size() == 1);
   CHECK(r.joins[0].node == who);
   for (const epoch_stats& e : r.history) CHECK(e.samples == 6000);
@@ -246,9 +237,7 @@ TEST_CASE("elastic: a node started again with fewer devices than its ranks is na
   INFO(r.error << "\n" << events);
   REQUIRE(r.ok);
   const std::string unfit = "node " + who + " is back, but could not rejoin: it now offers cpu:1, and its part of the job is 2 cpu replicas; it is asked again";
-  size_t said = 0;
-  for (size_t at = events.find(unfit); at != std::string::npos; at = events.find(unfit, at + 1)) ++said;
-  CHECK(said == 1);  // asked every second meanwhile
+  CHECK(occurrences(events, unfit) == 1);  // asked every second meanwhile
   CHECK(events.find("is back; it rejoins") == std::string::npos);
   CHECK(r.joins.empty());
   REQUIRE(r.failed_joins.size() == 1);
