@@ -105,11 +105,11 @@ train_result finished_run(const checkpoint& c);
 // with `lock`, the folder stays this job's while *lock lives. train() and train_remote() take it so
 // themselves: a program that holds it cannot run them on that folder. "" or why not.
 std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::shared_ptr<const void>* lock = nullptr);
-// Whether dir's file system has room for a job's checkpoints of `params` parameters and optimizer
-// `kind`: up to 3 files at once (the newest two kept and one being written), less what its checkpoints
+// Whether dir's file system has room for a job's checkpoints of `params` parameters, optimizer `kind`
+// and `epochs` (each one's history is in the header): up to 3 files at once (the newest two kept and one being written), less what its checkpoints
 // there (a resume's) take already. Before training: a disk that cannot take them fails the job at its
 // first or third checkpoint, after that much training. "" or why not.
-std::string check_checkpoint_room(const std::string& dir, size_t params, optimizer_config::kind_t kind);
+std::string check_checkpoint_room(const std::string& dir, size_t params, optimizer_config::kind_t kind, int64_t epochs);
 
 // The coordinator's on_checkpoint for a job of cfg over model m: writes each checkpoint into
 // cfg.checkpoint_dir, keeps its path in *last and tells cfg.on_checkpoint.

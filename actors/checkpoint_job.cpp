@@ -99,12 +99,13 @@ std::string resume_mismatch(const checkpoint& c, const train_config& cfg, const 
   return "";
 }
 
-std::string check_checkpoint_room(const std::string& dir, size_t params, optimizer_config::kind_t kind) {
+std::string check_checkpoint_room(const std::string& dir, size_t params, optimizer_config::kind_t kind, int64_t epochs) {
   struct statvfs fs_stat {};
   // Nothing known (some FUSE and network file systems say 0 blocks): the writes will say.
   if (::statvfs(dir.c_str(), &fs_stat) != 0 || fs_stat.f_blocks == 0) return "";
-  // Parameters and their moments (one for SGD's momentum, two for Adam), and a header of some KB.
-  const double each = double(params) * sizeof(float) * (kind == optimizer_config::adam ? 3 : 2) + 64 * 1024;
+  // Parameters and their moments (one for SGD's momentum, two for Adam), and a header of some KB whose
+  // history grows some 170 bytes an epoch (4.7 MB after 27,761 epochs).
+  const double each = double(params) * sizeof(float) * (kind == optimizer_config::adam ? 3 : 2) + 64 * 1024 + 256.0 * double(epochs);
   // What this job's checkpoints there take (a resume's): space they give back as new ones come.
   double there = 0;
   std::error_code ec;

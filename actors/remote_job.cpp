@@ -351,7 +351,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     if (m && failed.error.empty() && m->param_count() != L.param_count)
       failed.error = "the nodes built " + params + " parameters, this launcher " + std::to_string(m->param_count());
     if (m && failed.error.empty() && !cfg.checkpoint_dir.empty() && !(cfg.resume && trained_to_end(*cfg.resume, cfg)) &&
-        !(failed.error = check_checkpoint_room(cfg.checkpoint_dir, m->param_count(), cfg.opt.kind)).empty())
+        !(failed.error = check_checkpoint_room(cfg.checkpoint_dir, m->param_count(), cfg.opt.kind, cfg.epochs)).empty())
       failed.error = "checkpoints: " + failed.error;  // (not for a run trained to its end: it writes none)
     if (m && failed.error.empty() && cfg.check_model) failed.error = cfg.check_model(*m);
     if (!failed.error.empty()) {

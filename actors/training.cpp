@@ -251,7 +251,7 @@ train_result train(const train_config& cfg) {
   if (cfg.resume && trained_to_end(*cfg.resume, cfg)) return finished_run(*cfg.resume);
   std::shared_ptr<const void> dir_lock;  // the checkpoint folder is this job's until it returns
   if (!cfg.checkpoint_dir.empty() && (!(failed.error = check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume != nullptr, &dir_lock)).empty() ||
-                                      !(failed.error = check_checkpoint_room(cfg.checkpoint_dir, m->param_count(), cfg.opt.kind)).empty())) {
+                                      !(failed.error = check_checkpoint_room(cfg.checkpoint_dir, m->param_count(), cfg.opt.kind, cfg.epochs)).empty())) {
     failed.error = "checkpoints: " + failed.error;
     return failed;
   }
