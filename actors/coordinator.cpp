@@ -123,10 +123,7 @@ void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int6
   const int n = st.cfg.replicas;
   if (a.closed || a.steps_done < st.cfg.steps_per_epoch || (st.cfg.evaluate && a.evals < n && !force)) return;
   a.closed = true;
-  for (auto it = st.epochs.lower_bound(st.first_open); it != st.epochs.end() && it->second.closed; ++it) {
-    st.first_open = it->first + 1;
-    st.closed_steps = (it->first + 1) * st.cfg.steps_per_epoch;
-  }
+  for (auto it = st.epochs.lower_bound(st.first_open); it != st.epochs.end() && it->second.closed; ++it) st.first_open = it->first + 1;
   a.val_loss = 0;
   for (double l : a.val_losses) a.val_loss += l;  // rank order, whatever the arrival order
   epoch_stats s;

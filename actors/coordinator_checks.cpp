@@ -34,7 +34,7 @@ std::string nth(int64_t i) { return i >= 0 ? std::to_string(uint64_t(i) + 1) : "
 // epoch may be open already: a fast rank's reports of it come before a slow one's of this one).
 int64_t steps_complete(const coordinator_state& st) {
   const int64_t spe = st.cfg.steps_per_epoch;
-  int64_t n = st.closed_steps;
+  int64_t n = st.first_open * spe;
   for (auto it = st.epochs.lower_bound(st.first_open); it != st.epochs.end(); ++it) {
     const auto& [e, a] = *it;
     if (!a.closed) return std::max(n, e * spe + a.steps_done);  // steps_done counts a resumed epoch's first steps

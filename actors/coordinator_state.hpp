@@ -65,8 +65,8 @@ struct coordinator_state {
   std::map<int64_t, epoch_acc> epochs;
   // The closed epochs at the front of `epochs` (a closed epoch never opens again), walked past once, not
   // for every report: a job of 40,000 short epochs spent most of its time there. The first epoch after
-  // them, and the steps they end at.
-  int64_t first_open = INT64_MIN, closed_steps = 0;
+  // them (they end at its first step).
+  int64_t first_open = 0;
   std::map<int64_t, pending_checkpoint> checkpoints;  // by steps done
   // The ranks' checksums of their states after a checkpoint's step, from their reports, by steps done;
   // apart from `checkpoints`, whose bound they must not eat into: a lying rank may report far ahead.
