@@ -516,17 +516,22 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
                        std::vector<std::string>* skipped, std::string* error, const std::string* want) {
   const auto all = checkpoints_in(dir);
   if (all.empty()) return *error = "no checkpoint (ckpt-E-S.safetensors) in " + dir, false;
-  std::string other;  // the first made for another model
+  std::string other;  // why the first whole one made for another model (another run's) is not this job's
+  bool found = false;
   for (const auto& [at, file] : all) {
     checkpoint c;
     std::string why;
     bool other_model = false;
     if (!read_checkpoint(file, reg, &c, &why, want, &other_model)) {
-      // Another model's (or a damaged description that still builds): an older file may be this job's.
-      if (other_model && other.empty()) other = why;
-      skipped->push_back(why);  // (which names the file)
+      // Another model's: read whole for its own model, it is another run's; else its description was
+      // damaged and still builds, and its checksum says so.
+      std::string damage;
+      if (other_model && !read_checkpoint(file, reg, &c, &damage)) why = damage;
+      else if (other_model && other.empty()) other = why;
+      if (!found) skipped->push_back(why);  // (which names the file)
       continue;
     }
+    if (found) continue;  // an older one of this job's: read to see that it is not another run's
     if (at != std::make_pair(c.epoch(), c.epoch_step())) {
       skipped->push_back(file + ": holds epoch " + std::to_string(c.epoch()) + ", step " + std::to_string(c.epoch_step()) +
                          ", not what its name says (renamed?)");
@@ -534,10 +539,16 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
     }
     *out = std::move(c);
     *path = file;
-    return true;
+    found = true;
   }
+  if (!other.empty())  // said once, as the refusal
+    if (auto it = std::find(skipped->begin(), skipped->end(), other); it != skipped->end()) skipped->erase(it);
+  // Beside this job's: as a plain start refuses a folder of checkpoints, they are not this job's to delete.
+  if (found && !other.empty())
+    return *error = other + "; it reads back whole, so it is another run's, which this job's next checkpoint would delete: "
+                    "move it out of " + dir, false;
+  if (found) return true;
   *error = !other.empty() ? other : "no checkpoint in " + dir + " reads back whole (" + std::to_string(all.size()) + " tried)";
-  if (!other.empty()) skipped->erase(std::find(skipped->begin(), skipped->end(), other));  // said once, as the refusal
   return false;
 }
 

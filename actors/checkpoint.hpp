@@ -74,7 +74,9 @@ std::vector<std::string> list_checkpoints(const std::string& dir, std::string* e
 // The newest checkpoint in dir that reads back whole. *skipped gets a line for each newer one that did
 // not ("DIR/ckpt-3-0.safetensors: checksum ... : the file is damaged"). False with *error when there is
 // none, or none reads; with `want` (as read_checkpoint), *error then says why the first one made for
-// another model is not this job's ("the checkpoint was made for model 784-32-10, this job's is 784-16-10").
+// another model is not this job's ("the checkpoint was made for model 784-32-10, this job's is 784-16-10"),
+// and when one reads back whole for its own model beside this job's: it is another run's, which this
+// job's checkpoints would prune. (One whose description was damaged fails its checksum: skipped.)
 bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkpoint* out, std::string* path,
                        std::vector<std::string>* skipped, std::string* error, const std::string* want = nullptr);
 

@@ -468,3 +468,67 @@ TEST_CASE("checkpoint: a resume on another count of replicas is remembered by th
     CHECK(slurp(dir + "/r.json").find("\"ranks_changed_before_resume\": 1") != std::string::npos);
   }
 }
+
+TEST_CASE("checkpoint: another run's checkpoint beside this job's is refused, a damaged one passed over", "[checkpoint]") {
+  // A whole checkpoint of another model is another run's: resuming beside it would prune it, as a plain
+  // start would (which refuses the folder). One whose description was damaged and still builds reads as
+  // another model's too, but its checksum fails: latest_checkpoint goes on to older files, saying why.
+  const auto mine = mlp("784-16-10"), theirs = mlp("784-8-10");
+  const std::string mine_text = "784-16-10";
+  const std::string dir = fresh_dir("mixed");
+  checkpoint a = sample(*mine, optimizer_config::adam, 23), b = sample(*theirs, optimizer_config::adam, 23);
+  b.progress.step = a.progress.step + 1, b.state.steps = b.progress.step;  // one step later: the newest
+  std::string path, error;
+  REQUIRE(write_checkpoint(dir, *mine, a, &path, &error));
+  const std::string ours = path;
+  REQUIRE(write_checkpoint(dir, *theirs, b, &path, &error));
+  const std::string other_file = path;
+  REQUIRE(other_file != ours);
+  const std::string mismatch = "the checkpoint " + other_file + " was made for model 784-8-10, this job's is 784-16-10";
+  checkpoint c;
+  std::vector<std::string> skipped;
+  CHECK_FALSE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, &mine_text));
+  CHECK(error == mismatch + "; it reads back whole, so it is another run's, which this job's next checkpoint would delete: "
+                 "move it out of " + dir);
+  CHECK(skipped.empty());  // said once, as the refusal
+  // Older than this job's: the next checkpoint would delete it all the same.
+  const std::string older = (fs::path(dir) / checkpoint_name(0, 1)).string();
+  fs::remove(other_file);
+  fs::remove(ours);
+  REQUIRE(write_checkpoint(dir, *theirs, sample(*theirs, optimizer_config::adam, 1), &path, &error));
+  REQUIRE(path == older);
+  REQUIRE(write_checkpoint(dir, *mine, a, &path, &error));  // (which keeps the one before it)
+  REQUIRE(path == ours);
+  CHECK_FALSE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, &mine_text));
+  CHECK(error.find("the checkpoint " + older + " was made for model 784-8-10") == 0);
+  CHECK(fs::exists(older));
+  // Damaged (a byte of its data flipped): not another run's, passed over.
+  {
+    const int fd = ::open(older.c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    const off_t at = ::lseek(fd, -3, SEEK_END);
+    unsigned char byte = 0;
+    REQUIRE(::pread(fd, &byte, 1, at) == 1);
+    byte ^= 0x5a;
+    REQUIRE(::pwrite(fd, &byte, 1, at) == 1);
+    ::close(fd);
+  }
+  skipped.clear();
+  REQUIRE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, &mine_text));
+  CHECK(path == ours);
+  CHECK(skipped.empty());  // older than the one resumed from: not said
+  fs::rename(older, other_file);  // newer than ours: said, with its damage
+  REQUIRE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, &mine_text));
+  CHECK(path == ours);
+  REQUIRE(skipped.size() == 1);
+  CHECK(skipped[0].find(other_file + ": checksum ") == 0);
+  CHECK(skipped[0].find("the file is damaged") != std::string::npos);
+  // Only the other model's, whole: the error says why it is not this job's.
+  fs::remove(ours);
+  fs::remove(other_file);
+  REQUIRE(write_checkpoint(dir, *theirs, b, &path, &error));
+  skipped.clear();
+  CHECK_FALSE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, &mine_text));
+  CHECK(error == mismatch);  // which, where
+  CHECK(skipped.empty());
+}

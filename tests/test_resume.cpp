@@ -443,33 +443,6 @@ TEST_CASE("checkpoint: one made for another model is refused before its data is 
   CHECK(error == "the checkpoint " + path + " was made for model 784-32-10, this job's is 784-16-10");
 }
 
-TEST_CASE("checkpoint: the newest made for another model is passed over for an older one of this job's", "[checkpoint]") {
-  // As a damaged description that still builds would read: latest_checkpoint goes on to older files,
-  // and says why it passed that one over.
-  const auto mine = mlp("784-16-10"), theirs = mlp("784-8-10");
-  const std::string mine_text = "784-16-10";
-  const std::string dir = fresh_dir("mixed");
-  checkpoint a = sample(*mine, optimizer_config::adam, 23), b = sample(*theirs, optimizer_config::adam, 23);
-  b.progress.step = a.progress.step + 1, b.state.steps = b.progress.step;  // one step later: the newest
-  std::string path, error;
-  REQUIRE(write_checkpoint(dir, *mine, a, &path, &error));
-  const std::string ours = path;
-  REQUIRE(write_checkpoint(dir, *theirs, b, &path, &error));
-  const std::string other_file = path;
-  REQUIRE(other_file != ours);
-  checkpoint c;
-  std::vector<std::string> skipped;
-  REQUIRE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, &mine_text));
-  CHECK(path == ours);
-  REQUIRE(skipped.size() == 1);
-  CHECK(skipped[0] == "the checkpoint " + other_file + " was made for model 784-8-10, this job's is 784-16-10");
-  // Only the other model's: the error says so.
-  fs::remove(ours);
-  skipped.clear();
-  CHECK_FALSE(latest_checkpoint(dir, layer_registry::with_builtins(), &c, &path, &skipped, &error, &mine_text));
-  CHECK(error == "the checkpoint " + other_file + " was made for model 784-8-10, this job's is 784-16-10");  // which, where
-}
-
 TEST_CASE("checkpoint: a damaged file is refused by its checksum before its data is held", "[checkpoint]") {
   // A header for 784-4096-4096-10 (some 20M parameters, 240 MB of state) over a sparse file of that size:
   // it costs nothing to make, and must cost little to refuse.
