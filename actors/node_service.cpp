@@ -3,7 +3,6 @@
 #include <malloc.h>
 #include <sys/stat.h>
 
-#include <array>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -47,12 +46,7 @@ struct node_service::impl {
   std::string key_dir, key_error;
   net::key_pair keys;
   const std::string host = net::host_id();  // in hello_ack: nodes with equal ones share memory
-  std::set<std::string> authorized;  // authorized_keys, read again at each handshake (bridge thread)
-  std::string authorized_error;      // why authorized_keys was last refused; empty when it was read
-  // The file as it was when last read (stat), and when: read again once it changes, or after 5 s (a
-  // file system whose time stamps are too coarse to show an edit), not at every tick and handshake.
-  std::optional<std::array<int64_t, 9>> authorized_stamp;
-  std::chrono::steady_clock::time_point authorized_read_at;
+  net::authorized_keys authorized;  // KEY_DIR/authorized_keys, read again at handshakes and ticks (bridge thread)
   // Since when the running job's launcher may not command us: its job ends once that held kRevokeSettle (a
   // file written in place is empty a moment). (*) Read afresh meanwhile: a stat of the whole file, then a
   // read just after it was emptied, would stand until its (coarse, ms) times change.
@@ -111,52 +105,28 @@ struct node_service::impl {
     bo.heartbeat_timeout = opt.launcher_timeout + std::chrono::seconds(2);
     if (opt.insecure) return bo;
     key_dir = opt.key_dir.empty() ? net::default_key_dir() : opt.key_dir;
-    if (!net::load_or_create_keys(key_dir, &keys, &key_error) || !reload_authorized(&key_error)) return bo;
+    if (!net::load_or_create_keys(key_dir, &keys, &key_error)) return bo;
+    authorized = net::authorized_keys(key_dir + "/authorized_keys");
+    if (key_error = authorized.refresh(); !key_error.empty()) return bo;
     bo.keys = keys;
     bo.authorize = [this](const std::string& key) { return authorized_key(key); };
     return bo;
   }
 
-  // Reads authorized_keys again, so keys can be added and revoked while the daemon runs: when its stat
-  // changes (a copy that keeps the old mtime still gets a new ctime and inode), and every 5 s regardless.
-  bool reload_authorized(std::string* error) {
-    struct stat st {};
-    const int found = ::stat((key_dir + "/authorized_keys").c_str(), &st) == 0 ? 1 : -errno;
-    const std::array<int64_t, 9> stamp = {found, int64_t(st.st_dev), int64_t(st.st_ino), int64_t(st.st_size),
-                                          int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
-                                          int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec,
-                                          int64_t(st.st_mode), int64_t(st.st_uid), int64_t(st.st_nlink)};
-    const auto now = std::chrono::steady_clock::now();
-    if (authorized_stamp == stamp && now - authorized_read_at < std::chrono::seconds(5)) {
-      *error = authorized_error;  // as last read
-      return error->empty();
-    }
-    authorized_stamp = stamp;
-    authorized_read_at = now;
-    std::set<std::string> keys_now;
-    if (!net::read_authorized_keys(key_dir + "/authorized_keys", &keys_now, error)) return false;
-    authorized = std::move(keys_now);
-    return true;
-  }
-
-  // Reads authorized_keys again (at each handshake, and each tick: a key revoked, or a file fixed, counts for
-  // connections already open too). A file we cannot read is no list at all: keeping the previous one would
-  // keep a key its owner just revoked working. Until it is fixed only our own key commands us; said once
-  // per distinct error, not per read.
+  // Reads authorized_keys again if it may have changed (at each handshake, and each tick: a key revoked, or
+  // a file fixed, counts for connections already open too). Until a file refused is fixed only our own key
+  // commands us; said once per distinct error, not per read.
   void refresh_authorized() {
-    std::string error;
-    if (!reload_authorized(&error)) {
-      authorized.clear();
-      if (error != authorized_error) log("authorized_keys refused, no other key may command this node until it is fixed: " + error);
-    } else if (!authorized_error.empty()) {
+    const std::string was = authorized.error();
+    const std::string& error = authorized.refresh();
+    if (!error.empty() && error != was) log("authorized_keys refused, no other key may command this node until it is fixed: " + error);
+    if (error.empty() && !was.empty())
       log("authorized_keys read again: " + std::to_string(authorized.size()) + (authorized.size() == 1 ? " key" : " keys"));
-    }
-    authorized_error = error;
   }
 
   // Whether a key may command this node: its own, or one in authorized_keys. A running job's nodes that
   // send us ring chunks through the bridge get through the handshake too, but only to send those.
-  bool commander(const std::string& key) const { return key == keys.public_key || authorized.count(key) > 0; }
+  bool commander(const std::string& key) const { return key == keys.public_key || authorized.contains(key); }
 
   // On the bridge thread, for each client's handshake: our own key (a launcher sharing our key
   // directory), an authorized launcher's, or that of a running job's node that sends us chunks through
@@ -437,12 +407,12 @@ struct node_service::impl {
       // A launcher whose key was revoked loses its job, told why, once that has held for kRevokeSettle.
       if (!job || commander(job->launcher().key)) {
         revoked_since.reset();
-      } else if (authorized_stamp.reset(), !revoked_since) {  // read afresh at each tick meanwhile (*)
+      } else if (authorized.read_again(), !revoked_since) {  // read afresh at each tick meanwhile (*)
         revoked_since = now;
       } else if (now - *revoked_since >= kRevokeSettle) {
         const std::string why = "the launcher's key " + job->launcher().key + " may no longer command this node (" +
-                                (authorized_error.empty() ? "not in its authorized_keys"
-                                                          : "its authorized_keys is refused, and lets no key but the node's own in until fixed: " + authorized_error) + ")";
+                                (authorized.error().empty() ? "not in its authorized_keys"
+                                                            : "its authorized_keys is refused, and lets no key but the node's own in until fixed: " + authorized.error()) + ")";
         send_kv(job->launcher(), wire::msg_type::error, job->id(), {{"error", "node " + name() + ": " + why}});
         return end_job(why);
       }

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -48,6 +49,12 @@ bool check_private(const std::string& path, bool must_exist, std::string* error)
   if (st.st_mode & 022)
     return fail(error, shown + " is writable by others: refusing to trust it" + (link ? "" : " (chmod go-w " + path + ")"));
   return true;
+}
+
+// The folder a file is in: "." for a bare name, "/" for one in the root.
+std::string folder_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
 }
 
 // The first word of a line, or "" for a blank or comment line.
@@ -189,7 +196,8 @@ bool read_authorized_keys(const std::string& path, std::set<std::string>* keys, 
   keys->clear();
   std::string text;
   bool missing = false;
-  if (!check_private(path, false, error)) return false;
+  // Its folder too, as at start: others who may write it could put a file of their own in its place.
+  if (!check_private(folder_of(path), true, error) || !check_private(path, false, error)) return false;
   if (!read_text(path, &text, &missing, error)) return false;
   std::istringstream in(text);
   std::string line;
@@ -200,6 +208,24 @@ bool read_authorized_keys(const std::string& path, std::set<std::string>* keys, 
     keys->insert(key);
   }
   return true;
+}
+
+const std::string& authorized_keys::refresh() {
+  struct stat st {}, dir {};
+  const int found = ::stat(path_.c_str(), &st) == 0 ? 1 : -errno;
+  const int dir_found = ::stat(folder_of(path_).c_str(), &dir) == 0 ? 1 : -errno;
+  const std::array<int64_t, 12> stamp = {found, int64_t(st.st_dev), int64_t(st.st_ino), int64_t(st.st_size),
+                                         int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+                                         int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec,
+                                         int64_t(st.st_mode), int64_t(st.st_uid), int64_t(st.st_nlink),
+                                         dir_found, int64_t(dir.st_mode), int64_t(dir.st_uid)};
+  const auto now = std::chrono::steady_clock::now();
+  if (stamp_ == stamp && now - read_at_ < std::chrono::seconds(5)) return error_;
+  stamp_ = stamp;
+  read_at_ = now;
+  error_.clear();
+  if (!read_authorized_keys(path_, &keys_, &error_)) keys_.clear();
+  return error_;
 }
 
 bool expected_node_key(const std::string& known_nodes, const std::string& endpoint, const std::string& given,

@@ -12,7 +12,10 @@
 //
 // These functions read and write files only; errors name the file (and line) and say what is wrong.
 #pragma once
+#include <array>
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -47,15 +50,41 @@ inline bool decode_key(std::string_view text, unsigned char* out = nullptr) {
   return true;
 }
 inline bool is_key(std::string_view text) { return decode_key(text); }
-// $HOME/.ringmaster ("./.ringmaster" without a HOME).
+// $HOME/.ringmaster; "" without a HOME, or with one that is not an absolute path.
 std::string default_key_dir();
 
 // Reads DIR/key (and checks DIR/key.pub against it), making DIR (0700) and a new pair on first use. Two
 // processes starting at once end up with the same pair. Refuses a secret key others may read.
 bool load_or_create_keys(const std::string& dir, key_pair* out, std::string* error);
 
-// The keys listed in an authorized_keys file; a missing file is an empty list.
+// The keys listed in an authorized_keys file; a missing file is an empty list. The file and its folder
+// must be ours and writable by us only (ssh's StrictModes), each time it is read.
 bool read_authorized_keys(const std::string& path, std::set<std::string>* keys, std::string* error);
+
+// A daemon's authorized_keys while it runs, so that keys can be added and revoked meanwhile: read again
+// when the file's stat changes (a copy that keeps the old mtime still gets a new ctime and inode) or its
+// folder's owner or mode does, and every 5 s regardless (a file system whose times are too coarse to show
+// an edit). A file refused is no list at all: keeping the last one would keep a key just revoked working.
+// One thread's.
+class authorized_keys {
+ public:
+  explicit authorized_keys(std::string path = "") : path_(std::move(path)) {}
+  // Reads the file if it may have changed: "" or why it is refused (then it holds no key).
+  const std::string& refresh();
+  // The next refresh() reads the file whatever its stat says (a stat, then a read just after the file
+  // was emptied in place, would otherwise stand until its times change).
+  void read_again() { stamp_.reset(); }
+  bool contains(const std::string& key) const { return keys_.count(key) > 0; }
+  size_t size() const { return keys_.size(); }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string path_;
+  std::set<std::string> keys_;
+  std::string error_;
+  std::optional<std::array<int64_t, 12>> stamp_;  // the file's and its folder's stat when last read
+  std::chrono::steady_clock::time_point read_at_;
+};
 
 // The key to expect from the daemon at `endpoint`. `given` (from the command line, may be empty) must agree
 // with known_nodes, or the call fails with an ssh-like warning; without either, the daemon is expected to

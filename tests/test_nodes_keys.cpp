@@ -1,5 +1,7 @@
 // Keys and ports of node daemons: who a node serves, known_nodes, --insecure on both sides, ring ports
 // (plain, sealed, fixed, IPv6), nodes with keys of their own (test_nodes_security.cpp: hostile peers).
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 
 #include "tests/node_peers.hpp"
@@ -181,6 +183,17 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   CHECK(r.ok);
   const std::string again = node.wait_for("authorized_keys read again: 1 key");
   CHECK(again.substr(again.size() - std::min<size_t>(again.size(), 5)) == "1 key");
+  // Its key folder opened to others while it runs (anyone could put their own authorized_keys there):
+  // refused at once, as at start, until fixed.
+  REQUIRE(chmod(node_dir.c_str(), 0777) == 0);
+  r = train_remote(small_job(), ro);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("refused our key") != std::string::npos);
+  CHECK(node.wait_for("authorized_keys refused, no other key may command this node until it is fixed: " + node_dir +
+                      " is writable by others") != "");
+  REQUIRE(chmod(node_dir.c_str(), 0700) == 0);
+  r = train_remote(small_job(), ro);
+  CHECK(r.ok);
 
   // The file written again in place with the same keys (`cat >`, scp, an editor), empty for a moment:
   // her running job goes on. Before, the node ended it at the next read.
