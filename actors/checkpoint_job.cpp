@@ -113,9 +113,18 @@ std::string check_checkpoint_room(const std::string& dir, size_t params, optimiz
     if (fs::is_regular_file(file, ec)) there += double(fs::file_size(file, ec));
   const double free = double(fs_stat.f_bavail) * double(fs_stat.f_frsize), needed = 3 * each - std::min(there, 2 * each);
   if (free >= needed) return "";
-  char figures[200];
-  std::snprintf(figures, sizeof figures, " has %.1f MB free, but this model's checkpoints take %.1f MB each and up to 3 are there at once "
-                "(the newest two kept and one being written): %.1f MB are needed", free / 1e6, each / 1e6, needed / 1e6);
+  // In MB, with as many decimals as it takes for what is free and what is needed to read apart.
+  const auto mb = [](double bytes, int digits) {
+    char text[40];
+    std::snprintf(text, sizeof text, "%.*f", digits, bytes / 1e6);
+    return std::string(text);
+  };
+  int digits = 1;
+  while (digits < 6 && mb(free, digits) == mb(needed, digits)) ++digits;
+  char figures[240];
+  std::snprintf(figures, sizeof figures, " has %s MB free, but this model's checkpoints take %s MB each and up to 3 are there at once "
+                "(the newest two kept and one being written): %s MB are needed", mb(free, digits).c_str(),
+                mb(each, digits).c_str(), mb(needed, digits).c_str());
   return dir + figures;
 }
 
