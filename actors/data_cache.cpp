@@ -48,10 +48,12 @@ void data_cache::load_job(int64_t limit_train, int64_t limit_test, bool with_tes
     std::string error;
     std::shared_ptr<const dataset> train, test;
     uint32_t train_data = 0;
+    bool bad_files = false;
     try {  // out of memory, say: the job is refused (train stays null), the daemon lives on
       train = load("train", limit_train, &error);
       if (train && with_test) test = load("t10k", limit_test, &error);
       if (with_test && !test) train = nullptr;
+      bad_files = !train;
       if (train) {
         const auto key = std::make_pair(std::string("train"), limit_train);
         std::unique_lock<std::mutex> lock(mu_);
@@ -66,10 +68,11 @@ void data_cache::load_job(int64_t limit_train, int64_t limit_test, bool with_tes
       }
     } catch (const std::exception& e) {
       train = test = nullptr;
+      bad_files = false;
       error = std::string("could not load the data: ") + e.what();
     }
     try {
-      done(std::move(train), std::move(test), train_data, std::move(error));
+      done(std::move(train), std::move(test), train_data, std::move(error), bad_files);
     } catch (const std::exception&) {  // could not even hand it over: the launcher's setup timeout ends the job
     }
     finished->store(true);

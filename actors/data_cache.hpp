@@ -27,10 +27,11 @@ class data_cache {
   // are checked against the model once it is built (check_config), so any byte loads.
   std::shared_ptr<const dataset> load(const std::string& prefix, int64_t limit, std::string* error);
 
-  // train is null when loading failed (error says why; out of memory included). train_data is
+  // train is null when loading failed (error says why; out of memory included); bad_files then when
+  // the files are to blame (missing, damaged, not IDX), not this node's state. train_data is
   // data_fingerprint(*train), worked out on the data thread too, once per (prefix, limit).
   using job_data = std::function<void(std::shared_ptr<const dataset> train, std::shared_ptr<const dataset> test,
-                                      uint32_t train_data, std::string error)>;
+                                      uint32_t train_data, std::string error, bool bad_files)>;
   // Loads a job's training set (and its test set when with_test) on a thread of its own, then calls
   // done there. Threads that have finished are joined first. Call from one thread (the bridge's).
   void load_job(int64_t limit_train, int64_t limit_test, bool with_test, job_data done);

@@ -247,9 +247,9 @@ struct node_service::impl {
     data.load_job(jp.limit_train, jp.limit_test, jp.evaluate,
                   [this, plan = jp, ctx = context(), cancelled = job->cancelled()](std::shared_ptr<const dataset> train,
                                                                                    std::shared_ptr<const dataset> test, uint32_t print,
-                                                                                   std::string err) {
+                                                                                   std::string err, bool bad_files) {
                     std::shared_ptr<const job_model> prepared;
-                    bool invalid = false;
+                    bool invalid = bad_files;  // as the launcher's own --data would be: exit 2
                     if (train && !cancelled->load()) prepared = prepare_model(plan, ctx, train, test, *cancelled, &err, &invalid);
                     if (cancelled->load()) return;  // nobody waits for it
                     br.post([this, id = plan.job_id, train, test, print, prepared, err, invalid] {
