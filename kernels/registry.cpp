@@ -122,7 +122,7 @@ std::unique_ptr<layer> layer_registry::create(const json& settings, std::string*
   }
   auto t = settings.find("type");
   if (t == settings.end() || !t->is_string()) {
-    *error = "a layer has no \"type\"";
+    *error = t == settings.end() ? "a layer has no \"type\"" : "a layer's \"type\" is a name such as \"dense\", not " + std::string(t->type_name());
     return nullptr;
   }
   const std::string& type = t->get_ref<const std::string&>();

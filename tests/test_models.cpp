@@ -166,7 +166,8 @@ TEST_CASE("the registry refuses unknown types, duplicates and bad names", "[laye
   CHECK(has(build_error(R"({"layers": [{"type": "dense", "units": 2}]})", {8, 1, 1}, layer_registry{}),
             "unknown layer type 'dense' (no layer types are registered)"));  // it said "(known: )"
   CHECK(has(build_error(R"({"layers": [{"type": "dense", "units": 4}, {"units": 2}]})"), "layer 1: a layer has no \"type\""));
-  CHECK(has(build_error(R"({"layers": [{"type": 5}]})"), "has no \"type\""));
+  CHECK(has(build_error(R"({"layers": [{"type": 5}]})"), "layer 0: a layer's \"type\" is a name such as \"dense\", not number"));
+  CHECK(has(build_error(R"({"layers": [{"type": null}]})"), "layer 0: a layer's \"type\" is a name such as \"dense\", not null"));
   CHECK(has(build_error(R"({"layers": [7]})"), "layer 0: a layer is a JSON object"));
   // A name that reorders the message around it (U+202E, right-to-left override) is shown escaped;
   // other characters beyond ASCII as they are.
