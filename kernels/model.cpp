@@ -104,8 +104,9 @@ bool parse_model_desc(const std::string& text, model_desc* out, std::string* err
   // JSON allows a NUL byte nowhere; the parser would stop at one and quietly ignore what follows.
   if (text.find('\0') != std::string::npos) return *error = "model description holds a NUL byte", false;
   std::string twice;
-  const json j = parse_json(text, &twice);
-  if (j.is_discarded()) return *error = "model description is not valid JSON", false;
+  std::string why;
+  const json j = parse_json(text, &twice, &why);
+  if (j.is_discarded()) return *error = "model description is not valid JSON" + (why.empty() ? "" : " (" + why + ")"), false;
   if (!twice.empty()) return *error = "model description: key " + ringmaster::quoted(twice) + " appears twice in one object", false;
   const json* list = &j;
   if (j.is_object()) {

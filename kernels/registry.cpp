@@ -77,7 +77,7 @@ size_t json_items(const std::string& t) {
   return items;
 }
 
-json parse_json(const std::string& text, std::string* twice) {
+json parse_json(const std::string& text, std::string* twice, std::string* why) {
   twice->clear();
   std::vector<std::set<std::string>> open;  // keys of the objects being parsed, innermost last
   auto watch = [&](int, json::parse_event_t ev, json& parsed) {
@@ -88,7 +88,15 @@ json parse_json(const std::string& text, std::string* twice) {
       *twice = parsed.get<std::string>();
     return true;
   };
-  return json::parse(text, watch, /*allow_exceptions=*/false);
+  try {  // (its exception is the only way to learn where it gave up)
+    return json::parse(text, watch);
+  } catch (const json::parse_error& e) {
+    if (why) *why = "at byte " + std::to_string(e.byte);
+  } catch (const json::out_of_range&) {  // 1e400: JSON, but no double holds it
+    if (why) *why = "a number out of range";
+  } catch (const json::exception&) {
+  }
+  return json(json::value_t::discarded);
 }
 
 bool layer_registry::add(const std::string& type, layer_factory make, std::string* error) {

@@ -30,10 +30,11 @@ int json_depth(const std::string& text);
 // lets a crafted 64 MiB header take gigabytes.
 size_t json_items(const std::string& text);
 
-// Parses JSON text as nlohmann's parser does, without exceptions (a discarded value when it is not
-// JSON), and names in *twice the first key that appears twice in one object ("" if none): the parser
-// keeps the last of the two, so a caller refuses text that says two things rather than guess.
-json parse_json(const std::string& text, std::string* twice);
+// Parses JSON text as nlohmann's parser does, with no exception escaping (a discarded value when it is
+// not JSON; *why, if given, then says where or what: "at byte 30", "a number out of range"), and names
+// in *twice the first key that appears twice in one object ("" if none): the parser keeps the last of
+// the two, so a caller refuses text that says two things rather than guess.
+json parse_json(const std::string& text, std::string* twice, std::string* why = nullptr);
 
 // Makes a layer from its settings (the description's object, "type" included); null with *error.
 using layer_factory = std::function<std::unique_ptr<layer>(const json& settings, std::string* error)>;

@@ -338,8 +338,9 @@ TEST_CASE("shapes that do not fit are refused naming the layer", "[layers]") {
 }
 
 TEST_CASE("malformed descriptions are refused before any layer is built", "[layers]") {
-  CHECK(has(build_error(R"({"layers": [{"type": "relu"})"), "not valid JSON"));
-  CHECK(has(build_error(R"({"layers": [{"type": "relu"},]})"), "not valid JSON"));
+  CHECK(has(build_error(R"({"layers": [{"type": "relu"})"), "not valid JSON (at byte 29)"));  // where it gave up: the ")"
+  CHECK(has(build_error(R"({"layers": [{"type": "relu"},]})"), "not valid JSON (at byte 30)"));
+  CHECK(has(build_error(R"({"layers": [{"type": "dense", "units": 1e400}]})"), "not valid JSON (a number out of range)"));
   CHECK(has(build_error("[" + std::string(40, '{')), "nested deeper than 16 levels"));
   CHECK(has(build_error(std::string(17, '[') + std::string(17, ']')), "nested deeper than 16 levels"));
   CHECK(has(build_error(std::string(100000, '[')), "over 64 KiB"));
