@@ -101,6 +101,8 @@ void launcher::on_join_ack(wire::kv_map& kv) {
   if (!stalls.empty() || broken_link) return give_up_join(broken_link ? "a ring link broke meanwhile" : "the ring stalled meanwhile", true);
   joins = join_step::pausing;
   join_since = clock_type::now();
+  event("node " + ro.nodes[size_t(joining.load())] + " has loaded its data; the others pause after step " + std::to_string(join_at) +
+        " for it");
   pause_survivors({{"at", std::to_string(join_at)}});
 }
 

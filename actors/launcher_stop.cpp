@@ -13,7 +13,22 @@ using clock_type = launcher::clock_type;
 
 void launcher::stop_with_checkpoint(int sig) {
   if (stopping) return;
-  // While the ring is re-formed for a lost node, or a node rejoins, the job ends at once, as before: the
+  // A node about to rejoin (loading its data, or the others on their way to the epoch's end it joins
+  // at) is let go: the stop comes first. On their way, the ranks pause where they are instead (elastic
+  // ranks apply whole steps: a step in flight is redone).
+  const bool on_the_way = joining >= 0 && joins == join_step::pausing;
+  if (joining >= 0 && (on_the_way || (joins == join_step::setting_up && now == phase::running))) {
+    join_failures[size_t(joining.load())] = kJoinTries;  // the job ends: it is not asked again
+    give_up_join("the job is stopped first (" + interrupted_by(sig) + ")");
+  }
+  if (on_the_way) {
+    stopping = sig;
+    draining.clear();
+    event(interrupted_by(sig) + ": the ranks pause where they are, and a checkpoint is written there");
+    forming_since = clock_type::now();
+    return pause_survivors({{"for", "stop"}});
+  }
+  // While the ring is re-formed for a lost node, or a node joins it, the job ends at once, as before: the
   // ranks are paused for that already, and a stop would have to take over that pause's answers.
   if (now != phase::running || joining >= 0) return kill_node(-1, interrupted_by(sig));
   stopping = sig;

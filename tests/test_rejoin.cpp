@@ -2,6 +2,7 @@
 // again, or stopped and woken) is taken back at an epoch's end, or named with why it could not be.
 #include <catch2/catch.hpp>
 
+#include "actors/checkpoint.hpp"
 #include "tests/elastic_util.hpp"
 
 using namespace ringmaster;
@@ -288,6 +289,42 @@ TEST_CASE("elastic: a node that dies while it rejoins is given up, and the other
   REQUIRE_FALSE(r.failed_joins.empty());  // the summary's list too
   CHECK(r.failed_joins.back().node == nodes[1]->endpoint);
   CHECK(r.failed_joins.back().why.rfind("it stopped answering", 0) == 0);
+}
+
+TEST_CASE("elastic: a job stopped by a signal while a node rejoins lets the node go and writes its checkpoint where the others stop",
+          "[nodes][elastic][rejoin][checkpoint]") {
+  // While the node loads its data, and while the others are on their way to the epoch's end it joins
+  // at: the stop comes first (it used to end the job with no checkpoint of the stop, its steps lost).
+  for (const std::string moment : {" is back; it rejoins", " has loaded its data; the others pause"}) {
+    auto nodes = start_nodes(3, "cpu:1");
+    const std::string dir = "/tmp/ringmaster-test-stop-rejoin-" + std::to_string(getpid());
+    std::filesystem::remove_all(dir);
+    std::atomic<int> signal{0};
+    train_config c = rejoin_job();
+    c.checkpoint_dir = dir;
+    c.checkpoint_every = 1000000;  // only the stop's
+    c.interrupt = &signal;
+    remote_options ro = rejoin_options(nodes);
+    ro.rejoin_lead = std::chrono::milliseconds(6000);  // time to be on the way
+    rejoin_run job;
+    job.back = moment;
+    train_result r = job.run(c, ro, nodes, 1, 30, [&] { signal = SIGTERM; });
+    INFO(moment);
+    INFO(r.error);
+    INFO(job.all_events());
+    CHECK(r.interrupted == SIGTERM);
+    CHECK(r.joins.empty());
+    REQUIRE_FALSE(r.failed_joins.empty());
+    CHECK(r.failed_joins.back().why == "the job is stopped first (interrupted (SIGTERM))");
+    CHECK_FALSE(r.failed_joins.back().asked_again);
+    REQUIRE(r.stopped_after > 30);
+    REQUIRE(std::filesystem::is_regular_file(r.checkpoint));
+    checkpoint ck;
+    std::string error;
+    REQUIRE(read_checkpoint(r.checkpoint, layer_registry::with_builtins(), &ck, &error));
+    CHECK(ck.progress.step == r.stopped_after);
+    std::filesystem::remove_all(dir);
+  }
 }
 
 TEST_CASE("elastic: another node lost while one rejoins: the join is given up, the job goes on and finishes", "[nodes][elastic][rejoin]") {
