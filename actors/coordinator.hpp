@@ -91,8 +91,10 @@ struct node_fault {
 // A ring link between two nodes that broke while both still answered (a reset, a firewall): what was on
 // its way was lost, so the ring was re-formed with the same nodes from the last step all ranks completed.
 // The same ranks sum in the same order: the job goes on as if nothing happened (launcher::judge_link).
+// The ring re-formed with the same nodes while all of them answered: a link between two broke, or (from
+// and to empty) every rank waited for another.
 struct ring_relink {
-  std::string from, to, why;    // the sending node's endpoint, the receiving one's, what the receiver saw
+  std::string from, to, why;    // the sending node's endpoint, the receiving one's, what the receiver saw (a rank said)
   int64_t epoch = 0, step = 0;  // the step in flight (0-based)
   std::chrono::steady_clock::time_point when;  // when it was judged
   int64_t at = 0;               // steps done then
@@ -125,7 +127,7 @@ struct train_result {
   std::vector<node_join> joins;   // lost nodes that came back and joined again
   std::vector<failed_join> failed_joins;  // and tries to take one back that failed
   std::vector<node_fault> faults;         // nodes found faulty as the job ended, kept to its end
-  std::vector<ring_relink> relinks;       // ring links broken between live nodes (the ring re-formed as it was)
+  std::vector<ring_relink> relinks;       // ring links broken, or rings stalled, between live nodes (re-formed as they were)
   // Samples trained whose loss and accuracy were lost with their node (a report in flight when it
   // died), or whose ranks took the state after a step they had not finished as a ring was re-formed:
   // counted in train_samples, not in the means.

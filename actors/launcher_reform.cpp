@@ -142,8 +142,10 @@ void launcher::on_stall(int node, int rank, const stall_report& r) {
 // Each rank that waits names the rank it waits for. Followed from any of them, the names end at a rank
 // that does not wait: the one that stopped the ring, on a node that still answers (a stuck device, a
 // deadlock, a lost process's thread). Its node is dropped as lost, and the others go on. If the names go
-// round in a circle, every rank waits for another (a message lost between nodes, say): nobody can be
-// blamed, and the job fails with what the ranks said.
+// round in a circle, every rank waits for another, every one on a node that still answers (a message
+// lost between nodes; a node stopped for longer than the ring timeout, but not the node timeout, whose
+// ranks gave up on the others as it woke): nobody can be blamed, and the ring is re-formed with the
+// same nodes from the last step all ranks completed (or the job fails with what the ranks said).
 void launcher::judge_stall(bool final) {
   std::map<int, stall>& s = stalls;
   int r = s.begin()->first, waiter = -1;
@@ -152,7 +154,10 @@ void launcher::judge_stall(bool final) {
   if (s.count(r) || size_t(r) >= proxy_node.size()) {
     const std::string said = "rank " + std::to_string(s.begin()->first) + ": " + s.begin()->second.why;
     stalls.clear();
-    return kill_node(-1, "the ring stalled with every rank waiting for another (" + said + ")");
+    const int64_t at = std::min(seen_step, std::max<int64_t>(0, total_steps - 1)), per_epoch = std::max<int64_t>(1, steps_per_epoch);
+    const std::string line = "the ring stalled with every rank waiting for another (" + said + ")";
+    return reform_same_nodes(line, {"", "", said, at / per_epoch, at % per_epoch, clock_type::now(), seen_step}, "",
+                             ", again before the ring re-formed for the last stall completed a step");
   }
   const int culprit = proxy_node[size_t(r)];
   std::string silent;  // ranks off the culprit's node that have not said whom they wait for
@@ -179,15 +184,24 @@ void launcher::judge_link(clock_type::time_point t) {
   broken_link.reset();
   const std::string line = "the ring's link from node " + ro.nodes[size_t(b.from)] + " to node " + ro.nodes[size_t(b.to)] +
                            " broke while both nodes still answer (" + ro.nodes[size_t(b.to)] + " saw: " + b.why + ")";
-  if (!plan.elastic) return kill_node(-1, line + "; what was on its way is lost (with --on-node-loss continue the ring is re-formed)");
-  // A link that breaks again before the ring it was re-formed into completed a step would be re-formed
-  // for ever (a middlebox that resets every large transfer, say): the job fails, saying so.
-  if (!relinks.empty() && relinks.back().at == seen_step)
-    return kill_node(-1, line + ", again before the ring re-formed for the last break completed a step: the link cannot carry the ring");
-  event(line + "; re-forming the ring with the same nodes");
   const int64_t at = std::min(seen_step, std::max<int64_t>(0, total_steps - 1)), per_epoch = std::max<int64_t>(1, steps_per_epoch);
-  relinks.push_back({ro.nodes[size_t(b.from)], ro.nodes[size_t(b.to)], b.why, at / per_epoch, at % per_epoch, t, seen_step});
-  if (joining >= 0) give_up_join("a ring link broke meanwhile", true, true);
+  reform_same_nodes(line, {ro.nodes[size_t(b.from)], ro.nodes[size_t(b.to)], b.why, at / per_epoch, at % per_epoch, t, seen_step},
+                    "; what was on its way is lost (with --on-node-loss continue the ring is re-formed)",
+                    ", again before the ring re-formed for the last break completed a step: the link cannot carry the ring");
+}
+
+// The ring re-formed with the same nodes from the last step all ranks completed (a link broke, or every
+// rank waited for another), as after a loss but with every rank kept: they sum as before. Without
+// --on-node-loss continue the job fails (line + not_elastic). A ring that stops again before the one
+// re-formed for the last such trouble completed a step would be re-formed for ever (a middlebox that
+// resets every large transfer, say): the job fails (line + again).
+void launcher::reform_same_nodes(const std::string& line, const ring_relink& what, const std::string& not_elastic,
+                                 const std::string& again) {
+  if (!plan.elastic) return kill_node(-1, line + not_elastic);
+  if (!relinks.empty() && relinks.back().at == seen_step) return kill_node(-1, line + again);
+  event(line + "; re-forming the ring with the same nodes");
+  relinks.push_back(what);
+  if (joining >= 0) give_up_join(what.from.empty() ? "the ring stalled meanwhile" : "a ring link broke meanwhile", true, true);
   pause_survivors({});
 }
 

@@ -59,7 +59,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
              {"replicas_identical", r.checksums.empty() ? ojson() : ojson(r.identical)},  // null: no final weights
              {"history", ojson::array()}, {"node_losses", ojson::array()},
              {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"node_faults", ojson::array()},
-             {"ring_links_broken", ojson::array()}, {"unmeasured_samples", r.unmeasured}, {"checkpoints_skipped", r.checkpoints_skipped},
+             {"ring_links_broken", ojson::array()}, {"ring_stalls", ojson::array()}, {"unmeasured_samples", r.unmeasured}, {"checkpoints_skipped", r.checkpoints_skipped},
              // A job that failed or was stopped leaves its report too: how far it got, and where to go on from.
              {"status", r.ok && failure.empty() ? "done" : r.interrupted ? "interrupted" : "failed"},
              {"error", r.ok ? failure : r.error},
@@ -79,7 +79,9 @@ bool write_report(const std::string& path, const options& o, const train_result&
     j["node_rejoins_failed"].push_back({{"node", f.node}, {"why", f.why}, {"asked_again", f.asked_again}});
   for (const node_fault& f : r.faults) j["node_faults"].push_back({{"node", f.node}, {"ranks", f.ranks}, {"why", f.why}});
   for (const ring_relink& b : r.relinks)
-    j["ring_links_broken"].push_back({{"from", b.from}, {"to", b.to}, {"why", b.why}, {"epoch", b.epoch + 1}, {"step", b.step + 1}});
+    j[b.from.empty() ? "ring_stalls" : "ring_links_broken"].push_back(
+        b.from.empty() ? ojson{{"why", b.why}, {"epoch", b.epoch + 1}, {"step", b.step + 1}}
+                       : ojson{{"from", b.from}, {"to", b.to}, {"why", b.why}, {"epoch", b.epoch + 1}, {"step", b.step + 1}});
   // Text from nodes is printable ASCII already (node_text); replace keeps a stray byte from throwing.
   const std::string text = j.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
   return write_output(path, {{text.data(), text.size()}}, error);

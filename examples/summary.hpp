@@ -52,11 +52,15 @@ inline std::vector<std::string> node_summary(const train_result& r, bool stopped
                                       f.asked_again ? "it was to be asked again" : "it stayed out"));
   // (Where no node was lost or taken back the weights are an undisturbed run's; else the line below says so.)
   const bool same_ranks = r.losses.empty() && r.joins.empty();
+  const char* same = same_ranks ? ", which sum as before (the weights are an uninterrupted run's)" : "";
   for (const ring_relink& b : r.relinks)
-    said.emplace_back(b.when, printed("The ring's link from node %s to node %s broke in epoch %lld, step %lld while both nodes still answered "
-                                      "(the receiver saw: %s): the ring was re-formed with the same nodes%s",
-                                      b.from.c_str(), b.to.c_str(), (long long)b.epoch + 1, (long long)b.step + 1, b.why.c_str(),
-                                      same_ranks ? ", which sum as before (the weights are an uninterrupted run's)" : ""));
+    said.emplace_back(b.when, b.from.empty()
+                                  ? printed("The ring stalled in epoch %lld, step %lld with every rank waiting for another while every node "
+                                            "still answered (%s): the ring was re-formed with the same nodes%s",
+                                            (long long)b.epoch + 1, (long long)b.step + 1, b.why.c_str(), same)
+                                  : printed("The ring's link from node %s to node %s broke in epoch %lld, step %lld while both nodes still "
+                                            "answered (the receiver saw: %s): the ring was re-formed with the same nodes%s",
+                                            b.from.c_str(), b.to.c_str(), (long long)b.epoch + 1, (long long)b.step + 1, b.why.c_str(), same));
   std::stable_sort(said.begin(), said.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::string> lines;
   for (auto& [when, line] : said) lines.push_back(std::move(line));

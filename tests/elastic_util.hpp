@@ -100,6 +100,12 @@ struct event_log {
     std::lock_guard<std::mutex> lock(mu);
     return size_t(std::count(lines.begin(), lines.end(), line));
   }
+  std::string all() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::string text;
+    for (const std::string& line : lines) text += line + "\n";
+    return text;
+  }
 };
 
 // `ro` over `nodes`, on 3000 training and 300 test samples.
