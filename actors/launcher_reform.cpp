@@ -36,8 +36,11 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   l.step = seen_step % std::max<int64_t>(1, steps_per_epoch);
   // The job ends with it (--on-node-loss abort): named once, though its silence may follow its abort.
   if (!plan.elastic) {
-    if (std::none_of(losses.begin(), losses.end(), [&](const node_loss& x) { return x.node == l.node; })) losses.push_back(l);
-    return kill_node(node, "node " + ro.nodes[node] + " (" + ranks_named(ranks_of(node)) + ") " + said);
+    const bool first = std::none_of(losses.begin(), losses.end(), [&](const node_loss& x) { return x.node == l.node; });
+    const std::string line = "node " + ro.nodes[node] + " (" + ranks_named(ranks_of(node)) + ") " + said;
+    // Said now: the job's end comes once its ranks have wound down (half a second or so).
+    if (first) losses.push_back(l), event(line + "; the job fails (--on-node-loss abort)");
+    return kill_node(node, line);
   }
   losses.push_back(l);
   gone[node] = true;

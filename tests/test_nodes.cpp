@@ -96,6 +96,11 @@ TEST_CASE("kill -9 of a node mid-job with abort_on_node_loss: the job fails with
   std::chrono::steady_clock::time_point killed;
   std::atomic<bool> training{false};
   big.on_progress = [&](const progress&) { training = true; };
+  std::atomic<double> named{-1};  // seconds from the kill to the launcher's line that names it
+  ro.on_event = [&](const std::string& line) {
+    if (line.find(" stopped answering: ") != std::string::npos && line.find("; the job fails (--on-node-loss abort)") != std::string::npos)
+      named = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  };
   std::thread killer([&] {
     // Kill once training runs (loading the data may take a while on a loaded machine).
     for (int i = 0; i < 600 && !training; ++i) std::this_thread::sleep_for(100ms);
@@ -108,7 +113,9 @@ TEST_CASE("kill -9 of a node mid-job with abort_on_node_loss: the job fails with
   killer.join();
   INFO(r.error);
   CHECK_FALSE(r.ok);
-  WARN("kill -9 to the job's end: " << after << " s");
+  WARN("kill -9 to the launcher naming it: " << named << " s, to the job's end: " << after << " s");
+  CHECK(named > 0);
+  CHECK(named < 2);
   CHECK(after < 2.5);  // named within 2 s; then the job winds down
   CHECK(r.error.find(nodes[1]->endpoint) != std::string::npos);
   CHECK(r.error.find("ranks 2-3") != std::string::npos);
