@@ -252,7 +252,8 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   if (!failed.error.empty()) {
     failed.invalid = L.refused_invalid;
     const int sig = cfg.interrupted();
-    L.abort_all(sig ? interrupted_by(sig) + " on the launcher" : "another node refused the job");
+    // What went wrong, as the launcher says it (a node that refused, was stopped or never answered).
+    L.abort_all(sig ? interrupted_by(sig) + " on the launcher" : "the job could not start: " + node_text(failed.error, 500));
     return failed;
   }
   // Each node's data fingerprint (data_fingerprint()): a node's word, so checked, never std::stoul.

@@ -168,7 +168,11 @@ TEST_CASE("nodes that refuse a job are all named at once, not the first alone", 
   const std::string empty = "/tmp/ringmaster-test-no-data-" + std::to_string(::getpid());
   std::filesystem::create_directories(empty);
   test::daemons bare = test::start_daemons(2, {RINGMASTER_NODE_BIN}, "cpu:1", empty);
-  test::daemons good = start_nodes(1, "cpu:1");
+  const std::string good_log = empty + "-good.log";
+  test::daemons good;
+  good.push_back(std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, test::free_endpoint(), "cpu:1",
+                                                        RINGMASTER_DATA_DIR, good_log));
+  std::this_thread::sleep_for(300ms);
   remote_options ro;
   ro.nodes = {bare[0]->endpoint, good[0]->endpoint, bare[1]->endpoint};
   const auto t0 = std::chrono::steady_clock::now();
@@ -182,7 +186,17 @@ TEST_CASE("nodes that refuse a job are all named at once, not the first alone", 
           std::string::npos);
   CHECK(r.error.find(good[0]->endpoint) == std::string::npos);
   CHECK(took < 10);  // the good node answered: nobody waited out a timeout
+  // The good node is told why the job it took ends (it was told "another node refused the job", even
+  // when none had: one stopped, or never answered).
+  std::string logged;
+  for (int i = 0; i < 50 && logged.find(" ended: ") == std::string::npos; ++i)
+    std::this_thread::sleep_for(100ms), logged = test::slurp(good_log);
+  INFO(logged);
+  const size_t ended = logged.find(" ended: the job could not start: node ");  // either bare node first
+  CHECK(ended != std::string::npos);
+  CHECK(logged.find(": " + empty + ": no train-images-idx3-ubyte", ended) != std::string::npos);
   std::filesystem::remove_all(empty);
+  std::remove(good_log.c_str());
 }
 
 TEST_CASE("topology API: ranks here and on a node, one ring, equal to all ranks here", "[nodes][topology]") {
