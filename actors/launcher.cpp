@@ -212,11 +212,12 @@ void launcher::tick() {
     if (gone[i] && original_ranks[i] > 0 && join_failures[i] < kJoinTries) {
       // libzmq does not try a refused handshake again (our key, or keys at all): a new connection, at most
       // every 3 s, lets the node in once it is fixed (its authorized_keys, say). Each one's failure is said
-      // once, unless it is news.
+      // once, unless it is news: a hang-up (libzmq's word when the node hung up before it said why) after
+      // a reason said is none (a node run --insecure is said so at the first try, hangs up at the next).
       if (!changed[i].empty() && t - reconnected[i] >= std::chrono::seconds(3)) {
         std::string why = std::exchange(changed[i], {});
-        if (why != said_changed[i]) join_failed(int(i), why, true);
-        said_changed[i] = std::move(why);
+        const bool vague = why.find("hangs up during the handshake") != std::string::npos;
+        if (why != said_changed[i] && (said_changed[i].empty() || !vague)) join_failed(int(i), why, true), said_changed[i] = std::move(why);
         reconnected[i] = t;
         br.reconnect(peer[i]);
       }
