@@ -88,11 +88,10 @@ struct node_fault {
   std::string why;   // "its ranks hold another state after step 50 than node ... hold (a faulty or lying node)"
 };
 
-// A ring link between two nodes that broke while both still answered (a reset, a firewall): what was on
-// its way was lost, so the ring was re-formed with the same nodes from the last step all ranks completed.
-// The same ranks sum in the same order: the job goes on as if nothing happened (launcher::judge_link).
-// The ring re-formed with the same nodes while all of them answered: a link between two broke, or (from
-// and to empty) every rank waited for another.
+// A ring link between two nodes that broke while both still answered (a reset, a firewall), or (from and
+// to empty) a ring whose ranks all waited for another while every node answered: what was on its way was
+// lost, so the ring was re-formed with the same nodes from the last step all ranks completed. The same
+// ranks sum in the same order: the job goes on as if nothing happened (launcher::reform_same_nodes).
 struct ring_relink {
   std::string from, to, why;    // the sending node's endpoint, the receiving one's, what the receiver saw (a rank said)
   int64_t epoch = 0, step = 0;  // the step in flight (0-based)
