@@ -53,7 +53,7 @@ void data_cache::load_job(int64_t limit_train, int64_t limit_test, bool with_tes
       train = load("train", limit_train, &error);
       if (train && with_test) test = load("t10k", limit_test, &error);
       if (with_test && !test) train = nullptr;
-      bad_files = !train;
+      bad_files = !train && !load_error_is_resource(error);
       if (train) {
         const auto key = std::make_pair(std::string("train"), limit_train);
         std::unique_lock<std::mutex> lock(mu_);

@@ -267,6 +267,19 @@ bool load_files(const std::string& dir, const std::string& prefix, int classes, 
 
 }  // namespace
 
+bool load_error_is_resource(const std::string& error) {
+  const std::string bound = too_large(0);
+  if (error.find(": out of memory loading the ") != std::string::npos || error.find(bound.substr(bound.find(" MiB, "))) != std::string::npos)
+    return true;  // (that bound is an eighth of this process's memory)
+  for (int e : {EMFILE, ENFILE, ENOMEM}) {
+    std::string said = "(";
+    said += std::strerror(e);
+    said += ')';
+    if (error.find(said) != std::string::npos) return true;
+  }
+  return false;
+}
+
 bool load_mnist(const std::string& dir, const std::string& prefix, int classes, dataset* out, std::string* error) {
   try {  // the limits above keep a data set under an eighth of the memory; what else runs may still take it
     return load_files(dir, prefix, classes, out, error);

@@ -46,6 +46,9 @@ bool read_idx_bytes(const std::string& name, const void* bytes, size_t size, int
 // Checks that the counts agree and that every label is below `classes`.
 bool load_mnist(const std::string& dir, const std::string& prefix, int classes, dataset* out,
                 std::string* error);
+// Whether load_mnist's error comes from this process's state (out of memory, a bound set by its memory,
+// out of file descriptors), not from the files: a try elsewhere, or later, may pass.
+bool load_error_is_resource(const std::string& error);
 
 // Whether d.bytes hold exactly the samples d.pixels hold (one pass over them).
 bool bytes_agree(const dataset& d);

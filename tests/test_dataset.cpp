@@ -1,4 +1,6 @@
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 // IDX reading and validation, epoch permutations, and the data loader's shards and back-pressure.
 #include <zlib.h>
 
@@ -157,6 +159,33 @@ TEST_CASE("bad IDX files are rejected with a message naming the file and the pro
     d.write("train-images-idx3-ubyte", idx_bytes(8, {2, 2, 3}, px));
     CHECK(load_error(d).find("no train-labels-idx1-ubyte[.gz]") != std::string::npos);
   }
+}
+
+TEST_CASE("a load that fails for this process's state (file descriptors, memory) is told apart from bad files", "[data]") {
+  // A node whose load fails so refuses the job without blaming the job's settings (the launcher's exit 2).
+  std::vector<uint8_t> px(12, 1), lb = {1, 2};
+  tmpdir d;
+  d.write("train-images-idx3-ubyte", idx_bytes(8, {2, 2, 3}, px));
+  d.write("train-labels-idx1-ubyte", idx_bytes(0x0d, {2}, lb));
+  CHECK_FALSE(load_error_is_resource(load_error(d)));  // wrong magic
+  tmpdir none;
+  CHECK_FALSE(load_error_is_resource(load_error(none)));  // no files there
+  // Out of file descriptors: none above the lowest free one.
+  d.write("train-labels-idx1-ubyte", idx_bytes(8, {2}, lb));
+  rlimit was{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &was) == 0);
+  rlimit low = was;
+  const int lowest_free = ::dup(0);
+  REQUIRE(lowest_free >= 0);
+  ::close(lowest_free);
+  low.rlim_cur = rlim_t(lowest_free);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  const std::string out_of_fds = load_error(d);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &was) == 0);
+  INFO(out_of_fds);
+  CHECK(out_of_fds.find("cannot open file (Too many open files)") != std::string::npos);
+  CHECK(load_error_is_resource(out_of_fds));
+  CHECK(load_error_is_resource("/data: out of memory loading the train set (the bound: ...)"));  // as load_mnist says it
 }
 
 TEST_CASE("IDX bytes in memory: raw, gzip in one or several members, damaged gzip named", "[data]") {
