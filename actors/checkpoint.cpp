@@ -444,7 +444,7 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
     return *error = path + ": model " + c.label + " lays out its parameters differently here (another ringmaster or layer version?)", false;
   c.model = m->description();
   c.fingerprint = m->fingerprint();
-  if (want) {  // before the data: a stranger's file is not read whole
+  if (want) {  // before the data: a stranger's file is not read whole here (latest_checkpoint reads it for its own model)
     // The job's model as it would train on this checkpoint's samples: a description that names its input
     // builds as it is; one that does not ("784-64-10", "cnn") takes the input of the checkpoint's model.
     auto job = model::build(*want, reg, &why);
@@ -524,9 +524,10 @@ bool latest_checkpoint(const std::string& dir, const layer_registry& reg, checkp
     bool other_model = false;
     if (!read_checkpoint(file, reg, &c, &why, want, &other_model)) {
       // Another model's: read whole for its own model, it is another run's; else its description was
-      // damaged and still builds, and its checksum says so.
+      // damaged and still builds, and its checksum says so. (Too large to read here, it is kept: the
+      // checksum, read first, passed.)
       std::string damage;
-      if (other_model && !read_checkpoint(file, reg, &c, &damage)) why = damage;
+      if (other_model && !read_checkpoint(file, reg, &c, &damage) && damage != file + ": not enough memory to read it") why = damage;
       else if (other_model && other.empty()) other = why;
       if (!found) skipped->push_back(why);  // (which names the file)
       continue;

@@ -202,8 +202,8 @@ struct launcher {
   // as a local job does (actors/coordinator_stop.cpp says why): every rank holds (starts no further step)
   // and says how many it started (on_held); then all pause after the highest count, and the state of one
   // goes to the coordinator, which writes it as the checkpoint there and ends the job (on_paused). An
-  // elastic job's ranks that do not all get there in time pause where they are (tick). While the ring is
-  // re-formed or a node rejoins, the job ends at once, as it did before.
+  // elastic job's ranks that do not all get there in time pause where they are (tick). A node about to
+  // rejoin is let go first; while the ring is re-formed, or a node takes its place in it, the job ends at once.
   void stop_with_checkpoint(int sig);
   // Node `node` said it is being stopped by signal `sig` and serves the job a while longer: if we are
   // stopping too, its ranks take part in the stop; if we do not within kDrainWait, it is lost (tick).

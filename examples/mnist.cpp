@@ -311,8 +311,8 @@ int main(int argc, char** argv) {
     checkpoint ck;
     std::string path, why;
     std::vector<std::string> skipped;
-    // The job's model, so that a checkpoint of another is passed over before its data is read (and one
-    // trained to its end is not taken for this job's: its results would be written as they are).
+    // The job's model, so that a checkpoint of another is not taken for this job's (nor one trained to
+    // its end: its results would be written as they are); a whole one beside this job's is refused.
     const bool found = latest_checkpoint(o.checkpoint_dir, layer_registry::with_builtins(), &ck, &path, &skipped, &why, &c.model);
     for (size_t i = 0; i < skipped.size() && i < 10; ++i) std::fprintf(stderr, "ringmaster-mnist: skipping a checkpoint: %s\n", skipped[i].c_str());
     if (skipped.size() > 10) std::fprintf(stderr, "ringmaster-mnist: skipping %zu more checkpoints that do not read back whole\n", skipped.size() - 10);
