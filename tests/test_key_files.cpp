@@ -11,17 +11,14 @@
 #include <string>
 
 #include "net/keys.hpp"
+#include "tests/test_util.hpp"
 
 using namespace ringmaster;
 using namespace std::chrono_literals;
 
 namespace {
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/ringmaster-keyfiles-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
+std::string temp_dir() { return test::temp_dir("keyfiles"); }
 
 std::string fresh_key(const std::string& dir) {
   net::key_pair kp;

@@ -28,11 +28,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/ringmaster-keys-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
+std::string temp_dir() { return test::temp_dir("keys"); }
 
 // Whether this machine has the IPv6 loopback address (a container may have no IPv6 at all).
 bool ipv6_loopback() {

@@ -51,6 +51,13 @@ inline run_result run(const std::string& cmd) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
+// A fresh folder /tmp/ringmaster-NAME-XXXXXX (mode 0700), for the test to fill and remove.
+inline std::string temp_dir(const std::string& name) {
+  std::string tmpl = "/tmp/ringmaster-" + name + "-XXXXXX";
+  REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+  return tmpl;
+}
+
 // A file's contents ("" when it cannot be read).
 inline std::string slurp(const std::string& path) {
   std::ifstream f(path);
