@@ -90,15 +90,20 @@ inline train_result stop_early(const std::string& dir, const remote_options& ro)
 struct event_log {
   std::mutex mu;
   std::vector<std::string> lines;
-  std::function<void(const std::string&)> hook() {
-    return [this](const std::string& line) {
-      std::lock_guard<std::mutex> lock(mu);
-      lines.push_back(line);
-    };
+  void add(const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.push_back(line);
   }
-  size_t count(const std::string& line) {
+  std::function<void(const std::string&)> hook() {
+    return [this](const std::string& line) { add(line); };
+  }
+  size_t count(const std::string& line) {  // lines equal to it
     std::lock_guard<std::mutex> lock(mu);
     return size_t(std::count(lines.begin(), lines.end(), line));
+  }
+  bool said(const std::string& part) {  // in any line
+    std::lock_guard<std::mutex> lock(mu);
+    return std::any_of(lines.begin(), lines.end(), [&](const std::string& e) { return e.find(part) != std::string::npos; });
   }
   std::string all() {
     std::lock_guard<std::mutex> lock(mu);
@@ -163,31 +168,20 @@ inline remote_options rejoin_options(const test::daemons& nodes) {
 // it is back (an event with its endpoint and then `back`), `when_back` runs (if given). The launcher's
 // events are kept.
 struct rejoin_run {
-  std::mutex mu;
-  std::vector<std::string> events;
+  event_log events;
   std::vector<std::string> argv{RINGMASTER_NODE_BIN};  // the victim's, when started again
   std::string log;                                     // and where its output goes ("": the test's)
   std::string back = " is back; it rejoins";
 
-  std::string all_events() {
-    std::lock_guard<std::mutex> lock(mu);
-    std::string all;
-    for (const std::string& e : events) all += e + "\n";
-    return all;
-  }
-
-  bool said(const std::string& part) {
-    std::lock_guard<std::mutex> lock(mu);
-    return std::any_of(events.begin(), events.end(), [&](const std::string& e) { return e.find(part) != std::string::npos; });
-  }
+  std::string all_events() { return events.all(); }
+  bool said(const std::string& part) { return events.said(part); }
 
   train_result run(train_config c, remote_options ro, test::daemons& nodes, size_t victim, int64_t after,
                    const std::function<void()>& when_back = nullptr) {
     const std::string who = nodes[victim]->endpoint;
     std::atomic<bool> go{false}, lost{false}, back{false}, over{false};
     ro.on_event = [&](const std::string& line) {
-      std::lock_guard<std::mutex> lock(mu);
-      events.push_back(line);
+      events.add(line);
       if (line.rfind("lost node " + who, 0) == 0) lost = true;
       if (line.find(who + this->back) != std::string::npos) back = true;
     };
@@ -215,19 +209,14 @@ struct rejoin_run {
 // The launcher's events of a job in which node `victim` is stopped (SIGSTOP): kept, and the node woken
 // (SIGCONT) once the launcher names it lost; `also` sees every line too.
 struct stop_wake_events {
-  std::mutex mu;
-  std::vector<std::string> lines;
+  event_log log;
   std::atomic<bool> lost{false};
 
-  bool said(const std::string& part) {
-    std::lock_guard<std::mutex> lock(mu);
-    return std::any_of(lines.begin(), lines.end(), [&](const std::string& e) { return e.find(part) != std::string::npos; });
-  }
+  bool said(const std::string& part) { return log.said(part); }
   std::function<void(const std::string&)> hook(test::daemons& nodes, size_t victim,
                                                std::function<void(const std::string&)> also = nullptr) {
     return [this, &nodes, victim, also](const std::string& line) {
-      std::lock_guard<std::mutex> lock(mu);
-      lines.push_back(line);
+      log.add(line);
       if (line.rfind("lost node", 0) == 0 && !lost.exchange(true)) kill(nodes[victim]->pid, SIGCONT);
       if (also) also(line);
     };

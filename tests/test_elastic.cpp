@@ -394,11 +394,11 @@ TEST_CASE("elastic: a job stopped by a signal while a rank hangs pauses its rank
   const double took = std::chrono::duration<double>(clock_type::now() - stopped).count();
   stopper.join();
   INFO(r.error);
-  for (auto& e : events.lines) INFO(e);
+  INFO(events.all());
   CHECK(r.interrupted == SIGTERM);
   CHECK(r.stopped_after == 150);
   CHECK(std::filesystem::is_regular_file(dir + "/ckpt-1-50.safetensors"));
-  CHECK(std::any_of(events.lines.begin(), events.lines.end(), [](const std::string& e) { return e.find("they pause where they are") != std::string::npos; }));
+  CHECK(events.said("they pause where they are"));
   WARN("a stop with a rank hung took " << took << " s");
   CHECK(took < 12.5);  // within half the stop's limit, and well before a batch system's SIGKILL
   std::filesystem::remove_all(dir);

@@ -113,7 +113,7 @@ TEST_CASE("elastic: a node that fell silent (SIGSTOP) and wakes rejoins the job 
   // pair keys are new (its old keys' counters went on in the life it was dropped from).
   train_result r = run_killing(rejoin_job(), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
   INFO(r.error);
-  for (auto& e : events.lines) INFO(e);
+  INFO(events.log.all());
   check_every_sample_once(r);
   REQUIRE(r.losses.size() == 1);
   REQUIRE(r.joins.size() == 1);
@@ -294,7 +294,7 @@ TEST_CASE("elastic: a node whose try to rejoin failed is taken back at the next,
   train_result r = run_killing(rejoin_job(), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
   if (back && !woken) kill(nodes[2]->pid, SIGCONT);  // so the daemon can be stopped, whatever happened
   INFO(r.error);
-  for (auto& e : events.lines) INFO(e);
+  INFO(events.log.all());
   check_every_sample_once(r);
   CHECK(events.said("could not rejoin"));
   CHECK_FALSE(events.said("already ran a job"));
