@@ -91,9 +91,10 @@ struct launcher {
   int64_t forward_to = 0;
   std::shared_ptr<network_state> forward_state;
   // A signal stopped the job and a checkpoint is written where it stops (stop_with_checkpoint): the
-  // signal, whether the ranks' answers to its hold are still coming (applied then counts steps started),
-  // and whether the state is with the coordinator (then the pause has no time limit here).
-  int stopping = 0;
+  // signal (or, one that came while the ring was re-formed, which starts it as the ring runs again),
+  // whether the ranks' answers to its hold are still coming (applied then counts steps started), and
+  // whether the state is with the coordinator (then the pause has no time limit here).
+  int stopping = 0, stop_waits = 0;
   bool holding = false;
   bool stop_planned = false;  // the stop's pause names its step (else the ranks paused where they were)
   bool stop_handed = false;
@@ -203,7 +204,7 @@ struct launcher {
   // and says how many it started (on_held); then all pause after the highest count, and the state of one
   // goes to the coordinator, which writes it as the checkpoint there and ends the job (on_paused). An
   // elastic job's ranks that do not all get there in time pause where they are (tick). A node about to
-  // rejoin is let go first; while the ring is re-formed, or a node takes its place in it, the job ends at once.
+  // rejoin is let go first; while the ring is re-formed, or a node takes its place, the stop waits for it.
   void stop_with_checkpoint(int sig);
   // Node `node` said it is being stopped by signal `sig` and serves the job a while longer: if we are
   // stopping too, its ranks take part in the stop; if we do not within kDrainWait, it is lost (tick).
@@ -290,8 +291,7 @@ std::string node_text(const std::string& said, size_t max = 300);
 bool stopped_by_signal(const std::string& sig);
 constexpr size_t kMaxNodeError = 2000;
 
-// A node's host id as its hello_ack says it: one that would not make a valid plan is none (that node
-// uses the network, not shared memory).
+// A node's host id as its hello_ack says it: one that would not make a valid plan is none (network, not shm).
 std::string host_of(const std::string& said);
 // A node's ring port as its hello_ack says it: 1..65535, else 0 (none: chunks to it go through the bridge).
 int ring_port_of(const std::string& said);

@@ -3,6 +3,7 @@
 // state of one ahead, and the ring is numbered anew from the job plan (actors/reform.hpp).
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "actors/launcher.hpp"
 #include "actors/messages.hpp"
@@ -271,6 +272,7 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
       join_state.reset();
       join_state_rank = 0;
       send(plan.ranks[0].node, wire::msg_type::checkpoint, "", 0);  // no payload: a request for rank 0's state
+      event("node " + ro.nodes[size_t(joining.load())] + " gets rank 0's state after step " + std::to_string(join_at) + ": the others paused there for it");
       return;
     }
     give_up_join("the ranks stopped after steps " + std::to_string(lo) + " to " + std::to_string(hi) + ", not after step " +
@@ -420,6 +422,7 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
   ring_from = plan.start_step;
   for (const rank_plan& r : plan.ranks) send(r.node, wire::msg_type::start, "", r.rank);
   now = phase::running;
+  if (stop_waits) stop_with_checkpoint(std::exchange(stop_waits, 0));  // a signal came while it was re-formed
 }
 
 }  // namespace ringmaster

@@ -28,9 +28,14 @@ void launcher::stop_with_checkpoint(int sig) {
     forming_since = clock_type::now();
     return pause_survivors({{"for", "stop"}});
   }
-  // While the ring is re-formed for a lost node, or a node joins it, the job ends at once, as before: the
-  // ranks are paused for that already, and a stop would have to take over that pause's answers.
-  if (now != phase::running || joining >= 0) return kill_node(-1, interrupted_by(sig));
+  // While the ring is re-formed for a lost node, or a node takes its place in it, the ranks are paused
+  // for that already (a stop would have to take over that pause's answers): the stop begins as the ring
+  // runs again (on_reformed), a moment later. (It used to end the job with no checkpoint of the stop.)
+  if (now != phase::running || joining >= 0) {
+    if (!stop_waits) event(interrupted_by(sig) + ": the stop begins as soon as the ring re-formed runs");
+    stop_waits = sig;
+    return;
+  }
   stopping = sig;
   draining.clear();  // their ranks stop with the others: the nodes wait for us to drop the job
   event(interrupted_by(sig) + ": the ranks finish the steps they started, and a checkpoint is written where they stop");
@@ -70,7 +75,7 @@ void launcher::node_stopping(int node, const std::string& sig) {
 void launcher::stop_if_every_node_stops() {
   // Without checkpoints they are lost in turn, and the job fails with the last of them. While the ring is
   // re-formed or a node rejoins, this waits for the ring to run (the nodes serve a while longer).
-  if (stopping || draining.empty() || !plan.checkpoints || now != phase::running || joining >= 0) return;
+  if (stopping || stop_waits || draining.empty() || !plan.checkpoints || now != phase::running || joining >= 0) return;
   for (int i : survivors())
     if (!draining.count(i)) return;
   const std::string sig = draining.begin()->second.second;
@@ -80,7 +85,7 @@ void launcher::stop_if_every_node_stops() {
 
 void launcher::drained(clock_type::time_point t) {
   stop_if_every_node_stops();  // the ring runs again since the last of them said so
-  if (stopping) return;
+  if (stopping || stop_waits) return;  // they take part in our stop
   for (auto it = draining.begin(); it != draining.end();) {
     if (t < it->second.first) {
       ++it;

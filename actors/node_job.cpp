@@ -180,7 +180,7 @@ void node_job::start(const job_model& prepared, std::shared_ptr<const dataset> t
   std::vector<caf::actor> watched;
   for (auto* group : {&local.replicas, &local.loaders, &local.reducers})
     watched.insert(watched.end(), group->begin(), group->end());
-  launcher_link_ = ctx_.sys->spawn(launcher_link, ctx_.br, launcher_, plan_.job_id, replicas_, watched, ctx_.name, ctx_.lie_in_states, ctx_.lie_in_sums);
+  launcher_link_ = ctx_.sys->spawn(launcher_link, ctx_.br, launcher_, plan_.job_id, replicas_, watched, ctx_.name, ctx_.faults);
 
   std::string ranks;
   for (int r : mine_) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "actors/job_plan.hpp"
+#include "actors/node_links.hpp"
 #include "actors/replica.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/dataset.hpp"
@@ -45,7 +46,7 @@ struct node_context {
   bool stall_at_join_pause = false;  // testing (node_options::stall_at_join_pause)
   std::chrono::microseconds ring_poll{0};  // node_options::ring_poll
   int workers = 1;  // the actor system's threads, at most one per core: replicas may spin only with one each
-  bool lie_in_states = false, lie_in_sums = false;  // testing (node_options::lie_in_states, lie_in_sums)
+  link_faults faults;  // testing (node_options::lie_in_states, lie_in_sums, slow_states)
 };
 
 // Whether this node can take a (valid) plan: "" or why not. *invalid: the job itself is bad (its model,

@@ -126,7 +126,8 @@ struct report_queue {
 
 caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::peer_info launcher,
                             uint64_t job, std::map<int, caf::actor> replicas, std::vector<caf::actor> watched,
-                            std::string node_name, bool lie_in_states, bool lie_in_sums) {
+                            std::string node_name, link_faults faults) {
+  const bool lie_in_states = faults.lie_in_states, lie_in_sums = faults.lie_in_sums;
   for (auto& a : watched) self->monitor(a);
   auto ranks = std::make_shared<std::map<int, caf::actor>>(std::move(replicas));  // rank -> replica, now
   auto queue = std::make_shared<report_queue>();
@@ -144,6 +145,18 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
   };
   // Before anything else goes to the launcher: the step reports before it.
   auto flush = [queue, br, launcher, job] { queue->flush(br, launcher, job); };
+  // A paused rank's state, for the launcher: one copy on its way per rank.
+  auto fetch_state = [self, br, launcher, job, flush, lie_in_states, all_states = states_out](int rank, caf::actor replica) {
+    auto states_out = *all_states;  // this generation's
+    if (!states_out->take(rank)) return;  // one on its way already: the launcher gets that one
+    self->request(replica, std::chrono::seconds(60), checkpt_atom::value)
+        .then(
+            [br, launcher, job, rank, flush, lie_in_states, states_out](state_ptr s) {
+              flush();
+              send_state(br, launcher, job, rank, as_sent(s, lie_in_states), [states_out, rank] { states_out->release(rank); });
+            },
+            [states_out, rank](caf::error&) { states_out->release(rank); });  // not paused: the launcher's time limits act
+  };
   self->set_down_handler([self, br, launcher, job, node_name, ranks, flush](caf::down_msg& dm) {
     if (dm.reason == caf::exit_reason::user_shutdown || !dm.reason) return;  // torn down on purpose
     std::string who = "an actor";
@@ -211,18 +224,12 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
         checkpoints->dones.clear();
       },
       // The launcher asks a paused rank for its state: for a node that joins the ring, or for survivors a
-      // step behind it.
-      [self, br, launcher, job, flush, lie_in_states, all_states = states_out](checkpt_atom, int rank, caf::actor replica) {
-        auto states_out = *all_states;  // this generation's
-        if (!states_out->take(rank)) return;  // one on its way already: the launcher gets that one
-        self->request(replica, std::chrono::seconds(60), checkpt_atom::value)
-            .then(
-                [br, launcher, job, rank, flush, lie_in_states, states_out](state_ptr s) {
-                  flush();
-                  send_state(br, launcher, job, rank, as_sent(s, lie_in_states), [states_out, rank] { states_out->release(rank); });
-                },
-                [states_out, rank](caf::error&) { states_out->release(rank); });  // not paused: the launcher's time limits act
+      // step behind it. (Testing, link_faults::slow_states: late.)
+      [self, fetch_state, slow = faults.slow_states](checkpt_atom, int rank, caf::actor replica) {
+        if (slow.count() > 0) return self->delayed_send(self, slow, checkpt_atom::value, rank, replica, true);
+        fetch_state(rank, replica);
       },
+      [fetch_state](checkpt_atom, int rank, caf::actor replica, bool) { fetch_state(rank, replica); },
       // A job stopped by a signal: the replica starts no further step and says how many it started.
       [self, br, launcher, job, flush](hold_atom, int gen, int rank, caf::actor replica) {
         self->request(replica, std::chrono::seconds(60), hold_atom::value).then([br, launcher, job, gen, rank, flush](int64_t started) {

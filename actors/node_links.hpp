@@ -25,8 +25,14 @@ constexpr std::chrono::milliseconds kReportFlush{50};
 // sends them before its abort). {flush_atom} alone is the batch's timer.
 using flush_atom = caf::atom_constant<caf::atom("flush")>;
 constexpr size_t kReportBatch = 64;
+// Testing (node_options): a faulty or lying node's link. States it sends have their first parameter
+// changed; checksums it reports are changed; a paused rank's state it is asked for goes this much late.
+struct link_faults {
+  bool lie_in_states = false, lie_in_sums = false;
+  std::chrono::milliseconds slow_states{0};
+};
 caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::peer_info launcher,
                             uint64_t job, std::map<int, caf::actor> replicas, std::vector<caf::actor> watched,
-                            std::string node_name, bool lie_in_states = false, bool lie_in_sums = false);
+                            std::string node_name, link_faults faults = {});
 
 }  // namespace ringmaster

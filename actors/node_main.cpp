@@ -86,6 +86,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
   node_options o;
   o.layers = layers;
   int64_t poll_us = o.ring_poll.count();
+  uint32_t slow_states_ms = 0;  // testing
   double launcher_timeout = o.launcher_timeout.count() / 1000.0;
   bool print_key = false;
   po::options_description desc(prog + ": serves training jobs to ringmaster launchers\n\nUsage: " + prog +
@@ -105,13 +106,15 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory or to the ring port itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never");
   // For tests, not in --help: this node's replicas stop after N steps of a job (as a stuck GPU would), or
   // once told to pause for a node that rejoins, while the node goes on answering; it sends states, or
-  // checksums of its ranks' states, not its ranks' own; a connection to its ring port is cut after N chunks.
+  // checksums of its ranks' states, not its ranks' own, or a paused rank's state N ms late; a connection to
+  // its ring port is cut after N chunks.
   po::options_description testing;
   testing.add_options()
       ("stall-after-steps", po::value(&o.stall_after_steps))
       ("stall-at-join-pause", po::bool_switch(&o.stall_at_join_pause))
       ("lie-in-states", po::bool_switch(&o.lie_in_states))
       ("lie-in-sums", po::bool_switch(&o.lie_in_sums))
+      ("slow-states-ms", po::value(&slow_states_ms))
       ("cut-ring-link-after", po::value(&o.cut_ring_link_after))
       ("cut-every-ring-link", po::bool_switch(&o.cut_every_ring_link));
   po::options_description all;
@@ -203,6 +206,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
     return 2;
   }
   o.ring_poll = std::chrono::microseconds(poll_us);
+  o.slow_states = std::chrono::milliseconds(std::min<uint32_t>(slow_states_ms, 60000));
   if (!(launcher_timeout >= 1 && launcher_timeout <= 600)) {
     std::fprintf(stderr, "%s: --launcher-timeout must be 1-600 (seconds)\n", prog.c_str());
     return 2;
