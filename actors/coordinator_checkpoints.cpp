@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <iterator>
 
+#include "actors/checkpoint.hpp"  // state_fault
 #include "actors/coordinator_state.hpp"
 #include "actors/messages.hpp"
 
@@ -29,6 +30,12 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   auto it = st.checkpoints.find(done);
   if (it == st.checkpoints.end() || !it->second.state || !it->second.have_progress) return;
   pending_checkpoint c = std::move(it->second);
+  // Weights gone NaN or infinite while the loss stays finite (a layer that hides them, a parameter the
+  // forward pass does not use): never written, where it would replace a good one.
+  if (std::string bad = state_fault(*c.state); !bad.empty())
+    return finish(self, st, "the state after step " + std::to_string(done) + ": " + bad +
+                                " (training diverged: too high a learning rate? or a layer's gradient): no checkpoint was written from it" +
+                                (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
   // Rank 0's state must be the one every rank holds: a node that sent another (finite, plausible values:
   // state_fault passes them) would have it written, and a resume would train on from it.
   std::vector<state_vote> votes;

@@ -123,11 +123,16 @@ void dense_forward(float* out, const float* in, const float* w, const float* b, 
   });
 }
 
+// max(v, 0), but a NaN stays NaN (as PyTorch's relu): a NaN let through reaches the loss, which stops
+// the job at once; turned into 0 it would train on to the end on garbage. -0 becomes +0.
+inline float relu(float v) { return v > 0.0f || v != v ? v : 0.0f; }
+
 void dense_relu_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT) {
   padded(out, in, B, IN, OUT, [&](float* o, const float* x, int rows) {
     map y(o, rows, OUT);
     y.noalias() = cmap(x, rows, IN) * cmap(w, IN, OUT);
-    y = (y.rowwise() + cvec(b, OUT)).cwiseMax(0.0f);
+    y.rowwise() += cvec(b, OUT);
+    for (float* v = o; v != o + size_t(rows) * OUT; ++v) *v = relu(*v);  // Eigen's max leaves NaN to the CPU
   });
 }
 
@@ -139,7 +144,7 @@ void dense_backward(float* din, float* dw, float* db, const float* dout, const f
 }
 
 void relu_forward(float* out, const float* in, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+  for (size_t i = 0; i < n; ++i) out[i] = relu(in[i]);
 }
 
 void relu_backward(float* din, const float* dout, const float* __restrict out, size_t n) {
@@ -289,11 +294,12 @@ namespace {
 void pool_take(float* __restrict o, int32_t* __restrict a, const float* __restrict p, int32_t at, int C) {
   for (int ch = 0; ch < C; ++ch) o[ch] = p[ch], a[ch] = at + ch;
 }
-// Where p beats the maximum so far, it becomes the maximum: strict '>', so the first of equals stays.
-// Written as selects so the compiler vectorizes it (it was 14% of a CNN step as a branchy loop).
+// Where p beats the maximum so far, it becomes the maximum: strict '>', so the first of equals stays;
+// a NaN beats all and stays (as relu, it must reach the loss). Written as selects so the compiler
+// vectorizes it (it was 14% of a CNN step as a branchy loop).
 void pool_merge(float* __restrict o, int32_t* __restrict a, const float* __restrict p, int32_t at, int C) {
   for (int ch = 0; ch < C; ++ch) {
-    const bool more = p[ch] > o[ch];
+    const bool more = p[ch] > o[ch] || p[ch] != p[ch];
     o[ch] = more ? p[ch] : o[ch];
     a[ch] = more ? at + ch : a[ch];
   }

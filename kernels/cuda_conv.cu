@@ -96,7 +96,7 @@ __global__ void maxpool_forward_kernel(I n, float* out, int32_t* arg, const floa
         if (ix < 0 || ix >= g.W) continue;
         const int32_t a = int32_t((iy * g.W + ix) * g.C + c);
         const float p = img[a];
-        if (first || p > best) best = p, at = a;
+        if (first || p > best || p != p) best = p, at = a;  // a NaN stays, as on the CPU (pool_merge)
         first = false;
       }
     }

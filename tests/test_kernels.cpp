@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -116,6 +117,34 @@ TEST_CASE("fused dense + relu equals dense then relu", "[kernels]") {
   std::vector<float> dout = randv(a.size(), rng), din(a.size());
   cpu::relu_backward(din.data(), dout.data(), c.data(), c.size());
   for (size_t i = 0; i < c.size(); ++i) CHECK(din[i] == (c[i] > 0 ? dout[i] : 0.0f));
+}
+
+TEST_CASE("relu and max pooling pass a NaN on, fused or not, so that it reaches the loss", "[kernels]") {
+  // A NaN turned into 0 (or passed over by a maximum) trains on to the end on garbage: the loss stays
+  // finite, and the NaN weights are found only as the job ends (a tester's run).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x = {nan, -1.0f, -0.0f, 2.0f}, y(4);
+  cpu::relu_forward(y.data(), x.data(), x.size());
+  CHECK(std::isnan(y[0]));
+  CHECK((y[1] == 0.0f && y[3] == 2.0f));
+  CHECK_FALSE(std::signbit(y[2]));  // -0 becomes +0
+  const int IN = 2, OUT = 3;
+  std::vector<float> in = {nan, 1.0f}, w = {1, -1, 0, 1, 1, 1}, b = {0, 0, -5}, out(OUT);
+  cpu::dense_relu_forward(out.data(), in.data(), w.data(), b.data(), 1, IN, OUT);
+  for (float v : out) CHECK(std::isnan(v));
+  // Max pooling a 1x3 row (C = 1) in one window: NaN wherever it is.
+  for (int at = 0; at < 3; ++at) {
+    std::vector<float> row = {1.0f, 2.0f, 3.0f};
+    row[size_t(at)] = nan;
+    conv_geometry g;
+    g.H = 1, g.W = 3, g.C = 1, g.KH = 1, g.KW = 3, g.SH = 1, g.SW = 3, g.OH = 1, g.OW = 1;
+    float o = 0;
+    int32_t arg = -1;
+    cpu::maxpool_forward(&o, &arg, row.data(), g, 1);
+    INFO("NaN at " << at);
+    CHECK(std::isnan(o));
+    CHECK(arg == at);
+  }
 }
 
 TEST_CASE("softmax cross-entropy: loss, gradient, accuracy, stability", "[kernels]") {

@@ -7,13 +7,17 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <limits>
+#include <memory>
 #include <random>
 #include <stdexcept>
 
+#include "actors/checkpoint.hpp"
 #include "actors/replica.hpp"
 #include "actors/training.hpp"
 #include "kernels/layers.hpp"
 #include "tests/test_data.hpp"
+#include "tests/test_util.hpp"
 
 using namespace ringmaster;
 
@@ -415,4 +419,56 @@ TEST_CASE("a signal as the job's last step ends lets it finish with its results,
     CHECK(r.checkpoint == dir + "/ckpt-1-0.safetensors");
     std::filesystem::remove_all(dir);
   }
+}
+
+namespace {
+// A user layer that passes its input on and owns one parameter the forward pass never uses, whose
+// gradient turns NaN after `good` backward passes: the weights go NaN while the loss stays finite.
+class nan_later final : public layer {
+ public:
+  nan_later(std::shared_ptr<std::atomic<int>> calls, int good) : calls_(std::move(calls)), good_(good) {}
+  std::string type() const override { return "nan_later"; }
+  bool build(const shape& in, shape* out, std::vector<param_info>* params, std::string*) override {
+    *out = in;
+    params->push_back({"unused", {1}, param_init::ones, 0, 0});
+    return true;
+  }
+  void forward(const layer_io& io) const override { std::copy(io.x, io.x + size_t(io.batch) * io.in.size(), io.y); }
+  void backward(const layer_io& io, const float* dy, float* dx) const override {
+    io.grads[0][0] = ++*calls_ > good_ ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+    if (dx) std::copy(dy, dy + size_t(io.batch) * io.in.size(), dx);
+  }
+
+ private:
+  std::shared_ptr<std::atomic<int>> calls_;
+  int good_;
+};
+}  // namespace
+
+TEST_CASE("checkpoint: weights gone NaN under a finite loss are never written, and the last good checkpoint is kept",
+          "[training][checkpoint]") {
+  // It used to write them, and prune the good ones: a resume then found none it could read.
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  layer_registry reg = layer_registry::with_builtins();
+  std::string err;
+  REQUIRE(reg.add("nan_later", [calls](const json&, std::string*) -> std::unique_ptr<layer> { return std::make_unique<nan_later>(calls, 25); }, &err));
+  const std::string dir = test::temp_dir("nan-state");
+  using namespace layers;
+  train_config c = like_one_config(sequential{custom("nan_later"), flatten(), dense(16), relu(), dense(10)}.text(), optimizer_config::adam, 1,
+                                   load("train", 480));  // 20 steps of 24 an epoch
+  c.epochs = 2;  c.layers = std::make_shared<const layer_registry>(std::move(reg));
+  c.checkpoint_dir = dir;
+  c.checkpoint_every = 5;
+  const train_result r = train(c);
+  INFO(r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.find("the state after step 30: its parameters hold NaN or infinite values") != std::string::npos);
+  CHECK(r.error.find("no checkpoint was written from it; the last one, after step 25, is kept") != std::string::npos);
+  checkpoint ck;
+  std::string path;
+  std::vector<std::string> skipped;
+  REQUIRE(latest_checkpoint(dir, *c.layers, &ck, &path, &skipped, &err));
+  CHECK(ck.progress.step == 25);
+  CHECK(skipped.empty());
+  std::filesystem::remove_all(dir);
 }
