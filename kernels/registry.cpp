@@ -210,9 +210,12 @@ settings_reader& settings_reader::number(const char* key, float* out, double lo,
   const json* v = find(key, required);
   if (!v) return *this;
   if (v->is_number()) {
+    // Checked as the float it is kept as: a float's own value written back (0.999 is kept as
+    // 0.99900001287...) must read again, as a checkpoint's description does.
     const double x = v->get<double>();
-    if (std::isfinite(x) && x >= lo && x <= hi) {
-      *out = float(x);
+    const float f = float(x);
+    if (std::isfinite(x) && std::isfinite(f) && f >= float(lo) && f <= float(hi)) {
+      *out = f;
       return *this;
     }
   }

@@ -356,6 +356,19 @@ TEST_CASE("flatten and relu: output and gradients match float64", "[layers]") {
   }
 }
 
+TEST_CASE("a model at the edge of a setting's range reads back from its own description", "[layers]") {
+  // 0.999 is kept as the float 0.99900001...: its description (a checkpoint's, --save's) must build
+  // again. It failed "expected a number in [0, 0.999]", after training (a tester's run).
+  std::string err;
+  const std::string text = sequential{layers::flatten(), layers::dropout(0.999), layers::dense(10)}.text();
+  auto m = model::build(text, builtins(), shape{1, 4, 4}, &err);
+  REQUIRE(m);
+  auto again = model::build(m->description(), builtins(), &err);
+  INFO(err);
+  REQUIRE(again);
+  CHECK(again->description() == m->description());
+}
+
 TEST_CASE("dropout in training: output is the masked, scaled input, its gradient the same mask and scale", "[layers]") {
   auto be = make_cpu_backend();
   std::mt19937 rng(6);
