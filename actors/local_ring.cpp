@@ -12,6 +12,10 @@
 namespace ringmaster {
 
 local_ring::local_ring(caf::actor_system& sys, int ranks, std::shared_ptr<const void> owner) : owner_(std::move(owner)), sys_(sys) {
+  if (ranks < 1 || ranks > kMaxRanks) {
+    broken_ = "a ring of " + std::to_string(ranks) + " ranks: expected 1.." + std::to_string(kMaxRanks);
+    return;
+  }
   std::vector<std::shared_ptr<reducer_port>>& ports = ports_;
   for (int r = 0; r < ranks; ++r) {
     reducer_config rc;
@@ -44,6 +48,8 @@ std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len
 
 std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len,
                                   const std::vector<backend*>& devices, std::chrono::milliseconds timeout) {
+  if (reducers_.empty()) return broken_;
+  if (timeout.count() <= 0) return "timeout must be positive, not " + std::to_string(timeout.count()) + " ms";
   if (buffers.size() != reducers_.size() || devices.size() != reducers_.size())
     return std::to_string(buffers.size()) + " buffers and " + std::to_string(devices.size()) +
            " devices for a ring of " + std::to_string(reducers_.size());

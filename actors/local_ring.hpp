@@ -21,7 +21,9 @@ namespace ringmaster {
 class local_ring {
  public:
   // owner: kept until the reducers have ended (topology::ring() passes its actor system's, so that a ring
-  // may outlive the topology that made it).
+  // may outlive the topology that made it). Ranks outside 1..kMaxRanks (as a job's replicas) make a ring
+  // of none, whose allreduce says so.
+  static constexpr int kMaxRanks = 1024;
   local_ring(caf::actor_system& sys, int ranks, std::shared_ptr<const void> owner = nullptr);
   // Stops the reducers and waits for them (they release staging buffers on the callers' backends).
   // Blocks: do not destroy a ring inside an actor's handler.
@@ -31,7 +33,7 @@ class local_ring {
   int size() const { return int(reducers_.size()); }
   // Sums buffers[r][0..len) over r into every buffer (len > 0: none null, no two overlapping). Returns ""
   // or what failed, at once when a reducer
-  // dies; `timeout` is the longest silence between the reducers' replies. After a failure or a
+  // dies; `timeout` (> 0) is the longest silence between the reducers' replies. After a failure or a
   // timeout the ring refuses further work (its reducers may still touch the buffers of the failed
   // call, so keep those alive until the ring is destroyed).
   std::string allreduce(const std::vector<float*>& buffers, size_t len,

@@ -354,7 +354,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     if (m && failed.error.empty() && !cfg.checkpoint_dir.empty() && !(cfg.resume && trained_to_end(*cfg.resume, cfg)) &&
         !(failed.error = check_checkpoint_room(cfg.checkpoint_dir, m->param_count(), cfg.opt.kind, cfg.epochs)).empty())
       failed.error = "checkpoints: " + failed.error;  // (not for a run trained to its end: it writes none)
-    if (m && failed.error.empty() && cfg.check_model) failed.error = cfg.check_model(*m);
+    if (m && failed.error.empty()) failed.error = run_check_model(cfg, *m);
     if (!failed.error.empty()) {
       failed.invalid = true;
       L.abort_all(failed.error);

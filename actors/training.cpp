@@ -14,6 +14,7 @@
 #include "actors/checkpoint.hpp"
 #include "actors/data_loader.hpp"
 #include "actors/job_plan.hpp"
+#include "actors/local_ring.hpp"
 #include "actors/messages.hpp"
 #include "actors/reducer.hpp"
 #include "actors/replica.hpp"
@@ -28,6 +29,17 @@ std::shared_ptr<const model> build_model(const train_config& cfg, std::string* e
     return nullptr;
   }
   return model::build(cfg.model, cfg.layers ? *cfg.layers : layer_registry::with_builtins(), cfg.train->sample(), error);
+}
+
+std::string run_check_model(const train_config& cfg, const model& m) {
+  if (!cfg.check_model) return "";
+  try {  // the user's: train() never throws
+    return cfg.check_model(m);
+  } catch (const std::exception& x) {
+    return std::string("check_model threw: ") + x.what();
+  } catch (...) {
+    return "check_model threw";
+  }
 }
 
 // Whether `bytes` more fit in the tighter of two bounds: half the memory this process may use (the
@@ -59,7 +71,7 @@ bool enough_memory(double bytes, std::string* room) {
 }
 
 std::string check_config(const train_config& cfg, const model& m, int replicas_here) {
-  if (cfg.replicas < 1 || cfg.replicas > 1024) return "replicas must be in 1..1024";
+  if (cfg.replicas < 1 || cfg.replicas > local_ring::kMaxRanks) return "replicas must be in 1.." + std::to_string(local_ring::kMaxRanks);
   if (cfg.global_batch < 1) return "batch must be positive";
   if (cfg.global_batch % cfg.replicas != 0)
     return "global batch " + std::to_string(cfg.global_batch) + " is not divisible by " +
@@ -247,7 +259,7 @@ train_result train(const train_config& cfg) {
   const uint32_t train_data = cfg.resume || !cfg.checkpoint_dir.empty() ? data_fingerprint(*cfg.train) : 0;
   if (cfg.resume && !(failed.error = resume_mismatch(*cfg.resume, cfg, m.get(), int64_t(cfg.train->count), train_data)).empty())
     return failed;
-  if (cfg.check_model && !(failed.error = cfg.check_model(*m)).empty()) return failed;
+  if (!(failed.error = run_check_model(cfg, *m)).empty()) return failed;
   if (cfg.resume && trained_to_end(*cfg.resume, cfg)) return finished_run(*cfg.resume);
   std::shared_ptr<const void> dir_lock;  // the checkpoint folder is this job's until it returns
   if (!cfg.checkpoint_dir.empty() && (!(failed.error = check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume != nullptr, &dir_lock)).empty() ||

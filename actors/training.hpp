@@ -78,6 +78,8 @@ struct train_config {
 
 // Builds cfg.model for cfg.train's samples with cfg.layers; null with *error.
 std::shared_ptr<const model> build_model(const train_config& cfg, std::string* error);
+// cfg.check_model's answer for m ("" without one); one that throws answers with its message.
+std::string run_check_model(const train_config& cfg, const model& m);
 // Checks the configuration against the built model; returns an empty string or what is wrong.
 // replicas_here: how many of cfg.replicas this process runs (their memory, and their loaders' prefetched
 // batches, must fit in half the memory this process may use: kernels/host_memory.hpp); 0: none (a

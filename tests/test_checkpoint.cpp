@@ -17,6 +17,7 @@
 #include <functional>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -450,6 +451,8 @@ TEST_CASE("checkpoint: a folder whose disk cannot take three of the model's chec
   CHECK(refused.invalid);
   CHECK(refused.error == "no room for its weights");
   CHECK(refused.history.empty());
+  cfg.check_model = [](const model&) -> std::string { throw std::runtime_error("boom"); };  // it used to abort
+  CHECK(train(cfg).error == "check_model threw: boom");
 }
 
 TEST_CASE("checkpoint: a forged model label reaches no terminal as it is", "[checkpoint]") {

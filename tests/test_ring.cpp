@@ -131,7 +131,7 @@ TEST_CASE("ring all-reduce between N reducer actors equals the serial sum", "[ri
   }
 }
 
-TEST_CASE("local_ring refuses null and overlapping buffers, and a topology's ring may outlive the topology", "[ring][actors][topology]") {
+TEST_CASE("local_ring refuses null and overlapping buffers, odd sizes and timeouts, and a topology's ring may outlive the topology", "[ring][actors][topology]") {
   // Before: a null buffer was a SIGSEGV, one buffer given twice summed into itself (3 for 1 + 1), and a
   // topology destroyed before its ring waited for the ring's reducers for ever.
   auto t = std::make_unique<topology>();
@@ -145,8 +145,13 @@ TEST_CASE("local_ring refuses null and overlapping buffers, and a topology's rin
   CHECK(a == std::vector<float>(100, 3.f));
   CHECK(std::vector<float>(b.begin(), b.begin() + 50) == std::vector<float>(50, 3.f));
   CHECK(b[50] == 1.f);
-  t.reset();  // the ring goes on
   std::vector<float> x(10, 1.f), y(10, 2.f), z(10, 3.f);
+  CHECK(ring->allreduce({x.data(), y.data(), z.data()}, 10, std::chrono::milliseconds(0)) == "timeout must be positive, not 0 ms");
+  for (int n : {-1, 0, 1025}) {  // -1 was std::length_error (abort), 0 a ring that "summed" anything
+    std::unique_ptr<local_ring> odd = t->ring(n);
+    CHECK(odd->allreduce({}, 4) == "a ring of " + std::to_string(n) + " ranks: expected 1..1024");
+  }
+  t.reset();  // the ring goes on
   CHECK(ring->allreduce({x.data(), y.data(), z.data()}, 10) == "");
   CHECK(x == std::vector<float>(10, 6.f));
   ring.reset();  // and ends the actor system with it
