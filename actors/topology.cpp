@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "actors/node_service.hpp"
+#include "net/keys.hpp"
 
 namespace ringmaster {
 
@@ -49,6 +50,12 @@ topology& topology::data_dir(const std::string& dir) {
 topology& topology::limit(int64_t train_samples, int64_t test_samples) {
   limit_train_ = train_samples;
   limit_test_ = test_samples;
+  return *this;
+}
+
+topology& topology::listen(const std::string& endpoint, int ring_port) {
+  listen_ = endpoint;
+  ring_port_ = ring_port;
   return *this;
 }
 
@@ -114,7 +121,22 @@ train_result topology::train(train_config cfg) {
   const int local = int(std::count_if(places_.begin(), places_.end(), [](auto& p) { return p.node.empty(); }));
   if (local > 0) {
     node_options no;
-    no.listen = "tcp://127.0.0.1:0";
+    no.listen = listen_;
+    if (no.listen.empty()) {  // a node on another machine cannot reach us at 127.0.0.1
+      const auto node = std::find_if(places_.begin(), places_.end(), [](const placement& p) { return !p.node.empty(); });
+      const std::string me = net::address_toward(node->node);
+      no.listen = "tcp://" + (me.empty() ? "127.0.0.1" : me) + ":0";
+    } else if (!net::check_endpoint(listen_, true, &failed.error) || !net::check_listen_host(listen_, &failed.error)) {
+      failed.invalid = true;
+      failed.error = "listen(): " + failed.error;
+      return failed;
+    }
+    if (ring_port_ < 0 || ring_port_ > 65535) {
+      failed.invalid = true;
+      failed.error = "listen(): the ring port must be 0-65535, not " + std::to_string(ring_port_);
+      return failed;
+    }
+    no.ring_port = ring_port_;
     no.name = "this process";
     no.devices = local_devices;
     no.make_backend = cfg.make_backend;

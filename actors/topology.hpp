@@ -52,6 +52,10 @@ class topology {
   topology& data_dir(const std::string& dir);
   // Use only the first N samples on every node (0: all).
   topology& limit(int64_t train_samples, int64_t test_samples);
+  // Where the nodes reach this process's ranks, when both take part: tcp://ADDRESS:PORT, and the port
+  // their ring chunks come to (0: any free one), for a firewall. Default: this machine's address toward
+  // the first node's (the interface the route there leaves by), any free ports.
+  topology& listen(const std::string& endpoint, int ring_port = 0);
 
   // Runs a training job over the placed ranks. All ranks here: cfg.train (and cfg.test) must be set.
   // With nodes: each node, this process included, reads its own copy of the data (cfg.train and cfg.test
@@ -69,6 +73,8 @@ class topology {
   std::vector<placement> places_;
   std::string data_dir_ = "/usr/share/datasets/fashion-mnist";
   int64_t limit_train_ = 0, limit_test_ = 0;
+  std::string listen_;
+  int ring_port_ = 0;
   // ring()'s actor system, shared with the rings it made: one may outlive the topology.
   struct ring_system;
   std::shared_ptr<ring_system> rings_;

@@ -340,6 +340,33 @@ bool check_host_resolves(const std::string& endpoint, std::string* error) {
   return true;
 }
 
+std::string address_toward(const std::string& endpoint) {
+  if (endpoint.rfind("tcp://", 0) != 0 || endpoint.rfind(':') <= 6) return "";
+  std::string host = endpoint.substr(6, endpoint.rfind(':') - 6);
+  if (const size_t semi = host.rfind(';'); semi != std::string::npos) host.erase(0, semi + 1);  // tcp://eth0;HOST:P
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || !found) return "";
+  std::string out;
+  // A UDP socket "connected" there sends nothing: the kernel only picks the route, and its source address.
+  const int fd = ::socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage me{};
+  socklen_t len = sizeof me;
+  char text[INET6_ADDRSTRLEN] = {};
+  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0) {
+    if (me.ss_family == AF_INET && inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&me)->sin_addr, text, sizeof text))
+      out = text;
+    else if (me.ss_family == AF_INET6 && inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&me)->sin6_addr, text, sizeof text) &&
+             reinterpret_cast<sockaddr_in6*>(&me)->sin6_scope_id == 0)  // a link-local one needs its interface: none
+      out = "[" + std::string(text) + "]";
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  return out;
+}
+
 bool check_listen_host(const std::string& endpoint, std::string* error) {
   if (endpoint.rfind("tcp://", 0) != 0) return true;
   std::string host = endpoint.substr(6, endpoint.rfind(':') - 6);

@@ -107,6 +107,11 @@ bool check_endpoint(const std::string& endpoint, bool any_port, std::string* err
 // about a node that did not answer, to name a typo as such. Failures other than "no such name" pass.
 bool check_host_resolves(const std::string& endpoint, std::string* error);
 
+// This machine's address toward a tcp:// endpoint's host, for a peer there to reach us back: that of the
+// interface the route there leaves by ("10.0.0.5"; IPv6 in brackets); "" when unknown (ipc://, no route,
+// a name that does not resolve). Sends nothing.
+std::string address_toward(const std::string& endpoint);
+
 // An endpoint (checked as above) that ZeroMQ can listen on: its host is *, an IP address of this machine
 // or a network interface of it. ZeroMQ does not bind to host names ("localhost": "No such device").
 bool check_listen_host(const std::string& endpoint, std::string* error);

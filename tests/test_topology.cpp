@@ -1,0 +1,90 @@
+// The topology API's ranks in this process, when nodes take part too: the node service that serves them
+// listens where the nodes can reach it, not on 127.0.0.1 (a node on another machine was told to send its
+// ring chunks to its own loopback: "cannot reach tcp://127.0.0.1:34235 (a ring port) after 20 tries").
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "actors/topology.hpp"
+#include "net/keys.hpp"
+#include "tests/test_nodes.hpp"
+
+using namespace ringmaster;
+
+namespace {
+
+// This machine's IPv4 addresses other than loopback ones.
+std::vector<std::string> outward_addresses() {
+  std::vector<std::string> out;
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return out;
+  for (ifaddrs* a = all; a; a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN];
+    if (!inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text)) continue;
+    if (std::string(text).rfind("127.", 0) != 0) out.push_back(text);
+  }
+  freeifaddrs(all);
+  return out;
+}
+
+// A job of one rank here and one on a daemon listening at `host`, as `t` sets it up; the daemon's log.
+std::string mixed_job(const std::string& host, topology& t, train_result* r) {
+  const std::string log = "/tmp/ringmaster-test-topology-" + std::to_string(::getpid()) + ".log";
+  std::remove(log.c_str());
+  const std::string ep = "tcp://" + host + ":" + std::to_string(test::free_port());
+  test::daemon_process node({RINGMASTER_NODE_BIN}, ep, "cpu:1", RINGMASTER_DATA_DIR, log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  t.connect(ep).place(1, {"", "cpu"}).place(1, {ep, "cpu"});
+  t.data_dir(RINGMASTER_DATA_DIR).limit(600, 100);
+  *r = t.train(test::small_job());
+  node.stop(SIGTERM);
+  const std::string logged = test::slurp(log);
+  std::remove(log.c_str());
+  return logged;
+}
+
+}  // namespace
+
+TEST_CASE("net: address_toward names this machine's address on the route to a host", "[topology][keys]") {
+  CHECK(net::address_toward("tcp://127.0.0.1:9") == "127.0.0.1");
+  CHECK(net::address_toward("tcp://localhost:9").rfind("127.", 0) == 0);
+  CHECK(net::address_toward("ipc:///tmp/x").empty());
+  CHECK(net::address_toward("tcp://no-such-host.invalid:9").empty());
+  for (const std::string& a : outward_addresses()) CHECK(net::address_toward("tcp://" + a + ":9") == a);
+}
+
+TEST_CASE("topology API: ranks here serve a node where it reaches them, or where listen() says", "[nodes][topology]") {
+  const std::vector<std::string> outward = outward_addresses();
+  if (outward.empty()) WARN("this machine has no address but loopback: only listen() is checked");
+  for (const std::string& host : outward) {
+    // The node is told our ranks' address on the route to it, as one on another machine would be.
+    topology t;
+    train_result r;
+    const std::string logged = mixed_job(host, t, &r);
+    INFO(logged);
+    INFO(r.error);
+    REQUIRE(r.ok);
+    CHECK(logged.find("ring chunks to node tcp://" + host + ":") != std::string::npos);
+  }
+  topology t;  // listen(): where the user says
+  t.listen("tcp://127.0.0.1:0");
+  train_result r;
+  const std::string logged = mixed_job("127.0.0.1", t, &r);
+  INFO(logged);
+  REQUIRE(r.ok);
+  CHECK(logged.find("ring chunks to node tcp://127.0.0.1:") != std::string::npos);
+  topology bad;
+  bad.listen("tcp://203.0.113.9:0").place(1, {"", "cpu"}).connect("tcp://127.0.0.1:1").place(1, {"tcp://127.0.0.1:1", "cpu"});
+  const train_result refused = bad.train(test::small_job());
+  CHECK(refused.invalid);
+  CHECK(refused.error.rfind("listen(): ", 0) == 0);
+  topology odd;
+  odd.listen("tcp://127.0.0.1:0", 70000).place(1, {"", "cpu"}).connect("tcp://127.0.0.1:1").place(1, {"tcp://127.0.0.1:1", "cpu"});
+  CHECK(odd.train(test::small_job()).error == "listen(): the ring port must be 0-65535, not 70000");
+}
