@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "actors/node_service.hpp"
+#include "kernels/dataset.hpp"
 #include "net/keys.hpp"
 
 namespace ringmaster {
@@ -68,6 +69,16 @@ train_result topology::train(train_config cfg) {
   const bool all_here =
       std::all_of(places_.begin(), places_.end(), [](const placement& p) { return p.node.empty(); });
   if (all_here) {
+    // Data in memory, or else data_dir()'s files with limit() applied, as a job on nodes reads them.
+    const auto load = [&](const char* prefix, int64_t limit, std::shared_ptr<const dataset>* to) {
+      auto d = std::make_shared<dataset>();
+      if (!load_mnist(data_dir_, prefix, 256, d.get(), &failed.error)) return failed.invalid = !load_error_is_resource(failed.error), false;
+      if (limit > 0) truncate(*d, size_t(limit));
+      *to = std::move(d);
+      return true;
+    };
+    if (!cfg.train && !load("train", limit_train_, &cfg.train)) return failed;
+    if (!cfg.test && cfg.evaluate && !load("t10k", limit_test_, &cfg.test)) return failed;
     cfg.replicas = ranks();
     cfg.devices.clear();
     for (const placement& p : places_) cfg.devices.push_back(p.device);

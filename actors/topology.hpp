@@ -48,19 +48,19 @@ class topology {
   int ranks() const { return int(places_.size()); }
   const std::vector<placement>& placements() const { return places_; }
 
-  // Where this process's ranks read data when nodes take part (nodes read their own copies).
+  // Where this process's ranks read data, unless given in memory (nodes read their own copies).
   topology& data_dir(const std::string& dir);
-  // Use only the first N samples on every node (0: all).
+  // Use only the first N samples of data_dir()'s, here and on every node (0: all).
   topology& limit(int64_t train_samples, int64_t test_samples);
   // Where the nodes reach this process's ranks, when both take part: tcp://ADDRESS:PORT, and the port
   // their ring chunks come to (0: any free one), for a firewall. Default: this machine's address toward
   // the first node's (the interface the route there leaves by), any free ports.
   topology& listen(const std::string& endpoint, int ring_port = 0);
 
-  // Runs a training job over the placed ranks. All ranks here: cfg.train (and cfg.test) must be set.
-  // With nodes: each node, this process included, reads its own copy of the data (cfg.train and cfg.test
-  // unset; a job over data in memory places every rank here). Never throws for bad
-  // input: result.ok is false and result.error says why.
+  // Runs a training job over the placed ranks (they set cfg.replicas). All ranks here: on cfg.train (and
+  // cfg.test) where set, else on data_dir()'s files, limit()ed. With nodes: each node, this process
+  // included, reads its own copy of the data (cfg.train and cfg.test unset; a job over data in memory
+  // places every rank here). Never throws for bad input: result.ok is false and result.error says why.
   train_result train(train_config cfg);
 
   // A ring of `size` reducers in this process, to all-reduce buffers on their own.

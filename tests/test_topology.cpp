@@ -88,3 +88,19 @@ TEST_CASE("topology API: ranks here serve a node where it reaches them, or where
   odd.listen("tcp://127.0.0.1:0", 70000).place(1, {"", "cpu"}).connect("tcp://127.0.0.1:1").place(1, {"tcp://127.0.0.1:1", "cpu"});
   CHECK(odd.train(test::small_job()).error == "listen(): the ring port must be 0-65535, not 70000");
 }
+
+TEST_CASE("topology API: every rank here trains on data_dir()'s files, limit()ed, where no data is given", "[topology]") {
+  // It failed "no training data", and limit() was passed over for data in memory.
+  topology t;
+  t.place(2, {"", "cpu"}).data_dir(RINGMASTER_DATA_DIR).limit(480, 100);
+  const train_result r = t.train(test::small_job());
+  INFO(r.error);
+  REQUIRE(r.ok);
+  REQUIRE(r.history.size() == 1);
+  CHECK(r.history[0].samples == 480);
+  topology nowhere;
+  nowhere.place(1, {"", "cpu"}).data_dir("/nonexistent");
+  const train_result refused = nowhere.train(test::small_job());
+  CHECK(refused.invalid);
+  CHECK(refused.error.find("/nonexistent") != std::string::npos);
+}
