@@ -26,9 +26,10 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
   // Nothing to resume from: say so, and leave no empty folder behind (a typo would make one).
   if (resuming && ::stat(dir.c_str(), &st) != 0 && errno == ENOENT)
     return "there is no folder " + dir + ", so no checkpoint to resume from (a run writes them there when started with --checkpoint-dir " + dir + ")";
-  // Another launcher may make it at the same moment: then it is there.
-  if (::stat(dir.c_str(), &st) != 0 && (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST))
-    return "cannot create folder " + dir + ": " + std::strerror(errno);
+  // Made with its parents, as mkdir -p (another launcher may make it at the same moment: then it is there).
+  std::error_code made;
+  if (::stat(dir.c_str(), &st) != 0 && !fs::create_directories(dir, made) && made)
+    return "cannot create folder " + dir + ": " + made.message();
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return dir + " is not a folder";
   // One job a folder: two would prune each other's checkpoints (and temporary files being written). The
   // lock goes with the process (flock), so a crashed job leaves none behind.

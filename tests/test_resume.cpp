@@ -192,7 +192,7 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
       {"--save " + loop, "--save: cannot write " + loop + ": its links go round in a loop"},
       {"--report-json " + fifo, "--report-json: cannot write " + fifo + ": a FIFO nothing reads from (start its reader first)"},
       {"--save " + fifo, "--save: cannot write " + fifo + ": a FIFO nothing reads from"},
-      {"--checkpoint-dir /nonexistent/ck", "--checkpoint-dir: cannot create folder /nonexistent/ck: No such file or directory"},
+      {"--checkpoint-dir /etc/hostname/ck", "--checkpoint-dir: cannot create folder /etc/hostname/ck: Not a directory"},
       {"--checkpoint-dir /etc/hostname", "--checkpoint-dir: /etc/hostname is not a folder"},
       {"--checkpoint-dir /sys/kernel", "--checkpoint-dir: "},  // not writable, even for root
       {"--checkpoint-every 5", "--checkpoint-every needs --checkpoint-dir"},
@@ -252,6 +252,11 @@ TEST_CASE("checkpoint: an unwritable folder or a misused flag exits 2 before tra
   INFO(relative.out);
   CHECK(relative.status == 0);
   CHECK(slurp(empty + "/made-rel.json").find("\"history\"") != std::string::npos);
+  // A checkpoint folder is made with its parents, as mkdir -p (it was refused: "No such file or directory").
+  const run_result nested = mnist("--epochs 1 --limit-train 256 --limit-test 64 -q --no-eval --checkpoint-dir " + empty + "/a/b");
+  INFO(nested.out);
+  CHECK(nested.status == 0);
+  CHECK(names(empty + "/a/b").count("ckpt-1-0.safetensors") == 1);
 }
 
 TEST_CASE("checkpoint: a --save that fails after training still leaves the report, and names the checkpoint that "
