@@ -1,6 +1,8 @@
 #include "actors/job_plan.hpp"
 
+#include <algorithm>
 #include <cfloat>
+#include <climits>
 #include <cmath>
 
 #include "actors/checkpoint.hpp"
@@ -228,7 +230,7 @@ bool make_job_plan(const train_config& cfg, const job_placement& where, job_plan
   p.epochs = cfg.epochs;
   p.seed = cfg.seed;
   p.prefetch = cfg.prefetch;
-  p.bucket_bytes = int64_t(cfg.bucket_bytes);
+  p.bucket_bytes = int64_t(std::min<size_t>(cfg.bucket_bytes, size_t(INT64_MAX)));  // not wrapped to a negative
   p.ring_timeout_ms = int64_t(cfg.ring_timeout.count());
   p.evaluate = cfg.evaluate;
   p.limit_train = where.limit_train;

@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -394,9 +395,24 @@ bool make_dataset(const shape& sample, std::vector<float> features, std::vector<
     *error = "bad sample shape " + sample.str();
     return false;
   }
-  if (labels.empty() || features.size() != labels.size() * sample.size()) {
+  if (labels.empty()) {
+    *error = "no samples (no labels)";
+    return false;
+  }
+  if (classes < 1) {
+    *error = "classes must be at least 1, not " + std::to_string(classes);
+    return false;
+  }
+  if (features.size() != labels.size() * sample.size()) {
     *error = std::to_string(features.size()) + " feature values for " + std::to_string(labels.size()) +
              " labels of samples " + sample.str() + " (expected " + std::to_string(labels.size() * sample.size()) + ")";
+    return false;
+  }
+  // A NaN or infinite input makes every loss after it NaN: named here, not as "too high a learning rate".
+  if (auto bad = std::find_if(features.begin(), features.end(), [](float x) { return !std::isfinite(x); }); bad != features.end()) {
+    const size_t at = size_t(bad - features.begin());
+    *error = "feature value " + std::to_string(at % sample.size()) + " of sample " + std::to_string(at / sample.size()) + " is " +
+             (std::isnan(*bad) ? "NaN" : "infinite");
     return false;
   }
   for (size_t i = 0; i < labels.size(); ++i)

@@ -132,6 +132,11 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
                                           std::string* error) {
   model_desc d;
   if (!parse_model_desc(text, &d, error)) return nullptr;
+  // First: a negative dimension would be read as billions of features below.
+  if (input.c < 1 || input.h < 1 || input.w < 1 || double(input.c) * input.h * input.w > double(size_t(1) << 26)) {
+    *error = "input " + input.str() + " is empty or too large";
+    return nullptr;
+  }
   if (d.input_width && size_t(d.input_width) != input.size()) {
     *error = "model input width " + std::to_string(d.input_width) + " does not match the data's " +
              std::to_string(input.size()) + " features";
@@ -139,10 +144,6 @@ std::shared_ptr<const model> model::build(const std::string& text, const layer_r
   }
   if (d.has_input_shape && d.input != input) {
     *error = "model expects input " + d.input.str() + " but the data's samples are " + input.str();
-    return nullptr;
-  }
-  if (input.c < 1 || input.h < 1 || input.w < 1 || double(input.c) * input.h * input.w > double(size_t(1) << 26)) {
-    *error = "input " + input.str() + " is empty or too large";
     return nullptr;
   }
   auto m = std::shared_ptr<model>(new model());

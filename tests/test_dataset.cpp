@@ -354,6 +354,16 @@ TEST_CASE("make_dataset wraps arrays of any sample shape, checking sizes and lab
   CHECK_FALSE(make_dataset(shape{3, 4, 5}, f, {-1, 0}, 3, &bad, &err));
   CHECK(err.find("label -1 of sample 0") != std::string::npos);
   CHECK_FALSE(make_dataset(shape{3, 4, 5}, {}, {}, 3, &bad, &err));
+  CHECK(err == "no samples (no labels)");  // it said "0 feature values for 0 labels ... (expected 0)"
+  CHECK_FALSE(make_dataset(shape{3, 4, 5}, f, {0, 0}, 0, &bad, &err));
+  CHECK(err == "classes must be at least 1, not 0");  // it said "label 0 of sample 0 is not in 0..-1"
+  std::vector<float> poisoned = f;
+  poisoned[60 + 7] = std::nanf("");
+  CHECK_FALSE(make_dataset(shape{3, 4, 5}, poisoned, {0, 1}, 3, &bad, &err));
+  CHECK(err == "feature value 7 of sample 1 is NaN");  // it trained, to "the loss became NaN ... (too high a learning rate?)"
+  poisoned[60 + 7] = -INFINITY;
+  CHECK_FALSE(make_dataset(shape{3, 4, 5}, poisoned, {0, 1}, 3, &bad, &err));
+  CHECK(err == "feature value 7 of sample 1 is infinite");
   CHECK_FALSE(make_dataset(shape{0, 4, 5}, {}, {0}, 3, &bad, &err));
   CHECK(err.find("bad sample shape") != std::string::npos);
   CHECK_FALSE(make_dataset(shape{1 << 14, 1 << 14, 1}, {}, {0}, 3, &bad, &err));  // 2^28 values a sample
@@ -401,8 +411,8 @@ TEST_CASE("byte images are kept as bytes too, and batches gathered from them hav
   truncate(grown, 20);
   CHECK(grown.bytes.empty());
 
-  // One value that is no byte image (0.3f, -0.0f, 2, NaN) and the data set has no bytes.
-  for (float odd : {0.3f, -0.0f, 2.0f, std::nanf("")}) {
+  // One value that is no byte image (0.3f, -0.0f, 2) and the data set has no bytes (a NaN is refused).
+  for (float odd : {0.3f, -0.0f, 2.0f}) {
     auto g = f;
     g[123] = odd;
     dataset e;

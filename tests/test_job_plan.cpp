@@ -509,3 +509,18 @@ TEST_CASE("job plan: a rank's reducer holds at most twice the gradient that a ne
   CHECK(big.rank == 1);
   CHECK(big.ring.job == p.ring_id());
 }
+
+TEST_CASE("job plan: a bucket size past int64 is refused as the number it is, not as -1", "[plan]") {
+  train_config c;
+  c.model = "784-10";
+  c.bucket_bytes = SIZE_MAX;
+  job_placement w;
+  w.nodes = {{"tcp://10.0.0.1:5601", "a:1:f00d"}};
+  w.rank_node = {0};
+  w.devices = {"cpu"};
+  c.replicas = 1;
+  job_plan p;
+  std::string err;
+  CHECK_FALSE(make_job_plan(c, w, &p, &err));
+  CHECK(err.find("'bucket_bytes' is 9223372036854775807, expected 0..4294967296") != std::string::npos);
+}

@@ -356,7 +356,7 @@ TEST_CASE("flatten and relu: output and gradients match float64", "[layers]") {
   }
 }
 
-TEST_CASE("a model at the edge of a setting's range reads back from its own description", "[layers]") {
+TEST_CASE("a model at the edge of a setting's range reads back from its own description, and a negative input is named", "[layers]") {
   // 0.999 is kept as the float 0.99900001...: its description (a checkpoint's, --save's) must build
   // again. It failed "expected a number in [0, 0.999]", after training (a tester's run).
   std::string err;
@@ -367,6 +367,8 @@ TEST_CASE("a model at the edge of a setting's range reads back from its own desc
   INFO(err);
   REQUIRE(again);
   CHECK(again->description() == m->description());
+  CHECK_FALSE(model::build("784-10", builtins(), shape{-1, 28, 28}, &err));  // it spoke of 18446744073709550832 features
+  CHECK(err == "input (-1, 28, 28) is empty or too large");
 }
 
 TEST_CASE("dropout in training: output is the masked, scaled input, its gradient the same mask and scale", "[layers]") {
