@@ -268,7 +268,7 @@ struct launcher {
   // until every rank but those on the blamed node has reported.
   void judge_stall(bool final);
   void judge_link(clock_type::time_point t);
-  void reform_same_nodes(const std::string& line, const ring_relink& what, const std::string& not_elastic, const std::string& again);
+  void reform_same_nodes(const std::string& line, const ring_relink& what, const std::string& not_elastic);
   void reform_survivors(int64_t start);
   void take_forward_state(const wire::header& h, const net::payload& p);
   void on_reformed(int node, const wire::kv_map& kv);

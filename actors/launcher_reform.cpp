@@ -160,8 +160,7 @@ void launcher::judge_stall(bool final) {
     stalls.clear();
     const int64_t at = std::min(seen_step, std::max<int64_t>(0, total_steps - 1)), per_epoch = std::max<int64_t>(1, steps_per_epoch);
     const std::string line = "the ring stalled with every rank waiting for another (" + said + ")";
-    return reform_same_nodes(line, {"", "", said, at / per_epoch, at % per_epoch, clock_type::now(), seen_step}, "",
-                             ", again before the ring re-formed for the last stall completed a step");
+    return reform_same_nodes(line, {"", "", said, at / per_epoch, at % per_epoch, clock_type::now(), seen_step}, "");
   }
   const int culprit = proxy_node[size_t(r)];
   std::string silent;  // ranks off the culprit's node that have not said whom they wait for
@@ -190,19 +189,19 @@ void launcher::judge_link(clock_type::time_point t) {
                            " broke while both nodes still answer (" + ro.nodes[size_t(b.to)] + " saw: " + b.why + ")";
   const int64_t at = std::min(seen_step, std::max<int64_t>(0, total_steps - 1)), per_epoch = std::max<int64_t>(1, steps_per_epoch);
   reform_same_nodes(line, {ro.nodes[size_t(b.from)], ro.nodes[size_t(b.to)], b.why, at / per_epoch, at % per_epoch, t, seen_step},
-                    "; what was on its way is lost (with --on-node-loss continue the ring is re-formed)",
-                    ", again before the ring re-formed for the last break completed a step: the link cannot carry the ring");
+                    "; what was on its way is lost (with --on-node-loss continue the ring is re-formed)");
 }
 
 // The ring re-formed with the same nodes from the last step all ranks completed (a link broke, or every
 // rank waited for another), as after a loss but with every rank kept: they sum as before. Without
 // --on-node-loss continue the job fails (line + not_elastic). A ring that stops again before the one
-// re-formed for the last such trouble completed a step would be re-formed for ever (a middlebox that
-// resets every large transfer, say): the job fails (line + again).
-void launcher::reform_same_nodes(const std::string& line, const ring_relink& what, const std::string& not_elastic,
-                                 const std::string& again) {
+// re-formed for the last such trouble (a break or a stall, whichever it was) completed a step would be
+// re-formed for ever (a middlebox that resets every large transfer, say): the job fails.
+void launcher::reform_same_nodes(const std::string& line, const ring_relink& what, const std::string& not_elastic) {
   if (!plan.elastic) return kill_node(-1, line + not_elastic);
-  if (!relinks.empty() && relinks.back().at == seen_step) return kill_node(-1, line + again);
+  if (!relinks.empty() && relinks.back().at == seen_step)
+    return kill_node(-1, line + ", again before the ring re-formed for the last " + (relinks.back().from.empty() ? "stall" : "break") +
+                             " completed a step" + (what.from.empty() ? "" : ": the link cannot carry the ring"));
   event(line + "; re-forming the ring with the same nodes");
   relinks.push_back(what);
   if (joining >= 0) give_up_join(what.from.empty() ? "the ring stalled meanwhile" : "a ring link broke meanwhile", true, true);
