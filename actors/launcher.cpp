@@ -179,7 +179,12 @@ void launcher::tick() {
           ? std::max<std::chrono::milliseconds>(ro.setup_timeout, std::chrono::milliseconds(plan.ring_timeout_ms) + std::chrono::seconds(10) +
                                                                       std::chrono::duration_cast<std::chrono::milliseconds>(window))
           : ro.setup_timeout;
-  if (now != phase::running && !stop_handed && t - forming_since >= forming_limit) {
+  if (stop_waits && t - stop_since >= kStopLimit / 2) {  // the ring still re-formed: no time left for the stop
+    char took[64];
+    std::snprintf(took, sizeof took, "%.1f s after it", std::chrono::duration<double>(t - stop_since).count());
+    return kill_node(-1, interrupted_by(std::exchange(stop_waits, 0)) + "; no checkpoint was written at the stop: the ring was still being re-formed " + took);
+  }
+  if (now != phase::running && !stop_handed && t - (stopping ? stop_since : forming_since) >= forming_limit) {
     now = phase::running;  // once
     const std::string s = std::to_string(forming_limit.count() / 1000) + " s";
     if (stopping)

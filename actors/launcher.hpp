@@ -95,6 +95,7 @@ struct launcher {
   // whether the ranks' answers to its hold are still coming (applied then counts steps started), and
   // whether the state is with the coordinator (then the pause has no time limit here).
   int stopping = 0, stop_waits = 0;
+  clock_type::time_point stop_since;  // the signal's: the stop's limits count from it
   bool holding = false;
   bool stop_planned = false;  // the stop's pause names its step (else the ranks paused where they were)
   bool stop_handed = false;
@@ -102,8 +103,7 @@ struct launcher {
   // Nodes that said they are being stopped and still serve the job for a while (node_main's kStopGrace):
   // by when they count as lost unless we stop too (a whole allocation stopped at once), and the signal.
   std::map<int, std::pair<clock_type::time_point, std::string>> draining;
-  // Our own signal comes within a heartbeat or so of the nodes' (a batch system signals all at once).
-  static constexpr std::chrono::milliseconds kDrainWait{1500};
+  static constexpr std::chrono::milliseconds kDrainWait{1500};  // our own signal comes a heartbeat after the nodes'
   clock_type::time_point forming_since;
   std::vector<node_loss> losses;               // since the last re-forming, for the coordinator
   clock_type::time_point last_word = clock_type::time_point::max();  // the earliest last message of those

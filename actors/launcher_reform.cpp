@@ -421,7 +421,7 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
   ring_from = plan.start_step;
   for (const rank_plan& r : plan.ranks) send(r.node, wire::msg_type::start, "", r.rank);
   now = phase::running;
-  if (stop_waits) stop_with_checkpoint(std::exchange(stop_waits, 0));  // a signal came while it was re-formed
+  if (stop_waits) stop_with_checkpoint(stop_waits);  // a signal came while it was re-formed
 }
 
 }  // namespace ringmaster

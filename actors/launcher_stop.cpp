@@ -3,6 +3,7 @@
 // Bridge thread.
 #include <algorithm>
 #include <csignal>
+#include <utility>
 
 #include "actors/launcher.hpp"
 #include "actors/report_kv.hpp"
@@ -13,6 +14,8 @@ using clock_type = launcher::clock_type;
 
 void launcher::stop_with_checkpoint(int sig) {
   if (stopping) return;
+  const bool waited = std::exchange(stop_waits, 0) != 0;  // for a re-forming (on_reformed starts it)
+  if (!waited) stop_since = clock_type::now();
   // A node about to rejoin (loading its data, or the others on their way to the epoch's end it joins
   // at) is let go: the stop comes first. On their way, the ranks pause where they are instead (elastic
   // ranks apply whole steps: a step in flight is redone).
@@ -30,9 +33,10 @@ void launcher::stop_with_checkpoint(int sig) {
   }
   // While the ring is re-formed for a lost node, or a node takes its place in it, the ranks are paused
   // for that already (a stop would have to take over that pause's answers): the stop begins as the ring
-  // runs again (on_reformed), a moment later. (It used to end the job with no checkpoint of the stop.)
+  // runs again (on_reformed), unless that takes half the stop's limit (tick). (It used to end the job
+  // at once, with no checkpoint of the stop.)
   if (now != phase::running || joining >= 0) {
-    if (!stop_waits) event(interrupted_by(sig) + ": the stop begins as soon as the ring re-formed runs");
+    if (!waited) event(interrupted_by(sig) + ": the stop begins as soon as the ring re-formed runs");
     stop_waits = sig;
     return;
   }

@@ -82,7 +82,7 @@ class conv2d_layer final : public layer {
     conv_geometry g = geometry(in);
     if (!axis(in.h, kh_, sh_, same_, &g.OH, &g.PH) || !axis(in.w, kw_, sw_, same_, &g.OW, &g.PW))
       return fail(error, "a " + std::to_string(kh_) + "x" + std::to_string(kw_) + " kernel does not fit input " +
-                             in.str() + " with 'valid' padding"), false;
+                             in.str(true) + " with 'valid' padding"), false;
     *out = shape{filters_, g.OH, g.OW};
     if (g.patch() * size_t(g.OH) * g.OW > max_sample_floats || out->size() > max_sample_floats)
       return fail(error, "input " + in.str() + " unfolds into too many patches"), false;
@@ -151,7 +151,7 @@ class max_pool2d_layer final : public layer {
   bool build(const shape& in, shape* out, std::vector<param_info>*, std::string* error) override {
     int oh = 0, ow = 0, pad = 0;
     if (!axis(in.h, kh_, sh_, false, &oh, &pad) || !axis(in.w, kw_, sw_, false, &ow, &pad))
-      return fail(error, "a " + std::to_string(kh_) + "x" + std::to_string(kw_) + " window does not fit input " + in.str()), false;
+      return fail(error, "a " + std::to_string(kh_) + "x" + std::to_string(kw_) + " window does not fit input " + in.str(true)), false;
     *out = shape{in.c, oh, ow};
     return true;
   }

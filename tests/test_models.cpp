@@ -320,10 +320,10 @@ TEST_CASE("shapes that do not fit are refused naming the layer", "[layers]") {
   // 'same' padding fits any input.
   std::string err;
   CHECK(build_model(sequential{conv2d(4, 5, 1, "same"), flatten(), dense(10)}.text(), shape{1, 4, 4}, &err));
-  // The cnn on too small an image: its second conv no longer fits.
-  const std::string small = build_error("cnn", shape{1, 7, 7});
+  // The cnn on too small an image: its second conv no longer fits (its input named whole: it said "(32)").
+  const std::string small = build_error("cnn", shape{1, 5, 5});
   CHECK(has(small, "layer 2 (conv2d_1)"));
-  CHECK(has(small, "a 3x3 kernel does not fit input (32, 2, 2)"));
+  CHECK(has(small, "a 3x3 kernel does not fit input (32, 1, 1)"));
   const std::string pool = build_error(sequential{max_pool2d(4), flatten(), dense(10)}.text(), shape{2, 3, 8});
   CHECK(has(pool, "layer 0 (max_pool2d_0)"));
   CHECK(has(pool, "a 4x4 window does not fit input (2, 3, 8)"));
