@@ -32,10 +32,11 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
   pending_checkpoint c = std::move(it->second);
   // Weights gone NaN or infinite while the loss stays finite (a layer that hides them, a parameter the
   // forward pass does not use): never written, where it would replace a good one.
-  if (std::string bad = state_fault(*c.state); !bad.empty())
-    return finish(self, st, "the state after step " + std::to_string(done) + ": " + bad +
-                                " (training diverged: too high a learning rate? or a layer's gradient): no checkpoint was written from it" +
+  if (std::string bad = state_fault(*c.state); !bad.empty()) {
+    if (st.stopping) return stop_without_checkpoint(self, st, diverged(done, bad));  // the stop's own
+    return finish(self, st, diverged(done, bad) + ": no checkpoint was written from it" +
                                 (st.written > st.cfg.start.step ? "; the last one, after step " + std::to_string(st.written) + ", is kept" : ""));
+  }
   // Rank 0's state must be the one every rank holds: a node that sent another (finite, plausible values:
   // state_fault passes them) would have it written, and a resume would train on from it.
   std::vector<state_vote> votes;

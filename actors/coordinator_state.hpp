@@ -118,6 +118,13 @@ inline double secs(clock_type::time_point a, clock_type::time_point b) {
 
 // Ends the job: its result goes to whoever asked for it ("" error: it succeeded), every rank is stopped.
 void finish(caf::event_based_actor* self, coordinator_state& st, std::string error);
+// Ends a stop (st.stopping) without a checkpoint of its own, saying why ("": none due; the last one
+// written is where to go on from).
+void stop_without_checkpoint(caf::event_based_actor* self, coordinator_state& st, const std::string& why);
+// Why the state after step `at` is not written: state_fault's `bad`.
+inline std::string diverged(int64_t at, const std::string& bad) {
+  return "the state after step " + std::to_string(at) + ": " + bad + " (training diverged: too high a learning rate? or a layer's gradient)";
+}
 
 // A signal stopped a local job whose checkpoints are on (coordinator_config::interrupt and
 // on_checkpoint): the ranks finish the steps they are in, all stop after the same one, and its

@@ -14,21 +14,22 @@
 // answer in time, or a write that fails, ends the job as before: the last checkpoint is where to go on.
 #include <algorithm>
 
+#include "actors/checkpoint.hpp"  // state_fault
 #include "actors/coordinator_state.hpp"
 #include "actors/messages.hpp"
 
 namespace ringmaster::coordinator_detail {
+
+void stop_without_checkpoint(caf::event_based_actor* self, coordinator_state& st, const std::string& why) {
+  st.result->interrupted = st.stopping;
+  finish(self, st, interrupted_by(st.stopping) + (why.empty() ? "" : "; no checkpoint was written at the stop: " + why));
+}
+
 namespace {
 
 // For the whole stop: the steps in flight, the one up to the stop and the state's writing (a batch
 // system's grace is often 30 s before its SIGKILL).
 constexpr std::chrono::seconds kStopLimit{25};
-
-// Ends the stop without a checkpoint of its own (the last one written is where to go on from).
-void stop_without_checkpoint(caf::event_based_actor* self, coordinator_state& st, const std::string& why) {
-  st.result->interrupted = st.stopping;
-  finish(self, st, interrupted_by(st.stopping) + (why.empty() ? "" : "; no checkpoint was written at the stop: " + why));
-}
 
 // Whether a checkpoint after step `at` or later is written already (one was due then): it is the stop's,
 // and the job ends with it.
@@ -44,6 +45,8 @@ void write_state(caf::event_based_actor* self, coordinator_state& st, const job_
   if (st.finished) return;
   if (!s || s->steps != st.stop_at) return stop_without_checkpoint(self, st, "the state came from after another step");
   if (written_already(self, st, st.stop_at)) return;
+  if (std::string bad = state_fault(*s); !bad.empty())  // as offer_checkpoint: never written over a good one
+    return stop_without_checkpoint(self, st, diverged(st.stop_at, bad));
   if (std::string error = st.cfg.on_checkpoint(p, *s); !error.empty()) return stop_without_checkpoint(self, st, error);
   st.written = st.stop_at;
   st.result->stopped_after = st.stop_at;

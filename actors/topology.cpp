@@ -77,8 +77,9 @@ train_result topology::train(train_config cfg) {
       *to = std::move(d);
       return true;
     };
-    if (!cfg.train && !load("train", limit_train_, &cfg.train)) return failed;
-    if (!cfg.test && cfg.evaluate && !load("t10k", limit_test_, &cfg.test)) return failed;
+    const bool from_files = !cfg.train;  // a test set of data_dir()'s goes only with its training set
+    if (from_files && !load("train", limit_train_, &cfg.train)) return failed;
+    if (from_files && !cfg.test && cfg.evaluate && !load("t10k", limit_test_, &cfg.test)) return failed;
     cfg.replicas = ranks();
     cfg.devices.clear();
     for (const placement& p : places_) cfg.devices.push_back(p.device);

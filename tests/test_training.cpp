@@ -11,11 +11,13 @@
 #include <memory>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 #include "actors/checkpoint.hpp"
 #include "actors/replica.hpp"
 #include "actors/training.hpp"
 #include "kernels/layers.hpp"
+#include "tests/checkpoint_util.hpp"
 #include "tests/test_data.hpp"
 #include "tests/test_util.hpp"
 
@@ -423,7 +425,8 @@ TEST_CASE("a signal as the job's last step ends lets it finish with its results,
 
 namespace {
 // A user layer that passes its input on and owns one parameter the forward pass never uses, whose
-// gradient turns NaN after `good` backward passes: the weights go NaN while the loss stays finite.
+// gradient turns NaN after `good` backward passes: the weights go NaN while the loss stays finite
+// (and each such step takes a millisecond more).
 class nan_later final : public layer {
  public:
   nan_later(std::shared_ptr<std::atomic<int>> calls, int good) : calls_(std::move(calls)), good_(good) {}
@@ -435,7 +438,9 @@ class nan_later final : public layer {
   }
   void forward(const layer_io& io) const override { std::copy(io.x, io.x + size_t(io.batch) * io.in.size(), io.y); }
   void backward(const layer_io& io, const float* dy, float* dx) const override {
-    io.grads[0][0] = ++*calls_ > good_ ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+    const bool gone = ++*calls_ > good_;
+    io.grads[0][0] = gone ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+    if (gone) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // time for a signal to be seen
     if (dx) std::copy(dy, dy + size_t(io.batch) * io.in.size(), dx);
   }
 
@@ -470,5 +475,22 @@ TEST_CASE("checkpoint: weights gone NaN under a finite loss are never written, a
   REQUIRE(latest_checkpoint(dir, *c.layers, &ck, &path, &skipped, &err));
   CHECK(ck.progress.step == 25);
   CHECK(skipped.empty());
+  // Nor at a stop, none due before it (the job says it was stopped): a signal after step 50 of 400
+  // (the job looks every 50 ms).
+  std::filesystem::remove_all(dir);
+  *calls = 0;
+  c.train = load("train", 4800);
+  c.checkpoint_every = 1000;
+  std::atomic<int> signal{0};
+  c.interrupt = &signal;
+  c.on_progress = [&signal](const progress& p) {
+    if (p.step >= 50) signal = SIGTERM;
+  };
+  const train_result stopped = train(c);
+  INFO("stopped: " << stopped.error);
+  CHECK(stopped.interrupted == SIGTERM);
+  CHECK(stopped.error.find("no checkpoint was written at the stop: the state after step ") != std::string::npos);
+  CHECK(stopped.error.find(": its parameters hold NaN or infinite values (training diverged") != std::string::npos);
+  CHECK(checkpoint_test::names(dir).empty());
   std::filesystem::remove_all(dir);
 }
