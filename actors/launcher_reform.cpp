@@ -201,7 +201,7 @@ void launcher::reform_same_nodes(const std::string& line, const ring_relink& wha
   if (!plan.elastic) return kill_node(-1, line + not_elastic);
   if (!relinks.empty() && relinks.back().at == seen_step)
     return kill_node(-1, line + ", again before the ring re-formed for the last " + (relinks.back().from.empty() ? "stall" : "break") +
-                             " completed a step" + (what.from.empty() ? "" : ": the link cannot carry the ring"));
+                             " completed a step" + (what.from.empty() || relinks.back().from.empty() ? "" : ": the link cannot carry the ring"));
   event(line + "; re-forming the ring with the same nodes");
   relinks.push_back(what);
   if (joining >= 0) give_up_join(what.from.empty() ? "the ring stalled meanwhile" : "a ring link broke meanwhile", true, true);

@@ -137,10 +137,19 @@ train_result topology::train(train_config cfg) {
     if (no.listen.empty()) {  // a node on another machine cannot reach us at 127.0.0.1
       const auto node = std::find_if(places_.begin(), places_.end(), [](const placement& p) { return !p.node.empty(); });
       const std::string me = net::address_toward(node->node);
-      no.listen = "tcp://" + (me.empty() ? "127.0.0.1" : me) + ":0";
+      if (me.empty()) {
+        failed.error = "cannot tell this machine's address toward node " + node->node + " (no route to it, or a name that does not resolve here): "
+                       "name it with listen(\"tcp://ADDRESS:0\")";
+        return failed;
+      }
+      no.listen = "tcp://" + me + ":0";
     } else if (!net::check_endpoint(listen_, true, &failed.error) || !net::check_listen_host(listen_, &failed.error)) {
       failed.invalid = true;
       failed.error = "listen(): " + failed.error;
+      return failed;
+    } else if (const std::string host = listen_.substr(0, listen_.rfind(':')); host == "tcp://*" || host == "tcp://0.0.0.0" || host == "tcp://[::]") {
+      failed.invalid = true;  // the nodes would be told to reach us at 0.0.0.0: themselves
+      failed.error = "listen(): name the address of this machine that the nodes reach (" + listen_ + " names every one)";
       return failed;
     }
     if (ring_port_ < 0 || ring_port_ > 65535) {

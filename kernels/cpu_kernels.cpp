@@ -125,7 +125,7 @@ void dense_forward(float* out, const float* in, const float* w, const float* b, 
 
 // max(v, 0), but a NaN stays NaN (as PyTorch's relu): a NaN let through reaches the loss, which stops
 // the job at once; turned into 0 it would train on to the end on garbage. -0 becomes +0.
-inline float relu(float v) { return v > 0.0f || v != v ? v : 0.0f; }
+inline float relu(float v) { return !(v <= 0.0f) ? v : 0.0f; }  // NaN <= 0 is false
 
 void dense_relu_forward(float* out, const float* in, const float* w, const float* b, int B, int IN, int OUT) {
   padded(out, in, B, IN, OUT, [&](float* o, const float* x, int rows) {
@@ -295,7 +295,7 @@ void pool_take(float* __restrict o, int32_t* __restrict a, const float* __restri
   for (int ch = 0; ch < C; ++ch) o[ch] = p[ch], a[ch] = at + ch;
 }
 // Where p beats the maximum so far, it becomes the maximum: strict '>', so the first of equals stays;
-// a NaN beats all and stays (as relu, it must reach the loss). Written as selects so the compiler
+// a NaN beats all and stays, arg naming the last NaN (as relu, it must reach the loss). Written as selects so the compiler
 // vectorizes it (it was 14% of a CNN step as a branchy loop).
 void pool_merge(float* __restrict o, int32_t* __restrict a, const float* __restrict p, int32_t at, int C) {
   for (int ch = 0; ch < C; ++ch) {

@@ -72,8 +72,8 @@ __global__ void col2im_kernel(I n, float* dx, const float* col, conv_geometry g)
 }
 
 // out, arg (B, OH, OW, C): element i is (b, oy, ox, c). cpu::maxpool_forward's scan: the window's pixels
-// inside the image in (kh, kw) order, the first taken, a later one only when strictly greater (a NaN
-// first stays; a NaN later is never taken).
+// inside the image in (kh, kw) order, the first taken, a later one only when strictly greater or NaN (a
+// NaN stays once taken; arg names the last NaN), as on the CPU.
 template <class I>
 __global__ void maxpool_forward_kernel(I n, float* out, int32_t* arg, const float* in, conv_geometry g) {
   RM_GRID_STRIDE(I, i, n) {

@@ -34,7 +34,7 @@ template <bool RELU, class I>
 __global__ void bias_act_kernel(I n, float* out, const float* b, int OUT) {
   RM_GRID_STRIDE(I, i, n) {
     const float v = out[i] + b[i % I(OUT)];
-    out[i] = RELU ? (v > 0.0f || v != v ? v : 0.0f) : v;  // NaN stays NaN, as on the CPU (cpu_kernels.cpp: relu)
+    out[i] = RELU ? (!(v <= 0.0f) ? v : 0.0f) : v;  // NaN stays NaN, as on the CPU (cpu_kernels.cpp: relu)
   }
 }
 
@@ -118,7 +118,7 @@ void dense_forward_impl(const cuda_context& ctx, float* out, const float* in, co
 
 __global__ void relu_forward_kernel(float* out, const float* in, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    out[i] = in[i] > 0.0f || in[i] != in[i] ? in[i] : 0.0f;  // NaN stays NaN
+    out[i] = !(in[i] <= 0.0f) ? in[i] : 0.0f;  // NaN stays NaN (NaN <= 0 is false)
 }
 
 // din may alias dout: each element is read, then written, by the same thread.

@@ -63,6 +63,7 @@ class settings_reader {
   settings_reader& integer(const char* key, int* out, int lo, int hi, bool required = false);
   // An integer or a pair [a, b] of them (kernel sizes, strides): both *a and *b are set.
   settings_reader& pair(const char* key, int* a, int* b, int lo, int hi, bool required = false);
+  // A number in [lo, hi], checked as the float it is kept as (lo and hi rounded to floats too).
   settings_reader& number(const char* key, float* out, double lo, double hi, bool required = false);
   // One of the given words.
   settings_reader& word(const char* key, std::string* out, const std::vector<std::string>& allowed);

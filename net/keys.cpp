@@ -347,6 +347,10 @@ std::string address_toward(const std::string& endpoint) {
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   addrinfo hints{};
   hints.ai_socktype = SOCK_DGRAM;
+  // IPv4 but for an IPv6 address: ZeroMQ reaches a name over IPv4 (without ZMQ_IPV6), so the route
+  // that matters is that one, whatever address a dual-stack name lists first.
+  in6_addr a6{};
+  hints.ai_family = inet_pton(AF_INET6, host.c_str(), &a6) == 1 ? AF_INET6 : AF_INET;
   addrinfo* found = nullptr;
   if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || !found) return "";
   std::string out;

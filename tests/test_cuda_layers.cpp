@@ -208,7 +208,7 @@ TEST_CASE("nchw_to_nhwc matches the CPU bit for bit", "[kernels][conv]") {
   }
 }
 
-TEST_CASE("relu_forward matches the CPU bit for bit, zeros, negative zeros and NaNs included", "[kernels][conv]") {
+TEST_CASE("relu_forward matches the CPU bit for bit, zeros, negative zeros and NaNs included, and the fused relu keeps a NaN", "[kernels][conv]") {
   gpu g;
   std::mt19937 rng(24);
   auto x = randv(100003, rng);
@@ -218,6 +218,14 @@ TEST_CASE("relu_forward matches the CPU bit for bit, zeros, negative zeros and N
   dev<float> d_x(x), d_y(x.size());
   cuda::relu_forward(g.ctx, d_y.p, d_x.p, x.size());
   CHECK_SAME(d_y.host(), y);
+  // Fused into a dense layer's bias, as on the CPU: a NaN input stays NaN (made 0, it reached no loss).
+  const int IN = 2, OUT = 3;
+  std::vector<float> in = {std::numeric_limits<float>::quiet_NaN(), 1.0f}, w = {1, -1, 0, 1, 1, 1}, b = {0, 0, -5}, want(OUT);
+  cpu::dense_relu_forward(want.data(), in.data(), w.data(), b.data(), 1, IN, OUT);
+  dev<float> d_in(in), d_w(w), d_b(b), d_out(OUT);
+  cuda::dense_relu_forward(g.ctx, d_out.p, d_in.p, d_w.p, d_b.p, 1, IN, OUT);
+  for (float v : want) CHECK(std::isnan(v));
+  for (float v : d_out.host()) CHECK(std::isnan(v));
 }
 
 TEST_CASE("the cuda backend's new primitives: the same results as the CPU backend's", "[backend][conv]") {

@@ -62,8 +62,9 @@ TEST_CASE("net: address_toward names this machine's address on the route to a ho
 TEST_CASE("topology API: ranks here serve a node where it reaches them, or where listen() says", "[nodes][topology]") {
   const std::vector<std::string> outward = outward_addresses();
   if (outward.empty()) WARN("this machine has no address but loopback: only listen() is checked");
-  for (const std::string& host : outward) {
+  if (!outward.empty()) {  // one of them: a job each would be slow on a host of many (docker bridges)
     // The node is told our ranks' address on the route to it, as one on another machine would be.
+    const std::string& host = outward[0];
     topology t;
     train_result r;
     const std::string logged = mixed_job(host, t, &r);
@@ -84,6 +85,12 @@ TEST_CASE("topology API: ranks here serve a node where it reaches them, or where
   const train_result refused = bad.train(test::small_job());
   CHECK(refused.invalid);
   CHECK(refused.error.rfind("listen(): ", 0) == 0);
+  topology everywhere;
+  everywhere.listen("tcp://*:0").place(1, {"", "cpu"}).connect("tcp://127.0.0.1:1").place(1, {"tcp://127.0.0.1:1", "cpu"});
+  CHECK(everywhere.train(test::small_job()).error == "listen(): name the address of this machine that the nodes reach (tcp://*:0 names every one)");
+  topology unknown;  // no address toward it: named, not 127.0.0.1 in silence
+  unknown.place(1, {"", "cpu"}).connect("tcp://no-such-host.invalid:1").place(1, {"tcp://no-such-host.invalid:1", "cpu"});
+  CHECK(unknown.train(test::small_job()).error.rfind("cannot tell this machine's address toward node tcp://no-such-host.invalid:1", 0) == 0);
   topology odd;
   odd.listen("tcp://127.0.0.1:0", 70000).place(1, {"", "cpu"}).connect("tcp://127.0.0.1:1").place(1, {"tcp://127.0.0.1:1", "cpu"});
   CHECK(odd.train(test::small_job()).error == "listen(): the ring port must be 0-65535, not 70000");
