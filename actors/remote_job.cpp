@@ -499,6 +499,13 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
 }  // namespace
 
 train_result train_remote(train_config cfg, const remote_options& ro) {
+  if (cfg.init_params) {  // not in the job plan: the nodes would start from the seed's weights, in silence
+    train_result refused;
+    refused.invalid = true;
+    refused.error = "init_params do not travel to nodes: a job with ranks on nodes starts from the seed's weights "
+                    "(leave init_params unset, or place every rank in this process)";
+    return refused;
+  }
   const std::atomic<int>* interrupt = cfg.interrupt;
   train_result r = run_remote(std::move(cfg), ro);
   // Stopped by our signal, it was interrupted, whatever else went wrong meanwhile, said in one way: a

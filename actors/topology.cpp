@@ -63,7 +63,13 @@ topology& topology::listen(const std::string& endpoint, int ring_port) {
 train_result topology::train(train_config cfg) {
   train_result failed;
   if (places_.empty()) {
+    failed.invalid = true;
     failed.error = "no ranks placed";
+    return failed;
+  }
+  if (limit_train_ < 0 || limit_test_ < 0) {  // it took them for "all"
+    failed.invalid = true;
+    failed.error = "limit(): sample counts must be 0 (all) or more, not " + std::to_string(limit_train_) + " and " + std::to_string(limit_test_);
     return failed;
   }
   const bool all_here =

@@ -77,6 +77,8 @@ std::string check_config(const train_config& cfg, const model& m, int replicas_h
     return "global batch " + std::to_string(cfg.global_batch) + " is not divisible by " +
            std::to_string(cfg.replicas) + " replicas";
   if (cfg.epochs < 1) return "epochs must be at least 1";
+  // A thread each: 100,000 made std::thread throw (an abort), INT_MAX a memory blow-up.
+  if (cfg.threads < 0 || cfg.threads > 1024) return "threads must be in 0..1024 (0: one per replica, at most one per core)";
   if (!cfg.devices.empty() && int(cfg.devices.size()) != cfg.replicas)
     return std::to_string(cfg.devices.size()) + " devices given for " + std::to_string(cfg.replicas) +
            " replicas";

@@ -46,7 +46,7 @@ struct train_config {
   int64_t stall_after_steps = -1;
   bool stall_at_join_pause = false;  // testing: likewise once told to pause for a node that rejoins
   std::shared_ptr<const dataset> train, test;  // test may be null
-  std::shared_ptr<const std::vector<float>> init_params;  // null: Glorot from seed
+  std::shared_ptr<const std::vector<float>> init_params;  // null: Glorot from seed (local jobs only: nodes refuse)
   std::function<void(const progress&)> on_progress;
   int threads = 0;  // CAF scheduler threads; 0: one per replica, at most one per core
   // When every replica has a thread: how long one whose next batch is in spins for its all-reduces' end

@@ -111,3 +111,23 @@ TEST_CASE("topology API: every rank here trains on data_dir()'s files, limit()ed
   CHECK(refused.invalid);
   CHECK(refused.error.find("/nonexistent") != std::string::npos);
 }
+
+TEST_CASE("topology API: settings a job cannot honour are refused, not passed over", "[topology]") {
+  topology local;
+  local.place(1, {"", "cpu"}).data_dir(RINGMASTER_DATA_DIR).limit(-5, -1);  // it trained on all 60,000
+  train_result r = local.train(test::small_job());
+  CHECK(r.invalid);
+  CHECK(r.error == "limit(): sample counts must be 0 (all) or more, not -5 and -1");
+  train_config many = test::small_job();
+  many.threads = 100000;  // std::thread threw: the process aborted
+  r = local.limit(60, 10).train(many);
+  CHECK(r.error == "threads must be in 0..1024 (0: one per replica, at most one per core)");
+  // Weights of one's own do not travel to nodes: they started from the seed's, in silence.
+  train_config given = test::small_job();
+  given.init_params = std::make_shared<const std::vector<float>>(784 * 64 + 64 + 64 * 10 + 10, 0.5f);
+  remote_options ro;
+  ro.nodes = {"tcp://127.0.0.1:1"};
+  r = train_remote(given, ro);
+  CHECK(r.invalid);
+  CHECK(r.error.rfind("init_params do not travel to nodes", 0) == 0);
+}
