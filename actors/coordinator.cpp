@@ -145,6 +145,12 @@ void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int6
   checkpoint_progress(self, st, (e + 1) * st.cfg.steps_per_epoch, nullptr);
 }
 
+// Why the job stops for a training loss that is not finite.
+std::string loss_gone(double loss, int64_t e, int64_t step) {
+  return "the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at epoch " + std::to_string(e + 1) + ", step " +
+         std::to_string(step + 1) + " (too high a learning rate?); the job was stopped";
+}
+
 // Adds step `step` of epoch e, all of whose reports are in, to its epoch.
 void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t e, int64_t step) {
   const auto now = clock_type::now();
@@ -156,11 +162,9 @@ void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t 
   for (double l : s.losses) a.loss += l;
   a.correct += s.correct;
   a.count += s.count;
-  // A NaN or infinite loss never comes back: stop rather than train on garbage to the end.
-  if (!std::isfinite(a.loss))
-    return finish(self, st, "the loss became " + std::string(std::isnan(a.loss) ? "NaN" : "infinite") + " at epoch " +
-                                std::to_string(e + 1) + ", step " + std::to_string(step + 1) +
-                                " (too high a learning rate?); the job was stopped");
+  // A NaN or infinite loss never comes back: stop rather than train on garbage to the end. (Finite
+  // losses may add up to an infinite one; a rank's own NaN is caught as it comes, step_report.)
+  if (!std::isfinite(a.loss)) return finish(self, st, loss_gone(a.loss, e, step));
   ++a.steps_done;
   a.last_step = clock_type::now();
   if (st.recovering < st.result->losses.size()) {  // the first step since the ring was re-formed
@@ -378,6 +382,9 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         if (st->finished || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;  // of a ring given up on
         if (std::string bad = check_report(*st, r); !bad.empty())
           return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
+        // At once: the other ranks' reports of this step may come after this rank's evaluation, which
+        // would be blamed instead (a NaN test loss after a whole epoch trained on NaN).
+        if (!std::isfinite(r.loss_sum)) return finish(self, *st, loss_gone(r.loss_sum, r.epoch, r.step));
         st->last_news = clock_type::now();
         st->next_report[size_t(r.rank)] = r.epoch * st->cfg.steps_per_epoch + r.step + 1;
         if (r.state_sum) note_state_sum(*st, r);

@@ -131,3 +131,19 @@ TEST_CASE("topology API: settings a job cannot honour are refused, not passed ov
   CHECK(r.invalid);
   CHECK(r.error.rfind("init_params do not travel to nodes", 0) == 0);
 }
+
+TEST_CASE("a rank's NaN loss stops a job with ranks here and on a node at its step, not at the evaluation", "[nodes][topology]") {
+  // Each rank reports its own steps: the node's were behind this process's evaluation, which was blamed
+  // ("the test loss became NaN in the evaluation after epoch 1") after a whole epoch trained on NaN.
+  auto nodes = test::start_nodes(1, "cpu:1");
+  topology t;
+  t.connect(nodes[0]->endpoint).place(1, {"", "cpu"}).place(1, {nodes[0]->endpoint, "cpu"});
+  t.data_dir(RINGMASTER_DATA_DIR).limit(2000, 500);
+  train_config c = test::small_job();
+  c.opt.lr = 1e30f;
+  const train_result r = t.train(c);
+  INFO(r.error);
+  CHECK_FALSE(r.ok);
+  CHECK(r.error.rfind("the loss became NaN at epoch 1, step ", 0) == 0);
+  CHECK(r.history.empty());
+}
