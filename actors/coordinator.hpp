@@ -31,7 +31,7 @@ std::string format_progress(const progress& p);
 
 struct epoch_stats {
   int64_t epoch = 0;
-  double loss = 0, accuracy = 0, val_loss = 0, val_accuracy = 0;
+  double loss = 0, accuracy = 0, val_loss = 0, val_accuracy = 0;  // val_*: NaN without a test set (evaluate off)
   int64_t samples = 0;
   double seconds = 0, eval_seconds = 0;
 };
