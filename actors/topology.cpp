@@ -150,8 +150,8 @@ train_result topology::train(train_config cfg) {
       }
       no.listen = "tcp://" + me + ":0";
     } else if (!net::check_endpoint(listen_, true, &failed.error) || !net::check_listen_host(listen_, &failed.error)) {
-      failed.invalid = true;
-      failed.error = "listen(): " + failed.error;
+      failed.invalid = true;  // without the daemon's advice of 0.0.0.0 or *, which the nodes cannot be told
+      failed.error = "listen(): " + failed.error.substr(0, failed.error.find(" (listen on")) + ": name an address of this machine that the nodes reach";
       return failed;
     } else if (const std::string host = listen_.substr(0, listen_.rfind(':')); host == "tcp://*" || host == "tcp://0.0.0.0" || host == "tcp://[::]") {
       failed.invalid = true;  // the nodes would be told to reach us at 0.0.0.0: themselves
