@@ -322,6 +322,29 @@ TEST_CASE("elastic: a node that dies while it rejoins is given up, and the other
   CHECK(r.failed_joins.back().why.rfind("it stopped answering", 0) == 0);
 }
 
+namespace {
+
+// A rejoining test's job with checkpoints in `dir` only at a stop, stopped by `signal`.
+train_config stopped_job(const std::string& dir, std::atomic<int>* signal) {
+  train_config c = rejoin_job();
+  c.checkpoint_dir = dir;
+  c.checkpoint_every = 1000000;  // only the stop's
+  c.interrupt = signal;
+  return c;
+}
+
+// The stop's checkpoint is there, after the step the job says it stopped after (past step 30).
+void check_stop_checkpoint(const train_result& r) {
+  REQUIRE(r.stopped_after > 30);
+  REQUIRE(std::filesystem::is_regular_file(r.checkpoint));
+  checkpoint ck;
+  std::string error;
+  REQUIRE(read_checkpoint(r.checkpoint, layer_registry::with_builtins(), &ck, &error));
+  CHECK(ck.progress.step == r.stopped_after);
+}
+
+}  // namespace
+
 TEST_CASE("elastic: a job stopped by a signal while a node rejoins lets the node go and writes its checkpoint where the others stop",
           "[nodes][elastic][rejoin][checkpoint]") {
   // While the node loads its data, and while the others are on their way to the epoch's end it joins
@@ -331,10 +354,7 @@ TEST_CASE("elastic: a job stopped by a signal while a node rejoins lets the node
     const std::string dir = "/tmp/ringmaster-test-stop-rejoin-" + std::to_string(getpid());
     std::filesystem::remove_all(dir);
     std::atomic<int> signal{0};
-    train_config c = rejoin_job();
-    c.checkpoint_dir = dir;
-    c.checkpoint_every = 1000000;  // only the stop's
-    c.interrupt = &signal;
+    const train_config c = stopped_job(dir, &signal);
     remote_options ro = rejoin_options(nodes);
     ro.rejoin_lead = std::chrono::milliseconds(6000);  // time to be on the way
     rejoin_run job;
@@ -348,12 +368,7 @@ TEST_CASE("elastic: a job stopped by a signal while a node rejoins lets the node
     REQUIRE_FALSE(r.failed_joins.empty());
     CHECK(r.failed_joins.back().why == "the job is stopped first (interrupted (SIGTERM))");
     CHECK_FALSE(r.failed_joins.back().asked_again);
-    REQUIRE(r.stopped_after > 30);
-    REQUIRE(std::filesystem::is_regular_file(r.checkpoint));
-    checkpoint ck;
-    std::string error;
-    REQUIRE(read_checkpoint(r.checkpoint, layer_registry::with_builtins(), &ck, &error));
-    CHECK(ck.progress.step == r.stopped_after);
+    check_stop_checkpoint(r);
     std::filesystem::remove_all(dir);
   }
 }
@@ -368,10 +383,7 @@ TEST_CASE("elastic: a job stopped by a signal as a node that rejoins takes its s
     test::daemons nodes = start_nodes_one_odd(3, 0, {"--slow-states-ms", std::to_string(late_ms)});
     const std::string dir = test::temp_dir("stop-join-state");
     std::atomic<int> signal{0};
-    train_config c = rejoin_job();
-    c.checkpoint_dir = dir;
-    c.checkpoint_every = 1000000;  // only the stop's
-    c.interrupt = &signal;
+    const train_config c = stopped_job(dir, &signal);
     remote_options ro = rejoin_options(nodes);
     ro.node_timeout = std::chrono::milliseconds(4000);  // the join's own limit, 4 of these, comes after 12.5 s
     rejoin_run job;
@@ -393,12 +405,7 @@ TEST_CASE("elastic: a job stopped by a signal as a node that rejoins takes its s
     }
     REQUIRE(r.joins.size() == 1);
     CHECK(r.joins[0].node == nodes[1]->endpoint);
-    REQUIRE(r.stopped_after > 30);
-    REQUIRE(std::filesystem::is_regular_file(r.checkpoint));
-    checkpoint ck;
-    std::string error;
-    REQUIRE(read_checkpoint(r.checkpoint, layer_registry::with_builtins(), &ck, &error));
-    CHECK(ck.progress.step == r.stopped_after);
+    check_stop_checkpoint(r);
     std::filesystem::remove_all(dir);
   }
 }
