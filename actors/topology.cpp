@@ -142,7 +142,8 @@ train_result topology::train(train_config cfg) {
     no.listen = listen_;
     if (no.listen.empty()) {  // a node on another machine cannot reach us at 127.0.0.1
       const auto node = std::find_if(places_.begin(), places_.end(), [](const placement& p) { return !p.node.empty(); });
-      const std::string me = net::address_toward(node->node);
+      // (A node on ipc:// is on this machine: loopback reaches it.)
+      const std::string me = node->node.rfind("ipc://", 0) == 0 ? "127.0.0.1" : net::address_toward(node->node);
       if (me.empty()) {
         failed.error = "cannot tell this machine's address toward node " + node->node + " (no route to it, or a name that does not resolve here): "
                        "name it with listen(\"tcp://ADDRESS:0\")";

@@ -73,6 +73,16 @@ TEST_CASE("topology API: ranks here serve a node where it reaches them, or where
     REQUIRE(r.ok);
     CHECK(logged.find("ring chunks to node tcp://" + host + ":") != std::string::npos);
   }
+  {  // a node on ipc:// is on this machine: served on loopback, as before
+    const std::string ep = "ipc:///tmp/ringmaster-test-topology-" + std::to_string(::getpid());
+    test::daemon_process node({RINGMASTER_NODE_BIN}, ep, "cpu:1", RINGMASTER_DATA_DIR);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    topology local_node;
+    local_node.connect(ep).place(1, {"", "cpu"}).place(1, {ep, "cpu"}).data_dir(RINGMASTER_DATA_DIR).limit(600, 100);
+    const train_result r = local_node.train(test::small_job());
+    INFO(r.error);
+    CHECK(r.ok);
+  }
   topology t;  // listen(): where the user says
   t.listen("tcp://127.0.0.1:0");
   train_result r;
