@@ -60,6 +60,38 @@ topology& topology::listen(const std::string& endpoint, int ring_port) {
   return *this;
 }
 
+namespace {
+
+// Where this process's ranks are served for the nodes: listen (checked), or this machine's address toward
+// the first node; "" with *failed set when there is none to give them.
+std::string here_endpoint(const std::string& listen, int ring_port, const std::vector<placement>& places, train_result* failed) {
+  auto refuse = [failed](bool invalid, const std::string& why) {
+    failed->invalid = invalid;
+    failed->error = why;
+    return std::string();
+  };
+  if (ring_port < 0 || ring_port > 65535)
+    return refuse(true, "listen(): the ring port must be 0-65535, not " + std::to_string(ring_port));
+  if (listen.empty()) {  // a node on another machine cannot reach us at 127.0.0.1
+    const auto node = std::find_if(places.begin(), places.end(), [](const placement& p) { return !p.node.empty(); });
+    // (A node on ipc:// is on this machine: loopback reaches it.)
+    const std::string me = node->node.rfind("ipc://", 0) == 0 ? "127.0.0.1" : net::address_toward(node->node);
+    if (me.empty())
+      return refuse(false, "cannot tell this machine's address toward node " + node->node +
+                               " (no route to it, or a name that does not resolve here): name it with listen(\"tcp://ADDRESS:0\")");
+    return "tcp://" + me + ":0";
+  }
+  std::string error;  // without the daemon's advice of 0.0.0.0 or *, which the nodes cannot be told
+  if (!net::check_endpoint(listen, true, &error) || !net::check_listen_host(listen, &error))
+    return refuse(true, "listen(): " + error.substr(0, error.find(" (listen on")) + ": name an address of this machine that the nodes reach");
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  if (host == "tcp://*" || host == "tcp://0.0.0.0" || host == "tcp://[::]")  // the nodes would be told to reach themselves
+    return refuse(true, "listen(): name the address of this machine that the nodes reach (" + listen + " names every one)");
+  return listen;
+}
+
+}  // namespace
+
 train_result topology::train(train_config cfg) {
   train_result failed;
   if (places_.empty()) {
@@ -139,31 +171,8 @@ train_result topology::train(train_config cfg) {
   const int local = int(std::count_if(places_.begin(), places_.end(), [](auto& p) { return p.node.empty(); }));
   if (local > 0) {
     node_options no;
-    no.listen = listen_;
-    if (no.listen.empty()) {  // a node on another machine cannot reach us at 127.0.0.1
-      const auto node = std::find_if(places_.begin(), places_.end(), [](const placement& p) { return !p.node.empty(); });
-      // (A node on ipc:// is on this machine: loopback reaches it.)
-      const std::string me = node->node.rfind("ipc://", 0) == 0 ? "127.0.0.1" : net::address_toward(node->node);
-      if (me.empty()) {
-        failed.error = "cannot tell this machine's address toward node " + node->node + " (no route to it, or a name that does not resolve here): "
-                       "name it with listen(\"tcp://ADDRESS:0\")";
-        return failed;
-      }
-      no.listen = "tcp://" + me + ":0";
-    } else if (!net::check_endpoint(listen_, true, &failed.error) || !net::check_listen_host(listen_, &failed.error)) {
-      failed.invalid = true;  // without the daemon's advice of 0.0.0.0 or *, which the nodes cannot be told
-      failed.error = "listen(): " + failed.error.substr(0, failed.error.find(" (listen on")) + ": name an address of this machine that the nodes reach";
-      return failed;
-    } else if (const std::string host = listen_.substr(0, listen_.rfind(':')); host == "tcp://*" || host == "tcp://0.0.0.0" || host == "tcp://[::]") {
-      failed.invalid = true;  // the nodes would be told to reach us at 0.0.0.0: themselves
-      failed.error = "listen(): name the address of this machine that the nodes reach (" + listen_ + " names every one)";
-      return failed;
-    }
-    if (ring_port_ < 0 || ring_port_ > 65535) {
-      failed.invalid = true;
-      failed.error = "listen(): the ring port must be 0-65535, not " + std::to_string(ring_port_);
-      return failed;
-    }
+    no.listen = here_endpoint(listen_, ring_port_, places_, &failed);
+    if (no.listen.empty()) return failed;
     no.ring_port = ring_port_;
     no.name = "this process";
     no.devices = local_devices;
