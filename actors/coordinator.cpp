@@ -66,7 +66,6 @@ void coordinator_detail::finish(caf::event_based_actor* self, coordinator_state&
   st.finished = true;
   st.result->ok = error.empty();
   st.result->error = std::move(error);
-  st.result->wall_seconds = secs(st.start, clock_type::now());
   stop_all(self, st);
   st.reply.deliver(st.result);
   self->quit();

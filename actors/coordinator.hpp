@@ -112,7 +112,8 @@ struct train_result {
   // result is the final weights of a rank that holds it (result_rank). `checkpoint` is an earlier one.
   bool last_checkpoint_refused = false;
   bool identical = false;              // all replicas ended with bit-identical weights
-  double wall_seconds = 0, train_seconds = 0;
+  double wall_seconds = 0;             // from the call to train() to its return: setup included
+  double train_seconds = 0;
   int64_t train_samples = 0;           // trained by this run (a resumed one: since it resumed)
   std::string checkpoint;              // the last checkpoint written ("" none)
   int64_t checkpoints_skipped = 0;     // due but not written (rank 0's states ran ahead of the reports, or went with its node)

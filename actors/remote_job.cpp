@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <charconv>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <optional>
@@ -507,7 +508,9 @@ train_result train_remote(train_config cfg, const remote_options& ro) {
     return refused;
   }
   const std::atomic<int>* interrupt = cfg.interrupt;
+  const auto start = std::chrono::steady_clock::now();
   train_result r = run_remote(std::move(cfg), ro);
+  r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();  // a failed setup took its time too
   // Stopped by our signal, it was interrupted, whatever else went wrong meanwhile, said in one way: a
   // rank's proxy failed with "interrupted (SIGTERM)", or the nodes were stopped with us (a whole batch
   // allocation preempted) and the job failed first.

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -246,7 +247,9 @@ std::shared_ptr<train_result> run_coordinator(caf::actor_system& sys, caf::actor
   return result;
 }
 
-train_result train(const train_config& cfg) {
+namespace {
+
+train_result run_local(const train_config& cfg) {
   train_result failed;
   failed.invalid = true;  // until the job starts, a failure is the configuration's
   auto m = build_model(cfg, &failed.error);
@@ -291,6 +294,15 @@ train_result train(const train_config& cfg) {
   train_result r = std::move(*run_coordinator(sys, sys.spawn(coordinator, cc), all));
   r.model = m->description();
   r.checkpoint = *last;
+  return r;
+}
+
+}  // namespace
+
+train_result train(const train_config& cfg) {
+  const auto start = std::chrono::steady_clock::now();
+  train_result r = run_local(cfg);
+  r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();  // a failed setup took its time too
   return r;
 }
 
