@@ -87,6 +87,8 @@ std::string here_endpoint(const std::string& listen, int ring_port, const std::v
   const std::string host = listen.substr(0, listen.rfind(':'));
   if (host == "tcp://*" || host == "tcp://0.0.0.0" || host == "tcp://[::]")  // the nodes would be told to reach themselves
     return refuse(true, "listen(): name the address of this machine that the nodes reach (" + listen + " names every one)");
+  if (ring_port != 0 && listen.substr(listen.rfind(':') + 1) == std::to_string(ring_port))  // as the daemon's --ring-port
+    return refuse(true, "listen(): the ring port " + std::to_string(ring_port) + " is the port of " + listen + ": ring chunks need a port of their own");
   return listen;
 }
 

@@ -104,6 +104,11 @@ TEST_CASE("topology API: ranks here serve a node where it reaches them, or where
   topology odd;
   odd.listen("tcp://127.0.0.1:0", 70000).place(1, {"", "cpu"}).connect("tcp://127.0.0.1:1").place(1, {"tcp://127.0.0.1:1", "cpu"});
   CHECK(odd.train(test::small_job()).error == "listen(): the ring port must be 0-65535, not 70000");
+  topology same;  // it failed as a busy port, not as the configuration it is
+  same.listen("tcp://127.0.0.1:48950", 48950).place(1, {"", "cpu"}).connect("tcp://127.0.0.1:1").place(1, {"tcp://127.0.0.1:1", "cpu"});
+  const train_result clash = same.train(test::small_job());
+  CHECK(clash.invalid);
+  CHECK(clash.error == "listen(): the ring port 48950 is the port of tcp://127.0.0.1:48950: ring chunks need a port of their own");
 }
 
 TEST_CASE("topology API: every rank here trains on data_dir()'s files, limit()ed, where no data is given", "[topology]") {
