@@ -66,7 +66,7 @@ bool parse_mlp(const std::string& text, model_desc* out, std::string* error) {
 
 bool read_shape(const json& j, shape* s, std::string* error) {
   int v[3] = {1, 1, 1};
-  bool ok = j.is_array() && !j.empty() && j.size() <= 3;
+  bool ok = j.is_array() && (j.size() == 1 || j.size() == 3);  // [1, 28] read as (1, 28, 1) surprised: H or W?
   for (size_t i = 0; ok && i < j.size(); ++i) {
     ok = j[i].is_number_integer() && j[i].get<long long>() >= 1 && j[i].get<long long>() <= (1 << 24);
     if (ok) v[i] = int(j[i].get<long long>());

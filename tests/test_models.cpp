@@ -351,6 +351,7 @@ TEST_CASE("malformed descriptions are refused before any layer is built", "[laye
   CHECK(has(build_error(R"({"layer": [{"type": "relu"}]})"), "unknown key 'layer'"));
   CHECK(has(build_error(R"({"input": [0, 28, 28], "layers": [{"type": "relu"}]})"), "\"input\" must be [C, H, W]"));
   CHECK(has(build_error(R"({"input": "1x28x28", "layers": [{"type": "relu"}]})"), "\"input\" must be"));
+  CHECK(has(build_error(R"({"input": [1, 28], "layers": [{"type": "relu"}]})"), "\"input\" must be [C, H, W] (or [C]"));  // was (1, 28, 1)
   // The parser would keep the last of two equal keys, and stop quietly at a NUL byte.
   CHECK(has(build_error(R"({"layers": [{"type": "relu"}], "layers": [{"type": "dense", "units": 10}]})"),
             "key 'layers' appears twice in one object"));
