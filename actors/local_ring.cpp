@@ -50,9 +50,9 @@ std::string local_ring::allreduce(const std::vector<float*>& buffers, size_t len
                                   const std::vector<backend*>& devices, std::chrono::milliseconds timeout) {
   if (reducers_.empty()) return broken_;
   if (timeout.count() <= 0) return "timeout must be positive, not " + std::to_string(timeout.count()) + " ms";
-  if (buffers.size() != reducers_.size() || devices.size() != reducers_.size())
-    return std::to_string(buffers.size()) + " buffers and " + std::to_string(devices.size()) +
-           " devices for a ring of " + std::to_string(reducers_.size());
+  if (buffers.size() != reducers_.size() || devices.size() != reducers_.size())  // (the host overload gives devices to match)
+    return (buffers.size() != reducers_.size() ? std::to_string(buffers.size()) + " buffer(s)" : std::to_string(devices.size()) + " device(s)") +
+           " for a ring of " + std::to_string(reducers_.size());
   if (!broken_.empty()) return "ring unusable after an earlier failure: " + broken_;
   // Each rank reads its neighbour's buffer and writes its own: one buffer twice would be summed into itself.
   std::vector<std::pair<uintptr_t, size_t>>& at = starts_;  // reserved once: no allocation a call
