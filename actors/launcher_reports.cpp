@@ -42,6 +42,9 @@ void launcher::on_steps(int node, const net::payload& p) {
     return kill_node(node, "node " + ro.nodes[size_t(node)] + " sent a bad step report: " + error);
   for (const step_report& r : reports) {
     if (!reports_to_us(node, r.rank)) continue;  // a rank of another node, or of none
+    // Of the generation the ranks run (the coordinator drops the others): a record of one to come, at
+    // the job's last step, made a lying node look as if the job were at its end (never dropped, no rejoins).
+    if (r.gen != plan.generation) continue;
     if (node == fresh) fresh = -1, join_failures[size_t(node)] = join_late[size_t(node)] = 0;  // it runs
     // Within the job (the coordinator refuses the rest): then the product cannot overflow.
     if (r.step < steps_per_epoch && r.epoch < total_steps / std::max<int64_t>(1, steps_per_epoch) &&

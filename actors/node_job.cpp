@@ -180,7 +180,13 @@ void node_job::start(const job_model& prepared, std::shared_ptr<const dataset> t
   std::vector<caf::actor> watched;
   for (auto* group : {&local.replicas, &local.loaders, &local.reducers})
     watched.insert(watched.end(), group->begin(), group->end());
-  launcher_link_ = ctx_.sys->spawn(launcher_link, ctx_.br, launcher_, plan_.job_id, replicas_, watched, ctx_.name, ctx_.faults);
+  link_faults faults = ctx_.faults;
+  if (faults.lie_in_steps) {
+    const int64_t spe = int64_t(steps_per_epoch(cfg.train->count, size_t(plan_.global_batch)));
+    faults.last_epoch = plan_.epochs - 1;
+    faults.last_step = spe - 1;
+  }
+  launcher_link_ = ctx_.sys->spawn(launcher_link, ctx_.br, launcher_, plan_.job_id, replicas_, watched, ctx_.name, faults);
 
   std::string ranks;
   for (int r : mine_) {

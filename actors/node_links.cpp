@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <mutex>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "actors/checkpoint.hpp"
@@ -169,9 +170,16 @@ caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::
     send_kv(br, launcher, h, {{"reason", who + " on node " + node_name + " failed: " + error_text(self->system(), dm.reason)}});
   });
   return {
-      [self, queue, flush, lie_in_sums](step_report r) {
+      [self, queue, flush, lie_in_sums, forge = faults.lie_in_steps, faults](step_report r) mutable {
         r.state_sum = as_reported(r.state_sum, lie_in_sums);
         queue->reports.push_back(r);
+        if (std::exchange(forge, false)) {
+          step_report lie = r;
+          ++lie.gen;
+          lie.epoch = faults.last_epoch;
+          lie.step = faults.last_step;
+          queue->reports.push_back(lie);
+        }
         if (queue->reports.size() >= kReportBatch) return flush();
         if (!queue->flush_due) {
           queue->flush_due = true;

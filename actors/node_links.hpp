@@ -26,10 +26,14 @@ constexpr std::chrono::milliseconds kReportFlush{50};
 using flush_atom = caf::atom_constant<caf::atom("flush")>;
 constexpr size_t kReportBatch = 64;
 // Testing (node_options): a faulty or lying node's link. States it sends have their first parameter
-// changed; checksums it reports are changed; a paused rank's state it is asked for goes this much late.
+// changed; checksums it reports are changed; a paused rank's state it is asked for goes this much late;
+// its first step report comes with a record of the next ring generation at the job's last step
+// (last_epoch, last_step).
 struct link_faults {
   bool lie_in_states = false, lie_in_sums = false;
   std::chrono::milliseconds slow_states{0};
+  bool lie_in_steps = false;
+  int64_t last_epoch = 0, last_step = 0;
 };
 caf::behavior launcher_link(caf::event_based_actor* self, net::bridge* br, net::peer_info launcher,
                             uint64_t job, std::map<int, caf::actor> replicas, std::vector<caf::actor> watched,

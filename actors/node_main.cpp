@@ -106,7 +106,8 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("ring-poll-us", po::value(&poll_us)->default_value(poll_us), "a replica waiting for the ring takes chunks that come through shared memory or to the ring port itself, spinning, for up to N us a step, sparing thread wake-ups; 0: never");
   // For tests, not in --help: this node's replicas stop after N steps of a job (as a stuck GPU would), or
   // once told to pause for a node that rejoins, while the node goes on answering; it sends states, or
-  // checksums of its ranks' states, not its ranks' own, or a paused rank's state N ms late; a connection to
+  // checksums of its ranks' states, not its ranks' own, or a paused rank's state N ms late, or a step record of a
+  // ring generation to come at the job's last step; a connection to
   // its ring port is cut after N chunks.
   po::options_description testing;
   testing.add_options()
@@ -114,6 +115,7 @@ int node_main(int argc, char** argv, std::shared_ptr<const layer_registry> layer
       ("stall-at-join-pause", po::bool_switch(&o.stall_at_join_pause))
       ("lie-in-states", po::bool_switch(&o.lie_in_states))
       ("lie-in-sums", po::bool_switch(&o.lie_in_sums))
+      ("lie-in-steps", po::bool_switch(&o.lie_in_steps))
       ("slow-states-ms", po::value(&slow_states_ms))
       ("cut-ring-link-after", po::value(&o.cut_ring_link_after))
       ("cut-every-ring-link", po::bool_switch(&o.cut_every_ring_link));

@@ -158,7 +158,7 @@ struct node_service::impl {
   node_context context() {
     return {sys.get(), &br, name(), opt.devices, slots, opt.make_backend, opt.layers, [this](const std::string& l) { log(l); }, keys,
             ring_port.get(), [this](const net::bridge_error& e) { log_fault(e); }, opt.stall_after_steps, opt.stall_at_join_pause, opt.ring_poll, workers,
-            {opt.lie_in_states, opt.lie_in_sums, opt.slow_states}};
+            {opt.lie_in_states, opt.lie_in_sums, opt.slow_states, opt.lie_in_steps}};
   }
 
   void send_kv(const net::peer_info& to, wire::msg_type type, uint64_t job_id, const wire::kv_map& kv) {

@@ -64,6 +64,8 @@ struct node_options {
   // Testing: a paused rank's state the launcher asks for (a rejoin's, or for ranks a step behind) goes
   // this much late, as a large model's over a slow link would.
   std::chrono::milliseconds slow_states{0};
+  // Testing: its first step report comes with a record of a ring generation to come, at the job's last step.
+  bool lie_in_steps = false;
   // Testing: in each job, the first connection to our ring port to hand on this many chunks is cut
   // (net::tcp_port_options::cut_after), as a reset between live nodes would; 0: never.
   uint64_t cut_ring_link_after = 0;

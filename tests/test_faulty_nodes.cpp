@@ -289,3 +289,23 @@ TEST_CASE("checkpoints on nodes: two of 5 nodes found faulty at once at a stop a
   CHECK(last.state.steps == r.stopped_after);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("checkpoints on nodes: a lying node's step record of a ring generation to come, at the job's last step, does not keep "
+          "it from being dropped", "[nodes][elastic][checkpoint]") {
+  // The launcher took the record for the ring's progress, which the coordinator drops: the job looked
+  // at its end, so the node whose states lie was kept to the end and no checkpoint written after it.
+  test::daemons nodes = start_nodes_one_odd(2, 0, {"--lie-in-states", "--lie-in-steps"});
+  const std::string dir = "/tmp/ringmaster-test-lying-steps-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::atomic<int> signal{0};
+  std::atomic<bool> go{false};
+  const train_result r = train_remote(stoppable_job(dir, &signal, &go, 1000), on_small_data(nodes));  // no signal
+  std::filesystem::remove_all(dir);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.faults.empty());
+  REQUIRE(r.losses.size() == 1);
+  CHECK(r.losses[0].node == nodes[0]->endpoint);
+  CHECK(r.losses[0].why == "it sent rank 0's state after step 50, which its own ranks do not hold (a faulty or lying node)");
+  CHECK(r.history.size() == 3);
+}
