@@ -28,14 +28,28 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
     return "there is no folder " + dir + ", so no checkpoint to resume from (a run writes them there when started with --checkpoint-dir " + dir + ")";
   // Made with its parents, as mkdir -p (another launcher may make it at the same moment: then it is there).
   std::error_code made;
-  if (::stat(dir.c_str(), &st) != 0 && !fs::create_directories(dir, made) && made)
-    return "cannot create folder " + dir + ": " + made.message();
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (!fs::create_directories(dir, made) && made) return "cannot create folder " + dir + ": " + made.message();
+    fs::permissions(dir, fs::perms::group_write | fs::perms::others_write, fs::perm_options::remove, made);  // (a umask of 002)
+  }
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return dir + " is not a folder";
+  // As ssh's StrictModes for keys: a resume trusts what it finds here, so nobody else may put anything
+  // here (another user's folder in /tmp, or one it swapped in, held checkpoints a resume took as ours).
+  if (st.st_uid != ::geteuid())
+    return dir + " belongs to another user (uid " + std::to_string(st.st_uid) + "), who could put checkpoints of theirs there: give a folder of your own";
+  if (st.st_mode & 022)
+    return dir + " is writable by others, who could put checkpoints of theirs there: chmod go-w " + dir + ", or give a folder of your own";
   // One job a folder: two would prune each other's checkpoints (and temporary files being written). The
   // lock goes with the process (flock), so a crashed job leaves none behind.
   const std::string lock_path = (fs::path(dir) / ".ringmaster-lock").string();
-  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  // Ours alone (0600): flock needs only a descriptor to read, so anyone who could read it could hold it.
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (lock_fd < 0) return "cannot write in folder " + dir + ": " + lock_path + ": " + std::strerror(errno);
+  if (::fchmod(lock_fd, 0600) != 0) {  // one an earlier release made 0644
+    const int e = errno;
+    ::close(lock_fd);
+    return "cannot make " + lock_path + " ours alone: " + std::strerror(e);
+  }
   if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
     ::close(lock_fd);

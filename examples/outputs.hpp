@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/safetensors.hpp"
+
 namespace ringmaster::examples {
 
 // "" when `path` (if given) can be written when the run ends. What is there and not a plain file (a link
@@ -26,8 +28,10 @@ namespace ringmaster::examples {
 // under a temporary name in its folder and renamed: the folder must take new files, which a probe file
 // made and removed at once shows (access() alone passes /proc and /sys for root). A link to nothing yet
 // is written through too: the file it names is made and removed. Nothing else is created or changed.
+// A link or FIFO of another user's is refused (foreign_output).
 inline std::string check_writable(const std::string& path, std::shared_ptr<const void>* hold) {
   if (path.empty()) return "";
+  if (std::string why = foreign_output(path); !why.empty()) return "cannot write " + path + ": " + why;
   struct stat st {};
   if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) return "cannot write " + path + ": it is a folder";

@@ -95,7 +95,19 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
   return true;
 }
 
+std::string foreign_output(const std::string& path) {
+  const auto others = [](const struct stat& s) { return s.st_uid != ::geteuid() && s.st_uid != 0; };
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && (S_ISLNK(st.st_mode) || S_ISFIFO(st.st_mode)) && others(st))
+    return std::string("it is a ") + (S_ISLNK(st.st_mode) ? "link" : "FIFO") + " of another user's (uid " + std::to_string(st.st_uid) +
+           "), which could lead the output anywhere: remove it, or name another path";
+  if (::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode) && others(st))
+    return "it leads to a FIFO of another user's (uid " + std::to_string(st.st_uid) + "): name another path";
+  return "";
+}
+
 bool write_output(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error) {
+  if (std::string why = foreign_output(path); !why.empty()) return *error = path + ": " + why, false;
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) {
     // Our own file, new or replaced whole: a report made private stays so (the umask still applies).

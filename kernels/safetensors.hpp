@@ -29,7 +29,13 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
 
 // A file the user named (--save, --report-json): a regular file or a new one is written with write_whole
 // and keeps its mode; a link (/dev/stdout, a file kept elsewhere) or a FIFO is written through, as pointed.
+// A link or FIFO of another user's (not root's) is refused (see foreign_output).
 bool write_output(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error);
+// "" or why an output must not be written through `path`: it is a link or a FIFO of another user's (not
+// root's), or a link to such a FIFO. In a folder others write (/tmp), theirs could lead our output onto
+// any file of ours, or hold it (a FIFO they never read), as the kernel's protected_symlinks and
+// protected_fifos refuse where they are on.
+std::string foreign_output(const std::string& path);
 
 // Reads the model's tensors (F32, names and shapes as above; other tensors are ignored) into a flat
 // parameter buffer. Any file is checked, never trusted: false with *error naming the problem.
