@@ -130,7 +130,10 @@ std::string silent_ranks(const coordinator_state& st, clock_type::time_point now
     const bool evaluating = st.cfg.evaluate && std::any_of(st.epochs.lower_bound(st.first_open), st.epochs.end(), [&](const auto& e) {
       return !e.second.closed && e.second.steps_done == st.cfg.steps_per_epoch;
     });
-    allowed = std::max<clock_type::duration>(2 * limit, limit + st.slowest_step * (50 + (evaluating ? st.cfg.eval_batches : 0)));
+    // In seconds, capped at a day: slowest_step (ns) times a test set a node said is 10^12 samples overflowed.
+    const double batches = 50.0 + (evaluating ? double(st.cfg.eval_batches) : 0.0);
+    const double wait = std::min(86400.0, std::chrono::duration<double>(st.slowest_step).count() * batches);
+    allowed = std::max<clock_type::duration>(2 * limit, limit + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(wait)));
   }
   if (st.done == st.cfg.replicas || now - st.last_news <= allowed) return "";  // all done: the weights come
   std::string ranks;

@@ -298,19 +298,27 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
     }
   }
   // The test set's size, for the coordinator's patience while the ranks evaluate: a node's word, so
-  // checked, and read as 0 (no allowance) when it makes no sense.
+  // checked, and read as 0 (no allowance) when it makes no sense. Alike on every node (as the training
+  // set): one node's 10^12 made the patience years.
   int64_t test_samples = 0;
-  for (auto& reply : replies) {
-    const std::string& t = reply["test"];
-    int64_t n = 0;
-    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
-    if (ec == std::errc() && end == t.data() + t.size() && n >= 0 && n <= int64_t(1e12)) test_samples = std::max(test_samples, n);
+  {
+    const std::string& t = replies[0]["test"];
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), test_samples);
+    if (ec != std::errc() || end != t.data() + t.size() || test_samples < 0 || test_samples > int64_t(1e12)) test_samples = 0;
   }
+  for (size_t i = 1; i < replies.size(); ++i)
+    if (replies[i]["test"] != replies[0]["test"]) {
+      failed.error = "nodes disagree on the data: " + ro.nodes[0] + " has " + node_text(replies[0]["test"].substr(0, 20)) + " test samples, " +
+                     ro.nodes[i] + " has " + node_text(replies[i]["test"].substr(0, 20));
+      failed.invalid = true;
+      L.abort_all("nodes disagree on the data");
+      return failed;
+    }
   uint64_t samples = 0;  // a node's word, not ours: checked, never std::stoull (nor strtoull, which takes "-1")
   const auto [samples_end, samples_ec] = std::from_chars(train_count.data(), train_count.data() + train_count.size(), samples);
   if (train_count.empty() || samples_ec != std::errc() || samples_end != train_count.data() + train_count.size() ||
       samples > uint64_t(1e12)) {
-    failed.error = "node " + ro.nodes[0] + " sent a bad sample count '" + train_count.substr(0, 20) + "'";
+    failed.error = "node " + ro.nodes[0] + " sent a bad sample count '" + node_text(train_count.substr(0, 20)) + "'";
     L.abort_all("bad reply");
     return failed;
   }
@@ -320,7 +328,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   const auto [params_end, params_ec] = std::from_chars(params.data(), params.data() + params.size(), L.param_count);
   if (params.empty() || params_ec != std::errc() || params_end != params.data() + params.size() || L.param_count == 0 ||
       L.param_count > wire::kMaxPayloadBytes / sizeof(float)) {  // a ring chunk of all of them fits one message
-    failed.error = "node " + ro.nodes[0] + " sent a bad parameter count '" + params.substr(0, 20) + "'";
+    failed.error = "node " + ro.nodes[0] + " sent a bad parameter count '" + node_text(params.substr(0, 20)) + "'";
     L.abort_all("bad reply");
     return failed;
   }

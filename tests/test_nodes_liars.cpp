@@ -147,6 +147,10 @@ TEST_CASE("a lying node that answers the job with train=abc, params=-1, another 
   train_result r = train_remote(small_job(), ro);
   CHECK_FALSE(r.ok);
   CHECK(r.error == "node " + liar.endpoint() + " sent a bad sample count 'abc'");
+  train = std::string("1") + char(27) + "]2;pwned" + char(7);  // printed raw, it retitled the terminal
+  r = train_remote(small_job(), ro);
+  CHECK(r.error.find("sent a bad sample count '1") != std::string::npos);
+  CHECK(r.error.find(char(27)) == std::string::npos);
   train = "100";
   params = "-1";  // the size of every state the job sends around
   r = train_remote(small_job(), ro);
@@ -173,6 +177,17 @@ TEST_CASE("a lying node that answers the job with train=abc, params=-1, another 
   CHECK(r.error.find("PWNED") != std::string::npos);
   CHECK(r.error.find(char(27)) == std::string::npos);
   CHECK(r.error.find(char(7)) == std::string::npos);
+  // Two nodes whose test sets differ: refused as the training sets are (the largest, 10^12, was taken for
+  // the coordinator's patience while the ranks evaluate, and overflowed it).
+  refusal.clear();
+  scripted_node twin([&]() -> scripted_node::answers {
+    return {{wire::msg_type::job_ack,
+             {{"train", train}, {"train_data", train_data}, {"test", "1000000000000"}, {"model", "1"}, {"params", params}, {"description", description}}}};
+  }, {{"id", "twin"}});
+  ro.nodes = {liar.endpoint(), twin.endpoint()};
+  r = train_remote(small_job(), ro);
+  CHECK(r.invalid);
+  CHECK(r.error == "nodes disagree on the data: " + liar.endpoint() + " has 1 test samples, " + twin.endpoint() + " has 1000000000000");
 }
 
 TEST_CASE("a lying node whose step records say a negative count or a time that is no time is named, and the job ends", "[nodes]") {
