@@ -233,6 +233,7 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   st.cfg.where = note.where;
   st.gen = note.gen;
   st.next_report.assign(note.ranks.size(), start);  // every rank of the new ring goes on from there
+  st.heard_from.assign(note.ranks.size(), st.last_news);
   st.done = st.weights_in = 0;
   st.done_ranks.clear();
   st.result->checksums.clear();
@@ -358,6 +359,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         for (auto* group : {&st->replicas, &st->loaders, &st->reducers})
           for (auto& a : *group) self->monitor(a);
         st->start = st->last_print = st->last_news = st->last_complete = st->last_state = clock_type::now();  // the first step counts
+        st->heard_from.assign(size_t(std::max(0, st->cfg.replicas)), st->start);
         // A resumed job starts with its history and the open epoch's sums so far.
         const job_progress& from = st->cfg.start;
         const int64_t spe = std::max<int64_t>(1, st->cfg.steps_per_epoch);
@@ -384,7 +386,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         // At once: the other ranks' reports of this step may come after this rank's evaluation, which
         // would be blamed instead (a NaN test loss after a whole epoch trained on NaN).
         if (!std::isfinite(r.loss_sum)) return finish(self, *st, loss_gone(r.loss_sum, r.epoch, r.step));
-        st->last_news = clock_type::now();
+        st->last_news = st->heard_from[size_t(r.rank)] = clock_type::now();
         st->next_report[size_t(r.rank)] = r.epoch * st->cfg.steps_per_epoch + r.step + 1;
         if (r.state_sum) note_state_sum(*st, r);
         st->result->wait_batch += r.wait_batch;
@@ -419,7 +421,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
           return finish(self, *st, "the test loss became " + std::string(std::isnan(r.loss_sum) ? "NaN" : "infinite") +
                                        " in the evaluation after epoch " + std::to_string(r.epoch + 1) + " (rank " +
                                        rank_where(*st, r.rank) + "); the job was stopped");
-        st->last_news = clock_type::now();
+        st->last_news = st->heard_from[size_t(r.rank)] = clock_type::now();
         epoch_acc& a = st->epochs[r.epoch];
         if (a.evals == 0) a.first_eval = clock_type::now();
         a.val_losses.resize(size_t(st->cfg.replicas), 0.0);
@@ -443,7 +445,10 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       [self, st](tick_atom) {
         if (st->finished) return;
         const auto now = clock_type::now();
-        if (st->holding > st->gen) st->last_news = st->last_state = now;  // a ring being formed: the clocks stand still
+        if (st->holding > st->gen) {  // a ring being formed: the clocks stand still
+          st->last_news = st->last_state = now;
+          std::fill(st->heard_from.begin(), st->heard_from.end(), now);
+        }
         if (st->holding <= st->gen) {
           if (std::string late = late_ranks(*st, now); !late.empty())
             return finish(self, *st, late + " (their nodes still answer)");
@@ -477,7 +482,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         st->done_ranks.resize(size_t(st->cfg.replicas), 0);
         if (st->done_ranks[size_t(rank)]) return;  // said twice
         st->done_ranks[size_t(rank)] = 1;
-        st->last_news = clock_type::now();
+        st->last_news = st->heard_from[size_t(rank)] = clock_type::now();
         if (st->done++ == 0) st->first_done = clock_type::now();
         if (st->done < st->cfg.replicas) return;
         // Every rank sends its reports before it says it is done: all of them are in, so every epoch is

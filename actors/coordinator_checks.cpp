@@ -1,6 +1,7 @@
 // The coordinator's checks on what ranks report, and its words for ranks that are late or silent.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -98,25 +99,31 @@ std::string rank_where(const coordinator_state& st, int r) {
 // Ranks that have not reported what the others have, for report_timeout; "" if none is late.
 std::string late_ranks(const coordinator_state& st, clock_type::time_point now) {
   const auto limit = st.cfg.report_timeout;
-  auto missing = [&](const std::vector<char>& seen) {
+  // Those that have not said it and have said nothing at all for as long, or have reported steps past
+  // `after` (it comes before them): one still on its way is not late, however far ahead another's
+  // reports run (a lying node's ran ahead, and the honest ranks were blamed).
+  auto missing = [&](const std::vector<char>& seen, int64_t after = INT64_MAX) {
     std::string s;
-    for (int r = 0; r < st.cfg.replicas; ++r)
-      if (size_t(r) >= seen.size() || !seen[size_t(r)]) s += (s.empty() ? "" : ", ") + rank_where(st, r);
+    for (int r = 0; r < st.cfg.replicas; ++r) {
+      const size_t i = size_t(r);
+      const bool silent = i >= st.heard_from.size() || now - st.heard_from[i] > limit;
+      if ((i >= seen.size() || !seen[i]) && (silent || (i < st.next_report.size() && st.next_report[i] > after)))
+        s += (s.empty() ? "" : ", ") + rank_where(st, r);
+    }
     return s;
   };
   const std::string secs_text = std::to_string(limit.count() / 1000) + " s";
   for (auto it = st.epochs.lower_bound(st.first_open); it != st.epochs.end(); ++it) {  // a closed epoch waits for nothing
     const auto& [e, a] = *it;
     for (const auto& [k, s] : a.pending)
-      if (s.reports > 0 && now - s.first > limit)
-        return "rank(s) " + missing(s.seen) + " sent no report of step " + std::to_string(k + 1) + " of epoch " +
-               std::to_string(e + 1) + " in " + secs_text + " after the others did";
-    if (a.evals > 0 && !a.closed && now - a.first_eval > limit)
-      return "rank(s) " + missing(a.evaluated) + " sent no evaluation of epoch " + std::to_string(e + 1) + " in " + secs_text +
-             " after the others did";
+      if (std::string late; s.reports > 0 && now - s.first > limit && !(late = missing(s.seen)).empty())
+        return "rank(s) " + late + " sent no report of step " + std::to_string(k + 1) + " of epoch " + std::to_string(e + 1) + " in " +
+               secs_text + " after the others did";
+    if (std::string late; a.evals > 0 && !a.closed && now - a.first_eval > limit && !(late = missing(a.evaluated, (e + 1) * st.cfg.steps_per_epoch)).empty())
+      return "rank(s) " + late + " sent no evaluation of epoch " + std::to_string(e + 1) + " in " + secs_text + " after the others did";
   }
-  if (st.done > 0 && st.done < st.cfg.replicas && now - st.first_done > limit)
-    return "rank(s) " + missing(st.done_ranks) + " did not say they were done in " + secs_text + " after the others did";
+  if (std::string late; st.done > 0 && st.done < st.cfg.replicas && now - st.first_done > limit && !(late = missing(st.done_ranks)).empty())
+    return "rank(s) " + late + " did not say they were done in " + secs_text + " after the others did";
   return "";
 }
 

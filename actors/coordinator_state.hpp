@@ -85,6 +85,8 @@ struct coordinator_state {
   // Per rank: the step (counted from the job's start) its next report is of. A rank reports its steps
   // in order, over one connection from a node: a report past it means those between were lost.
   std::vector<int64_t> next_report;
+  // Per rank: when it last reported anything (late_ranks).
+  std::vector<clock_type::time_point> heard_from;
   int64_t current_epoch = 0;
   int done = 0, weights_in = 0;
   std::vector<char> done_ranks;  // per rank: said it is done
