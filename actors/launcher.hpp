@@ -96,15 +96,15 @@ struct launcher {
   // whether the state is with the coordinator (then the pause has no time limit here).
   int stopping = 0, stop_waits = 0;
   clock_type::time_point stop_since;  // the signal's: the stop's limits count from it
-  bool holding = false;
+  bool holding = false, stop_handed = false;
   bool stop_planned = false;  // the stop's pause names its step (else the ranks paused where they were)
-  bool stop_handed = false;
   static constexpr std::chrono::seconds kStopLimit{25};  // for every rank to pause and the state to come
   // Nodes that said they are being stopped and still serve the job for a while (node_main's kStopGrace):
   // by when they count as lost unless we stop too (a whole allocation stopped at once), and the signal.
   std::map<int, std::pair<clock_type::time_point, std::string>> draining;
   static constexpr std::chrono::milliseconds kDrainWait{1500};  // our own signal comes a heartbeat after the nodes'
-  clock_type::time_point forming_since;
+  // state_asked: when a state (forward_state, join_state) was asked for; its pieces restart forming_since (piece_clock).
+  clock_type::time_point forming_since, state_asked;
   std::vector<node_loss> losses;               // since the last re-forming, for the coordinator
   clock_type::time_point last_word = clock_type::time_point::max();  // the earliest last message of those
   // ro.on_event's lines, handed over by a thread of their own: the user prints them, and a terminal
@@ -130,8 +130,7 @@ struct launcher {
   int64_t join_at = 0;
   int join_state_rank = -1;             // the rank whose state the newcomer starts from
   std::shared_ptr<network_state> join_state;
-  clock_type::time_point join_since, last_hello;
-  clock_type::time_point join_paused;   // when the last of the others stopped for it
+  clock_type::time_point join_since, last_hello, join_paused;  // join_paused: when the last of the others stopped for it
   std::vector<node_join> joined;        // since the last re-forming, for the coordinator
   std::vector<failed_join> failed_joins;  // all, for the summary (read once the bridge has stopped)
   std::vector<node_fault> faults;         // nodes found faulty too late to drop (drop_faulty), likewise
@@ -271,6 +270,7 @@ struct launcher {
   void reform_same_nodes(const std::string& line, const ring_relink& what, const std::string& not_elastic);
   void reform_survivors(int64_t start);
   void take_forward_state(const wire::header& h, const net::payload& p);
+  clock_type::time_point piece_clock() const;
   void on_reformed(int node, const wire::kv_map& kv);
   void on_back(int node, wire::kv_map& kv);
   void on_join_ack(wire::kv_map& kv);

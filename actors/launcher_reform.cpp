@@ -261,6 +261,7 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
         forwarding = true;
         forward_node = who.first, forward_rank = who.second, forward_to = lo;
         forward_state.reset();
+        state_asked = clock_type::now();
         return send(forward_node, wire::msg_type::checkpoint, "", forward_rank);  // no payload: a request
       }
   }
@@ -270,6 +271,7 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
       join_since = join_paused = clock_type::now();
       join_state.reset();
       join_state_rank = 0;
+      state_asked = clock_type::now();
       send(plan.ranks[0].node, wire::msg_type::checkpoint, "", 0);  // no payload: a request for rank 0's state
       event("node " + ro.nodes[size_t(joining.load())] + " gets rank 0's state after step " + std::to_string(join_at) + ": the others paused there for it");
       return;
@@ -304,17 +306,21 @@ void launcher::on_paused(int node, int rank, const pause_report& r) {
       forwarding = true;
       forward_node = who.first, forward_rank = who.second, forward_to = hi;
       forward_state.reset();
+      state_asked = clock_type::now();
       send(forward_node, wire::msg_type::checkpoint, "", forward_rank);  // no payload: a request
       return;
     }
 }
 
+launcher::clock_type::time_point launcher::piece_clock() const {
+  return ringmaster::piece_clock(state_asked, clock_type::now(), double(param_count) * double(state_buffers) * sizeof(float));
+}
+
 // The state after forward_to from a survivor that finished that step: to every node with a rank that did
 // not (its replicas take it while paused), then the re-formed plan from that step.
 void launcher::take_forward_state(const wire::header& h, const net::payload& p) {
-  // The re-forming's limit is per buffer (a large model's state takes its time); a stop's is from the
-  // signal, which a batch system follows with SIGKILL.
-  if (!stopping) forming_since = clock_type::now();
+  // A stop's limit is from the signal, which a batch system follows with SIGKILL.
+  if (!stopping) forming_since = piece_clock();
   if (!add_state_buffer(forward_state, h, p, param_count, state_buffers)) {
     if (!forward_state) kill_node(-1, "the state after step " + std::to_string(forward_to) + " came broken from node " +
                                           ro.nodes[size_t(forward_node)] + ": the survivors cannot go on together");

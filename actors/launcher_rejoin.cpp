@@ -109,7 +109,7 @@ void launcher::on_join_ack(wire::kv_map& kv) {
 // Rank 0's state after join_at, for the newcomer. Once whole it goes on to it (before its start: one
 // connection keeps the order), and the survivors take the grown plan.
 void launcher::take_join_state(const wire::header& h, const net::payload& p) {
-  join_since = forming_since = clock_type::now();  // the limits are per buffer: a large model's state takes its time
+  join_since = forming_since = piece_clock();
   if (!add_state_buffer(join_state, h, p, param_count, state_buffers)) {
     if (!join_state) give_up_join("rank 0's state came broken");
     return;

@@ -137,6 +137,12 @@ int64_t rejoin_step(int64_t seen, int64_t spe, int64_t total_steps, int64_t ahea
   return last > 0 && last >= seen + std::max<int64_t>(0, least) ? last : -1;
 }
 
+std::chrono::steady_clock::time_point piece_clock(std::chrono::steady_clock::time_point asked, std::chrono::steady_clock::time_point now,
+                                                  double state_bytes) {
+  const auto whole = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(state_bytes / 10e6));
+  return std::min(now, asked + whole);
+}
+
 std::string rank_list(const std::vector<int>& rs) {
   bool contiguous = !rs.empty() && rs.back() - rs.front() == int(rs.size()) - 1;
   if (contiguous && rs.size() > 1) return std::to_string(rs.front()) + "-" + std::to_string(rs.back());

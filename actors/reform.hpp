@@ -34,6 +34,7 @@
 // Reports, batches and all-reduce completions carry the generation, so nothing of an earlier ring is
 // taken for the new one, and a chunk of an earlier ring is dropped by its ring id.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -69,6 +70,12 @@ std::string check_reform(const job_plan& current, const job_plan& next);
 // setup without the margin: if the node is not ready by then the join is given up, which costs only
 // the try). -1 when no epoch's end is left for it.
 int64_t rejoin_step(int64_t seen, int64_t steps_per_epoch, int64_t total_steps, int64_t ahead, int64_t least);
+
+// Where a re-forming's clock restarts as a piece of a state of `state_bytes` comes in: `now` (a large
+// model's state takes its time), but no later than the whole state takes at 10 MB/s from `asked`, when it
+// was asked for (a lying node that sent a piece every 119 s held the job for hours).
+std::chrono::steady_clock::time_point piece_clock(std::chrono::steady_clock::time_point asked, std::chrono::steady_clock::time_point now,
+                                                  double state_bytes);
 
 // "2-3" or "1,4": a list of ranks as messages show it.
 std::string rank_list(const std::vector<int>& ranks);

@@ -421,3 +421,14 @@ TEST_CASE("reform: reports carry their ring generation, and their state's checks
   CHECK_FALSE(from_kv(bad, &p2, &err));
   CHECK(err == "bad value '-1' for 'gen'");
 }
+
+TEST_CASE("reform: each piece of a state restarts the clock, but not past what the whole state takes at 10 MB/s", "[reform]") {
+  // A lying node that sent one piece every 119 s (the re-forming's limit 120 s, restarted by each) held a
+  // job for hours.
+  using namespace std::chrono_literals;
+  const auto asked = std::chrono::steady_clock::now();
+  CHECK(piece_clock(asked, asked + 5s, 100e6) == asked + 5s);    // 100 MB: 10 s are its own
+  CHECK(piece_clock(asked, asked + 10s, 100e6) == asked + 10s);
+  CHECK(piece_clock(asked, asked + 500s, 100e6) == asked + 10s);  // no later: the limit runs from there
+  CHECK(piece_clock(asked, asked + 1s, 0) == asked);
+}
