@@ -380,7 +380,8 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         return st->reply;
       },
       [self, st](const step_report& r) {
-        if (st->finished || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;  // of a ring given up on
+        // Of a ring given up on, or from before the run (its ranks start with it: a lying node's).
+        if (st->finished || st->replicas.empty() || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;
         if (std::string bad = check_report(*st, r); !bad.empty())
           return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
         // At once: the other ranks' reports of this step may come after this rank's evaluation, which
@@ -403,7 +404,8 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         s.count += r.count;
         s.compute_sum += r.compute;
         s.compute_max = std::max(s.compute_max, r.compute);
-        if (++s.reports < st->cfg.replicas) return;
+        if (2 * ++s.reports >= st->cfg.replicas && s.half == clock_type::time_point{}) s.half = clock_type::now();
+        if (s.reports < st->cfg.replicas) return;
         st->result->wait_slower += s.compute_max * st->cfg.replicas - s.compute_sum;
         if (s.count != st->cfg.global_batch)
           return finish(self, *st, "the ranks reported " + std::to_string(s.count) + " samples for step " + std::to_string(r.step + 1) +
@@ -412,7 +414,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         complete_step(self, *st, r.epoch, r.step);
       },
       [self, st](const eval_report& r) {
-        if (st->finished || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;
+        if (st->finished || st->replicas.empty() || r.gen != st->gen || r.rank < 0 || r.rank >= st->cfg.replicas) return;
         if (auto e = st->epochs.find(r.epoch); e != st->epochs.end() && e->second.closed) return;  // a lost rank's share
         if (std::string bad = check_report(*st, r); !bad.empty())
           return finish(self, *st, "rank " + rank_where(*st, r.rank) + " reported " + bad);
@@ -478,7 +480,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
       [self, st](const pause_report& r) { stop_paused(self, st, r); },
       [self, st](checkpt_atom, stop_note& n) { stop_with_state(self, st, std::move(n)); },
       [self, st](done_atom, int rank) {
-        if (st->finished || rank < 0 || rank >= st->cfg.replicas) return;
+        if (st->finished || st->replicas.empty() || rank < 0 || rank >= st->cfg.replicas) return;
         st->done_ranks.resize(size_t(st->cfg.replicas), 0);
         if (st->done_ranks[size_t(rank)]) return;  // said twice
         st->done_ranks[size_t(rank)] = 1;

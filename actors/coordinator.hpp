@@ -187,10 +187,11 @@ struct coordinator_config {
   // checkpoint is not written, and the result is the final weights of the lowest rank that holds the
   // majority's. With this null (no elastic continuation) a state not the majority's fails the job.
   std::function<void(const std::string& where, const std::string& why)> on_faulty_node;
-  // Ranks in other processes (nodes): once one rank has reported a step, an evaluation or its end, the
-  // others must too within this long, or the job fails naming them (a node that still answers but sends
-  // no reports would hold the job forever). 0: no limit (ranks in this process). While the launcher
-  // forms a new ring ({pause_atom, gen} until {reform_atom, note} of that gen) the clock stands still.
+  // Ranks in other processes (nodes): once half the ranks or more have reported a step, or one an
+  // evaluation or its end, the others must too within this long, or the job fails naming them (a node
+  // that still answers but holds back its reports would hold the job forever); see late_ranks for those
+  // still reporting. 0: no limit (ranks in this process). While the launcher forms a new ring
+  // ({pause_atom, gen} until {reform_atom, note} of that gen) the clock stands still.
   std::chrono::milliseconds report_timeout{0};
   // With report_timeout: batches of the test set each rank evaluates at an epoch's end (0: unknown). No
   // report of any kind from any rank for report_timeout plus 50 of the slowest step so far (plus one

@@ -96,33 +96,46 @@ std::string rank_where(const coordinator_state& st, int r) {
   return std::to_string(r) + (known ? " (" + st.cfg.where[size_t(r)] + ")" : "");
 }
 
-// Ranks that have not reported what the others have, for report_timeout; "" if none is late.
+// Ranks that have not reported what the others have, for report_timeout; "" if none is late. Honest
+// ranks report each step within a flush of each other (the ring runs them in step), so a rank is late
+// when it has said nothing for as long, or when half the ranks or more reported a step that long ago and
+// it still has not, though it goes on reporting earlier ones (a lying node's held back its reports, one
+// every 29 s, and held the job for hours). A rank is not late for what a minority reported (a lying
+// node's ran far ahead, and the honest ranks were blamed); half and half, both halves are named.
 std::string late_ranks(const coordinator_state& st, clock_type::time_point now) {
   const auto limit = st.cfg.report_timeout;
-  // Those that have not said it and have said nothing at all for as long, or have reported steps past
-  // `after` (it comes before them): one still on its way is not late, however far ahead another's
-  // reports run (a lying node's ran ahead, and the honest ranks were blamed).
-  auto missing = [&](const std::vector<char>& seen, int64_t after = INT64_MAX) {
+  const int n = st.cfg.replicas;
+  // The ranks that `pick`, as messages name them.
+  auto ranks = [&](auto pick) {
     std::string s;
-    for (int r = 0; r < st.cfg.replicas; ++r) {
-      const size_t i = size_t(r);
-      const bool silent = i >= st.heard_from.size() || now - st.heard_from[i] > limit;
-      if ((i >= seen.size() || !seen[i]) && (silent || (i < st.next_report.size() && st.next_report[i] > after)))
-        s += (s.empty() ? "" : ", ") + rank_where(st, r);
-    }
+    for (int r = 0; r < n; ++r)
+      if (pick(size_t(r))) s += (s.empty() ? "" : ", ") + rank_where(st, r);
     return s;
   };
+  auto silent = [&](size_t i) { return i >= st.heard_from.size() || now - st.heard_from[i] > limit; };
+  auto said = [](const std::vector<char>& seen, size_t i) { return i < seen.size() && seen[i]; };
   const std::string secs_text = std::to_string(limit.count() / 1000) + " s";
   for (auto it = st.epochs.lower_bound(st.first_open); it != st.epochs.end(); ++it) {  // a closed epoch waits for nothing
     const auto& [e, a] = *it;
-    for (const auto& [k, s] : a.pending)
-      if (std::string late; s.reports > 0 && now - s.first > limit && !(late = missing(s.seen)).empty())
-        return "rank(s) " + late + " sent no report of step " + std::to_string(k + 1) + " of epoch " + std::to_string(e + 1) + " in " +
-               secs_text + " after the others did";
-    if (std::string late; a.evals > 0 && !a.closed && now - a.first_eval > limit && !(late = missing(a.evaluated, (e + 1) * st.cfg.steps_per_epoch)).empty())
+    for (const auto& [k, s] : a.pending) {
+      if (s.reports == 0 || now - s.first <= limit) continue;
+      const std::string what = "step " + std::to_string(k + 1) + " of epoch " + std::to_string(e + 1);
+      const bool half = 2 * s.reports >= n && now - s.half > limit;
+      if (const std::string late = ranks([&](size_t i) { return !said(s.seen, i) && (silent(i) || (half && 2 * s.reports > n)); }); !late.empty())
+        return "rank(s) " + late + " sent no report of " + what + " in " + secs_text + " after the others did";
+      if (half && 2 * s.reports == n)
+        return "rank(s) " + ranks([&](size_t i) { return !said(s.seen, i); }) + " sent no report of " + what + " in " + secs_text +
+               " after rank(s) " + ranks([&](size_t i) { return said(s.seen, i); }) +
+               " did, though they go on reporting: one half holds its reports back, or the other makes them up";
+    }
+    // An evaluation comes before its rank's reports of the next epoch's steps: one past them owes it.
+    const int64_t after = (e + 1) * st.cfg.steps_per_epoch;
+    auto owes = [&](size_t i) { return !said(a.evaluated, i) && (silent(i) || (i < st.next_report.size() && st.next_report[i] > after)); };
+    if (const std::string late = ranks(owes); a.evals > 0 && !a.closed && now - a.first_eval > limit && !late.empty())
       return "rank(s) " + late + " sent no evaluation of epoch " + std::to_string(e + 1) + " in " + secs_text + " after the others did";
   }
-  if (std::string late; st.done > 0 && st.done < st.cfg.replicas && now - st.first_done > limit && !(late = missing(st.done_ranks)).empty())
+  if (const std::string late = ranks([&](size_t i) { return !said(st.done_ranks, i) && silent(i); });
+      st.done > 0 && st.done < n && now - st.first_done > limit && !late.empty())
     return "rank(s) " + late + " did not say they were done in " + secs_text + " after the others did";
   return "";
 }

@@ -26,6 +26,7 @@ struct step_acc {
   int reports = 0;
   double compute_sum = 0, compute_max = 0;  // the ranks' forward/backward times (train_result::wait_slower)
   clock_type::time_point first;  // when the first report came
+  clock_type::time_point half;   // when half the ranks or more had reported it (late_ranks)
 };
 
 struct epoch_acc {
@@ -164,7 +165,8 @@ std::string check_report(const coordinator_state& st, const eval_report& r);
 // "3", or "3 (node tcp://10.0.0.2:5601)" when the launcher said where rank 3 runs.
 std::string rank_where(const coordinator_state& st, int r);
 int pick_result_rank(const coordinator_state& st);
-// Ranks that have not reported what the others have, for report_timeout; "" if none is late.
+// Ranks that have not reported what the others have, for report_timeout (see its comment in
+// coordinator_checks.cpp); "" if none is late.
 std::string late_ranks(const coordinator_state& st, clock_type::time_point now);
 // Whether every rank has been silent too long (coordinator_config::eval_batches); "" if not.
 std::string silent_ranks(const coordinator_state& st, clock_type::time_point now);
