@@ -20,6 +20,13 @@
 namespace ringmaster {
 namespace fs = std::filesystem;
 
+bool checkpoint_owner_trusted(uid_t owner, const std::string& folder, bool any_owner_of_folder) {
+  if (owner == ::geteuid() || owner == 0) return true;
+  struct stat f {};
+  return ::geteuid() == 0 && ::stat(folder.empty() ? "." : folder.c_str(), &f) == 0 && !(f.st_mode & 022) &&
+         (f.st_uid == owner || (any_owner_of_folder && f.st_uid == 0));
+}
+
 std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::shared_ptr<const void>* lock) {
   if (dir.empty()) return "no folder given";
   struct stat st {};
@@ -35,10 +42,13 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return dir + " is not a folder";
   // As ssh's StrictModes for keys: a resume trusts what it finds here, so nobody else may put anything
   // here (another user's folder in /tmp, or one it swapped in, held checkpoints a resume took as ours).
-  if (st.st_uid != ::geteuid())
-    return dir + " belongs to another user (uid " + std::to_string(st.st_uid) + "), who could put checkpoints of theirs there: give a folder of your own";
+  std::string named = fs::path(dir).lexically_normal().string();
+  while (named.size() > 1 && named.back() == '/') named.pop_back();  // "ck/": its parent is ck's
+  if (!checkpoint_owner_trusted(st.st_uid, fs::path(named).parent_path().string(), true))
+    return dir + " belongs to another user (uid " + std::to_string(st.st_uid) + "), who could put checkpoints of theirs there: give a folder of your own" +
+           (st.st_uid == 65534 && ::geteuid() == 0 ? " (one made by root that belongs to nobody: NFS's root_squash? run as the folder's owner)" : "");
   if (st.st_mode & 022)
-    return dir + " is writable by others, who could put checkpoints of theirs there: chmod go-w " + dir + ", or give a folder of your own";
+    return dir + " is writable by its group or by others, who could put checkpoints of theirs there: chmod go-w " + dir + ", or give a folder of your own";
   // One job a folder: two would prune each other's checkpoints (and temporary files being written). The
   // lock goes with the process (flock), so a crashed job leaves none behind.
   const std::string lock_path = (fs::path(dir) / ".ringmaster-lock").string();

@@ -98,6 +98,12 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
 std::string foreign_output(const std::string& path) {
   const auto others = [](const struct stat& s) { return s.st_uid != ::geteuid() && s.st_uid != 0; };
   struct stat st {};
+  // Our own stdout or stderr (/dev/stdout into a pipe another user made: sudo -u ... | jq) is ours to write.
+  if (::stat(path.c_str(), &st) == 0)
+    for (int out : {STDOUT_FILENO, STDERR_FILENO}) {
+      struct stat o {};
+      if (::fstat(out, &o) == 0 && o.st_dev == st.st_dev && o.st_ino == st.st_ino) return "";
+    }
   if (::lstat(path.c_str(), &st) == 0 && (S_ISLNK(st.st_mode) || S_ISFIFO(st.st_mode)) && others(st))
     return std::string("it is a ") + (S_ISLNK(st.st_mode) ? "link" : "FIFO") + " of another user's (uid " + std::to_string(st.st_uid) +
            "), which could lead the output anywhere: remove it, or name another path";

@@ -32,9 +32,9 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
 // A link or FIFO of another user's (not root's) is refused (see foreign_output).
 bool write_output(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error);
 // "" or why an output must not be written through `path`: it is a link or a FIFO of another user's (not
-// root's), or a link to such a FIFO. In a folder others write (/tmp), theirs could lead our output onto
-// any file of ours, or hold it (a FIFO they never read), as the kernel's protected_symlinks and
-// protected_fifos refuse where they are on.
+// root's), or a link to such a FIFO, and not our own stdout or stderr. In a folder others write (/tmp),
+// theirs could lead our output onto any file of ours, or hold it (a FIFO they never read); the kernel's
+// protected_symlinks and protected_fifos refuse some of these where they are on, in sticky folders only.
 std::string foreign_output(const std::string& path);
 
 // Reads the model's tensors (F32, names and shapes as above; other tensors are ignored) into a flat

@@ -39,11 +39,11 @@ TEST_CASE("checkpoint: a resume refuses a folder or a checkpoint that another us
 
   REQUIRE(::chmod(dir.c_str(), 0777) == 0);
   CHECK(check_checkpoint_dir(dir, true) ==
-        dir + " is writable by others, who could put checkpoints of theirs there: chmod go-w " + dir + ", or give a folder of your own");
+        dir + " is writable by its group or by others, who could put checkpoints of theirs there: chmod go-w " + dir + ", or give a folder of your own");
   run_result r = mnist(job + " --resume");
   INFO(r.out);
   CHECK(r.status == 2);
-  CHECK(r.out.find("--checkpoint-dir: " + dir + " is writable by others") != std::string::npos);
+  CHECK(r.out.find("--checkpoint-dir: " + dir + " is writable by its group or by others") != std::string::npos);
   REQUIRE(::chmod(dir.c_str(), 0755) == 0);
 
   // A file others may write is not resumed from: with no other, the resume is refused, not trained anew.
@@ -51,10 +51,10 @@ TEST_CASE("checkpoint: a resume refuses a folder or a checkpoint that another us
   checkpoint c;
   std::string err;
   CHECK_FALSE(read_checkpoint(ckpt, layer_registry::with_builtins(), &c, &err));
-  CHECK(err == ckpt + ": writable by others: not trusted as a checkpoint (chmod go-w " + ckpt + ")");
+  CHECK(err == ckpt + ": writable by its group or by others: not trusted as a checkpoint (chmod go-w " + ckpt + ")");
   r = mnist(job + " --resume");
   CHECK(r.status != 0);
-  CHECK(r.out.find(ckpt + ": writable by others: not trusted as a checkpoint") != std::string::npos);
+  CHECK(r.out.find(ckpt + ": writable by its group or by others: not trusted as a checkpoint") != std::string::npos);
   CHECK(r.out.find("Resuming from") == std::string::npos);
   REQUIRE(::chmod(ckpt.c_str(), 0644) == 0);
   REQUIRE(read_checkpoint(ckpt, layer_registry::with_builtins(), &c, &err));
@@ -64,10 +64,25 @@ TEST_CASE("checkpoint: a resume refuses a folder or a checkpoint that another us
     CHECK_FALSE(read_checkpoint(ckpt, layer_registry::with_builtins(), &c, &err));
     CHECK(err == ckpt + ": belongs to another user (uid 4242): not trusted as a checkpoint");
     REQUIRE(::chown(ckpt.c_str(), 0, -1) == 0);
-    REQUIRE(::chown(dir.c_str(), 4242, -1) == 0);
+    REQUIRE(::chown(dir.c_str(), 4242, -1) == 0);  // in /tmp, anyone's to write: it could be anyone's folder
     CHECK(check_checkpoint_dir(dir, true) ==
           dir + " belongs to another user (uid 4242), who could put checkpoints of theirs there: give a folder of your own");
+    CHECK(check_checkpoint_dir(dir + "/", true).rfind(dir + "/ belongs to another user (uid 4242)", 0) == 0);
+    // Root (a container, sudo) in a user's own folder, in a folder of theirs or root's that nobody else
+    // may write: theirs, and their files, are trusted.
+    const std::string home = dir + "/home";
+    fs::create_directories(home + "/ck");
+    REQUIRE(::chown(home.c_str(), 4242, -1) == 0);
+    REQUIRE(::chown((home + "/ck").c_str(), 4242, -1) == 0);
+    REQUIRE(::chmod(home.c_str(), 0755) == 0);
+    CHECK(check_checkpoint_dir(home + "/ck", false).empty());
     REQUIRE(::chown(dir.c_str(), 0, -1) == 0);
+    fs::copy_file(ckpt, home + "/ck/ckpt-1-0.safetensors");
+    REQUIRE(::chown((home + "/ck/ckpt-1-0.safetensors").c_str(), 4242, -1) == 0);
+    CHECK(read_checkpoint(home + "/ck/ckpt-1-0.safetensors", layer_registry::with_builtins(), &c, &err));
+    REQUIRE(::chmod(home.c_str(), 0777) == 0);  // their folder's folder anyone's to write: no longer
+    CHECK_FALSE(check_checkpoint_dir(home + "/ck", true).empty());
+    fs::remove_all(home);
   } else {
     WARN("not root: the checks of a folder and a checkpoint owned by another user need to give them away");
   }
@@ -120,6 +135,12 @@ TEST_CASE("outputs: a link or FIFO of another user's is not written through", "[
   CHECK_FALSE(write_output(link, {{text.data(), text.size()}}, &err));
   CHECK(err == link + ": it is a link of another user's (uid 4242), which could lead the output anywhere: remove it, or name another path");
   CHECK(slurp(victim) == "ours");
+  // Our own stdout is ours to write, whoever made the pipe it is (sudo -u svc ... | jq).
+  const std::string got = dir + "/got.txt";
+  r = test::run("cat " + fifo + " > " + got + " & " + RINGMASTER_MNIST_BIN + " " + job + " --report-json /dev/stdout > " + fifo + "; wait");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(slurp(got).find("\"test_accuracy\"") != std::string::npos);
   // Root's own links (/dev/stdout) and ours are written through as before.
   REQUIRE(::lchown(link.c_str(), 0, 0) == 0);
   REQUIRE(write_output(link, {{text.data(), text.size()}}, &err));
