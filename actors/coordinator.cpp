@@ -116,11 +116,13 @@ void report_progress(coordinator_state& st, int64_t e, bool end) {
 }
 
 // An epoch is complete when every step has N reports and (if evaluating) N evaluations arrived. `force`:
-// also with fewer evaluations (a lost node's went with it, and the weights have moved on since).
+// also with fewer evaluations (a lost node's went with it, and the weights have moved on since). Epochs
+// close in order: a later one waits for this one (after a re-forming, one with the survivors'
+// evaluations closed before an earlier one still short of a lost rank's, and went unclocked).
 void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int64_t e, bool force = false) {
   epoch_acc& a = st.epochs[e];
   const int n = st.cfg.replicas;
-  if (a.closed || a.steps_done < st.cfg.steps_per_epoch || (st.cfg.evaluate && a.evals < n && !force)) return;
+  if (a.closed || e != st.first_open || a.steps_done < st.cfg.steps_per_epoch || (st.cfg.evaluate && a.evals < n && !force)) return;
   a.closed = true;
   for (auto it = st.epochs.lower_bound(st.first_open); it != st.epochs.end() && it->second.closed; ++it) st.first_open = it->first + 1;
   a.val_loss = 0;
@@ -139,9 +141,11 @@ void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int6
   st.result->train_samples += a.count - a.first_count;
   st.result->unmeasured += a.unmeasured;
   report_progress(st, e, true);
-  st.epochs[e + 1].start = clock_type::now();
+  epoch_acc& next = st.epochs[e + 1];
+  next.start = next.steps_done > 0 ? a.last_step : clock_type::now();  // one that ran meanwhile: from this one's end
   // At an epoch's end a checkpoint waits for the evaluation, so that the epoch is whole in its history.
   checkpoint_progress(self, st, (e + 1) * st.cfg.steps_per_epoch, nullptr);
+  if (!st.finished) maybe_close_epoch(self, st, e + 1);  // one that waited for this one
 }
 
 // Why the job stops for a training loss that is not finite.
@@ -364,6 +368,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         const job_progress& from = st->cfg.start;
         const int64_t spe = std::max<int64_t>(1, st->cfg.steps_per_epoch);
         st->result->history = from.history;
+        st->first_open = from.step / spe;  // the epochs before closed in the run it resumes
         epoch_acc& a = st->epochs[from.step / spe];
         a.start = st->start;
         a.steps_done = a.first_step = from.step % spe;

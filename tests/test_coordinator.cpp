@@ -339,3 +339,50 @@ TEST_CASE("coordinator: checksums are written as 16 lowercase hex digits, leadin
   CHECK(hex64(0x1234abcdULL) == "000000001234abcd");
   CHECK(hex64(~0ULL) == "ffffffffffffffff");
 }
+
+TEST_CASE("coordinator: epochs close in order, each timed, when a re-forming closes one short of a lost rank's evaluation",
+          "[coordinator]") {
+  // The survivors' evaluations closed epoch 2 as the ring was re-formed without rank 0, before epoch 1,
+  // still short of rank 0's (lost with its node): the history came out of order, and epoch 2, never
+  // started, was timed from the clock's zero (the machine's uptime).
+  coordinator_config cc = job::small(0ms, {"node A", "node B", "node C"});
+  cc.replicas = 3;
+  cc.global_batch = 6;
+  cc.epochs = 3;
+  cc.evaluate = true;
+  job j(cc);
+  auto eval = [&j](int rank, int64_t epoch, int gen) {
+    eval_report r;
+    r.rank = rank, r.gen = gen, r.epoch = epoch, r.count = 10, r.correct = 5, r.loss_sum = 1;
+    caf::anon_send(j.coord, r);
+  };
+  const train_result r = j.run([&](job& j) {
+    for (int64_t s = 0; s < 3; ++s) j.step(0, 0, s, 2), j.step(1, 0, s, 2), j.step(2, 0, s, 2);
+    eval(1, 0, 0), eval(2, 0, 0);  // rank 0's evaluation went with its node, and its reports of epoch 2
+    for (int64_t s = 0; s < 3; ++s) j.step(1, 1, s, 2), j.step(2, 1, s, 2);
+    eval(1, 1, 0), eval(2, 1, 0);
+    j.step(1, 2, 0, 2), j.step(2, 2, 0, 2);
+    reform_note note;  // the ring of ranks 1 and 2, from step 2 of epoch 3
+    note.gen = 1;
+    note.start_step = 7;
+    note.ranks = {j.ranks[1], j.ranks[2]};
+    note.where = {"node B", "node C"};
+    node_loss l;
+    l.node = "node A";
+    l.ranks = "0";
+    note.losses = {l};
+    caf::anon_send(j.coord, reform_atom::value, note);
+    for (int64_t s = 1; s < 3; ++s) j.step(0, 2, s, 3, 1, 0.5, 1), j.step(1, 2, s, 3, 1, 0.5, 1);
+    eval(0, 2, 1), eval(1, 2, 1);
+    j.done(0), j.done(1);
+  });
+  INFO(r.error);
+  REQUIRE(r.ok);
+  REQUIRE(r.history.size() == 3);
+  for (int64_t e = 0; e < 3; ++e) {
+    CHECK(r.history[size_t(e)].epoch == e);
+    CHECK(r.history[size_t(e)].samples == 18);
+    CHECK(r.history[size_t(e)].seconds < 60);
+  }
+  CHECK(r.train_seconds < 60);
+}
