@@ -70,7 +70,7 @@ struct launcher {
   std::unique_ptr<std::atomic<int64_t>[]> last_heard;  // per node, steady-clock ticks
   bool refused_invalid = false;  // a node refused the job's description or settings as invalid
   // What every node said in its job_ack: a node that comes back must say the same.
-  std::string train_count, train_data, model_layout;
+  std::string train_count, train_data, model_layout, test_count;
   int64_t steps_per_epoch = 0, total_steps = 0;
   // States travel one buffer at a time, in pieces, each buffer param_count floats (the nodes' job_acks said it): rank 0's
   // for checkpoints (incoming), and those of a rejoin or of survivors a step apart. Set before start.

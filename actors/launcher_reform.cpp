@@ -327,6 +327,7 @@ void launcher::take_forward_state(const wire::header& h, const net::payload& p) 
     return;
   }
   forwarding = false;
+  if (!stopping) forming_since = clock_type::now();  // whole: handing it on and the acks have their own time
   const state_ptr s = std::move(forward_state);
   if (s->steps != forward_to) return kill_node(-1, "node " + ro.nodes[size_t(forward_node)] + " sent the state after step " + std::to_string(s->steps) + ", not " + std::to_string(forward_to));
   if (std::string bad = state_fault(*s); !bad.empty())

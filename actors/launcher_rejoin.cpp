@@ -94,6 +94,10 @@ void launcher::on_join_ack(wire::kv_map& kv) {
                         node_text(kv["params"].substr(0, 12)) + " parameters), the job " + train_count + " (" + train_data + ") and " +
                         model_layout + " (" + std::to_string(param_count) + ")");
   }
+  if (kv["test"] != test_count) {  // its share of each evaluation would be of other samples
+    join_failures[size_t(joining.load())] = kJoinTries;
+    return give_up_join("it has " + node_text(kv["test"].substr(0, 12)) + " test samples, the job " + test_count);
+  }
   if (seen_step + std::max<int64_t>(2, int64_t(step_rate * 0.2)) >= join_at)
     return give_up_join("it was ready only as the job reached step " + std::to_string(join_at), true);
   if (gen + 1 != join_plan.generation) return give_up_join("the ring changed meanwhile");

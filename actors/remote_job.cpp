@@ -381,6 +381,7 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
   L.train_count = train_count;
   L.train_data = std::to_string(train_data);
   L.model_layout = replies[0]["model"];
+  L.test_count = replies[0]["test"];
   L.steps_per_epoch = steps;
   L.total_steps = steps * cfg.epochs;
   L.join_failures.assign(ro.nodes.size(), 0);

@@ -1,6 +1,7 @@
 #include "actors/topology.hpp"
 
 #include <algorithm>
+#include <charconv>
 
 #include "actors/node_service.hpp"
 #include "kernels/dataset.hpp"
@@ -87,7 +88,10 @@ std::string here_endpoint(const std::string& listen, int ring_port, const std::v
   const std::string host = listen.substr(0, listen.rfind(':'));
   if (host == "tcp://*" || host == "tcp://0.0.0.0" || host == "tcp://[::]")  // the nodes would be told to reach themselves
     return refuse(true, "listen(): name the address of this machine that the nodes reach (" + listen + " names every one)");
-  if (ring_port != 0 && listen.substr(listen.rfind(':') + 1) == std::to_string(ring_port))  // as the daemon's --ring-port
+  const std::string port_text = listen.substr(listen.rfind(':') + 1);
+  int port = -1;
+  std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);  // checked above: a number
+  if (ring_port != 0 && port == ring_port)  // as the daemon's --ring-port
     return refuse(true, "listen(): the ring port " + std::to_string(ring_port) + " is the port of " + listen + ": ring chunks need a port of their own");
   return listen;
 }

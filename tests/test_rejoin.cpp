@@ -477,35 +477,47 @@ TEST_CASE("elastic: a rank that hangs while the others pause for a node that rej
 }
 
 TEST_CASE("elastic: ringmaster-mnist names a node that came back but could not rejoin in its summary and report", "[nodes][elastic][launcher][rejoin]") {
-  // Node 1 is started again on data whose first label differs: its data's fingerprint is not the job's,
-  // so it stays out, and the summary and report say why.
+  // Node 1 is started again on data whose first label differs, or with 300 test samples of the job's 500:
+  // its data's fingerprint, or its share of each evaluation, is not the job's, so it stays out, and the
+  // summary and report say why. (A test set of another size was let in, its evaluations of other samples.)
   const std::string json_path = "/tmp/ringmaster-rejoin-failed-test.json", data = RINGMASTER_DATA_DIR;
-  char tmpl[] = "/tmp/ringmaster-other-data-XXXXXX";
-  REQUIRE(mkdtemp(tmpl));
-  const std::string other = tmpl;
-  REQUIRE(test::run("for f in train-images-idx3-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do ln -s " + data + "/$f.gz " + other +
-                    "/; done && gunzip -c " + data + "/train-labels-idx1-ubyte.gz > " + other + "/train-labels-idx1-ubyte && printf '\\001' | "
-                    "dd of=" + other + "/train-labels-idx1-ubyte bs=1 seek=8 conv=notrunc status=none").status == 0);
-  auto nodes = start_nodes(3, "cpu:1");
-  std::remove(json_path.c_str());
-  test::run_result r = run_restarting_node_1(
-      nodes, "--model 784-512-512-10 --batch 60 --epochs 40 --limit-train 6000 --limit-test 500 --rejoin-lead 2 --report-json " + json_path, other);
-  INFO(r.out);
-  REQUIRE(r.status == 0);
-  CHECK(r.out.find("node " + nodes[1]->endpoint + " is back, but could not rejoin: it has 6000 training samples (data fingerprint") != std::string::npos);
-  CHECK(r.out.find("Node " + nodes[1]->endpoint + " came back, but a try to rejoin failed: it has 6000 training samples") != std::string::npos);
-  CHECK(r.out.find("(it stayed out)") != std::string::npos);
-  CHECK(r.out.find("came back and rejoined") == std::string::npos);
-  const nlohmann::json j = report(json_path);
-  for (const auto& e : j["history"]) CHECK(e["samples"] == 6000);
-  CHECK(j["node_rejoins"].empty());
-  REQUIRE(j["node_rejoins_failed"].size() == 1);  // refused for its data: it is not asked again
-  CHECK(j["node_rejoins_failed"][0]["node"] == nodes[1]->endpoint);
-  CHECK(j["node_rejoins_failed"][0]["asked_again"] == false);
-  CHECK(j["node_rejoins_failed"][0]["why"].get<std::string>().find("data fingerprint") != std::string::npos);
-  std::remove(json_path.c_str());
-  nodes.clear();
-  std::filesystem::remove_all(other);
+  for (const bool fewer_tests : {false, true}) {
+    char tmpl[] = "/tmp/ringmaster-other-data-XXXXXX";
+    REQUIRE(mkdtemp(tmpl));
+    const std::string other = tmpl;
+    const std::string make =
+        fewer_tests ? "for f in train-images-idx3-ubyte train-labels-idx1-ubyte; do ln -s " + data + "/$f.gz " + other + "/; done && "
+                      "gunzip -c " + data + "/t10k-images-idx3-ubyte.gz > " + other + "/t10k-images-idx3-ubyte && "
+                      "gunzip -c " + data + "/t10k-labels-idx1-ubyte.gz > " + other + "/t10k-labels-idx1-ubyte && "
+                      "for f in t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do printf '\\000\\000\\001\\054' | dd of=" + other +
+                      "/$f bs=1 seek=4 conv=notrunc status=none; done && truncate -s " + std::to_string(16 + 300 * 784) + " " + other +
+                      "/t10k-images-idx3-ubyte && truncate -s 308 " + other + "/t10k-labels-idx1-ubyte"
+                    : "for f in train-images-idx3-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do ln -s " + data + "/$f.gz " + other +
+                      "/; done && gunzip -c " + data + "/train-labels-idx1-ubyte.gz > " + other + "/train-labels-idx1-ubyte && printf '\\001' | "
+                      "dd of=" + other + "/train-labels-idx1-ubyte bs=1 seek=8 conv=notrunc status=none";
+    REQUIRE(test::run(make).status == 0);
+    const std::string why = fewer_tests ? "it has 300 test samples, the job 500" : "it has 6000 training samples (data fingerprint";
+    auto nodes = start_nodes(3, "cpu:1");
+    std::remove(json_path.c_str());
+    test::run_result r = run_restarting_node_1(
+        nodes, "--model 784-512-512-10 --batch 60 --epochs 40 --limit-train 6000 --limit-test 500 --rejoin-lead 2 --report-json " + json_path, other);
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK(r.out.find("node " + nodes[1]->endpoint + " is back, but could not rejoin: " + why) != std::string::npos);
+    CHECK(r.out.find("Node " + nodes[1]->endpoint + " came back, but a try to rejoin failed: " + why) != std::string::npos);
+    CHECK(r.out.find("(it stayed out)") != std::string::npos);
+    CHECK(r.out.find("came back and rejoined") == std::string::npos);
+    const nlohmann::json j = report(json_path);
+    for (const auto& e : j["history"]) CHECK(e["samples"] == 6000);
+    CHECK(j["node_rejoins"].empty());
+    REQUIRE(j["node_rejoins_failed"].size() == 1);  // refused for its data: it is not asked again
+    CHECK(j["node_rejoins_failed"][0]["node"] == nodes[1]->endpoint);
+    CHECK(j["node_rejoins_failed"][0]["asked_again"] == false);
+    CHECK(j["node_rejoins_failed"][0]["why"].get<std::string>().find(why) == 0);
+    std::remove(json_path.c_str());
+    nodes.clear();
+    std::filesystem::remove_all(other);
+  }
 }
 
 TEST_CASE("elastic: ringmaster-mnist takes a node started again back in and says so", "[nodes][elastic][launcher][rejoin]") {
