@@ -93,6 +93,21 @@ struct job {
 };
 
 
+// The launcher's word that node A, rank 0's of 3, is lost and ranks 1 and 2 (on nodes B and C) go on
+// from global step `start` in ring 1.
+inline void lose_rank_0(job& j, int64_t start) {
+  reform_note note;
+  note.gen = 1;
+  note.start_step = start;
+  note.ranks = {j.ranks[1], j.ranks[2]};
+  note.where = {"node B", "node C"};
+  node_loss l;
+  l.node = "node A";
+  l.ranks = "0";
+  note.losses = {l};
+  caf::anon_send(j.coord, reform_atom::value, note);
+}
+
 // The checkpoints a job writes (by step) and the lines it says, recorded through cc's callbacks.
 struct recorded {
   std::shared_ptr<std::vector<int64_t>> written = std::make_shared<std::vector<int64_t>>();

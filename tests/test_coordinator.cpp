@@ -362,16 +362,7 @@ TEST_CASE("coordinator: epochs close in order, each timed, when a re-forming clo
     for (int64_t s = 0; s < 3; ++s) j.step(1, 1, s, 2), j.step(2, 1, s, 2);
     eval(1, 1, 0), eval(2, 1, 0);
     j.step(1, 2, 0, 2), j.step(2, 2, 0, 2);
-    reform_note note;  // the ring of ranks 1 and 2, from step 2 of epoch 3
-    note.gen = 1;
-    note.start_step = 7;
-    note.ranks = {j.ranks[1], j.ranks[2]};
-    note.where = {"node B", "node C"};
-    node_loss l;
-    l.node = "node A";
-    l.ranks = "0";
-    note.losses = {l};
-    caf::anon_send(j.coord, reform_atom::value, note);
+    lose_rank_0(j, 7);  // the ring of ranks 1 and 2, from step 2 of epoch 3
     for (int64_t s = 1; s < 3; ++s) j.step(0, 2, s, 3, 1, 0.5, 1), j.step(1, 2, s, 3, 1, 0.5, 1);
     eval(0, 2, 1), eval(1, 2, 1);
     j.done(0), j.done(1);

@@ -382,16 +382,7 @@ TEST_CASE("coordinator: where rank 0's state after the last step is not the majo
       j.step(1, 0, k - 1, 1, 1, 0.5, 0, 0, held_sum(k));
       j.step(2, 0, k - 1, 1, 1, 0.5, 0, 0, held_sum(k));
     }
-    reform_note note;
-    note.gen = 1;
-    note.start_step = 2;
-    note.ranks = {j.ranks[1], j.ranks[2]};
-    note.where = {"node B", "node C"};
-    node_loss l;
-    l.node = "node A";
-    l.ranks = "0";
-    note.losses = {l};
-    caf::anon_send(j.coord, reform_atom::value, note);
+    lose_rank_0(j, 2);
     send_state(j, 2, 3);
     j.done(0), j.done(1);
   });
