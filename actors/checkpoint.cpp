@@ -379,7 +379,7 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
   } close_fd{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return *error = path + ": not a regular file", false;
-  // Its checksum guards against damage, not against whoever may write it: only our own files are resumed.
+  // Its checksum guards against damage, not against whoever may write it: only trusted owners' files (ours).
   if (!checkpoint_owner_trusted(st.st_uid, fs::path(path).parent_path().string(), false))
     return *error = path + ": belongs to another user (uid " + std::to_string(st.st_uid) + "): not trusted as a checkpoint", false;
   if (st.st_mode & 022) return *error = path + ": writable by its group or by others: not trusted as a checkpoint (chmod go-w " + path + ")", false;
@@ -489,7 +489,7 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
   if (stored != sum_now)
     return *error = path + ": checksum " + std::string(sum_now) + " but the file says " + stored.substr(0, 20) + ": the file is damaged", false;
   if (::lseek(fd, data_at, SEEK_SET) != data_at) return *error = path + ": cannot read it again: " + std::strerror(errno), false;
-  // (The file is ours alone, checked above: it changing between the two reads is ours to do.)
+  // (Nobody else may write the file, checked above: it changing between the two reads is its owner's doing.)
   std::vector<float>* buffers[] = {&c.state.params, &c.state.m1, &c.state.m2};
   for (size_t b = 0; b <= prefixes.size(); ++b) {
     buffers[b]->resize(n);
