@@ -380,7 +380,7 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return *error = path + ": not a regular file", false;
   // Its checksum guards against damage, not against whoever may write it: only trusted owners' files (ours).
-  if (!checkpoint_owner_trusted(st.st_uid, fs::path(path).parent_path().string(), false))
+  if (!checkpoint_owner_trusted(st.st_uid, path))
     return *error = path + ": belongs to another user (uid " + std::to_string(st.st_uid) + "): not trusted as a checkpoint", false;
   if (st.st_mode & 022) return *error = path + ": writable by its group or by others: not trusted as a checkpoint (chmod go-w " + path + ")", false;
   const uint64_t file_size = uint64_t(st.st_size);

@@ -106,13 +106,14 @@ train_result finished_run(const checkpoint& c);
 // a new job would prune another's. No other process may be using it (DIR/.ringmaster-lock, flock):
 // with `lock`, the folder stays this job's while *lock lives. train() and train_remote() take it so
 // themselves: a program that holds it cannot run them on that folder. "" or why not.
-// The folder must be ours or root's (run as root, a container or sudo: anyone's in a folder that is not
-// anyone's to write, as /tmp is), and writable by nobody else (checkpoint_owner_trusted).
+// The folder must be ours or root's (run as root, a container or sudo: a user's, as checkpoint_owner_trusted
+// says), and writable by nobody else.
 std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::shared_ptr<const void>* lock = nullptr);
-// Whether a checkpoint folder's or file's owner is trusted with what a resume reads there: us, root, or,
-// when we run as root, the owner of `folder` (the folder it is in) where that is not writable by its
-// group or others (for a checkpoint folder: its parent; root chose it, and nobody could have swapped it).
-bool checkpoint_owner_trusted(uid_t owner, const std::string& folder, bool any_owner_of_folder);
+// Whether the owner of a checkpoint folder or file at `path` is trusted with what a resume reads there:
+// us, root, or, when we run as root (a container, sudo), a user whose path it is all the way down: every
+// folder above it, as the path names them, that user's or root's and writable by nobody else (not /tmp,
+// nor a shared folder, where a folder or a link could be swapped in between the check and the read).
+bool checkpoint_owner_trusted(uid_t owner, const std::string& path);
 // Whether dir's file system has room for a job's checkpoints of `params` parameters, optimizer `kind`
 // and `epochs` (each one's history is in the header): up to 3 files at once (the newest two kept and one being written), less what its checkpoints
 // there (a resume's) take already. Before training: a disk that cannot take them fails the job at its

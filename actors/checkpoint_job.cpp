@@ -20,11 +20,20 @@
 namespace ringmaster {
 namespace fs = std::filesystem;
 
-bool checkpoint_owner_trusted(uid_t owner, const std::string& folder, bool any_owner_of_folder) {
+bool checkpoint_owner_trusted(uid_t owner, const std::string& path) {
   if (owner == ::geteuid() || owner == 0) return true;
-  struct stat f {};
-  return ::geteuid() == 0 && ::stat(folder.empty() ? "." : folder.c_str(), &f) == 0 && !(f.st_mode & 022) &&
-         (f.st_uid == owner || (any_owner_of_folder && f.st_uid == 0));
+  if (::geteuid() != 0) return false;
+  // Every folder on the way down, as the path names them (a swap or a link cannot change those), must be
+  // the owner's or root's and nobody else's to write: else someone could have put theirs in its place.
+  std::error_code ec;
+  std::string p = fs::absolute(path, ec).lexically_normal().string();
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  while (p.size() > 1) {
+    p = fs::path(p).parent_path().string();
+    struct stat f {};
+    if (::stat(p.c_str(), &f) != 0 || (f.st_mode & 022) || (f.st_uid != owner && f.st_uid != 0)) return false;
+  }
+  return true;
 }
 
 std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::shared_ptr<const void>* lock) {
@@ -42,9 +51,7 @@ std::string check_checkpoint_dir(const std::string& dir, bool resuming, std::sha
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return dir + " is not a folder";
   // As ssh's StrictModes for keys: a resume trusts what it finds here, so nobody else may put anything
   // here (another user's folder in /tmp, or one it swapped in, held checkpoints a resume took as ours).
-  std::string named = fs::path(dir).lexically_normal().string();
-  while (named.size() > 1 && named.back() == '/') named.pop_back();  // "ck/": its parent is ck's
-  if (!checkpoint_owner_trusted(st.st_uid, fs::path(named).parent_path().string(), true))
+  if (!checkpoint_owner_trusted(st.st_uid, dir))
     return dir + " belongs to another user (uid " + std::to_string(st.st_uid) + "), who could put checkpoints of theirs there: give a folder of your own" +
            (st.st_uid == 65534 && ::geteuid() == 0 ? " (one made by root that belongs to nobody: NFS's root_squash? run as the folder's owner)" : "");
   if (st.st_mode & 022)

@@ -68,21 +68,31 @@ TEST_CASE("checkpoint: a resume refuses a folder or a checkpoint that another us
     CHECK(check_checkpoint_dir(dir, true) ==
           dir + " belongs to another user (uid 4242), who could put checkpoints of theirs there: give a folder of your own");
     CHECK(check_checkpoint_dir(dir + "/", true).rfind(dir + "/ belongs to another user (uid 4242)", 0) == 0);
-    // Root (a container, sudo) in a user's own folder, in a folder of theirs or root's that nobody else
-    // may write: theirs, and their files, are trusted.
-    const std::string home = dir + "/home";
+    REQUIRE(::chown(dir.c_str(), 0, -1) == 0);
+    // Root (a container, sudo) in a user's own folder, where every folder above it is theirs or root's
+    // and nobody else's to write (not under /tmp: /root here): theirs, and their files, are trusted.
+    const std::string home = "/root/ringmaster-test-trust-" + std::to_string(getpid());
     fs::create_directories(home + "/ck");
     REQUIRE(::chown(home.c_str(), 4242, -1) == 0);
     REQUIRE(::chown((home + "/ck").c_str(), 4242, -1) == 0);
     REQUIRE(::chmod(home.c_str(), 0755) == 0);
-    CHECK(check_checkpoint_dir(home + "/ck", false).empty());
-    REQUIRE(::chown(dir.c_str(), 0, -1) == 0);
+    CHECK(check_checkpoint_dir(home + "/ck", false) == "");
     fs::copy_file(ckpt, home + "/ck/ckpt-1-0.safetensors");
     REQUIRE(::chown((home + "/ck/ckpt-1-0.safetensors").c_str(), 4242, -1) == 0);
     CHECK(read_checkpoint(home + "/ck/ckpt-1-0.safetensors", layer_registry::with_builtins(), &c, &err));
-    REQUIRE(::chmod(home.c_str(), 0777) == 0);  // their folder's folder anyone's to write: no longer
-    CHECK_FALSE(check_checkpoint_dir(home + "/ck", true).empty());
+    // A folder above it anyone's to write: a folder or a link could be swapped in between the check and
+    // the read (a race let a forged checkpoint in, 2 of 25 tries), so neither is trusted.
+    REQUIRE(::chmod(home.c_str(), 0777) == 0);
+    CHECK(check_checkpoint_dir(home + "/ck", true) ==
+          home + "/ck belongs to another user (uid 4242), who could put checkpoints of theirs there: give a folder of your own");
+    CHECK_FALSE(read_checkpoint(home + "/ck/ckpt-1-0.safetensors", layer_registry::with_builtins(), &c, &err));
+    CHECK(err == home + "/ck/ckpt-1-0.safetensors: belongs to another user (uid 4242): not trusted as a checkpoint");
     fs::remove_all(home);
+    // Under /tmp, anyone's to write, a user's folder and files are not trusted.
+    fs::create_directories(dir + "/theirs");
+    REQUIRE(::chown((dir + "/theirs").c_str(), 4242, -1) == 0);
+    CHECK_FALSE(check_checkpoint_dir(dir + "/theirs", true).empty());
+    fs::remove_all(dir + "/theirs");
   } else {
     WARN("not root: the checks of a folder and a checkpoint owned by another user need to give them away");
   }
