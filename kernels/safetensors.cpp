@@ -132,8 +132,21 @@ bool write_output(const std::string& path, const std::vector<std::pair<const voi
     }
   // A link (a file kept elsewhere) or a FIFO: written through, as the user pointed it. Not waiting for a
   // FIFO's reader to come: none there is an error.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
   if (fd < 0) return *error = path + ": cannot open for writing: " + std::strerror(errno), false;
+  // Looked at again once open, before anything is cut or written: another user's link planted since the
+  // first look, or one swapped for something else since the open, is not written through.
+  struct stat opened {}, named {};
+  if (std::string why = foreign_output(path); !why.empty() || ::fstat(fd, &opened) != 0 || ::stat(path.c_str(), &named) != 0 ||
+                                              opened.st_dev != named.st_dev || opened.st_ino != named.st_ino) {
+    ::close(fd);
+    return *error = path + ": " + (why.empty() ? "changed while it was opened: not written" : why), false;
+  }
+  if (S_ISREG(opened.st_mode) && ::ftruncate(fd, 0) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return *error = path + ": cannot cut it short: " + std::strerror(e), false;
+  }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   int saved = 0;
   bool ok = write_pieces(fd, pieces, &saved);
