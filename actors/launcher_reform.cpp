@@ -170,7 +170,7 @@ void launcher::judge_stall(bool final) {
   const std::string why = "rank " + std::to_string(waiter) + ": " + s[waiter].why;
   stalls.clear();
   if (!silent.empty())
-    return kill_node(-1, "the ring stalled, but ranks " + silent + " never said whom they waited for, so no node can be blamed (" + why + ")");
+    return kill_node(-1, "the ring stalled, but rank(s) " + silent + " never said whom they waited for, so no node can be blamed (" + why + ")");
   node_lost(culprit, "its rank " + std::to_string(r) + " stopped taking part in the ring while its node still answered (" + why + ")", seen_step_at);
 }
 
