@@ -66,6 +66,8 @@ void coordinator_detail::finish(caf::event_based_actor* self, coordinator_state&
   st.finished = true;
   st.result->ok = error.empty();
   st.result->error = std::move(error);
+  const auto most = std::max_element(st.val_counts.begin(), st.val_counts.end());
+  for (int64_t c : st.val_counts) st.result->partial_evals += c < *most;
   stop_all(self, st);
   st.reply.deliver(st.result);
   self->quit();
@@ -140,6 +142,7 @@ void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int6
   st.result->train_seconds += s.seconds;
   st.result->train_samples += a.count - a.first_count;
   st.result->unmeasured += a.unmeasured;
+  if (st.cfg.evaluate) st.val_counts.push_back(a.val_count);
   report_progress(st, e, true);
   epoch_acc& next = st.epochs[e + 1];
   next.start = next.steps_done > 0 ? a.last_step : clock_type::now();  // one that ran meanwhile: from this one's end

@@ -132,6 +132,9 @@ struct train_result {
   // died), or whose ranks took the state after a step they had not finished as a ring was re-formed:
   // counted in train_samples, not in the means.
   int64_t unmeasured = 0;
+  // Epochs of this run whose test metrics cover fewer test samples than another's: a lost node's share of
+  // their evaluation went with it (val_* are the survivors' shares').
+  int64_t partial_evals = 0;
   int interrupted = 0;  // !ok because train_config::interrupt stopped the job: the signal's number
   // Interrupted, the ranks stopped after this step of the job and its checkpoint was written (`checkpoint`);
   // -1: the job stopped where it was, and the last checkpoint is from before.

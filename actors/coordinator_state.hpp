@@ -91,6 +91,7 @@ struct coordinator_state {
   int64_t current_epoch = 0;
   int done = 0, weights_in = 0;
   std::vector<char> done_ranks;  // per rank: said it is done
+  std::vector<int64_t> val_counts;  // per epoch closed in this run: the test samples its evaluation covered
   clock_type::time_point first_done;
   bool finished = false;
   int gen = 0;              // the ring generation: reports of others are dropped

@@ -59,7 +59,7 @@ bool write_report(const std::string& path, const options& o, const train_result&
              {"replicas_identical", r.checksums.empty() ? ojson() : ojson(r.identical)},  // null: no final weights
              {"history", ojson::array()}, {"node_losses", ojson::array()},
              {"node_rejoins", ojson::array()}, {"node_rejoins_failed", ojson::array()}, {"node_faults", ojson::array()},
-             {"ring_links_broken", ojson::array()}, {"ring_stalls", ojson::array()}, {"unmeasured_samples", r.unmeasured}, {"checkpoints_skipped", r.checkpoints_skipped},
+             {"ring_links_broken", ojson::array()}, {"ring_stalls", ojson::array()}, {"unmeasured_samples", r.unmeasured}, {"partial_evaluations", r.partial_evals}, {"checkpoints_skipped", r.checkpoints_skipped},
              // A job that failed or was stopped leaves its report too: how far it got, and where to go on from.
              {"status", r.ok && failure.empty() ? "done" : r.interrupted ? "interrupted" : "failed"},
              {"error", r.ok ? failure : r.error},

@@ -76,6 +76,10 @@ inline std::vector<std::string> node_summary(const train_result& r, bool stopped
     lines.push_back(printed("%lld training samples count without their loss and accuracy (reports lost with a node, or of a step a rank "
                             "had not finished when the ring was re-formed: it took the state after it from another)",
                             (long long)r.unmeasured));
+  if (r.partial_evals)
+    lines.push_back(printed("%lld epochs' test loss and accuracy cover only the survivors' shares of the test set (a lost node's share "
+                            "of their evaluation went with it)",
+                            (long long)r.partial_evals));
   return lines;
 }
 

@@ -351,9 +351,9 @@ TEST_CASE("coordinator: epochs close in order, each timed, when a re-forming clo
   cc.epochs = 3;
   cc.evaluate = true;
   job j(cc);
-  auto eval = [&j](int rank, int64_t epoch, int gen) {
+  auto eval = [&j](int rank, int64_t epoch, int gen) {  // a third of 30 test samples each, or half once 2 ranks are left
     eval_report r;
-    r.rank = rank, r.gen = gen, r.epoch = epoch, r.count = 10, r.correct = 5, r.loss_sum = 1;
+    r.rank = rank, r.gen = gen, r.epoch = epoch, r.count = gen == 0 ? 10 : 15, r.correct = 5, r.loss_sum = 1;
     caf::anon_send(j.coord, r);
   };
   const train_result r = j.run([&](job& j) {
@@ -376,4 +376,5 @@ TEST_CASE("coordinator: epochs close in order, each timed, when a re-forming clo
     CHECK(r.history[size_t(e)].seconds < 60);
   }
   CHECK(r.train_seconds < 60);
+  CHECK(r.partial_evals == 2);  // epochs 1 and 2: 20 of the 30 test samples
 }
