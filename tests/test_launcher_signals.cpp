@@ -363,7 +363,8 @@ TEST_CASE("launcher: one stopped (SIGSTOP) for less than its nodes wait goes on 
   // exit status follow "rc ".
   auto stopped_for = [](const std::string& args, const std::string& secs) {
     const std::string log = "/tmp/ringmaster-stopped-launcher-" + std::to_string(getpid());
-    const run_result r = ringmaster::test::run("sh -c '" + std::string(RINGMASTER_MNIST_BIN) + " " + args + " > " + log + " 2>&1 & P=$!; i=0; " +
+    // (The log made first: grep must not look for it before the launcher's shell has made it.)
+    const run_result r = ringmaster::test::run("sh -c ': > " + log + "; " + std::string(RINGMASTER_MNIST_BIN) + " " + args + " > " + log + " 2>&1 & P=$!; i=0; " +
                              "until grep -q \"Epoch 3/\" " + log + " || [ $i -ge 1200 ]; do sleep 0.05; i=$((i+1)); done; " +
                              "kill -STOP $P; sleep " + secs + "; kill -CONT $P; wait $P; echo rc $?; cat " + log + "; rm -f " + log + "'");
     return r.out;

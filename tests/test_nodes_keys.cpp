@@ -177,7 +177,9 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("refused our key") != std::string::npos);
   CHECK(node.wait_for("authorized_keys refused, no other key may command this node") != "");
-  std::ofstream(node_dir + "/authorized_keys") << ak.public_key << "\n";
+  // Whole at once (renamed into place): written in place, the node could read it empty, and said "0 keys".
+  std::ofstream(node_dir + "/authorized_keys.new") << ak.public_key << "\n";
+  REQUIRE(std::rename((node_dir + "/authorized_keys.new").c_str(), (node_dir + "/authorized_keys").c_str()) == 0);
   r = train_remote(small_job(), ro);
   INFO(r.error);
   CHECK(r.ok);
