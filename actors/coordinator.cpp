@@ -96,7 +96,9 @@ job_progress coordinator_detail::progress_after(const coordinator_state& st, int
 namespace {
 
 void report_progress(coordinator_state& st, int64_t e, bool end) {
-  if (!st.cfg.on_progress) return;
+  // A later epoch's steps shown before this one's end line would print its header first, then this
+  // one's end, then its header again (a backlog of reports after a re-forming).
+  if (!st.cfg.on_progress || (!end && e != st.first_open)) return;
   epoch_acc& a = st.epochs[e];
   const auto now = clock_type::now();
   if (!end && secs(st.last_print, now) < 0.1) return;  // at most 10 updates a second

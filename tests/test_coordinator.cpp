@@ -350,6 +350,10 @@ TEST_CASE("coordinator: epochs close in order, each timed, when a re-forming clo
   cc.global_batch = 6;
   cc.epochs = 3;
   cc.evaluate = true;
+  // What a progress bar is shown: an epoch's steps came before the end of the one before it, so its
+  // header was printed, then the other's end, then its header again.
+  auto shown = std::make_shared<std::vector<int64_t>>();
+  cc.on_progress = [shown](const progress& p) { shown->push_back(p.epoch); };
   job j(cc);
   auto eval = [&j](int rank, int64_t epoch, int gen) {  // a third of 30 test samples each, or half once 2 ranks are left
     eval_report r;
@@ -362,6 +366,7 @@ TEST_CASE("coordinator: epochs close in order, each timed, when a re-forming clo
     for (int64_t s = 0; s < 3; ++s) j.step(1, 1, s, 2), j.step(2, 1, s, 2);
     eval(1, 1, 0), eval(2, 1, 0);
     j.step(1, 2, 0, 2), j.step(2, 2, 0, 2);
+    std::this_thread::sleep_for(150ms);  // progress is shown at most 10 times a second
     lose_rank_0(j, 7);  // the ring of ranks 1 and 2, from step 2 of epoch 3
     for (int64_t s = 1; s < 3; ++s) j.step(0, 2, s, 3, 1, 0.5, 1), j.step(1, 2, s, 3, 1, 0.5, 1);
     eval(0, 2, 1), eval(1, 2, 1);
@@ -377,4 +382,5 @@ TEST_CASE("coordinator: epochs close in order, each timed, when a re-forming clo
   }
   CHECK(r.train_seconds < 60);
   CHECK(r.partial_evals == 2);  // epochs 1 and 2: 20 of the 30 test samples
+  CHECK(std::is_sorted(shown->begin(), shown->end()));
 }
