@@ -35,10 +35,7 @@ inline std::string check_writable(const std::string& path, std::shared_ptr<const
   struct stat st {};
   if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) return "cannot write " + path + ": it is a folder";
-    for (int out : {STDOUT_FILENO, STDERR_FILENO}) {  // our own stdout or stderr is written as it is, not opened
-      struct stat o {};
-      if (fstat(out, &o) == 0 && o.st_dev == st.st_dev && o.st_ino == st.st_ino) return "";
-    }
+    if (own_stream(path) >= 0) return "";  // our own stdout or stderr is written as it is, not opened
     if (access(path.c_str(), W_OK) != 0) return "cannot write " + path + ": it is not writable";
     if (S_ISFIFO(st.st_mode)) {
       const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC), why = errno;

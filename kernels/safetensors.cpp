@@ -95,15 +95,21 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
   return true;
 }
 
-std::string foreign_output(const std::string& path) {
-  const auto others = [](const struct stat& s) { return s.st_uid != ::geteuid() && s.st_uid != 0; };
+int own_stream(const std::string& path) {
   struct stat st {};
-  // Our own stdout or stderr (/dev/stdout into a pipe another user made: sudo -u ... | jq) is ours to write.
   if (::stat(path.c_str(), &st) == 0)
     for (int out : {STDOUT_FILENO, STDERR_FILENO}) {
       struct stat o {};
-      if (::fstat(out, &o) == 0 && o.st_dev == st.st_dev && o.st_ino == st.st_ino) return "";
+      if (::fstat(out, &o) == 0 && o.st_dev == st.st_dev && o.st_ino == st.st_ino) return out;
     }
+  return -1;
+}
+
+std::string foreign_output(const std::string& path) {
+  const auto others = [](const struct stat& s) { return s.st_uid != ::geteuid() && s.st_uid != 0; };
+  // Our own stdout or stderr (/dev/stdout into a pipe another user made: sudo -u ... | jq) is ours to write.
+  if (own_stream(path) >= 0) return "";
+  struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && (S_ISLNK(st.st_mode) || S_ISFIFO(st.st_mode)) && others(st))
     return std::string("it is a ") + (S_ISLNK(st.st_mode) ? "link" : "FIFO") + " of another user's (uid " + std::to_string(st.st_uid) +
            "), which could lead the output anywhere: remove it, or name another path";
@@ -121,15 +127,11 @@ bool write_output(const std::string& path, const std::vector<std::pair<const voi
   }
   // Our own stdout or stderr (/dev/stdout, /proc/self/fd/1), whatever it is: written at its place in
   // the stream, after what is buffered; opened afresh it would be truncated, or overwritten later.
-  struct stat target {};
-  if (::stat(path.c_str(), &target) == 0)
-    for (int out : {STDOUT_FILENO, STDERR_FILENO}) {
-      struct stat o {};
-      if (::fstat(out, &o) != 0 || o.st_dev != target.st_dev || o.st_ino != target.st_ino) continue;
-      std::fflush(out == STDOUT_FILENO ? stdout : stderr);
-      int saved = 0;
-      return write_pieces(out, pieces, &saved) ? true : (*error = path + ": write failed: " + std::strerror(saved), false);
-    }
+  if (const int out = own_stream(path); out >= 0) {
+    std::fflush(out == STDOUT_FILENO ? stdout : stderr);
+    int saved = 0;
+    return write_pieces(out, pieces, &saved) ? true : (*error = path + ": write failed: " + std::strerror(saved), false);
+  }
   // A link (a file kept elsewhere) or a FIFO: written through, as the user pointed it. Not waiting for a
   // FIFO's reader to come: none there is an error.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);

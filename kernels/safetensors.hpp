@@ -31,6 +31,9 @@ bool write_whole(const std::string& path, const std::vector<std::pair<const void
 // and keeps its mode; a link (/dev/stdout, a file kept elsewhere) or a FIFO is written through, as pointed.
 // A link or FIFO of another user's (not root's) is refused (see foreign_output).
 bool write_output(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces, std::string* error);
+// STDOUT_FILENO or STDERR_FILENO when `path` names this process's own stdout or stderr (/dev/stdout,
+// /proc/self/fd/1, or the file or pipe they are), else -1.
+int own_stream(const std::string& path);
 // "" or why an output must not be written through `path`: it is a link or a FIFO of another user's (not
 // root's), or a link to such a FIFO, and not our own stdout or stderr. In a folder others write (/tmp),
 // theirs could lead our output onto any file of ours, or hold it (a FIFO they never read); the kernel's
