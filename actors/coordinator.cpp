@@ -159,8 +159,10 @@ std::string loss_gone(double loss, int64_t e, int64_t step) {
          std::to_string(step + 1) + " (too high a learning rate?); the job was stopped";
 }
 
-// Adds step `step` of epoch e, all of whose reports are in, to its epoch.
-void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t e, int64_t step) {
+// Adds step `step` of epoch e, all of whose reports are in, to its epoch. A step `settled` at a
+// re-forming (a lost rank's report went with it) ran before the ring stalled: it is timed by its last
+// report, and it is not the step that ends the recovery.
+void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t e, int64_t step, bool settled = false) {
   const auto now = clock_type::now();
   if (st.last_complete != clock_type::time_point{}) st.slowest_step = std::max(st.slowest_step, now - st.last_complete);
   st.last_complete = now;
@@ -174,8 +176,8 @@ void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t 
   // losses may add up to an infinite one; a rank's own NaN is caught as it comes, step_report.)
   if (!std::isfinite(a.loss)) return finish(self, st, loss_gone(a.loss, e, step));
   ++a.steps_done;
-  a.last_step = clock_type::now();
-  if (st.recovering < st.result->losses.size()) {  // the first step since the ring was re-formed
+  a.last_step = settled ? std::max(a.last_step, s.last) : now;
+  if (!settled && st.recovering < st.result->losses.size()) {  // the first step since the ring was re-formed
     char line[160];
     for (size_t i = st.recovering; i < st.result->losses.size(); ++i) {
       node_loss& l = st.result->losses[i];
@@ -206,7 +208,7 @@ void count_lost_reports(caf::event_based_actor* self, coordinator_state& st, int
     const int64_t missing = std::max<int64_t>(0, int64_t(st.cfg.global_batch) - s.count);
     s.count += missing;
     st.epochs[e].unmeasured += missing;
-    complete_step(self, st, e, step);
+    complete_step(self, st, e, step, true);
     if (st.finished) return;
   }
 }
@@ -251,8 +253,10 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
     a.first_eval = clock_type::now();
     for (auto& [k, s] : a.pending) s.first = clock_type::now();
   }
-  st.recovering = st.result->losses.size();
-  st.last_word = note.last_word;
+  // Losses not yet recovered from (one re-forming after another, no step between) are timed from the
+  // earliest last word.
+  st.last_word = st.recovering < st.result->losses.size() ? std::min(st.last_word, note.last_word) : note.last_word;
+  st.recovering = std::min(st.recovering, st.result->losses.size());
   st.result->joins.insert(st.result->joins.end(), note.joins.begin(), note.joins.end());
   for (node_loss l : note.losses) {
     l.generation = note.gen;
@@ -406,6 +410,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         st->result->update += r.update;
         step_acc& s = st->epochs[r.epoch].pending[r.step];
         if (s.reports == 0) s.first = clock_type::now();
+        s.last = clock_type::now();
         s.losses.resize(size_t(st->cfg.replicas), 0.0);
         s.seen.resize(size_t(st->cfg.replicas), 0);
         s.losses[size_t(r.rank)] = r.loss_sum;

@@ -27,6 +27,7 @@ struct step_acc {
   double compute_sum = 0, compute_max = 0;  // the ranks' forward/backward times (train_result::wait_slower)
   clock_type::time_point first;  // when the first report came
   clock_type::time_point half;   // when half the ranks or more had reported it (late_ranks)
+  clock_type::time_point last;   // when the latest report came: the step's time, if it is settled later
 };
 
 struct epoch_acc {
