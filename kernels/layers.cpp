@@ -301,7 +301,9 @@ json flatten() { return {{"type", "flatten"}}; }
 json relu() { return {{"type", "relu"}}; }
 json dropout(double rate) { return {{"type", "dropout"}, {"rate", rate}}; }
 json custom(const std::string& type, json settings) {
-  if (!settings.is_object()) settings = json::object();
+  if (settings.is_null()) settings = json::object();  // custom("t", {})
+  // Settings that are no object are not dropped: the layer is them, which the model refuses.
+  if (!settings.is_object()) return settings;
   settings["type"] = type;
   return settings;
 }

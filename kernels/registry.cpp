@@ -125,7 +125,7 @@ std::vector<std::string> layer_registry::types() const {
 
 std::unique_ptr<layer> layer_registry::create(const json& settings, std::string* error) const {
   if (!settings.is_object()) {
-    *error = "a layer is a JSON object such as {\"type\": \"dense\", \"units\": 10}";
+    *error = "a layer is a JSON object such as {\"type\": \"dense\", \"units\": 10}, not " + std::string(settings.type_name());
     return nullptr;
   }
   auto t = settings.find("type");

@@ -380,6 +380,8 @@ TEST_CASE("bad model descriptions are refused by train() with the reason", "[tra
       {sequential{conv2d(4, 9), flatten(), dense(4)}.text(), "layer 0 (conv2d_0): a 9x9 kernel does not fit input (3, 8, 8)"},
       {sequential{flatten(), custom("lstm", {{"units", 4}}), dense(4)}.text(), "layer 1: unknown layer type 'lstm'"},
       {sequential{flatten(), dropout(1.0), dense(4)}.text(), "layer 1: dropout: 'rate'"},
+      // Settings given as no object are refused, not dropped.
+      {sequential{flatten(), custom("scale", 2.5), dense(4)}.text(), "layer 1: a layer is a JSON object such as {\"type\": \"dense\", \"units\": 10}, not number"},
       {sequential{flatten(), dense(1)}.text(), "at least 2 classes"},
       {R"({"layers": [{"type": "flatten"}, )", "not valid JSON"},
       {R"({"input": [1, 28, 28], "layers": [{"type": "flatten"}, {"type": "dense", "units": 4}]})",
