@@ -32,6 +32,14 @@ namespace ringmaster {
 // of the data it loads).
 constexpr int kMaxDataThreads = 2;
 
+namespace {
+std::string seconds_text(std::chrono::milliseconds d) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s", double(d.count()) / 1000.0);
+  return text;
+}
+}  // namespace
+
 // Serving: the bridge, hellos, what each message means, the heartbeat ticker, and stopping. A job's own
 // work is node_job's; loading data is data_cache's.
 struct node_service::impl {
@@ -64,6 +72,10 @@ struct node_service::impl {
   std::atomic<int> jobs_done{0};
   std::optional<std::chrono::steady_clock::time_point> trim_at;  // bridge thread: when to give memory back
   std::chrono::steady_clock::time_point trimmed{};                 // and when it last did
+  // Bridge thread: the last tick, and how long this node itself did not run during the job (a tick long
+  // after the one before: SIGSTOP, a starved host), a silence of the launcher's it may not blame on it.
+  std::chrono::steady_clock::time_point last_tick{};
+  std::chrono::milliseconds not_running{0};
   std::atomic<bool> busy{false};
   std::unique_ptr<node_job> job;  // at most one; touched only on the bridge thread
   // Bridge thread: the routing id of the last job's launcher, and of one whose failed sends were said.
@@ -199,6 +211,7 @@ struct node_service::impl {
     last_launcher = job->launcher().identity;
     job.reset();
     revoked_since.reset();
+    not_running = std::chrono::milliseconds(0);
     busy = false;
     ++jobs_done;
     trim_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
@@ -402,6 +415,16 @@ struct node_service::impl {
 
   void tick() {
     const auto now = std::chrono::steady_clock::now();
+    const auto gap = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_tick);
+    if (job && last_tick != std::chrono::steady_clock::time_point{} && gap > opt.heartbeat + opt.launcher_timeout / 2) {
+      // The launcher's silence meanwhile was ours: it gets its time afresh (a launcher that dropped us
+      // meanwhile says so in a message that is already here).
+      not_running += gap;
+      log("this node did not run for " + seconds_text(gap) + " (stopped, or its host starved): the launcher gets " +
+          seconds_text(opt.launcher_timeout) + " from now to be heard");
+      job->heard();
+    }
+    last_tick = now;
     if (!opt.insecure) {
       refresh_authorized();
       // A launcher whose key was revoked loses its job, told why, once that has held for kRevokeSettle.
@@ -430,7 +453,8 @@ struct node_service::impl {
     if (!job) return;
     if (job->launcher_gone(opt.launcher_timeout)) {
       // Said to it too: a launcher that was only stopped (SIGSTOP, a starved host) learns why, once it runs.
-      const std::string why = "the launcher stopped answering for " + std::to_string(opt.launcher_timeout.count()) + " ms";
+      const std::string why = "the launcher stopped answering for " + std::to_string(opt.launcher_timeout.count()) + " ms" +
+                              (not_running.count() ? " (after this node itself did not run for " + seconds_text(not_running) + ")" : "");
       send_kv(job->launcher(), wire::msg_type::abort, job->id(), {{"reason", "node " + name() + " dropped the job: " + why}});
       return end_job(why);
     }

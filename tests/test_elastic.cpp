@@ -67,8 +67,15 @@ TEST_CASE("elastic: a launcher whose user's terminal stops taking its lines (Ctr
   CHECK(events[0].rfind("lost node " + nodes[1]->endpoint, 0) == 0);
 }
 
-TEST_CASE("elastic: a node that falls silent (SIGSTOP) is dropped, the others finish, and woken it has left the job", "[nodes][elastic]") {
+TEST_CASE("elastic: a node that falls silent (SIGSTOP) is dropped, the others finish, and woken it has left the job, as it says",
+          "[nodes][elastic]") {
   auto nodes = start_nodes(3, "cpu:1");
+  const std::string log = "/tmp/ringmaster-test-woken-node-" + std::to_string(getpid()) + ".log";
+  std::remove(log.c_str());
+  nodes[2]->stop(SIGKILL);
+  nodes[2] = std::make_unique<test::daemon_process>(std::vector<std::string>{RINGMASTER_NODE_BIN}, test::free_endpoint(), "cpu:1",
+                                                    RINGMASTER_DATA_DIR, log);
+  std::this_thread::sleep_for(300ms);
   remote_options ro = on_small_data(nodes);
   clock_type::time_point stopped;
   train_result r = run_killing(small_job(2), ro, nodes, 2, SIGSTOP, 0, 10, &stopped);
@@ -80,13 +87,20 @@ TEST_CASE("elastic: a node that falls silent (SIGSTOP) is dropped, the others fi
   REQUIRE(r.losses.size() == 1);
   CHECK(r.losses[0].node == nodes[2]->endpoint);
   CHECK(r.losses[0].survivors == 2);
-  // It was told it was dropped: woken, it ends the job and takes the next one.
+  // It was told it was dropped: woken, it ends the job and takes the next one. Stopped past its launcher
+  // timeout (4 s), it does not blame its own silence on the launcher, which it used to as it woke.
+  std::this_thread::sleep_until(stopped + 5s);
   kill(nodes[2]->pid, SIGCONT);
   std::this_thread::sleep_for(500ms);
   train_result next = train_remote(small_job(1), ro);
   INFO(next.error);
   CHECK(next.ok);
   CHECK(next.losses.empty());
+  const std::string said = test::slurp(log);
+  INFO(said);
+  CHECK(said.find("ended: dropped from the job") != std::string::npos);
+  CHECK(said.find("stopped answering") == std::string::npos);
+  std::remove(log.c_str());
 }
 
 TEST_CASE("elastic: a node stopped past the ring timeout but not the node timeout is kept: the ring its ranks all gave up on is "
