@@ -175,15 +175,16 @@ train_result run_remote(train_config cfg, const remote_options& ro) {
         L.plan.nodes[i].key == bo.keys.public_key &&
         !(i < ro.node_keys.size() && !ro.node_keys[i].empty()))
       failed.error += ". No key is known for it (no @KEY given, none in " + key_dir +
-                      "/known_nodes), so it was expected to share ours: give --nodes " + ro.nodes[i] +
-                      "@KEY, KEY its key.pub (printed at its start)";
+                      "/known_nodes), so it was expected to share ours: give its key, --nodes " + ro.nodes[i] +
+                      "@KEY (in code: topology::connect(\"" + ro.nodes[i] + "\", KEY)), KEY its key.pub (printed at its start)";
   // One whose key comes from known_nodes (none given, not ours): a node given a new key, as ssh warns of a
   // changed host key, said with where that key is recorded.
   for (size_t i = 0; i < ro.nodes.size() && !ro.insecure; ++i)
     if (failed.error.rfind("node " + ro.nodes[i] + " hangs up during the handshake", 0) == 0 && !record[i] &&
         L.plan.nodes[i].key != bo.keys.public_key && !(i < ro.node_keys.size() && !ro.node_keys[i].empty()))
       failed.error += ". The key we expect of it is the one recorded in " + key_dir + "/known_nodes: if it was given a new "
-                      "key on purpose, remove its line there and give --nodes " + ro.nodes[i] + "@KEY";
+                      "key on purpose, remove its line there and give its key, --nodes " + ro.nodes[i] +
+                      "@KEY (in code: topology::connect(\"" + ro.nodes[i] + "\", KEY))";
   if (!failed.error.empty()) return failed;
   // A key given for a node is now proven: remember it, as ssh remembers a host key.
   for (size_t i = 0; i < ro.nodes.size(); ++i)

@@ -132,7 +132,7 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   CHECK(r.error.find("does not hold the key we expect") != std::string::npos);
   INFO(r.error);
   CHECK(r.error.find("No key is known for it (no @KEY given, none in " + alice + "/known_nodes), so it was expected to share ours: "
-                     "give --nodes " + node.node->endpoint() + "@KEY") != std::string::npos);
+                     "give its key, --nodes " + node.node->endpoint() + "@KEY (in code: topology::connect(") != std::string::npos);
 
   // She gives its key, but the node does not accept hers: told so, and nothing of hers got through.
   ro.node_keys = {nk.public_key};
@@ -166,7 +166,7 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   r = train_remote(small_job(), ro);
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("The key we expect of it is the one recorded in " + alice + "/known_nodes: if it was given a new key on purpose, "
-                     "remove its line there and give --nodes " + node.node->endpoint() + "@KEY") != std::string::npos);
+                     "remove its line there and give its key, --nodes " + node.node->endpoint() + "@KEY (in code: topology::connect(") != std::string::npos);
   std::ofstream(alice + "/known_nodes") << node.node->endpoint() << " " << nk.public_key << "\n";
 
   // A bad line put in authorized_keys while the node runs: the file is refused as a whole, and no key in it
