@@ -95,6 +95,11 @@ job_progress coordinator_detail::progress_after(const coordinator_state& st, int
 
 namespace {
 
+// How long epoch `a`'s steps took, to its last one (`end`) or to now.
+double epoch_seconds(const epoch_acc& a, bool end) {
+  return std::max(secs(a.start, end ? a.last_step : clock_type::now()), a.compute_floor);
+}
+
 void report_progress(coordinator_state& st, int64_t e, bool end) {
   // A later epoch's steps shown before this one's end line would print its header first, then this
   // one's end, then its header again (a backlog of reports after a re-forming).
@@ -109,7 +114,7 @@ void report_progress(coordinator_state& st, int64_t e, bool end) {
   p.step = a.steps_done;
   p.steps = st.cfg.steps_per_epoch;
   p.first_step = a.first_step;
-  p.seconds = secs(a.start, end ? a.last_step : now);
+  p.seconds = epoch_seconds(a, end);
   p.loss = a.measured() ? a.loss / double(a.measured()) : 0;
   p.accuracy = a.measured() ? double(a.correct) / double(a.measured()) : 0;
   p.samples_per_sec = p.seconds > 0 ? double(a.count - a.first_count) / p.seconds : 0;
@@ -138,7 +143,7 @@ void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int6
   s.val_loss = a.val_count ? a.val_loss / double(a.val_count) : NAN;
   s.val_accuracy = a.val_count ? double(a.val_correct) / double(a.val_count) : NAN;
   s.samples = a.count;
-  s.seconds = secs(a.start, a.last_step);
+  s.seconds = epoch_seconds(a, true);
   s.eval_seconds = a.eval_seconds;
   st.result->history.push_back(s);
   st.result->train_seconds += s.seconds;
@@ -170,6 +175,7 @@ void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t 
   const step_acc s = std::move(a.pending[step]);
   a.pending.erase(step);
   for (double l : s.losses) a.loss += l;
+  a.compute_floor += s.compute_max;
   a.correct += s.correct;
   a.count += s.count;
   // A NaN or infinite loss never comes back: stop rather than train on garbage to the end. (Finite

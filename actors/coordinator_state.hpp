@@ -46,6 +46,9 @@ struct epoch_acc {
   clock_type::time_point first_eval;
   double eval_seconds = 0;
   clock_type::time_point start, last_step;
+  // Each step's slowest forward/backward, summed: the epoch took at least this, though its reports may
+  // come in a burst (after a stopped launcher wakes), which the span of their arrival alone says is 0 s.
+  double compute_floor = 0;
   bool closed = false;
   int64_t measured() const { return count - unmeasured; }
 };

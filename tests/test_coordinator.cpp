@@ -50,6 +50,34 @@ TEST_CASE("coordinator: the ranks' wait for a slower one's forward/backward is s
   CHECK(r.wait_slower == 6 * 0.125);
 }
 
+TEST_CASE("coordinator: an epoch whose reports come in a burst (a launcher stopped, then woken) took at least its forward/backward",
+          "[coordinator]") {
+  std::vector<progress> shown;
+  coordinator_config cc = job::small();
+  cc.on_progress = [&shown](const progress& p) { shown.push_back(p); };
+  job j{cc};
+  train_result r = j.run([](job& j) {
+    for (int64_t e = 0; e < 2; ++e)
+      for (int64_t s = 0; s < 3; ++s) j.step(0, e, s, 2, 1, 0.5, 0, 0.25), j.step(1, e, s, 2, 1, 0.5, 0, s == 1 ? 0.5 : 0.125);
+    j.done(0), j.done(1);
+  });
+  INFO(r.error);
+  REQUIRE(r.ok);
+  REQUIRE(r.history.size() == 2);
+  for (const epoch_stats& e : r.history) {
+    CHECK(e.seconds >= 1.0);  // 0.25 + 0.5 + 0.25: each step's slowest; they came within milliseconds
+    CHECK(e.seconds < 1.5);
+  }
+  CHECK(r.train_seconds == Approx(r.history[0].seconds + r.history[1].seconds));
+  int ends = 0;
+  for (const progress& p : shown) {
+    if (!p.epoch_end) continue;
+    ++ends;
+    CHECK(p.samples_per_sec <= 12 / 1.0);  // 12 samples in at least a second
+  }
+  CHECK(ends == 2);
+}
+
 TEST_CASE("coordinator: every rank done before the job's steps is an error, not a short success", "[coordinator]") {
   job j;
   train_result r = j.run([](job& j) {
