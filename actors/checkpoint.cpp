@@ -293,7 +293,7 @@ bool write_file(const std::string& dir, const model& m, const checkpoint& head, 
       {"beta1", exact(c.opt.beta1)}, {"beta2", exact(c.opt.beta2)}, {"eps", exact(c.opt.eps)},
       {"momentum", exact(c.opt.momentum)}, {"seed", std::to_string(head.seed)},
       {"global_batch", std::to_string(head.global_batch)}, {"replicas", std::to_string(head.replicas)},
-      {"ranks_changed", std::to_string(progress.ranks_changed)},
+      {"ranks_changed", std::to_string(progress.ranks_changed)}, {"unmeasured", std::to_string(progress.unmeasured)},
       {"train_samples", std::to_string(head.train_samples)}, {"train_data", std::to_string(head.train_data)},
       {"steps_per_epoch", std::to_string(c.steps_per_epoch)},
       {"epochs", std::to_string(head.epochs)}, {"step", std::to_string(c.progress.step)},
@@ -437,6 +437,7 @@ bool read_whole(const std::string& path, const layer_registry& reg, checkpoint* 
   c.opt.kind = *kind == "adam" ? optimizer_config::adam : optimizer_config::sgd;
   if (!read_progress(*progress, c.epochs, &c.progress)) return rd.bad("the progress field is not what a checkpoint writes").ok();
   if (!rd.number("ranks_changed", &c.progress.ranks_changed, 0, 1 << 30, /*optional=*/true).ok()) return false;  // not before 2026-12-07
+  if (!rd.number("unmeasured", &c.progress.unmeasured, int64_t(0), c.progress.count, /*optional=*/true).ok()) return false;  // older files lack it
   std::string why;
   auto m = model::build(*model_text, reg, &why);
   if (!m) return *error = path + ": its model does not build here: " + why, false;

@@ -89,6 +89,7 @@ job_progress coordinator_detail::progress_after(const coordinator_state& st, int
     p.loss = open->loss;
     p.correct = open->correct;
     p.count = open->count;
+    p.unmeasured = open->unmeasured;
   }
   return p;
 }
@@ -390,6 +391,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         a.loss = from.loss;
         a.correct = from.correct;
         a.count = a.first_count = from.count;
+        a.unmeasured = from.unmeasured;
         for (int r = 0; r < n; ++r)
           self->send(st->replicas[r], run_atom::value, st->loaders[r], st->reducers[r],
                      caf::actor_cast<caf::actor>(self));

@@ -166,6 +166,7 @@ struct job_progress {
   std::vector<epoch_stats> history;
   double loss = 0;
   int64_t correct = 0, count = 0;
+  int64_t unmeasured = 0;  // of count: samples whose loss and accuracy went with a lost node
 };
 
 struct coordinator_config {

@@ -110,7 +110,8 @@ TEST_CASE("checkpoint: a file reads back exactly, opens as weights, and any dama
   const auto m = mlp("784-16-10");
   const std::string dir = fresh_dir("file");
   for (auto kind : {optimizer_config::adam, optimizer_config::sgd}) {
-    const checkpoint c = sample(*m, kind, 23);
+    checkpoint c = sample(*m, kind, 23);
+    c.progress.unmeasured = 5;  // samples of the open epoch a lost node's reports took with them
     std::string path, error;
     REQUIRE(write_checkpoint(dir, *m, c, &path, &error));
     CHECK(path == dir + "/ckpt-2-3.safetensors");
@@ -135,6 +136,7 @@ TEST_CASE("checkpoint: a file reads back exactly, opens as weights, and any dama
     CHECK(back.progress.loss == c.progress.loss);
     CHECK(back.progress.correct == 17);
     CHECK(back.progress.count == 192);
+    CHECK(back.progress.unmeasured == 5);
     REQUIRE(back.progress.history.size() == 2);
     CHECK(std::isnan(back.progress.history[0].val_loss));
     CHECK(back.progress.history[1].val_loss == 0.7);

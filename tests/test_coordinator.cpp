@@ -78,6 +78,29 @@ TEST_CASE("coordinator: an epoch whose reports come in a burst (a launcher stopp
   CHECK(ends == 2);
 }
 
+TEST_CASE("coordinator: a job resumed in an epoch with samples whose loss went with a lost node leaves them out of its loss",
+          "[coordinator][checkpoint]") {
+  coordinator_config cc = job::small();
+  cc.start.step = 1;  // one step of epoch 1 done: 4 samples, rank 1's 2 lost with its node
+  cc.start.loss = 0.5;
+  cc.start.correct = 1;
+  cc.start.count = 4;
+  cc.start.unmeasured = 2;
+  job j{cc};
+  train_result r = j.run([](job& j) {
+    for (int64_t g = 1; g < 6; ++g) j.step(0, g / 3, g % 3), j.step(1, g / 3, g % 3);  // 2 samples, 1 right, loss 0.5 each
+    j.done(0), j.done(1);
+  });
+  INFO(r.error);
+  REQUIRE(r.ok);
+  REQUIRE(r.history.size() == 2);
+  CHECK(r.history[0].samples == 12);
+  CHECK(r.history[0].loss == Approx(2.5 / 10));  // over the 10 measured samples, not 12
+  CHECK(r.history[0].accuracy == Approx(0.5));
+  CHECK(r.history[1].loss == Approx(0.25));
+  CHECK(r.unmeasured == 2);
+}
+
 TEST_CASE("coordinator: every rank done before the job's steps is an error, not a short success", "[coordinator]") {
   job j;
   train_result r = j.run([](job& j) {
