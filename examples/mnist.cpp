@@ -386,9 +386,12 @@ int main(int argc, char** argv) {
   }
 
   auto train = std::make_shared<dataset>(), test = std::make_shared<dataset>();
-  // Labels are checked against the model's outputs by check_config.
+  // Labels are checked against the model's outputs by check_config. The loading is the job's setup too
+  // (wall_seconds): on nodes, train_remote() times theirs.
+  const auto loading = std::chrono::steady_clock::now();
   if (!load_mnist(o.data, "train", 256, train.get(), &error)) return refused(error);
   if (!o.no_eval && !load_mnist(o.data, "t10k", 256, test.get(), &error)) return refused(error);
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - loading).count();
   if (o.limit_train) truncate(*train, size_t(o.limit_train));
   if (o.limit_test) truncate(*test, size_t(o.limit_test));
   c.train = train;
@@ -407,8 +410,11 @@ int main(int argc, char** argv) {
               c.global_batch / c.replicas, o.optimizer.c_str(), double(c.opt.lr), train->count,
               c.test ? test->count : size_t(0));
   if (!o.quiet && !mdesc.input_width) std::printf("%s", m->summary().c_str());
-  return examples::train_interruptibly(c, [](const train_config& tc) { return ringmaster::train(tc); },
-                             [&o](const train_result& r) { return finish(o, r); });
+  return examples::train_interruptibly(c, [load_seconds](const train_config& tc) {
+    train_result r = ringmaster::train(tc);
+    r.wall_seconds += load_seconds;
+    return r;
+  }, [&o](const train_result& r) { return finish(o, r); });
 }
 
 // Where a stopped job goes on from: the last checkpoint, or why there is none.
