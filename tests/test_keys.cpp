@@ -88,8 +88,8 @@ wire::header hello() {
 
 }  // namespace
 
-TEST_CASE("a key directory is made on first use, kept private, and read back the same") {
-  const std::string dir = temp_dir() + "/keys";
+TEST_CASE("a key directory is made on first use, its parents too, kept private, and read back the same") {
+  const std::string dir = temp_dir() + "/home/user/keys";  // as mkdir -p (it said "No such file or directory")
   net::key_pair a, b;
   std::string err;
   REQUIRE(net::load_or_create_keys(dir, &a, &err));
@@ -190,6 +190,7 @@ TEST_CASE("authorized_keys and known_nodes files are read line by line, with err
   std::ofstream(dir + "/authorized_keys2") << k1.public_key << "\n";
   REQUIRE(chmod((dir + "/authorized_keys2").c_str(), 0620) == 0);
   CHECK_FALSE(net::read_authorized_keys(dir + "/authorized_keys2", &keys, &err));
+  CHECK(err.find("is writable by its group: refusing to trust it (chmod go-w") != std::string::npos);  // not by others
   const std::string open_dir = temp_dir();
   REQUIRE(chmod(open_dir.c_str(), 0777) == 0);
   net::key_pair kp;
