@@ -363,8 +363,10 @@ int run(int argc, char** argv) {
     std::printf("#   %s per CPU-second x %d cores: ringmaster %.0f", md->label().c_str(), cores, rm_cpu);
     if (th_cpu > 0) std::printf(", torch_ddp %.0f, ratio %.2f", th_cpu, rm_cpu / th_cpu);
     std::printf("\n");
-    std::printf("  %-16s %12.0f %12.0f %12.0f %10.2f %12.0f %10.2f\n", md->label().c_str(), rm, base, ideal,
-                rm / ideal, th, th > 0 ? rm / th : 0.0);
+    // Without a PyTorch figure its columns say "-", not a measured 0.
+    char th_text[16] = "-", vs_text[16] = "-";
+    if (th > 0) std::snprintf(th_text, sizeof th_text, "%.0f", th), std::snprintf(vs_text, sizeof vs_text, "%.2f", rm / th);
+    std::printf("  %-16s %12.0f %12.0f %12.0f %10.2f %12s %10s\n", md->label().c_str(), rm, base, ideal, rm / ideal, th_text, vs_text);
   }
   return torch_failed ? 1 : 0;
 }
