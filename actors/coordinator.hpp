@@ -116,7 +116,8 @@ struct train_result {
   double train_seconds = 0;
   int64_t train_samples = 0;           // trained by this run (a resumed one: since it resumed)
   std::string checkpoint;              // the last checkpoint written ("" none)
-  int64_t checkpoints_skipped = 0;     // due but not written (rank 0's states ran ahead of the reports, or went with its node)
+  int64_t checkpoints_skipped = 0;     // due but not written (rank 0's states ran ahead of the reports, went with its node, or its
+                                       // node sent none or one not the majority's)
   // Replica time summed over all replicas and steps (seconds): where the time went.
   double wait_batch = 0, compute = 0, wait_ring = 0, update = 0;
   // What the ranks' forward/backward took less than the slowest rank's, step by step: synchronized

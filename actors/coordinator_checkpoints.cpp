@@ -82,6 +82,7 @@ void offer_checkpoint(caf::event_based_actor* self, coordinator_state& st, int64
       }
       if (st.cfg.on_event)
         st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: " + not_written + instead);
+      ++st.result->checkpoints_skipped;
       st.checkpoints.erase(it);
       return;
     }
@@ -133,8 +134,10 @@ void coordinator_detail::checkpoint_progress(caf::event_based_actor* self, coord
   if (!st.cfg.on_checkpoint || !checkpoint_due(done, st.cfg.checkpoint_every, spe, spe * st.cfg.epochs) || st.evicted.erase(done)) return;
   pending_checkpoint& c = st.checkpoints[done];
   // Bounded: metrics whose state has not come within kMaxHeldProgress later ones never get one.
-  while (st.checkpoints.size() > kMaxHeldProgress && st.checkpoints.begin()->first < done && !st.checkpoints.begin()->second.state)
+  while (st.checkpoints.size() > kMaxHeldProgress && st.checkpoints.begin()->first < done && !st.checkpoints.begin()->second.state) {
+    ++st.result->checkpoints_skipped;
     st.checkpoints.erase(st.checkpoints.begin());
+  }
   c.have_progress = true;
   c.complete = clock_type::now();
   c.progress = progress_after(st, done, open);
@@ -187,6 +190,7 @@ void coordinator_detail::check_withheld(caf::event_based_actor* self, coordinato
     if (st.cfg.on_event)
       st.cfg.on_event("the checkpoint after step " + std::to_string(done) + " was not written: rank 0's node, " + sender + ", sent no state for it");
     st.votes.erase(done);
+    ++st.result->checkpoints_skipped;
     st.checkpoints.erase(it);  // given up: the next one comes from the new ring's rank 0
     return;
   }

@@ -181,6 +181,7 @@ TEST_CASE("coordinator: a node the checksums show faulty is handed on to be drop
   INFO(out.error);
   CHECK(out.ok);
   CHECK(written == std::vector<int64_t>{1, 3});
+  CHECK(out.checkpoints_skipped == 1);  // the summary and the report count it (they said 0)
   CHECK(dropped == std::vector<std::string>{"node A: it sent rank 0's state after step 2, which its own ranks do not hold (a faulty or lying node)"});
   CHECK(std::find(events.begin(), events.end(),
                   "the checkpoint after step 2 was not written: rank 0's node, node A, is faulty: it sent rank 0's state after step 2, "
@@ -191,6 +192,7 @@ TEST_CASE("coordinator: a node the checksums show faulty is handed on to be drop
   CHECK(out.result_rank == 1);
   CHECK(out.last_checkpoint_refused);
   CHECK(written == std::vector<int64_t>{1});
+  CHECK(out.checkpoints_skipped == 1);
   CHECK(dropped == std::vector<std::string>{"node A: it sent rank 0's state after step 2, which its own ranks do not hold (a faulty or lying node)"});
   CHECK(std::find(events.begin(), events.end(),
                   "the checkpoint after step 2 was not written: rank 0's node, node A, is faulty: it sent rank 0's state after step 2, "
@@ -282,6 +284,7 @@ TEST_CASE("coordinator: rank 0's node that withholds its states is named within 
   INFO(out.error);
   CHECK(out.ok);
   CHECK(written == std::vector<int64_t>{1, 3, 4});
+  CHECK(out.checkpoints_skipped == 1);  // step 2's
   CHECK(dropped == std::vector<std::string>{"node A: it sent no state for the checkpoint after step 2 within 1.5 s of that step's end, "
                                             "nor one for a later step (a faulty or lying node, or a link too slow for its states)"});
   std::tie(out, written, dropped) = run(false);  // without the check, state 3 would supersede 2 and the job end well
