@@ -289,6 +289,7 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
       });
     }
     if (rep.step + 1 == st->cfg.steps_per_epoch && st->cfg.test) self->send(st->coordinator, evaluate(*st, rep.epoch));
+    st->idle_since = std::chrono::steady_clock::now();  // the evaluation and the state were no wait for a batch
     st->busy = false;
     if (st->done_steps == total) self->send(st->coordinator, done_atom::value, st->cfg.rank);
     if (st->pause_at >= 0 && st->done_steps >= st->pause_at) return pause_now(self, *st, st->planned_gen);

@@ -347,6 +347,25 @@ std::shared_ptr<const dataset> stripes(size_t n, uint32_t seed) {
 
 }  // namespace
 
+TEST_CASE("the replicas' wait for a batch leaves out their evaluations", "[training]") {
+  using namespace layers;
+  train_config c;
+  c.model = sequential{flatten(), dense(512), relu(), dense(4)}.text();
+  c.replicas = 2;
+  c.global_batch = 32;
+  c.epochs = 3;
+  c.train = stripes(256, 1);  // 8 steps an epoch, prefetched
+  c.test = stripes(30000, 2);  // each epoch's evaluation is the larger part of its time
+  train_result r = train(c);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  REQUIRE(r.history.size() == 3);
+  const double evals = r.history[0].eval_seconds + r.history[1].eval_seconds;  // those a next step came after
+  INFO("wait for batches " << r.wait_batch << " s, evaluations " << evals << " s");
+  CHECK(evals > 0.02);
+  CHECK(r.wait_batch < 0.5 * evals);  // it counted them (2 ranks: twice)
+}
+
 TEST_CASE("a conv model learns 3-channel images held in memory", "[training]") {
   using namespace layers;
   train_config c;
