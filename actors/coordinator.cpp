@@ -189,7 +189,7 @@ void complete_step(caf::event_based_actor* self, coordinator_state& st, int64_t 
     for (size_t i = st.recovering; i < st.result->losses.size(); ++i) {
       node_loss& l = st.result->losses[i];
       l.next_step = a.last_step;
-      l.recovered = secs(st.last_word, a.last_step);
+      l.recovered = secs(l.since, a.last_step);
       std::snprintf(line, sizeof line, "the next step was complete %.2f s after %s node %s", l.recovered,
                     l.hung ? "the last step before the ring stalled on" : "the last message of", l.node.c_str());
       if (st.cfg.on_event) st.cfg.on_event(line);
@@ -260,9 +260,7 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
     a.first_eval = clock_type::now();
     for (auto& [k, s] : a.pending) s.first = clock_type::now();
   }
-  // Losses not yet recovered from (one re-forming after another, no step between) are timed from the
-  // earliest last word.
-  st.last_word = st.recovering < st.result->losses.size() ? std::min(st.last_word, note.last_word) : note.last_word;
+  // Losses not yet recovered from (one re-forming after another, no step between) wait too.
   st.recovering = std::min(st.recovering, st.result->losses.size());
   st.result->joins.insert(st.result->joins.end(), note.joins.begin(), note.joins.end());
   for (node_loss l : note.losses) {

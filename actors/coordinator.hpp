@@ -55,6 +55,7 @@ struct node_loss {
   int64_t epoch = 0, step = 0;  // where the survivors went on from (none re-formed: where it was lost; after the
                                 //  last step: that step; 0-based)
   double recovered = NAN;       // seconds from its last message (hung: the last step) to the next completed step
+  std::chrono::steady_clock::time_point since;      // its last message (hung: the last step)
   std::chrono::steady_clock::time_point next_step;  // when that step was complete
   std::chrono::steady_clock::time_point when;       // when it was named lost (a summary lists events in order)
 };
@@ -227,7 +228,6 @@ struct reform_note {
   std::vector<caf::actor> ranks;   // the new ranks' actors (replica, loader and reducer alike), index = rank
   std::vector<node_loss> losses;   // the nodes lost since the last re-forming
   std::vector<node_join> joins;    // the nodes that join with this ring
-  std::chrono::steady_clock::time_point last_word;  // the earliest last message of those nodes
   std::vector<std::string> where;  // coordinator_config::where for the new ranks
 };
 

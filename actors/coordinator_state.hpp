@@ -101,7 +101,6 @@ struct coordinator_state {
   int gen = 0;              // the ring generation: reports of others are dropped
   int holding = 0;          // a ring generation being formed (the launcher paused the ranks for it)
   size_t recovering = SIZE_MAX;  // result->losses from here on wait for the next completed step
-  clock_type::time_point last_word;
   clock_type::time_point start, last_print;
   // For the silence watchdog: the last report of any kind (or the start, or the end of a pause), the last
   // step complete, and the longest time between two.

@@ -106,7 +106,6 @@ struct launcher {
   // state_asked: when a state (forward_state, join_state) was asked for; its pieces restart forming_since (piece_clock).
   clock_type::time_point forming_since, state_asked;
   std::vector<node_loss> losses;               // since the last re-forming, for the coordinator
-  clock_type::time_point last_word = clock_type::time_point::max();  // the earliest last message of those
   // ro.on_event's lines, handed over by a thread of their own: the user prints them, and a terminal
   // stopped with Ctrl-S or a pipe nobody reads must not stop the bridge thread's heartbeats.
   std::unique_ptr<net::log_writer> events = ro.on_event ? std::make_unique<net::log_writer>(ro.on_event) : nullptr;

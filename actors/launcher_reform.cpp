@@ -29,6 +29,7 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   l.why = why;
   l.hung = hung_since.has_value();
   const clock_type::time_point since = hung_since.value_or(heard(node));
+  l.since = since;
   l.when = clock_type::now();
   l.detected = std::chrono::duration<double>(l.when - since).count();
   // Where it was lost, for a job that ends without a re-formed ring (the coordinator puts where the
@@ -48,7 +49,6 @@ void launcher::node_lost(int node, const std::string& why, std::optional<clock_t
   // Kept to the end as faulty (drop_faulty), and lost after all: a loss, not one that finished.
   faults.erase(std::remove_if(faults.begin(), faults.end(), [&](const node_fault& f) { return f.node == l.node; }), faults.end());
   if (node == fresh) ++join_failures[size_t(node)], fresh = -1;  // it rejoined, and was lost before its first step
-  last_word = std::min(last_word, since);
   send_kv(node, wire::msg_type::abort, {{"reason", "dropped from the job: " + l.why}});  // if it lives
   const std::vector<int> left = survivors();
   for (int i : left) losses.back().survivors += int(plan.ranks_on(i).size());
@@ -414,10 +414,8 @@ void launcher::on_reformed(int node, const wire::kv_map& kv) {
   note.where = plan.rank_nodes();
   note.losses = std::move(losses);
   note.joins = std::move(joined);
-  note.last_word = last_word;
   losses.clear();
   joined.clear();
-  last_word = clock_type::time_point::max();
   const std::string ranks = std::to_string(plan.replicas()) + (plan.replicas() == 1 ? " rank" : " ranks");
   event("ring generation " + std::to_string(gen) + ": " +
         (plan.start_step >= total_steps ? ranks + " with no step left to run (the job's " + std::to_string(total_steps) + " are done) hand on the final weights"

@@ -89,8 +89,8 @@ TEST_CASE("reform: the coordinator completes the steps before the restart, drops
   node_loss l;
   l.node = "tcp://lost:1";
   l.ranks = "2";
+  l.since = std::chrono::steady_clock::now();
   note.losses = {l};
-  note.last_word = std::chrono::steady_clock::now();
   caf::anon_send(coord, reform_atom::value, note);
   std::this_thread::sleep_for(pause);
   // A late report of the old ring is dropped; the new ranks (15 samples each) evaluate epoch 0 again (it
@@ -142,6 +142,42 @@ TEST_CASE("reform: the coordinator completes the steps before the restart, drops
   CHECK(events[0].find("the next step was complete") != std::string::npos);
 }
 
+TEST_CASE("reform: each node lost in one re-forming has its recovery counted from its own last message", "[reform]") {
+  caf::actor_system_config cfg;
+  configure(cfg, 2);
+  caf::actor_system sys{cfg};
+  // 3 ranks, batch 30, 4 steps, 1 epoch: after step 2 the nodes of ranks 1 and 2 are lost together, rank
+  // 1's silent a second longer; rank 0 goes on alone. Both used to count from the earlier silence.
+  coordinator_config cc{3, 30, 4, 1, false, nullptr};
+  auto coord = sys.spawn(coordinator, cc);
+  const rank_actors all = stand_ins(sys, 3);
+  caf::scoped_actor self{sys};
+  auto running = self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers);
+  for (int64_t s = 0; s < 2; ++s)
+    for (int r = 0; r < 3; ++r) caf::anon_send(coord, report(r, 0, 0, s, 10));
+  reform_note note;
+  note.gen = 1;
+  note.start_step = 2;
+  note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
+  node_loss early, late;
+  early.node = "tcp://lost:1", late.node = "tcp://lost:2";
+  early.ranks = "1", late.ranks = "2";
+  late.since = std::chrono::steady_clock::now();
+  early.since = late.since - std::chrono::seconds(1);
+  note.losses = {early, late};
+  caf::anon_send(coord, reform_atom::value, note);
+  for (int64_t s = 2; s < 4; ++s) caf::anon_send(coord, report(0, 1, 0, s, 30));
+  caf::anon_send(coord, done_atom::value, 0);
+  std::shared_ptr<train_result> result;
+  running.receive([&](std::shared_ptr<train_result> r) { result = std::move(r); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  REQUIRE(result);
+  INFO(result->error);
+  REQUIRE(result->ok);
+  REQUIRE(result->losses.size() == 2);
+  CHECK(result->losses[1].recovered < 0.9);
+  CHECK(result->losses[0].recovered - result->losses[1].recovered == Approx(1.0).margin(0.01));
+}
+
 TEST_CASE("reform: a node lost after the job's last step is said to be lost there, not in an epoch the job has not",
           "[reform]") {
   caf::actor_system_config cfg;
@@ -163,8 +199,8 @@ TEST_CASE("reform: a node lost after the job's last step is said to be lost ther
   node_loss l;
   l.node = "tcp://lost:1";
   l.ranks = "1";
+  l.since = std::chrono::steady_clock::now();
   note.losses = {l};
-  note.last_word = std::chrono::steady_clock::now();
   caf::anon_send(coord, reform_atom::value, note);
   caf::anon_send(coord, done_atom::value, 0);
   std::shared_ptr<train_result> result;
@@ -213,8 +249,8 @@ TEST_CASE("reform: a checkpoint whose state went with a lost rank 0 is given up,
   node_loss l;
   l.node = "tcp://lost:1";
   l.ranks = "0";
+  l.since = std::chrono::steady_clock::now();
   note.losses = {l};
-  note.last_word = std::chrono::steady_clock::now();
   caf::anon_send(coord, reform_atom::value, note);
   // The survivor, now rank 0 alone, runs steps 5 to 7, evaluates, and sends its state after step 8.
   for (int64_t s = 1; s < 4; ++s) caf::anon_send(coord, report(0, 1, 1, s, 20));
