@@ -79,11 +79,10 @@ job_progress coordinator_detail::progress_after(const coordinator_state& st, int
   p.replicas = st.cfg.replicas;  // the ring now, re-formed or not
   // Those before `done` (a checkpoint of a step the old ring completed is written as the new one forms).
   const int64_t spe = st.cfg.steps_per_epoch;
-  const auto& losses = st.result->losses;
   const auto& joins = st.result->joins;
   p.ranks_changed = st.cfg.start.ranks_changed +
                     int(std::count_if(joins.begin(), joins.end(), [&](const node_join& j) { return j.epoch * spe < done; })) +
-                    int(std::count_if(losses.begin(), losses.end(), [&](const node_loss& l) { return l.generation > 0 && l.epoch * spe + l.step < done; }));
+                    int(std::count_if(st.loss_starts.begin(), st.loss_starts.end(), [&](int64_t start) { return start < done; }));
   p.history = st.result->history;
   if (open) {
     p.loss = open->loss;
@@ -264,6 +263,7 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   st.recovering = std::min(st.recovering, st.result->losses.size());
   st.result->joins.insert(st.result->joins.end(), note.joins.begin(), note.joins.end());
   for (node_loss l : note.losses) {
+    st.loss_starts.push_back(start);
     l.generation = note.gen;
     l.survivors = int(note.ranks.size());
     const int64_t at = std::min(start, spe * st.cfg.epochs - 1);  // after the last step: that one

@@ -100,6 +100,8 @@ struct coordinator_state {
   bool finished = false;
   int gen = 0;              // the ring generation: reports of others are dropped
   int holding = 0;          // a ring generation being formed (the launcher paused the ranks for it)
+  // Per node lost: the step the ring without it went on from (node_loss's is the last step when none was left).
+  std::vector<int64_t> loss_starts;
   size_t recovering = SIZE_MAX;  // result->losses from here on wait for the next completed step
   clock_type::time_point start, last_print;
   // For the silence watchdog: the last report of any kind (or the start, or the end of a pause), the last

@@ -402,3 +402,39 @@ TEST_CASE("coordinator: where rank 0's state after the last step is not the majo
                   "which its own ranks do not hold; the result is the final weights of rank 1 (node B), which holds the majority's "
                   "state, and the last checkpoint, after step 1, is kept") != rec.events->end());
 }
+
+TEST_CASE("coordinator: a node lost after the last step (in the evaluation) changed no rank of any step the checkpoint holds",
+          "[coordinator]") {
+  // 3 ranks on nodes A, B and C, one epoch of 2 steps, evaluated. Node A (rank 0's) is lost once both
+  // steps are done; B and C evaluate again, and B, the new rank 0, sends the state. The checkpoint is the
+  // uninterrupted run's: a resume of it must not say its ranks changed on the way (it said 1 time).
+  coordinator_config cc = checkpoint_each_step(2);
+  cc.replicas = 3;
+  cc.evaluate = true;
+  cc.where = {"node A", "node B", "node C"};
+  auto changed = std::make_shared<std::vector<int>>();
+  cc.on_checkpoint = [changed](const job_progress& p, const network_state&) {
+    changed->push_back(p.ranks_changed);
+    return std::string();
+  };
+  job j(cc);
+  train_result out = j.run([](job& j) {
+    send_state(j, 1, 3);
+    for (int64_t s = 0; s < 2; ++s) j.step(0, 0, s, 2), j.step(1, 0, s, 1), j.step(2, 0, s, 1);
+    lose_rank_0(j, 2);
+    for (int r = 0; r < 2; ++r) {
+      eval_report e;
+      e.rank = r;
+      e.gen = 1;
+      e.count = 10;
+      e.correct = 5;
+      caf::anon_send(j.coord, e);
+    }
+    send_state(j, 2, 3);
+    j.done(0), j.done(1);  // the new ring's numbers
+  });
+  INFO(out.error);
+  REQUIRE(out.ok);
+  REQUIRE(out.losses.size() == 1);
+  CHECK(*changed == std::vector<int>{0, 0});
+}
