@@ -64,7 +64,11 @@ TEST_CASE("checkpoints on nodes: a node that sends a state not its ranks' own is
   train_result r = train_remote(c, ro);
   INFO(r.error);
   REQUIRE(r.ok);
-  CHECK(written == std::vector<std::string>{checkpoint_name(2, 0), checkpoint_name(3, 0)});  // none from the lie
+  // None from the lie. The ring re-formed without it some steps after step 50 (about 100 under ctest's
+  // load): where that is past step 100, the lie's state for that checkpoint is refused too.
+  if (written.size() == 1) CHECK(events.said("the checkpoint after step 100 was not written: "));
+  else CHECK(written == std::vector<std::string>{checkpoint_name(2, 0), checkpoint_name(3, 0)});
+  CHECK(written.back() == checkpoint_name(3, 0));
   CHECK(events.count("the checkpoint after step 50 was not written: rank 0's node, node " + a +
                                                      ", is faulty: it sent rank 0's state after step 50, which its own ranks do not hold") == 1);
   c.on_checkpoint = nullptr;

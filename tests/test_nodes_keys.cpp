@@ -194,8 +194,10 @@ TEST_CASE("keys: a node serves only launchers it accepts, known_nodes pins a nod
   CHECK(node.wait_for("authorized_keys refused, no other key may command this node until it is fixed: " + node_dir +
                       " is writable by others") != "");
   REQUIRE(chmod(node_dir.c_str(), 0700) == 0);
+  const size_t previous = node.logged();
   r = train_remote(small_job(), ro);
   CHECK(r.ok);
+  REQUIRE(node.wait_for(" ended: ", 5s, previous) != "");  // logged a moment after the launcher has its result
 
   // The file written again in place with the same keys (`cat >`, scp, an editor), empty for a moment:
   // her running job goes on. Before, the node ended it at the next read.
