@@ -76,7 +76,10 @@ void coordinator_detail::finish(caf::event_based_actor* self, coordinator_state&
 job_progress coordinator_detail::progress_after(const coordinator_state& st, int64_t done, const epoch_acc* open) {
   job_progress p;
   p.step = done;
-  p.replicas = st.cfg.replicas;  // the ring now, re-formed or not
+  // The ring that ran step `done` (a checkpoint of a step the old ring completed is written as the new one
+  // forms; a node lost after the last step changed no ring that ran one).
+  const auto ring = st.ring_replicas.lower_bound(done);
+  p.replicas = ring == st.ring_replicas.begin() ? st.cfg.replicas : std::prev(ring)->second;
   // Those before `done` (a checkpoint of a step the old ring completed is written as the new one forms).
   const int64_t spe = st.cfg.steps_per_epoch;
   const auto& joins = st.result->joins;
@@ -95,9 +98,11 @@ job_progress coordinator_detail::progress_after(const coordinator_state& st, int
 
 namespace {
 
-// How long epoch `a`'s steps took, to its last one (`end`) or to now.
-double epoch_seconds(const epoch_acc& a, bool end) {
-  return std::max(secs(a.start, end ? a.last_step : clock_type::now()), a.compute_floor);
+// How long epoch `a`'s steps took, to its last one (`end`) or to now; the ranks' word for their forward
+// and backward no more than this run has lasted (a lying node's 10^9 s).
+double epoch_seconds(const coordinator_state& st, const epoch_acc& a, bool end) {
+  const auto to = end ? a.last_step : clock_type::now();
+  return std::max(secs(a.start, to), std::min(a.compute_floor, secs(st.start, to)));
 }
 
 void report_progress(coordinator_state& st, int64_t e, bool end) {
@@ -114,7 +119,7 @@ void report_progress(coordinator_state& st, int64_t e, bool end) {
   p.step = a.steps_done;
   p.steps = st.cfg.steps_per_epoch;
   p.first_step = a.first_step;
-  p.seconds = epoch_seconds(a, end);
+  p.seconds = epoch_seconds(st, a, end);
   p.loss = a.measured() ? a.loss / double(a.measured()) : 0;
   p.accuracy = a.measured() ? double(a.correct) / double(a.measured()) : 0;
   p.samples_per_sec = p.seconds > 0 ? double(a.count - a.first_count) / p.seconds : 0;
@@ -143,7 +148,7 @@ void maybe_close_epoch(caf::event_based_actor* self, coordinator_state& st, int6
   s.val_loss = a.val_count ? a.val_loss / double(a.val_count) : NAN;
   s.val_accuracy = a.val_count ? double(a.val_correct) / double(a.val_count) : NAN;
   s.samples = a.count;
-  s.seconds = epoch_seconds(a, true);
+  s.seconds = epoch_seconds(st, a, true);
   s.eval_seconds = a.eval_seconds;
   st.result->history.push_back(s);
   st.result->train_seconds += s.seconds;
@@ -247,6 +252,7 @@ void reform(caf::event_based_actor* self, coordinator_state& st, const reform_no
   st.replicas = st.loaders = st.reducers = note.ranks;
   for (auto& a : note.ranks) self->monitor(a);
   st.cfg.replicas = int(note.ranks.size());
+  st.ring_replicas[start] = st.cfg.replicas;
   st.cfg.where = note.where;
   st.gen = note.gen;
   st.next_report.assign(note.ranks.size(), start);  // every rank of the new ring goes on from there
@@ -377,6 +383,7 @@ caf::behavior coordinator(caf::event_based_actor* self, coordinator_config cfg) 
         for (auto* group : {&st->replicas, &st->loaders, &st->reducers})
           for (auto& a : *group) self->monitor(a);
         st->start = st->last_print = st->last_news = st->last_complete = st->last_state = clock_type::now();  // the first step counts
+        st->ring_replicas[st->cfg.start.step] = st->cfg.replicas;
         st->heard_from.assign(size_t(std::max(0, st->cfg.replicas)), st->start);
         // A resumed job starts with its history and the open epoch's sums so far.
         const job_progress& from = st->cfg.start;

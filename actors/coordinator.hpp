@@ -132,7 +132,7 @@ struct train_result {
   std::vector<ring_relink> relinks;       // ring links broken, or rings stalled, between live nodes (re-formed as they were)
   // Samples trained whose loss and accuracy were lost with their node (a report in flight when it
   // died), or whose ranks took the state after a step they had not finished as a ring was re-formed:
-  // counted in train_samples, not in the means.
+  // counted in the history's samples, not in its means (a resumed epoch's include the run before's).
   int64_t unmeasured = 0;
   // Epochs of this run whose test metrics cover fewer test samples than another's: a lost node's share of
   // their evaluation went with it (val_* are the survivors' shares').

@@ -102,6 +102,7 @@ struct coordinator_state {
   int holding = 0;          // a ring generation being formed (the launcher paused the ranks for it)
   // Per node lost: the step the ring without it went on from (node_loss's is the last step when none was left).
   std::vector<int64_t> loss_starts;
+  std::map<int64_t, int> ring_replicas;  // the step each ring went on from (the job's start too) -> its ranks
   size_t recovering = SIZE_MAX;  // result->losses from here on wait for the next completed step
   clock_type::time_point start, last_print;
   // For the silence watchdog: the last report of any kind (or the start, or the end of a pause), the last

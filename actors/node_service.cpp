@@ -254,6 +254,7 @@ struct node_service::impl {
       past_order.pop_front();
     }
     job = std::make_unique<node_job>(context(), from, std::move(plan));
+    not_running = std::chrono::milliseconds(0);  // a stop while a failed job's data loaded is not this one's
     busy = true;
     const job_plan& jp = job->plan();
     // The data thread builds the model too, and makes its first weights: seconds for a big one.

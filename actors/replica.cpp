@@ -267,7 +267,6 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
       st->update_time = since(t2);
     }
     rep.update = st->update_time;
-    st->idle_since = std::chrono::steady_clock::now();
     ++st->done_steps;
     const int64_t total = st->cfg.steps_per_epoch * st->cfg.epochs;
     // At a checkpoint's step rank 0 sends its state, and every rank reports its state's checksum.
@@ -289,7 +288,9 @@ caf::behavior replica(caf::event_based_actor* self, replica_config cfg) {
       });
     }
     if (rep.step + 1 == st->cfg.steps_per_epoch && st->cfg.test) self->send(st->coordinator, evaluate(*st, rep.epoch));
-    st->idle_since = std::chrono::steady_clock::now();  // the evaluation and the state were no wait for a batch
+    // The evaluation and saving the state were no wait for a batch (rank 0's wait for the coordinator to
+    // take its state, a checkpoint written, still counts as one).
+    st->idle_since = std::chrono::steady_clock::now();
     st->busy = false;
     if (st->done_steps == total) self->send(st->coordinator, done_atom::value, st->cfg.rank);
     if (st->pause_at >= 0 && st->done_steps >= st->pause_at) return pause_now(self, *st, st->planned_gen);

@@ -492,7 +492,8 @@ int finish(const options& o, const train_result& r) {
   print_nodes(r, false);
   if (r.checkpoints_skipped > 0)  // said as it happened too, but only once, and not under -q
     std::printf("%lld checkpoint%s due %s skipped: rank 0's states came faster than their steps' reports (a larger "
-                "--checkpoint-every keeps up), or went with its node\n", (long long)r.checkpoints_skipped,
+                "--checkpoint-every keeps up), or its node was lost, or sent none or one its ranks do not hold (the lines "
+                "above say which)\n", (long long)r.checkpoints_skipped,
                 r.checkpoints_skipped == 1 ? "" : "s", r.checkpoints_skipped == 1 ? "was" : "were");
   if (r.last_checkpoint_refused)  // rank 0's state after the last step was not the majority's (train_result::weights)
     std::printf("The result is rank %d's final weights, which hold the majority's state; rank 0's node was faulty, and the "

@@ -48,7 +48,8 @@ bool check_private(const std::string& path, bool must_exist, std::string* error)
   if (st.st_uid != ::geteuid())
     return fail(error, shown + " belongs to another user (uid " + std::to_string(st.st_uid) + "): refusing to trust it");
   if (st.st_mode & 022)
-    return fail(error, shown + " is writable by " + ((st.st_mode & 022) == 020 ? "its group" : "others") + ": refusing to trust it" +
+    return fail(error, shown + " is writable by " + ((st.st_mode & 022) == 020 ? "its group" : (st.st_mode & 022) == 002 ? "others" : "its group and others") +
+                           ": refusing to trust it" +
                            (link ? "" : " (chmod go-w " + path + ")"));
   return true;
 }
@@ -149,10 +150,13 @@ bool load_or_create_keys(const std::string& dir, key_pair* out, std::string* err
     const char* home = std::getenv("HOME");
     return fail(error, std::string("no key directory: HOME is ") + (home && *home ? "not an absolute path" : "not set") + "; give --key-dir");
   }
-  // Its parents as `mkdir -p` makes them (umask's mode), as --checkpoint-dir's; the key folder itself private.
+  // Its parents as `mkdir -p` makes them (umask's mode), as --checkpoint-dir's; the key folder itself private
+  // ("keys/" names the folder keys, whose parent is the one above).
+  std::filesystem::path folder(dir);
+  while (!folder.has_filename() && folder.has_relative_path()) folder = folder.parent_path();
   std::error_code ec;
-  if (const std::filesystem::path parent = std::filesystem::path(dir).parent_path(); !parent.empty())
-    std::filesystem::create_directories(parent, ec);
+  if (const std::filesystem::path parent = folder.parent_path(); !parent.empty() && !std::filesystem::create_directories(parent, ec) && ec)
+    return fail(error, "cannot make key directory " + dir + ": cannot make " + parent.string() + ": " + ec.message());
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fail(error, sys_error("cannot make key directory " + dir));
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return fail(error, dir + " is not a directory");

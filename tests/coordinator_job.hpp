@@ -104,6 +104,7 @@ inline void lose_rank_0(job& j, int64_t start) {
   node_loss l;
   l.node = "node A";
   l.ranks = "0";
+  l.since = std::chrono::steady_clock::now();
   note.losses = {l};
   caf::anon_send(j.coord, reform_atom::value, note);
 }

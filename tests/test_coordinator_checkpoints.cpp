@@ -412,9 +412,10 @@ TEST_CASE("coordinator: a node lost after the last step (in the evaluation) chan
   cc.replicas = 3;
   cc.evaluate = true;
   cc.where = {"node A", "node B", "node C"};
-  auto changed = std::make_shared<std::vector<int>>();
-  cc.on_checkpoint = [changed](const job_progress& p, const network_state&) {
+  auto changed = std::make_shared<std::vector<int>>(), replicas = std::make_shared<std::vector<int>>();
+  cc.on_checkpoint = [changed, replicas](const job_progress& p, const network_state&) {
     changed->push_back(p.ranks_changed);
+    replicas->push_back(p.replicas);
     return std::string();
   };
   job j(cc);
@@ -437,4 +438,5 @@ TEST_CASE("coordinator: a node lost after the last step (in the evaluation) chan
   REQUIRE(out.ok);
   REQUIRE(out.losses.size() == 1);
   CHECK(*changed == std::vector<int>{0, 0});
+  CHECK(*replicas == std::vector<int>{3, 3});  // the ring that ran the steps, not the 2 left after them
 }

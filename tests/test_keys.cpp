@@ -103,6 +103,15 @@ TEST_CASE("a key directory is made on first use, its parents too, kept private, 
   REQUIRE(net::load_or_create_keys(dir, &b, &err));
   CHECK(a.public_key == b.public_key);
   CHECK(a.secret_key == b.secret_key);
+  // Named with a slash at its end, under umask 002: the folder is still made private (0775 was refused).
+  const std::string slashed = temp_dir() + "/a/keys/";
+  const mode_t was = umask(002);
+  const bool made = net::load_or_create_keys(slashed, &b, &err);
+  umask(was);
+  INFO(err);
+  CHECK(made);
+  REQUIRE(stat(slashed.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
   std::ifstream pub(dir + "/key.pub");
   std::string line;
   std::getline(pub, line);
