@@ -48,7 +48,7 @@ bool check_private(const std::string& path, bool must_exist, std::string* error)
   if (st.st_uid != ::geteuid())
     return fail(error, shown + " belongs to another user (uid " + std::to_string(st.st_uid) + "): refusing to trust it");
   if (st.st_mode & 022)
-    return fail(error, shown + " is writable by " + ((st.st_mode & 022) == 020 ? "its group" : (st.st_mode & 022) == 002 ? "others" : "its group and others") +
+    return fail(error, shown + " is writable by " + ((st.st_mode & 022) == 020 ? "its group" : "others") +
                            ": refusing to trust it" +
                            (link ? "" : " (chmod go-w " + path + ")"));
   return true;
