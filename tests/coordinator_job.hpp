@@ -86,6 +86,15 @@ struct job {
     caf::anon_send(coord, r);
   }
   void done(int rank) { caf::anon_send(coord, done_atom::value, rank); }
+  void eval(int rank, int gen, int64_t epoch, int64_t count, int64_t correct) {
+    eval_report e;
+    e.rank = rank;
+    e.gen = gen;
+    e.epoch = epoch;
+    e.count = count;
+    e.correct = correct;
+    caf::anon_send(coord, e);
+  }
   void whole_job() {
     for (int64_t e = 0; e < 2; ++e)
       for (int64_t s = 0; s < 3; ++s) step(0, e, s), step(1, e, s);

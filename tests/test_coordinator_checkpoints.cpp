@@ -423,14 +423,7 @@ TEST_CASE("coordinator: a node lost after the last step (in the evaluation) chan
     send_state(j, 1, 3);
     for (int64_t s = 0; s < 2; ++s) j.step(0, 0, s, 2), j.step(1, 0, s, 1), j.step(2, 0, s, 1);
     lose_rank_0(j, 2);
-    for (int r = 0; r < 2; ++r) {
-      eval_report e;
-      e.rank = r;
-      e.gen = 1;
-      e.count = 10;
-      e.correct = 5;
-      caf::anon_send(j.coord, e);
-    }
+    j.eval(0, 1, 0, 10, 5), j.eval(1, 1, 0, 10, 5);
     send_state(j, 2, 3);
     j.done(0), j.done(1);  // the new ring's numbers
   });

@@ -54,6 +54,32 @@ step_report report(int rank, int gen, int64_t epoch, int64_t step, int64_t count
   return r;
 }
 
+eval_report evaluation(int rank, int gen, int64_t epoch, int64_t count, int64_t correct) {
+  eval_report e;
+  e.rank = rank;
+  e.gen = gen;
+  e.epoch = epoch;
+  e.count = count;
+  e.correct = correct;
+  return e;
+}
+
+// A coordinator of `cc` over n stand-in ranks, run: `send(sys, coord)` sends the job's messages; its result.
+template <class Send>
+std::shared_ptr<train_result> run_coordinator(const coordinator_config& cc, int n, Send send) {
+  caf::actor_system_config cfg;
+  configure(cfg, 2);
+  caf::actor_system sys{cfg};
+  auto coord = sys.spawn(coordinator, cc);
+  const rank_actors all = stand_ins(sys, n);
+  caf::scoped_actor self{sys};
+  auto running = self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers);
+  send(sys, coord);
+  std::shared_ptr<train_result> result;
+  running.receive([&](std::shared_ptr<train_result> r) { result = std::move(r); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  return result;
+}
+
 }  // namespace
 
 TEST_CASE("reform: the coordinator completes the steps before the restart, drops later ones, counts on, times the recovery to the next step run",
@@ -96,27 +122,11 @@ TEST_CASE("reform: the coordinator completes the steps before the restart, drops
   // A late report of the old ring is dropped; the new ranks (15 samples each) evaluate epoch 0 again (it
   // ended at the restart), then run steps 4 to 7.
   caf::anon_send(coord, report(1, 0, 0, 3, 10));
-  for (int r = 0; r < 2; ++r) {
-    eval_report e;
-    e.rank = r;
-    e.gen = 1;
-    e.epoch = 0;
-    e.count = 50;
-    e.correct = 40;
-    caf::anon_send(coord, e);
-  }
+  for (int r = 0; r < 2; ++r) caf::anon_send(coord, evaluation(r, 1, 0, 50, 40));
   for (int64_t g = 4; g < 8; ++g) {
     for (int r = 0; r < 2; ++r) caf::anon_send(coord, report(r, 1, g / 4, g % 4, 15));
     if (g % 4 == 3)
-      for (int r = 0; r < 2; ++r) {
-        eval_report e;
-        e.rank = r;
-        e.gen = 1;
-        e.epoch = g / 4;
-        e.count = 50;
-        e.correct = 40;
-        caf::anon_send(coord, e);
-      }
+      for (int r = 0; r < 2; ++r) caf::anon_send(coord, evaluation(r, 1, g / 4, 50, 40));
   }
   for (int r = 0; r < 2; ++r) caf::anon_send(coord, done_atom::value, r);
   std::shared_ptr<train_result> result;
@@ -143,33 +153,25 @@ TEST_CASE("reform: the coordinator completes the steps before the restart, drops
 }
 
 TEST_CASE("reform: each node lost in one re-forming has its recovery counted from its own last message", "[reform]") {
-  caf::actor_system_config cfg;
-  configure(cfg, 2);
-  caf::actor_system sys{cfg};
   // 3 ranks, batch 30, 4 steps, 1 epoch: after step 2 the nodes of ranks 1 and 2 are lost together, rank
   // 1's silent a second longer; rank 0 goes on alone. Both used to count from the earlier silence.
-  coordinator_config cc{3, 30, 4, 1, false, nullptr};
-  auto coord = sys.spawn(coordinator, cc);
-  const rank_actors all = stand_ins(sys, 3);
-  caf::scoped_actor self{sys};
-  auto running = self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers);
-  for (int64_t s = 0; s < 2; ++s)
-    for (int r = 0; r < 3; ++r) caf::anon_send(coord, report(r, 0, 0, s, 10));
-  reform_note note;
-  note.gen = 1;
-  note.start_step = 2;
-  note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
-  node_loss early, late;
-  early.node = "tcp://lost:1", late.node = "tcp://lost:2";
-  early.ranks = "1", late.ranks = "2";
-  late.since = std::chrono::steady_clock::now();
-  early.since = late.since - std::chrono::seconds(1);
-  note.losses = {early, late};
-  caf::anon_send(coord, reform_atom::value, note);
-  for (int64_t s = 2; s < 4; ++s) caf::anon_send(coord, report(0, 1, 0, s, 30));
-  caf::anon_send(coord, done_atom::value, 0);
-  std::shared_ptr<train_result> result;
-  running.receive([&](std::shared_ptr<train_result> r) { result = std::move(r); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  auto result = run_coordinator({3, 30, 4, 1, false, nullptr}, 3, [](caf::actor_system& sys, const caf::actor& coord) {
+    for (int64_t s = 0; s < 2; ++s)
+      for (int r = 0; r < 3; ++r) caf::anon_send(coord, report(r, 0, 0, s, 10));
+    reform_note note;
+    note.gen = 1;
+    note.start_step = 2;
+    note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
+    node_loss early, late;
+    early.node = "tcp://lost:1", late.node = "tcp://lost:2";
+    early.ranks = "1", late.ranks = "2";
+    late.since = std::chrono::steady_clock::now();
+    early.since = late.since - std::chrono::seconds(1);
+    note.losses = {early, late};
+    caf::anon_send(coord, reform_atom::value, note);
+    for (int64_t s = 2; s < 4; ++s) caf::anon_send(coord, report(0, 1, 0, s, 30));
+    caf::anon_send(coord, done_atom::value, 0);
+  });
   REQUIRE(result);
   INFO(result->error);
   REQUIRE(result->ok);
@@ -180,31 +182,23 @@ TEST_CASE("reform: each node lost in one re-forming has its recovery counted fro
 
 TEST_CASE("reform: a node lost after the job's last step is said to be lost there, not in an epoch the job has not",
           "[reform]") {
-  caf::actor_system_config cfg;
-  configure(cfg, 2);
-  caf::actor_system sys{cfg};
   // 2 ranks, batch 20, 4 steps, 1 epoch, not evaluating: both report every step, then rank 1's node is
   // lost before it says it is done; the ring re-forms with no step left (it said "epoch 2, step 1").
-  coordinator_config cc{2, 20, 4, 1, false, nullptr};
-  auto coord = sys.spawn(coordinator, cc);
-  const rank_actors all = stand_ins(sys, 2);
-  caf::scoped_actor self{sys};
-  auto running = self->request(coord, caf::infinite, run_atom::value, all.replicas, all.loaders, all.reducers);
-  for (int64_t s = 0; s < 4; ++s)
-    for (int r = 0; r < 2; ++r) caf::anon_send(coord, report(r, 0, 0, s, 10));
-  reform_note note;
-  note.gen = 1;
-  note.start_step = 4;
-  note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
-  node_loss l;
-  l.node = "tcp://lost:1";
-  l.ranks = "1";
-  l.since = std::chrono::steady_clock::now();
-  note.losses = {l};
-  caf::anon_send(coord, reform_atom::value, note);
-  caf::anon_send(coord, done_atom::value, 0);
-  std::shared_ptr<train_result> result;
-  running.receive([&](std::shared_ptr<train_result> r) { result = std::move(r); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  auto result = run_coordinator({2, 20, 4, 1, false, nullptr}, 2, [](caf::actor_system& sys, const caf::actor& coord) {
+    for (int64_t s = 0; s < 4; ++s)
+      for (int r = 0; r < 2; ++r) caf::anon_send(coord, report(r, 0, 0, s, 10));
+    reform_note note;
+    note.gen = 1;
+    note.start_step = 4;
+    note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
+    node_loss l;
+    l.node = "tcp://lost:1";
+    l.ranks = "1";
+    l.since = std::chrono::steady_clock::now();
+    note.losses = {l};
+    caf::anon_send(coord, reform_atom::value, note);
+    caf::anon_send(coord, done_atom::value, 0);
+  });
   REQUIRE(result);
   INFO(result->error);
   REQUIRE(result->ok);
@@ -235,12 +229,7 @@ TEST_CASE("reform: a checkpoint whose state went with a lost rank 0 is given up,
   // rank 1 goes on to report epoch 1's first step: the ring re-forms at step 5 without rank 0.
   for (int64_t s = 0; s < 4; ++s)
     for (int r = 0; r < 2; ++r) caf::anon_send(coord, report(r, 0, 0, s, 10));
-  eval_report e1;
-  e1.rank = 1;
-  e1.epoch = 0;
-  e1.count = 50;
-  e1.correct = 40;
-  caf::anon_send(coord, e1);
+  caf::anon_send(coord, evaluation(1, 0, 0, 50, 40));
   caf::anon_send(coord, report(1, 0, 1, 0, 10));
   reform_note note;
   note.gen = 1;
@@ -254,13 +243,7 @@ TEST_CASE("reform: a checkpoint whose state went with a lost rank 0 is given up,
   caf::anon_send(coord, reform_atom::value, note);
   // The survivor, now rank 0 alone, runs steps 5 to 7, evaluates, and sends its state after step 8.
   for (int64_t s = 1; s < 4; ++s) caf::anon_send(coord, report(0, 1, 1, s, 20));
-  eval_report e;
-  e.rank = 0;
-  e.gen = 1;
-  e.epoch = 1;
-  e.count = 50;
-  e.correct = 45;
-  caf::anon_send(coord, e);
+  caf::anon_send(coord, evaluation(0, 1, 1, 50, 45));
   auto state = std::make_shared<network_state>();
   state->steps = 8;
   state->params = {4, 5, 6};
