@@ -30,6 +30,16 @@ inline caf::behavior stand_in(caf::event_based_actor* self) { return stand_in_ho
 // A replica whose final weights are not the others' (3 ones).
 inline caf::behavior stand_in_apart(caf::event_based_actor* self) { return stand_in_holding(self, 1.0f); }
 
+inline eval_report evaluation(int rank, int gen, int64_t epoch, int64_t count, int64_t correct) {
+  eval_report e;
+  e.rank = rank;
+  e.gen = gen;
+  e.epoch = epoch;
+  e.count = count;
+  e.correct = correct;
+  return e;
+}
+
 struct job {
   caf::actor_system_config cfg;
   caf::actor_system sys{(configure(cfg, 2), cfg)};
@@ -87,13 +97,7 @@ struct job {
   }
   void done(int rank) { caf::anon_send(coord, done_atom::value, rank); }
   void eval(int rank, int gen, int64_t epoch, int64_t count, int64_t correct) {
-    eval_report e;
-    e.rank = rank;
-    e.gen = gen;
-    e.epoch = epoch;
-    e.count = count;
-    e.correct = correct;
-    caf::anon_send(coord, e);
+    caf::anon_send(coord, evaluation(rank, gen, epoch, count, correct));
   }
   void whole_job() {
     for (int64_t e = 0; e < 2; ++e)

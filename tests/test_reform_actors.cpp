@@ -18,10 +18,12 @@
 #include "actors/report_kv.hpp"
 #include "actors/training.hpp"
 #include "kernels/model.hpp"
+#include "tests/coordinator_job.hpp"
 #include "tests/sim_backend.hpp"
 #include "tests/test_data.hpp"
 
 using namespace ringmaster;
+using ringmaster::test_coordinator::evaluation;
 
 namespace {
 
@@ -52,16 +54,6 @@ step_report report(int rank, int gen, int64_t epoch, int64_t step, int64_t count
   r.correct = count / 2;
   r.count = count;
   return r;
-}
-
-eval_report evaluation(int rank, int gen, int64_t epoch, int64_t count, int64_t correct) {
-  eval_report e;
-  e.rank = rank;
-  e.gen = gen;
-  e.epoch = epoch;
-  e.count = count;
-  e.correct = correct;
-  return e;
 }
 
 // A coordinator of `cc` over n stand-in ranks, run: `send(sys, coord)` sends the job's messages; its result.
