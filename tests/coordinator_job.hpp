@@ -30,6 +30,15 @@ inline caf::behavior stand_in(caf::event_based_actor* self) { return stand_in_ho
 // A replica whose final weights are not the others' (3 ones).
 inline caf::behavior stand_in_apart(caf::event_based_actor* self) { return stand_in_holding(self, 1.0f); }
 
+// The launcher's word of a lost node: its endpoint, its ranks ("2-3"), its last message now.
+inline node_loss lost_node(const std::string& node, const std::string& ranks) {
+  node_loss l;
+  l.node = node;
+  l.ranks = ranks;
+  l.since = std::chrono::steady_clock::now();
+  return l;
+}
+
 inline eval_report evaluation(int rank, int gen, int64_t epoch, int64_t count, int64_t correct) {
   eval_report e;
   e.rank = rank;
@@ -114,11 +123,7 @@ inline void lose_rank_0(job& j, int64_t start) {
   note.start_step = start;
   note.ranks = {j.ranks[1], j.ranks[2]};
   note.where = {"node B", "node C"};
-  node_loss l;
-  l.node = "node A";
-  l.ranks = "0";
-  l.since = std::chrono::steady_clock::now();
-  note.losses = {l};
+  note.losses = {lost_node("node A", "0")};
   caf::anon_send(j.coord, reform_atom::value, note);
 }
 

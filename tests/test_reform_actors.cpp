@@ -24,6 +24,7 @@
 
 using namespace ringmaster;
 using ringmaster::test_coordinator::evaluation;
+using ringmaster::test_coordinator::lost_node;
 
 namespace {
 
@@ -104,11 +105,7 @@ TEST_CASE("reform: the coordinator completes the steps before the restart, drops
   note.gen = 1;
   note.start_step = 4;
   for (int r = 0; r < 2; ++r) note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{4, 5, 6}));
-  node_loss l;
-  l.node = "tcp://lost:1";
-  l.ranks = "2";
-  l.since = std::chrono::steady_clock::now();
-  note.losses = {l};
+  note.losses = {lost_node("tcp://lost:1", "2")};
   caf::anon_send(coord, reform_atom::value, note);
   std::this_thread::sleep_for(pause);
   // A late report of the old ring is dropped; the new ranks (15 samples each) evaluate epoch 0 again (it
@@ -154,10 +151,7 @@ TEST_CASE("reform: each node lost in one re-forming has its recovery counted fro
     note.gen = 1;
     note.start_step = 2;
     note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
-    node_loss early, late;
-    early.node = "tcp://lost:1", late.node = "tcp://lost:2";
-    early.ranks = "1", late.ranks = "2";
-    late.since = std::chrono::steady_clock::now();
+    node_loss early = lost_node("tcp://lost:1", "1"), late = lost_node("tcp://lost:2", "2");
     early.since = late.since - std::chrono::seconds(1);
     note.losses = {early, late};
     caf::anon_send(coord, reform_atom::value, note);
@@ -183,11 +177,7 @@ TEST_CASE("reform: a node lost after the job's last step is said to be lost ther
     note.gen = 1;
     note.start_step = 4;
     note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{1, 2, 3}));
-    node_loss l;
-    l.node = "tcp://lost:1";
-    l.ranks = "1";
-    l.since = std::chrono::steady_clock::now();
-    note.losses = {l};
+    note.losses = {lost_node("tcp://lost:1", "1")};
     caf::anon_send(coord, reform_atom::value, note);
     caf::anon_send(coord, done_atom::value, 0);
   });
@@ -227,11 +217,7 @@ TEST_CASE("reform: a checkpoint whose state went with a lost rank 0 is given up,
   note.gen = 1;
   note.start_step = 5;
   note.ranks.push_back(sys.spawn(fake_rank, std::vector<float>{4, 5, 6}));
-  node_loss l;
-  l.node = "tcp://lost:1";
-  l.ranks = "0";
-  l.since = std::chrono::steady_clock::now();
-  note.losses = {l};
+  note.losses = {lost_node("tcp://lost:1", "0")};
   caf::anon_send(coord, reform_atom::value, note);
   // The survivor, now rank 0 alone, runs steps 5 to 7, evaluates, and sends its state after step 8.
   for (int64_t s = 1; s < 4; ++s) caf::anon_send(coord, report(0, 1, 1, s, 20));
